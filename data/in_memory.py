@@ -1,0 +1,76 @@
+"""The shared base of the in-memory datasets (digits, mnist5k, mnist, cifar10/100, synthetic).
+
+A subclass only says what its images are (class attributes) and how to load them (``load_splits``); this base
+computes the train statistics and serves the splits through :class:`~data.loader.TensorBatchLoader`.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from data.base import DataModuleBase
+from data.common import channel_mean_std, stratified_split
+from data.loader import BatchTransform, TensorBatchLoader
+
+
+class Splits(NamedTuple):
+    """Images are uint8 (N, C, H, W) tensors, labels int64 (N,) tensors."""
+
+    train_images: torch.Tensor
+    train_labels: torch.Tensor
+    val_images: torch.Tensor
+    val_labels: torch.Tensor
+
+
+class InMemoryDataModule(DataModuleBase):
+    """Both splits held as uint8 tensors, scaled, augmented and normalised batch-wise on the fly.
+
+    ``num_workers`` is ignored: in-memory batches need no worker processes. ``train_indices`` / ``val_indices``
+    record the stratified split of datasets split from one pool (None for those with an official test split).
+    """
+
+    pixel_max: float = 255.0  # stored value of a white pixel: images are divided by it before normalising
+    max_shift: int = 0  # training augmentation: random shifts of up to this many pixels (pad + crop)
+    hflip: bool = False  # training augmentation: random horizontal flips
+
+    splits: Splits | None = None
+    train_indices: torch.Tensor | None = None
+    val_indices: torch.Tensor | None = None
+
+    def load_splits(self) -> Splits:
+        """Load the data as uint8 tensors; called once, by ``setup()``."""
+        raise NotImplementedError
+
+    def split_pool(self, images: torch.Tensor, labels: torch.Tensor) -> Splits:
+        """Split one pool of images by the seeded stratified split, remembering the indices."""
+        self.train_indices, self.val_indices = stratified_split(labels, self.val_fraction, self.seed)
+        train, val = self.train_indices, self.val_indices
+        return Splits(images[train], labels[train], images[val], labels[val])
+
+    def setup(self, stage: str | None = None) -> None:
+        """Load the data once (later calls, e.g. one per Lightning stage, do nothing) and compute train statistics."""
+        if self.splits is not None:
+            return
+        splits = self.load_splits()
+        self.train_size, self.val_size = len(splits.train_images), len(splits.val_images)
+        self.mean, self.std = channel_mean_std(splits.train_images, self.pixel_max)
+        self.transform = BatchTransform(self.pixel_max, self.mean, self.std, self.max_shift, self.hflip)
+        self.splits = splits
+
+    def train_dataloader(self) -> TensorBatchLoader:
+        self.setup()
+        s = self.splits
+        return TensorBatchLoader(
+            s.train_images, s.train_labels, self.transform, self.batch_size, self.seed, train=True, augment=self.augment
+        )
+
+    def val_dataloader(self) -> TensorBatchLoader:
+        self.setup()
+        s = self.splits
+        return TensorBatchLoader(s.val_images, s.val_labels, self.transform, self.batch_size, self.seed, train=False)
+
+    def fixed_batch(self, n: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+        self.setup()
+        return self.transform(self.splits.val_images[:n]), self.splits.val_labels[:n]

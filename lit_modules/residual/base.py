@@ -1,0 +1,134 @@
+"""The residual-site interface shared by every variant.
+
+A pre-norm ViT block has two residual sites (attention, MLP). At each one the block computes
+
+    u = Norm(x)          # skipped when a variant asks for the normalisation-free form
+    f = Branch(u)        # attention or MLP
+    x = x + DropPath(Δ)  # Δ = site(x, u, f, history)
+
+so a variant only says what update ``Δ = x_new − x`` its formula adds to the stream. Dropping Δ (not f) is the
+spec's DropPath convention: with drop probability 1 every variant reduces to its skip path exactly.
+
+Variants that need more than one site's view (ReZero's α shared by both sublayers, LAuReL at block granularity,
+LAuReL-PA's previous activations, DCA's stack of block outputs) override the ``build_*`` class methods below
+instead of adding ``if variant == ...`` branches to the backbone.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class BlockArgs:
+    """Everything a variant needs to build one block of the backbone (built by ``VisionTransformer``)."""
+
+    dim: int
+    num_heads: int
+    mlp_ratio: float
+    qkv_bias: bool
+    qk_norm: bool
+    proj_drop: float
+    attn_drop: float
+    drop_path: float
+    norm_layer: Any
+    act_layer: Any
+    layer: int  # 0-based block index
+    depth: int  # total number of blocks
+    num_prefix_tokens: int
+
+
+class ResidualSite(nn.Module):
+    """Base class of a residual connection: ``forward`` returns the update Δ added to the stream.
+
+    Subclasses declare their options as keyword-only, typed ``__init__`` arguments after ``dim, *, args``;
+    ``options()`` reads them from the signature, so validation and the CLI never list them twice.
+    """
+
+    name: ClassVar[str] = ""
+    paper: ClassVar[str] = ""
+
+    def __init__(self, dim: int, *, args: BlockArgs) -> None:
+        super().__init__()
+        self.dim = dim
+        self.layer = args.layer
+
+    # --- the formula ----------------------------------------------------------------------------------------
+    def forward(self, x: torch.Tensor, u: torch.Tensor, f: torch.Tensor, history: list | None = None) -> torch.Tensor:
+        raise NotImplementedError
+
+    @property
+    def pre_norm(self) -> bool:
+        """Whether the block normalises the stream before the branch (False: normalisation-free form)."""
+        return True
+
+    def init_weights(self) -> None:
+        """Initialise this site's own parameters (called by timm's init after the Linear layers)."""
+
+    def no_weight_decay(self) -> set[str]:
+        """Names (relative to this module) of parameters that must not be weight-decayed."""
+        return {n for n, p in self.named_parameters(recurse=False) if p.ndim <= 1}
+
+    def diagnostics(self, x: torch.Tensor | None = None, u: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """The variant's own parameters as scalars to log (γ mean/std, α, β, ...); given the site's stream input
+        ``x`` and normalised input ``u`` from a diagnostic batch, also activation statistics (gate means)."""
+        return {}
+
+    # --- construction hooks (class methods so the backbone stays variant-agnostic) --------------------------
+    @classmethod
+    def options(cls) -> dict[str, inspect.Parameter]:
+        """The variant's own options: the keyword-only arguments of ``__init__`` after ``args``."""
+        params = inspect.signature(cls.__init__).parameters
+        return {n: p for n, p in params.items() if p.kind is p.KEYWORD_ONLY and n != "args"}
+
+    @classmethod
+    def validate_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """Reject options that belong to another variant; return the options with defaults filled in."""
+        valid = cls.options()
+        for key in options:
+            if key not in valid:
+                owners = sorted(n for n, c in _registry().items() if key in c.options())
+                where = f" (it belongs to {', '.join(owners)})" if owners else ""
+                choices = ", ".join(sorted(valid)) or "none"
+                raise ValueError(f"option '{key}' is not valid for residual '{cls.name}'{where}; "
+                                 f"valid options: {choices}")
+        return {n: options.get(n, p.default) for n, p in valid.items()}
+
+    @classmethod
+    def check_options(cls, options: dict[str, Any], dim: int, depth: int) -> None:
+        """Validate option values against the model size; raise ValueError naming the problem."""
+
+    @classmethod
+    def build_sites(cls, args: BlockArgs, **options: Any) -> tuple[nn.Module, nn.Module]:
+        """The two sites of one block (attention, MLP)."""
+        return cls(args.dim, args=args, **options), cls(args.dim, args=args, **options)
+
+    @classmethod
+    def build_block(cls, args: BlockArgs, **options: Any) -> nn.Module:
+        from ..vit import Block
+
+        return Block(args, sites=cls.build_sites(args, **options))
+
+    @classmethod
+    def build_stream(cls, dim: int, depth: int, norm_layer: Any, **options: Any) -> nn.Module:
+        """How block outputs are chained: a plain residual stream unless the variant needs history."""
+        from ..vit import ResidualStream
+
+        return ResidualStream()
+
+
+def _registry() -> dict[str, type[ResidualSite]]:
+    from . import RESIDUALS
+
+    return RESIDUALS
+
+
+def check_choice(name: str, value: Any, choices: tuple) -> None:
+    """One-line ValueError for a value outside a fixed set of choices."""
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not valid; valid choices: {', '.join(map(str, choices))}")

@@ -1,0 +1,207 @@
+"""DeepCrossAttention (Heddes et al., arXiv 2502.06785, ICML 2025) and its GRN rungs, adapted to a ViT."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from timm.layers import Attention, DropPath, Mlp, trunc_normal_
+from torch import nn
+
+from .base import BlockArgs, ResidualSite, check_choice
+
+FORMS = ("dca", "grn_v1", "grn_v2", "grn_v3", "seed")
+
+
+def stack_size(t: int, k: int | None) -> int:
+    """How many vectors the stack holds after t block outputs: the model input plus the outputs, or with
+    k-DCA at most the input, the sum of the intermediates and the last k outputs."""
+    return 1 + t if k is None or t <= k else k + 2
+
+
+class DCA(ResidualSite):
+    """Generalised residual network over the stack G = [x₀, f₁, …, f_{t−1}] of the model input and all
+    previous block outputs (spec §8), computed per token:
+
+    - ``grn_v1``: g = Σ_j b_j G_j, b ∈ R^t (= DenseFormer);
+    - ``grn_v2``: g = Σ_j b_j ⊙ G_j, b ∈ R^{t×D};
+    - ``grn_v3``: weights b_j + ReLU(wᵀG_j) (``grn_v3_form="text_A"``, Thm 4.1) or ReLU(b_j + wᵀG_j)
+      (``"fig10_B"``, Appendix H; default, see below);
+    - ``dca``: three independent GRN-v3 give the attention's query, key and value inputs; the block output
+      f_t = a + MLP(LN(a + q_in)) excludes its input (lucidrains' reading of Fig. 4).
+    - ``seed``: the seed notes' softmax two-way mix c_skip·x + c_branch·F — which is LAuReL-RW with softmax
+      weights, built as such (spec §8 "seed-style simplification").
+
+    b = 1 + b' with b' = 0 at init and excluded from weight decay (decay would pull b to 0, not 1); w = 0 at init,
+    so the model equals the standard ViT (R-exact). Pitfall: under text_A, ReLU'(0) = 0 leaves w with zero
+    gradient forever (GRN-v3 degenerates to v2); fig10_B is R-exact *and* trains w, hence the default;
+    ``w_init_std > 0`` is the other fix. ``k`` selects k-DCA (model input + Σ intermediates + last k).
+
+    An instance is the GRN of one block (three outputs for ``dca``) or the final GRN before the head.
+    """
+
+    name = "dca"
+    paper = "Heddes et al. 2025, arXiv 2502.06785"
+
+    def __init__(self, dim: int, *, args: BlockArgs, form: str = "dca", k: int | None = None,
+                 grn_v3_form: str = "fig10_B", w_init_std: float = 0.0) -> None:
+        super().__init__(dim, args=args)
+        self.form, self.grn_v3_form, self.w_init_std = form, grn_v3_form, float(w_init_std)
+        size = stack_size(args.layer, k)
+        per_dim = 1 if form == "grn_v1" else dim
+        outputs = 3 if form == "dca" else 1  # separate query, key and value compositions
+        self.b_delta = nn.Parameter(torch.zeros(outputs, size, per_dim))  # b = 1 + b'
+        self.w = nn.Parameter(torch.zeros(outputs, dim)) if form in ("grn_v3", "dca") else None
+
+    @classmethod
+    def check_options(cls, options: dict[str, Any], dim: int, depth: int) -> None:
+        check_choice("form", options["form"], FORMS)
+        check_choice("grn_v3_form", options["grn_v3_form"], ("text_A", "fig10_B"))
+        k = options["k"]
+        if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
+            raise ValueError(f"k={k!r} must be a positive integer (k-DCA) or None (full DCA)")
+        if options["w_init_std"] < 0:
+            raise ValueError(f"w_init_std must be >= 0, got {options['w_init_std']}")
+
+    @classmethod
+    def build_block(cls, args: BlockArgs, **options: Any) -> nn.Module:
+        if options["form"] == "seed":
+            from .laurel import LAuReL
+
+            return LAuReL.build_block(args, **LAuReL.validate_options(
+                {"form": "rw", "rw_norm": "softmax", "alpha_init": 0.5, "beta_init": 0.5, "granularity": "sublayer"}))
+        return DCABlock(args, grn=cls(args.dim, args=args, **options))
+
+    @classmethod
+    def build_stream(cls, dim: int, depth: int, norm_layer: Any, **options: Any) -> nn.Module:
+        if options["form"] == "seed":
+            return super().build_stream(dim, depth, norm_layer, **options)
+        out_args = BlockArgs(dim=dim, num_heads=1, mlp_ratio=0, qkv_bias=False, qk_norm=False, proj_drop=0,
+                             attn_drop=0, drop_path=0, norm_layer=norm_layer, act_layer=None, layer=depth,
+                             depth=depth, num_prefix_tokens=0)
+        final_form = "grn_v3" if options["form"] == "dca" else options["form"]
+        return DenseStream(options["k"], cls(dim, args=out_args, **(options | {"form": final_form})))
+
+    def init_weights(self) -> None:
+        nn.init.zeros_(self.b_delta)
+        if self.w is not None:
+            if self.w_init_std > 0:
+                trunc_normal_(self.w, std=self.w_init_std)
+            else:
+                nn.init.zeros_(self.w)
+
+    def no_weight_decay(self) -> set[str]:
+        return {"b_delta"}
+
+    def weights(self, stack: torch.Tensor) -> torch.Tensor | None:
+        """The input-dependent part of GRN-v3, ReLU(wᵀG_j) or ReLU(b_j + wᵀG_j): (outputs, B, N, t[, D])."""
+        if self.w is None:
+            return None
+        s = torch.einsum("bntd,od->obnt", stack, self.w)
+        if self.grn_v3_form == "text_A":
+            return F.relu(s)
+        b = 1.0 + self.b_delta
+        return F.relu(b[:, None, None] + s[..., None])
+
+    def forward(self, stack: torch.Tensor) -> torch.Tensor:
+        """Stack (B, N, t, D) → combined inputs (outputs, B, N, D)."""
+        dynamic = self.weights(stack)
+        if dynamic is not None and self.grn_v3_form == "fig10_B":
+            return torch.einsum("obntd,bntd->obnd", dynamic, stack)
+        out = torch.einsum("bntd,otd->obnd", stack, 1.0 + self.b_delta.expand(-1, -1, stack.shape[-1]))
+        if dynamic is not None:
+            out = out + torch.einsum("obnt,bntd->obnd", dynamic, stack)
+        return out
+
+    def diagnostics(self, x: torch.Tensor | None = None, u: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """Mean weight given to each stacked vector (averaged over outputs, channels and — with a stack x —
+        tokens): one row of the L×L DCA heat map."""
+        b = 1.0 + self.b_delta.detach()
+        dyn = None if x is None else self.weights(x)
+        if dyn is None:
+            row = b.mean(dim=(0, 2))
+        elif self.grn_v3_form == "fig10_B":
+            row = dyn.detach().mean(dim=(0, 1, 2, 4))
+        else:
+            row = b.mean(dim=(0, 2)) + dyn.detach().mean(dim=(0, 1, 2))
+        return {f"weight_{j}": v for j, v in enumerate(row)}
+
+
+class DCABlock(nn.Module):
+    """A ViT block fed by a GRN over the stack of previous outputs instead of the running stream.
+
+    ``a = MHSA(LN_q q_in, LN_k k_in, LN_v v_in)``, ``f_t = a + MLP(LN₂(q_in + a))``; returns DropPath(f_t).
+    ``norm1`` (timm's name) is the query norm; ``norm1_k``/``norm1_v`` are copied from it when a timm
+    checkpoint is retrofitted (``retrofit_aliases``), which keeps the retrofitted model's function unchanged.
+    """
+
+    def __init__(self, args: BlockArgs, grn: DCA) -> None:
+        super().__init__()
+        dim = args.dim
+        self.grn = grn
+        self.norm1 = args.norm_layer(dim)
+        self.cross = grn.b_delta.shape[0] == 3
+        if self.cross:
+            self.norm1_k = args.norm_layer(dim)
+            self.norm1_v = args.norm_layer(dim)
+            self.retrofit_aliases = {f"norm1_{s}.{p}": f"norm1.{p}" for s in "kv" for p in ("weight", "bias")}
+        self.attn = Attention(dim, num_heads=args.num_heads, qkv_bias=args.qkv_bias, qk_norm=args.qk_norm,
+                              attn_drop=args.attn_drop, proj_drop=args.proj_drop, norm_layer=args.norm_layer)
+        self.norm2 = args.norm_layer(dim)
+        self.mlp = Mlp(in_features=dim, hidden_features=int(dim * args.mlp_ratio), act_layer=args.act_layer,
+                       drop=args.proj_drop)
+        self.drop_path = DropPath(args.drop_path) if args.drop_path > 0.0 else nn.Identity()
+
+    def sites(self) -> dict[str, nn.Module]:
+        return {"block": self}
+
+    def forward(self, stack: torch.Tensor) -> torch.Tensor:
+        inputs = self.grn(stack)
+        q_in = inputs[0]
+        if self.cross:
+            a = cross_attention(self.attn, self.norm1(q_in), self.norm1_k(inputs[1]), self.norm1_v(inputs[2]))
+        else:
+            a = self.attn(self.norm1(q_in))
+        return self.drop_path(a + self.mlp(self.norm2(q_in + a)))
+
+
+def cross_attention(attn: Attention, q_in: torch.Tensor, k_in: torch.Tensor, v_in: torch.Tensor) -> torch.Tensor:
+    """timm ``Attention`` with separate query/key/value inputs (same weights, same fused/explicit switch; the
+    explicit path passes the attention map through ``attn.attn_drop`` so diagnostics hooks see it)."""
+    B, N, _ = q_in.shape
+    weights = attn.qkv.weight.chunk(3)
+    biases = attn.qkv.bias.chunk(3) if attn.qkv.bias is not None else (None, None, None)
+    q, k, v = (F.linear(t, w, b).reshape(B, N, attn.num_heads, attn.head_dim).transpose(1, 2)
+               for t, w, b in zip((q_in, k_in, v_in), weights, biases, strict=True))
+    q, k = attn.q_norm(q), attn.k_norm(k)
+    if attn.fused_attn:
+        x = F.scaled_dot_product_attention(q, k, v, dropout_p=attn.attn_drop.p if attn.training else 0.0)
+    else:
+        weights = attn.attn_drop((q * attn.scale @ k.transpose(-2, -1)).softmax(dim=-1))
+        x = weights @ v
+    x = attn.norm(x.transpose(1, 2).reshape(B, N, attn.attn_dim))
+    return attn.proj_drop(attn.proj(x))
+
+
+class DenseStream(nn.Module):
+    """Chains DCA blocks: each reads the (k-)stack of the model input and previous block outputs; the head
+    reads ``out`` (a final GRN) over the whole stack. With b = 1, w = 0 the stack sum is the residual stream."""
+
+    def __init__(self, k: int | None, out: DCA) -> None:
+        super().__init__()
+        self.k = k
+        self.out = out
+
+    def forward(self, x: torch.Tensor, blocks: nn.ModuleList) -> torch.Tensor:
+        first, mid, recent = x, None, []
+        for blk in blocks:
+            recent.append(blk(_stack(first, mid, recent)))
+            if self.k is not None and len(recent) > self.k:
+                old = recent.pop(0)
+                mid = old if mid is None else mid + old
+        return self.out(_stack(first, mid, recent))[0]
+
+
+def _stack(first: torch.Tensor, mid: torch.Tensor | None, recent: list[torch.Tensor]) -> torch.Tensor:
+    return torch.stack([first] + ([mid] if mid is not None else []) + recent, dim=2)

@@ -1,0 +1,150 @@
+"""LAuReL: Learned Augmented Residual Layer (Menghani, Kumar & Kumar, arXiv 2411.07501, ICML 2025)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .base import BlockArgs, ResidualSite, check_choice
+from .mix import MixWeights
+
+FORMS = ("rw", "lr", "pa", "rw_lr", "rw_pa", "rw_lr_pa", "seed")
+
+
+class LAuReL(ResidualSite):
+    """``x_{i+1} = α·f(x_i) + β·g(x_i, x_{i−1}, …)`` (paper eq. 2), so ``Δ = α·f + β·g − x`` with
+
+    ====== ======================================================= =================================
+    form   g                                                       α, β
+    ====== ======================================================= =================================
+    rw     x_i                                                     learned (``rw_norm``)
+    lr     x_i + A B x_i  (eq. 3; A ∈ R^{D×r}, B ∈ R^{r×D} = 0)     1, 1
+    pa     x_i + Σ_{j<k} γ_j h_j(x_{i−j})  (eq. 4; γ = 0 at init)  1, 1
+    rw_lr  x_i + A B x_i  (eq. 5)                                  learned
+    rw_pa  Σ_{j<k} γ_j h_j(x_{i−j}), γ = (1, 0, …)                 learned
+    rw_lr_pa Σ_{j<k} γ_j (I + A_j B_j) x_{i−j}  (eq. 6)             learned
+    seed   x_i, with a coupled sigmoid gate: g·F + (1 − g)·x       (σ(a), 1 − σ(a)) — the seed notes' form
+    ====== ======================================================= =================================
+
+    ``h_j`` is the identity (``pa_h="identity"``) or ``I + A_j B_j`` (``"lowrank"``; always for rw_lr_pa).
+    Eq. 6 as printed has no identity term; reading h = I + AB keeps the residual path (spec §6, flagged as
+    interpretation). With α = β = 1 (``rw_norm="none"``), B = 0 and γ as above every form except ``seed``
+    equals the standard residual at init (R-exact). ``granularity="block"`` (default, the paper's LLM counts)
+    wraps the whole block, ``"sublayer"`` puts one LAuReL at each residual site. ``k`` previous stream states
+    at that granularity feed PA. A is Xavier-uniform or column-orthogonal (``a_init="col_orth"``, footnote 2).
+    """
+
+    name = "laurel"
+    paper = "Menghani et al. 2025, arXiv 2411.07501"
+
+    def __init__(self, dim: int, *, args: BlockArgs, form: str = "rw_lr", granularity: str = "block",
+                 rank: int = 16, k: int = 3, pa_h: str = "identity", rw_norm: str = "none",
+                 alpha_init: float | None = None, beta_init: float | None = None, a_init: str = "xavier") -> None:
+        super().__init__(dim, args=args)
+        self.form, self.rank, self.k, self.a_init = form, rank, k, a_init
+        self.uses_pa = "pa" in form
+        self.uses_lr = "lr" in form or (self.uses_pa and pa_h == "lowrank")
+        norm, alpha, beta = _mix_defaults(form, rw_norm, alpha_init, beta_init)
+        self.mix = MixWeights(norm, alpha, beta) if ("rw" in form or form == "seed") else None
+        n_factors = k if self.uses_pa else 1
+        if self.uses_lr:
+            self.lr_down = nn.Parameter(torch.zeros(n_factors, rank, dim))  # B (zero: LoRA-style)
+            self.lr_up = nn.Parameter(torch.zeros(n_factors, dim, rank))    # A
+        if self.uses_pa:
+            self.pa_gamma = nn.Parameter(torch.zeros(k))
+        self.init_weights()
+
+    @classmethod
+    def check_options(cls, options: dict[str, Any], dim: int, depth: int) -> None:
+        check_choice("form", options["form"], FORMS)
+        check_choice("granularity", options["granularity"], ("block", "sublayer"))
+        check_choice("pa_h", options["pa_h"], ("identity", "lowrank"))
+        check_choice("rw_norm", options["rw_norm"], ("none", "softmax", "sigmoid"))
+        check_choice("a_init", options["a_init"], ("xavier", "col_orth"))
+        rank, k = options["rank"], options["k"]
+        if not isinstance(rank, int) or rank < 1 or rank > dim:
+            raise ValueError(f"rank={rank!r} must be an integer in 1..{dim} (the width embed_dim={dim})")
+        if not isinstance(k, int) or k < 1:
+            raise ValueError(f"k={k!r} must be a positive integer (number of previous activations)")
+        MixWeights.check(*_mix_defaults(options["form"], options["rw_norm"], options["alpha_init"],
+                                        options["beta_init"]))
+
+    @classmethod
+    def build_block(cls, args: BlockArgs, **options: Any) -> nn.Module:
+        if options["granularity"] == "sublayer":
+            return super().build_block(args, **options)
+        from ..vit import WholeBlock
+
+        return WholeBlock(args, site=cls(args.dim, args=args, **options))
+
+    @classmethod
+    def build_stream(cls, dim: int, depth: int, norm_layer: Any, **options: Any) -> nn.Module:
+        from ..vit import ResidualStream
+
+        return ResidualStream(keep_history="pa" in options["form"])
+
+    def init_weights(self) -> None:
+        if self.mix is not None:
+            self.mix.init_weights()
+        if self.uses_lr:
+            nn.init.zeros_(self.lr_down)
+            for up in self.lr_up:
+                if self.a_init == "col_orth":  # A_ij = 1/sqrt(rD) if i mod r == j (footnote 2)
+                    rows = torch.arange(up.shape[0])
+                    up.data.zero_()[rows, rows % self.rank] = 1.0 / math.sqrt(self.rank * self.dim)
+                else:
+                    nn.init.xavier_uniform_(up)
+        if self.uses_pa:
+            with torch.no_grad():
+                self.pa_gamma.zero_()
+                if self.form != "pa":  # rw_pa / rw_lr_pa: g = Σ γ_j h_j(x_{i−j}) must start as x_i
+                    self.pa_gamma[0] = 1.0
+
+    def _low_rank(self, states: torch.Tensor) -> torch.Tensor:
+        """A_j B_j x for stacked states (j, B, N, D) — one batched matmul, no Python loop over j."""
+        j = states.shape[0]
+        down = torch.einsum("jbnd,jrd->jbnr", states, self.lr_down[:j])
+        return torch.einsum("jbnr,jdr->jbnd", down, self.lr_up[:j])
+
+    def forward(self, x: torch.Tensor, u: torch.Tensor, f: torch.Tensor, history: list | None = None) -> torch.Tensor:
+        if self.uses_pa:
+            history.append(x)
+            states = torch.stack(history[: -self.k - 1: -1])  # x_i, x_{i−1}, …: (j, B, N, D)
+            if self.uses_lr:
+                states = states + self._low_rank(states)
+            pa = torch.einsum("j,jbnd->bnd", self.pa_gamma[: states.shape[0]], states)
+            g = x + pa if self.form == "pa" else pa
+        elif self.uses_lr:
+            g = x + F.linear(F.linear(x, self.lr_down[0]), self.lr_up[0])
+        else:
+            g = x
+        if self.mix is None:
+            return f + g - x
+        alpha, beta = self.mix()
+        return alpha * f + beta * g - x
+
+    def diagnostics(self, x: torch.Tensor | None = None, u: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        stats = {}
+        if self.mix is not None:
+            alpha, beta = self.mix()
+            stats |= {"alpha": alpha.detach(), "beta": beta.detach()}
+        if self.uses_pa:
+            stats |= {f"pa_gamma_{j}": g for j, g in enumerate(self.pa_gamma.detach())}
+        if self.uses_lr:
+            stats["lr_norm"] = torch.linalg.matrix_norm(self.lr_up.detach() @ self.lr_down.detach()).mean()
+        return stats
+
+
+def _mix_defaults(form: str, rw_norm: str, alpha: float | None, beta: float | None) -> tuple[str, float, float]:
+    """The (normalisation, α₀, β₀) of the RW weights: standard-residual start unless a normalisation forces
+    otherwise (softmax 0.01/0.99 and sigmoid 0.99/0.99 are the spec's near-standard starts; the seed gate
+    starts at logit 0, g = 0.5, as the seed notes describe)."""
+    if form == "seed":
+        a = 0.5 if alpha is None else alpha
+        return "coupled", a, 1.0 - a if beta is None else beta
+    defaults = {"none": (1.0, 1.0), "softmax": (0.01, 0.99), "sigmoid": (0.99, 0.99)}[rw_norm]
+    return rw_norm, defaults[0] if alpha is None else alpha, defaults[1] if beta is None else beta

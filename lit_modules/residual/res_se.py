@@ -1,0 +1,62 @@
+"""Res-SE (Varshaneya et al., "Res-SE-Net", arXiv 1902.06066): squeeze-and-excitation on the skip path."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from .base import BlockArgs, ResidualSite, check_choice
+
+
+class ResSE(ResidualSite):
+    """SE gate on the identity path, over tokens (spec §7, ViT adaptation (b)):
+
+        z = mean_tokens(x),   s = gate(W₂ ReLU(W₁ z + b₁) + b₂) ∈ R^{B×D},   x ← s ⊙ x + F(Norm(x))
+
+    so ``Δ = (s − 1) ⊙ x + f``. ``gate="two_sigmoid"`` (default) uses 2σ with W₂, b₂ zero-initialised, so s ≡ 1
+    and the model equals the standard ViT at init (R-exact) while W₂ learns from step 0. ``gate="sigmoid"`` is
+    the paper's literal σ with PyTorch's default Linear init (s ≈ 0.5: it halves the skip at every site).
+    ``pool="patch_only"`` leaves the class token out of the squeeze. Reduction 16 as in the paper.
+    """
+
+    name = "res_se"
+    paper = "Varshaneya et al. 2019, arXiv 1902.06066"
+
+    def __init__(self, dim: int, *, args: BlockArgs, reduction: int = 16, gate: str = "two_sigmoid",
+                 pool: str = "all") -> None:
+        super().__init__(dim, args=args)
+        self.gate_kind = gate
+        self.skip_tokens = args.num_prefix_tokens if pool == "patch_only" else 0
+        hidden = max(1, dim // reduction)
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.ReLU()
+        self.fc2 = nn.Linear(hidden, dim)
+
+    @classmethod
+    def check_options(cls, options: dict[str, Any], dim: int, depth: int) -> None:
+        check_choice("gate", options["gate"], ("two_sigmoid", "sigmoid"))
+        check_choice("pool", options["pool"], ("all", "patch_only"))
+        if not isinstance(options["reduction"], int) or options["reduction"] < 1:
+            raise ValueError(f"reduction must be a positive integer, got {options['reduction']!r}")
+
+    def init_weights(self) -> None:
+        if self.gate_kind == "two_sigmoid":
+            nn.init.zeros_(self.fc2.weight)
+            nn.init.zeros_(self.fc2.bias)
+        else:  # the paper's SE layer: PyTorch's default Linear init
+            self.fc1.reset_parameters()
+            self.fc2.reset_parameters()
+
+    def scale(self, x: torch.Tensor) -> torch.Tensor:
+        """The per-sample, per-channel skip scale s, shape (B, 1, D)."""
+        z = x[:, self.skip_tokens:].mean(dim=1)
+        s = torch.sigmoid(self.fc2(self.act(self.fc1(z))))
+        return (2.0 * s if self.gate_kind == "two_sigmoid" else s).unsqueeze(1)
+
+    def forward(self, x: torch.Tensor, u: torch.Tensor, f: torch.Tensor, history: list | None = None) -> torch.Tensor:
+        return (self.scale(x) - 1.0) * x + f
+
+    def diagnostics(self, x: torch.Tensor | None = None, u: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        return {} if x is None else {"se_scale_mean": self.scale(x).mean().detach()}
