@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import pickle
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,17 +16,16 @@ class DataError(ValueError):
     """A data folder is missing or malformed. The message is one line naming the folder and the expected layout."""
 
 
-def data_error(data_dir: str | Path | None, dataset: str, problem: str, layout: str) -> DataError:
+def data_error(data_dir: str | Path, dataset: str, problem: str, layout: str) -> DataError:
     """Build a one-line :class:`DataError`, e.g. ``data folder '/x' for cifar10 is missing ...; expected ...``."""
-    where = f"data folder '{data_dir}'" if data_dir is not None else "no data folder given (data_dir=None)"
-    message = f"{where} for {dataset} {problem}; expected {layout}"
+    message = f"data folder '{data_dir}' for {dataset} {problem}; expected {layout}"
     return DataError(" ".join(message.split()))  # one line, whatever the problem text holds
 
 
 def require_data_dir(data_dir: str | Path | None, dataset: str, layout: str) -> Path:
     """Return ``data_dir`` as a Path, or raise DataError when it is None or not an existing folder."""
     if data_dir is None:
-        raise data_error(None, dataset, "needs a folder (pass data_dir / --data-dir)", layout)
+        raise DataError(f"no data folder given for {dataset} (pass data_dir / --data-dir); expected {layout}")
     root = Path(data_dir).expanduser()
     if not root.is_dir():
         raise data_error(data_dir, dataset, "does not exist", layout)
@@ -86,12 +86,16 @@ def channel_mean_std(
     return tuple(mean.tolist()), tuple(std.tolist())
 
 
+# What parsers (pickle, numpy, torchvision's readers, PIL) raise on truncated, garbled or mis-shaped files.
+PARSE_ERRORS = (OSError, EOFError, ValueError, KeyError, IndexError, RuntimeError, AssertionError, pickle.PickleError)
+
+
 @contextmanager
-def reading(data_dir: str | Path | None, dataset: str, layout: str) -> Iterator[None]:
-    """Turn any error raised while parsing files under ``data_dir`` into a one-line DataError."""
+def reading(data_dir: str | Path, dataset: str, layout: str) -> Iterator[None]:
+    """Turn an error raised while parsing files under ``data_dir`` into a one-line DataError."""
     try:
         yield
     except DataError:
         raise
-    except Exception as exc:
+    except PARSE_ERRORS as exc:
         raise data_error(data_dir, dataset, f"could not be read ({type(exc).__name__}: {exc})", layout) from exc

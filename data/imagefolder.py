@@ -82,9 +82,9 @@ class FolderSubset(Dataset):
         path, label = self.folder.samples[self.indices[index]]
         image = self.folder.loader(path)
         if item_seed is None:
-            return self.make_transform(image), label
+            return self.transform(image), label
         with seeded_global_rngs(item_seed):
-            return self.make_transform(image), label
+            return self.transform(image), label
 
 
 class ImageFolderDataModule(DataModuleBase):

@@ -97,7 +97,7 @@ class BatchTransform:
 
     def __call__(self, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """Transform a batch; augmentation is applied only when a ``generator`` is given."""
-        x = images.float().div_(self.pixel_max)
+        x = images.float() / self.pixel_max  # a new tensor: the stored images are never modified
         if generator is not None:
             if self.max_shift:
                 x = random_shift(x, self.max_shift, generator)
@@ -134,7 +134,9 @@ class TensorBatchLoader:
         self.batch_size = batch_size
         self.train = train
         self.augment = train and augment
+        # Lightning calls ``loader.sampler.set_epoch(epoch)`` each epoch, and reads ``loader.batch_sampler`` too.
         self.sampler = EpochSampler(len(images), seed, shuffle=train)
+        self.batch_sampler = None
 
     def _shard(self, order: torch.Tensor) -> torch.Tensor:
         rank, world_size = rank_and_world_size()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -54,14 +53,17 @@ class MNISTDataModule(MNIST5kDataModule):
 
     name = "mnist"
     files = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
-    layout = "MNIST/raw/{train,t10k}-images-idx3-ubyte and {train,t10k}-labels-idx1-ubyte (torchvision's MNIST raw format, uncompressed)"
+    layout = (
+        "MNIST/raw/{train,t10k}-images-idx3-ubyte and MNIST/raw/{train,t10k}-labels-idx1-ubyte"
+        " (torchvision's MNIST raw format, uncompressed)"
+    )
 
     def __init__(self, **common: Unpack[DataArgs]) -> None:
         super().__init__(**common)
         root = require_data_dir(self.data_dir, self.name, self.layout)
-        missing = [f for f in self.files if not (Path(root) / "MNIST" / "raw" / f).is_file()]
+        missing = [f"MNIST/raw/{name}" for name in self.files if not (root / "MNIST" / "raw" / name).is_file()]
         if missing:
-            raise data_error(self.data_dir, self.name, f"is missing MNIST/raw/{', '.join(missing)}", self.layout)
+            raise data_error(self.data_dir, self.name, f"is missing {', '.join(missing)}", self.layout)
 
     def load_splits(self) -> Splits:
         from torchvision.datasets import MNIST

@@ -20,10 +20,10 @@ class SyntheticDataModule(InMemoryDataModule):
 
     Everything is generated from ``seed``: templates, labels (balanced) and noise. With the default noise a linear
     classifier, and a tiny ViT, get far above chance within an epoch or two. No augmentation.
+    ``default_patch_size`` is 4 (or 2 or 1 when ``img_size`` is not a multiple of 4).
     """
 
     name = "synthetic"
-    default_patch_size = 4
 
     def __init__(
         self,
@@ -41,6 +41,7 @@ class SyntheticDataModule(InMemoryDataModule):
             raise ValueError(f"num_samples must be >= 2 * num_classes, got {num_samples} for {num_classes} classes")
         self.num_samples = num_samples
         self.img_size = img_size
+        self.default_patch_size = next(p for p in (4, 2, 1) if img_size % p == 0)
         self.in_chans = in_chans
         self.num_classes = num_classes
         self.noise = noise

@@ -1,0 +1,764 @@
+"""Speed, FLOP utilisation and memory of the backbone, measured as ratios side by side in one process.
+
+    python -m ablations.bench                        # every section at full size (~10-15 min on 2 quiet cores)
+    python -m ablations.bench --quick                # every section at small sizes (< 3 min on 2 quiet cores)
+    python -m ablations.bench --sections timm,mfu --threads 2 --out /tmp/bench
+    python -m ablations.bench --compile              # also time model.compile() (cold compiles take minutes)
+
+Writes ``<out>/bench.md`` (each figure beside its goal with a pass/miss mark, plus the machine facts) and
+``<out>/bench.json`` (the raw timings). Sections: 1 timm, 2 variants, 3 lightning, 4 mfu, 5 study, 6 memory,
+7 compile (only with ``--compile``).
+
+Method: everything timed (a train step, a training loop, a matmul) is a zero-argument function. A section builds
+all of its functions first, calls each untimed (warm-up), then runs ``reps`` rounds; in a round every function in
+turn is timed over ``steps`` back-to-back calls (A/B/C/A/B/C..., the first one rotating from round to round).
+A time is the median over rounds; a ratio is the median over rounds of the ratio within a round (paired: both
+sides ran seconds apart under the same machine load). Timing sections run on the CPU in fp32. On a busy machine
+every figure is noise: the load average at the start and end of the run is part of the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import gc
+import json
+import logging
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+SECTIONS = ("timm", "variants", "lightning", "mfu", "study", "memory", "compile")
+DEFAULT_SECTIONS = SECTIONS[:-1]  # compile is opt-in
+STUDY = "residual_variants"
+LR, WEIGHT_DECAY = 1e-3, 0.05
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Sizes of one benchmark mode. The model of sections 1, 2, 4, 6, 7 is ViT-Tiny width on 32x32 inputs."""
+
+    mode: str = "full"
+    embed_dim: int = 192
+    num_heads: int = 3
+    img_size: int = 32
+    patch_size: int = 4
+    depth: int = 12  # sections 1, 4, 7
+    variant_depth: int = 12  # section 2
+    batch: int = 64
+    warmup: int = 2  # untimed calls per function before the first round
+    reps: int = 7  # rounds
+    steps: int = 3  # timed calls per function per round
+    variants: tuple[str, ...] | None = None  # labels of costs.CONFIGS for sections 2 and 6 (None: all)
+    mm_size: int = 2048  # section 4: side of the square fp32 matmul that measures the peak
+    loop_steps: int = 60  # section 3: optimizer steps per training loop
+    loop_reps: int = 5
+    trial_overrides: dict = field(default_factory=dict)  # sections 3, 5: RunConfig fields over the study's
+    study_epochs: int | None = None  # section 5: epochs of each timed trial (None: the study's own)
+    memory_depth: int = 24
+    memory_batch: int = 64
+    compile_variants: tuple[str, ...] = ("standard", "dca (full, default)")
+
+    def vit(self, depth: int) -> dict:
+        return dict(img_size=self.img_size, patch_size=self.patch_size, in_chans=3, num_classes=10,
+                    embed_dim=self.embed_dim, depth=depth, num_heads=self.num_heads, mlp_ratio=4.0)
+
+    def describe(self, depth: int, batch: int | None = None) -> str:
+        return (f"embed {self.embed_dim}, {self.num_heads} heads, depth {depth}, {self.img_size}x{self.img_size} "
+                f"patch {self.patch_size}, 10 classes, batch {batch or self.batch}")
+
+
+FULL = Settings()
+QUICK = replace(FULL, mode="quick", batch=32, variant_depth=6, warmup=1, reps=3, steps=2, loop_steps=24,
+                loop_reps=3, study_epochs=2, memory_batch=16, compile_variants=("standard",))
+TINY = replace(FULL, mode="tiny", embed_dim=32, num_heads=2, patch_size=8, depth=2, variant_depth=2, batch=4,
+               warmup=1, reps=2, steps=1, mm_size=256, loop_steps=3, loop_reps=2,
+               trial_overrides={"embed_dim": 16, "num_heads": 2, "diagnostics_every": 0}, study_epochs=1,
+               memory_depth=4, memory_batch=2, compile_variants=("standard",))
+
+
+# --- timing --------------------------------------------------------------------------------------------------------
+def interleave(fns: dict[str, Callable[[], Any]], *, reps: int, steps: int, warmup: int) -> dict[str, list[float]]:
+    """Seconds per call of each function in each round: all warmed up first, then timed in interleaved rounds."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    names = list(fns)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(reps):
+        gc.collect()
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            fn = fns[name]
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                fn()
+            times[name].append((time.perf_counter() - t0) / steps)
+    return times
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def paired_ratio(times: dict[str, list[float]], a: str, b: str) -> float:
+    """Median over rounds of time(a) / time(b) within the round."""
+    return median([ta / tb for ta, tb in zip(times[a], times[b], strict=True)])
+
+
+def train_step(model, batch) -> Callable[[], None]:
+    """One fp32 training step (forward, cross-entropy, backward, AdamW step) on a fixed batch."""
+    import torch
+    import torch.nn.functional as F
+    from timm.optim import param_groups_weight_decay
+
+    if hasattr(model, "param_groups"):  # ours: timm's rule plus each variant's own no-decay parameters
+        groups = model.param_groups(WEIGHT_DECAY)
+    else:
+        groups = param_groups_weight_decay(model, WEIGHT_DECAY, model.no_weight_decay())
+    optimizer = torch.optim.AdamW(groups, lr=LR)
+    x, y = batch
+    model.train()
+
+    def step() -> None:
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+# --- models and data -----------------------------------------------------------------------------------------------
+def ours(residual: str, options: dict, size: dict, fused: bool = True):
+    from lit_modules import VisionTransformer
+
+    return VisionTransformer(residual, options, fused_attn=fused, **size)
+
+
+def set_fused_attn(model, enabled: bool):
+    """Fused SDPA or explicit attention on every timm ``Attention`` (ours, timm's, and DCA's cross-attention)."""
+    from timm.layers import Attention
+
+    for m in model.modules():
+        if isinstance(m, Attention):
+            m.fused_attn = enabled
+    return model
+
+
+def random_batch(s: Settings, batch: int | None = None):
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    n = batch or s.batch
+    return torch.randn(n, 3, s.img_size, s.img_size, generator=g), torch.randint(0, 10, (n,), generator=g)
+
+
+def selected_configs(s: Settings) -> list[tuple[str, str, dict]]:
+    from ablations.costs import CONFIGS
+
+    return [c for c in CONFIGS if s.variants is None or c[0] in s.variants]
+
+
+def is_dca(residual: str, options: dict) -> bool:
+    """DCA proper (its seed form is built as LAuReL-RW and priced like the others)."""
+    return residual == "dca" and options.get("form", "dca") != "seed"
+
+
+def study_trial(s: Settings):
+    """The RunConfig of the study's representative trial (first variant, middle depth, seed 0) with the mode's
+    overrides, and the spec."""
+    from ablations.objective import Objective
+    from ablations.spec import load_spec
+
+    spec = load_spec(STUDY)
+    grid = spec.grid()
+    depths = sorted({p.get("depth") for p in grid}, key=str)
+    point = next(p for p in grid if p.get("depth") == depths[len(depths) // 2])
+    return spec, Objective(spec, log_root=Path("."), overrides=s.trial_overrides).config(point)
+
+
+# --- report pieces -------------------------------------------------------------------------------------------------
+@dataclass
+class Section:
+    """One section of the report: a Markdown table, its goals (for the summary) and raw numbers (for the JSON)."""
+
+    name: str
+    title: str
+    setup: str
+    columns: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+    goals: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    data: dict = field(default_factory=dict)
+    wall_s: float = 0.0
+    error: str | None = None
+
+    def goal(self, what: str, value: float, limit: float, text: str, shown: str, at_most: bool = True) -> list[str]:
+        """Record a goal and return its two table cells: the goal text and the pass/miss mark."""
+        passed = value <= limit if at_most else value >= limit
+        self.goals.append({"what": what, "value": value, "limit": limit, "goal": text, "result": shown,
+                           "passed": passed})
+        return [text, mark(passed)]
+
+    @property
+    def passed(self) -> bool | None:
+        if self.error:
+            return False
+        return all(g["passed"] for g in self.goals) if self.goals else None
+
+
+def mark(passed: bool | None) -> str:
+    return "—" if passed is None else "pass" if passed else "**miss**"
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f}"
+
+
+def mib(nbytes: float) -> str:
+    return f"{nbytes / 2**20:,.1f}"
+
+
+def table(columns: list[str], rows: list[list[str]]) -> str:
+    aligns = ["---" if i == 0 else "---:" for i in range(len(columns))]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join(aligns) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+# --- 1. our backbone vs timm's --------------------------------------------------------------------------------------
+def bench_timm(s: Settings) -> Section:
+    from timm.models.vision_transformer import VisionTransformer as TimmViT
+
+    size = s.vit(s.depth)
+    models = {
+        "timm": set_fused_attn(TimmViT(**size), True),
+        "ours standard": ours("standard", {}, size),
+        "timm init_values=1e-5": set_fused_attn(TimmViT(**size, init_values=1e-5), True),
+        "ours layerscale 1e-5": ours("layerscale", {"init_value": 1e-5}, size),
+    }
+    batch = random_batch(s)
+    times = interleave({k: train_step(m, batch) for k, m in models.items()}, reps=s.reps, steps=s.steps,
+                       warmup=s.warmup)
+    sec = Section("timm", "1. Train step: our backbone vs timm's VisionTransformer",
+                  f"{s.describe(s.depth)}; fp32, fused attention, AdamW; {s.reps} rounds x {s.steps} steps",
+                  ["model", "ms/step", "vs timm (same config)", "goal", "mark"])
+    for name, reference in (("timm", None), ("ours standard", "timm"), ("timm init_values=1e-5", None),
+                            ("ours layerscale 1e-5", "timm init_values=1e-5")):
+        row = [name, ms(median(times[name]))]
+        if reference is None:
+            row += ["reference", "", ""]
+        else:
+            ratio = paired_ratio(times, name, reference)
+            row += [f"{ratio:.3f}x", *sec.goal(f"{name} / {reference}", ratio, 1.02, "≤ 1.02x", f"{ratio:.3f}x")]
+        sec.rows.append(row)
+    sec.data = {"times_s": times}
+    return sec
+
+
+# --- 2. every variant vs standard ----------------------------------------------------------------------------------
+def bench_variants(s: Settings) -> Section:
+    from ablations.costs import measure
+
+    size = s.vit(s.variant_depth)
+    configs = selected_configs(s)
+    models = {label: ours(res, opts, size) for label, res, opts in configs}
+    costs = {label: measure(res, opts, **{k: v for k, v in size.items() if k != "mlp_ratio"})
+             for label, res, opts in configs}
+    batch = random_batch(s)
+    times = interleave({k: train_step(m, batch) for k, m in models.items()}, reps=s.reps, steps=s.steps,
+                       warmup=s.warmup)
+    sec = Section("variants", "2. Each variant vs standard: train-step time, parameters, FLOPs",
+                  f"{s.describe(s.variant_depth)}; fp32, fused attention, AdamW; {s.reps} rounds x {s.steps} steps; "
+                  "FLOPs: forward, batch 1, explicit attention (ablations.costs)",
+                  ["variant", "params", "+params", "+FLOPs", "ms/step", "time vs standard", "goal", "mark"])
+    base = costs["standard"]
+    rows = {}
+    for label, res, opts in configs:
+        c = costs[label]
+        flop_oh = 100.0 * (c["flops"] - base["flops"]) / base["flops"]
+        ratio = paired_ratio(times, label, "standard")
+        row = [label, f"{c['params']:,}", f"{100.0 * (c['params'] - base['params']) / base['params']:+.2f}%",
+               f"{flop_oh:+.2f}%", ms(median(times[label])), f"{ratio:.3f}x ({100 * (ratio - 1):+.1f}%)"]
+        if label == "standard":
+            row += ["reference", ""]
+        elif is_dca(res, opts):
+            row += sec.goal(f"{label}: time vs standard", ratio, 1.5, "≤ 1.50x (paper: 1.31-1.54x)", f"{ratio:.3f}x")
+        else:
+            limit = 1.0 + (flop_oh + 10.0) / 100.0
+            row += sec.goal(f"{label}: time overhead", ratio, limit, f"≤ {flop_oh + 10:+.1f}% (FLOPs + 10 pp)",
+                            f"{100 * (ratio - 1):+.1f}%")
+        sec.rows.append(row)
+        rows[label] = {"residual": res, "options": opts, **c, "flops_overhead_pct": flop_oh, "time_ratio": ratio}
+    sec.notes.append("DCA rows have the DCA goal (≤ 1.5x per step) instead of FLOPs + 10 pp: its extra work is "
+                     "elementwise and memory-bound, which a FLOP count does not see.")
+    sec.data = {"variants": rows, "times_s": times}
+    return sec
+
+
+# --- 3. Lightning loop vs a plain loop -----------------------------------------------------------------------------
+def bench_lightning(s: Settings) -> Section:
+    from ablations.training import build_datamodule, build_model
+
+    _, config = study_trial(s)
+    dm = build_datamodule(config)
+    loader = dm.train_dataloader()
+    classifier = build_model(config, dm)
+    classifier.hparams.steps_per_epoch = len(loader)  # the schedule no longer needs a Trainer: same in every loop
+    loops = {
+        "plain PyTorch": plain_loop(copy.deepcopy(classifier), loader, s.loop_steps),
+        "Lightning, ViTClassifier": lightning_loop(copy.deepcopy(classifier), loader, s.loop_steps),
+        "Lightning, bare module": lightning_loop(bare_module(copy.deepcopy(classifier)), loader, s.loop_steps),
+    }
+    times = interleave(loops, reps=s.loop_reps, steps=1, warmup=1)
+    sec = Section("lightning", "3. Lightning training loop vs a plain PyTorch loop",
+                  f"the {STUDY} trial model ({config.dataset}, embed {config.embed_dim}, depth {config.depth}, "
+                  f"{config.num_heads} heads, patch {config.patch_size}, batch {config.batch_size}); "
+                  f"{s.loop_steps} optimizer steps per loop (AdamW + warmup-cosine LambdaLR from "
+                  f"ViTClassifier.configure_optimizers, label smoothing {config.label_smoothing}); no logger, progress "
+                  f"bar, checkpointing or validation; {s.loop_reps} rounds",
+                  ["loop", "ms/step", "vs plain", "goal", "mark"])
+    for name in loops:
+        per_step = median(times[name]) / s.loop_steps
+        if name == "plain PyTorch":
+            sec.rows.append([name, ms(per_step), "reference", "", ""])
+            continue
+        ratio = paired_ratio(times, name, "plain PyTorch")
+        cells = (sec.goal(f"{name} / plain", ratio, 1.05, "≤ 1.05x", f"{ratio:.3f}x") if "ViTClassifier" in name
+                 else ["(loop alone)", "—"])
+        sec.rows.append([name, ms(per_step), f"{ratio:.3f}x", *cells])
+    sec.notes.append("Each loop call builds its optimizer and scheduler (and, for Lightning, its Trainer) and runs "
+                     f"{s.loop_steps} steps; ms/step includes that set-up. 'bare module' is a LightningModule whose "
+                     "training_step only computes the loss: the gap between it and ViTClassifier is the module's "
+                     "per-step metrics and logging, the gap between it and the plain loop is Lightning's loop.")
+    sec.data = {"times_s": times, "steps": s.loop_steps, "config": config.to_dict()}
+    return sec
+
+
+def plain_loop(classifier, loader, steps: int) -> Callable[[], None]:
+    import torch.nn.functional as F
+
+    def fit() -> None:
+        conf = classifier.configure_optimizers()
+        optimizer, scheduler = conf["optimizer"], conf["lr_scheduler"]["scheduler"]
+        model, smoothing = classifier.model, classifier.hparams.label_smoothing
+        classifier.train()
+        done = 0
+        while done < steps:
+            for x, y in loader:
+                loss = F.cross_entropy(model(x), y, label_smoothing=smoothing)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                scheduler.step()
+                done += 1
+                if done == steps:
+                    break
+
+    return fit
+
+
+def lightning_loop(module, loader, steps: int) -> Callable[[], None]:
+    import lightning.pytorch as pl
+
+    def fit() -> None:
+        trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=steps, logger=False, enable_progress_bar=False,
+                             enable_checkpointing=False, enable_model_summary=False, limit_val_batches=0,
+                             num_sanity_val_steps=0)
+        trainer.fit(module, train_dataloaders=loader)
+
+    return fit
+
+
+def bare_module(classifier):
+    """A LightningModule around the classifier's backbone whose training step only computes the loss."""
+    import lightning.pytorch as pl
+    import torch.nn.functional as F
+
+    class Bare(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = classifier
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return F.cross_entropy(self.inner.model(x), y, label_smoothing=self.inner.hparams.label_smoothing)
+
+        def configure_optimizers(self):
+            return self.inner.configure_optimizers()
+
+    return Bare()
+
+
+# --- 4. model FLOPs utilisation ------------------------------------------------------------------------------------
+def bench_mfu(s: Settings) -> Section:
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = ours("standard", {}, s.vit(s.depth))
+    batch = random_batch(s)
+    set_fused_attn(model, False)  # the counter has no formula for the CPU SDPA kernel: count explicit attention
+    counter = FlopCounterMode(display=False)
+    with counter:
+        F.cross_entropy(model(batch[0]), batch[1]).backward()
+    step_flops = counter.get_total_flops()
+    model.zero_grad(set_to_none=True)
+    set_fused_attn(model, True)
+    g = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(s.mm_size, s.mm_size, generator=g) for _ in range(2))
+    times = interleave({"train step": train_step(model, batch), "matmul": lambda: torch.mm(a, b)},
+                       reps=s.reps, steps=s.steps, warmup=s.warmup)
+    step_rate = step_flops / median(times["train step"])
+    peak = 2 * s.mm_size**3 / median(times["matmul"])
+    mfu = median([step_flops / ts / (2 * s.mm_size**3 / tm) for ts, tm in zip(times["train step"], times["matmul"],
+                                                                              strict=True)])
+    sec = Section("mfu", "4. Model FLOPs utilisation of the train step",
+                  f"ours standard, {s.describe(s.depth)}; fp32, fused attention (FLOPs counted with explicit "
+                  f"attention, forward + backward); peak = fp32 torch.mm {s.mm_size}x{s.mm_size}, same threads; "
+                  f"{s.reps} rounds x {s.steps} calls, interleaved",
+                  ["quantity", "value", "goal", "mark"])
+    sec.rows += [["train-step FLOPs (fwd + bwd)", f"{step_flops / 1e9:.2f} GFLOP", "", ""],
+                 ["train-step time", f"{ms(median(times['train step']))} ms", "", ""],
+                 ["train-step FLOP rate", f"{step_rate / 1e9:.0f} GFLOP/s", "", ""],
+                 [f"fp32 matmul peak ({s.mm_size}²)", f"{peak / 1e9:.0f} GFLOP/s", "", ""],
+                 ["MFU", f"{100 * mfu:.1f}%", *sec.goal("MFU", mfu, 0.55, "≥ 55%", f"{100 * mfu:.1f}%",
+                                                          at_most=False)]]
+    sec.notes.append("The optimizer step (elementwise) adds no counted FLOPs but costs time, as it would in "
+                     "any MFU figure. MFU is the median over rounds of the in-round ratio.")
+    sec.data = {"train_step_flops": step_flops, "step_flops_per_s": step_rate, "peak_flops_per_s": peak,
+                "mfu": mfu, "times_s": times}
+    return sec
+
+
+# --- 5. study throughput -------------------------------------------------------------------------------------------
+def bench_study(s: Settings) -> Section:
+    import optuna
+
+    from ablations.objective import Objective
+    from ablations.run import estimate_seconds
+    from ablations.spec import load_spec
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    spec = load_spec(STUDY)
+    grid = spec.grid()
+    depths = sorted({p["depth"] for p in grid})
+    epochs = s.study_epochs or spec.base["max_epochs"]
+    scale = spec.base["max_epochs"] / epochs
+    measured = {}
+    with tempfile.TemporaryDirectory() as tmp, preserved_torch_state():
+        overrides = dict(s.trial_overrides) | {"max_epochs": epochs, "threads": _threads()}
+        objective = Objective(spec, log_root=Path(tmp), overrides=overrides)
+        for depth in depths:
+            point = next(p for p in grid if p["depth"] == depth)
+            study = optuna.create_study(direction=spec.direction)
+            study.enqueue_trial(point)
+            t0 = time.perf_counter()
+            study.optimize(objective, n_trials=1)
+            measured[depth] = time.perf_counter() - t0
+            if study.trials[0].state.name != "COMPLETE":
+                raise RuntimeError(f"trial at depth {depth} ended {study.trials[0].state.name}")
+    full_objective = Objective(spec, log_root=Path("."))
+    per_point = [measured[p["depth"]] * scale for p in grid]
+    estimated = [estimate_seconds(full_objective.config(p)) for p in grid]
+    grid_s, run_estimate_s = sum(per_point), sum(estimated)
+    trials_per_hour = 3600 * len(grid) / grid_s
+    variant = grid[0]["variant"]
+    sec = Section("study", f"5. Study throughput: {STUDY} at its default size",
+                  f"{len(grid)} trials ({len(spec.variants)} variants x depths {depths} x seeds "
+                  f"{spec.axes.get('seed')}); one trial per depth ('{variant}', seed 0) timed end to end through "
+                  f"ablations.objective.Objective ({epochs} epochs"
+                  + (f", scaled linearly to the study's {spec.base['max_epochs']}" if scale != 1 else "")
+                  + f"); one worker, {_threads()} threads",
+                  ["quantity", "value", "ablations.run --dry-run estimate", "goal", "mark"])
+    for depth in depths:
+        est = [e for e, p in zip(estimated, grid, strict=True) if p["depth"] == depth and p["variant"] == variant][0]
+        sec.rows.append([f"trial wall time, depth {depth}", f"{measured[depth] * scale:.1f} s", f"{est:.1f} s", "",
+                         "—"])
+    sec.rows += [["trials per hour", f"{trials_per_hour:.0f}", f"{3600 * len(grid) / run_estimate_s:.0f}", "", "—"],
+                 ["whole grid", f"{grid_s / 60:.1f} min", f"{run_estimate_s / 60:.1f} min", "", "—"]]
+    scaled = (f"each trial ran {epochs} epoch(s) and was scaled x{scale:g}, which over-counts its fixed set-up "
+              "cost; " if scale != 1 else "")
+    sec.notes.append(f"Extrapolation: every grid point is priced at the measured '{variant}' trial of its depth, "
+                     f"so variant overheads (section 2: DCA, LAuReL) are not included; {scaled}the last column is "
+                     "ablations.run's FLOP-based estimate (TRIAL_OVERHEAD_S, EFFECTIVE_GFLOPS), for calibration.")
+    sec.data = {"measured_trial_s": measured, "trial_epochs": epochs, "scale_to_study_epochs": scale,
+                "grid_trials": len(grid), "grid_estimate_s": grid_s, "trials_per_hour": trials_per_hour,
+                "run_py_estimate_s": run_estimate_s}
+    return sec
+
+
+@contextlib.contextmanager
+def preserved_torch_state():
+    """run_training sets the thread count, seeds and deterministic algorithms for the process: undo it after."""
+    import torch
+
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+
+
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+# --- 6. memory -----------------------------------------------------------------------------------------------------
+def bench_memory(s: Settings) -> Section:
+    import torch
+
+    cuda = torch.cuda.is_available()
+    batch = random_batch(s, s.memory_batch)
+    sec = Section("memory", f"6. Peak training memory per variant at depth {s.memory_depth}",
+                  f"{s.describe(s.memory_depth, s.memory_batch)}; fp32, fused attention, AdamW; "
+                  + ("torch.cuda.max_memory_allocated over one training step (after one warm-up step)" if cuda else
+                     "CPU: bytes of the unique storages autograd saves for backward during the forward "
+                     "(torch.autograd.graph.saved_tensors_hooks; parameters excluded) + parameters, gradients and "
+                     "AdamW's two moments (4x parameter bytes)"),
+                  ["variant", "params", "peak allocated MiB" if cuda else "saved activations MiB", "params+grads+AdamW MiB",
+                   "total MiB", "vs standard", "goal", "mark"])
+    configs = selected_configs(s)
+    rows = {}
+    for label, res, opts in configs:
+        model = ours(res, opts, s.vit(s.memory_depth))
+        state = 4 * sum(p.numel() * p.element_size() for p in model.parameters())
+        activations = None if cuda else saved_activation_bytes(model, batch)
+        rows[label] = {"params": sum(p.numel() for p in model.parameters()), "saved_activation_bytes": activations,
+                       "state_bytes": state, "total_bytes": cuda_peak_bytes(model, batch) if cuda else activations + state}
+        del model
+        gc.collect()
+    full_dca = next((label for label, res, opts in configs if res == "dca" and not opts), None)
+    for label, res, opts in configs:
+        r = rows[label]
+        row = [label, f"{r['params']:,}", mib(r["total_bytes"] if cuda else r["saved_activation_bytes"]),
+               mib(r["state_bytes"]), mib(r["total_bytes"]), f"{r['total_bytes'] / rows['standard']['total_bytes']:.2f}x"]
+        if full_dca and res == "dca" and "k" in opts:
+            full = rows[full_dca]["total_bytes"]
+            row += sec.goal(f"{label} vs {full_dca}", r["total_bytes"], full, f"< {full_dca} ({mib(full)} MiB)",
+                            f"{100 * (1 - r['total_bytes'] / full):.0f}% less")
+        else:
+            row += ["", ""]
+        sec.rows.append(row)
+    sec.notes.append("Not counted on CPU: short-lived temporaries inside single ops and allocator overhead; "
+                     "the saved activations are at their peak at the end of the forward, before backward frees them.")
+    sec.data = {"method": "cuda.max_memory_allocated" if cuda else "saved_tensors_hooks + 4x params",
+                "variants": rows}
+    return sec
+
+
+def saved_activation_bytes(model, batch) -> int:
+    import torch
+    import torch.nn.functional as F
+
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t  # kept alive by the graph until backward, so a data pointer identifies one storage
+
+    model.train()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = F.cross_entropy(model(batch[0]), batch[1])
+    del loss
+    return sum(saved.values())
+
+
+def cuda_peak_bytes(model, batch) -> int:
+    import torch
+
+    model = model.cuda()
+    step = train_step(model, tuple(t.cuda() for t in batch))
+    step()  # optimizer state exists from here on
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    model.cpu()
+    torch.cuda.empty_cache()
+    return peak
+
+
+# --- 7. model.compile() --------------------------------------------------------------------------------------------
+def bench_compile(s: Settings) -> Section:
+    from ablations.costs import CONFIGS
+
+    size = s.vit(s.depth)
+    batch = random_batch(s)
+    fns, compile_s = {}, {}
+    for label in s.compile_variants:
+        _, res, opts = next(c for c in CONFIGS if c[0] == label)
+        eager = ours(res, opts, size)
+        compiled = copy.deepcopy(eager)
+        compiled.compile()  # in place (nn.Module.compile): parameter names unchanged
+        fns[f"{label} eager"] = train_step(eager, batch)
+        fns[f"{label} compiled"] = train_step(compiled, batch)
+        t0 = time.perf_counter()
+        fns[f"{label} compiled"]()  # first call: dynamo + inductor compile forward and backward
+        compile_s[label] = time.perf_counter() - t0
+    times = interleave(fns, reps=s.reps, steps=s.steps, warmup=s.warmup)
+    sec = Section("compile", "7. model.compile() (opt-in)",
+                  f"{s.describe(s.depth)}; fp32, fused attention, AdamW (not compiled); {s.reps} rounds x {s.steps} "
+                  "steps; compile time = first compiled step minus a compiled step",
+                  ["variant", "eager ms/step", "compiled ms/step", "compiled vs eager", "compile time", "goal", "mark"])
+    for label in s.compile_variants:
+        e, c = f"{label} eager", f"{label} compiled"
+        ratio = paired_ratio(times, c, e)
+        sec.rows.append([label, ms(median(times[e])), ms(median(times[c])), f"{ratio:.3f}x",
+                         f"{compile_s[label] - median(times[c]):.1f} s", "report only", "—"])
+    sec.notes.append("Inductor caches compiled kernels on disk: a second run compiles much faster than a cold one.")
+    sec.data = {"times_s": times, "first_compiled_step_s": compile_s}
+    return sec
+
+
+BENCHES = {"timm": bench_timm, "variants": bench_variants, "lightning": bench_lightning, "mfu": bench_mfu,
+           "study": bench_study, "memory": bench_memory, "compile": bench_compile}
+
+
+# --- report --------------------------------------------------------------------------------------------------------
+def machine_facts(threads: int) -> dict:
+    import lightning
+    import timm
+    import torch
+
+    cpu, flags = platform.processor() or "unknown", []
+    with contextlib.suppress(OSError):
+        info = Path("/proc/cpuinfo").read_text()
+        cpu = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), cpu)
+        words = next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), [])
+        flags = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16") if f in words]
+    return {"cpu": cpu, "cpu_flags": flags, "logical_cores": os.cpu_count(), "threads": threads,
+            "torch": torch.__version__, "timm": timm.__version__, "lightning": lightning.__version__,
+            "python": platform.python_version(),
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+            "loadavg_start": list(os.getloadavg())}
+
+
+def render(meta: dict, sections: list[Section]) -> str:
+    m = meta["machine"]
+    busy = max(m["loadavg_start"][0], m["loadavg_end"][0]) > 1.2 * m["threads"]
+    out = ["# Benchmark: ViT backbone and its residual variants", "",
+           f"Mode **{meta['mode']}**" + (" (small sizes: not the reference figures)" if meta["mode"] != "full" else "")
+           + f"; sections {', '.join(s.name for s in sections)}; {meta['started']}; wall {meta['wall_s']:.0f} s. "
+           "Generated by `python -m ablations.bench`; method in its docstring (interleaved rounds, medians, "
+           "paired ratios, warm-up excluded).", "",
+           "## Machine", "",
+           table(["fact", "value"], [
+               ["CPU", f"{m['cpu']} ({m['logical_cores']} logical cores; {', '.join(m['cpu_flags']) or 'no flags read'})"],
+               ["threads", f"{m['threads']} (torch.set_num_threads)"],
+               ["torch / timm / lightning / Python", f"{m['torch']} / {m['timm']} / {m['lightning']} / {m['python']}"],
+               ["CUDA", m["cuda"] or "none (all figures on the CPU)"],
+               ["load average (1 min) at start / end", f"{m['loadavg_start'][0]:.2f} / {m['loadavg_end'][0]:.2f}"
+                + (" — **busy machine: timings are noise**" if busy else "")]]), "",
+           "## Goals", "",
+           table(["section", "measure", "result", "goal", "mark"],
+                 [[s.title.split(" ", 1)[0].rstrip("."), g["what"], g["result"], g["goal"], mark(g["passed"])]
+                  for s in sections for g in s.goals]
+                 + [[s.title.split(" ", 1)[0].rstrip("."), "section failed", s.error or "", "", "**miss**"]
+                    for s in sections if s.error])]
+    for s in sections:
+        out += ["", f"## {s.title}", "", f"Setup: {s.setup}.", ""]
+        out += [f"**Error:** `{s.error}`"] if s.error else [table(s.columns, s.rows)]
+        if s.notes and not s.error:
+            out += [""] + [f"- {note}" for note in s.notes]
+        out += ["", f"Section wall time: {s.wall_s:.0f} s."]
+    return "\n".join(out) + "\n"
+
+
+def to_json(meta: dict, sections: list[Section]) -> dict:
+    return {"meta": meta, "sections": {s.name: {"title": s.title, "setup": s.setup, "passed": s.passed,
+                                                 "goals": s.goals, "error": s.error, "wall_s": s.wall_s,
+                                                 "data": s.data} for s in sections}}
+
+
+# --- CLI -----------------------------------------------------------------------------------------------------------
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2
+        self.exit(2, f"error: {message}\n")
+
+
+def parse_sections(text: str) -> list[str]:
+    chosen = []
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        name = SECTIONS[int(item) - 1] if item.isdigit() and 1 <= int(item) <= len(SECTIONS) else item
+        if name not in SECTIONS:
+            raise argparse.ArgumentTypeError(f"unknown section '{item}'; valid: {', '.join(SECTIONS)} (or 1-7)")
+        chosen.append(name)
+    return chosen
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m ablations.bench", description=__doc__.split("\n\n")[0],
+                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--quick", action="store_true", help="small sizes and fewer rounds (every section still runs)")
+    p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # the test's sizes: seconds, meaningless
+    p.add_argument("--out", default="results", help="folder for bench.md and bench.json (default: results)")
+    p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's own, the physical cores)")
+    p.add_argument("--sections", type=parse_sections, help=f"comma-separated subset of {', '.join(SECTIONS)} "
+                   "(or numbers 1-7); default: all but compile")
+    p.add_argument("--compile", action="store_true", help="also measure model.compile() (section 7)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.threads is not None and args.threads < 1:
+        build_parser().error(f"--threads must be >= 1, got {args.threads}")
+    settings = TINY if args.tiny else QUICK if args.quick else FULL
+    names = args.sections or list(DEFAULT_SECTIONS)
+    if args.compile and "compile" not in names:
+        names.append("compile")
+
+    import torch
+
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()
+    meta = {"mode": settings.mode, "settings": asdict(settings), "machine": machine_facts(threads),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S"), "sections": names}
+    start = time.perf_counter()
+    print(f"bench ({settings.mode}): {', '.join(names)} on {threads} threads; load average "
+          f"{meta['machine']['loadavg_start'][0]:.2f}", file=sys.stderr)
+    sections = []
+    for name in names:
+        t0 = time.perf_counter()
+        try:
+            sec = BENCHES[name](settings)
+        except Exception as exc:  # report the failure and go on with the other sections
+            sec = Section(name, f"{SECTIONS.index(name) + 1}. {name}", "—", [], error=f"{type(exc).__name__}: {exc}")
+        sec.wall_s = time.perf_counter() - t0
+        torch.set_num_threads(threads)
+        sections.append(sec)
+        print(f"\n## {sec.title}  ({sec.wall_s:.0f} s)\n" + (f"ERROR {sec.error}" if sec.error else
+                                                               table(sec.columns, sec.rows)), flush=True)
+    meta["machine"]["loadavg_end"] = list(os.getloadavg())
+    meta["wall_s"] = time.perf_counter() - start
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.md").write_text(render(meta, sections))
+    (out / "bench.json").write_text(json.dumps(to_json(meta, sections), indent=1, default=str) + "\n")
+    passed = sum(g["passed"] for s in sections for g in s.goals)
+    total = sum(len(s.goals) for s in sections)
+    print(f"\n{passed}/{total} goals met; wrote {out / 'bench.md'} and {out / 'bench.json'} "
+          f"({meta['wall_s']:.0f} s)", file=sys.stderr)
+    return 1 if any(s.error for s in sections) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,265 @@
+"""``RunConfig``: the single source of truth for one training run (model, data, optimiser, trainer).
+
+Torch-free on purpose (the CLI's ``--help`` must not pay the ~4 s torch/lightning import): names are checked
+against the tables in :mod:`ablations.choices`, which a test keeps equal to the real registries. Options that
+need the model to check (a residual variant's own options, dataset folder contents) are checked when the run is
+built and raise ValueError there.
+
+Every field carries ``metadata={"group", "help", "kind"}``; the CLI builds its options from it, so a field added
+here is a CLI option without further edits. ``kind`` is one of ``int``, ``float``, ``str``, ``bool``,
+``optional_int``, ``optional_str``, ``optional_bool``, ``floats`` (a tuple of floats), ``options`` (a dict set by a
+repeatable ``KEY=VALUE`` option) and ``devices`` (an int or ``auto``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from ablations.choices import ACCELERATORS, DATASET_NAMES, GLOBAL_POOLS, PRECISIONS, RESIDUAL_NAMES
+
+GROUPS = ("model", "data", "optim", "trainer")
+
+
+def _f(default: Any, group: str, kind: str, help: str, **kw: Any) -> Any:
+    meta = {"group": group, "kind": kind, "help": help}
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta, **kw)
+    return field(default=default, metadata=meta, **kw)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One run. Immutable; ``replace(**changes)`` returns a validated copy. Invalid values raise ValueError
+    with a one-line message (``unknown residual 'foo'; valid choices: ...``)."""
+
+    # --- model -------------------------------------------------------------------------------------------------
+    residual: str = _f("standard", "model", "str", "residual variant: " + ", ".join(RESIDUAL_NAMES))
+    residual_options: dict[str, Any] = _f(
+        {}, "model", "options", "the variant's own options, e.g. init_value=1e-5 (layerscale), form=rw (laurel)")
+    depth: int = _f(4, "model", "int", "number of transformer blocks")
+    embed_dim: int = _f(64, "model", "int", "token width")
+    num_heads: int = _f(4, "model", "int", "attention heads (must divide embed_dim)")
+    mlp_ratio: float = _f(2.0, "model", "float", "MLP hidden width / embed_dim")
+    patch_size: int | None = _f(None, "model", "optional_int", "patch side in pixels (None: the dataset's default)")
+    drop_path_rate: float = _f(0.0, "model", "float", "stochastic depth rate of the last block (linear rule)")
+    global_pool: str = _f("token", "model", "str", "head pooling: " + ", ".join(GLOBAL_POOLS))
+    fused_attn: bool | None = _f(None, "model", "optional_bool",
+                                 "fused SDPA attention (None: timm's default; False is faster with bf16 on CPU)")
+    # --- data --------------------------------------------------------------------------------------------------
+    dataset: str = _f("digits", "data", "str", "dataset: " + ", ".join(DATASET_NAMES))
+    data_dir: str | None = _f(None, "data", "optional_str", "data folder (needed by mnist, cifar10/100, imagefolder)")
+    batch_size: int = _f(128, "data", "int", "batch size per device")
+    val_fraction: float = _f(0.2, "data", "float", "val share of datasets without an official val split")
+    augment: bool = _f(True, "data", "bool", "training augmentation (the dataset's own: shifts, flips)")
+    dataset_options: dict[str, Any] = _f(
+        {}, "data", "options", "extra dataset arguments, e.g. num_samples=512 (synthetic)")
+    num_workers: int = _f(0, "data", "int", "DataLoader workers (in-memory datasets ignore it)")
+    # --- optimiser -------------------------------------------------------------------------------------------
+    lr: float = _f(1e-3, "optim", "float", "peak AdamW learning rate")
+    weight_decay: float = _f(0.05, "optim", "float", "AdamW weight decay (not on biases, norms, embeddings, scalars)")
+    warmup_epochs: float = _f(2.0, "optim", "float", "linear warmup length in epochs (fractions allowed)")
+    min_lr: float = _f(0.0, "optim", "float", "learning rate at the end of the cosine decay")
+    label_smoothing: float = _f(0.1, "optim", "float", "cross-entropy label smoothing")
+    betas: tuple[float, ...] = _f((0.9, 0.999), "optim", "floats", "AdamW betas (two floats)")
+    # --- trainer ---------------------------------------------------------------------------------------------
+    max_epochs: int = _f(30, "trainer", "int", "training epochs")
+    seed: int = _f(0, "trainer", "int", "seed of the model init, the data split, shuffling and augmentation")
+    threads: int | None = _f(None, "trainer", "optional_int", "torch.set_num_threads (None: all cores)")
+    precision: str = _f("32-true", "trainer", "str", "Lightning precision: " + ", ".join(PRECISIONS))
+    accuracy_thresholds: tuple[float, ...] = _f(
+        (0.5, 0.8, 0.9, 0.95), "trainer", "floats", "absolute val accuracies for epochs_to_acc_<t>")
+    diagnostics_every: int = _f(0, "trainer", "int", "residual diagnostics every N epochs (0: off)")
+    diagnostics_batch_size: int = _f(64, "trainer", "int", "images in the fixed diagnostics batch")
+    accelerator: str = _f("auto", "trainer", "str", "auto (cuda if available, else cpu), cpu, gpu")
+    devices: int | str = _f(1, "trainer", "devices", "devices per node (an int or auto)")
+    strategy: str = _f("auto", "trainer", "str", "Lightning strategy (auto, ddp, ddp_spawn, ...)")
+    compile: bool = _f(False, "trainer", "bool", "compile the backbone in place (model.compile(); slow start on CPU)")
+
+    # --- validation --------------------------------------------------------------------------------------------
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__  # frozen: normalise through object.__setattr__
+        for f in dataclasses.fields(self):
+            value, kind = getattr(self, f.name), f.metadata["kind"]
+            set_(self, f.name, _coerce(f.name, kind, value))
+        self._validate()
+
+    def _validate(self) -> None:
+        _choice("residual", self.residual, RESIDUAL_NAMES)
+        _choice("dataset", self.dataset, DATASET_NAMES)
+        _choice("global_pool", self.global_pool, GLOBAL_POOLS)
+        _choice("precision", self.precision, PRECISIONS)
+        _choice("accelerator", self.accelerator, ACCELERATORS)
+        for name in ("depth", "embed_dim", "num_heads", "batch_size", "max_epochs", "diagnostics_batch_size"):
+            _positive(name, getattr(self, name))
+        for name in ("seed", "diagnostics_every", "num_workers"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("patch_size", "threads"):
+            if getattr(self, name) is not None:
+                _positive(name, getattr(self, name))
+        if self.embed_dim % self.num_heads:
+            raise ValueError(f"embed_dim={self.embed_dim} is not divisible by num_heads={self.num_heads}")
+        _in_range("mlp_ratio", self.mlp_ratio, 0.0, math.inf, low_open=True)
+        _in_range("drop_path_rate", self.drop_path_rate, 0.0, 1.0)
+        _in_range("val_fraction", self.val_fraction, 0.0, 1.0, low_open=True, high_open=True)
+        _in_range("lr", self.lr, 0.0, math.inf, low_open=True)
+        _in_range("weight_decay", self.weight_decay, 0.0, math.inf)
+        _in_range("warmup_epochs", self.warmup_epochs, 0.0, math.inf)
+        _in_range("min_lr", self.min_lr, 0.0, self.lr)
+        _in_range("label_smoothing", self.label_smoothing, 0.0, 1.0, high_open=True)
+        if len(self.betas) != 2:
+            raise ValueError(f"betas must be two floats, got {list(self.betas)}")
+        for b in self.betas:
+            _in_range("betas", b, 0.0, 1.0, high_open=True)
+        if not self.accuracy_thresholds:
+            raise ValueError("accuracy_thresholds must not be empty")
+        for t in self.accuracy_thresholds:
+            _in_range("accuracy_thresholds", t, 0.0, 1.0, low_open=True)
+        if self.devices != "auto":
+            _positive("devices", self.devices)
+        if not self.strategy:
+            raise ValueError("strategy must be a non-empty string")
+        for name in ("residual_options", "dataset_options"):
+            for key in getattr(self, name):
+                if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+                    raise ValueError(f"{name} key {key!r} is not a valid option name")
+
+    # --- conversions -------------------------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> RunConfig:
+        """Build from a plain dict (e.g. a YAML study entry or ``to_dict()``); unknown keys raise ValueError."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(values) - set(names))
+        if unknown:
+            raise ValueError(f"unknown config key {unknown[0]!r}; valid keys: {', '.join(names)}")
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        """All fields as plain Python values (dicts copied, tuples kept); ``from_dict`` inverts it."""
+        return {f.name: _copy(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    def replace(self, **changes: Any) -> RunConfig:
+        """A validated copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+    def to_hparams(self) -> dict[str, int | float | str | bool]:
+        """Flat scalars for Lightning/TensorBoard HParams: options flattened as ``residual.<key>`` and
+        ``dataset.<key>``, tuples/lists as comma-joined strings, None as the string ``'None'``."""
+        flat: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "residual_options":
+                flat.update({f"residual.{k}": _scalar(v) for k, v in sorted(value.items())})
+            elif f.name == "dataset_options":
+                flat.update({f"dataset.{k}": _scalar(v) for k, v in sorted(value.items())})
+            else:
+                flat[f.name] = _scalar(value)
+        return flat
+
+    def run_name(self) -> str:
+        """A short file-name-safe description, e.g. ``layerscale-init_value=auto_d8_w64_digits_s0``."""
+        opts = "".join(f"-{k}={_scalar(v)}" for k, v in sorted(self.residual_options.items()))
+        name = f"{self.residual}{opts}_d{self.depth}_w{self.embed_dim}_{self.dataset}_s{self.seed}"
+        return re.sub(r"[^A-Za-z0-9._=+-]", "", name.replace(" ", ""))
+
+    def __hash__(self) -> int:  # dict fields: hash the canonical repr instead
+        return hash(repr(sorted(self.to_hparams().items())))
+
+
+# --- helpers -----------------------------------------------------------------------------------------------------
+def config_fields() -> list[dataclasses.Field]:
+    """RunConfig's fields in declaration order (grouped model, data, optim, trainer)."""
+    return list(dataclasses.fields(RunConfig))
+
+
+def _scalar(value: Any) -> int | float | str | bool:
+    if value is None:
+        return "None"
+    if isinstance(value, (tuple, list)):
+        return ",".join(str(_scalar(v)) for v in value)
+    if isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+def _copy(value: Any) -> Any:
+    return dict(value) if isinstance(value, dict) else value
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _coerce(name: str, kind: str, value: Any) -> Any:
+    """Type-check one field and normalise it (int -> float for float fields, lists -> tuples, dict copies)."""
+    bad = ValueError(f"{name} must be {_KIND_TEXT[kind]}, got {value!r}")
+    if kind == "int" and not _is_int(value):
+        raise bad
+    if kind == "optional_int" and value is not None and not _is_int(value):
+        raise bad
+    if kind == "float":
+        if isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                raise bad from None
+        if not _is_number(value):
+            raise bad
+        value = float(value)
+    if kind in ("str",) and not isinstance(value, str):
+        raise bad
+    if kind == "optional_str" and value is not None and not isinstance(value, str):
+        raise bad
+    if kind == "bool" and not isinstance(value, bool):
+        raise bad
+    if kind == "optional_bool" and value is not None and not isinstance(value, bool):
+        raise bad
+    if kind == "floats":
+        if not isinstance(value, (tuple, list)) or not all(_is_number(v) for v in value):
+            raise bad
+        value = tuple(float(v) for v in value)
+    if kind == "options":
+        if value is None:
+            value = {}
+        if not isinstance(value, dict):
+            raise bad
+        value = dict(value)
+    if kind == "devices" and value != "auto" and not _is_int(value):
+        raise bad
+    return value
+
+
+_KIND_TEXT = {
+    "int": "an integer", "optional_int": "an integer or None", "float": "a number", "str": "a string",
+    "optional_str": "a string or None", "bool": "true or false", "optional_bool": "true, false or None",
+    "floats": "a list of numbers", "options": "a mapping of option names to values", "devices": "an integer or 'auto'",
+}
+
+
+def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"unknown {name} {value!r}; valid choices: {', '.join(choices)}")
+
+
+def _positive(name: str, value: int) -> None:
+    if value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value}")
+
+
+def _in_range(name: str, value: float, low: float, high: float, low_open: bool = False,
+              high_open: bool = False) -> None:
+    ok = not math.isnan(value) and (value > low if low_open else value >= low) and (
+        value < high if high_open else value <= high)
+    if not ok and high == math.inf:
+        raise ValueError(f"{name} must be {'>' if low_open else '>='} {low:g}, got {value:g}")
+    if not ok:
+        lo, hi = "(" if low_open else "[", ")" if high_open else "]"
+        raise ValueError(f"{name} must be in {lo}{low:g}, {high:g}{hi}, got {value:g}")

@@ -1,0 +1,94 @@
+"""Parameter and FLOP overhead of each residual variant vs ``standard``.
+
+    python -m ablations.costs                    # ViT-Tiny width on 32×32 (embed 192, depth 12, 3 heads, patch 4)
+    python -m ablations.costs --depth 24 --json  # any size; JSON instead of Markdown
+
+FLOPs are counted by ``torch.utils.flop_counter.FlopCounterMode`` on one forward pass with explicit attention
+(the counter has no formula for the CPU SDPA kernel and would silently leave attention out). The counter
+counts matrix products (mm/bmm/addmm/einsum/SDPA) only: elementwise work — LayerScale's γ⊙f, ReZero's α·f,
+the gates' sigmoids — is not counted, so such variants show 0 FLOPs overhead although they cost memory traffic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+# (label, residual, options): every variant at its paper default, plus the sub-forms worth pricing.
+CONFIGS: tuple[tuple[str, str, dict], ...] = (
+    ("standard", "standard", {}),
+    ("layerscale (auto)", "layerscale", {"init_value": "auto"}),
+    ("rezero", "rezero", {}),
+    ("skipinit", "skipinit", {}),
+    ("highway (b=-4)", "highway", {}),
+    ("laurel rw", "laurel", {"form": "rw"}),
+    ("laurel rw_lr r=16 (default)", "laurel", {"form": "rw_lr"}),
+    ("laurel rw_lr_pa r=16 k=3", "laurel", {"form": "rw_lr_pa"}),
+    ("laurel seed (sigmoid gate)", "laurel", {"form": "seed"}),
+    ("res_se (2σ, r=16)", "res_se", {}),
+    ("dca (full, default)", "dca", {}),
+    ("dca k=2", "dca", {"k": 2}),
+    ("dca grn_v3", "dca", {"form": "grn_v3"}),
+    ("dca seed (softmax mix)", "dca", {"form": "seed"}),
+)
+
+
+def measure(residual: str, options: dict, *, embed_dim: int, depth: int, num_heads: int, img_size: int,
+            patch_size: int, num_classes: int, in_chans: int = 3) -> dict:
+    """Parameters and forward FLOPs (batch 1) of one configuration."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from lit_modules import VisionTransformer
+
+    model = VisionTransformer(residual, options, embed_dim=embed_dim, depth=depth, num_heads=num_heads,
+                              img_size=img_size, patch_size=patch_size, num_classes=num_classes,
+                              in_chans=in_chans, fused_attn=False).eval()
+    counter = FlopCounterMode(display=False)
+    with counter:  # (not under no_grad: the counter's module tracker needs grad_fns)
+        model(torch.zeros(1, in_chans, img_size, img_size))
+    return {"params": sum(p.numel() for p in model.parameters()), "flops": counter.get_total_flops()}
+
+
+def cost_table(*, embed_dim: int = 192, depth: int = 12, num_heads: int = 3, img_size: int = 32,
+               patch_size: int = 4, num_classes: int = 10, configs=CONFIGS) -> list[dict]:
+    size = dict(embed_dim=embed_dim, depth=depth, num_heads=num_heads, img_size=img_size, patch_size=patch_size,
+                num_classes=num_classes)
+    rows = [{"variant": label, "residual": res, "options": opts, **measure(res, opts, **size)}
+            for label, res, opts in configs]
+    base = next(r for r in rows if r["residual"] == "standard")
+    for r in rows:
+        r["params_overhead_pct"] = 100.0 * (r["params"] - base["params"]) / base["params"]
+        r["flops_overhead_pct"] = 100.0 * (r["flops"] - base["flops"]) / base["flops"]
+    return rows
+
+
+def to_markdown(rows: list[dict]) -> str:
+    lines = ["| variant | params | +params vs standard | forward GFLOPs (batch 1) | +FLOPs vs standard |",
+             "|---|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['variant']} | {r['params']:,} | {r['params_overhead_pct']:+.2f}% | "
+                     f"{r['flops'] / 1e9:.4f} | {r['flops_overhead_pct']:+.2f}% |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ablations.costs", description=__doc__.splitlines()[0])
+    parser.add_argument("--embed-dim", type=int, default=192)
+    parser.add_argument("--depth", type=int, default=12)
+    parser.add_argument("--num-heads", type=int, default=3)
+    parser.add_argument("--img-size", type=int, default=32)
+    parser.add_argument("--patch-size", type=int, default=4)
+    parser.add_argument("--json", action="store_true", help="print JSON rows instead of a Markdown table")
+    args = parser.parse_args(argv)
+    try:
+        rows = cost_table(embed_dim=args.embed_dim, depth=args.depth, num_heads=args.num_heads,
+                          img_size=args.img_size, patch_size=args.patch_size)
+    except ValueError as exc:
+        parser.exit(2, f"error: {exc}\n")
+    print(json.dumps(rows, indent=1) if args.json else to_markdown(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

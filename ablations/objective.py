@@ -1,0 +1,148 @@
+"""One Optuna trial: parameters → RunConfig → ``run_training`` → ``trial.user_attrs``.
+
+The trial's TensorBoard dir and checkpoints are named after the *original* trial number, so a trial retried
+after its worker died (heartbeat + ``RetryHeartbeatStaleTrialCallback``) writes to the same place and resumes
+from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+from .spec import StudySpec
+from .storage import retried_trial_number
+
+log = logging.getLogger("ablations.run")
+
+#: Summary keys stored in ``trial.user_attrs`` besides the whole summary (for quick filtering in the dashboard).
+_SURPLUS = "surplus"
+
+
+def suggest(trial, spec: StudySpec) -> dict[str, Any]:
+    """Ask the trial for its parameters: grid axes as categoricals (enqueued values come back as they are),
+    searched options conditioned on the variant (``<label>.<option>``)."""
+    params = {"variant": trial.suggest_categorical("variant", [v.label for v in spec.variants])}
+    for axis, values in spec.axes.items():
+        params[axis] = trial.suggest_categorical(axis, values)
+    for option, dist in spec.space.get(params["variant"], {}).items():
+        name = f"{params['variant']}.{option}"
+        if "choices" in dist:
+            params[name] = trial.suggest_categorical(name, dist["choices"])
+        elif isinstance(dist["low"], int) and isinstance(dist["high"], int) and not dist.get("log"):
+            params[name] = trial.suggest_int(name, dist["low"], dist["high"])
+        else:
+            params[name] = trial.suggest_float(name, float(dist["low"]), float(dist["high"]),
+                                               log=bool(dist.get("log", False)))
+    return params
+
+
+class Objective:
+    """Callable for ``study.optimize``: trains one configuration and returns ``summary[spec.metric]``."""
+
+    def __init__(self, spec: StudySpec, *, log_root: Path, overrides: dict[str, Any] | None = None,
+                 keep_checkpoints: bool = False) -> None:
+        self.spec = spec
+        self.log_root = Path(log_root)
+        self.overrides = dict(overrides or {})
+        self.keep_checkpoints = keep_checkpoints
+
+    def config(self, params: dict[str, Any]):
+        from .config import RunConfig
+
+        return RunConfig.from_dict(self.spec.config_for(params) | self.overrides)
+
+    def __call__(self, trial) -> float:
+        import optuna
+        from optuna_integration import PyTorchLightningPruningCallback
+
+        from .training import run_training
+
+        frozen = next(t for t in trial.study.get_trials(deepcopy=False) if t.number == trial.number)
+        if self.spec.kind == "grid" and "fixed_params" not in frozen.system_attrs:
+            # Another worker took the last enqueued point between our check and ask(): nothing left to run.
+            trial.set_user_attr(_SURPLUS, True)
+            raise optuna.TrialPruned("grid exhausted: surplus trial")
+        params = suggest(trial, self.spec)
+        duplicate = self._duplicate_of(trial, params)
+        if duplicate is not None:
+            trial.set_user_attr("duplicate_of", duplicate)
+            raise optuna.TrialPruned(f"grid point already run by trial {duplicate}")
+
+        config = self.config(params)
+        original = retried_trial_number(frozen)
+        run_name = f"trial_{(original if original is not None else trial.number):04d}"
+        ckpt_dir = self.log_root / run_name / "checkpoints"
+        ckpt_path = _usable_checkpoint(ckpt_dir / "last.ckpt")
+        trial.set_user_attr("config", _jsonable(config.to_dict()))
+        trial.set_user_attr("log_dir", str(self.log_root / run_name))
+        trial.set_user_attr("resumed_from_checkpoint", ckpt_path is not None)
+        if original is not None:
+            trial.set_user_attr("retry_of", original)
+
+        # The pruning callback reports val acc per epoch (the curve the report draws); it prunes only when the
+        # study's pruner says so (grids use NopPruner: every point runs in full).
+        callbacks = [PyTorchLightningPruningCallback(trial, monitor="val/acc")]
+        summary = run_training(config, log_dir=self.log_root, run_name=run_name, extra_callbacks=callbacks,
+                               enable_progress_bar=False, enable_model_summary=False, checkpoint_dir=ckpt_dir,
+                               ckpt_path=ckpt_path)
+        for key, value in _jsonable(summary).items():
+            trial.set_user_attr(key, value)
+        if not self.keep_checkpoints:
+            shutil.rmtree(ckpt_dir, ignore_errors=True)
+        value = summary.get(self.spec.metric)
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return 0.0 if self.spec.direction == "maximize" else float("inf")
+        return float(value)
+
+    def _duplicate_of(self, trial, params: dict[str, Any]) -> int | None:
+        """For grids: the number of another COMPLETE or earlier RUNNING trial with the same point (two machines
+        enqueueing the same grid at the same instant can duplicate a WAITING trial; this keeps runs unique)."""
+        if self.spec.kind != "grid":
+            return None
+        from optuna.trial import TrialState
+
+        for other in trial.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING)):
+            if other.number == trial.number or other.params != params:
+                continue
+            if other.state == TrialState.COMPLETE or other.number < trial.number:
+                return other.number
+        return None
+
+
+def _usable_checkpoint(path: Path) -> Path | None:
+    """The checkpoint to resume from, or None. A corrupt or unreadable file is set aside with a warning and the
+    trial restarts from scratch instead of failing the study."""
+    if not path.is_file():
+        return None
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        if "state_dict" not in state or "epoch" not in state:
+            raise ValueError("not a Lightning checkpoint")
+    except Exception as exc:  # noqa: BLE001 - any unreadable checkpoint means: start again
+        bad = path.with_suffix(".corrupt")
+        path.replace(bad)
+        log.warning("checkpoint %s is unusable (%s); moved to %s, restarting the trial from scratch",
+                    path, str(exc).splitlines()[0] if str(exc) else type(exc).__name__, bad.name)
+        return None
+    return path
+
+
+def _jsonable(value: Any) -> Any:
+    """Plain JSON types for Optuna user attrs (numpy scalars, tuples, Paths, NaN → None)."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if hasattr(value, "item") and callable(value.item):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

@@ -1,0 +1,320 @@
+"""Run an Optuna study of residual-variant ablations.
+
+    python -m ablations.run --study residual_variants              # the headline grid (default size)
+    python -m ablations.run --study residual_variants --budget smoke --workers 2
+    python -m ablations.run --study path/to/my_study.yaml --storage postgresql://user@host/db
+    python -m ablations.run --list | --study NAME --dry-run
+
+Rerunning continues a study: completed trials never run again; a trial whose worker died is retried with the
+same parameters and resumes from its last checkpoint. Watch it with ``optuna-dashboard <storage URL>`` and
+``tensorboard --logdir results/runs/<study>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .storage import DEFAULT_STORAGE, GRACE_S, HEARTBEAT_S
+
+#: Seconds per trial not proportional to FLOPs (Trainer set-up, data, logging) and effective train-step
+#: GFLOP/s of this 2-core CPU for the small default models; calibrated on the residual_variants default run.
+TRIAL_OVERHEAD_S = 3.0
+EFFECTIVE_GFLOPS = 25.0
+_KNOWN_SIZES = {"digits": (1437, 360), "mnist5k": (4000, 1000), "synthetic": (819, 205), "mnist": (60000, 10000),
+                "cifar10": (50000, 10000), "cifar100": (50000, 10000)}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (no usage dump)
+        self.exit(2, f"error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m ablations.run", description=__doc__.split("\n\n")[0],
+                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--study", help="a study name (see --list) or a path to a study .yaml file")
+    p.add_argument("--budget", default="default", help="study size: smoke (CI, < 1 min), default, paper (GPU)")
+    p.add_argument("--storage", default=os.environ.get("ABLATIONS_STORAGE", DEFAULT_STORAGE),
+                   help=f"Optuna storage URL (default {DEFAULT_STORAGE}, or $ABLATIONS_STORAGE)")
+    p.add_argument("--study-name", help="name in the storage (default: the study's name, suffixed by the budget)")
+    p.add_argument("--workers", type=int, default=1, help="local worker processes sharing the study (cores split)")
+    p.add_argument("--results-dir", default="results", help="where TensorBoard runs go (<dir>/runs/<study>/)")
+    p.add_argument("--data-dir", help="data folder for folder datasets (cifar10, imagefolder, ...)")
+    p.add_argument("--threads", type=int, help="torch threads per worker (default: cores // workers)")
+    p.add_argument("--n-trials", type=int, help="search studies: trials to run (default: the study's n_trials)")
+    p.add_argument("--heartbeat", type=int, default=HEARTBEAT_S, help="trial heartbeat interval, seconds")
+    p.add_argument("--grace", type=int, default=GRACE_S, help="seconds without heartbeat before a trial is retried")
+    p.add_argument("--keep-checkpoints", action="store_true", help="keep each trial's last.ckpt after it completes")
+    p.add_argument("--list", action="store_true", help="list the studies with their sizes and exit")
+    p.add_argument("--dry-run", action="store_true", help="print the grid or search space and the estimated time")
+    p.add_argument("--no-progress", action="store_true", help="no study-level progress bar")
+    p.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _main(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: completed trials are kept; rerun the same command to continue", file=sys.stderr)
+        return 130
+
+
+def _main(args: argparse.Namespace) -> int:
+    from .spec import BUDGETS, available_studies, load_spec
+
+    if args.list:
+        return _list(available_studies(), BUDGETS, load_spec)
+    if not args.study:
+        raise ValueError("--study is required (or --list); valid studies: " + ", ".join(available_studies()))
+    if args.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    spec = load_spec(args.study, args.budget)
+    overrides = _overrides(args)
+    _validate_points(spec, overrides)
+    if args.dry_run:
+        return _dry_run(spec, overrides)
+
+    import optuna
+
+    from .storage import open_storage
+
+    _quiet()
+    storage = open_storage(args.storage, heartbeat_s=args.heartbeat, grace_s=args.grace)
+    study_name = args.study_name or spec.study_name
+    if args.worker_index is not None:
+        return _work(spec, storage, study_name, args, overrides)
+
+    study = _create_study(spec, storage, study_name, seed=0)
+    if spec.kind == "grid":
+        for params in spec.grid():
+            study.enqueue_trial(params, skip_if_exists=True)
+    total = spec.size if spec.kind == "grid" else (args.n_trials or spec.n_trials)
+    print(f"study '{study_name}' ({spec.kind}, {total} trials) in {_redact(args.storage)}; "
+          f"TensorBoard: tensorboard --logdir {Path(args.results_dir) / 'runs' / study_name}", file=sys.stderr)
+    started = time.time()
+    if args.workers == 1:
+        _work(spec, storage, study_name, args, overrides, progress_total=None if args.no_progress else total)
+    else:
+        _spawn_workers(args, storage, study_name, total)
+    return _finish(study_name, storage, spec, time.time() - started)
+
+
+def _quiet() -> None:
+    """Study output is the progress bar and one line per event: silence per-trial Lightning chatter."""
+    import logging
+    import warnings
+
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings("ignore", message=r".*(LeafSpec|litlogger|does not have many workers).*")
+
+
+def _overrides(args: argparse.Namespace) -> dict:
+    overrides = {}
+    if args.data_dir:
+        overrides["data_dir"] = args.data_dir
+    threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
+    if args.workers > 1 or args.threads:
+        overrides["threads"] = threads
+    return overrides
+
+
+def _validate_points(spec, overrides: dict) -> None:
+    """Build every grid point's config (and check its residual options) before anything is stored."""
+    from .objective import Objective
+
+    objective = Objective(spec, log_root=Path("."), overrides=overrides)
+    points = spec.grid() if spec.kind == "grid" else [{"variant": v.label} for v in spec.variants]
+    seen = set()
+    for params in points:
+        config = objective.config(params)
+        key = (config.residual, repr(sorted(config.residual_options.items())), config.depth, config.embed_dim)
+        if key not in seen:
+            seen.add(key)
+            _check_residual(config)
+
+
+def _check_residual(config) -> None:
+    from lit_modules import RESIDUALS
+
+    variant = RESIDUALS[config.residual]
+    options = variant.validate_options(dict(config.residual_options))
+    variant.check_options(options, dim=config.embed_dim, depth=config.depth)
+
+
+def _create_study(spec, storage, study_name: str, seed: int):
+    import optuna
+
+    sampler = optuna.samplers.TPESampler(seed=seed)
+    pruner = {"none": optuna.pruners.NopPruner(),
+              "median": optuna.pruners.MedianPruner(**{k: v for k, v in spec.pruner.items() if k != "type"}),
+              "hyperband": optuna.pruners.HyperbandPruner(
+                  **({"max_resource": spec.base.get("max_epochs", 30)} | {k: v for k, v in spec.pruner.items()
+                                                                           if k != "type"}))}[spec.pruner["type"]]
+    study = optuna.create_study(storage=storage, study_name=study_name, direction=spec.direction, sampler=sampler,
+                                pruner=pruner, load_if_exists=True)
+    if study.metric_names is None:
+        study.set_metric_names([spec.metric])
+    for key, value in (("spec_source", spec.source), ("budget", spec.budget), ("kind", spec.kind),
+                       ("description", spec.description), ("metric", spec.metric)):
+        study.set_user_attr(key, value)
+    return study
+
+
+def _work(spec, storage, study_name: str, args, overrides: dict, progress_total: int | None = None) -> int:
+    """One worker: take enqueued grid points (or sample search points) until none are left."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from .objective import Objective
+
+    index = args.worker_index or 0
+    study = _create_study(spec, storage, study_name, seed=index)  # a distinct sampler seed per worker
+    objective = Objective(spec, log_root=Path(args.results_dir) / "runs" / study_name, overrides=overrides,
+                          keep_checkpoints=args.keep_checkpoints)
+    bar = _progress(study, progress_total)
+    done_states = (TrialState.COMPLETE, TrialState.PRUNED)
+    try:
+        while True:
+            optuna.storages.fail_stale_trials(study)
+            if spec.kind == "grid":
+                if not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+                    break
+            else:
+                target = args.n_trials or spec.n_trials
+                if len(study.get_trials(deepcopy=False, states=(*done_states, TrialState.RUNNING))) >= target:
+                    break
+            study.optimize(objective, n_trials=1, gc_after_trial=True, catch=(RuntimeError,))
+            if bar is not None:
+                bar.n = _done(study)
+                bar.refresh()
+    finally:
+        if bar is not None:
+            bar.close()
+    return 0
+
+
+def _done(study) -> int:
+    from optuna.trial import TrialState
+
+    return sum(1 for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+               if not t.user_attrs.get("surplus") and "duplicate_of" not in t.user_attrs)
+
+
+def _progress(study, total: int | None):
+    if total is None:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=_done(study), desc=study.study_name, unit="trial", dynamic_ncols=True)
+
+
+def _spawn_workers(args, storage, study_name: str, total: int) -> None:
+    """N local processes on the same study, each with its share of the cores and its own sampler seed."""
+    import optuna
+
+    argv = [a for a in sys.argv[1:] if a != "--no-progress"]
+    procs = [subprocess.Popen([sys.executable, "-m", "ablations.run", *argv, "--worker-index", str(i),
+                               "--no-progress", "--study-name", study_name])
+             for i in range(args.workers)]
+    bar = None if args.no_progress else _progress(optuna.load_study(study_name=study_name, storage=storage), total)
+    try:
+        while any(p.poll() is None for p in procs):
+            time.sleep(2)
+            if bar is not None:
+                bar.n = _done(optuna.load_study(study_name=study_name, storage=storage))
+                bar.refresh()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        if bar is not None:
+            bar.close()
+
+
+def _finish(study_name: str, storage, spec, elapsed: float) -> int:
+    import optuna
+    from optuna.trial import TrialState
+
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    counts = {s.name.lower(): len(study.get_trials(deepcopy=False, states=(s,))) for s in TrialState}
+    print(f"study '{study_name}': {counts['complete']} complete, {counts['pruned']} pruned, {counts['fail']} failed, "
+          f"{counts['running']} running, {counts['waiting']} waiting; {elapsed:.0f} s this run", file=sys.stderr)
+    missing = counts["waiting"] + (spec.size - _done(study) if spec.kind == "grid" else 0)
+    return 0 if missing <= 0 else 1
+
+
+def _list(studies: dict, budgets: tuple, load_spec) -> int:
+    print(f"{'study':<20} {'kind':<7} " + " ".join(f"{b:>8}" for b in budgets) + "  description")
+    for name in studies:
+        specs = [load_spec(name, b) for b in budgets]
+        print(f"{name:<20} {specs[0].kind:<7} " + " ".join(f"{s.size:>8}" for s in specs)
+              + f"  {specs[0].description[:70]}")
+    return 0
+
+
+def _dry_run(spec, overrides: dict) -> int:
+    from .objective import Objective
+
+    objective = Objective(spec, log_root=Path("."), overrides=overrides)
+    print(f"study {spec.study_name}: {spec.kind}, {spec.size} trials, metric {spec.metric} ({spec.direction})")
+    if spec.kind == "grid":
+        points = spec.grid()
+        for params in points:
+            print("  " + ", ".join(f"{k}={v}" for k, v in params.items()))
+    else:
+        points = [{"variant": v.label} for v in spec.variants]
+        for label, space in spec.space.items():
+            print(f"  {label}: " + "; ".join(f"{k} ~ {v}" for k, v in space.items()))
+        print(f"  pruner: {spec.pruner}")
+    seconds = [estimate_seconds(objective.config(p)) for p in points]
+    per_trial = sum(seconds) / len(seconds)
+    total = per_trial * spec.size
+    print(f"estimated time on this machine: {total / 60:.1f} min ({per_trial:.1f} s per trial; one worker using "
+          f"all cores; a rough FLOP-based estimate at {EFFECTIVE_GFLOPS:.0f} GFLOP/s + {TRIAL_OVERHEAD_S:.0f} s per trial)")
+    return 0
+
+
+_FLOPS_CACHE: dict = {}
+
+
+def estimate_seconds(config) -> float:
+    """Rough wall time of one trial: 3× forward FLOPs per training image, 1× per val image, at the calibrated
+    effective rate, plus a fixed per-trial overhead."""
+    from .costs import measure
+
+    train, val = _KNOWN_SIZES.get(config.dataset, (10000, 2000))
+    img = {"digits": 8, "mnist5k": 28, "mnist": 28, "synthetic": 16}.get(config.dataset, 32)
+    chans = 1 if config.dataset in ("digits", "mnist5k", "mnist") else 3
+    key = (config.residual, repr(sorted(config.residual_options.items())), config.depth, config.embed_dim,
+           config.num_heads, config.patch_size, img)
+    if key not in _FLOPS_CACHE:
+        _FLOPS_CACHE[key] = measure(config.residual, dict(config.residual_options), embed_dim=config.embed_dim,
+                                    depth=config.depth, num_heads=config.num_heads, img_size=img,
+                                    patch_size=config.patch_size or 4, num_classes=10, in_chans=chans)["flops"]
+    flops = _FLOPS_CACHE[key] * config.max_epochs * (3 * train + val)
+    return TRIAL_OVERHEAD_S + flops / (EFFECTIVE_GFLOPS * 1e9)
+
+
+def _redact(url: str) -> str:
+    from .storage import _redact as redact
+
+    return redact(url)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

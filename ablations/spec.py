@@ -1,0 +1,206 @@
+"""Study specifications: one short YAML file per study, loaded and validated into a ``StudySpec``.
+
+A study file (see ``ablations/studies/*.yaml``) says what to run, never how::
+
+    name: residual_variants
+    description: all eight variants at their paper defaults × depth × seed
+    kind: grid                     # grid (every point, enqueued, unpruned) | search (TPE + pruning)
+    metric: best_val_acc           # a key of the run summary; the trial's objective value
+    direction: maximize
+    base: {dataset: digits, max_epochs: 30, embed_dim: 64}    # RunConfig fields shared by every trial
+    variants:                      # labelled residual variants (the "variant" parameter)
+      - {label: standard, residual: standard}
+      - {label: layerscale, residual: layerscale, options: {init_value: auto}}
+    axes: {depth: [2, 6, 12], seed: [0, 1, 2]}                # grid axes: RunConfig fields × values
+    search:                        # kind: search only
+      n_trials: 40
+      pruner: {type: median, n_startup_trials: 5, n_warmup_steps: 3}
+      space:                       # per variant label: residual option -> distribution
+        layerscale: {init_value: {low: 1.0e-6, high: 0.5, log: true}}
+    budgets:                       # sizes: smoke (CI), default, paper (GPU); each may override the above
+      smoke: {base: {max_epochs: 2}, axes: {depth: [1], seed: [0]}}
+
+Every unknown key is a one-line ``ValueError`` naming the key, where it is, and the valid keys.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+STUDY_DIR = Path(__file__).parent / "studies"
+BUDGETS = ("smoke", "default", "paper")
+_TOP_KEYS = ("name", "description", "kind", "metric", "direction", "base", "variants", "axes", "search", "budgets")
+_BUDGET_KEYS = ("base", "variants", "axes", "search", "description")
+_VARIANT_KEYS = ("label", "residual", "options", "overrides")
+_SEARCH_KEYS = ("n_trials", "pruner", "space", "sampler")
+_PRUNERS = ("none", "median", "hyperband")
+_DIST_KEYS = ("low", "high", "log", "choices")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A labelled residual variant: ``residual`` with its ``options`` (+ any RunConfig ``overrides``)."""
+
+    label: str
+    residual: str
+    options: dict = field(default_factory=dict)
+    overrides: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    name: str
+    budget: str
+    kind: str
+    description: str
+    metric: str
+    direction: str
+    base: dict
+    variants: tuple[Variant, ...]
+    axes: dict
+    n_trials: int = 0
+    pruner: dict = field(default_factory=lambda: {"type": "none"})
+    space: dict = field(default_factory=dict)
+    source: str = ""
+
+    @property
+    def study_name(self) -> str:
+        """The name in the Optuna storage: budgets never share a study."""
+        return self.name if self.budget == "default" else f"{self.name}-{self.budget}"
+
+    def variant(self, label: str) -> Variant:
+        return next(v for v in self.variants if v.label == label)
+
+    def grid(self) -> list[dict]:
+        """Every grid point as the trial's parameters: {'variant': label, axis: value, ...}."""
+        names = ["variant", *self.axes]
+        values = [[v.label for v in self.variants], *self.axes.values()]
+        return [dict(zip(names, point, strict=True)) for point in itertools.product(*values)]
+
+    @property
+    def size(self) -> int:
+        return len(self.grid()) if self.kind == "grid" else self.n_trials
+
+    def config_for(self, params: dict) -> dict:
+        """RunConfig fields of one trial: base, then the variant, then grid axes / searched options."""
+        variant = self.variant(params["variant"])
+        options = dict(variant.options)
+        prefix = f"{variant.label}."
+        options |= {k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)}
+        fields = dict(self.base) | dict(variant.overrides)
+        fields |= {k: v for k, v in params.items() if k in self.axes}
+        return fields | {"residual": variant.residual, "residual_options": options}
+
+
+def available_studies() -> dict[str, Path]:
+    return {p.stem: p for p in sorted(STUDY_DIR.glob("*.yaml"))}
+
+
+def load_spec(name_or_path: str, budget: str = "default") -> StudySpec:
+    """Load a study by registry name or by path to a YAML file; ValueError (one line) on any problem."""
+    if budget not in BUDGETS:
+        raise ValueError(f"unknown budget '{budget}'; valid choices: {', '.join(BUDGETS)}")
+    studies = available_studies()
+    path = studies.get(name_or_path) or Path(name_or_path)
+    if not path.is_file():
+        if path.suffix in (".yaml", ".yml"):
+            raise ValueError(f"study file '{path}' does not exist")
+        raise ValueError(f"unknown study '{name_or_path}'; valid studies: {', '.join(studies)} "
+                         "(or a path to a .yaml file)")
+    import yaml
+
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        line = getattr(getattr(exc, "problem_mark", None), "line", None)
+        at = f" (line {line + 1})" if line is not None else ""
+        raise ValueError(f"study file '{path}' is not valid YAML{at}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"study file '{path}' must hold a mapping with keys: {', '.join(_TOP_KEYS)}")
+    return _build(raw, budget, str(path))
+
+
+def _build(raw: dict, budget: str, source: str) -> StudySpec:
+    where = f"study file '{source}'"
+    _check_keys(raw, _TOP_KEYS, where)
+    for key in ("name", "kind", "variants"):
+        if key not in raw:
+            raise ValueError(f"{where}: missing required key '{key}'")
+    budgets = raw.get("budgets") or {}
+    _check_keys(budgets, BUDGETS, f"{where} budgets")
+    merged = copy.deepcopy({k: v for k, v in raw.items() if k != "budgets"})
+    override = budgets.get(budget) or {}
+    _check_keys(override, _BUDGET_KEYS, f"{where} budgets.{budget}")
+    for key, value in override.items():
+        if key in ("base", "axes", "search") and isinstance(value, dict):
+            merged[key] = (merged.get(key) or {}) | value
+        else:
+            merged[key] = value
+
+    kind = merged["kind"]
+    if kind not in ("grid", "search"):
+        raise ValueError(f"{where}: kind '{kind}' is not valid; valid choices: grid, search")
+    direction = merged.get("direction", "maximize")
+    if direction not in ("maximize", "minimize"):
+        raise ValueError(f"{where}: direction '{direction}' is not valid; valid choices: maximize, minimize")
+    base = merged.get("base") or {}
+    _check_config_keys(base, f"{where} base")
+    variants = tuple(_variant(v, where) for v in merged["variants"] or [])
+    if not variants:
+        raise ValueError(f"{where}: 'variants' must list at least one variant")
+    labels = [v.label for v in variants]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"{where}: variant labels must be unique, got {', '.join(labels)}")
+    axes = merged.get("axes") or {}
+    _check_config_keys(axes, f"{where} axes")
+    for axis, values in axes.items():
+        if not isinstance(values, list) or not values:
+            raise ValueError(f"{where}: axis '{axis}' must be a non-empty list of values")
+    search = merged.get("search") or {}
+    _check_keys(search, _SEARCH_KEYS, f"{where} search")
+    pruner = search.get("pruner") or {"type": "none"}
+    if pruner.get("type") not in _PRUNERS:
+        raise ValueError(f"{where}: pruner type '{pruner.get('type')}' is not valid; valid choices: {', '.join(_PRUNERS)}")
+    space = search.get("space") or {}
+    for label, params in space.items():
+        if label not in labels:
+            raise ValueError(f"{where}: search.space names variant '{label}'; valid labels: {', '.join(labels)}")
+        for pname, dist in params.items():
+            _check_keys(dist, _DIST_KEYS, f"{where} search.space.{label}.{pname}")
+            if "choices" not in dist and not ("low" in dist and "high" in dist):
+                raise ValueError(f"{where}: search.space.{label}.{pname} needs 'choices' or 'low' and 'high'")
+    n_trials = int(search.get("n_trials", 0))
+    if kind == "search" and n_trials <= 0:
+        raise ValueError(f"{where}: a search study needs search.n_trials > 0")
+    return StudySpec(name=str(merged["name"]), budget=budget, kind=kind, description=str(merged.get("description", "")),
+                     metric=str(merged.get("metric", "best_val_acc")), direction=direction, base=base,
+                     variants=variants, axes=axes, n_trials=n_trials, pruner=pruner, space=space, source=source)
+
+
+def _variant(raw: Any, where: str) -> Variant:
+    if not isinstance(raw, dict) or "residual" not in raw:
+        raise ValueError(f"{where}: each variant needs at least 'residual' (keys: {', '.join(_VARIANT_KEYS)})")
+    _check_keys(raw, _VARIANT_KEYS, f"{where} variant '{raw.get('label', raw['residual'])}'")
+    _check_config_keys(raw.get("overrides") or {}, f"{where} variant overrides")
+    return Variant(label=str(raw.get("label", raw["residual"])), residual=str(raw["residual"]),
+                   options=dict(raw.get("options") or {}), overrides=dict(raw.get("overrides") or {}))
+
+
+def _check_keys(mapping: Any, valid: tuple, where: str) -> None:
+    if not isinstance(mapping, dict):
+        raise ValueError(f"{where} must be a mapping with keys: {', '.join(valid)}")
+    for key in mapping:
+        if key not in valid:
+            raise ValueError(f"{where}: unknown key '{key}'; valid keys: {', '.join(valid)}")
+
+
+def _check_config_keys(mapping: dict, where: str) -> None:
+    from .config import RunConfig
+
+    valid = tuple(f.name for f in dataclasses.fields(RunConfig))
+    _check_keys(mapping, valid, where)

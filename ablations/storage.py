@@ -1,0 +1,64 @@
+"""Optuna storage: SQLite under results/ by default, any RDB URL (PostgreSQL for many machines), always with
+heartbeats so a trial whose worker died is detected and retried with the same parameters."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+DEFAULT_STORAGE = "sqlite:///results/optuna.db"
+HEARTBEAT_S = 20
+GRACE_S = 60
+MAX_RETRY = 3
+
+
+def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_s: int = HEARTBEAT_S, grace_s: int = GRACE_S):
+    """An ``RDBStorage`` with heartbeat + retry of stale trials; ValueError (one line) when the URL is malformed,
+    its driver is missing or the server cannot be reached. Never creates anything but the SQLite file itself."""
+    import optuna
+    import sqlalchemy.exc
+
+    try:
+        from optuna.storages import RetryHeartbeatStaleTrialCallback as Retry
+        callback_arg = "heartbeat_stale_trial_callback"
+    except ImportError:  # optuna < 4.9
+        from optuna.storages import RetryFailedTrialCallback as Retry
+        callback_arg = "failed_trial_callback"
+
+    if "://" not in url:
+        raise ValueError(f"storage '{url}' is not a URL; e.g. {DEFAULT_STORAGE} or postgresql://user@host:5432/db")
+    if url.startswith("sqlite:///"):
+        path = Path(url[len("sqlite:///"):])
+        if url == DEFAULT_STORAGE:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        elif str(path) != ":memory:" and not path.parent.is_dir():
+            raise ValueError(f"storage '{url}': folder '{path.parent}' does not exist")
+    engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    if url.startswith("postgresql"):
+        engine_kwargs["connect_args"] = {"connect_timeout": 10}
+    try:
+        return optuna.storages.RDBStorage(
+            url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat_s, grace_period=grace_s,
+            **{callback_arg: Retry(max_retry=MAX_RETRY, inherit_intermediate_values=True)})
+    except (sqlalchemy.exc.ArgumentError, sqlalchemy.exc.NoSuchModuleError) as exc:
+        raise ValueError(f"storage URL '{url}' is not valid: {_first_line(exc)}") from None
+    except sqlalchemy.exc.OperationalError as exc:
+        raise ValueError(f"cannot reach storage '{_redact(url)}': {_first_line(exc.orig or exc)}") from None
+    except ImportError as exc:
+        raise ValueError(f"storage '{_redact(url)}' needs a database driver that is not installed: {exc}") from None
+
+
+def retried_trial_number(frozen) -> int | None:
+    """The number of the original trial a retried trial repeats (None for a first attempt)."""
+    return frozen.system_attrs.get("failed_trial")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _redact(url: str) -> str:
+    """Hide a password in a URL before printing it."""
+    import re
+
+    return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)

@@ -1,0 +1,250 @@
+"""Train one ViT run and print its convergence summary.
+
+    python -m ablations.train --residual layerscale --depth 12 --init-value auto --dataset digits --max-epochs 30
+    python -m ablations.train --dataset synthetic --dataset-option num_samples=512 --max-epochs 3 --json
+
+Every ``RunConfig`` field is an option (``--embed-dim``, ``--lr``, ``--no-augment``, ...); ``--residual-option
+KEY=VALUE`` / ``--dataset-option KEY=VALUE`` (repeatable) set the variant's / dataset's own options, with values
+read as YAML (plus ``1e-5`` as a float and ``None`` as null). ``--init-value V`` sets the chosen variant's init knob.
+Bad input exits with status 2 and one ``error: ...`` line on stderr.
+
+This module imports neither torch nor lightning at import time (``--help`` stays fast); training imports them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import math
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from ablations.choices import INIT_VALUE_OPTIONS
+from ablations.config import GROUPS, RunConfig, config_fields
+
+DEFAULT_LOG_DIR = "results/runs/train"
+
+
+class CLIError(Exception):
+    """A user error: printed as one ``error: ...`` line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse without the usage dump: errors are one line on stderr and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        _fail(message)
+
+
+def _fail(message: str) -> NoReturn:
+    sys.stderr.write(f"error: {' '.join(str(message).split())}\n")
+    sys.exit(2)
+
+
+# --- value parsing -------------------------------------------------------------------------------------------------
+def parse_value(text: str) -> Any:
+    """A CLI value with a type: YAML scalars/lists (``true``, ``3``, ``[1, 2]``, ``null``), plus ``None``/``none``
+    as null and ``1e-5`` as a float (YAML 1.1 would keep it a string); anything else stays a string."""
+    stripped = text.strip()
+    if stripped in ("None", "none", "null", "~", ""):
+        return None
+    import yaml
+
+    try:
+        value = yaml.safe_load(stripped)
+    except yaml.YAMLError:
+        return stripped
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _optional(convert):
+    def parse(text: str) -> Any:
+        return None if text.strip() in ("None", "none", "null") else convert(text)
+
+    parse.__name__ = convert.__name__  # argparse names the type in "invalid <type> value" messages
+    return parse
+
+
+def _bool(text: str) -> bool:
+    value = parse_value(text)
+    if not isinstance(value, bool):
+        raise ValueError(text)
+    return value
+
+
+def _devices(text: str) -> int | str:
+    return "auto" if text == "auto" else int(text)
+
+
+_devices.__name__ = "devices"
+
+_KINDS: dict[str, dict[str, Any]] = {
+    "int": {"type": int, "metavar": "N"},
+    "optional_int": {"type": _optional(int), "metavar": "N|None"},
+    "float": {"type": float, "metavar": "X"},
+    "str": {"type": str, "metavar": "NAME"},
+    "optional_str": {"type": _optional(str), "metavar": "TEXT|None"},
+    "optional_bool": {"type": _optional(_bool), "metavar": "true|false|None"},
+    "floats": {"type": float, "nargs": "+", "metavar": "X"},
+    "options": {"action": "append", "metavar": "KEY=VALUE"},
+    "devices": {"type": _devices, "metavar": "N|auto"},
+    "bool": {"action": argparse.BooleanOptionalAction},
+}
+
+
+def option_name(field_name: str, kind: str) -> str:
+    """The CLI flag of a RunConfig field: ``embed_dim`` -> ``--embed-dim``, ``residual_options`` ->
+    ``--residual-option`` (repeatable)."""
+    name = field_name[: -len("s")] if kind == "options" else field_name
+    return "--" + name.replace("_", "-")
+
+
+def _default_text(value: Any) -> str:
+    if isinstance(value, tuple):
+        return " ".join(map(str, value))
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return "none" if value == {} else str(value)
+
+
+# --- the parser ----------------------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="python -m ablations.train",
+        description="Train one Vision Transformer with a chosen residual connection and print its convergence "
+                    "summary (best/final val accuracy, epochs to 95% of best, AUC, wall time). TensorBoard logs "
+                    "go to --log-dir/<run name>.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+               "  python -m ablations.train --residual layerscale --depth 12 --init-value auto --dataset digits\n"
+               "  python -m ablations.train --residual laurel --residual-option form=rw --residual-option rank=8\n"
+               "  python -m ablations.train --dataset cifar10 --data-dir ~/data --embed-dim 192 --num-heads 3",
+    )
+    groups = {g: parser.add_argument_group(f"{g} options") for g in GROUPS}
+    for f in config_fields():
+        kind, meta = f.metadata["kind"], f.metadata
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        groups[meta["group"]].add_argument(
+            option_name(f.name, kind), dest=f.name, default=argparse.SUPPRESS,
+            help=f"{meta['help']} (default: {_default_text(default)})", **_KINDS[kind],
+        )
+        if f.name == "residual_options":
+            groups["model"].add_argument(
+                "--init-value", metavar="V", default=argparse.SUPPRESS,
+                help="the variant's init knob: " + ", ".join(f"{r} {o}" for r, o in INIT_VALUE_OPTIONS.items())
+                     + " (layerscale also takes auto = CaiT's depth rule, and None = no scale)")
+    run = parser.add_argument_group("run options")
+    run.add_argument("--config", metavar="FILE", help="YAML file of RunConfig fields; options given here override it")
+    run.add_argument("--log-dir", default=DEFAULT_LOG_DIR, help=f"TensorBoard root (default: {DEFAULT_LOG_DIR})")
+    run.add_argument("--run-name", help="run folder name (default: derived from the config plus a timestamp)")
+    run.add_argument("--json", action="store_true", help="print the summary as one JSON object on the last line")
+    run.add_argument("--progress-bar", action=argparse.BooleanOptionalAction, default=True,
+                     help="show Lightning's progress bar and model summary (default: on)")
+    run.add_argument("--checkpoint", action="store_true",
+                     help="save checkpoints (best val/acc and last.ckpt) under the run folder")
+    run.add_argument("--resume", metavar="CKPT", help="resume from a checkpoint file (implies --checkpoint)")
+    return parser
+
+
+def _key_values(items: Sequence[str], flag: str) -> dict[str, Any]:
+    values = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise CLIError(f"{flag} expects KEY=VALUE, got {item!r}")
+        values[key.strip()] = parse_value(text)
+    return values
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """The RunConfig of parsed arguments (config file, then options, then ``--init-value``).
+
+    Raises CLIError / ValueError with one-line messages."""
+    fields: dict[str, Any] = {}
+    if args.config:
+        fields = _read_config_file(args.config)
+    given = {f.name: getattr(args, f.name) for f in config_fields() if hasattr(args, f.name)}
+    for name in ("residual_options", "dataset_options"):
+        if name in given:
+            flag = option_name(name, "options")
+            given[name] = {**(fields.get(name) or {}), **_key_values(given[name], flag)}
+    fields.update(given)
+    if hasattr(args, "init_value"):
+        residual = fields.get("residual", RunConfig.residual)
+        knob = INIT_VALUE_OPTIONS.get(residual)
+        if knob is None:
+            accepted = ", ".join(f"{r} ({o})" for r, o in INIT_VALUE_OPTIONS.items())
+            raise CLIError(f"--init-value does not apply to residual {residual!r}; variants that accept it: {accepted}")
+        options = dict(fields.get("residual_options") or {})
+        if knob in options:
+            raise CLIError(f"--init-value and --residual-option {knob}=... both set {residual}'s {knob}; give one")
+        options[knob] = parse_value(args.init_value)
+        fields["residual_options"] = options
+    return RunConfig.from_dict(fields)
+
+
+def _read_config_file(path: str) -> dict[str, Any]:
+    import yaml
+
+    try:
+        with open(path) as fh:
+            values = yaml.safe_load(fh) or {}
+    except OSError as exc:
+        raise CLIError(f"cannot read config file {path!r}: {exc.strerror}") from None
+    except yaml.YAMLError:
+        raise CLIError(f"config file {path!r} is not valid YAML") from None
+    if not isinstance(values, dict):
+        raise CLIError(f"config file {path!r} must hold a mapping of RunConfig fields")
+    return values
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except (CLIError, ValueError) as exc:
+        _fail(str(exc))
+    run_name = args.run_name or f"{config.run_name()}_{datetime.datetime.now():%Y%m%d-%H%M%S}"
+
+    from ablations.training import SetupError, run_training, summary_table
+
+    try:
+        summary = run_training(
+            config, log_dir=args.log_dir, run_name=run_name, enable_progress_bar=args.progress_bar,
+            enable_checkpointing=args.checkpoint or args.resume is not None, ckpt_path=args.resume,
+        )
+    except SetupError as exc:
+        _fail(str(exc))
+    except KeyboardInterrupt:
+        sys.stderr.write("error: interrupted\n")
+        return 130
+    if args.json:
+        print(json.dumps(_json_safe(summary), allow_nan=False), flush=True)
+    else:
+        print(f"\nrun {run_name} ({config.residual}, depth {config.depth}, {config.dataset}, "
+              f"{config.max_epochs} epochs)")
+        print(summary_table(summary, markdown=False))
+        print(f"\ntensorboard --logdir {args.log_dir}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""One training run from a ``RunConfig``: ``run_training(config, log_dir=..., run_name=...) -> summary dict``.
+
+Used by the ``python -m ablations.train`` CLI and, with extra callbacks (e.g. Optuna's pruning callback), a
+checkpoint folder and ``ckpt_path`` for resuming, by study objectives.
+
+TensorBoard layout: ``<log_dir>/<run_name>/`` holds the event files, ``hparams.yaml`` and (if enabled)
+``checkpoints/``. Every run registers the same metric keys, :data:`HP_METRICS`, in the HParams plugin at fit
+start (placeholder NaN) and logs every one of them at the end, so runs of one study directory share one HParams
+table (see ecosystem-notes §4: a metric left at its placeholder, or a different metric set in the same folder,
+hides values). HParams metrics must be numbers: a summary value of None ("never reached", e.g. epochs to 95% of a
+run that diverged before its first validation) is logged as NaN; booleans as 0/1.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ablations.config import RunConfig
+
+#: Summary keys mirrored to TensorBoard's HParams plugin as ``hp/<key>``: the same tuple for every run.
+HP_SUMMARY_KEYS: tuple[str, ...] = (
+    "best_val_acc", "final_val_acc", "best_epoch", "val_acc_auc",
+    "epochs_to_90pct_of_best", "epochs_to_95pct_of_best", "epochs_to_99pct_of_best", "steps_to_95pct_of_best",
+    "final_train_loss", "wall_time_s", "time_per_epoch_s", "train_images_per_s",
+    "epochs_completed", "diverged", "param_count",
+)
+HP_METRICS: tuple[str, ...] = tuple(f"hp/{k}" for k in HP_SUMMARY_KEYS)
+
+
+class SetupError(ValueError):
+    """The run could not be built from its config (bad residual options, missing data folder, ...): one line."""
+
+
+def hp_metric_values(summary: Mapping[str, Any]) -> dict[str, float]:
+    """``{hp/<key>: float}`` for every key of :data:`HP_METRICS`; None (or a missing key) -> NaN, bool -> 0/1."""
+    values = {}
+    for key in HP_SUMMARY_KEYS:
+        value = summary.get(key)
+        values[f"hp/{key}"] = math.nan if value is None else float(value)
+    return values
+
+
+def format_value(value: Any) -> str:
+    """Compact display of one summary value (4 significant digits, thousands separators above 1000)."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}" if abs(value) >= 10_000 else str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+    return str(value)
+
+
+def summary_table(summary: Mapping[str, Any], markdown: bool = True) -> str:
+    """The scalar entries of a summary as a two-column table (Markdown, or aligned plain text)."""
+    rows = [(k, format_value(v)) for k, v in summary.items() if not isinstance(v, (list, tuple, dict))]
+    if markdown:
+        return "\n".join(["| metric | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)])
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _accelerator(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "gpu" if torch.cuda.is_available() else "cpu"
+    return "gpu" if name == "cuda" else name
+
+
+def build_datamodule(config: RunConfig):
+    """The run's DataModule, set up (data loaded). Raises SetupError for data problems."""
+    import data
+
+    try:
+        dm = data.build_datamodule(
+            config.dataset, data_dir=config.data_dir, batch_size=config.batch_size,
+            val_fraction=config.val_fraction, seed=config.seed, augment=config.augment,
+            num_workers=config.num_workers, **config.dataset_options,
+        )
+        dm.setup("fit")
+    except TypeError as exc:  # an unknown dataset option
+        raise SetupError(f"invalid dataset option for '{config.dataset}': {exc}") from None
+    except ValueError as exc:  # incl. data.DataError
+        raise SetupError(" ".join(str(exc).split())) from None
+    return dm
+
+
+def build_model(config: RunConfig, datamodule: Any):
+    """The ``ViTClassifier`` for ``config``, sized by the DataModule. Raises SetupError for bad model options."""
+    from lit_modules.classifier import ViTClassifier
+
+    try:
+        return ViTClassifier(
+            config.residual, config.residual_options,
+            img_size=datamodule.img_size, patch_size=config.patch_size or datamodule.default_patch_size,
+            in_chans=datamodule.in_chans, num_classes=datamodule.num_classes,
+            embed_dim=config.embed_dim, depth=config.depth, num_heads=config.num_heads,
+            mlp_ratio=config.mlp_ratio, global_pool=config.global_pool, drop_path_rate=config.drop_path_rate,
+            fused_attn=config.fused_attn, lr=config.lr, weight_decay=config.weight_decay,
+            betas=tuple(config.betas), warmup_epochs=config.warmup_epochs, min_lr=config.min_lr,
+            label_smoothing=config.label_smoothing, max_epochs=config.max_epochs,
+        )
+    except (TypeError, ValueError) as exc:
+        raise SetupError(" ".join(str(exc).split())) from None
+
+
+def _diagnostics_callback(config: RunConfig, datamodule: Any) -> Any | None:
+    try:
+        from lit_modules.diagnostics import DiagnosticsCallback
+    except ImportError as exc:  # the module is optional while it is being written
+        warnings.warn(f"diagnostics_every={config.diagnostics_every} ignored: {exc}", stacklevel=3)
+        return None
+    return DiagnosticsCallback(datamodule.fixed_batch(config.diagnostics_batch_size), config.diagnostics_every)
+
+
+def run_training(
+    config: RunConfig,
+    *,
+    log_dir: str | Path,
+    run_name: str,
+    extra_callbacks: Iterable[Any] = (),
+    enable_progress_bar: bool = True,
+    enable_model_summary: bool | None = None,
+    enable_checkpointing: bool = False,
+    checkpoint_dir: str | Path | None = None,
+    ckpt_path: str | Path | None = None,
+) -> dict[str, Any]:
+    """Train one run and return its summary (:func:`lit_modules.convergence.summarize`) plus ``run_name``,
+    ``log_dir`` (the run's TensorBoard folder) and ``param_count``.
+
+    Seeds everything (``seed_everything(config.seed, workers=True)``, ``deterministic=True``): the same config on
+    the same CPU gives identical metrics. Sets ``torch.set_num_threads(config.threads or all cores)`` for the
+    process. Checkpoints (``ModelCheckpoint`` on ``val/acc`` + ``last.ckpt``) are written to ``checkpoint_dir``
+    (default ``<run dir>/checkpoints``) when ``enable_checkpointing`` or ``checkpoint_dir`` is given;
+    ``ckpt_path`` resumes from a checkpoint (``"last"`` or a path; Lightning starts fresh if "last" has none).
+
+    Raises SetupError (a ValueError, one line) when the model or data cannot be built. If ``fit`` raises
+    (e.g. ``optuna.TrialPruned`` from a pruning callback, or KeyboardInterrupt), the summary of the epochs run so
+    far is still written to TensorBoard and attached to the exception as ``exc.run_summary`` before it propagates.
+    A diverging run (non-finite loss) is not an exception: it stops and returns ``diverged=True``.
+    """
+    import lightning.pytorch as pl
+    import torch
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    from lit_modules.convergence import ConvergenceTracker
+
+    torch.set_num_threads(config.threads or os.cpu_count() or 1)
+    accelerator = _accelerator(config.accelerator)
+    if accelerator == "gpu":  # deterministic cuBLAS (Trainer(deterministic=True) enables deterministic algorithms)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    pl.seed_everything(config.seed, workers=True, verbose=False)
+    datamodule = build_datamodule(config)
+    model = build_model(config, datamodule)
+    if config.compile:
+        model.model.compile()  # in place: state_dict keys stay model.* (torch.compile(m) would add _orig_mod)
+
+    logger = TensorBoardLogger(save_dir=str(log_dir), name="", version=run_name, default_hp_metric=False)
+    tracker = ConvergenceTracker(config.accuracy_thresholds)
+    callbacks: list[Any] = [tracker]
+    if config.diagnostics_every > 0:
+        diagnostics = _diagnostics_callback(config, datamodule)
+        if diagnostics is not None:
+            callbacks.append(diagnostics)
+    checkpointing = enable_checkpointing or checkpoint_dir is not None
+    if checkpointing:
+        callbacks.append(ModelCheckpoint(
+            dirpath=str(checkpoint_dir or Path(logger.log_dir) / "checkpoints"), monitor="val/acc", mode="max",
+            save_last=True, filename="epoch{epoch:03d}-acc{val/acc:.4f}", auto_insert_metric_name=False,
+        ))
+    callbacks.extend(extra_callbacks)
+    steps_per_epoch = len(datamodule.train_dataloader())
+    trainer = pl.Trainer(
+        accelerator=accelerator, devices=config.devices, strategy=config.strategy, precision=config.precision,
+        max_epochs=config.max_epochs, deterministic=True, logger=logger, callbacks=callbacks,
+        enable_checkpointing=checkpointing, enable_progress_bar=enable_progress_bar,
+        enable_model_summary=enable_progress_bar if enable_model_summary is None else enable_model_summary,
+        num_sanity_val_steps=0, log_every_n_steps=max(1, min(50, steps_per_epoch)), default_root_dir=str(log_dir),
+    )
+    # Register the fixed hp/* metric set with this run's hyperparameters before fit starts (placeholders: NaN).
+    logger.log_hyperparams(config.to_hparams(), {key: math.nan for key in HP_METRICS})
+    try:
+        trainer.fit(model, datamodule=datamodule, ckpt_path=None if ckpt_path is None else str(ckpt_path))
+    except BaseException as exc:
+        exc.run_summary = _finish(trainer, logger, tracker, run_name, status="failed")
+        raise
+    return _finish(trainer, logger, tracker, run_name, status="success")
+
+
+def _finish(trainer: Any, logger: Any, tracker: Any, run_name: str, status: str) -> dict[str, Any]:
+    """Summary + ``hp/*`` metrics + the Markdown summary table, written after fit (a second event file)."""
+    summary = tracker.summary()
+    summary.update(run_name=run_name, log_dir=str(logger.log_dir), param_count=summary.get("param_count"))
+    if trainer.is_global_zero:
+        step = trainer.global_step
+        logger.log_metrics(hp_metric_values(summary), step=step)
+        logger.experiment.add_text("summary", summary_table(summary), global_step=step)
+        logger.finalize(status)
+    return summary

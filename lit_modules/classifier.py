@@ -1,0 +1,165 @@
+"""``ViTClassifier``: the LightningModule that trains one ``VisionTransformer`` for image classification.
+
+Optimisation: AdamW over the backbone's own parameter groups (no weight decay on biases, norms, embeddings and
+the variants' scalars), linear warmup then cosine decay, stepped per optimizer step.
+
+The schedule is a ``torch.optim.lr_scheduler.LambdaLR`` driven by :class:`WarmupCosine` with Lightning's
+``interval="step"``, not timm's ``CosineLRScheduler``: the two give the same curve, but LambdaLR needs no
+``lr_scheduler_step`` override, and its state (the step count) round-trips through Lightning checkpoints as is,
+so a resumed run continues the schedule where it stopped.
+
+Divergence: a non-finite training loss skips that optimizer step (``training_step`` returns None, so no backward
+and no update), sets ``self.diverged`` and ``trainer.should_stop``; the run ends cleanly after that batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+from torchmetrics.classification import MulticlassAccuracy
+
+from .vit import VisionTransformer
+
+
+class WarmupCosine:
+    """LR multiplier at optimizer step ``s``: linear warmup over ``warmup_steps`` (from ``1/warmup_steps`` to 1),
+    then cosine from 1 down to ``min_ratio`` at ``total_steps``; constant ``min_ratio`` afterwards.
+
+    A class, not a lambda, so LambdaLR's ``state_dict`` stores it (its attributes) with the scheduler.
+    """
+
+    def __init__(self, warmup_steps: int, total_steps: int, min_ratio: float = 0.0) -> None:
+        self.warmup_steps = max(0, min(int(warmup_steps), int(total_steps)))
+        self.total_steps = max(1, int(total_steps))
+        self.min_ratio = float(min_ratio)
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        decay = self.total_steps - self.warmup_steps
+        progress = min(1.0, (step - self.warmup_steps) / decay) if decay > 0 else 1.0
+        return self.min_ratio + (1.0 - self.min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+class ViTClassifier(pl.LightningModule):
+    """Image classification with a ``VisionTransformer`` backbone (``self.model``) whose residual is chosen by name.
+
+    Logged once per epoch: ``train/loss``, ``train/acc`` (+ ``train/acc_top5``), ``val/loss``, ``val/acc``,
+    ``val/acc_top5`` (top-5 only when ``num_classes > 5``) and ``lr`` (the mean learning rate over the epoch's
+    steps). Accuracies are micro-averaged (the plain fraction of correct images).
+
+    ``steps_per_epoch=None`` takes the schedule length from ``trainer.estimated_stepping_batches`` (correct under
+    DDP and gradient accumulation); pass it to make the schedule independent of the Trainer.
+    """
+
+    def __init__(
+        self,
+        residual: str = "standard",
+        residual_options: Mapping[str, Any] | None = None,
+        *,
+        img_size: int = 32,
+        patch_size: int = 4,
+        in_chans: int = 3,
+        num_classes: int = 10,
+        embed_dim: int = 64,
+        depth: int = 4,
+        num_heads: int = 4,
+        mlp_ratio: float = 2.0,
+        qkv_bias: bool = True,
+        class_token: bool = True,
+        global_pool: str = "token",
+        drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        norm_eps: float = 1e-6,
+        fused_attn: bool | None = None,
+        lr: float = 1e-3,
+        weight_decay: float = 0.05,
+        betas: tuple[float, float] = (0.9, 0.999),
+        warmup_epochs: float = 2.0,
+        min_lr: float = 0.0,
+        label_smoothing: float = 0.1,
+        max_epochs: int = 30,
+        steps_per_epoch: int | None = None,
+    ) -> None:
+        super().__init__()
+        if num_classes < 2:
+            raise ValueError(f"num_classes must be >= 2 for classification, got {num_classes}")
+        if not lr > 0 or not math.isfinite(lr):
+            raise ValueError(f"lr must be a positive number, got {lr}")
+        if steps_per_epoch is not None and steps_per_epoch < 1:
+            raise ValueError(f"steps_per_epoch must be positive, got {steps_per_epoch}")
+        residual_options = dict(residual_options or {})
+        self.save_hyperparameters()
+        self.model = VisionTransformer(
+            residual, residual_options, img_size=img_size, patch_size=patch_size, in_chans=in_chans,
+            num_classes=num_classes, embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio,
+            qkv_bias=qkv_bias, class_token=class_token, global_pool=global_pool, drop_rate=drop_rate,
+            drop_path_rate=drop_path_rate, norm_eps=norm_eps, fused_attn=fused_attn,
+        )
+        self.diverged = False
+        self.diverged_at_step: int | None = None
+        top5 = num_classes > 5
+        self.train_acc = MulticlassAccuracy(num_classes, top_k=1, average="micro")
+        self.val_acc = MulticlassAccuracy(num_classes, top_k=1, average="micro")
+        self.train_acc5 = MulticlassAccuracy(num_classes, top_k=5, average="micro") if top5 else None
+        self.val_acc5 = MulticlassAccuracy(num_classes, top_k=5, average="micro") if top5 else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
+
+    # --- steps -----------------------------------------------------------------------------------------------------
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor | None:
+        x, y = batch
+        logits = self(x)
+        loss = F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
+        if not torch.isfinite(loss):
+            self.diverged = True
+            if self.diverged_at_step is None:
+                self.diverged_at_step = self.global_step
+            self.trainer.should_stop = True
+            return None  # skip this step: no backward, no parameter update
+        n = len(y)
+        self.train_acc(logits.detach(), y)
+        self.log("train/loss", loss.detach(), on_step=False, on_epoch=True, batch_size=n, sync_dist=True)
+        self.log("train/acc", self.train_acc, on_step=False, on_epoch=True, batch_size=n)
+        if self.train_acc5 is not None:
+            self.train_acc5(logits.detach(), y)
+            self.log("train/acc_top5", self.train_acc5, on_step=False, on_epoch=True, batch_size=n)
+        self.log("lr", self.optimizers().param_groups[0]["lr"], on_step=False, on_epoch=True, batch_size=1)
+        return loss
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        x, y = batch
+        logits = self(x)
+        loss = F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
+        n = len(y)
+        self.val_acc(logits, y)
+        self.log("val/loss", loss, on_step=False, on_epoch=True, batch_size=n, sync_dist=True)
+        self.log("val/acc", self.val_acc, on_step=False, on_epoch=True, batch_size=n, prog_bar=True)
+        if self.val_acc5 is not None:
+            self.val_acc5(logits, y)
+            self.log("val/acc_top5", self.val_acc5, on_step=False, on_epoch=True, batch_size=n)
+
+    # --- optimisation --------------------------------------------------------------------------------------------
+    def schedule_steps(self) -> tuple[int, int]:
+        """(warmup steps, total steps) of the learning-rate schedule."""
+        hp = self.hparams
+        if hp.steps_per_epoch is not None:
+            per_epoch = float(hp.steps_per_epoch)
+            total = hp.steps_per_epoch * hp.max_epochs
+        else:
+            total = int(self.trainer.estimated_stepping_batches)
+            per_epoch = total / max(1, self.trainer.max_epochs or hp.max_epochs)
+        return round(hp.warmup_epochs * per_epoch), max(1, total)
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        hp = self.hparams
+        optimizer = torch.optim.AdamW(self.model.param_groups(hp.weight_decay), lr=hp.lr, betas=tuple(hp.betas))
+        warmup, total = self.schedule_steps()
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(warmup, total, hp.min_lr / hp.lr))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}

@@ -1,0 +1,277 @@
+"""Convergence measures of a run: pure functions over per-epoch curves, and the callback that records them.
+
+Conventions (shared by every function here):
+
+* Epochs are numbered from 1: epoch 1 is the state after the first training epoch. A curve is a sequence whose
+  item ``i`` belongs to epoch ``i + 1``.
+* ``None`` or NaN in a val-accuracy curve means "no measurement" (e.g. the epochs a diverged run never reached);
+  such an epoch never reaches a threshold and counts as 0 in the area under the curve.
+* "Epochs to X" is the first epoch whose val accuracy is >= X; None when the curve never gets there.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+
+#: Fractions of the run's best val accuracy reported as ``epochs_to_<p>pct_of_best`` / ``steps_to_<p>pct_of_best``.
+FRACTIONS_OF_BEST: tuple[float, ...] = (0.90, 0.95, 0.99)
+#: Summary keys whose values are wall-clock measurements (they differ between otherwise identical runs).
+TIMING_KEYS: tuple[str, ...] = ("wall_time_s", "time_per_epoch_s", "train_images_per_s")
+
+
+# --- pure functions --------------------------------------------------------------------------------------------
+def as_curve(values: Sequence[float | None]) -> np.ndarray:
+    """The curve as float64 with None -> NaN."""
+    return np.array([math.nan if v is None else float(v) for v in values], dtype=np.float64)
+
+
+def best_epoch(curve: Sequence[float | None]) -> int | None:
+    """First epoch with the highest value; None when the curve has no measurement."""
+    c = as_curve(curve)
+    if c.size == 0 or np.all(np.isnan(c)):
+        return None
+    return int(np.nanargmax(c)) + 1
+
+
+def epochs_to_threshold(curve: Sequence[float | None], threshold: float) -> int | None:
+    """First epoch whose value is >= ``threshold`` (None: never)."""
+    c = as_curve(curve)
+    hits = np.flatnonzero(np.nan_to_num(c, nan=-math.inf) >= threshold)
+    return int(hits[0]) + 1 if hits.size else None
+
+
+def epochs_to_fraction_of_best(curve: Sequence[float | None], fraction: float) -> int | None:
+    """First epoch reaching ``fraction`` of the curve's own best value (None: empty curve).
+
+    The threshold ``fraction * best`` is lowered by 1e-12 so that float rounding never makes the best epoch itself
+    miss ``fraction=1``.
+    """
+    epoch = best_epoch(curve)
+    if epoch is None:
+        return None
+    best = as_curve(curve)[epoch - 1]
+    return epochs_to_threshold(curve, fraction * best - 1e-12)
+
+
+def steps_at_epoch(steps: Sequence[int | None], epoch: int | None) -> int | None:
+    """The optimizer steps taken by the end of ``epoch`` (1-based), given cumulative ``steps`` per epoch."""
+    if epoch is None or epoch > len(steps):
+        return None
+    value = steps[epoch - 1]
+    return None if value is None else int(value)
+
+
+def val_acc_auc(curve: Sequence[float | None], max_epochs: int) -> float:
+    """Mean val accuracy over the ``max_epochs`` planned epochs: the normalised area under the curve.
+
+    Epochs without a measurement (missing entries or NaN, e.g. every epoch after a divergence stopped the run)
+    count as accuracy 0, so a run that diverged early scores low even if its few measured epochs were good;
+    measurements beyond ``max_epochs`` are ignored. Higher is better: fast and high convergence both raise it.
+    """
+    if max_epochs <= 0:
+        raise ValueError(f"max_epochs must be positive, got {max_epochs}")
+    c = np.nan_to_num(as_curve(curve)[:max_epochs], nan=0.0)
+    return float(c.sum() / max_epochs)
+
+
+def last_finite(values: Sequence[float | None]) -> float | None:
+    """The last finite value (None when there is none)."""
+    for v in reversed(list(values)):
+        if v is not None and math.isfinite(v):
+            return float(v)
+    return None
+
+
+def threshold_key(threshold: float) -> str:
+    """``0.95`` -> ``epochs_to_acc_0.95``."""
+    return f"epochs_to_acc_{threshold:g}"
+
+
+def fraction_keys(fraction: float) -> tuple[str, str]:
+    """``0.95`` -> (``epochs_to_95pct_of_best``, ``steps_to_95pct_of_best``)."""
+    pct = f"{fraction * 100:g}"
+    return f"epochs_to_{pct}pct_of_best", f"steps_to_{pct}pct_of_best"
+
+
+def summarize(
+    *,
+    val_acc: Sequence[float | None],
+    train_loss: Sequence[float | None],
+    steps: Sequence[int | None],
+    epoch_times: Sequence[float],
+    train_times: Sequence[float],
+    images_seen: int,
+    max_epochs: int,
+    thresholds: Sequence[float] = (0.5, 0.8, 0.9, 0.95),
+    diverged: bool = False,
+    param_count: int | None = None,
+    wall_time_s: float | None = None,
+) -> dict[str, Any]:
+    """The end-of-run summary from per-epoch records (item ``i`` = epoch ``i + 1``).
+
+    ``val_acc`` / ``steps``: val accuracy and cumulative optimizer steps after each validated epoch;
+    ``train_loss``: mean train loss per epoch (NaN/None entries are skipped by ``final_train_loss``);
+    ``epoch_times``: wall time per epoch incl. validation; ``train_times``: the training part only.
+    ``final_val_acc`` is the last measured val accuracy (of a diverged run: the last epoch validated before it
+    diverged). Values never reached are None. ``epochs_completed`` counts validated epochs.
+    """
+    curve = as_curve(val_acc)
+    best = best_epoch(curve)
+    summary: dict[str, Any] = {
+        "best_val_acc": None if best is None else float(curve[best - 1]),
+        "final_val_acc": last_finite(val_acc),
+        "best_epoch": best,
+    }
+    for fraction in FRACTIONS_OF_BEST:
+        e_key, s_key = fraction_keys(fraction)
+        epoch = epochs_to_fraction_of_best(curve, fraction)
+        summary[e_key] = epoch
+        summary[s_key] = steps_at_epoch(steps, epoch)
+    for t in thresholds:
+        summary[threshold_key(t)] = epochs_to_threshold(curve, t)
+    total_train = float(sum(train_times))
+    summary.update(
+        val_acc_auc=val_acc_auc(curve, max_epochs),
+        final_train_loss=last_finite(train_loss),
+        wall_time_s=float(wall_time_s) if wall_time_s is not None else float(sum(epoch_times)),
+        time_per_epoch_s=float(np.mean(epoch_times)) if len(epoch_times) else None,
+        train_images_per_s=float(images_seen / total_train) if total_train > 0 else None,
+        epochs_completed=int(np.count_nonzero(~np.isnan(curve))),
+        images_seen=int(images_seen),
+        diverged=bool(diverged),
+        param_count=None if param_count is None else int(param_count),
+        val_acc_curve=[None if math.isnan(v) else float(v) for v in curve],
+        train_loss_curve=[None if v is None or not math.isfinite(v) else float(v) for v in train_loss],
+    )
+    return summary
+
+
+# --- the callback ----------------------------------------------------------------------------------------------
+def _metric(metrics: Mapping[str, Any], key: str) -> float | None:
+    value = metrics.get(key)
+    return None if value is None else float(value)
+
+
+class ConvergenceTracker(pl.Callback):
+    """Records, per epoch: val accuracy (``val_metric``), mean train loss (``train_metric``), wall time (train +
+    val), train time, optimizer steps and images trained on; ``summary()`` turns them into the end-of-run dict
+    (see :func:`summarize`).
+
+    Divergence is read from the LightningModule's ``diverged`` attribute (set by ``ViTClassifier`` when a loss is
+    not finite) or inferred from a non-finite epoch train loss. The records are part of the checkpoint
+    (``state_dict``), so a resumed run keeps its earlier epochs and wall time.
+    """
+
+    def __init__(self, thresholds: Sequence[float] = (0.5, 0.8, 0.9, 0.95), val_metric: str = "val/acc",
+                 train_metric: str = "train/loss") -> None:
+        super().__init__()
+        self.thresholds = tuple(thresholds)
+        self.val_metric, self.train_metric = val_metric, train_metric
+        self.val_acc: dict[int, float] = {}  # epoch (1-based) -> value
+        self.val_steps: dict[int, int] = {}
+        self.train_loss: dict[int, float | None] = {}
+        self.epoch_times: dict[int, float] = {}
+        self.train_times: dict[int, float] = {}
+        self.images_seen = 0
+        self.elapsed_before = 0.0  # wall time of earlier fit sessions (restored from a checkpoint)
+        self.max_epochs: int | None = None
+        self.param_count: int | None = None
+        self._module: pl.LightningModule | None = None
+        self._fit_start: float | None = None
+        self._fit_end: float | None = None
+        self._epoch_start = 0.0
+        self._val_start = 0.0
+        self._val_time = 0.0
+
+    # hooks
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._module = pl_module
+        self.max_epochs = trainer.max_epochs
+        model = getattr(pl_module, "model", pl_module)
+        self.param_count = sum(p.numel() for p in model.parameters())
+        self._fit_start, self._fit_end = time.perf_counter(), None
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._epoch_start, self._val_time = time.perf_counter(), 0.0
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        skipped = outputs is None or (isinstance(outputs, Mapping) and outputs.get("loss") is None)
+        if not skipped:
+            self.images_seen += len(batch[0])
+
+    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._val_start = time.perf_counter()
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        self._val_time += time.perf_counter() - self._val_start
+        value = _metric(trainer.callback_metrics, self.val_metric)
+        if value is not None:
+            epoch = trainer.current_epoch + 1
+            self.val_acc[epoch] = value
+            self.val_steps[epoch] = trainer.global_step
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        epoch = trainer.current_epoch + 1
+        elapsed = time.perf_counter() - self._epoch_start
+        self.epoch_times[epoch] = elapsed
+        self.train_times[epoch] = max(elapsed - self._val_time, 0.0)
+        self.train_loss[epoch] = _metric(trainer.callback_metrics, self.train_metric)
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._fit_end = time.perf_counter()
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self._fit_end = time.perf_counter()
+
+    # checkpointing
+    def state_dict(self) -> dict[str, Any]:
+        return {"val_acc": self.val_acc, "val_steps": self.val_steps, "train_loss": self.train_loss,
+                "epoch_times": self.epoch_times, "train_times": self.train_times, "images_seen": self.images_seen,
+                "elapsed": self.wall_time_s()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        for key in ("val_acc", "val_steps", "train_loss", "epoch_times", "train_times"):
+            setattr(self, key, dict(state_dict[key]))
+        self.images_seen = int(state_dict["images_seen"])
+        self.elapsed_before = float(state_dict["elapsed"])
+
+    # results
+    def wall_time_s(self) -> float:
+        """Wall time of fit so far (incl. earlier sessions of a resumed run)."""
+        if self._fit_start is None:
+            return self.elapsed_before
+        end = self._fit_end if self._fit_end is not None else time.perf_counter()
+        return self.elapsed_before + end - self._fit_start
+
+    @property
+    def diverged(self) -> bool:
+        flagged = bool(getattr(self._module, "diverged", False))
+        return flagged or any(v is not None and not math.isfinite(v) for v in self.train_loss.values())
+
+    def summary(self) -> dict[str, Any]:
+        """The end-of-run summary (see :func:`summarize`); callable at any time, e.g. after an exception."""
+        last = max([*self.val_acc, *self.epoch_times, 0])
+        epochs = range(1, last + 1)
+        val_epochs = range(1, max([*self.val_acc, 0]) + 1)
+        return summarize(
+            val_acc=[self.val_acc.get(e) for e in val_epochs],
+            train_loss=[self.train_loss.get(e) for e in epochs],
+            steps=[self.val_steps.get(e) for e in val_epochs],
+            epoch_times=[self.epoch_times[e] for e in epochs if e in self.epoch_times],
+            train_times=[self.train_times[e] for e in epochs if e in self.train_times],
+            images_seen=self.images_seen,
+            max_epochs=self.max_epochs or max(last, 1),
+            thresholds=self.thresholds,
+            diverged=self.diverged,
+            param_count=self.param_count,
+            wall_time_s=self.wall_time_s(),
+        )

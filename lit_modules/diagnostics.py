@@ -1,0 +1,460 @@
+"""Training diagnostics of the residual stream (spec §10): DeepViT attention similarity, CaiT branch/stream ratio,
+per-block gradient norms and each variant's own parameters, logged to TensorBoard.
+
+Project definitions (written to TensorBoard as ``diag/definitions`` at fit start):
+
+- Attention maps ``A^l[b, h, i, t]`` (post-softmax; rows i = output/query tokens, columns t = input/key tokens)
+  come from one eval-mode, no-grad, fp32 forward on a fixed batch with timm's explicit-softmax path.
+- ``M^{p,q}[b, h, t]`` = cosine similarity of **column** t of layer p and of layer q (heads matched by index).
+  ``sim_full[p, q] = mean_{b,h,t} M^{p,q}``, ``sim_adj[l] = sim_full[l, l+1]``,
+  ``sim_ratio[l] = mean_{b,h,t} 1[M^{l,l+1} > τ]`` with the **project default τ = 0.9** (DeepViT-style; the
+  paper's own τ was not retrieved, spec §10.1 [R]).
+- ``entropy[l] = mean_{b,h,i} (−Σ_t A log A) / log T`` — 1 for uniform attention, 0 for one-hot; log it beside the
+  similarity, which is trivially ≈ 1 for near-uniform attention.
+- Per residual site (layer l, sublayer s): x = the stream entering the site, Δ = what the site adds to it (after
+  γ/α/gates; DropPath is off in eval mode). ``ρ = ‖Δ‖/(‖x‖ + 1e-6)`` per token; ``ratio_mean = mean ρ``,
+  ``ratio_rms = sqrt(mean ‖Δ‖²)/sqrt(mean ‖x‖²)``; ``stream_rms[l] = sqrt(mean ‖x‖²/D)`` for the stream entering
+  block l. DCA blocks: Δ = the block output f_t and x = the sum of the stack (the R-exact reading of §10.2).
+- ``grad_norm[l]`` = L2 norm of the gradients of all parameters of block l, taken once per diagnostic epoch at
+  the first optimizer step of that epoch (after AMP unscaling, before clipping's effect on the step).
+- ``dca_weights[r, j]`` = mean weight given to stacked vector j by the GRN of consumer r (rows 0..L−1: the
+  blocks, row L: the final GRN before the head; column 0 = model input x₀, column j = block output f_j; with
+  k-DCA the columns are stack positions [x₀, Σ intermediates, last k outputs]); missing entries are NaN (null in
+  the JSON).
+
+Layer indices are 0-based block indices (``diag/attn_sim_adj/03`` compares blocks 3 and 4). **Step convention:**
+every ``diag/*`` entry is written with ``global_step = epoch index`` (0-based ``trainer.current_epoch`` of the
+epoch whose end it describes), not Lightning's optimizer-step counter.
+
+Tags written by :class:`DiagnosticsCallback` (see :data:`TAGS`)::
+
+    diag/ratio_mean/{sublayer}/{layer:02d}   diag/ratio_rms/{sublayer}/{layer:02d}   diag/stream_rms/{layer:02d}
+    diag/attn_sim_adj/{layer:02d}   diag/attn_sim_ratio/{layer:02d}   diag/attn_entropy/{layer:02d}
+    diag/grad_norm/{layer:02d}   diag/param/{sublayer}/{layer:02d}/{key}
+    diag/attn_sim_adj_mean   diag/attn_sim_ratio_mean   diag/attn_entropy_mean   diag/ratio_mean_avg   (scalars)
+    diag/attn_sim_full   diag/dca_weights                                   (images; dca_weights: DCA only)
+    diag/attn_sim_full_json   diag/dca_weights_json   diag/definitions      (text; JSON = nested lists)
+
+``sublayer`` is ``attn``/``mlp`` for two-site blocks, ``block`` for LAuReL at block granularity and DCA blocks,
+``out`` (layer = L) for DCA's final GRN parameters.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from timm.layers import Attention
+from torch import Tensor, nn
+
+from .residual import ResidualSite
+from .residual.dca import DCABlock
+
+DEFAULT_TAU = 0.9  # project default similarity threshold (DeepViT-style; the paper's τ was not retrieved)
+EPS = 1e-6  # ρ = ‖Δ‖ / (‖x‖ + EPS), spec §10.2
+
+TAGS = {
+    "ratio_mean": "diag/ratio_mean/{sublayer}/{layer:02d}",
+    "ratio_rms": "diag/ratio_rms/{sublayer}/{layer:02d}",
+    "stream_rms": "diag/stream_rms/{layer:02d}",
+    "attn_sim_adj": "diag/attn_sim_adj/{layer:02d}",
+    "attn_sim_ratio": "diag/attn_sim_ratio/{layer:02d}",
+    "attn_entropy": "diag/attn_entropy/{layer:02d}",
+    "grad_norm": "diag/grad_norm/{layer:02d}",
+    "param": "diag/param/{sublayer}/{layer:02d}/{key}",
+    "attn_sim_adj_mean": "diag/attn_sim_adj_mean",
+    "attn_sim_ratio_mean": "diag/attn_sim_ratio_mean",
+    "attn_entropy_mean": "diag/attn_entropy_mean",
+    "ratio_mean_avg": "diag/ratio_mean_avg",
+    "attn_sim_full": "diag/attn_sim_full",
+    "attn_sim_full_json": "diag/attn_sim_full_json",
+    "dca_weights": "diag/dca_weights",
+    "dca_weights_json": "diag/dca_weights_json",
+    "definitions": "diag/definitions",
+}
+
+DEFINITIONS = f"""\
+**Residual-stream diagnostics** (spec §10; step = epoch index, layers 0-based)
+
+- `attn_sim_*`: cosine similarity M of attention **columns** (input token t's contribution to every output token)
+  between layers, heads matched by index; `attn_sim_adj/l` = mean M between blocks l and l+1;
+  `attn_sim_ratio/l` = share of (b, h, t) with M > τ; `attn_sim_full` = L×L matrix of mean M.
+- `attn_entropy/l` = mean over rows of −Σ A log A / log T (1 = uniform, 0 = one-hot).
+- `ratio_mean/s/l` = mean over tokens of ‖Δ‖/(‖x‖+1e-6), Δ = update the site adds to the stream x (eval mode);
+  `ratio_rms` = sqrt(mean‖Δ‖²)/sqrt(mean‖x‖²); `stream_rms/l` = sqrt(mean‖x‖²/D) entering block l.
+  DCA: Δ = block output f_t, x = sum of the stack.
+- `grad_norm/l` = L2 norm of block l's gradients at the first optimizer step of the epoch.
+- `param/s/l/key` = the variant's own parameters (γ, α, β, gate means, DCA GRN weights).
+- τ = {{tau}} (project default {DEFAULT_TAU}, DeepViT-style; the paper's own τ was not retrieved).
+"""
+
+
+# --- pure functions ------------------------------------------------------------------------------------------------
+def attention_similarity(maps: Sequence[Tensor], tau: float = DEFAULT_TAU) -> dict[str, Tensor]:
+    """DeepViT cross-layer similarity and attention entropy of post-softmax maps, one (B, H, T, T) per layer.
+
+    Returns float32 tensors on the maps' device: ``sim_full`` (L, L), ``sim_adj`` (L−1,), ``sim_ratio`` (L−1,)
+    and ``entropy`` (L,). Column t of a map is ``A[b, h, :, t]``; an all-zero column (only possible for hand-made
+    maps) has similarity 0 with everything. Memory: one float32 copy of the maps.
+    """
+    if len(maps) == 0:
+        raise ValueError("attention_similarity needs at least one attention map")
+    shape = maps[0].shape
+    if len(shape) != 4 or shape[-1] != shape[-2] or any(m.shape != shape for m in maps):
+        raise ValueError(f"attention maps must all have the same shape (B, H, T, T), got "
+                         f"{[tuple(m.shape) for m in maps]}")
+    t = shape[-1]
+    n_cols = shape[0] * shape[1] * t  # (b, h, t) triples the means run over
+    entropy, flat = [], []
+    for m in maps:
+        m = m.detach().float()
+        entropy.append(-torch.special.xlogy(m, m).sum(dim=-1).mean() / math.log(t) if t > 1 else m.new_zeros(()))
+        cols = m / m.norm(dim=-2, keepdim=True).clamp_min(1e-30)  # unit columns: norm over the query axis
+        flat.append(cols.transpose(-1, -2).reshape(-1))  # column-major: (b, h, t) blocks of T entries
+    flat = torch.stack(flat)  # (L, B·H·T·T)
+    sim_full = (flat @ flat.T) / n_cols
+    adj = [(flat[p] * flat[p + 1]).view(n_cols, t).sum(dim=-1) for p in range(len(maps) - 1)]  # M^{l,l+1}
+    empty = flat.new_zeros(0)
+    return {
+        "sim_full": sim_full,
+        "sim_adj": torch.stack([a.mean() for a in adj]) if adj else empty,
+        "sim_ratio": torch.stack([(a > tau).float().mean() for a in adj]) if adj else empty,
+        "entropy": torch.stack(entropy),
+    }
+
+
+def branch_ratios(x: Tensor, delta: Tensor, eps: float = EPS) -> dict[str, Tensor]:
+    """CaiT branch/stream ratio of an update ``delta`` to the stream ``x`` (both (..., D)), as 0-d tensors:
+    ``ratio_mean = mean ‖Δ‖/(‖x‖ + eps)`` over tokens, ``ratio_rms = sqrt(mean ‖Δ‖²)/sqrt(mean ‖x‖²)``."""
+    x, delta = x.detach().float(), delta.detach().float()
+    nx, nd = x.norm(dim=-1), delta.norm(dim=-1)
+    return {
+        "ratio_mean": (nd / (nx + eps)).mean(),
+        "ratio_rms": nd.square().mean().sqrt() / nx.square().mean().sqrt().clamp_min(1e-30),
+    }
+
+
+def stream_rms(x: Tensor) -> Tensor:
+    """``sqrt(mean_tokens ‖x‖² / D)`` — the root mean square entry of the stream, a 0-d tensor."""
+    return x.detach().float().square().mean().sqrt()
+
+
+def block_grad_norms(model: nn.Module) -> Tensor:
+    """L2 norm of the gradients of each block's parameters, shape (L,), on the gradients' device.
+
+    One ``torch._foreach_norm`` over all gradients and one ``index_add_``; no host sync (call ``.tolist()`` when
+    logging). Blocks without gradients get 0.
+    """
+    blocks = model.blocks
+    grads, owners = [], []
+    for i, blk in enumerate(blocks):
+        for p in blk.parameters():
+            if p.grad is not None:
+                grads.append(p.grad.detach())
+                owners.append(i)
+    if not grads:
+        return torch.zeros(len(blocks))
+    device = grads[0].device
+    squares = torch.stack([n.float().square() for n in torch._foreach_norm(grads)])
+    index = torch.tensor(owners, device=device)
+    return torch.zeros(len(blocks), device=device).index_add_(0, index, squares).sqrt()
+
+
+# --- one diagnostic forward ----------------------------------------------------------------------------------------
+def collect_diagnostics(model: nn.Module, images: Tensor, tau: float = DEFAULT_TAU) -> dict[str, Any]:
+    """One eval-mode, no-grad, fp32 (autocast off) forward of ``model`` (a ``lit_modules.VisionTransformer``) on
+    ``images`` with temporary hooks; every module's train/eval mode, every attention's fused flag and the hooks
+    are restored / removed afterwards, also on error.
+
+    Returns (CPU tensors, L = depth, layers 0-based)::
+
+        depth, tau, sublayers (forward order of one block, e.g. ["attn", "mlp"])
+        ratio_mean, ratio_rms: {sublayer: (L,)}     stream_rms: (L,)
+        attn_sim_full: (L, L)   attn_sim_adj, attn_sim_ratio: (L−1,)   attn_entropy: (L,)
+        params: {sublayer: {layer: {key: float}}}    (the variant's ResidualSite.diagnostics())
+        dca_weights: (L+1, max stack size) with NaN where a consumer has no such input, or None (not DCA)
+    """
+    sites = model.residual_sites()
+    depth = len(model.blocks)
+    attentions = [_block_attention(blk, i) for i, blk in enumerate(model.blocks)]
+    site_stats: dict[tuple[int, str], dict[str, Tensor]] = {}
+    param_stats: dict[tuple[int, str], dict[str, Tensor]] = {}
+    maps: list[list[Tensor]] = [[] for _ in range(depth)]
+    modes = [(m, m.training) for m in model.modules()]
+    fused = [(m, m.fused_attn) for m in model.modules() if isinstance(m, Attention)]
+    handles = []
+
+    def site_hook(layer: int, sublayer: str, site: nn.Module):
+        def hook(module: nn.Module, args: tuple, output: Tensor) -> None:
+            if isinstance(module, DCABlock):  # (stack,) -> f_t; stream = Σ stack (R-exact reading)
+                stack = args[0]
+                x = stack.sum(dim=2)
+                params = module.grn.diagnostics(stack)
+            else:  # (x, u, f, history) -> Δ
+                x, u = args[0], args[1]
+                params = site.diagnostics(x, u) if isinstance(site, ResidualSite) else {}
+            site_stats[layer, sublayer] = branch_ratios(x, output) | {"stream_rms": stream_rms(x)}
+            if params:
+                param_stats[layer, sublayer] = params
+        return hook
+
+    def attn_hook(layer: int):
+        def hook(module: nn.Module, args: tuple, output: Tensor) -> None:
+            maps[layer].append(output.detach())
+        return hook
+
+    def out_hook(module: nn.Module, args: tuple, output: Tensor) -> None:
+        param_stats[depth, "out"] = module.diagnostics(args[0])
+
+    try:
+        model.eval()
+        model.set_fused_attn(False)
+        for layer, sublayer, site in sites:
+            handles.append(site.register_forward_hook(site_hook(layer, sublayer, site)))
+        for layer, attn in enumerate(attentions):
+            handles.append(attn.attn_drop.register_forward_hook(attn_hook(layer)))
+        final_grn = getattr(getattr(model, "stream", None), "out", None)
+        if isinstance(final_grn, ResidualSite):
+            handles.append(final_grn.register_forward_hook(out_hook))
+        param = next(model.parameters())
+        with torch.no_grad(), torch.autocast(param.device.type, enabled=False):
+            model(images.to(device=param.device, dtype=param.dtype))
+    finally:
+        for h in handles:
+            h.remove()
+        for m, flag in fused:
+            m.fused_attn = flag
+        for m, training in modes:
+            m.training = training
+
+    missing = [i for i, m in enumerate(maps) if len(m) != 1]
+    if missing:
+        raise RuntimeError(f"attention maps of blocks {missing} were captured {[len(maps[i]) for i in missing]} "
+                           f"times instead of once: does the attention route through attn.attn_drop?")
+    sim = attention_similarity([m[0] for m in maps], tau=tau)
+
+    sublayers = list(dict.fromkeys(s for _, s, _ in sites))
+    out: dict[str, Any] = {"depth": depth, "tau": float(tau), "sublayers": sublayers}
+    for key in ("ratio_mean", "ratio_rms"):
+        out[key] = {s: _stack_layers(site_stats, depth, s, key) for s in sublayers}
+    first = {layer: s for layer, s, _ in reversed(sites)}  # the first site of each block sees the block's input
+    out["stream_rms"] = torch.stack([site_stats[layer, first[layer]]["stream_rms"] for layer in range(depth)]).cpu()
+    out["attn_sim_full"] = sim["sim_full"].cpu()
+    out["attn_sim_adj"] = sim["sim_adj"].cpu()
+    out["attn_sim_ratio"] = sim["sim_ratio"].cpu()
+    out["attn_entropy"] = sim["entropy"].cpu()
+    out["params"] = _params_to_floats(param_stats)
+    out["dca_weights"] = _dca_matrix(out["params"], depth) if any(isinstance(b, DCABlock) for b in model.blocks) \
+        else None
+    return out
+
+
+def _block_attention(blk: nn.Module, layer: int) -> Attention:
+    attn = getattr(blk, "attn", None)
+    if not isinstance(attn, Attention):
+        raise TypeError(f"block {layer} ({type(blk).__name__}) has no timm Attention under .attn")
+    return attn
+
+
+def _stack_layers(stats: dict, depth: int, sublayer: str, key: str) -> Tensor:
+    nan = torch.tensor(float("nan"))
+    return torch.stack([stats[layer, sublayer][key].cpu() if (layer, sublayer) in stats else nan
+                        for layer in range(depth)])
+
+
+def _params_to_floats(stats: dict[tuple[int, str], dict[str, Tensor]]) -> dict[str, dict[int, dict[str, float]]]:
+    """{(layer, sublayer): {key: 0-d tensor}} -> {sublayer: {layer: {key: float}}} with one host transfer."""
+    entries = [(layer, s, k, v) for (layer, s), d in stats.items() for k, v in d.items()]
+    values = torch.stack([v.detach().float().reshape(()).cpu() for *_, v in entries]).tolist() if entries else []
+    out: dict[str, dict[int, dict[str, float]]] = {}
+    for (layer, s, k, _), value in zip(entries, values, strict=True):
+        out.setdefault(s, {}).setdefault(layer, {})[k] = value
+    return out
+
+
+def _dca_matrix(params: dict[str, dict[int, dict[str, float]]], depth: int) -> Tensor:
+    """Rows: blocks 0..L−1 then the final GRN; columns: stack positions; NaN where a row has no such input."""
+    rows = [params.get("block", {}).get(layer, {}) for layer in range(depth)] + [params.get("out", {}).get(depth, {})]
+    width = max((len(r) for r in rows), default=0)
+    matrix = torch.full((depth + 1, width), float("nan"))
+    for i, row in enumerate(rows):
+        for key, value in row.items():
+            if key.startswith("weight_"):
+                matrix[i, int(key.removeprefix("weight_"))] = value
+    return matrix
+
+
+# --- Lightning callback ---------------------------------------------------------------------------------------------
+class DiagnosticsCallback(pl.Callback):
+    """Logs the residual-stream diagnostics of ``pl_module.model`` to TensorBoard every ``every_n_epochs`` epochs
+    (epochs n−1, 2n−1, …) and after the last epoch, on a fixed ``batch`` (images, labels) of normalised images.
+
+    Runs at ``on_train_epoch_end`` (after that epoch's validation), never inside a training step; per-block
+    gradient norms are taken once, at the first optimizer step of a diagnostic epoch (one ``_foreach_norm``, no
+    host sync until the epoch-end logging). Steps of other epochs pay one boolean check. Only global rank 0
+    computes and logs. ``history`` keeps each logged epoch's scalars ({tag: value}) for summaries.
+    """
+
+    def __init__(self, batch: tuple[Tensor, Tensor] | Tensor, every_n_epochs: int = 1, tau: float = DEFAULT_TAU) -> None:
+        super().__init__()
+        if not isinstance(every_n_epochs, int) or isinstance(every_n_epochs, bool) or every_n_epochs < 1:
+            raise ValueError(f"every_n_epochs must be a positive integer, got {every_n_epochs!r}")
+        if not 0.0 <= tau <= 1.0:
+            raise ValueError(f"tau must be in [0, 1], got {tau}")
+        images = batch[0] if isinstance(batch, (tuple, list)) else batch
+        self.images = images.detach().cpu()
+        self.every_n_epochs = every_n_epochs
+        self.tau = float(tau)
+        self.history: list[dict[str, float]] = []
+        self._device_images: Tensor | None = None
+        self._grad_pending = False
+        self._grad_norms: Tensor | None = None
+        self._last_epoch_seen: int | None = None
+        self._last_logged: int | None = None
+
+    def is_diagnostic_epoch(self, trainer: pl.Trainer, epoch: int) -> bool:
+        last = trainer.max_epochs is not None and trainer.max_epochs > 0 and epoch >= trainer.max_epochs - 1
+        return (epoch + 1) % self.every_n_epochs == 0 or last
+
+    # --- hooks ---
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        experiment = self._experiment(trainer)
+        if experiment is not None:
+            experiment.add_text(TAGS["definitions"], DEFINITIONS.format(tau=self.tau), global_step=0)
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._grad_norms = None
+        self._grad_pending = trainer.is_global_zero and self.is_diagnostic_epoch(trainer, trainer.current_epoch)
+
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer) -> None:
+        if self._grad_pending:
+            self._grad_pending = False
+            self._grad_norms = block_grad_norms(_backbone(pl_module))
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        epoch = trainer.current_epoch
+        self._last_epoch_seen = epoch
+        if self.is_diagnostic_epoch(trainer, epoch):
+            self._diagnose(trainer, pl_module, epoch)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # stopped early (EarlyStopping, max_steps, pruning): diagnose the last epoch that ran, once
+        if self._last_epoch_seen is not None and self._last_logged != self._last_epoch_seen:
+            self._diagnose(trainer, pl_module, self._last_epoch_seen)
+
+    # --- work ---
+    def _diagnose(self, trainer: pl.Trainer, pl_module: pl.LightningModule, epoch: int) -> None:
+        self._last_logged = epoch
+        grad_norms, self._grad_norms, self._grad_pending = self._grad_norms, None, False
+        if not trainer.is_global_zero:
+            return
+        model = _backbone(pl_module)
+        device = next(model.parameters()).device
+        if self._device_images is None or self._device_images.device != device:
+            self._device_images = self.images.to(device)
+        result = collect_diagnostics(model, self._device_images, tau=self.tau)
+        scalars = diagnostic_scalars(result, None if grad_norms is None else grad_norms.tolist())
+        self.history.append({"epoch": epoch} | scalars)
+        experiment = self._experiment(trainer)
+        if experiment is not None:
+            log_diagnostics(experiment, result, scalars, epoch)
+
+    @staticmethod
+    def _experiment(trainer: pl.Trainer):
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        for logger in trainer.loggers:
+            if isinstance(logger, TensorBoardLogger):
+                return logger.experiment
+        return None
+
+
+def _backbone(pl_module: nn.Module) -> nn.Module:
+    model = getattr(pl_module, "model", pl_module)
+    if not hasattr(model, "residual_sites"):
+        raise TypeError(f"{type(pl_module).__name__}.model is not a lit_modules.VisionTransformer")
+    return model
+
+
+# --- logging ---------------------------------------------------------------------------------------------------------
+def diagnostic_scalars(result: dict[str, Any], grad_norms: Sequence[float] | None = None) -> dict[str, float]:
+    """All scalar tags of one diagnostic (``collect_diagnostics`` output plus optional per-block grad norms)."""
+    scalars: dict[str, float] = {}
+    ratio_means = []
+    for key in ("ratio_mean", "ratio_rms"):
+        for sublayer, values in result[key].items():
+            for layer, v in enumerate(values.tolist()):
+                if not math.isnan(v):
+                    scalars[TAGS[key].format(sublayer=sublayer, layer=layer)] = v
+                    if key == "ratio_mean":
+                        ratio_means.append(v)
+    for key, source in (("stream_rms", "stream_rms"), ("attn_sim_adj", "attn_sim_adj"),
+                        ("attn_sim_ratio", "attn_sim_ratio"), ("attn_entropy", "attn_entropy")):
+        values = result[source].tolist()
+        for layer, v in enumerate(values):
+            scalars[TAGS[key].format(layer=layer)] = v
+        if key != "stream_rms" and values:
+            scalars[TAGS[f"{key}_mean"]] = sum(values) / len(values)
+    if ratio_means:
+        scalars[TAGS["ratio_mean_avg"]] = sum(ratio_means) / len(ratio_means)
+    for layer, v in enumerate(grad_norms or []):
+        scalars[TAGS["grad_norm"].format(layer=layer)] = float(v)
+    for sublayer, per_layer in result["params"].items():
+        for layer, stats in per_layer.items():
+            for k, v in stats.items():
+                scalars[TAGS["param"].format(sublayer=sublayer, layer=layer, key=k)] = v
+    return scalars
+
+
+def log_diagnostics(experiment, result: dict[str, Any], scalars: dict[str, float], step: int) -> None:
+    """Write scalars, heat-map images and JSON text of one diagnostic to a ``SummaryWriter`` at ``step``."""
+    for tag, value in scalars.items():
+        experiment.add_scalar(tag, value, global_step=step)
+    sim = result["attn_sim_full"]
+    experiment.add_figure(TAGS["attn_sim_full"], heatmap(
+        sim, title=f"attention column similarity (epoch {step})", xlabel="layer q", ylabel="layer p",
+        vmin=0.0, vmax=1.0), global_step=step)
+    experiment.add_text(TAGS["attn_sim_full_json"], json.dumps(_json_matrix(sim)), global_step=step)
+    dca = result.get("dca_weights")
+    if dca is not None:
+        depth = result["depth"]
+        rows = [f"block {i}" for i in range(depth)] + ["out"]
+        experiment.add_figure(TAGS["dca_weights"], heatmap(
+            dca, title=f"DCA GRN weights (epoch {step})", xlabel="stacked input j (0 = x0)", ylabel="consumer",
+            row_labels=rows), global_step=step)
+        experiment.add_text(TAGS["dca_weights_json"], json.dumps(_json_matrix(dca)), global_step=step)
+
+
+def _json_matrix(matrix: Tensor) -> list[list[float | None]]:
+    return [[None if math.isnan(v) else v for v in row] for row in matrix.tolist()]
+
+
+def heatmap(matrix: Tensor, *, title: str, xlabel: str, ylabel: str, vmin: float | None = None,
+            vmax: float | None = None, row_labels: Sequence[str] | None = None):
+    """A matplotlib Figure (Agg canvas, no pyplot state) of a matrix, NaN cells blank, values annotated when small."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    data = matrix.detach().double().cpu().numpy()
+    rows, cols = data.shape
+    fig = Figure(figsize=(1.2 + 0.45 * max(cols, 4), 1.0 + 0.4 * max(rows, 4)), dpi=80)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    image = ax.imshow(data, vmin=vmin, vmax=vmax, cmap="viridis", interpolation="nearest")
+    fig.colorbar(image, ax=ax)
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_xticks(range(cols))
+    ax.set_yticks(range(rows), labels=list(row_labels) if row_labels is not None else None)
+    if rows * cols <= 256:
+        for i in range(rows):
+            for j in range(cols):
+                if not math.isnan(data[i, j]):
+                    ax.text(j, i, f"{data[i, j]:.2f}", ha="center", va="center", fontsize=6, color="w")
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,706 @@
+"""Tests for the residual-connection variants (lit_modules/residual, spec: shared/docs/residual-variants.md).
+
+Everything runs in float64 on CPU with tiny models. Covered, following the spec's mandatory tests (§11):
+identity at init (I-exact / I-approx), equality with the standard ViT at init (R-exact) and its documented
+exceptions, gradient liveness at step 0, DropPath p=1 leaving only the skip path, every formula against a
+hand-computed value, weight-decay grouping, option validation and the remaining construction rules.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+from timm.layers import DropPath
+from torch import nn
+
+from lit_modules import RESIDUALS, VisionTransformer
+from lit_modules.residual import DCA, LAuReL, LayerScale, ReZero, ResSE, SkipInit, cait_init_value
+from lit_modules.residual.base import BlockArgs
+from lit_modules.residual.highway import Highway
+
+TINY = dict(img_size=8, patch_size=4, in_chans=3, num_classes=3, embed_dim=8, depth=3, num_heads=2)
+
+
+@pytest.fixture(autouse=True)
+def _float64_one_thread():
+    """float64 everywhere; one intra-op thread (tiny tensors: threads only add contention on shared CPUs)."""
+    dtype, threads = torch.get_default_dtype(), torch.get_num_threads()
+    torch.set_default_dtype(torch.float64)
+    torch.set_num_threads(1)
+    yield
+    torch.set_default_dtype(dtype)
+    torch.set_num_threads(threads)
+
+
+def build(residual: str = "standard", options: dict | None = None, seed: int = 0, **kw) -> VisionTransformer:
+    torch.manual_seed(seed)
+    return VisionTransformer(residual, options, **(TINY | kw))
+
+
+def images(n: int = 4, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 3, TINY["img_size"], TINY["img_size"], generator=g)
+
+
+def tokens(model: VisionTransformer, imgs: torch.Tensor) -> torch.Tensor:
+    """x_0: patch embedding + class token + position, the input of the first block."""
+    x = model.patch_embed(imgs)
+    x = torch.cat([model.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+    return x + model.pos_embed
+
+
+@torch.no_grad()
+def perturb(model: nn.Module, scale: float = 0.3, seed: int = 7) -> nn.Module:
+    """Move every parameter off its init so nothing is trivially zero/one."""
+    g = torch.Generator().manual_seed(seed)
+    for p in model.parameters():
+        p.add_(scale * torch.randn(p.shape, generator=g))
+    return model
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm()).item()
+
+
+LAUREL = {"rank": 2, "k": 2}  # embed_dim 8: the default rank 16 is larger than the width
+
+# ================================================================================================================
+# 1. identity at init (I-exact, I-approx)
+
+
+@pytest.mark.parametrize("residual", ["rezero", "skipinit"])
+@pytest.mark.parametrize("norm", [True, False])
+def test_i_exact_blocks_are_identity(residual, norm):
+    model = build(residual, {"norm": norm}).eval()
+    imgs = images()
+    x0 = tokens(model, imgs)
+    with torch.no_grad():
+        for blk in model.blocks:
+            assert torch.equal(blk(x0), x0)
+        assert torch.equal(model.stream(x0, model.blocks), x0)
+        assert torch.equal(model.forward_features(imgs), model.norm(x0))
+
+
+def test_layerscale_1e6_is_approx_identity():
+    model = build("layerscale", {"init_value": 1e-6}).eval()
+    x0 = tokens(model, images())
+    with torch.no_grad():
+        at_init = rel(model.stream(x0, model.blocks), x0)
+        # the same weights with the standard residual move the stream ~1e6 times more
+        std = build("standard").eval()
+        std.load_state_dict(model.state_dict(), strict=False)
+        standard = rel(std.stream(x0, std.blocks), x0)
+        # O(1) branches (perturbed weights), γ still 1e-6: the update stays O(ε)
+        perturb(model)
+        for name, p in model.named_parameters():
+            if name.endswith("gamma"):
+                p.fill_(1e-6)
+        perturbed = rel(model.stream(x0, model.blocks), x0)
+    assert 0 < at_init < 1e-4 and 0 < perturbed < 1e-4
+    assert standard > 1e4 * at_init
+
+
+# ================================================================================================================
+# 2. R-exact: equal to the standard ViT with the same weights
+
+
+def _r_exact_cases():
+    cases = []
+    for form in ("rw", "lr", "pa", "rw_lr", "rw_pa", "rw_lr_pa"):
+        for gran in ("block", "sublayer"):
+            cases.append(("laurel", {"form": form, "granularity": gran} | LAUREL, 3))
+    cases += [
+        ("laurel", {"form": "pa", "pa_h": "lowrank"} | LAUREL, 3),
+        ("laurel", {"form": "rw_pa", "pa_h": "lowrank", "granularity": "sublayer"} | LAUREL, 3),
+        ("laurel", {"form": "rw_lr", "a_init": "col_orth"} | LAUREL, 3),
+        ("res_se", {"gate": "two_sigmoid", "reduction": 2}, 3),
+        ("res_se", {"gate": "two_sigmoid", "reduction": 2, "pool": "patch_only"}, 3),
+    ]
+    for k in (None, 1):  # depth 4 > k + 2: the k-DCA stack sums intermediates
+        cases += [("dca", {"form": "grn_v1", "k": k}, 4), ("dca", {"form": "grn_v2", "k": k}, 4)]
+        for v3 in ("text_A", "fig10_B"):
+            cases += [("dca", {"form": f, "grn_v3_form": v3, "k": k}, 4) for f in ("grn_v3", "dca")]
+    return cases
+
+
+def _logits_vs_standard(residual, options, depth):
+    std = perturb(build("standard", depth=depth)).eval()  # non-trivial LN weights: DCA's norm1_k/v must be copied
+    var = build(residual, options, seed=1, depth=depth).eval()
+    var.load_pretrained(std.state_dict())
+    imgs = images()
+    with torch.no_grad():
+        return var(imgs), std(imgs)
+
+
+@pytest.mark.parametrize("residual, options, depth", _r_exact_cases(),
+                         ids=lambda v: str(v) if not isinstance(v, dict) else ",".join(f"{k}={x}" for k, x in v.items()))
+def test_r_exact_equals_standard(residual, options, depth):
+    out, ref = _logits_vs_standard(residual, options, depth)
+    assert (out - ref).abs().max().item() < 1e-10
+
+
+@pytest.mark.parametrize("residual, options", [
+    ("laurel", {"form": "seed"} | LAUREL),         # g = 0.5 halves the skip
+    ("res_se", {"gate": "sigmoid", "reduction": 2}),  # s ≈ 0.5
+    ("dca", {"form": "seed"}),                     # softmax(0, 0) = (0.5, 0.5)
+    ("laurel", {"form": "rw", "rw_norm": "softmax"} | LAUREL),  # (0.01, 0.99): near-standard, not exact
+])
+def test_not_standard_at_init(residual, options):
+    out, ref = _logits_vs_standard(residual, options, 3)
+    assert (out - ref).abs().max().item() > 1e-4
+
+
+def test_seed_forms_halve_the_skip():
+    """laurel seed and dca seed: Δ = 0.5·f − 0.5·x at init (both sublayers' g = 0.5)."""
+    for residual, options in (("laurel", {"form": "seed", "granularity": "sublayer"} | LAUREL),
+                              ("dca", {"form": "seed"})):
+        model = build(residual, options)
+        x, u, f = torch.randn(3, 1, 2, 8).unbind(0)
+        assert torch.allclose(model.blocks[0].ls1(x, u, f, None), 0.5 * f - 0.5 * x, atol=1e-15, rtol=0)
+
+
+# ================================================================================================================
+# 3. gradient liveness at step 0
+
+BRANCH = r"^blocks\.\d+\.(norm1|attn|norm2|mlp)\."
+# every block the identity + class-token pooling: the logits see only cls_token + pos_embed[0], never the patches
+PATCHES = {r"^patch_embed\.": ..., r"^pos_embed$": (slice(None), slice(1, None))}
+
+
+def _pa_dead(k: int):
+    """γ_j of site s has no x_{i−j} yet for j > s (s counts sites in forward order): those entries are unused."""
+
+    def index(name: str):
+        m = re.match(r"blocks\.(\d+)\.(res|ls1|ls2)\.pa_gamma$", name)
+        site = int(m[1]) if m[2] == "res" else 2 * int(m[1]) + int(m[2][-1]) - 1
+        return slice(min(site + 1, k), None)
+
+    return index
+
+
+# (residual, options, {regex on the parameter name: index of the entries whose gradient is zero by design})
+LIVENESS = {
+    "standard": ("standard", {}, {}),
+    "layerscale_1e-6": ("layerscale", {"init_value": 1e-6}, {}),
+    "layerscale_0": ("layerscale", {"init_value": 0.0}, {BRANCH: ...} | PATCHES),
+    "rezero": ("rezero", {}, {BRANCH: ...} | PATCHES),
+    "rezero_nonorm": ("rezero", {"norm": False}, {BRANCH: ...} | PATCHES),
+    "skipinit": ("skipinit", {}, {BRANCH: ...} | PATCHES),
+    "skipinit_avg": ("skipinit", {}, {BRANCH: ...,  # average pooling sees the patches, not the class token
+                                               r"^cls_token$": ..., r"^pos_embed$": (slice(None), slice(0, 1))},
+                     {"global_pool": "avg"}),
+    "highway": ("highway", {}, {}),
+    "highway_zeros": ("highway", {"gate_weight_init": "zeros"}, {}),
+    "laurel_rw": ("laurel", {"form": "rw"} | LAUREL, {}),
+    "laurel_rw_softmax": ("laurel", {"form": "rw", "rw_norm": "softmax"} | LAUREL, {}),
+    "laurel_rw_sigmoid": ("laurel", {"form": "rw", "rw_norm": "sigmoid", "granularity": "sublayer"} | LAUREL, {}),
+    "laurel_lr": ("laurel", {"form": "lr"} | LAUREL, {r"\.lr_up$": ...}),  # A(Bx) with B = 0: A dead, B live
+    "laurel_rw_lr": ("laurel", {"form": "rw_lr", "granularity": "sublayer"} | LAUREL, {r"\.lr_up$": ...}),
+    "laurel_pa": ("laurel", {"form": "pa", "rank": 2, "k": 3}, {r"\.pa_gamma$": _pa_dead(3)}),
+    "laurel_pa_sub": ("laurel", {"form": "pa", "granularity": "sublayer", "rank": 2, "k": 3},
+                      {r"\.pa_gamma$": _pa_dead(3)}),
+    # h = I + AB with B = 0 and γ = 0: γ live through I; A, B reach the loss only through γ·A·B: both dead at step 0
+    "laurel_pa_lowrank": ("laurel", {"form": "pa", "pa_h": "lowrank", "rank": 2, "k": 3},
+                          {r"\.pa_gamma$": _pa_dead(3), r"\.lr_up$": ..., r"\.lr_down$": ...}),
+    "laurel_rw_pa": ("laurel", {"form": "rw_pa", "rank": 2, "k": 3}, {r"\.pa_gamma$": _pa_dead(3)}),
+    # γ = (1, 0, 0): only B_0 sees a non-zero γ; every A is dead because every B is zero
+    "laurel_rw_lr_pa": ("laurel", {"form": "rw_lr_pa", "rank": 2, "k": 3},
+                        {r"\.pa_gamma$": _pa_dead(3), r"\.lr_up$": ..., r"\.lr_down$": (slice(1, None),)}),
+    "laurel_seed": ("laurel", {"form": "seed"} | LAUREL, {}),
+    "res_se": ("res_se", {"reduction": 2}, {r"\.ls\d\.fc1\.": ...}),  # fc2 = 0 blocks fc1; fc2 itself is live
+    "res_se_sigmoid": ("res_se", {"reduction": 2, "gate": "sigmoid"}, {}),
+    "dca_fig10B": ("dca", {"form": "dca", "grn_v3_form": "fig10_B"}, {}),
+    "dca_textA": ("dca", {"form": "dca", "grn_v3_form": "text_A"}, {r"\.w$": ...}),  # ReLU'(0) = 0: dead w
+    "dca_textA_std": ("dca", {"form": "dca", "grn_v3_form": "text_A", "w_init_std": 0.01}, {}),
+    "grn_v3_textA": ("dca", {"form": "grn_v3", "grn_v3_form": "text_A"}, {r"\.w$": ...}),
+    "grn_v3_fig10B": ("dca", {"form": "grn_v3", "grn_v3_form": "fig10_B", "k": 1}, {}),
+    "grn_v1": ("dca", {"form": "grn_v1"}, {}),
+    "grn_v2": ("dca", {"form": "grn_v2", "k": 1}, {}),
+    "dca_seed": ("dca", {"form": "seed"}, {}),
+}
+
+SCALARS = re.compile(r"(\.alpha|\.pa_gamma|\.mix\.logits)$")  # each entry is its own learned scalar
+
+
+@pytest.mark.parametrize("case", list(LIVENESS))
+def test_gradient_liveness_at_init(case):
+    residual, options, dead, *kw = LIVENESS[case]
+    model = build(residual, options, **(kw[0] if kw else {})).train()
+    imgs, y = images(), torch.tensor([0, 1, 2, 1])
+    F.cross_entropy(model(imgs), y).backward()
+    matched = set()
+    for name, p in model.named_parameters():
+        assert p.grad is not None, f"{name} is not used by the forward pass"
+        zero = torch.zeros_like(p, dtype=torch.bool)
+        for pattern, index in dead.items():
+            if re.search(pattern, name):
+                zero[index(name) if callable(index) else index] = True
+                matched.add(pattern)
+        assert torch.all(p.grad[zero] == 0), f"{name}: gradient should be exactly zero at init (by design)"
+        live = p.grad[~zero]
+        if live.numel() == 0:
+            continue
+        if SCALARS.search(name):
+            assert torch.all(live != 0), f"{name}: a scalar that should learn has zero gradient: {p.grad}"
+        else:
+            assert live.norm() > 0, f"{name}: should learn but has zero gradient"
+    assert matched == set(dead), f"patterns matching no parameter: {set(dead) - matched}"
+
+
+# ================================================================================================================
+# 4. DropPath p = 1 leaves only the skip path
+
+DROP_CASES = [
+    ("standard", {}), ("layerscale", {"init_value": 0.1}), ("rezero", {}), ("rezero", {"norm": False}),
+    ("skipinit", {}), ("highway", {}), ("res_se", {"reduction": 2}), ("res_se", {"gate": "sigmoid", "reduction": 2}),
+    ("laurel", {"form": "rw_lr"} | LAUREL), ("laurel", {"form": "rw_lr_pa", "granularity": "sublayer"} | LAUREL),
+    ("laurel", {"form": "pa", "pa_h": "lowrank"} | LAUREL), ("laurel", {"form": "seed"} | LAUREL),
+    ("dca", {"form": "seed"}),
+]
+DCA_DROP_CASES = [{"form": "grn_v1"}, {"form": "grn_v2", "k": 1}, {"form": "grn_v3", "grn_v3_form": "text_A"},
+                  {"form": "dca", "grn_v3_form": "fig10_B"}, {"form": "dca", "grn_v3_form": "text_A", "k": 1}]
+
+
+def _force_drop_path(model: VisionTransformer) -> None:
+    """drop_path_rate uses timm's linear rule (block 0 gets 0): set p = 1 on every block's DropPath."""
+    for blk in model.blocks:
+        for attr in ("drop_path1", "drop_path2", "drop_path"):
+            if hasattr(blk, attr):
+                setattr(blk, attr, DropPath(1.0))
+
+
+def test_drop_path_rate_one_drops_the_last_block():
+    model = perturb(build("highway", drop_path_rate=1.0)).train()
+    assert [getattr(b.drop_path2, "drop_prob", 0.0) for b in model.blocks] == [0.0, 0.5, 1.0]  # timm's linear rule
+    x = torch.randn(2, 5, 8)
+    with torch.no_grad():
+        assert torch.equal(model.blocks[-1](x), x)
+        assert not torch.equal(model.blocks[0](x), x)
+
+
+@pytest.mark.parametrize("residual, options", DROP_CASES, ids=lambda v: str(v))
+def test_drop_path_one_is_skip_only(residual, options):
+    model = perturb(build(residual, options, drop_path_rate=1.0))
+    _force_drop_path(model)
+    x0 = tokens(model, images())
+    with torch.no_grad():
+        assert torch.equal(model.train().stream(x0, model.blocks), x0)
+        assert not torch.allclose(model.eval().stream(x0, model.blocks), x0)  # the perturbed updates are not 0
+
+
+def _final_grn_of_x0(out: DCA, form: str, v3: str, x0: torch.Tensor) -> torch.Tensor:
+    """The final GRN over [x0, 0, 0, ...]: only stack entry 0 contributes, with weight b_0 (+ its dynamic part)."""
+    b0 = 1.0 + out.b_delta[0, 0]  # (1,) for grn_v1, (D,) otherwise
+    if form == "grn_v1" or form == "grn_v2":
+        return b0 * x0
+    s = (x0 * out.w[0]).sum(-1, keepdim=True)  # wᵀx0 per token
+    return (b0 + s.clamp(min=0)) * x0 if v3 == "text_A" else (b0 + s).clamp(min=0) * x0
+
+
+@pytest.mark.parametrize("options", DCA_DROP_CASES, ids=lambda v: str(v))
+def test_drop_path_one_dca_stack_holds_zeros(options):
+    model = perturb(build("dca", options, depth=4, drop_path_rate=1.0))
+    _force_drop_path(model)
+    outputs = []
+    for blk in model.blocks:
+        blk.register_forward_hook(lambda mod, inp, out: outputs.append(out))
+    x0 = tokens(model, images())
+    with torch.no_grad():
+        got = model.train().stream(x0, model.blocks)
+        want = _final_grn_of_x0(model.stream.out, options["form"], options.get("grn_v3_form", "fig10_B"), x0)
+    assert len(outputs) == 4 and all(torch.equal(o, torch.zeros_like(x0)) for o in outputs)
+    assert torch.allclose(got, want, atol=1e-13, rtol=0)
+    assert not torch.allclose(got, x0)  # perturbed b' really is used
+
+
+# ================================================================================================================
+# 5. each formula against a hand-computed value on a 2-token, 4-channel input
+
+
+def block_args(layer: int = 0, depth: int = 3, prefix: int = 1) -> BlockArgs:
+    return BlockArgs(dim=4, num_heads=1, mlp_ratio=2.0, qkv_bias=True, qk_norm=False, proj_drop=0.0,
+                     attn_drop=0.0, drop_path=0.0, norm_layer=nn.LayerNorm, act_layer=nn.GELU, layer=layer,
+                     depth=depth, num_prefix_tokens=prefix)
+
+
+X = [[1.0, -2.0, 0.5, 3.0], [-1.0, 0.25, 2.0, -0.5]]
+FB = [[0.5, 1.0, -1.0, 2.0], [3.0, -0.5, 0.25, 1.0]]  # branch output f
+U = [[0.2, -0.4, 1.0, -0.8], [0.6, 0.1, -1.2, 0.5]]
+XP = [[0.5, 0.5, -1.0, 1.0], [2.0, -1.0, 0.0, 0.25]]  # a previous stream state x_{i−1}
+
+
+def T(rows) -> torch.Tensor:
+    return torch.tensor([rows])
+
+
+def sig(v: float) -> float:
+    return 1.0 / (1.0 + math.exp(-v))
+
+
+def assign(param: torch.Tensor, value) -> None:
+    with torch.no_grad():
+        param.copy_(torch.tensor(value))
+
+
+def check(site, expected, x=X, history=None):
+    out = site(T(x), T(U), T(FB), history)
+    assert out.shape == (1, 2, 4)
+    assert torch.allclose(out, T(expected), atol=1e-14, rtol=0), (out, expected)
+
+
+def test_formula_layerscale():
+    site = LayerScale(4, args=block_args(), init_value=0.1)
+    gamma = [0.5, -1.0, 2.0, 0.25]
+    assign(site.gamma, gamma)
+    check(site, [[gamma[d] * FB[n][d] for d in range(4)] for n in range(2)])
+
+
+def test_formula_skipinit_and_rezero_shared_alpha():
+    site = SkipInit(4, args=block_args())
+    assign(site.alpha, [0.7])
+    check(site, [[0.7 * FB[n][d] for d in range(4)] for n in range(2)])
+
+    attn_site, mlp_site = ReZero.build_sites(block_args())
+    assert [n for n, _ in mlp_site.named_parameters()] == []  # α stored once
+    for alpha in (0.7, -0.2):
+        assign(attn_site.alpha, [alpha])  # changing ls1's α changes both sites
+        expected = [[alpha * FB[n][d] for d in range(4)] for n in range(2)]
+        check(attn_site, expected)
+        check(mlp_site, expected)
+    model = build("rezero")
+    assert sorted(n for n in model.state_dict() if "alpha" in n) == [f"blocks.{i}.ls1.alpha" for i in range(3)]
+    assert model.blocks[0].ls2(*torch.ones(3, 1, 2, 8), None).abs().max() == 0
+    assign(model.blocks[0].ls1.alpha, [0.5])
+    assert torch.equal(model.blocks[0].ls2(*torch.ones(3, 1, 2, 8), None), torch.full((1, 2, 8), 0.5))
+
+
+def test_formula_highway():
+    site = Highway(4, args=block_args())
+    W = [[0.1, -0.2, 0.3, 0.0], [0.5, 0.4, -0.1, 0.2], [-0.3, 0.0, 0.2, 0.1], [0.0, 0.6, -0.5, -0.4]]
+    b = [-1.0, 0.5, 0.0, 2.0]
+    assign(site.gate.weight, W)
+    assign(site.gate.bias, b)
+    expected = [[sig(sum(W[d][e] * U[n][e] for e in range(4)) + b[d]) * (FB[n][d] - X[n][d]) for d in range(4)]
+                for n in range(2)]
+    check(site, expected)
+
+
+@pytest.mark.parametrize("gate", ["two_sigmoid", "sigmoid"])
+@pytest.mark.parametrize("pool", ["all", "patch_only"])
+def test_formula_res_se(gate, pool):
+    site = ResSE(4, args=block_args(prefix=1), reduction=2, gate=gate, pool=pool)
+    W1, b1 = [[0.5, -1.0, 0.2, 0.1], [-0.3, 0.8, -0.5, 0.2]], [0.1, -0.2]
+    W2, b2 = [[1.0, 2.0], [-0.5, 0.3], [0.25, -1.0], [0.0, 0.7]], [0.1, -0.2, 0.3, 0.0]
+    for p, v in ((site.fc1.weight, W1), (site.fc1.bias, b1), (site.fc2.weight, W2), (site.fc2.bias, b2)):
+        assign(p, v)
+    rows = X if pool == "all" else X[1:]  # patch_only leaves the class token out of the mean
+    z = [sum(r[d] for r in rows) / len(rows) for d in range(4)]
+    h = [max(0.0, sum(W1[j][d] * z[d] for d in range(4)) + b1[j]) for j in range(2)]
+    s = [sig(sum(W2[d][j] * h[j] for j in range(2)) + b2[d]) for d in range(4)]
+    s = [2 * v for v in s] if gate == "two_sigmoid" else s
+    check(site, [[(s[d] - 1) * X[n][d] + FB[n][d] for d in range(4)] for n in range(2)])
+
+
+@pytest.mark.parametrize("rw_norm", ["none", "softmax", "sigmoid"])
+def test_formula_laurel_rw(rw_norm):
+    site = LAuReL(4, args=block_args(), form="rw", rw_norm=rw_norm, rank=2)
+    a, b = 0.3, -0.7
+    assign(site.mix.logits, [a, b])
+    alpha, beta = {"none": (a, b), "softmax": (math.exp(a) / (math.exp(a) + math.exp(b)),
+                                               math.exp(b) / (math.exp(a) + math.exp(b))),
+                   "sigmoid": (sig(a), sig(b))}[rw_norm]
+    check(site, [[alpha * FB[n][d] + (beta - 1) * X[n][d] for d in range(4)] for n in range(2)])
+
+
+A2 = [[0.5, -1.0], [0.25, 0.0], [-0.5, 2.0], [1.0, 0.5]]  # A: D×r
+B2 = [[1.0, 0.0, -0.5, 0.25], [0.0, 2.0, 1.0, -1.0]]      # B: r×D
+
+
+def _ab(A, B, x):
+    """A(Bx) for one token, by hand."""
+    bx = [sum(B[r][e] * x[e] for e in range(4)) for r in range(2)]
+    return [sum(A[d][r] * bx[r] for r in range(2)) for d in range(4)]
+
+
+def test_formula_laurel_lr():
+    site = LAuReL(4, args=block_args(), form="lr", rank=2)
+    assign(site.lr_up, [A2])
+    assign(site.lr_down, [B2])
+    check(site, [[FB[n][d] + _ab(A2, B2, X[n])[d] for d in range(4)] for n in range(2)])
+
+
+def test_formula_laurel_pa_k2():
+    site = LAuReL(4, args=block_args(), form="pa", k=2, rank=2)
+    g0, g1 = 0.5, -0.25
+    assign(site.pa_gamma, [g0, g1])
+    old = [[100.0] * 4, [-100.0] * 4]  # x_{i−2}: outside the k = 2 window, must not contribute
+    history = [T(old), T(XP)]
+    expected = [[FB[n][d] + g0 * X[n][d] + g1 * XP[n][d] for d in range(4)] for n in range(2)]
+    check(site, expected, history=history)
+    assert len(history) == 3 and torch.equal(history[-1], T(X))  # the site records its input
+
+
+def test_formula_laurel_rw_lr_pa():
+    """α f + β Σ_j γ_j (I + A_j B_j) x_{i−j} − x (eq. 6 with h = I + AB)."""
+    site = LAuReL(4, args=block_args(), form="rw_lr_pa", k=2, rank=2)
+    A1 = [[1.0, 0.0], [0.0, 1.0], [0.5, 0.5], [-1.0, 0.25]]
+    B1 = [[0.5, 0.5, 0.0, 0.0], [0.0, -1.0, 0.0, 1.0]]
+    assign(site.lr_up, [A2, A1])
+    assign(site.lr_down, [B2, B1])
+    assign(site.pa_gamma, [0.75, 0.5])
+    assign(site.mix.logits, [1.5, 0.8])
+    alpha, beta = 1.5, 0.8
+    h0 = [[X[n][d] + _ab(A2, B2, X[n])[d] for d in range(4)] for n in range(2)]
+    h1 = [[XP[n][d] + _ab(A1, B1, XP[n])[d] for d in range(4)] for n in range(2)]
+    expected = [[alpha * FB[n][d] + beta * (0.75 * h0[n][d] + 0.5 * h1[n][d]) - X[n][d] for d in range(4)]
+                for n in range(2)]
+    check(site, expected, history=[T(XP)])
+
+
+def test_formula_laurel_seed():
+    site = LAuReL(4, args=block_args(), form="seed", rank=2)
+    assign(site.mix.logits, [0.4])
+    g = sig(0.4)
+    check(site, [[g * (FB[n][d] - X[n][d]) for d in range(4)] for n in range(2)])
+
+
+# a stack of 3 vectors per token: G[n][j] (2 tokens, 3 stacked layers, 4 channels)
+G = [[[1.0, -1.0, 2.0, 0.5], [0.5, 0.5, -1.0, 1.0], [-2.0, 1.0, 0.0, 0.25]],
+     [[0.0, 1.0, 1.0, -1.0], [2.0, -0.5, 0.5, 0.0], [1.0, 1.0, -1.0, 2.0]]]
+BD = [[[0.5, -0.25, 0.0, 1.0], [-1.5, 0.25, 0.5, 0.0], [0.0, 1.0, -2.0, -0.5]],  # b' per output (3 outputs)
+      [[0.0, 0.0, 0.0, 0.0], [-2.0, -1.0, 0.5, 0.25], [0.5, -0.5, 1.0, -1.5]],
+      [[-0.5, 0.5, 1.5, -1.0], [1.0, -0.75, 0.0, 0.5], [-1.0, 0.0, 0.25, 2.0]]]
+WS = [[0.5, -0.25, 0.1, 1.0], [-1.0, 0.5, 0.5, 0.25], [0.2, 0.2, -0.6, -0.3]]  # w per output
+
+
+def _grn_hand(bd, w, form, v3):
+    """g[n][d] by hand for one output: b = 1 + b'; s_j = wᵀG_j."""
+    out = []
+    for n in range(2):
+        row = []
+        for d in range(4):
+            total = 0.0
+            for j in range(3):
+                b = 1.0 + (bd[j][0] if form == "grn_v1" else bd[j][d])
+                if form in ("grn_v1", "grn_v2"):
+                    weight = b
+                else:
+                    s = sum(w[e] * G[n][j][e] for e in range(4))
+                    weight = b + max(0.0, s) if v3 == "text_A" else max(0.0, b + s)
+                total += weight * G[n][j][d]
+            row.append(total)
+        out.append(row)
+    return out
+
+
+@pytest.mark.parametrize("form, v3", [("grn_v1", None), ("grn_v2", None), ("grn_v3", "text_A"),
+                                      ("grn_v3", "fig10_B"), ("dca", "text_A"), ("dca", "fig10_B")])
+def test_formula_dca_grn(form, v3):
+    site = DCA(4, args=block_args(layer=2), form=form, grn_v3_form=v3 or "fig10_B")
+    outputs = 3 if form == "dca" else 1
+    assert site.b_delta.shape == (outputs, 3, 1 if form == "grn_v1" else 4)
+    bd = [[[r[0]] for r in o] for o in BD] if form == "grn_v1" else BD
+    assign(site.b_delta, bd[:outputs])
+    if site.w is not None:
+        assign(site.w, WS[:outputs])
+    out = site(torch.tensor([G]))  # (1, 2, 3, 4) stack
+    assert out.shape == (outputs, 1, 2, 4)
+    for o in range(outputs):
+        want = torch.tensor([_grn_hand(bd[o], WS[o], form, v3)])
+        assert torch.allclose(out[o], want, atol=1e-14, rtol=0), (o, out[o], want)
+
+
+def test_formula_hand_values_exercise_relu():
+    """Guard for the DCA hand test: both ReLU placements clip something on this stack, so they differ."""
+    assert _grn_hand(BD[0], WS[0], "grn_v3", "text_A") != _grn_hand(BD[0], WS[0], "grn_v3", "fig10_B")
+    assert any(sum(WS[0][e] * G[n][j][e] for e in range(4)) < 0 for n in range(2) for j in range(3))
+
+
+def test_k_dca_stack_is_input_sum_of_intermediates_and_last_k():
+    """k-DCA (k=1, depth 4): block t reads [x0, Σ older outputs, last output] (paper's selection)."""
+    model = perturb(build("dca", {"form": "grn_v2", "k": 1}, depth=4)).eval()
+    stacks, outs = [], []
+    for blk in model.blocks:
+        blk.register_forward_hook(lambda mod, inp, out: stacks.append(inp[0]) or outs.append(out))
+    x0 = tokens(model, images())
+    with torch.no_grad():
+        model.stream(x0, model.blocks)
+    assert [s.shape[2] for s in stacks] == [1, 2, 3, 3]
+    f1, f2, f3 = outs[:3]
+    expect = {0: [x0], 1: [x0, f1], 2: [x0, f1, f2], 3: [x0, f1 + f2, f3]}
+    for t, parts in expect.items():
+        assert torch.allclose(stacks[t], torch.stack(parts, dim=2), atol=1e-14, rtol=0)
+
+
+def test_k_dca_depth8_stack_sizes():
+    model = build("dca", {"k": 2}, depth=8)
+    sizes = [blk.grn.b_delta.shape[1] for blk in model.blocks]
+    assert sizes == [1, 2, 3, 4, 4, 4, 4, 4] and max(sizes) <= 4
+    assert model.stream.out.b_delta.shape[1] == 4
+    full = build("dca", {}, depth=8)
+    assert [blk.grn.b_delta.shape[1] for blk in full.blocks] == list(range(1, 9))
+    assert full.stream.out.b_delta.shape[1] == 9
+
+
+# ================================================================================================================
+# 7. weight-decay grouping
+
+COMMON_DECAY = ["patch_embed.proj.weight", "blocks.0.attn.qkv.weight", "blocks.0.attn.proj.weight",
+                "blocks.0.mlp.fc1.weight", "blocks.0.mlp.fc2.weight", "head.weight"]
+COMMON_NO_DECAY = ["pos_embed", "cls_token", "blocks.0.norm1.weight", "blocks.0.attn.qkv.bias", "head.bias"]
+
+WD_CASES = {  # residual, options, names that must not decay, names that must decay
+    "standard": ("standard", {}, [], []),
+    "layerscale": ("layerscale", {"init_value": 1e-5}, ["blocks.0.ls1.gamma", "blocks.2.ls2.gamma"], []),
+    "rezero": ("rezero", {}, ["blocks.0.ls1.alpha"], []),
+    "skipinit": ("skipinit", {}, ["blocks.0.ls1.alpha", "blocks.1.ls2.alpha"], []),
+    "highway": ("highway", {}, ["blocks.0.ls1.gate.bias"], ["blocks.0.ls1.gate.weight", "blocks.2.ls2.gate.weight"]),
+    "laurel": ("laurel", {"form": "rw_lr_pa"} | LAUREL, ["blocks.0.res.mix.logits", "blocks.1.res.pa_gamma"],
+               ["blocks.0.res.lr_down", "blocks.0.res.lr_up"]),
+    "laurel_sub": ("laurel", {"form": "seed", "granularity": "sublayer"} | LAUREL, ["blocks.0.ls2.mix.logits"], []),
+    "res_se": ("res_se", {"reduction": 2}, ["blocks.0.ls1.fc1.bias", "blocks.0.ls1.fc2.bias"],
+               ["blocks.0.ls1.fc1.weight", "blocks.0.ls1.fc2.weight"]),
+    "dca": ("dca", {"form": "dca"}, ["blocks.0.grn.b_delta", "blocks.2.grn.b_delta", "stream.out.b_delta",
+                                     "blocks.0.norm1_k.weight"], []),
+    "grn_v1": ("dca", {"form": "grn_v1", "k": 1}, ["blocks.1.grn.b_delta", "stream.out.b_delta"], []),
+    "dca_seed": ("dca", {"form": "seed"}, ["blocks.0.ls1.mix.logits"], []),
+}
+
+
+@pytest.mark.parametrize("case", list(WD_CASES))
+def test_weight_decay_groups(case):
+    residual, options, no_decay, decay = WD_CASES[case]
+    model = build(residual, options)
+    groups = model.param_groups(0.05)
+    by_id = {id(p): n for n, p in model.named_parameters()}
+    wd = {}
+    for g in groups:
+        for p in g["params"]:
+            assert by_id[id(p)] not in wd, "a parameter is in two groups"
+            wd[by_id[id(p)]] = g["weight_decay"]
+    assert set(wd) == set(by_id.values())
+    for name in COMMON_NO_DECAY + no_decay:
+        assert wd[name] == 0.0, f"{name} must not be decayed"
+    for name in COMMON_DECAY + decay:
+        assert wd[name] == 0.05, f"{name} must be decayed"
+    params = dict(model.named_parameters())
+    for name, p in params.items():
+        if p.ndim <= 1 or p.numel() == 1:
+            assert wd[name] == 0.0, f"scalar/vector {name} must not be decayed"
+    if residual == "dca" and options["form"] != "seed":
+        assert params["blocks.1.grn.b_delta"].ndim >= 2  # so timm's ndim rule alone would have decayed it
+        assert all(n in model.no_weight_decay() for n in params if n.endswith("b_delta"))
+
+
+# ================================================================================================================
+# 8. option validation (per variant)
+
+
+@pytest.mark.parametrize("residual, options, words", [
+    ("layerscale", {"rank": 4}, ["'rank'", "laurel", "layerscale", "init_value"]),
+    ("standard", {"init_value": 0.1}, ["'init_value'", "layerscale", "rezero", "skipinit"]),
+    ("rezero", {"gate": "sigmoid"}, ["'gate'", "res_se"]),
+    ("highway", {"nonsense": 1}, ["'nonsense'", "gate_bias", "gate_weight_init"]),
+    ("laurel", {"rank": 9}, ["rank=9", "1..8"]),
+    ("laurel", {"rank": 0}, ["rank=0"]),
+    ("laurel", {"form": "bogus", "rank": 2}, ["form='bogus'", "rw_lr_pa", "seed"]),
+    ("laurel", {"granularity": "layer", "rank": 2}, ["granularity", "block", "sublayer"]),
+    ("laurel", {"rw_norm": "tanh", "rank": 2}, ["rw_norm", "softmax", "sigmoid"]),
+    ("laurel", {"pa_h": "full", "rank": 2}, ["pa_h", "identity", "lowrank"]),
+    ("laurel", {"a_init": "kaiming", "rank": 2}, ["a_init", "xavier", "col_orth"]),
+    ("laurel", {"k": 0, "rank": 2}, ["k=0"]),
+    ("laurel", {"rw_norm": "softmax", "alpha_init": 1.0, "beta_init": 1.0, "rank": 2}, ["softmax"]),
+    ("dca", {"form": "grn_v4"}, ["form='grn_v4'", "grn_v1", "grn_v3", "dca"]),
+    ("dca", {"grn_v3_form": "C"}, ["grn_v3_form", "text_A", "fig10_B"]),
+    ("dca", {"k": 0}, ["k=0"]),
+    ("dca", {"k": -2}, ["k=-2"]),
+    ("dca", {"w_init_std": -1.0}, ["w_init_std"]),
+    ("res_se", {"gate": "tanh"}, ["gate", "two_sigmoid", "sigmoid"]),
+    ("res_se", {"pool": "cls"}, ["pool", "all", "patch_only"]),
+    ("res_se", {"reduction": 0}, ["reduction"]),
+    ("highway", {"gate_weight_init": "ones"}, ["gate_weight_init", "trunc_normal", "zeros"]),
+    ("layerscale", {"init_value": "big"}, ["init_value", "auto"]),
+])
+def test_bad_options_raise(residual, options, words):
+    with pytest.raises(ValueError) as err:
+        build(residual, options)
+    for word in words:
+        assert word in str(err.value), (word, str(err.value))
+
+
+# ================================================================================================================
+# 9. construction rules
+
+
+def test_registry_keys():
+    assert list(RESIDUALS) == ["standard", "layerscale", "rezero", "skipinit", "highway", "laurel", "res_se", "dca"]
+    assert all(cls.name == name for name, cls in RESIDUALS.items())
+
+
+@pytest.mark.parametrize("depth, value", [(12, 0.1), (18, 0.1), (24, 1e-5), (36, 1e-6), (48, 1e-6)])
+def test_layerscale_auto_follows_cait(depth, value):
+    assert cait_init_value(depth) == value
+    if depth in (12, 24, 36):
+        model = build("layerscale", {"init_value": "auto"}, depth=depth, embed_dim=4, num_heads=1)
+        for name, p in model.named_parameters():
+            if name.endswith("gamma"):
+                assert torch.equal(p, torch.full((4,), value))
+        assert sum(n.endswith("gamma") for n, _ in model.named_parameters()) == 2 * depth
+
+
+def test_layerscale_zero_and_none():
+    zero = build("layerscale", {"init_value": 0.0})
+    gammas = [p for n, p in zero.named_parameters() if n.endswith("gamma")]
+    assert len(gammas) == 6 and all(torch.equal(g, torch.zeros(8)) for g in gammas)  # zero, not disabled
+    x0 = tokens(zero, images())
+    with torch.no_grad():
+        assert torch.equal(zero.stream(x0, zero.blocks), x0)
+    none = build("layerscale", {"init_value": None})
+    assert not any("gamma" in n for n, _ in none.named_parameters())
+    std = build("standard")
+    assert set(none.state_dict()) == set(std.state_dict())
+    none.load_state_dict(std.state_dict())
+    with torch.no_grad():
+        assert torch.equal(none(images()), std(images()))
+
+
+def test_default_inits():
+    """Init values the spec prescribes for the new parameters."""
+    hw = build("highway", {"gate_bias": -3.0, "gate_weight_init": "zeros"})
+    assert torch.equal(hw.blocks[1].ls2.gate.bias, torch.full((8,), -3.0))
+    assert torch.equal(hw.blocks[1].ls2.gate.weight, torch.zeros(8, 8))
+    hw_tn = build("highway")
+    assert torch.equal(hw_tn.blocks[0].ls1.gate.bias, torch.full((8,), -4.0))
+    assert 0 < hw_tn.blocks[0].ls1.gate.weight.std() < 0.05
+    se = build("res_se", {"reduction": 2})
+    assert torch.equal(se.blocks[0].ls1.fc2.weight, torch.zeros(8, 4))
+    assert torch.equal(se.blocks[0].ls1.fc2.bias, torch.zeros(8))
+    assert torch.equal(se.blocks[0].ls1.scale(torch.randn(2, 5, 8)), torch.ones(2, 1, 8))
+    se_sig = build("res_se", {"reduction": 2, "gate": "sigmoid"})
+    assert se_sig.blocks[0].ls1.fc2.weight.abs().min() > 0  # PyTorch default Linear init, not timm's zero bias
+    lr = build("laurel", {"form": "rw_lr", "a_init": "col_orth", "rank": 2})
+    A = lr.blocks[0].res.lr_up[0]
+    want = torch.tensor([[1 / math.sqrt(2 * 8) if i % 2 == j else 0.0 for j in range(2)] for i in range(8)])
+    assert torch.allclose(A, want, atol=1e-15, rtol=0)
+    assert torch.equal(lr.blocks[0].res.lr_down, torch.zeros(1, 2, 8))
+    assert lr.blocks[0].res.mix.logits.tolist() == [1.0, 1.0]
+    rwpa = build("laurel", {"form": "rw_pa", "rank": 2, "k": 3})
+    assert rwpa.blocks[0].res.pa_gamma.tolist() == [1.0, 0.0, 0.0]
+    assert build("laurel", {"form": "pa", "rank": 2, "k": 3}).blocks[0].res.pa_gamma.tolist() == [0.0, 0.0, 0.0]
+    soft = build("laurel", {"form": "rw", "rw_norm": "softmax", "rank": 2}).blocks[0].res.mix
+    assert torch.allclose(torch.stack(soft()), torch.tensor([0.01, 0.99]), atol=1e-15, rtol=0)
+    dca = build("dca", {"w_init_std": 0.01})
+    assert torch.equal(dca.blocks[2].grn.b_delta, torch.zeros(3, 3, 8))
+    assert 0 < dca.blocks[2].grn.w.abs().max() < 0.05
+    assert torch.equal(build("dca").blocks[2].grn.w, torch.zeros(3, 8))
+
+
+def test_site_counts():
+    assert len(build("standard").residual_sites()) == 6
+    assert [s[1] for s in build("laurel", LAUREL).residual_sites()] == ["block"] * 3
+    assert len(build("laurel", {"granularity": "sublayer"} | LAUREL).residual_sites()) == 6
+    assert len(build("dca").residual_sites()) == 3
