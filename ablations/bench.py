@@ -14,7 +14,11 @@ all of its functions first, calls each untimed (warm-up), then runs ``reps`` rou
 turn is timed over ``steps`` back-to-back calls (A/B/C/A/B/C..., the first one rotating from round to round).
 A time is the median over rounds; a ratio is the median over rounds of the ratio within a round (paired: both
 sides ran seconds apart under the same machine load). Timing sections run on the CPU in fp32. On a busy machine
-every figure is noise: the load average at the start and end of the run is part of the report.
+every figure is noise: the load average at the start and end of the run is part of the report. Never run two
+benchmarks (or a benchmark and tests) at once: with more busy threads than cores, timings are meaningless.
+
+Memory (section 6) on the CPU runs one forward per variant at depth 24: full DCA at batch 64 holds ~9 GiB of
+activations for backward (--quick uses batch 16).
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -63,6 +69,8 @@ class Settings:
     loop_reps: int = 5
     trial_overrides: dict = field(default_factory=dict)  # sections 3, 5: RunConfig fields over the study's
     study_epochs: int | None = None  # section 5: epochs of each timed trial (None: the study's own)
+    study_depths: int | None = None  # section 5: time only the first N depths of the grid (None: all)
+    run_estimate: bool = True  # section 5: also show ablations.run's FLOP-based estimate of each trial
     memory_depth: int = 24
     memory_batch: int = 64
     compile_variants: tuple[str, ...] = ("standard", "dca (full, default)")
@@ -82,6 +90,7 @@ QUICK = replace(FULL, mode="quick", batch=32, variant_depth=6, warmup=1, reps=3,
 TINY = replace(FULL, mode="tiny", embed_dim=32, num_heads=2, patch_size=8, depth=2, variant_depth=2, batch=4,
                warmup=1, reps=2, steps=1, mm_size=256, loop_steps=3, loop_reps=2,
                trial_overrides={"embed_dim": 16, "num_heads": 2, "diagnostics_every": 0}, study_epochs=1,
+               study_depths=1, run_estimate=False,
                memory_depth=4, memory_batch=2, compile_variants=("standard",))
 
 
@@ -93,14 +102,19 @@ def interleave(fns: dict[str, Callable[[], Any]], *, reps: int, steps: int, warm
             fn()
     names = list(fns)
     times: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(reps):
-        gc.collect()
-        for name in names[r % len(names):] + names[: r % len(names)]:
-            fn = fns[name]
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                fn()
-            times[name].append((time.perf_counter() - t0) / steps)
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # as timeit does: a full collection of a torch + Lightning process takes ~1 s
+    try:
+        for r in range(reps):
+            for name in names[r % len(names):] + names[: r % len(names)]:
+                fn = fns[name]
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    fn()
+                times[name].append((time.perf_counter() - t0) / steps)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
     return times
 
 
@@ -179,8 +193,8 @@ def study_trial(s: Settings):
 
     spec = load_spec(STUDY)
     grid = spec.grid()
-    depths = sorted({p.get("depth") for p in grid}, key=str)
-    point = next(p for p in grid if p.get("depth") == depths[len(depths) // 2])
+    depths = sorted({p["depth"] for p in grid if "depth" in p})
+    point = next(p for p in grid if not depths or p["depth"] == depths[len(depths) // 2])
     return spec, Objective(spec, log_root=Path("."), overrides=s.trial_overrides).config(point)
 
 
@@ -227,7 +241,11 @@ def mib(nbytes: float) -> str:
 
 
 def table(columns: list[str], rows: list[list[str]]) -> str:
-    aligns = ["---" if i == 0 else "---:" for i in range(len(columns))]
+    def numeric(i: int) -> bool:  # right-align a column whose filled cells are mostly numbers
+        cells = [row[i] for row in rows if row[i]]
+        return 2 * sum(c[0].isdigit() or c[0] in "+-" for c in cells) >= len(cells) > 0
+
+    aligns = ["---:" if i and numeric(i) else "---" for i in range(len(columns))]
     lines = ["| " + " | ".join(columns) + " |", "|" + "|".join(aligns) + "|"]
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
@@ -311,33 +329,36 @@ def bench_lightning(s: Settings) -> Section:
     loader = dm.train_dataloader()
     classifier = build_model(config, dm)
     classifier.hparams.steps_per_epoch = len(loader)  # the schedule no longer needs a Trainer: same in every loop
-    loops = {
-        "plain PyTorch": plain_loop(copy.deepcopy(classifier), loader, s.loop_steps),
-        "Lightning, ViTClassifier": lightning_loop(copy.deepcopy(classifier), loader, s.loop_steps),
-        "Lightning, bare module": lightning_loop(bare_module(copy.deepcopy(classifier)), loader, s.loop_steps),
-    }
+    makers = {"plain PyTorch": lambda n: plain_loop(copy.deepcopy(classifier), loader, n),
+              "Lightning, ViTClassifier": lambda n: lightning_loop(copy.deepcopy(classifier), loader, n),
+              "Lightning, bare module": lambda n: lightning_loop(bare_module(copy.deepcopy(classifier)), loader, n)}
+    loops = {f"{name} x{n}": make(n) for name, make in makers.items() for n in (s.loop_steps, 0)}
     times = interleave(loops, reps=s.loop_reps, steps=1, warmup=1)
+    per_step = {name: [(a - b) / s.loop_steps for a, b in zip(times[f"{name} x{s.loop_steps}"], times[f"{name} x0"],
+                                                              strict=True)] for name in makers}
     sec = Section("lightning", "3. Lightning training loop vs a plain PyTorch loop",
                   f"the {STUDY} trial model ({config.dataset}, embed {config.embed_dim}, depth {config.depth}, "
-                  f"{config.num_heads} heads, patch {config.patch_size}, batch {config.batch_size}); "
-                  f"{s.loop_steps} optimizer steps per loop (AdamW + warmup-cosine LambdaLR from "
-                  f"ViTClassifier.configure_optimizers, label smoothing {config.label_smoothing}); no logger, progress "
-                  f"bar, checkpointing or validation; {s.loop_reps} rounds",
-                  ["loop", "ms/step", "vs plain", "goal", "mark"])
-    for name in loops:
-        per_step = median(times[name]) / s.loop_steps
+                  f"{config.num_heads} heads, patch {config.patch_size}, batch {config.batch_size}); AdamW + "
+                  f"warmup-cosine LambdaLR from ViTClassifier.configure_optimizers, label smoothing "
+                  f"{config.label_smoothing}; no logger, progress bar, checkpointing or validation; each loop run "
+                  f"for {s.loop_steps} and for 0 optimizer steps, {s.loop_reps} rounds",
+                  ["loop", "set-up ms", "ms/step", "per step vs plain", "goal", "mark"])
+    for name in makers:
+        row = [name, ms(median(times[f"{name} x0"])), ms(median(per_step[name]))]
         if name == "plain PyTorch":
-            sec.rows.append([name, ms(per_step), "reference", "", ""])
+            sec.rows.append(row + ["reference", "", ""])
             continue
-        ratio = paired_ratio(times, name, "plain PyTorch")
-        cells = (sec.goal(f"{name} / plain", ratio, 1.05, "≤ 1.05x", f"{ratio:.3f}x") if "ViTClassifier" in name
-                 else ["(loop alone)", "—"])
-        sec.rows.append([name, ms(per_step), f"{ratio:.3f}x", *cells])
-    sec.notes.append("Each loop call builds its optimizer and scheduler (and, for Lightning, its Trainer) and runs "
-                     f"{s.loop_steps} steps; ms/step includes that set-up. 'bare module' is a LightningModule whose "
-                     "training_step only computes the loss: the gap between it and ViTClassifier is the module's "
-                     "per-step metrics and logging, the gap between it and the plain loop is Lightning's loop.")
-    sec.data = {"times_s": times, "steps": s.loop_steps, "config": config.to_dict()}
+        ratio = median([a / b for a, b in zip(per_step[name], per_step["plain PyTorch"], strict=True)])
+        cells = (sec.goal(f"{name} / plain, per step", ratio, 1.05, "≤ 1.05x", f"{ratio:.3f}x")
+                 if "ViTClassifier" in name else ["(loop alone)", "—"])
+        sec.rows.append(row + [f"{ratio:.3f}x", *cells])
+    sec.notes += ["set-up = a loop run for 0 steps (optimizer and scheduler, plus the Trainer and fit set-up for "
+                  f"Lightning); ms/step = (time of {s.loop_steps} steps - set-up) / {s.loop_steps}, paired per round.",
+                  "'bare module' is a LightningModule whose training_step only computes the loss: the gap from it to "
+                  "the plain loop is Lightning's loop, the gap from it to ViTClassifier is the module's per-step "
+                  "metrics and logging. The trial model's step is small (few tokens), so fixed per-step costs weigh "
+                  "more here than at ViT-Tiny width."]
+    sec.data = {"times_s": times, "per_step_s": per_step, "steps": s.loop_steps, "config": config.to_dict()}
     return sec
 
 
@@ -451,38 +472,47 @@ def bench_study(s: Settings) -> Section:
     depths = sorted({p["depth"] for p in grid})
     epochs = s.study_epochs or spec.base["max_epochs"]
     scale = spec.base["max_epochs"] / epochs
+    variant = grid[0]["variant"]
     measured = {}
     with tempfile.TemporaryDirectory() as tmp, preserved_torch_state():
         overrides = dict(s.trial_overrides) | {"max_epochs": epochs, "threads": _threads()}
         objective = Objective(spec, log_root=Path(tmp), overrides=overrides)
-        for depth in depths:
-            point = next(p for p in grid if p["depth"] == depth)
+        for depth in depths[: s.study_depths]:
             study = optuna.create_study(direction=spec.direction)
-            study.enqueue_trial(point)
+            study.enqueue_trial(next(p for p in grid if p["depth"] == depth and p["variant"] == variant))
             t0 = time.perf_counter()
             study.optimize(objective, n_trials=1)
-            measured[depth] = time.perf_counter() - t0
+            measured[depth] = (time.perf_counter() - t0) * scale
             if study.trials[0].state.name != "COMPLETE":
                 raise RuntimeError(f"trial at depth {depth} ended {study.trials[0].state.name}")
-    full_objective = Objective(spec, log_root=Path("."))
-    per_point = [measured[p["depth"]] * scale for p in grid]
-    estimated = [estimate_seconds(full_objective.config(p)) for p in grid]
-    grid_s, run_estimate_s = sum(per_point), sum(estimated)
+
+    def trial_s(depth: int) -> float:  # a depth not timed: the nearest timed one, scaled by depth
+        near = min(measured, key=lambda d: abs(d - depth))
+        return measured[near] * depth / near
+
+    grid_s = sum(trial_s(p["depth"]) for p in grid)
     trials_per_hour = 3600 * len(grid) / grid_s
-    variant = grid[0]["variant"]
+    estimate = {}
+    if s.run_estimate:
+        full = Objective(spec, log_root=Path("."))
+        estimate = {i: estimate_seconds(full.config(p)) for i, p in enumerate(grid)}
     sec = Section("study", f"5. Study throughput: {STUDY} at its default size",
                   f"{len(grid)} trials ({len(spec.variants)} variants x depths {depths} x seeds "
-                  f"{spec.axes.get('seed')}); one trial per depth ('{variant}', seed 0) timed end to end through "
+                  f"{spec.axes.get('seed')}); one '{variant}' trial (seed 0) per depth timed end to end through "
                   f"ablations.objective.Objective ({epochs} epochs"
                   + (f", scaled linearly to the study's {spec.base['max_epochs']}" if scale != 1 else "")
                   + f"); one worker, {_threads()} threads",
                   ["quantity", "value", "ablations.run --dry-run estimate", "goal", "mark"])
     for depth in depths:
-        est = [e for e, p in zip(estimated, grid, strict=True) if p["depth"] == depth and p["variant"] == variant][0]
-        sec.rows.append([f"trial wall time, depth {depth}", f"{measured[depth] * scale:.1f} s", f"{est:.1f} s", "",
-                         "—"])
-    sec.rows += [["trials per hour", f"{trials_per_hour:.0f}", f"{3600 * len(grid) / run_estimate_s:.0f}", "", "—"],
-                 ["whole grid", f"{grid_s / 60:.1f} min", f"{run_estimate_s / 60:.1f} min", "", "—"]]
+        est = [estimate[i] for i, p in enumerate(grid) if p["depth"] == depth and p["variant"] == variant
+               and estimate]
+        timed = "" if depth in measured else " (extrapolated by depth)"
+        sec.rows.append([f"trial wall time, depth {depth}", f"{trial_s(depth):.1f} s{timed}",
+                         f"{est[0]:.1f} s" if est else "—", "", "—"])
+    run_total = sum(estimate.values())
+    sec.rows += [["trials per hour", f"{trials_per_hour:.0f}",
+                  f"{3600 * len(grid) / run_total:.0f}" if estimate else "—", "", "—"],
+                 ["whole grid", f"{grid_s / 60:.1f} min", f"{run_total / 60:.1f} min" if estimate else "—", "", "—"]]
     scaled = (f"each trial ran {epochs} epoch(s) and was scaled x{scale:g}, which over-counts its fixed set-up "
               "cost; " if scale != 1 else "")
     sec.notes.append(f"Extrapolation: every grid point is priced at the measured '{variant}' trial of its depth, "
@@ -490,7 +520,7 @@ def bench_study(s: Settings) -> Section:
                      "ablations.run's FLOP-based estimate (TRIAL_OVERHEAD_S, EFFECTIVE_GFLOPS), for calibration.")
     sec.data = {"measured_trial_s": measured, "trial_epochs": epochs, "scale_to_study_epochs": scale,
                 "grid_trials": len(grid), "grid_estimate_s": grid_s, "trials_per_hour": trials_per_hour,
-                "run_py_estimate_s": run_estimate_s}
+                "run_py_estimate_s": run_total if estimate else None}
     return sec
 
 
@@ -537,7 +567,6 @@ def bench_memory(s: Settings) -> Section:
         rows[label] = {"params": sum(p.numel() for p in model.parameters()), "saved_activation_bytes": activations,
                        "state_bytes": state, "total_bytes": cuda_peak_bytes(model, batch) if cuda else activations + state}
         del model
-        gc.collect()
     full_dca = next((label for label, res, opts in configs if res == "dca" and not opts), None)
     for label, res, opts in configs:
         r = rows[label]
@@ -650,7 +679,8 @@ def machine_facts(threads: int) -> dict:
 
 def render(meta: dict, sections: list[Section]) -> str:
     m = meta["machine"]
-    busy = max(m["loadavg_start"][0], m["loadavg_end"][0]) > 1.2 * m["threads"]
+    cores = m["logical_cores"] or 1  # others running at the start, or far more than our own threads at the end
+    busy = m["loadavg_start"][0] > 0.5 * cores or m["loadavg_end"][0] > m["threads"] + 0.5 * cores
     out = ["# Benchmark: ViT backbone and its residual variants", "",
            f"Mode **{meta['mode']}**" + (" (small sizes: not the reference figures)" if meta["mode"] != "full" else "")
            + f"; sections {', '.join(s.name for s in sections)}; {meta['started']}; wall {meta['wall_s']:.0f} s. "
@@ -661,7 +691,7 @@ def render(meta: dict, sections: list[Section]) -> str:
                ["CPU", f"{m['cpu']} ({m['logical_cores']} logical cores; {', '.join(m['cpu_flags']) or 'no flags read'})"],
                ["threads", f"{m['threads']} (torch.set_num_threads)"],
                ["torch / timm / lightning / Python", f"{m['torch']} / {m['timm']} / {m['lightning']} / {m['python']}"],
-               ["CUDA", m["cuda"] or "none (all figures on the CPU)"],
+               ["CUDA", f"{m['cuda']} (section 6 only; timings are on the CPU)" if m["cuda"] else "none"],
                ["load average (1 min) at start / end", f"{m['loadavg_start'][0]:.2f} / {m['loadavg_end'][0]:.2f}"
                 + (" — **busy machine: timings are noise**" if busy else "")]]), "",
            "## Goals", "",
@@ -723,24 +753,30 @@ def main(argv: list[str] | None = None) -> int:
     if args.compile and "compile" not in names:
         names.append("compile")
 
+    import lightning.pytorch  # noqa: F401  (imported first: it resets its loggers' level on import)
     import torch
 
-    for name in ("lightning.pytorch", "lightning.fabric"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+    for name in ("lightning.pytorch", "lightning.fabric"):  # "GPU available: ...", tips, "max_steps reached"
+        logging.getLogger(name).setLevel(logging.WARNING)
+    for message in (".*validation_step.* no .val_dataloader", ".*treespec", ".*does not have many workers"):
+        warnings.filterwarnings("ignore", message=message)  # section 3 runs no validation on purpose
     if args.threads:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
     meta = {"mode": settings.mode, "settings": asdict(settings), "machine": machine_facts(threads),
             "started": time.strftime("%Y-%m-%d %H:%M:%S"), "sections": names}
     start = time.perf_counter()
-    print(f"bench ({settings.mode}): {', '.join(names)} on {threads} threads; load average "
-          f"{meta['machine']['loadavg_start'][0]:.2f}", file=sys.stderr)
+    load = meta["machine"]["loadavg_start"][0]
+    print(f"bench ({settings.mode}): {', '.join(names)} on {threads} threads; load average {load:.2f}"
+          + (" — the machine is busy: timings will be noise (and with more threads than free cores, very slow)"
+             if load > 0.5 * (os.cpu_count() or 1) else ""), file=sys.stderr)
     sections = []
     for name in names:
         t0 = time.perf_counter()
         try:
             sec = BENCHES[name](settings)
         except Exception as exc:  # report the failure and go on with the other sections
+            traceback.print_exc()
             sec = Section(name, f"{SECTIONS.index(name) + 1}. {name}", "—", [], error=f"{type(exc).__name__}: {exc}")
         sec.wall_s = time.perf_counter() - t0
         torch.set_num_threads(threads)

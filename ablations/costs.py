@@ -34,7 +34,7 @@ CONFIGS: tuple[tuple[str, str, dict], ...] = (
 
 
 def measure(residual: str, options: dict, *, embed_dim: int, depth: int, num_heads: int, img_size: int,
-            patch_size: int, num_classes: int, in_chans: int = 3) -> dict:
+            patch_size: int, num_classes: int, in_chans: int = 3, mlp_ratio: float = 4.0) -> dict:
     """Parameters and forward FLOPs (batch 1) of one configuration."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
@@ -43,7 +43,7 @@ def measure(residual: str, options: dict, *, embed_dim: int, depth: int, num_hea
 
     model = VisionTransformer(residual, options, embed_dim=embed_dim, depth=depth, num_heads=num_heads,
                               img_size=img_size, patch_size=patch_size, num_classes=num_classes,
-                              in_chans=in_chans, fused_attn=False).eval()
+                              in_chans=in_chans, mlp_ratio=mlp_ratio, fused_attn=False).eval()
     counter = FlopCounterMode(display=False)
     with counter:  # (not under no_grad: the counter's module tracker needs grad_fns)
         model(torch.zeros(1, in_chans, img_size, img_size))

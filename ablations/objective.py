@@ -76,7 +76,13 @@ class Objective:
         original = retried_trial_number(frozen)
         run_name = f"trial_{(original if original is not None else trial.number):04d}"
         ckpt_dir = self.log_root / run_name / "checkpoints"
-        ckpt_path = _usable_checkpoint(ckpt_dir / "last.ckpt")
+        if original is not None:  # a retry: continue the dead attempt's training
+            ckpt_path = _usable_checkpoint(ckpt_dir / "last.ckpt")
+        else:  # a first attempt never resumes: a checkpoint here is from an earlier study under this name
+            ckpt_path = None
+            if (ckpt_dir / "last.ckpt").exists():
+                log.warning("%s is left from an earlier run under this study name (was the storage reset?); "
+                            "not resuming it: trial %d starts from scratch", ckpt_dir / "last.ckpt", trial.number)
         trial.set_user_attr("config", _jsonable(config.to_dict()))
         trial.set_user_attr("log_dir", str(self.log_root / run_name))
         trial.set_user_attr("resumed_from_checkpoint", ckpt_path is not None)
@@ -86,9 +92,21 @@ class Objective:
         # The pruning callback reports val acc per epoch (the curve the report draws); it prunes only when the
         # study's pruner says so (grids use NopPruner: every point runs in full).
         callbacks = [PyTorchLightningPruningCallback(trial, monitor="val/acc")]
-        summary = run_training(config, log_dir=self.log_root, run_name=run_name, extra_callbacks=callbacks,
-                               enable_progress_bar=False, enable_model_summary=False, checkpoint_dir=ckpt_dir,
-                               ckpt_path=ckpt_path)
+        try:
+            summary = run_training(config, log_dir=self.log_root, run_name=run_name, extra_callbacks=callbacks,
+                                   enable_progress_bar=False, enable_model_summary=False, checkpoint_dir=ckpt_dir,
+                                   ckpt_path=ckpt_path)
+        except optuna.TrialPruned as exc:  # a finished trial too: keep the epochs it ran, drop its checkpoints
+            for key, value in _jsonable(getattr(exc, "run_summary", None) or {}).items():
+                trial.set_user_attr(key, value)
+            if not self.keep_checkpoints:
+                shutil.rmtree(ckpt_dir, ignore_errors=True)
+            raise
+        except SystemExit as exc:
+            # Lightning answers Ctrl-C in fit with its graceful shutdown and sys.exit(1), which optuna does not
+            # catch: the trial would stay RUNNING until its heartbeat went stale and the CLI would exit 1 without
+            # its message. As a KeyboardInterrupt the trial FAILs (its checkpoints kept: the next run resumes it).
+            raise KeyboardInterrupt("interrupted during training") from exc
         for key, value in _jsonable(summary).items():
             trial.set_user_attr(key, value)
         if not self.keep_checkpoints:

@@ -59,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what the worker processes are started with
     try:
         return _main(args)
     except ValueError as exc:
@@ -84,7 +85,6 @@ def _main(args: argparse.Namespace) -> int:
     if args.dry_run:
         return _dry_run(spec, overrides)
 
-    import optuna
 
     from .storage import open_storage
 
@@ -98,6 +98,7 @@ def _main(args: argparse.Namespace) -> int:
     if spec.kind == "grid":
         for params in spec.grid():
             study.enqueue_trial(params, skip_if_exists=True)
+        _retry_failed_points(study, spec, storage)
     total = spec.size if spec.kind == "grid" else (args.n_trials or spec.n_trials)
     print(f"study '{study_name}' ({spec.kind}, {total} trials) in {_redact(args.storage)}; "
           f"TensorBoard: tensorboard --logdir {Path(args.results_dir) / 'runs' / study_name}", file=sys.stderr)
@@ -107,6 +108,45 @@ def _main(args: argparse.Namespace) -> int:
     else:
         _spawn_workers(args, storage, study_name, total)
     return _finish(study_name, storage, spec, time.time() - started)
+
+
+def _retry_failed_points(study, spec, storage) -> None:
+    """Queue a retry (same parameters, same run folder, so it resumes from its last checkpoint) of every grid
+    point whose trials all FAILed: an exception in training, or Ctrl-C outside ``fit``. ``enqueue_trial(...,
+    skip_if_exists=True)`` counts a FAIL trial as existing, so without this such a point never ran again and every
+    rerun exited 1. Dead workers' trials are still RUNNING here; the heartbeat check retries those. The retry
+    callback's ``max_retry`` bounds the attempts per point."""
+    import copy
+
+    from optuna.trial import TrialState
+
+    retry = storage.get_heartbeat_stale_trial_callback()
+    if retry is None:
+        return
+    grid = {_point_key(p) for p in spec.grid()}
+    live, failed = set(), {}
+    for t in study.get_trials(deepcopy=False):
+        key = _point_key(t.system_attrs.get("fixed_params", t.params))
+        if t.state == TrialState.FAIL:
+            if key in grid and (key not in failed or t.number > failed[key].number):
+                failed[key] = t
+        elif t.state != TrialState.PRUNED or not ({"surplus", "duplicate_of"} & set(t.user_attrs)):
+            live.add(key)
+    queued, exhausted = [], []
+    for key, t in failed.items():
+        if key in live:
+            continue
+        before = len(study.get_trials(deepcopy=False))
+        retry(study, copy.deepcopy(t))  # adds a WAITING copy unless the point used up its retries
+        (queued if len(study.get_trials(deepcopy=False)) > before else exhausted).append(str(t.number))
+    if queued:
+        print(f"retrying failed trial(s) {', '.join(queued)} (same parameters)", file=sys.stderr)
+    if exhausted:
+        print(f"not retrying failed trial(s) {', '.join(exhausted)}: retries used up", file=sys.stderr)
+
+
+def _point_key(params: dict) -> str:
+    return repr(sorted(params.items()))
 
 
 def _quiet() -> None:
@@ -137,15 +177,30 @@ def _validate_points(spec, overrides: dict) -> None:
     """Build every grid point's config (and check its residual options) before anything is stored."""
     from .objective import Objective
 
+    _make_pruner(spec)
     objective = Objective(spec, log_root=Path("."), overrides=overrides)
     points = spec.grid() if spec.kind == "grid" else [{"variant": v.label} for v in spec.variants]
-    seen = set()
+    seen, datasets = set(), set()
     for params in points:
         config = objective.config(params)
         key = (config.residual, repr(sorted(config.residual_options.items())), config.depth, config.embed_dim)
         if key not in seen:
             seen.add(key)
             _check_residual(config)
+        data_key = (config.dataset, config.data_dir, repr(sorted(config.dataset_options.items())))
+        if data_key not in datasets:
+            datasets.add(data_key)
+            _check_data(config)
+
+
+def _check_data(config) -> None:
+    """Constructing a DataModule checks its folder (missing / malformed: data.DataError) without loading data."""
+    import data
+
+    try:
+        data.build_datamodule(config.dataset, data_dir=config.data_dir, **config.dataset_options)
+    except TypeError as exc:
+        raise ValueError(f"invalid dataset option for '{config.dataset}': {exc}") from None
 
 
 def _check_residual(config) -> None:
@@ -160,19 +215,47 @@ def _create_study(spec, storage, study_name: str, seed: int):
     import optuna
 
     sampler = optuna.samplers.TPESampler(seed=seed)
-    pruner = {"none": optuna.pruners.NopPruner(),
-              "median": optuna.pruners.MedianPruner(**{k: v for k, v in spec.pruner.items() if k != "type"}),
-              "hyperband": optuna.pruners.HyperbandPruner(
-                  **({"max_resource": spec.base.get("max_epochs", 30)} | {k: v for k, v in spec.pruner.items()
-                                                                           if k != "type"}))}[spec.pruner["type"]]
     study = optuna.create_study(storage=storage, study_name=study_name, direction=spec.direction, sampler=sampler,
-                                pruner=pruner, load_if_exists=True)
+                                pruner=_make_pruner(spec), load_if_exists=True)
+    _check_same_choices(study, spec)
     if study.metric_names is None:
         study.set_metric_names([spec.metric])
     for key, value in (("spec_source", spec.source), ("budget", spec.budget), ("kind", spec.kind),
                        ("description", spec.description), ("metric", spec.metric)):
         study.set_user_attr(key, value)
     return study
+
+
+def _make_pruner(spec):
+    """The study's pruner, only the one its file names (each takes different options); ValueError (one line) for
+    an option it does not take."""
+    import optuna
+
+    options = {k: v for k, v in spec.pruner.items() if k != "type"}
+    try:
+        if spec.pruner["type"] == "median":
+            return optuna.pruners.MedianPruner(**options)
+        if spec.pruner["type"] == "hyperband":
+            return optuna.pruners.HyperbandPruner(**({"max_resource": spec.base.get("max_epochs", 30)} | options))
+        return optuna.pruners.NopPruner()
+    except TypeError as exc:
+        raise ValueError(f"study file '{spec.source}': pruner {spec.pruner}: {exc}") from None
+
+
+def _check_same_choices(study, spec) -> None:
+    """Optuna fixes a categorical parameter's choices for the life of a study: a study file whose variants or grid
+    axes changed cannot continue the stored study (its first new trial would FAIL with "CategoricalDistribution
+    does not support dynamic value space"). Say so before anything is written."""
+    from optuna.distributions import CategoricalDistribution
+
+    expected = {"variant": [v.label for v in spec.variants], **{axis: list(v) for axis, v in spec.axes.items()}}
+    for t in study.get_trials(deepcopy=False):
+        for name, dist in t.distributions.items():
+            if name in expected and isinstance(dist, CategoricalDistribution) and list(dist.choices) != expected[name]:
+                raise ValueError(
+                    f"study '{study.study_name}' in the storage was run with {name} = {list(dist.choices)}, the study "
+                    f"file has {expected[name]}; a study's choices cannot change: pass --study-name NEW_NAME for a "
+                    "new study, or restore the file")
 
 
 def _work(spec, storage, study_name: str, args, overrides: dict, progress_total: int | None = None) -> int:
@@ -196,7 +279,8 @@ def _work(spec, storage, study_name: str, args, overrides: dict, progress_total:
                     break
             else:
                 target = args.n_trials or spec.n_trials
-                if len(study.get_trials(deepcopy=False, states=(*done_states, TrialState.RUNNING))) >= target:
+                counted = (*done_states, TrialState.RUNNING, TrialState.FAIL)  # FAIL too: never loop on failures
+                if len(study.get_trials(deepcopy=False, states=counted)) >= target:
                     break
             study.optimize(objective, n_trials=1, gc_after_trial=True, catch=(RuntimeError,))
             if bar is not None:
@@ -227,7 +311,7 @@ def _spawn_workers(args, storage, study_name: str, total: int) -> None:
     """N local processes on the same study, each with its share of the cores and its own sampler seed."""
     import optuna
 
-    argv = [a for a in sys.argv[1:] if a != "--no-progress"]
+    argv = [a for a in args.argv if a != "--no-progress"]
     procs = [subprocess.Popen([sys.executable, "-m", "ablations.run", *argv, "--worker-index", str(i),
                                "--no-progress", "--study-name", study_name])
              for i in range(args.workers)]

@@ -37,7 +37,7 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_s: int = HEARTBEAT_S, 
         engine_kwargs["connect_args"] = {"connect_timeout": 10}
     try:
         return optuna.storages.RDBStorage(
-            url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat_s, grace_period=grace_s,
+            _with_installed_driver(url), engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat_s, grace_period=grace_s,
             **{callback_arg: Retry(max_retry=MAX_RETRY, inherit_intermediate_values=True)})
     except (sqlalchemy.exc.ArgumentError, sqlalchemy.exc.NoSuchModuleError) as exc:
         raise ValueError(f"storage URL '{url}' is not valid: {_first_line(exc)}") from None
@@ -45,6 +45,18 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_s: int = HEARTBEAT_S, 
         raise ValueError(f"cannot reach storage '{_redact(url)}': {_first_line(exc.orig or exc)}") from None
     except ImportError as exc:
         raise ValueError(f"storage '{_redact(url)}' needs a database driver that is not installed: {exc}") from None
+
+
+def _with_installed_driver(url: str) -> str:
+    """``postgresql://`` with the PostgreSQL driver that is installed. SQLAlchemy 2.1 maps the bare scheme to
+    psycopg (3), 2.0 to psycopg2; this project depends on psycopg2-binary, so without psycopg 3 the bare URL would
+    fail with "driver not installed". An explicit ``postgresql+driver://`` is left alone."""
+    import importlib.util
+
+    if url.startswith("postgresql://") and importlib.util.find_spec("psycopg") is None \
+            and importlib.util.find_spec("psycopg2") is not None:
+        return "postgresql+psycopg2://" + url[len("postgresql://"):]
+    return url
 
 
 def retried_trial_number(frozen) -> int | None:

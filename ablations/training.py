@@ -199,11 +199,12 @@ def run_training(
 
 
 def _finish(trainer: Any, logger: Any, tracker: Any, run_name: str, status: str) -> dict[str, Any]:
-    """Summary + ``hp/*`` metrics + the Markdown summary table, written after fit (a second event file)."""
+    """Summary + ``hp/*`` metrics + the Markdown summary table, written after fit (a second event file) at the
+    final global step (at least 1, so the values follow the step-0 placeholders)."""
     summary = tracker.summary()
     summary.update(run_name=run_name, log_dir=str(logger.log_dir), param_count=summary.get("param_count"))
     if trainer.is_global_zero:
-        step = trainer.global_step
+        step = max(trainer.global_step, 1)  # after the step-0 placeholders, even if no step was taken
         logger.log_metrics(hp_metric_values(summary), step=step)
         logger.experiment.add_text("summary", summary_table(summary), global_step=step)
         logger.finalize(status)

@@ -17,7 +17,7 @@ class DigitsDataModule(InMemoryDataModule):
     num_classes = 10
     in_chans = 1
     img_size = 8
-    default_patch_size = 2
+    default_patch_size = 4
     pixel_max = 16.0
     max_shift = 1
 

@@ -21,6 +21,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_warn
 from torchmetrics.classification import MulticlassAccuracy
 
 from .vit import VisionTransformer
@@ -118,22 +119,30 @@ class ViTClassifier(pl.LightningModule):
         logits = self(x)
         loss = F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
         if not torch.isfinite(loss):
-            self.diverged = True
-            if self.diverged_at_step is None:
-                self.diverged_at_step = self.global_step
+            if not self.diverged:
+                self.diverged, self.diverged_at_step = True, self.global_step
+                rank_zero_warn(f"training loss is {loss.item()} at step {self.global_step}: the run diverged; "
+                               "skipping the step and stopping")
             self.trainer.should_stop = True
             return None  # skip this step: no backward, no parameter update
-        n = len(y)
-        self.train_acc(logits.detach(), y)
-        self.log("train/loss", loss.detach(), on_step=False, on_epoch=True, batch_size=n, sync_dist=True)
-        self.log("train/acc", self.train_acc, on_step=False, on_epoch=True, batch_size=n)
+        # Hot path: metrics only accumulate here (``update``, not ``forward``, which would also compute a
+        # per-batch value); they are computed and logged once per epoch in ``on_train_epoch_end``.
+        self.train_acc.update(logits.detach(), y)
         if self.train_acc5 is not None:
-            self.train_acc5(logits.detach(), y)
-            self.log("train/acc_top5", self.train_acc5, on_step=False, on_epoch=True, batch_size=n)
-        self.log("lr", self.optimizers().param_groups[0]["lr"], on_step=False, on_epoch=True, batch_size=1)
+            self.train_acc5.update(logits.detach(), y)
+        self.log("train/loss", loss.detach(), on_step=False, on_epoch=True, batch_size=len(y), sync_dist=True)
         return loss
 
+    def on_train_epoch_end(self) -> None:
+        for name, metric in (("train/acc", self.train_acc), ("train/acc_top5", self.train_acc5)):
+            if metric is not None and metric.update_count:
+                self.log(name, metric.compute())
+                metric.reset()
+        self.log("lr", self.optimizers().param_groups[0]["lr"])
+
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        if self.diverged:  # Lightning validates once more when a run stops: don't score the broken model
+            return
         x, y = batch
         logits = self(x)
         loss = F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
@@ -159,7 +168,9 @@ class ViTClassifier(pl.LightningModule):
 
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
-        optimizer = torch.optim.AdamW(self.model.param_groups(hp.weight_decay), lr=hp.lr, betas=tuple(hp.betas))
+        # fused=True: one kernel for all parameters instead of a Python loop with per-parameter ``.item()`` calls
+        optimizer = torch.optim.AdamW(self.model.param_groups(hp.weight_decay), lr=hp.lr, betas=tuple(hp.betas),
+                                      fused=True)
         warmup, total = self.schedule_steps()
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(warmup, total, hp.min_lr / hp.lr))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}

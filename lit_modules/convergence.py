@@ -212,6 +212,8 @@ class ConvergenceTracker(pl.Callback):
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking:
             return
+        if getattr(pl_module, "diverged", False):  # the stop-time validation of a broken model: not a measurement
+            return
         self._val_time += time.perf_counter() - self._val_start
         value = _metric(trainer.callback_metrics, self.val_metric)
         if value is not None:

@@ -16,7 +16,7 @@ Project definitions (written to TensorBoard as ``diag/definitions`` at fit start
   ``ratio_rms = sqrt(mean ‖Δ‖²)/sqrt(mean ‖x‖²)``; ``stream_rms[l] = sqrt(mean ‖x‖²/D)`` for the stream entering
   block l. DCA blocks: Δ = the block output f_t and x = the sum of the stack (the R-exact reading of §10.2).
 - ``grad_norm[l]`` = L2 norm of the gradients of all parameters of block l, taken once per diagnostic epoch at
-  the first optimizer step of that epoch (after AMP unscaling, before clipping's effect on the step).
+  the first optimizer step of that epoch (Lightning calls the hook after AMP unscaling, before gradient clipping).
 - ``dca_weights[r, j]`` = mean weight given to stacked vector j by the GRN of consumer r (rows 0..L−1: the
   blocks, row L: the final GRN before the head; column 0 = model input x₀, column j = block output f_j; with
   k-DCA the columns are stack positions [x₀, Σ intermediates, last k outputs]); missing entries are NaN (null in
@@ -166,8 +166,9 @@ def block_grad_norms(model: nn.Module) -> Tensor:
 
 # --- one diagnostic forward ----------------------------------------------------------------------------------------
 def collect_diagnostics(model: nn.Module, images: Tensor, tau: float = DEFAULT_TAU) -> dict[str, Any]:
-    """One eval-mode, no-grad, fp32 (autocast off) forward of ``model`` (a ``lit_modules.VisionTransformer``) on
-    ``images`` with temporary hooks; every module's train/eval mode, every attention's fused flag and the hooks
+    """One eval-mode, no-grad forward of ``model`` (a ``lit_modules.VisionTransformer``) on ``images`` with
+    temporary hooks, autocast off: fp32 for an fp32 model (the images are cast to the parameters' dtype, so a model
+    cast to bf16 as a whole runs in bf16). Every module's train/eval mode, every attention's fused flag and the hooks
     are restored / removed afterwards, also on error.
 
     Returns (CPU tensors, L = depth, layers 0-based)::
@@ -222,7 +223,9 @@ def collect_diagnostics(model: nn.Module, images: Tensor, tau: float = DEFAULT_T
             handles.append(final_grn.register_forward_hook(out_hook))
         param = next(model.parameters())
         with torch.no_grad(), torch.autocast(param.device.type, enabled=False):
-            model(images.to(device=param.device, dtype=param.dtype))
+            # .forward, not __call__: a backbone compiled in place (``model.compile()``) runs eagerly here, so the
+            # hooks fire and the diagnostic forward neither recompiles nor graph-breaks the training graph
+            model.forward(images.to(device=param.device, dtype=param.dtype))
     finally:
         for h in handles:
             h.remove()
@@ -240,7 +243,7 @@ def collect_diagnostics(model: nn.Module, images: Tensor, tau: float = DEFAULT_T
     sublayers = list(dict.fromkeys(s for _, s, _ in sites))
     out: dict[str, Any] = {"depth": depth, "tau": float(tau), "sublayers": sublayers}
     for key in ("ratio_mean", "ratio_rms"):
-        out[key] = {s: _stack_layers(site_stats, depth, s, key) for s in sublayers}
+        out[key] = {s: _stack_layers(site_stats, depth, s, key).cpu() for s in sublayers}
     first = {layer: s for layer, s, _ in reversed(sites)}  # the first site of each block sees the block's input
     out["stream_rms"] = torch.stack([site_stats[layer, first[layer]]["stream_rms"] for layer in range(depth)]).cpu()
     out["attn_sim_full"] = sim["sim_full"].cpu()
@@ -261,15 +264,17 @@ def _block_attention(blk: nn.Module, layer: int) -> Attention:
 
 
 def _stack_layers(stats: dict, depth: int, sublayer: str, key: str) -> Tensor:
-    nan = torch.tensor(float("nan"))
-    return torch.stack([stats[layer, sublayer][key].cpu() if (layer, sublayer) in stats else nan
+    """(L,) on the statistics' device (one host transfer per array later); NaN for a layer without the site."""
+    device = next(iter(stats.values()))[key].device
+    nan = torch.tensor(float("nan"), device=device)
+    return torch.stack([stats[layer, sublayer][key] if (layer, sublayer) in stats else nan
                         for layer in range(depth)])
 
 
 def _params_to_floats(stats: dict[tuple[int, str], dict[str, Tensor]]) -> dict[str, dict[int, dict[str, float]]]:
     """{(layer, sublayer): {key: 0-d tensor}} -> {sublayer: {layer: {key: float}}} with one host transfer."""
     entries = [(layer, s, k, v) for (layer, s), d in stats.items() for k, v in d.items()]
-    values = torch.stack([v.detach().float().reshape(()).cpu() for *_, v in entries]).tolist() if entries else []
+    values = torch.stack([v.detach().float().reshape(()) for *_, v in entries]).tolist() if entries else []
     out: dict[str, dict[int, dict[str, float]]] = {}
     for (layer, s, k, _), value in zip(entries, values, strict=True):
         out.setdefault(s, {}).setdefault(layer, {})[k] = value
@@ -441,11 +446,14 @@ def heatmap(matrix: Tensor, *, title: str, xlabel: str, ylabel: str, vmin: float
 
     data = matrix.detach().double().cpu().numpy()
     rows, cols = data.shape
-    fig = Figure(figsize=(1.2 + 0.45 * max(cols, 4), 1.0 + 0.4 * max(rows, 4)), dpi=80)
+    width, height = 2.0 + 0.45 * max(cols, 4), 1.0 + 0.4 * max(rows, 4)
+    fig = Figure(figsize=(width, height), dpi=80)
     FigureCanvasAgg(fig)
+    # fixed margins (inches) instead of tight_layout, which costs more than the rest of the figure
+    fig.subplots_adjust(left=0.9 / width, right=1 - 0.6 / width, bottom=0.55 / height, top=1 - 0.35 / height)
     ax = fig.add_subplot()
     image = ax.imshow(data, vmin=vmin, vmax=vmax, cmap="viridis", interpolation="nearest")
-    fig.colorbar(image, ax=ax)
+    fig.colorbar(image, ax=ax, fraction=0.05, pad=0.03)
     ax.set_title(title, fontsize=9)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
@@ -455,6 +463,7 @@ def heatmap(matrix: Tensor, *, title: str, xlabel: str, ylabel: str, vmin: float
         for i in range(rows):
             for j in range(cols):
                 if not math.isnan(data[i, j]):
-                    ax.text(j, i, f"{data[i, j]:.2f}", ha="center", va="center", fontsize=6, color="w")
-    fig.tight_layout()
+                    bright = image.norm(data[i, j]) > 0.6  # viridis turns yellow: dark text there
+                    ax.text(j, i, f"{data[i, j]:.2f}", ha="center", va="center", fontsize=6,
+                            color="k" if bright else "w")
     return fig

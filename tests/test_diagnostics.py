@@ -31,6 +31,15 @@ VARIANTS = [(name, {}) for name in RESIDUALS] + [
 ]
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models: one thread is as fast, and two threads on two shared cores oversubscribe badly (10x here)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def tiny(residual: str = "standard", options: dict | None = None, seed: int = 0, **kw) -> VisionTransformer:
     torch.manual_seed(seed)
     return VisionTransformer(residual, options, **(TINY | kw))
@@ -237,6 +246,20 @@ def test_state_is_restored_when_the_forward_fails():
     assert all(not m._forward_hooks for m in model.modules())
 
 
+def test_a_backbone_compiled_in_place_is_diagnosed_eagerly():
+    model = tiny("standard")
+    compiled = []
+
+    def backend(gm, example_inputs):  # would fail the forward if the compiled path ran
+        compiled.append(gm)
+        raise AssertionError("compiled path used")
+
+    model.compile(backend=backend)  # what run_training does with compile=True
+    assert model._compiled_call_impl is not None
+    d = collect_diagnostics(model, images())
+    assert not compiled and (d["ratio_mean"]["attn"] > 0).all()
+
+
 def test_block_grad_norms_match_a_manual_computation():
     model = tiny("dca")
     model(images()).logsumexp(-1).sum().backward()
@@ -245,6 +268,18 @@ def test_block_grad_norms_match_a_manual_computation():
         manual = torch.sqrt(sum(p.grad.square().sum() for p in blk.parameters() if p.grad is not None))
         assert norms[i].item() == pytest.approx(manual.item(), rel=1e-5)
     assert block_grad_norms(tiny("standard")).tolist() == [0.0] * TINY["depth"]  # no backward yet
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_collect_diagnostics_and_grad_norms_on_cuda():
+    model = tiny("dca").cuda()
+    cpu = collect_diagnostics(tiny("dca"), images())
+    gpu = collect_diagnostics(model, images().cuda())
+    for key in ("stream_rms", "attn_sim_full", "attn_entropy"):
+        assert gpu[key].device.type == "cpu"
+        torch.testing.assert_close(gpu[key], cpu[key], rtol=1e-3, atol=1e-4)
+    model(images().cuda()).sum().backward()
+    assert block_grad_norms(model).device.type == "cuda"
 
 
 # --- the callback on a tiny Lightning run ------------------------------------------------------------------------------

@@ -18,9 +18,8 @@ from timm.layers import DropPath
 from torch import nn
 
 from lit_modules import RESIDUALS, VisionTransformer
-from lit_modules.residual import DCA, LAuReL, LayerScale, ReZero, ResSE, SkipInit, cait_init_value
+from lit_modules.residual import DCA, Highway, LAuReL, LayerScale, ResSE, ReZero, SkipInit, cait_init_value
 from lit_modules.residual.base import BlockArgs
-from lit_modules.residual.highway import Highway
 
 TINY = dict(img_size=8, patch_size=4, in_chans=3, num_classes=3, embed_dim=8, depth=3, num_heads=2)
 
@@ -520,6 +519,27 @@ def test_formula_hand_values_exercise_relu():
     assert any(sum(WS[0][e] * G[n][j][e] for e in range(4)) < 0 for n in range(2) for j in range(3))
 
 
+@pytest.mark.parametrize("fused", [True, False])
+def test_dca_block_wiring(fused):
+    """a = MHSA(LN_q q_in, LN_k k_in, LN_v v_in), f_t = a + MLP(LN₂(q_in + a)), written out with an explicit
+    softmax; the three GRN outputs are made different so swapping query/key/value inputs is caught."""
+    model = perturb(build("dca", {"form": "dca"}, fused_attn=fused)).eval()
+    blk = model.blocks[2]
+    stack = torch.randn(2, 5, 3, 8)
+    with torch.no_grad():
+        q_in, k_in, v_in = blk.grn(stack)
+        assert not torch.allclose(k_in, v_in) and not torch.allclose(q_in, k_in)
+        W, b = blk.attn.qkv.weight, blk.attn.qkv.bias
+        heads = lambda t: t.reshape(2, 5, 2, 4).transpose(1, 2)  # noqa: E731  (B, H, N, head_dim)
+        q = heads(blk.norm1(q_in) @ W[:8].T + b[:8])
+        k = heads(blk.norm1_k(k_in) @ W[8:16].T + b[8:16])
+        v = heads(blk.norm1_v(v_in) @ W[16:].T + b[16:])
+        attn = torch.softmax(q @ k.transpose(-2, -1) / 2.0, dim=-1)  # 1/sqrt(head_dim = 4)
+        a = blk.attn.proj((attn @ v).transpose(1, 2).reshape(2, 5, 8))
+        want = a + blk.mlp(blk.norm2(q_in + a))
+        assert torch.allclose(blk(stack), want, atol=1e-12, rtol=0)
+
+
 def test_k_dca_stack_is_input_sum_of_intermediates_and_last_k():
     """k-DCA (k=1, depth 4): block t reads [x0, Σ older outputs, last output] (paper's selection)."""
     model = perturb(build("dca", {"form": "grn_v2", "k": 1}, depth=4)).eval()
@@ -601,7 +621,7 @@ def test_weight_decay_groups(case):
 
 
 @pytest.mark.parametrize("residual, options, words", [
-    ("layerscale", {"rank": 4}, ["'rank'", "laurel", "layerscale", "init_value"]),
+    ("layerscale", {"rank": 4}, ["'rank'", "belongs to laurel", "layerscale", "init_value"]),
     ("standard", {"init_value": 0.1}, ["'init_value'", "layerscale", "rezero", "skipinit"]),
     ("rezero", {"gate": "sigmoid"}, ["'gate'", "res_se"]),
     ("highway", {"nonsense": 1}, ["'nonsense'", "gate_bias", "gate_weight_init"]),

@@ -108,7 +108,8 @@ class DCA(ResidualSite):
         """Stack (B, N, t, D) → combined inputs (outputs, B, N, D)."""
         dynamic = self.weights(stack)
         if dynamic is not None and self.grn_v3_form == "fig10_B":
-            return torch.einsum("obntd,bntd->obnd", dynamic, stack)
+            # elementwise + sum, not einsum: einsum would treat d as a batch dim and run B·N·D tiny matmuls
+            return (dynamic * stack.unsqueeze(0)).sum(dim=3)
         out = torch.einsum("bntd,otd->obnd", stack, 1.0 + self.b_delta.expand(-1, -1, stack.shape[-1]))
         if dynamic is not None:
             out = out + torch.einsum("obnt,bntd->obnd", dynamic, stack)

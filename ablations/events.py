@@ -1,0 +1,111 @@
+"""Read a trial's TensorBoard run folder back: the ``diag/*`` scalars and JSON texts written by
+:mod:`lit_modules.diagnostics` (used by :mod:`ablations.report` and :mod:`ablations.figures`).
+
+A run folder may hold several event files (the fit, the end-of-run summary, a resumed session); all are read.
+Steps follow the diagnostics convention (``global_step`` = 0-based epoch index). When a step was written twice
+(a resumed run repeating an epoch), the value read last wins.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+TEXT_SUFFIX = "/text_summary"  # torch's SummaryWriter.add_text appends it to the tag
+RATIO_RE = re.compile(r"^diag/ratio_mean/(?P<sublayer>[^/]+)/(?P<layer>\d+)$")
+PARAM_RE = re.compile(r"^diag/param/(?P<sublayer>[^/]+)/(?P<layer>\d+)/(?P<key>[^/]+)$")
+ATTN_SIM_JSON = "diag/attn_sim_full_json"
+
+
+@dataclass
+class RunEvents:
+    """``scalars[tag][step] = value`` and ``texts[tag][step] = str`` (text tags without torch's suffix)."""
+
+    scalars: dict[str, dict[int, float]] = field(default_factory=dict)
+    texts: dict[str, dict[int, str]] = field(default_factory=dict)
+
+    @property
+    def empty(self) -> bool:
+        return not self.scalars and not self.texts
+
+    def last_step(self, pattern: re.Pattern) -> int | None:
+        steps = [s for tag, values in self.scalars.items() if pattern.match(tag) for s in values]
+        return max(steps) if steps else None
+
+    def ratio_means(self, step: int | None = None) -> dict[str, dict[int, float]]:
+        """``{sublayer: {layer: ratio_mean}}`` at ``step`` (default: the last step with any ratio logged)."""
+        step = self.last_step(RATIO_RE) if step is None else step
+        out: dict[str, dict[int, float]] = {}
+        if step is None:
+            return out
+        for tag, values in self.scalars.items():
+            m = RATIO_RE.match(tag)
+            if m and step in values:
+                out.setdefault(m["sublayer"], {})[int(m["layer"])] = values[step]
+        return out
+
+    def params(self) -> dict[tuple[str, int, str], dict[int, float]]:
+        """``{(sublayer, layer, key): {step: value}}`` of the variant's own parameters over training."""
+        out = {}
+        for tag, values in self.scalars.items():
+            m = PARAM_RE.match(tag)
+            if m:
+                out[m["sublayer"], int(m["layer"]), m["key"]] = dict(values)
+        return out
+
+    def json_matrix(self, tag: str = ATTN_SIM_JSON, step: int | None = None) -> tuple[int, list[list[float]]] | None:
+        """``(step, matrix)`` of a JSON text tag at ``step`` (default: the last one), null -> NaN; None if absent."""
+        values = self.texts.get(tag)
+        if not values:
+            return None
+        step = max(values) if step is None else step
+        if step not in values:
+            return None
+        try:
+            rows = json.loads(values[step])
+        except json.JSONDecodeError:
+            return None
+        return step, [[math.nan if v is None else float(v) for v in row] for row in rows]
+
+
+def read_run(log_dir: str | Path | None, prefix: str = "diag/") -> RunEvents:
+    """The ``prefix`` scalars and texts of one run folder (an empty RunEvents if it has no event files)."""
+    if log_dir is None:
+        return RunEvents()
+    return _read_run(str(Path(log_dir).resolve()), prefix)
+
+
+@lru_cache(maxsize=256)
+def _read_run(log_dir: str, prefix: str) -> RunEvents:
+    path = Path(log_dir)
+    if not path.is_dir() or not any(path.glob("events.out.tfevents.*")):
+        return RunEvents()
+    from tensorboard.backend.event_processing import event_accumulator as ea_mod
+    from tensorboard.util import tensor_util
+
+    guidance = {ea_mod.SCALARS: 0, ea_mod.TENSORS: 0, ea_mod.IMAGES: 1, ea_mod.HISTOGRAMS: 1,
+                ea_mod.COMPRESSED_HISTOGRAMS: 1, ea_mod.AUDIO: 1}
+    acc = ea_mod.EventAccumulator(log_dir, size_guidance=guidance)
+    acc.Reload()
+    tags = acc.Tags()
+    events = RunEvents()
+    for tag in sorted(tags.get("scalars", [])):
+        if tag.startswith(prefix):
+            events.scalars[tag] = {int(e.step): float(e.value) for e in acc.Scalars(tag)}
+    for tag in sorted(tags.get("tensors", [])):
+        name = tag[: -len(TEXT_SUFFIX)] if tag.endswith(TEXT_SUFFIX) else tag
+        if not name.startswith(prefix):
+            continue
+        if acc.SummaryMetadata(tag).plugin_data.plugin_name != "text":
+            continue
+        texts = {}
+        for e in acc.Tensors(tag):
+            value = tensor_util.make_ndarray(e.tensor_proto)
+            item = value.reshape(-1)[0] if value.size else b""
+            texts[int(e.step)] = item.decode("utf-8") if isinstance(item, bytes) else str(item)
+        events.texts[name] = texts
+    return events

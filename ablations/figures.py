@@ -1,0 +1,288 @@
+"""Static figures of the report (matplotlib, Agg, no pyplot state except for Optuna's own matplotlib plots).
+
+Every figure is saved as PNG and PDF with fixed metadata (no creation date, fixed ``svg.hashsalt``), so the same
+inputs give the same files. Inputs are plain data prepared by :mod:`ablations.report`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np  # noqa: E402
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from .events import RunEvents  # noqa: E402
+
+RC = {"svg.hashsalt": "ablations-report", "font.size": 8, "axes.titlesize": 9, "legend.fontsize": 7,
+      "figure.dpi": 100, "savefig.dpi": 150, "pdf.fonttype": 42}
+PNG_METADATA = {"Software": None}
+PDF_METADATA = {"CreationDate": None, "ModDate": None, "Producer": None, "Creator": None}
+SUBLAYER_ORDER = ("attn", "mlp", "block", "out")
+SUBLAYER_NAMES = {"attn": "attention (SA)", "mlp": "MLP (FFN)", "block": "block", "out": "final GRN"}
+SUBLAYER_STYLES = {"attn": "-", "mlp": "--", "block": ":", "out": "-."}
+#: Parameter keys that are summaries of another key (drawn only through the main key) or DCA heat-map entries.
+_SKIP_PARAM = re.compile(r"^(weight_\d+|.*_std|.*_abs_mean)$")
+
+
+def apply_style() -> None:
+    matplotlib.rcParams.update(RC)
+
+
+def colors(labels: Sequence[str]) -> dict[str, tuple]:
+    """A fixed colour per variant label, by its position in the study's order."""
+    from matplotlib import colormaps as cmaps
+
+    cmap = cmaps["tab10"] if len(labels) <= 10 else cmaps["tab20"]
+    return {label: cmap(i % cmap.N) for i, label in enumerate(labels)}
+
+
+def new_figure(width: float, height: float) -> Figure:
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def save(fig, out_dir: Path, name: str, *, tight: bool = False) -> list[Path]:
+    """``<out_dir>/<name>.png`` and ``.pdf`` with fixed metadata; returns the paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"{name}.png", out_dir / f"{name}.pdf"]
+    extra = {"bbox_inches": "tight"} if tight else {}
+    with matplotlib.rc_context(RC):
+        fig.savefig(paths[0], format="png", metadata=PNG_METADATA, **extra)
+        fig.savefig(paths[1], format="pdf", metadata=PDF_METADATA, **extra)
+    return paths
+
+
+# --- accuracy ------------------------------------------------------------------------------------------------------
+def accuracy_vs_depth(cells: Sequence[Mapping], variants: Sequence[str], *, ylabel: str) -> Figure:
+    """Mean ± sample std (error bars) of the accuracy per variant over depth; ``cells`` rows have keys
+    variant, depth, mean, std, n (accuracy in %)."""
+    fig = new_figure(4.8, 3.4)
+    ax = fig.add_subplot()
+    palette = colors(variants)
+    depths = sorted({c["depth"] for c in cells})
+    for label in variants:
+        rows = sorted((c for c in cells if c["variant"] == label and c["n"] > 0), key=lambda c: c["depth"])
+        if not rows:
+            continue
+        x = [r["depth"] for r in rows]
+        y = [r["mean"] for r in rows]
+        err = [r["std"] if r["n"] >= 2 and r["std"] is not None else 0.0 for r in rows]
+        ax.errorbar(x, y, yerr=err, label=label, color=palette[label], marker="o", ms=3, capsize=3, lw=1.2)
+    ax.set_xticks(depths)
+    ax.set_xlabel("depth (blocks)")
+    ax.set_ylabel(ylabel)
+    ax.set_title("accuracy vs depth (mean ± std over seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", ncols=2 if len(variants) > 4 else 1)
+    return fig
+
+
+def val_curves(curves: Mapping[int, Mapping[str, Sequence[Mapping[int, float]]]], variants: Sequence[str]) -> Figure:
+    """One panel per depth; per variant the mean val-accuracy curve with a ± std band over seeds.
+    ``curves[depth][variant]`` = list of ``{epoch (1-based): acc %}``."""
+    depths = sorted(curves)
+    ncols = min(3, len(depths)) or 1
+    nrows = math.ceil(len(depths) / ncols) or 1
+    fig = new_figure(3.6 * ncols, 2.8 * nrows)
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    palette = colors(variants)
+    for i, depth in enumerate(depths):
+        ax = axes[i // ncols][i % ncols]
+        for label in variants:
+            runs = curves[depth].get(label) or []
+            epochs = sorted({e for run in runs for e in run})
+            if not epochs:
+                continue
+            values = [[run[e] for run in runs if e in run and math.isfinite(run[e])] for e in epochs]
+            keep = [j for j, v in enumerate(values) if v]
+            x = np.array([epochs[j] for j in keep])
+            mean = np.array([np.mean(values[j]) for j in keep])
+            std = np.array([np.std(values[j], ddof=1) if len(values[j]) > 1 else 0.0 for j in keep])
+            ax.plot(x, mean, color=palette[label], label=f"{label} (n={len(runs)})", marker="." if len(x) < 4 else None)
+            if np.any(std > 0):
+                ax.fill_between(x, mean - std, mean + std, color=palette[label], alpha=0.2, lw=0)
+        ax.set_title(f"depth {depth}")
+        ax.set_xlabel("epoch")
+        _integer_ticks(ax, [e for runs in curves[depth].values() for run in runs for e in run])
+        ax.set_ylabel("val accuracy (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right")
+    for j in range(len(depths), nrows * ncols):
+        axes[j // ncols][j % ncols].set_visible(False)
+    return fig
+
+
+# --- diagnostics ---------------------------------------------------------------------------------------------------
+def _integer_ticks(ax, xs: Sequence[int]) -> None:
+    """Integer x ticks: every value when there are few, else an integer locator; half a unit of padding."""
+    from matplotlib.ticker import MaxNLocator
+
+    xs = sorted(set(xs))
+    if not xs:
+        return
+    if len(xs) <= 12:
+        ax.set_xticks(xs)
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlim(xs[0] - 0.5, xs[-1] + 0.5)
+
+
+def _scale(ax, values: Sequence[float]) -> None:
+    finite = [v for v in values if math.isfinite(v)]
+    positive = [v for v in finite if v > 0]
+    if positive and len(positive) == len(finite) and max(positive) / min(positive) > 50:
+        ax.set_yscale("log")
+    elif positive and len(positive) < len(finite) and max(positive) / min(positive) > 50:
+        ax.set_yscale("symlog", linthresh=min(positive))
+
+
+def branch_ratio(events: Mapping[str, Sequence[RunEvents]], variants: Sequence[str], *, depth: int) -> Figure | None:
+    """CaiT's figure: ``ratio_mean`` = ‖Δ‖/‖x‖ per layer, one panel per sublayer, one line per variant (mean over
+    its runs, each at its last logged epoch). None when no run has the diagnostics."""
+    data: dict[str, dict[str, dict[int, list[float]]]] = {}
+    for label in variants:
+        for run in events.get(label, []):
+            for sublayer, per_layer in run.ratio_means().items():
+                for layer, value in per_layer.items():
+                    data.setdefault(sublayer, {}).setdefault(label, {}).setdefault(layer, []).append(value)
+    if not data:
+        return None
+    sublayers = [s for s in SUBLAYER_ORDER if s in data] + sorted(set(data) - set(SUBLAYER_ORDER))
+    fig = new_figure(3.6 * len(sublayers), 3.0)
+    axes = fig.subplots(1, len(sublayers), squeeze=False)[0]
+    palette = colors(variants)
+    for ax, sublayer in zip(axes, sublayers, strict=True):
+        values = []
+        for label in variants:
+            per_layer = data[sublayer].get(label)
+            if not per_layer:
+                continue
+            layers = sorted(per_layer)
+            y = [float(np.mean(per_layer[layer])) for layer in layers]
+            values += y
+            n = max(len(v) for v in per_layer.values())
+            ax.plot(layers, y, color=palette[label], marker="o", ms=3, label=f"{label} (n={n})")
+        _scale(ax, values)
+        ax.set_title(f"{SUBLAYER_NAMES.get(sublayer, sublayer)}")
+        ax.set_xlabel("block (0-based)")
+        ax.set_ylabel("ratio_mean  ‖Δ‖ / ‖x‖")
+        _integer_ticks(ax, [layer for per_layer in data[sublayer].values() for layer in per_layer])
+        ax.grid(alpha=0.3)
+        ax.legend(loc="best")
+    fig.suptitle(f"branch / stream norm ratio per layer (depth {depth}, last logged epoch)", fontsize=9)
+    return fig
+
+
+def attention_similarity(matrices: Mapping[str, np.ndarray], *, depth: int) -> Figure:
+    """DeepViT's figure: the L×L cross-layer attention-column similarity, one heat map per variant."""
+    labels = list(matrices)
+    fig = new_figure(0.6 + 3.2 * len(labels), 3.2)
+    axes = fig.subplots(1, len(labels), squeeze=False)[0]
+    image = None
+    for ax, label in zip(axes, labels, strict=True):
+        m = np.asarray(matrices[label], dtype=float)
+        image = ax.imshow(m, vmin=0.0, vmax=1.0, cmap="viridis", interpolation="nearest", origin="upper")
+        ax.set_title(label)
+        ax.set_xlabel("layer q")
+        ax.set_ylabel("layer p")
+        ax.set_xticks(range(m.shape[1]))
+        ax.set_yticks(range(m.shape[0]))
+        if m.size <= 144:
+            for i in range(m.shape[0]):
+                for j in range(m.shape[1]):
+                    if math.isfinite(m[i, j]):
+                        ax.text(j, i, f"{m[i, j]:.2f}", ha="center", va="center", fontsize=6,
+                                color="w" if m[i, j] < 0.6 else "k")
+    if image is not None:
+        fig.colorbar(image, ax=list(axes), shrink=0.9, label="mean cosine similarity M")
+    fig.suptitle(f"attention-column similarity between layers (depth {depth}, last logged epoch)", fontsize=9)
+    return fig
+
+
+def param_evolution(events: Mapping[str, Sequence[RunEvents]], variants: Sequence[str], *,
+                    depth: int) -> Figure | None:
+    """The variants' own parameters (γ, α, β, gate means, ...) over training: one panel per (variant, key), one
+    line per (layer, sublayer), mean over the variant's runs. None when no variant logs parameters."""
+    panels: list[tuple[str, str, dict[tuple[str, int], dict[int, list[float]]]]] = []
+    for label in variants:
+        per_key: dict[str, dict[tuple[str, int], dict[int, list[float]]]] = {}
+        for run in events.get(label, []):
+            for (sublayer, layer, key), values in run.params().items():
+                if _SKIP_PARAM.match(key):
+                    continue
+                series = per_key.setdefault(key, {}).setdefault((sublayer, layer), {})
+                for step, v in values.items():
+                    series.setdefault(step, []).append(v)
+        for key in sorted(per_key):
+            panels.append((label, key, per_key[key]))
+    if not panels:
+        return None
+    ncols = min(3, len(panels))
+    nrows = math.ceil(len(panels) / ncols)
+    fig = new_figure(max(3.6 * ncols, 4.8), 0.4 + 2.8 * nrows)
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    from matplotlib import colormaps as cmaps
+
+    cmap = cmaps["viridis"]
+    for i, (label, key, series) in enumerate(panels):
+        ax = axes[i // ncols][i % ncols]
+        layers = sorted({layer for _, layer in series})
+        values = []
+        for sublayer, layer in sorted(series, key=lambda k: (k[1], _sub_rank(k[0]))):
+            steps = sorted(series[sublayer, layer])
+            x = [s + 1 for s in steps]  # step = 0-based epoch index -> epoch number
+            y = [float(np.mean(series[sublayer, layer][s])) for s in steps]
+            values += y
+            shade = cmap(layers.index(layer) / max(1, len(layers) - 1) * 0.9)
+            ax.plot(x, y, color=shade, ls=SUBLAYER_STYLES.get(sublayer, "-"), marker="." if len(x) < 4 else None,
+                    label=f"{sublayer} {layer}")
+        _scale(ax, values)
+        ax.set_title(f"{label}: {key}")
+        ax.set_xlabel("epoch")
+        _integer_ticks(ax, [s + 1 for steps in series.values() for s in steps])
+        ax.grid(alpha=0.3)
+        if len(series) <= 12:
+            ax.legend(loc="best", fontsize=6)
+    for j in range(len(panels), nrows * ncols):
+        axes[j // ncols][j % ncols].set_visible(False)
+    fig.suptitle(f"residual parameters over training (depth {depth}, mean over runs)\n"
+                 "colour = block; solid attn, dashed mlp, dotted block", fontsize=8)
+    return fig
+
+
+def _sub_rank(sublayer: str) -> int:
+    return SUBLAYER_ORDER.index(sublayer) if sublayer in SUBLAYER_ORDER else len(SUBLAYER_ORDER)
+
+
+# --- Optuna's own matplotlib plots -----------------------------------------------------------------------------------
+def optuna_figure(plot, *args, **kwargs):
+    """Run one ``optuna.visualization.matplotlib`` plot function and return its Figure (Agg; pyplot-managed, so
+    close it with :func:`close`)."""
+    import warnings
+
+    import matplotlib.pyplot as plt
+    import optuna
+
+    plt.close("all")
+    with warnings.catch_warnings(), matplotlib.rc_context(RC):
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        warnings.simplefilter("ignore", UserWarning)
+        ax = plot(*args, **kwargs)
+    fig = ax.figure if hasattr(ax, "figure") else np.ravel(ax)[0].figure
+    fig.set_size_inches(6.4, 4.2)
+    return fig
+
+
+def close(fig) -> None:
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)

@@ -1,0 +1,108 @@
+"""Tests for ``python -m ablations.bench``: it runs every section and writes the report files with the expected
+structure. The numbers are not checked (they are timings); the hidden ``--tiny`` mode keeps the run to seconds."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ablations import bench
+from ablations.costs import CONFIGS
+
+ROOT = Path(__file__).resolve().parents[1]
+HEADERS = {"timm": "## 1. ", "variants": "## 2. ", "lightning": "## 3. ", "mfu": "## 4. ", "study": "## 5. ",
+           "memory": "## 6. ", "compile": "## 7. "}
+DATA_KEYS = {
+    "timm": {"times_s"},
+    "variants": {"variants", "times_s"},
+    "lightning": {"times_s", "steps", "config"},
+    "mfu": {"train_step_flops", "step_flops_per_s", "peak_flops_per_s", "mfu", "times_s"},
+    "study": {"measured_trial_s", "trial_epochs", "grid_trials", "grid_estimate_s", "trials_per_hour"},
+    "memory": {"method", "variants"},
+    "compile": {"times_s", "first_compiled_step_s"},
+}
+
+
+def run_bench(out: Path, *args: str, timeout: int = 900) -> tuple[str, dict]:
+    """Run the CLI in a subprocess (it sets torch's thread count for its whole process); return (md, json)."""
+    cmd = [sys.executable, "-m", "ablations.bench", "--out", str(out), *args]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return (out / "bench.md").read_text(), json.loads((out / "bench.json").read_text())
+
+
+def check_report(md: str, report: dict, sections: list[str]) -> None:
+    for header in ("# Benchmark", "## Machine", "## Goals"):
+        assert header in md
+    for name in sections:
+        assert HEADERS[name] in md, name
+    for name in set(HEADERS) - set(sections):
+        assert HEADERS[name] not in md, name
+    meta = report["meta"]
+    assert {"mode", "settings", "machine", "started", "wall_s", "sections"} <= set(meta)
+    assert {"cpu", "threads", "torch", "timm", "lightning", "loadavg_start", "loadavg_end"} <= set(meta["machine"])
+    assert meta["machine"]["cpu"] in md
+    assert set(report["sections"]) == set(sections)
+    for name, sec in report["sections"].items():
+        assert sec["error"] is None, sec["error"]
+        assert {"title", "setup", "passed", "goals", "wall_s", "data"} <= set(sec)
+        assert DATA_KEYS[name] <= set(sec["data"]), name
+        for goal in sec["goals"]:  # every goal is in the summary table with its mark
+            assert {"what", "value", "limit", "goal", "result", "passed"} <= set(goal)
+            assert goal["what"] in md
+
+
+def test_tiny_run_writes_every_section(tmp_path):
+    md, report = run_bench(tmp_path, "--tiny", "--threads", "1")
+    check_report(md, report, list(bench.DEFAULT_SECTIONS))
+    assert report["meta"]["mode"] == "tiny" and report["meta"]["machine"]["threads"] == 1
+    sections = report["sections"]
+    assert set(sections["variants"]["data"]["variants"]) == {label for label, _, _ in CONFIGS}
+    assert set(sections["memory"]["data"]["variants"]) == {label for label, _, _ in CONFIGS}
+    assert set(sections["timm"]["data"]["times_s"]) == {"timm", "ours standard", "timm init_values=1e-5",
+                                                       "ours layerscale 1e-5"}
+    goals = {g["what"] for s in sections.values() for g in s["goals"]}
+    assert {"ours standard / timm", "MFU", "dca k=2 vs dca (full, default)"} <= goals
+    assert "pass" in md or "**miss**" in md
+
+
+@pytest.mark.slow
+def test_quick_run_writes_every_section(tmp_path):
+    md, report = run_bench(tmp_path, "--quick")
+    check_report(md, report, list(bench.DEFAULT_SECTIONS))
+    assert report["meta"]["mode"] == "quick"
+
+
+@pytest.mark.slow
+def test_compile_section(tmp_path):
+    md, report = run_bench(tmp_path, "--tiny", "--threads", "1", "--sections", "mfu", "--compile")
+    check_report(md, report, ["mfu", "compile"])
+
+
+def test_sections_by_name_or_number():
+    assert bench.parse_sections("mfu,1, memory") == ["mfu", "timm", "memory"]
+    assert bench.parse_sections("7") == ["compile"]
+
+
+@pytest.mark.parametrize("argv", [["--sections", "nope"], ["--sections", "8"], ["--threads", "0"]])
+def test_bad_arguments_exit_2_with_one_line(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "\n" not in err
+
+
+def test_interleave_rotates_rounds_and_pairs_ratios():
+    calls = []
+    fns = {name: (lambda n=name: calls.append(n)) for name in "ABC"}
+    times = bench.interleave(fns, reps=3, steps=2, warmup=1)
+    assert calls[:3] == ["A", "B", "C"]  # warm-up, untimed
+    rounds = calls[3:]
+    assert rounds == ["A", "A", "B", "B", "C", "C", "B", "B", "C", "C", "A", "A", "C", "C", "A", "A", "B", "B"]
+    assert {k: len(v) for k, v in times.items()} == {"A": 3, "B": 3, "C": 3}
+    assert bench.paired_ratio({"a": [2.0, 4.0, 9.0], "b": [1.0, 1.0, 3.0]}, "a", "b") == 3.0

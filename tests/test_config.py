@@ -1,0 +1,154 @@
+"""RunConfig: defaults, validation messages, conversions, the torch-free name tables, and CLI parsing into it."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ablations.choices import DATASET_NAMES, INIT_VALUE_OPTIONS, RESIDUAL_NAMES
+from ablations.config import RunConfig, config_fields
+from ablations.train import build_parser, config_from_args, option_name, parse_value
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_defaults_are_small_cpu_settings():
+    c = RunConfig()
+    assert (c.embed_dim, c.num_heads, c.mlp_ratio, c.lr, c.weight_decay, c.batch_size) == (64, 4, 2.0, 1e-3, 0.05, 128)
+    assert (c.precision, c.devices, c.strategy, c.compile, c.diagnostics_every) == ("32-true", 1, "auto", False, 0)
+    assert c.patch_size is None and c.threads is None and c.label_smoothing == 0.1
+    assert c.accuracy_thresholds == (0.5, 0.8, 0.9, 0.95)
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"depth": 0}, "depth must be a positive integer, got 0"),
+    ({"residual": "foo"}, "unknown residual 'foo'; valid choices: standard, layerscale"),
+    ({"dataset": "foo"}, "unknown dataset 'foo'; valid choices: digits"),
+    ({"lr": 0.0}, "lr must be > 0"),
+    ({"lr": float("nan")}, "lr must be > 0"),
+    ({"embed_dim": 30, "num_heads": 4}, "embed_dim=30 is not divisible by num_heads=4"),
+    ({"drop_path_rate": 1.5}, "drop_path_rate must be in [0, 1]"),
+    ({"val_fraction": 1.0}, "val_fraction must be in (0, 1)"),
+    ({"label_smoothing": 1.0}, "label_smoothing must be in [0, 1)"),
+    ({"betas": (0.9,)}, "betas must be two floats"),
+    ({"accuracy_thresholds": (0.5, 1.5)}, "accuracy_thresholds must be in (0, 1]"),
+    ({"precision": "8-bit"}, "unknown precision '8-bit'; valid choices: 32-true"),
+    ({"global_pool": "max"}, "unknown global_pool 'max'"),
+    ({"depth": 2.5}, "depth must be an integer, got 2.5"),
+    ({"depth": True}, "depth must be an integer, got True"),
+    ({"max_epochs": 0}, "max_epochs must be a positive integer"),
+    ({"threads": 0}, "threads must be a positive integer"),
+    ({"devices": "many"}, "devices must be an integer or 'auto'"),
+    ({"residual_options": {"bad key": 1}}, "residual_options key 'bad key' is not a valid option name"),
+    ({"min_lr": 1.0}, "min_lr must be in [0, 0.001]"),
+])
+def test_invalid_values_raise_one_line_value_errors(changes, message):
+    with pytest.raises(ValueError) as info:
+        RunConfig(**changes)
+    text = str(info.value)
+    assert message in text and "\n" not in text
+
+
+def test_coercion_and_immutability():
+    c = RunConfig(lr=1, betas=[0.8, 0.99], residual_options=None, warmup_epochs="0.5")
+    assert isinstance(c.lr, float) and c.betas == (0.8, 0.99) and c.residual_options == {}
+    assert c.warmup_epochs == 0.5
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.depth = 3
+    options = {"init_value": 1e-5}
+    c = RunConfig(residual="layerscale", residual_options=options)
+    options["init_value"] = 1.0  # the config holds its own copy
+    assert c.residual_options == {"init_value": 1e-5}
+    assert hash(c) == hash(RunConfig(residual="layerscale", residual_options={"init_value": 1e-5}))
+
+
+def test_from_dict_to_dict_replace():
+    c = RunConfig(residual="layerscale", residual_options={"init_value": "auto"}, depth=8, dataset="synthetic",
+                  dataset_options={"num_samples": 64})
+    assert RunConfig.from_dict(c.to_dict()) == c
+    assert c.replace(depth=2).depth == 2 and c.depth == 8
+    with pytest.raises(ValueError, match="depth must be a positive integer"):
+        c.replace(depth=-1)
+    with pytest.raises(ValueError, match="unknown config key 'dept'; valid keys: residual"):
+        RunConfig.from_dict({"dept": 3})
+
+
+def test_to_hparams_is_flat_scalars():
+    c = RunConfig(residual="layerscale", residual_options={"init_value": None}, dataset="synthetic",
+                  dataset_options={"num_samples": 64})
+    hp = c.to_hparams()
+    assert hp["residual"] == "layerscale" and hp["residual.init_value"] == "None"
+    assert hp["dataset.num_samples"] == 64 and hp["patch_size"] == "None" and hp["data_dir"] == "None"
+    assert hp["betas"] == "0.9,0.999" and hp["accuracy_thresholds"] == "0.5,0.8,0.9,0.95"
+    assert "residual_options" not in hp and "dataset_options" not in hp
+    assert all(isinstance(v, (int, float, str, bool)) for v in hp.values())
+    assert c.run_name() == "layerscale-init_value=None_d4_w64_synthetic_s0"
+
+
+def test_name_tables_match_the_registries():
+    from data import DATASETS
+    from lit_modules import RESIDUALS
+
+    assert set(RESIDUAL_NAMES) == set(RESIDUALS)
+    assert set(DATASET_NAMES) == set(DATASETS)
+    for residual, option in INIT_VALUE_OPTIONS.items():
+        assert option in RESIDUALS[residual].options(), (residual, option)
+
+
+def test_config_and_cli_modules_do_not_import_torch():
+    code = "import ablations.config, ablations.train, sys; print('torch' in sys.modules, 'lightning' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
+# --- CLI parsing (in-process; the end-to-end CLI runs are in test_training.py) -------------------------------------
+def parse(*argv: str) -> RunConfig:
+    return config_from_args(build_parser().parse_args(list(argv)))
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    ("1e-5", 1e-5), ("0.1", 0.1), ("3", 3), ("None", None), ("null", None), ("true", True), ("auto", "auto"),
+    ("[1, 2]", [1, 2]), ("rw_lr", "rw_lr"), ("-4", -4),
+])
+def test_parse_value(text, value):
+    assert parse_value(text) == value and type(parse_value(text)) is type(value)
+
+
+def test_cli_options_map_to_config():
+    c = parse("--residual", "layerscale", "--depth", "12", "--init-value", "auto", "--dataset", "digits",
+              "--max-epochs", "30", "--no-augment", "--betas", "0.9", "0.95", "--patch-size", "None",
+              "--devices", "auto", "--dataset-option", "num_samples=64")
+    assert c.residual_options == {"init_value": "auto"} and c.depth == 12 and c.max_epochs == 30
+    assert c.augment is False and c.betas == (0.9, 0.95) and c.patch_size is None and c.devices == "auto"
+    assert c.dataset_options == {"num_samples": 64}
+    assert parse("--residual", "layerscale", "--init-value", "1e-5").residual_options == {"init_value": 1e-5}
+    assert parse("--residual", "layerscale", "--init-value", "None").residual_options == {"init_value": None}
+    assert parse("--residual", "rezero", "--init-value", "0.1").residual_options == {"init_value": 0.1}
+    assert parse("--residual", "highway", "--init-value", "-2").residual_options == {"gate_bias": -2}
+    c = parse("--residual", "laurel", "--residual-option", "form=rw", "--residual-option", "rank=8")
+    assert c.residual_options == {"form": "rw", "rank": 8}
+    assert parse() == RunConfig()  # no options: the RunConfig defaults
+
+
+def test_help_lists_every_config_field_and_documents_it():
+    text = build_parser().format_help()
+    for f in config_fields():
+        assert option_name(f.name, f.metadata["kind"]) in text, f.name
+    for flag in ("--init-value", "--residual-option", "--json", "--log-dir", "--run-name", "--resume"):
+        assert flag in text
+    for action in build_parser()._actions:
+        assert action.help, action.option_strings
+
+
+def test_config_file_then_cli_overrides(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("residual: layerscale\nresidual_options: {init_value: 1.0e-5}\ndepth: 3\nlr: 1e-3\n")
+    c = parse("--config", str(path), "--depth", "5")
+    assert (c.residual, c.residual_options, c.depth, c.lr) == ("layerscale", {"init_value": 1e-5}, 5, 1e-3)
+    path.write_text("dept: 3\n")
+    with pytest.raises(ValueError, match="unknown config key 'dept'"):
+        parse("--config", str(path))

@@ -1,0 +1,392 @@
+"""``python -m ablations.report``: tables and figures from a real (tiny) study's storage and event files.
+
+The module builds one tiny grid study with the real CLI (2 variants × 2 depths × 2 seeds, 2 epochs, synthetic
+data, diagnostics every epoch) and reports it twice; the numbers in the tables are recomputed here from the storage
+with numpy/scipy. Error paths and the table logic on hand-made data run without training.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import math
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from ablations import report
+
+REPO = Path(__file__).resolve().parents[1]
+STUDY = "report_tiny"
+TINY_YAML = """\
+name: report_tiny
+description: tiny grid for tests/test_report.py
+kind: grid
+metric: best_val_acc
+direction: maximize
+base: {dataset: synthetic, dataset_options: {num_samples: 320, img_size: 8, in_chans: 1, num_classes: 4},
+       patch_size: 4, embed_dim: 8, num_heads: 2, mlp_ratio: 1.0, max_epochs: 2, batch_size: 16, lr: 0.005,
+       warmup_epochs: 0, diagnostics_every: 1, diagnostics_batch_size: 8}
+variants:
+  - {label: standard, residual: standard}
+  - {label: layerscale, residual: layerscale, options: {init_value: 0.1}}
+axes: {depth: [1, 2], seed: [0, 1]}
+"""
+TABLES = ("main", "convergence", "cost")
+FIGURES = ("acc_vs_depth", "val_curves", "branch_ratio", "attn_similarity", "param_evolution")
+
+
+def _run_report(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = report.main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    root = tmp_path_factory.mktemp("report")
+    spec = root / f"{STUDY}.yaml"
+    spec.write_text(TINY_YAML)
+    storage = f"sqlite:///{root / 'o.db'}"
+    results = root / "results"
+    proc = subprocess.run(
+        [sys.executable, "-m", "ablations.run", "--study", str(spec), "--storage", storage, "--results-dir",
+         str(results), "--no-progress", "--threads", "1"],
+        cwd=root, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    base = ["--study", str(spec), "--storage", storage, "--results-dir", str(results)]
+    started = time.perf_counter()
+    first = _run_report(base)
+    seconds = time.perf_counter() - started
+    second = _run_report([*base, "--out", str(root / "again")])
+    return SimpleNamespace(root=root, spec=spec, storage=storage, results=results, out=results / STUDY,
+                           again=root / "again", first=first, second=second, seconds=seconds)
+
+
+def _results_from_storage(storage: str) -> dict[tuple[str, int], list[tuple[int, float]]]:
+    """(variant, depth) -> [(seed, best_val_acc)] of the completed, non-diverged result trials."""
+    import optuna
+
+    trials = optuna.load_study(study_name=STUDY, storage=storage).get_trials(deepcopy=False)
+    out: dict[tuple[str, int], list[tuple[int, float]]] = {}
+    for t in trials:
+        if t.state != optuna.trial.TrialState.COMPLETE or "surplus" in t.user_attrs or "duplicate_of" in t.user_attrs:
+            continue
+        assert not t.user_attrs["diverged"]
+        out.setdefault((t.params["variant"], t.params["depth"]), []).append(
+            (t.params["seed"], t.user_attrs["best_val_acc"]))
+    return out
+
+
+def _csv_rows(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def _md_cells(path: Path) -> dict[tuple[str, str], str]:
+    return _md_cells_from_text(path.read_text())
+
+
+def _md_cells_from_text(text: str) -> dict[tuple[str, str], str]:
+    """{(first column, column header): cell} of the first Markdown table in a text."""
+    lines = [ln for ln in text.splitlines() if ln.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    cells = {}
+    for ln in lines[2:]:
+        values = [c.strip() for c in ln.strip("|").split("|")]
+        for name, value in zip(header[1:], values[1:], strict=True):
+            cells[values[0], name] = value
+    return cells
+
+
+# --- the real study -----------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_report_writes_every_file(study):
+    code, out, err = study.first
+    assert code == 0, err
+    for name in TABLES:
+        for ext in ("md", "tex", "csv"):
+            path = study.out / f"{name}.{ext}"
+            assert path.is_file() and path.stat().st_size > 0, path
+            assert str(path) in out
+    for name in FIGURES:
+        for ext in ("png", "pdf"):
+            path = study.out / f"{name}.{ext}"
+            assert path.is_file() and path.stat().st_size > 1000, path
+    tex = (study.out / "main.tex").read_text()
+    assert "\\toprule" in tex and "\\midrule" in tex and "\\bottomrule" in tex and "\\caption{" in tex
+    assert "best\\_val\\_acc" in tex and "Welch" in tex
+    assert "| variant" in out and "files written" in out  # main table printed
+    tb = study.results / "runs" / STUDY / report.REPORT_RUN
+    assert list(tb.glob("events.out.tfevents.*"))
+    print(f"\nreport of the tiny study: {study.seconds:.1f} s (first, in-process)")
+
+
+@pytest.mark.slow
+def test_main_table_matches_storage(study):
+    expected = _results_from_storage(study.storage)
+    assert sorted(expected) == [(v, d) for v in ("layerscale", "standard") for d in (1, 2)]
+    rows = {(r["variant"], int(r["depth"])): r for r in _csv_rows(study.out / "main.csv")}
+    cells = _md_cells(study.out / "main.md")
+    for (variant, depth), pairs in expected.items():
+        values = np.array([v for _, v in sorted(pairs)])
+        mean, std = values.mean(), values.std(ddof=1)
+        row = rows[variant, depth]
+        assert int(row["n"]) == len(values) == 2
+        assert float(row["mean_best_val_acc"]) == pytest.approx(mean, abs=1e-6)
+        assert float(row["std_best_val_acc"]) == pytest.approx(std, abs=1e-6)
+        cell = cells[variant, f"depth {depth}"]
+        assert f"{100 * mean:.2f} ± {100 * std:.2f}" in cell and cell.endswith("(n=2)")
+    for depth in (1, 2):
+        top = max(np.mean([v for _, v in expected[v, depth]]) for v in ("standard", "layerscale"))
+        for variant in ("standard", "layerscale"):
+            is_best = math.isclose(np.mean([v for _, v in expected[variant, depth]]), top, abs_tol=1e-12)
+            assert cells[variant, f"depth {depth}"].startswith("**") == is_best
+            assert rows[variant, depth]["best_in_depth"] == str(int(is_best))
+    # the convergence table's means come from the same trials
+    conv = {(r["variant"], int(r["depth"])): r for r in _csv_rows(study.out / "convergence.csv")}
+    import optuna
+
+    trials = optuna.load_study(study_name=STUDY, storage=study.storage).trials
+    for (variant, depth), row in conv.items():
+        aucs = [t.user_attrs["val_acc_auc"] for t in trials
+                if t.params["variant"] == variant and t.params["depth"] == depth]
+        assert float(row["val_acc_auc"]) == pytest.approx(np.mean(aucs), abs=1e-6)
+
+
+@pytest.mark.slow
+def test_significance_mark_matches_welch(study):
+    from scipy import stats
+
+    expected = _results_from_storage(study.storage)
+    rows = {(r["variant"], int(r["depth"])): r for r in _csv_rows(study.out / "main.csv")}
+    cells = _md_cells(study.out / "main.md")
+    for depth in (1, 2):
+        a = [v for _, v in sorted(expected["layerscale", depth])]
+        b = [v for _, v in sorted(expected["standard", depth])]
+        p = stats.ttest_ind(a, b, equal_var=False).pvalue
+        significant = bool(np.isfinite(p) and p < 0.05)
+        assert ("†" in cells["layerscale", f"depth {depth}"]) == significant
+        assert rows["layerscale", depth]["significant"] == str(int(significant))
+        if np.isfinite(p):
+            assert float(rows["layerscale", depth]["p_welch_vs_standard"]) == pytest.approx(p, rel=1e-5)
+        assert "†" not in cells["standard", f"depth {depth}"]
+
+
+@pytest.mark.slow
+def test_second_report_is_byte_identical(study):
+    assert study.second[0] == 0, study.second[2]
+    for name in TABLES:
+        for ext in ("md", "tex", "csv"):
+            assert (study.out / f"{name}.{ext}").read_bytes() == (study.again / f"{name}.{ext}").read_bytes(), name
+    for name in FIGURES:
+        for ext in ("png", "pdf"):
+            assert (study.out / f"{name}.{ext}").read_bytes() == (study.again / f"{name}.{ext}").read_bytes(), name
+    assert b"CreationDate" not in (study.out / "acc_vs_depth.pdf").read_bytes()
+
+
+@pytest.mark.slow
+def test_dashboard_note_saved(study):
+    import optuna
+
+    s = optuna.load_study(study_name=STUDY, storage=study.storage)
+    note = "".join(v for k, v in sorted(s._storage.get_study_system_attrs(s._study_id).items())
+                   if k.startswith("dashboard:note_str:"))
+    assert "top-1 val accuracy" in note and "| layerscale" in note
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _post(port: int, path: str, body: dict) -> dict:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+@pytest.mark.slow
+def test_tensorboard_hparams_table_lists_every_trial(study):
+    """The report's ``_report`` run sits next to the trials' runs: the HParams plugin must still list every
+    trial as a session with every ``hp/*`` metric filled."""
+    import optuna
+
+    from ablations.training import HP_METRICS
+
+    logdir = study.results / "runs" / STUDY
+    assert (logdir / report.REPORT_RUN).is_dir()  # written by the report before TensorBoard starts
+    trials = optuna.load_study(study_name=STUDY, storage=study.storage).trials
+    expected = {Path(t.user_attrs["log_dir"]).name for t in trials}
+    port = _free_port()
+    tensorboard = Path(sys.executable).with_name("tensorboard")
+    proc = subprocess.Popen([str(tensorboard), "--logdir", str(logdir), "--host", "127.0.0.1", "--port", str(port),
+                             "--load_fast", "false", "--reload_interval", "2"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    body = {"experimentName": "", "startIndex": 0, "sliceSize": 1000,
+            "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"]}
+    try:
+        deadline, sessions, experiment = time.monotonic() + 90, {}, {}
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, "tensorboard exited"
+            try:
+                experiment = _post(port, "/data/plugin/hparams/experiment", {"experimentName": ""})
+                groups = _post(port, "/data/plugin/hparams/session_groups", body)
+                sessions = {s["name"]: s for g in groups.get("sessionGroups", []) for s in g["sessions"]}
+                if set(sessions) >= expected:
+                    break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(1)
+        assert set(sessions) == expected, f"sessions {sorted(sessions)} != trials {sorted(expected)}"
+        metric_tags = {m["name"]["tag"] for m in experiment["metricInfos"]}
+        assert metric_tags == set(HP_METRICS)
+        for name, session in sessions.items():
+            values = {m["name"]["tag"]: m["value"] for m in session["metricValues"]}
+            assert set(values) == set(HP_METRICS), name
+            bad = {k: v for k, v in values.items() if not isinstance(v, (int, float)) or not math.isfinite(v)}
+            assert not bad, f"{name}: non-finite hp metrics {bad}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# --- error paths (no training) ------------------------------------------------------------------------------------
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ablations.report", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_missing_storage_file_exits_2_and_creates_nothing(tmp_path):
+    db = tmp_path / "nope.db"
+    proc = _cli("--study", "residual_variants", "--storage", f"sqlite:///{db}", "--results-dir", str(tmp_path / "r"),
+                cwd=tmp_path)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "does not exist" in lines[0] and "Traceback" not in proc.stderr
+    assert not db.exists() and not (tmp_path / "r").exists()
+
+
+def test_study_without_completed_trials_exits_2(tmp_path):
+    import optuna
+
+    db = tmp_path / "empty.db"
+    study = optuna.create_study(study_name="residual_variants-smoke", storage=f"sqlite:///{db}")
+    study.enqueue_trial({"variant": "standard", "depth": 1, "seed": 0})  # WAITING only
+    proc = _cli("--study", "residual_variants", "--budget", "smoke", "--storage", f"sqlite:///{db}",
+                "--results-dir", str(tmp_path / "r"), cwd=tmp_path)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no completed trials" in lines[0] and "1 waiting" in lines[0]
+    assert not (tmp_path / "r").exists()
+
+
+def test_unknown_study_names_exit_2_listing_valid_ones(tmp_path):
+    import optuna
+
+    db = tmp_path / "o.db"
+    optuna.create_study(study_name="residual_variants-smoke", storage=f"sqlite:///{db}")
+    size = db.stat().st_size
+    code, out, err = _run_report(["--study", "no_such_study", "--storage", f"sqlite:///{db}"])
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "unknown study 'no_such_study'" in err and "residual_variants" in err and "init_values" in err
+    code, out, err = _run_report(["--study", "residual_variants", "--storage", f"sqlite:///{db}"])
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "study 'residual_variants' not found" in err and "residual_variants-smoke" in err
+    assert "--budget smoke" in err
+    code, out, err = _run_report(["--study", "residual_variants", "--study-name", "other",
+                                  "--storage", f"sqlite:///{db}"])
+    assert code == 2 and "studies there: residual_variants-smoke" in err
+    assert [s.study_name for s in optuna.get_all_study_summaries(f"sqlite:///{db}")] == ["residual_variants-smoke"]
+    assert db.stat().st_size == size and out == ""
+
+
+def test_not_an_optuna_file_exits_2(tmp_path):
+    db = tmp_path / "plain.db"
+    db.write_bytes(b"")
+    code, _, err = _run_report(["--study", "residual_variants", "--storage", f"sqlite:///{db}"])
+    assert code == 2 and "not an Optuna storage" in err and db.read_bytes() == b""
+
+
+# --- table logic on hand-made results (no training) ---------------------------------------------------------------
+def _data(values: dict[tuple[str, int], list], diverged: dict | None = None) -> report.StudyData:
+    runs, number = [], 0
+    for (variant, depth), accs in values.items():
+        for seed, acc in enumerate(accs):
+            div = (diverged or {}).get((variant, depth, seed), False)
+            runs.append(report.Run(number=number, state="complete", variant=variant, depth=depth, seed=seed,
+                                   row=variant, acc=acc, diverged=div))
+            number += 1
+    rows = list(dict.fromkeys(v for v, _ in values))
+    return report.StudyData(name="hand", kind="grid", runs=runs, rows=rows, row_variant={r: r for r in rows},
+                            row_extras={r: () for r in rows}, depths=sorted({d for _, d in values}))
+
+
+def test_cells_mark_bold_divergence_and_small_n():
+    from scipy import stats
+
+    data = _data({("standard", 2): [0.50, 0.52, 0.51], ("layerscale", 2): [0.70, 0.72, 0.71],
+                  ("rezero", 2): [0.49, 0.55, 0.60], ("dca", 2): [0.90, None]},
+                 diverged={("dca", 2, 1): True})
+    cells = {c.row: c for c in report.main_cells(data)}
+    p = stats.ttest_ind([0.70, 0.72, 0.71], [0.50, 0.52, 0.51], equal_var=False).pvalue
+    assert cells["layerscale"].p_value == pytest.approx(p) and p < 0.05 and cells["layerscale"].significant
+    assert not cells["rezero"].significant and cells["rezero"].p_value > 0.05
+    md = {row: report.cell_text(c, "md") for row, c in cells.items()}
+    assert md["layerscale"] == "71.00 ± 1.00† (n=3)"
+    assert md["standard"] == "51.00 ± 1.00 (n=3)"
+    assert md["dca"] == "**90.00** (n=1) (1 div.)"  # n < 2: no std, no test; the diverged run is counted
+    assert cells["dca"].p_value is None and cells["dca"].best
+    tex = report.cell_text(cells["layerscale"], "tex")
+    assert tex == r"71.00 $\pm$ 1.00$^{\dagger}$ (n=3)"
+    table = report.main_table(data, list(cells.values()))
+    assert "\\textbf{90.00}" in table.latex("tab:x") and "(1 div.)" in table.markdown()
+
+
+def test_search_tables_handle_few_trials():
+    import optuna
+    from optuna.distributions import CategoricalDistribution, FloatDistribution
+
+    from ablations.spec import load_spec
+
+    spec = load_spec("init_values", "smoke")
+    study = optuna.create_study(direction="maximize")
+    variant = CategoricalDistribution([v.label for v in spec.variants])
+    rng = np.random.default_rng(0)
+    for i in range(12):
+        label = "layerscale" if i < 9 else "highway"
+        name, dist = (("layerscale.init_value", FloatDistribution(1e-6, 1.0, log=True)) if label == "layerscale"
+                      else ("highway.gate_bias", FloatDistribution(-8.0, 0.0)))
+        value = float(rng.uniform(dist.low, dist.high))
+        acc = 0.5 + 0.01 * i
+        study.add_trial(optuna.trial.create_trial(
+            params={"variant": label, name: value}, distributions={"variant": variant, name: dist}, value=acc,
+            user_attrs={"best_val_acc": acc, "diverged": False}))
+    data = report.collect(study, spec)
+    best = report.search_table(data)
+    cells = _md_cells_from_text(best.markdown())
+    assert cells["layerscale", "best top-1 (%)"] == "58.00" and cells["layerscale", "trial"] == "8"
+    assert cells["highway", "complete"] == "3" and cells["rezero", "complete"] == "0"
+    imp = report.importance_table(study, data)
+    text = imp.markdown()
+    assert "PedAnovaImportanceEvaluator" in text
+    assert "| layerscale" in text and "layerscale.init_value" in text  # 9 trials: computed
+    assert any("highway: too few completed trials (3" in n for n in imp.notes)
+

@@ -1,0 +1,559 @@
+"""Tests of the Optuna study runner ``python -m ablations.run`` (ablations/run.py, objective.py, spec.py, storage.py).
+
+Real components throughout, no mocks: the CLI runs in a subprocess with the test's tmp folder as its working
+directory, storages are SQLite files in tmp folders, trials train tiny ViTs (width 8, one block) on the synthetic
+dataset. Importing torch + Lightning dominates each CLI call (seconds even on a quiet machine), so tests share
+runs where they can: one tiny study (module fixture) serves the ``--study PATH``, dashboard and keep-results tests,
+and the invocations that train nothing (``--list``, ``--dry-run``, bad input) run side by side in one fixture.
+Every CLI process starts in its own session; a test that fails or times out kills the whole process group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
+
+import optuna
+import pytest
+import yaml
+from optuna.trial import TrialState
+
+from ablations.objective import suggest
+from ablations.spec import BUDGETS, available_studies, load_spec
+from ablations.storage import open_storage
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+pytestmark = [pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning"),
+              pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")]
+
+CLI_TIMEOUT_S = 900  # generous: the CPU cores are shared; the timeout only stops a hung run
+TINY_BASE = {"dataset": "synthetic", "dataset_options": {"num_samples": 128, "img_size": 8}, "embed_dim": 8,
+             "num_heads": 2, "depth": 1, "max_epochs": 1, "patch_size": 4, "batch_size": 32}
+TWO_VARIANTS = ({"label": "standard", "residual": "standard"}, {"label": "rezero", "residual": "rezero"})
+SUMMARY_ATTRS = ("best_val_acc", "final_val_acc", "diverged", "param_count", "wall_time_s", "epochs_completed")
+DONE = (TrialState.COMPLETE, TrialState.PRUNED)
+
+
+# --- helpers -----------------------------------------------------------------------------------------------------
+def write_study(path: Path, *, variants=TWO_VARIANTS, base: dict | None = None, **keys) -> Path:
+    """A study YAML at ``path`` (name: the file's stem): tiny synthetic runs, ``base`` overriding TINY_BASE."""
+    doc = {"name": path.stem, "kind": "grid", **keys, "base": TINY_BASE | (base or {}), "variants": list(variants)}
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def url_of(db: Path) -> str:
+    return f"sqlite:///{db}"
+
+
+def start_cli(*args, cwd: Path, log=None) -> subprocess.Popen:
+    """``python -m ablations.run ARGS`` in a new session (so its worker processes can be killed as one group);
+    output piped, or both streams into the open file ``log``."""
+    return subprocess.Popen([sys.executable, "-m", "ablations.run", *map(str, args)], cwd=cwd, text=True,
+                            stdout=log or subprocess.PIPE, stderr=subprocess.STDOUT if log else subprocess.PIPE,
+                            start_new_session=True)
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the process group of a CLI still running (never a group whose leader has been reaped)."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(timeout=60)
+
+
+def finish(proc: subprocess.Popen, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException:
+        stop_group(proc)
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def run_cli(*args, cwd: Path, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess:
+    return finish(start_cli(*args, cwd=cwd), timeout)
+
+
+def run_cli_many(calls: dict[str, tuple], cwd: Path) -> dict[str, subprocess.CompletedProcess]:
+    """Several CLI calls side by side (their start-up is mostly imports); results by key."""
+    procs = {}
+    try:
+        for key, args in calls.items():
+            procs[key] = start_cli(*args, cwd=cwd)
+        return {key: finish(proc) for key, proc in procs.items()}
+    finally:
+        for proc in procs.values():
+            stop_group(proc)
+
+
+def trials_of(db: Path, study_name: str) -> list[optuna.trial.FrozenTrial]:
+    return optuna.load_study(study_name=study_name, storage=url_of(db)).get_trials(deepcopy=False)
+
+
+def _states(db: Path, study_name: str) -> dict[int, TrialState]:
+    """Trial states by number; {} while the CLI is still creating the storage or the study."""
+    try:
+        return {t.number: t.state for t in trials_of(db, study_name)} if db.is_file() else {}
+    except Exception:  # noqa: BLE001 - no tables / no study yet
+        return {}
+
+
+def point(params: dict) -> tuple:
+    return tuple(sorted(params.items()))
+
+
+def trials_by_params(db: Path, study_name: str, states=None) -> dict[tuple, list[optuna.trial.FrozenTrial]]:
+    """The study's trials (of ``states``, default all) grouped by their parameters."""
+    grouped: dict[tuple, list] = {}
+    for t in trials_of(db, study_name):
+        if states is None or t.state in states:
+            grouped.setdefault(point(t.params), []).append(t)
+    return grouped
+
+
+def snapshot(trials) -> list[tuple]:
+    """What must never change once a trial has finished."""
+    return [(t.number, t.state, t.params, t.values, t.datetime_complete, t.user_attrs) for t in trials]
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2, result.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def assert_grid_complete_once(db: Path, spec) -> dict[tuple, optuna.trial.FrozenTrial]:
+    """Every grid point COMPLETE exactly once, nothing else COMPLETE; returns the COMPLETE trial per point."""
+    complete = trials_by_params(db, spec.study_name, states=(TrialState.COMPLETE,))
+    assert sorted(complete) == sorted(point(p) for p in spec.grid())
+    assert all(len(ts) == 1 for ts in complete.values()), {k: [t.number for t in ts] for k, ts in complete.items()}
+    return {k: ts[0] for k, ts in complete.items()}
+
+
+# --- shared runs -------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_study(tmp_path_factory):
+    """A 2-point grid from a study file given by path, run once to completion."""
+    root = tmp_path_factory.mktemp("tiny")
+    write_study(root / "tiny.yaml")
+    db = root / "optuna.db"
+    result = run_cli("--study", "tiny.yaml", "--storage", url_of(db), "--results-dir", "results", "--no-progress",
+                     cwd=root)
+    return SimpleNamespace(root=root, db=db, name="tiny", spec=load_spec(str(root / "tiny.yaml")), result=result)
+
+
+@pytest.fixture(scope="module")
+def quick_calls(tmp_path_factory):
+    """The CLI calls that train nothing (--list, --dry-run, bad input), run side by side; each case has its own
+    SQLite path so a test can check that no storage was created."""
+    root = tmp_path_factory.mktemp("quick")
+    (root / "bad_yaml.yaml").write_text("name: bad\nkind: grid\nvariants: [\n  - {label: a\n")
+    write_study(root / "unknown_key.yaml", colour="blue")
+    write_study(root / "unknown_variant_key.yaml", variants=[{"label": "a", "residual": "standard", "option": {}}])
+    write_study(root / "unknown_base_key.yaml", base={"embed_dims": 8})
+    write_study(root / "unknown_option.yaml",
+                variants=[{"label": "ls", "residual": "layerscale", "options": {"bogus_opt": 1}}])
+    write_study(root / "unknown_pruner_option.yaml", kind="search",
+                search={"n_trials": 2, "pruner": {"type": "median", "n_startup": 1}})
+    write_study(root / "tiny.yaml")
+
+    def case(name, *args):
+        return name, (*args, "--storage", url_of(root / f"{name}.db"))
+
+    calls = dict([
+        ("list", ("--list",)),
+        case("dry_run", "--study", "residual_variants", "--budget", "smoke", "--dry-run"),
+        case("unknown_study", "--study", "no_such_study"),
+        case("missing_study_file", "--study", "missing.yaml"),
+        case("bad_yaml", "--study", "bad_yaml.yaml"),
+        case("unknown_key", "--study", "unknown_key.yaml"),
+        case("unknown_variant_key", "--study", "unknown_variant_key.yaml"),
+        case("unknown_base_key", "--study", "unknown_base_key.yaml"),
+        case("unknown_option", "--study", "unknown_option.yaml"),
+        case("unknown_pruner_option", "--study", "unknown_pruner_option.yaml"),
+        case("unknown_budget", "--study", "tiny.yaml", "--budget", "huge"),
+        ("unreachable_storage", ("--study", "tiny.yaml", "--storage", "postgresql://nobody@127.0.0.1:1/none")),
+        ("missing_sqlite_folder", ("--study", "tiny.yaml", "--storage", url_of(root / "no_such_dir" / "o.db"))),
+    ])
+    return SimpleNamespace(root=root, results=run_cli_many(calls, cwd=root))
+
+
+# --- 1. the issue's end-to-end run -------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_smoke_study_completes_every_grid_point_once_and_rerun_adds_nothing(tmp_path):
+    db = tmp_path / "o.db"
+    args = ("--study", "residual_variants", "--budget", "smoke", "--storage", url_of(db), "--results-dir", "results")
+    spec = load_spec("residual_variants", "smoke")
+
+    first = run_cli(*args, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert "Traceback" not in first.stderr
+    complete = assert_grid_complete_once(db, spec)
+    trials = trials_of(db, spec.study_name)
+    assert len(trials) == len(spec.grid()) == 8
+    for t in complete.values():
+        attrs = t.user_attrs
+        assert all(key in attrs for key in SUMMARY_ATTRS), sorted(attrs)
+        assert t.value == pytest.approx(attrs["best_val_acc"])
+        assert 0.0 <= attrs["final_val_acc"] <= 1.0 and attrs["diverged"] is False
+        assert attrs["param_count"] > 0 and attrs["wall_time_s"] > 0 and attrs["epochs_completed"] == 1
+        log_dir = tmp_path / attrs["log_dir"]
+        assert log_dir.is_dir() and list(log_dir.glob("events.out.tfevents.*"))
+        assert log_dir.name == f"trial_{t.number:04d}" and not (log_dir / "checkpoints").exists()
+        expected = spec.config_for(t.params)
+        assert {k: attrs["config"][k] for k in ("residual", "depth", "seed", "embed_dim", "max_epochs", "dataset")} \
+            == {k: expected[k] for k in ("residual", "depth", "seed", "embed_dim", "max_epochs", "dataset")}
+        assert attrs["resumed_from_checkpoint"] is False and "retry_of" not in attrs
+
+    second = run_cli(*args, cwd=tmp_path)
+    assert second.returncode == 0, second.stderr
+    assert snapshot(trials_of(db, spec.study_name)) == snapshot(trials)
+
+
+# --- study files by path -----------------------------------------------------------------------------------------
+def test_study_file_given_by_path_runs_as_its_own_study(tiny_study):
+    assert tiny_study.result.returncode == 0, tiny_study.result.stderr
+    assert "study 'tiny' (grid, 2 trials)" in tiny_study.result.stderr
+    assert assert_grid_complete_once(tiny_study.db, tiny_study.spec)
+    study = optuna.load_study(study_name="tiny", storage=url_of(tiny_study.db))
+    assert study.metric_names == ["best_val_acc"]
+    assert study.user_attrs["spec_source"] == "tiny.yaml" and study.user_attrs["kind"] == "grid"
+    for t in study.trials:
+        assert t.user_attrs["config"]["dataset"] == "synthetic" and t.user_attrs["config"]["embed_dim"] == 8
+        assert (tiny_study.root / t.user_attrs["log_dir"]).is_dir()
+
+
+# --- 2. a killed worker's trial is retried and resumes -------------------------------------------------------------
+@pytest.mark.slow
+def test_killed_trial_is_retried_with_same_params_and_resumes_its_epochs(tmp_path):
+    """Trial 0 (1 epoch) completes; trial 1 (6 epochs) is SIGKILLed with its worker after its first checkpoint.
+    The rerun fails it (stale heartbeat), retries it with the same parameters, and the retry continues from the
+    checkpoint: its summary counts all 6 epochs, not only those run after the restart."""
+    max_epochs = 6
+    write_study(tmp_path / "crash.yaml", base={"max_epochs": max_epochs}, variants=[
+        {"label": "short", "residual": "standard", "overrides": {"max_epochs": 1}},
+        {"label": "long", "residual": "layerscale"},
+    ])
+    spec = load_spec(str(tmp_path / "crash.yaml"))
+    db = tmp_path / "o.db"
+    args = ("--study", "crash.yaml", "--storage", url_of(db), "--results-dir", "results", "--heartbeat", "1",
+            "--grace", "2", "--no-progress")
+    last_ckpt = tmp_path / "results" / "runs" / "crash" / "trial_0001" / "checkpoints" / "last.ckpt"
+
+    log = tmp_path / "killed_run.log"
+    with open(log, "w") as log_file:
+        proc = start_cli(*args, cwd=tmp_path, log=log_file)
+        try:
+            deadline = time.monotonic() + CLI_TIMEOUT_S
+            while not (last_ckpt.is_file() and _states(db, "crash").get(1) == TrialState.RUNNING):
+                assert proc.poll() is None, f"the run ended before trial 1 could be killed:\n{log.read_text()[-3000:]}"
+                assert time.monotonic() < deadline, "trial 1 never wrote a checkpoint"
+                time.sleep(0.1)
+            os.killpg(proc.pid, signal.SIGKILL)  # the worker dies mid-trial: no exception handler runs
+            proc.wait(timeout=60)
+        finally:
+            stop_group(proc)
+
+    before = trials_of(db, "crash")
+    assert [t.state for t in before] == [TrialState.COMPLETE, TrialState.RUNNING]
+    killed_epochs = len(before[1].intermediate_values)
+    assert 1 <= killed_epochs < max_epochs
+    time.sleep(3)  # > grace: the killed trial's heartbeat is stale now
+
+    rerun = run_cli(*args, cwd=tmp_path)
+    assert rerun.returncode == 0, rerun.stderr
+    complete = assert_grid_complete_once(db, spec)
+    after = trials_of(db, "crash")
+    assert len(after) == 3
+    assert snapshot(after[:1]) == snapshot(before[:1])  # the completed trial is untouched
+    killed, retry = after[1], after[2]
+    assert killed.state == TrialState.FAIL
+    assert retry.state == TrialState.COMPLETE and complete[point(retry.params)].number == retry.number
+    assert retry.params == killed.params == {"variant": "long"}
+    assert retry.system_attrs["failed_trial"] == 1 and retry.user_attrs["retry_of"] == 1
+    assert retry.user_attrs["resumed_from_checkpoint"] is True
+    assert retry.user_attrs["log_dir"].endswith("trial_0001")  # the killed trial's run folder, continued
+    assert retry.user_attrs["config"]["max_epochs"] == max_epochs
+    assert retry.user_attrs["epochs_completed"] == max_epochs  # counted on from the checkpoint, not restarted
+    curve = retry.user_attrs["val_acc_curve"]
+    assert len(curve) == max_epochs and None not in curve
+    assert curve[0] == pytest.approx(killed.intermediate_values[0])  # epoch 1 comes from the killed run
+    assert sorted(retry.intermediate_values) == list(range(max_epochs))
+    assert not last_ckpt.parent.exists()  # removed once the retry completed
+
+
+# --- 3. corrupt and stale checkpoints ------------------------------------------------------------------------------
+def _prepare_study(db: Path, spec, heartbeat_s: int = 1, grace_s: int = 2):
+    """The state a rerun finds: the study with its grid enqueued (as the CLI does it)."""
+    storage = open_storage(url_of(db), heartbeat_s=heartbeat_s, grace_s=grace_s)
+    study = optuna.create_study(storage=storage, study_name=spec.study_name, direction=spec.direction)
+    for params in spec.grid():
+        study.enqueue_trial(params, skip_if_exists=True)
+    return storage, study
+
+
+def test_corrupt_checkpoint_of_a_dead_trial_restarts_it_and_stale_checkpoints_are_not_resumed(tmp_path):
+    """Trial 0's worker died (RUNNING, stale heartbeat) leaving garbage as last.ckpt: the rerun retries it, warns,
+    and trains it from scratch. Trial 1's would-be folder holds a checkpoint left by an earlier study of the same
+    name (storage reset): a first attempt never resumes it."""
+    write_study(tmp_path / "corrupt.yaml", base={"max_epochs": 2})
+    spec = load_spec(str(tmp_path / "corrupt.yaml"))
+    db = tmp_path / "o.db"
+    storage, study = _prepare_study(db, spec)
+    dead = study.ask()  # takes grid point 0 and marks it RUNNING, like a worker would
+    suggest(dead, spec)
+    storage.record_heartbeat(dead._trial_id)  # the worker was alive once, then died
+    runs = tmp_path / "results" / "runs" / "corrupt"
+    for trial_dir in ("trial_0000", "trial_0001"):
+        (runs / trial_dir / "checkpoints").mkdir(parents=True)
+        (runs / trial_dir / "checkpoints" / "last.ckpt").write_bytes(b"\x00garbage, not a torch checkpoint")
+    time.sleep(3)  # > grace
+
+    result = run_cli("--study", "corrupt.yaml", "--storage", url_of(db), "--results-dir", "results",
+                     "--heartbeat", "1", "--grace", "2", "--no-progress", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "trial_0000/checkpoints/last.ckpt is unusable" in result.stderr
+    assert "trial_0001/checkpoints/last.ckpt is left from an earlier run" in result.stderr
+    complete = assert_grid_complete_once(db, spec)
+    trials = trials_of(db, "corrupt")
+    assert trials[0].state == TrialState.FAIL and len(trials) == 3
+    retry = complete[point(trials[0].params)]
+    assert retry.user_attrs["retry_of"] == 0 and retry.user_attrs["log_dir"].endswith("trial_0000")
+    for t in complete.values():
+        assert t.user_attrs["resumed_from_checkpoint"] is False
+        assert t.user_attrs["epochs_completed"] == 2  # trained from scratch, in full
+
+
+@pytest.mark.slow
+def test_interrupted_run_exits_130_and_the_rerun_resumes_the_interrupted_trial(tmp_path):
+    """Ctrl-C (SIGINT to the process group) during training: exit 130 with the CLI's message, the trial FAILs and
+    keeps its checkpoint. A FAIL trial used to block its grid point for good (enqueue(skip_if_exists=True) counts
+    it as existing: every rerun ran nothing and exited 1); the rerun now retries it and resumes its epochs."""
+    max_epochs = 6
+    write_study(tmp_path / "interrupted.yaml", variants=TWO_VARIANTS[:1], base={"max_epochs": max_epochs})
+    spec = load_spec(str(tmp_path / "interrupted.yaml"))
+    db = tmp_path / "o.db"
+    args = ("--study", "interrupted.yaml", "--storage", url_of(db), "--results-dir", "results", "--no-progress")
+    last_ckpt = tmp_path / "results" / "runs" / "interrupted" / "trial_0000" / "checkpoints" / "last.ckpt"
+
+    proc = start_cli(*args, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + CLI_TIMEOUT_S
+        while not last_ckpt.is_file():
+            assert proc.poll() is None, f"the run ended before it could be interrupted:\n{proc.stderr.read()}"
+            assert time.monotonic() < deadline, "trial 0 never wrote a checkpoint"
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGINT)
+        interrupted = finish(proc, timeout=300)
+    finally:
+        stop_group(proc)
+    assert interrupted.returncode == 130, interrupted.stderr
+    assert interrupted.stderr.strip().splitlines()[-1].startswith("interrupted: completed trials are kept")
+    assert [t.state for t in trials_of(db, "interrupted")] == [TrialState.FAIL]
+    assert last_ckpt.is_file()
+
+    rerun = run_cli(*args, cwd=tmp_path)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "retrying failed trial(s) 0" in rerun.stderr
+    (retry,) = assert_grid_complete_once(db, spec).values()
+    assert [t.state for t in trials_of(db, "interrupted")] == [TrialState.FAIL, TrialState.COMPLETE]
+    assert retry.user_attrs["retry_of"] == 0 and retry.user_attrs["resumed_from_checkpoint"] is True
+    assert retry.user_attrs["epochs_completed"] == max_epochs
+    assert not last_ckpt.parent.exists()
+
+
+# --- 4. parallel workers -----------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_two_workers_complete_every_grid_point_exactly_once(tmp_path):
+    write_study(tmp_path / "workers.yaml", variants=[*TWO_VARIANTS, {"label": "skipinit", "residual": "skipinit"}])
+    spec = load_spec(str(tmp_path / "workers.yaml"))
+    db = tmp_path / "o.db"
+    result = run_cli("--study", "workers.yaml", "--workers", "2", "--storage", url_of(db), "--results-dir", "results",
+                     "--no-progress", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert_grid_complete_once(db, spec)
+    for t in trials_of(db, "workers"):  # anything else is a surplus ask, pruned before training
+        assert t.state == TrialState.COMPLETE or {"surplus", "duplicate_of"} & set(t.user_attrs), t
+        if t.state == TrialState.COMPLETE:
+            assert t.user_attrs["config"]["threads"] == max(1, (os.cpu_count() or 1) // 2)
+
+
+# --- 5. search studies -------------------------------------------------------------------------------------------
+def test_search_study_runs_its_trial_budget_and_prunes(tmp_path):
+    """3 TPE trials under the median rule. rezero (avg pooling, lr 0.01) learns the synthetic task in one epoch;
+    layerscale gets lr 1e-7 and stays near chance, so a layerscale trial after a rezero one is pruned at its first
+    epoch (the seed-0 sampler draws rezero, rezero, layerscale)."""
+    write_study(tmp_path / "search.yaml", kind="search", variants=[
+        {"label": "layerscale", "residual": "layerscale", "overrides": {"lr": 1.0e-7}},
+        {"label": "rezero", "residual": "rezero"}],
+        base={"global_pool": "avg", "dataset_options": {"num_samples": 512, "img_size": 8}, "max_epochs": 2,
+              "warmup_epochs": 0, "lr": 0.01},
+        search={"n_trials": 3, "pruner": {"type": "median", "n_startup_trials": 1, "n_warmup_steps": 0},
+                "space": {"layerscale": {"init_value": {"low": 1.0e-4, "high": 0.5, "log": True}},
+                          "rezero": {"init_value": {"choices": [0.0, 0.1]}}}})
+    db = tmp_path / "o.db"
+    result = run_cli("--study", "search.yaml", "--storage", url_of(db), "--results-dir", "results", "--no-progress",
+                     cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    trials = trials_of(db, "search")
+    assert len(trials) == 3 and all(t.state in DONE for t in trials), [t.state for t in trials]
+    assert TrialState.PRUNED in [t.state for t in trials], [(t.params, t.intermediate_values) for t in trials]
+    for t in trials:
+        label = t.params["variant"]
+        (option,) = [k for k in t.params if k != "variant"]
+        assert option == f"{label}.init_value"
+        value = t.params[option]
+        assert 1.0e-4 <= value <= 0.5 if label == "layerscale" else value in (0.0, 0.1)
+        attrs = t.user_attrs  # pruned trials, too, keep the summary of the epochs they ran
+        assert attrs["config"]["residual_options"] == {"init_value": value}
+        epochs = attrs["epochs_completed"]
+        assert sorted(t.intermediate_values) == list(range(epochs))
+        assert epochs == 2 if t.state == TrialState.COMPLETE else 1 <= epochs < 2
+        if t.state == TrialState.COMPLETE:
+            assert t.value == pytest.approx(attrs["best_val_acc"])
+        assert not (tmp_path / attrs["log_dir"] / "checkpoints").exists()  # pruned trials' checkpoints too
+
+
+# --- 6. optuna-dashboard -----------------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get_json(url: str):
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.load(response)
+
+
+def test_optuna_dashboard_serves_the_study_with_its_metric_name(tiny_study):
+    dashboard = Path(sys.executable).with_name("optuna-dashboard")
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}/api"
+    proc = subprocess.Popen([str(dashboard), url_of(tiny_study.db), "--host", "127.0.0.1", "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline, studies = time.monotonic() + 60, None
+        while studies is None:
+            assert proc.poll() is None, f"optuna-dashboard exited with {proc.returncode}"
+            assert time.monotonic() < deadline, "optuna-dashboard did not answer within 60 s"
+            try:
+                studies = _get_json(f"{base}/studies")["study_summaries"]
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                time.sleep(0.5)
+        (summary,) = [s for s in studies if s["study_name"] == "tiny"]
+        assert summary["directions"] == ["maximize"]
+        detail = _get_json(f"{base}/studies/{summary['study_id']}")
+        assert detail["objective_names"] == ["best_val_acc"]  # from study.set_metric_names
+        assert [t["state"] for t in detail["trials"]] == ["Complete", "Complete"]
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+# --- 7. bad input ------------------------------------------------------------------------------------------------
+BAD_INPUT = {
+    "unknown_study": ("unknown study 'no_such_study'", *available_studies()),
+    "missing_study_file": ("missing.yaml", "does not exist"),
+    "bad_yaml": ("bad_yaml.yaml", "not valid YAML"),
+    "unknown_key": ("unknown key 'colour'",),
+    "unknown_variant_key": ("unknown key 'option'",),
+    "unknown_base_key": ("unknown key 'embed_dims'",),
+    "unknown_option": ("'bogus_opt'", "layerscale"),
+    "unknown_pruner_option": ("unknown_pruner_option.yaml", "'n_startup'"),
+    "unknown_budget": ("unknown budget 'huge'", *BUDGETS),
+    "unreachable_storage": ("cannot reach storage 'postgresql://nobody@127.0.0.1:1/none'",),
+    "missing_sqlite_folder": ("no_such_dir", "does not exist"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUT))
+def test_bad_input_exits_2_with_one_line(quick_calls, case):
+    assert_one_line_error(quick_calls.results[case], *BAD_INPUT[case])
+    assert not list(quick_calls.root.rglob(f"{case}.db")) and not (quick_calls.root / "no_such_dir").exists()
+
+
+def test_unreachable_storage_fails_fast():
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="cannot reach storage") as info:
+        open_storage("postgresql://nobody@127.0.0.1:1/none")
+    assert time.monotonic() - started < 10 and "\n" not in str(info.value)
+
+
+def test_failing_invocations_keep_an_existing_study(tiny_study, tmp_path):
+    """Bad invocations against a storage that holds a finished study leave its trials as they were: bad input,
+    a study file whose grid changed (optuna cannot change a study's choices: one-line error, nothing written), and
+    another study in the same storage that fails in a trial (its dataset folder is missing)."""
+    db = tmp_path / "optuna.db"
+    shutil.copy(tiny_study.db, db)
+    before = snapshot(trials_of(db, "tiny"))
+    attrs_before = optuna.load_study(study_name="tiny", storage=url_of(db)).user_attrs
+    write_study(tmp_path / "tiny.yaml")
+    (tmp_path / "changed").mkdir()
+    write_study(tmp_path / "changed" / "tiny.yaml", variants=[*TWO_VARIANTS, {"label": "skip", "residual": "skipinit"}])
+    (tmp_path / "bad").mkdir()
+    write_study(tmp_path / "bad" / "tiny.yaml", variants=[{"label": "ls", "residual": "layerscale",
+                                                           "options": {"bogus_opt": 1}}])
+    write_study(tmp_path / "nodata.yaml", base={"dataset": "mnist", "dataset_options": {}}, variants=TWO_VARIANTS[:1])
+    storage = ("--storage", url_of(db), "--results-dir", "results", "--no-progress")
+    results = run_cli_many({
+        "budget": ("--study", "tiny.yaml", "--budget", "huge", *storage),
+        "workers": ("--study", "tiny.yaml", "--workers", "0", *storage),
+        "option": ("--study", "bad/tiny.yaml", *storage),
+        "changed_grid": ("--study", "changed/tiny.yaml", *storage),
+        "no_data": ("--study", "nodata.yaml", *storage),
+    }, cwd=tmp_path)
+    for key in ("budget", "workers", "option"):
+        assert_one_line_error(results[key])
+    assert_one_line_error(results["changed_grid"], "study 'tiny' in the storage was run with variant = "
+                          "['standard', 'rezero']", "--study-name")
+    assert results["no_data"].returncode == 2, results["no_data"].stderr
+    assert "error: no data folder given for mnist" in results["no_data"].stderr.strip().splitlines()[-1]
+    study = optuna.load_study(study_name="tiny", storage=url_of(db))
+    assert snapshot(study.get_trials(deepcopy=False)) == before and study.user_attrs == attrs_before
+    assert [t.state for t in trials_of(db, "nodata")] == [TrialState.FAIL]
+
+
+# --- 8. --list and --dry-run -------------------------------------------------------------------------------------
+def test_list_shows_every_study_with_its_sizes(quick_calls):
+    result = quick_calls.results["list"]
+    assert result.returncode == 0, result.stderr
+    rows = {line.split()[0]: line.split() for line in result.stdout.splitlines()[1:]}
+    assert sorted(rows) == sorted(available_studies()) and len(rows) == 5
+    for name, row in rows.items():
+        specs = [load_spec(name, budget) for budget in BUDGETS]
+        assert row[1] == specs[0].kind
+        assert [int(size) for size in row[2:2 + len(BUDGETS)]] == [s.size for s in specs]
+
+
+def test_dry_run_prints_points_and_estimate_and_touches_no_storage(quick_calls):
+    result = quick_calls.results["dry_run"]
+    assert result.returncode == 0, result.stderr
+    spec = load_spec("residual_variants", "smoke")
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("study residual_variants-smoke: grid, 8 trials")
+    points = [line.strip() for line in lines if line.startswith("  variant=")]
+    assert points == [", ".join(f"{k}={v}" for k, v in p.items()) for p in spec.grid()]
+    (estimate,) = [line for line in lines if line.startswith("estimated time on this machine: ")]
+    assert float(estimate.split(": ")[1].split()[0]) > 0
+    assert not (quick_calls.root / "dry_run.db").exists() and not (quick_calls.root / "results").exists()

@@ -1,0 +1,230 @@
+"""End-to-end training on tiny models: determinism, divergence, the TensorBoard hp/* schema, resume, and the CLI.
+
+Every run is a 1-block, 16-wide ViT on a small ``synthetic`` dataset for 1-3 epochs with one thread.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import SCALARS, TENSORS, EventAccumulator
+from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
+
+from ablations.config import RunConfig
+from ablations.training import HP_METRICS, hp_metric_values, run_training
+from lit_modules.convergence import TIMING_KEYS
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = RunConfig(
+    dataset="synthetic", dataset_options={"num_samples": 192, "img_size": 8, "in_chans": 1, "num_classes": 6},
+    depth=1, embed_dim=16, num_heads=2, batch_size=32, max_epochs=2, warmup_epochs=0.5, lr=3e-3, threads=1,
+)
+EPOCH_METRICS = ("train/loss", "train/acc", "train/acc_top5", "val/loss", "val/acc", "val/acc_top5", "lr")
+
+
+def run(config: RunConfig, log_dir: Path, name: str, **kwargs) -> dict:
+    return run_training(config, log_dir=log_dir, run_name=name, enable_progress_bar=False, **kwargs)
+
+
+def comparable(summary: dict) -> dict:
+    return {k: v for k, v in summary.items() if k not in (*TIMING_KEYS, "run_name", "log_dir")}
+
+
+def events(run_dir: str | Path) -> EventAccumulator:
+    ea = EventAccumulator(str(run_dir), size_guidance={SCALARS: 0, TENSORS: 0})
+    ea.Reload()
+    return ea
+
+
+@pytest.fixture(scope="module")
+def twin_runs(tmp_path_factory) -> tuple[dict, dict]:
+    root = tmp_path_factory.mktemp("runs")
+    return run(TINY, root, "first"), run(TINY, root, "second")
+
+
+class NaNInjector(pl.Callback):
+    """Poisons the classifier head at (epoch, batch): every later loss is NaN."""
+
+    def __init__(self, epoch: int, batch: int) -> None:
+        self.epoch, self.batch = epoch, batch
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if (trainer.current_epoch, batch_idx) == (self.epoch, self.batch):
+            with torch.no_grad():
+                pl_module.model.head.weight.fill_(math.nan)
+
+
+class StopAfterFirstEpoch(pl.Callback):
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        trainer.should_stop = True
+
+
+# --- determinism and the summary -------------------------------------------------------------------------------
+def test_same_seed_gives_identical_summaries(twin_runs):
+    first, second = twin_runs
+    assert comparable(first) == comparable(second)
+    assert first["epochs_completed"] == 2 and first["diverged"] is False
+    assert len(first["val_acc_curve"]) == 2 and first["best_val_acc"] == max(first["val_acc_curve"])
+    assert first["param_count"] > 0 and first["images_seen"] > 0 and first["wall_time_s"] > 0
+    assert first["train_images_per_s"] > 0 and first["time_per_epoch_s"] > 0
+    for key in ("epochs_to_90pct_of_best", "steps_to_95pct_of_best", "epochs_to_acc_0.5", "val_acc_auc"):
+        assert key in first
+
+
+def test_different_seed_changes_the_run(twin_runs, tmp_path):
+    other = run(TINY.replace(seed=1, max_epochs=1), tmp_path, "seed1")
+    assert other["train_loss_curve"][0] != twin_runs[0]["train_loss_curve"][0]
+
+
+# --- TensorBoard -----------------------------------------------------------------------------------------------
+def test_hp_metrics_registered_and_all_logged(twin_runs):
+    summary = twin_runs[0]
+    ea = events(summary["log_dir"])
+    scalars = ea.Tags()["scalars"]
+    for tag in (*HP_METRICS, *EPOCH_METRICS):
+        assert tag in scalars, tag
+    for tag in EPOCH_METRICS:
+        assert len(ea.Scalars(tag)) == 2, tag  # once per epoch
+    expected = hp_metric_values(summary)
+    for tag in HP_METRICS:  # placeholder at step 0, then the final value, which TensorBoard shows
+        final = ea.Scalars(tag)[-1]
+        assert final.step > 0
+        assert final.value == pytest.approx(expected[tag], rel=1e-6, nan_ok=True), tag
+    assert expected["hp/best_val_acc"] == pytest.approx(summary["best_val_acc"])
+
+    plugin = ea.PluginTagToContent("hparams")
+    experiment = HParamsPluginData.FromString(plugin["_hparams_/experiment"]).experiment
+    assert {m.name.tag for m in experiment.metric_infos} == set(HP_METRICS)
+    start = HParamsPluginData.FromString(plugin["_hparams_/session_start_info"]).session_start_info
+    assert start.hparams["residual"].string_value == "standard"
+    assert start.hparams["depth"].number_value == 1
+    assert start.hparams["dataset.num_samples"].number_value == 192
+
+    text = ea.Tensors("summary/text_summary")[-1].tensor_proto.string_val[0].decode()
+    assert text.startswith("| metric | value |") and "best_val_acc" in text
+
+
+# --- divergence ------------------------------------------------------------------------------------------------
+def test_divergence_mid_run_stops_cleanly(tmp_path):
+    summary = run(TINY.replace(max_epochs=3), tmp_path, "nan", extra_callbacks=[NaNInjector(epoch=1, batch=1)])
+    assert summary["diverged"] is True
+    assert summary["epochs_completed"] == 1 and len(summary["val_acc_curve"]) == 1  # stopped inside epoch 2
+    assert summary["best_val_acc"] == summary["val_acc_curve"][0]
+    assert summary["val_acc_auc"] == pytest.approx(summary["val_acc_curve"][0] / 3)  # missing epochs count 0
+    assert math.isfinite(summary["final_train_loss"])
+    ea = events(summary["log_dir"])
+    assert ea.Scalars("hp/diverged")[-1].value == 1.0
+    assert ea.Scalars("hp/epochs_completed")[-1].value == 1.0
+
+
+def test_divergence_at_first_step_still_returns_a_summary(tmp_path):
+    summary = run(TINY, tmp_path, "nan0", extra_callbacks=[NaNInjector(epoch=0, batch=0)])
+    assert summary["diverged"] is True and summary["epochs_completed"] == 0
+    assert summary["best_val_acc"] is None and summary["epochs_to_95pct_of_best"] is None
+    assert summary["val_acc_auc"] == 0.0
+    ea = events(summary["log_dir"])
+    assert math.isnan(ea.Scalars("hp/best_val_acc")[-1].value)  # None is logged as NaN
+    assert ea.Scalars("hp/diverged")[-1].value == 1.0
+
+
+# --- diagnostics ---------------------------------------------------------------------------------------------
+def test_diagnostics_callback_is_wired_in(tmp_path):
+    pytest.importorskip("lit_modules.diagnostics")
+    config = TINY.replace(residual="layerscale", max_epochs=1, diagnostics_every=1, diagnostics_batch_size=8)
+    summary = run(config, tmp_path, "diag")
+    tags = events(summary["log_dir"]).Tags()["scalars"]
+    assert any(tag.startswith("diag/stream_rms/") for tag in tags), tags
+    assert summary["diverged"] is False
+
+
+# --- resume ----------------------------------------------------------------------------------------------------
+def test_resume_from_last_checkpoint_keeps_the_curve(twin_runs, tmp_path):
+    ckpt_dir = tmp_path / "ckpt"
+    part = run(TINY, tmp_path, "resumed", checkpoint_dir=ckpt_dir, extra_callbacks=[StopAfterFirstEpoch()])
+    assert part["epochs_completed"] == 1 and (ckpt_dir / "last.ckpt").is_file()
+    assert [p.name for p in ckpt_dir.iterdir() if p.name != "last.ckpt"] == [
+        f"epoch000-acc{part['best_val_acc']:.4f}.ckpt"]  # no "val/acc" sub-folder
+    assert part["val_acc_curve"] == twin_runs[0]["val_acc_curve"][:1]
+    full = run(TINY, tmp_path, "resumed", checkpoint_dir=ckpt_dir, ckpt_path=ckpt_dir / "last.ckpt")
+    assert full["epochs_completed"] == 2 and full["val_acc_curve"][0] == part["val_acc_curve"][0]
+    assert full["images_seen"] == twin_runs[0]["images_seen"]
+    assert full["wall_time_s"] >= part["wall_time_s"]
+
+
+# --- the CLI ---------------------------------------------------------------------------------------------------
+def cli(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ablations.train", *argv], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_cli_json_summary(tmp_path):
+    out = cli("--dataset", "synthetic", "--dataset-option", "num_samples=256", "--dataset-option", "img_size=8",
+              "--dataset-option", "in_chans=1", "--depth", "1", "--embed-dim", "16", "--num-heads", "2",
+              "--batch-size", "32", "--max-epochs", "2", "--warmup-epochs", "0.5", "--lr", "3e-3", "--threads", "1",
+              "--no-progress-bar", "--json", "--log-dir", str(tmp_path), "--run-name", "cli")
+    assert out.returncode == 0, out.stderr[-2000:]
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    assert summary["best_val_acc"] > 0.25 + 0.1  # 4 balanced classes: chance is 0.25
+    assert summary["run_name"] == "cli" and Path(summary["log_dir"]) == tmp_path / "cli"
+    assert "Traceback" not in out.stderr
+
+
+BAD_INPUT = [
+    (["--residual", "foo"], "error: unknown residual 'foo'; valid choices: standard, layerscale, rezero"),
+    (["--dataset", "foo"], "error: unknown dataset 'foo'; valid choices: digits, mnist5k"),
+    (["--depth", "0"], "error: depth must be a positive integer, got 0"),
+    (["--residual", "laurel", "--init-value", "0.1"],
+     "error: --init-value does not apply to residual 'laurel'; variants that accept it: layerscale"),
+    (["--residual-option", "init_value"], "error: --residual-option expects KEY=VALUE"),
+    (["--depth", "two"], "error: argument --depth: invalid int value: 'two'"),
+]
+# Caught only once the model / data are built (after importing torch): run in-process, where torch is loaded.
+BAD_INPUT_AT_BUILD = [
+    (["--residual-option", "bogus=1"], "error: option 'bogus' is not valid for residual 'standard'"),
+    (["--residual", "layerscale", "--init-value", "big"], "error: init_value='big' is not valid for layerscale"),
+    (["--dataset", "cifar10"], "error: no data folder given for cifar10"),
+    (["--dataset", "cifar10", "--data-dir", "/nonexistent"], "error: data folder '/nonexistent' for cifar10"),
+    (["--dataset", "synthetic", "--dataset-option", "colour=1"], "error: invalid dataset option for 'synthetic'"),
+]
+
+
+def assert_one_line_error(stderr: str, message: str) -> None:
+    assert stderr.startswith(message), stderr
+    assert stderr.count("\n") == 1 and "Traceback" not in stderr and "usage:" not in stderr
+
+
+@pytest.mark.parametrize(("argv", "message"), BAD_INPUT)
+def test_cli_bad_input_exits_2_with_one_line(argv, message, tmp_path):
+    out = cli(*argv, "--log-dir", str(tmp_path))
+    assert out.returncode == 2
+    assert_one_line_error(out.stderr, message)
+    assert not any(tmp_path.iterdir())  # nothing was logged
+
+
+@pytest.mark.parametrize(("argv", "message"), BAD_INPUT_AT_BUILD)
+def test_cli_bad_model_or_data_exits_2_with_one_line(argv, message, tmp_path, capsys):
+    from ablations.train import main
+
+    with pytest.raises(SystemExit) as info:
+        main([*argv, "--log-dir", str(tmp_path), "--no-progress-bar"])
+    assert info.value.code == 2
+    assert_one_line_error(capsys.readouterr().err, message)
+    assert not any(tmp_path.iterdir())
+
+
+def test_cli_help_lists_every_option():
+    from ablations.config import config_fields
+    from ablations.train import option_name
+
+    out = cli("--help")
+    assert out.returncode == 0
+    for f in config_fields():
+        assert option_name(f.name, f.metadata["kind"]) in out.stdout
+    assert "--init-value" in out.stdout and "--json" in out.stdout

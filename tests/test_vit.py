@@ -1,0 +1,236 @@
+"""Tests for the backbone (lit_modules/vit.py): timm parity, retrofitting a timm checkpoint into every variant,
+configuration errors and the fused/explicit attention switch. float64, CPU, tiny models."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import timm.models.vision_transformer as timm_vit
+import torch
+
+from lit_modules import RESIDUALS, LoadReport, VisionTransformer
+
+TINY = dict(img_size=8, patch_size=4, in_chans=3, num_classes=3, embed_dim=8, depth=3, num_heads=2)
+
+
+@pytest.fixture(autouse=True)
+def _float64_one_thread():
+    """float64 everywhere; one intra-op thread (tiny tensors: threads only add contention on shared CPUs)."""
+    dtype, threads = torch.get_default_dtype(), torch.get_num_threads()
+    torch.set_default_dtype(torch.float64)
+    torch.set_num_threads(1)
+    yield
+    torch.set_default_dtype(dtype)
+    torch.set_num_threads(threads)
+
+
+def build(residual: str = "standard", options: dict | None = None, seed: int = 0, **kw) -> VisionTransformer:
+    torch.manual_seed(seed)
+    return VisionTransformer(residual, options, **(TINY | kw))
+
+
+def timm_model(seed: int = 0, **kw) -> timm_vit.VisionTransformer:
+    """A timm ViT of the given config with every parameter moved off its init (so parity is not trivial)."""
+    torch.manual_seed(seed)
+    model = timm_vit.VisionTransformer(**kw)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    return model.eval()
+
+
+def images(n: int = 2, size: int = 8, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 3, size, size, generator=g)
+
+
+# ================================================================================================================
+# timm parity
+
+PARITY = dict(img_size=32, patch_size=4, embed_dim=16, depth=2, num_heads=2, num_classes=5)
+
+
+@pytest.mark.parametrize("global_pool", ["token", "avg"])
+@pytest.mark.parametrize("residual, options, timm_kw", [
+    ("standard", {}, {}),
+    ("layerscale", {"init_value": 1e-5}, {"init_values": 1e-5}),
+])
+def test_timm_state_dict_loads_strict_with_same_logits(residual, options, timm_kw, global_pool):
+    ref = timm_model(**PARITY, global_pool=global_pool, **timm_kw)
+    ours = VisionTransformer(residual, options, **PARITY, global_pool=global_pool).eval()
+    ours.load_state_dict(ref.state_dict(), strict=True)
+    imgs = images(size=32)
+    with torch.no_grad():
+        out, want = ours(imgs), ref(imgs)
+    assert out.shape == (2, 5)
+    assert (out - want).abs().max().item() < 1e-6
+    if residual == "layerscale":  # the loaded (perturbed) γ is really applied
+        assert not torch.allclose(ours.blocks[0].ls1.gamma, torch.full((16,), 1e-5))
+
+
+def test_timm_layerscale_checkpoint_does_not_fit_standard():
+    ref = timm_model(**PARITY, init_values=1e-5)
+    with pytest.raises(RuntimeError, match="ls1.gamma"):
+        VisionTransformer("standard", **PARITY).load_state_dict(ref.state_dict(), strict=True)
+
+
+# ================================================================================================================
+# retrofit: load_pretrained
+
+
+def _blocks(depth, *suffixes):
+    return {f"blocks.{i}.{s}" for i in range(depth) for s in suffixes}
+
+
+LAUREL = {"rank": 2, "k": 2}
+# residual, options, the keys the variant adds to the timm ViT (left at init when retrofitting), R-exact?
+RETROFIT = {
+    "standard": ("standard", {}, set(), True),
+    "layerscale": ("layerscale", {"init_value": 1e-5}, _blocks(3, "ls1.gamma", "ls2.gamma"), False),
+    "layerscale_none": ("layerscale", {"init_value": None}, set(), True),
+    "rezero": ("rezero", {}, _blocks(3, "ls1.alpha"), False),
+    "skipinit": ("skipinit", {}, _blocks(3, "ls1.alpha", "ls2.alpha"), False),
+    "highway": ("highway", {}, _blocks(3, *(f"ls{s}.gate.{p}" for s in (1, 2) for p in ("weight", "bias"))), False),
+    "laurel": ("laurel", LAUREL, _blocks(3, "res.mix.logits", "res.lr_down", "res.lr_up"), True),
+    "laurel_pa_sub": ("laurel", {"form": "rw_lr_pa", "granularity": "sublayer"} | LAUREL,
+                      _blocks(3, *(f"ls{s}.{p}" for s in (1, 2) for p in ("mix.logits", "lr_down", "lr_up",
+                                                                          "pa_gamma"))), True),
+    "res_se": ("res_se", {"reduction": 2},
+               _blocks(3, *(f"ls{s}.fc{j}.{p}" for s in (1, 2) for j in (1, 2) for p in ("weight", "bias"))), True),
+    "dca": ("dca", {}, _blocks(3, "grn.b_delta", "grn.w") | {"stream.out.b_delta", "stream.out.w"}, True),
+    "grn_v2_k1": ("dca", {"form": "grn_v2", "k": 1}, _blocks(3, "grn.b_delta") | {"stream.out.b_delta"}, True),
+    "dca_seed": ("dca", {"form": "seed"}, _blocks(3, "ls1.mix.logits", "ls2.mix.logits"), False),
+}
+
+
+def test_retrofit_covers_every_variant():
+    assert {v[0] for v in RETROFIT.values()} == set(RESIDUALS)
+
+
+@pytest.mark.parametrize("case", list(RETROFIT))
+def test_retrofit_timm_checkpoint(case):
+    residual, options, new, r_exact = RETROFIT[case]
+    ref = timm_model(**TINY)
+    state = ref.state_dict()
+    model = build(residual, options, seed=3).eval()
+    init = {k: v.clone() for k, v in model.state_dict().items()}
+    report = model.load_pretrained(state)
+    assert isinstance(report, LoadReport)
+    assert report.loaded == sorted(state)
+    assert report.new == sorted(new)
+    derived = {}
+    if residual == "dca" and options.get("form", "dca") == "dca":  # per-input norms copied from norm1
+        derived = {f"blocks.{i}.norm1_{s}.{p}": f"blocks.{i}.norm1.{p}" for i in range(3) for s in "kv"
+                   for p in ("weight", "bias")}
+    assert report.derived == derived
+    own = model.state_dict()
+    for key in state:
+        assert torch.equal(own[key], state[key]), key
+    for key, src in derived.items():
+        assert torch.equal(own[key], state[src]), key
+    for key in new:
+        assert torch.equal(own[key], init[key]), f"{key} should stay at its init"
+    if r_exact:  # retrofitting does not change the pretrained function
+        imgs = images()
+        with torch.no_grad():
+            assert (model(imgs) - ref(imgs)).abs().max().item() < 1e-10
+
+
+def test_retrofit_from_file(tmp_path):
+    ref = timm_model(**TINY)
+    imgs = images()
+    with torch.no_grad():
+        want = ref(imgs)
+    path = tmp_path / "vit.pt"
+    torch.save(ref.state_dict(), path)
+    wrapped = tmp_path / "lightning.ckpt"
+    torch.save({"state_dict": ref.state_dict(), "epoch": 3}, wrapped)
+    for source in (path, str(path), wrapped):
+        model = build("dca", seed=5).eval()
+        report = model.load_pretrained(source)
+        assert report.new == sorted(_blocks(3, "grn.b_delta", "grn.w") | {"stream.out.b_delta", "stream.out.w"})
+        with torch.no_grad():
+            assert (model(imgs) - want).abs().max().item() < 1e-10
+    with pytest.raises(ValueError, match="does not exist"):
+        build().load_pretrained(tmp_path / "missing.pt")
+
+
+def test_unexpected_keys_raise_naming_them():
+    layerscale = build("layerscale", {"init_value": 1e-5})
+    with pytest.raises(ValueError) as err:
+        build("standard").load_pretrained(layerscale.state_dict())
+    assert "blocks.0.ls1.gamma" in str(err.value) and "'standard'" in str(err.value)
+    dca = build("dca")
+    with pytest.raises(ValueError, match=re.escape("blocks.0.grn.b_delta")):
+        build("laurel", LAUREL).load_pretrained(dca.state_dict())
+
+
+def test_shape_mismatch_raises():
+    other = build("standard", embed_dim=12, num_heads=2)
+    with pytest.raises(ValueError, match="shape"):
+        build("standard").load_pretrained(other.state_dict())
+
+
+# ================================================================================================================
+# configuration errors
+
+
+@pytest.mark.parametrize("kw, words", [
+    ({"depth": 0}, ["depth", "positive", "0"]),
+    ({"depth": -1}, ["depth", "positive", "-1"]),
+    ({"embed_dim": 10, "num_heads": 3}, ["embed_dim=10", "num_heads=3", "divisible", "valid num_heads: 1, 2, 5, 10"]),
+    ({"num_heads": 0}, ["num_heads", "positive"]),
+    ({"img_size": 10, "patch_size": 4}, ["img_size=10", "patch_size=4"]),
+    ({"global_pool": "max"}, ["global_pool", "token", "avg"]),
+    ({"global_pool": "token", "class_token": False}, ["class_token"]),
+    ({"drop_path_rate": 1.5}, ["drop_path_rate"]),
+    ({"num_classes": -1}, ["num_classes"]),
+])
+def test_bad_config_raises(kw, words):
+    with pytest.raises(ValueError) as err:
+        build("standard", **kw)
+    for word in words:
+        assert word in str(err.value), (word, str(err.value))
+
+
+def test_unknown_residual_lists_all_choices():
+    with pytest.raises(ValueError) as err:
+        build("resnet")
+    msg = str(err.value)
+    assert "'resnet'" in msg
+    for name in ("standard", "layerscale", "rezero", "skipinit", "highway", "laurel", "res_se", "dca"):
+        assert name in msg
+
+
+def test_option_of_another_variant_names_its_owner():
+    with pytest.raises(ValueError) as err:
+        build("layerscale", {"rank": 4})
+    assert "'rank'" in str(err.value) and "belongs to laurel" in str(err.value)
+
+
+def test_avg_pool_without_class_token():
+    model = build("standard", global_pool="avg", class_token=False).eval()
+    assert model.cls_token is None and model.pos_embed.shape[1] == 4
+    with torch.no_grad():
+        assert model(images()).shape == (2, 3)
+
+
+# ================================================================================================================
+# fused vs explicit attention
+
+
+@pytest.mark.parametrize("residual, options", [("standard", {}), ("dca", {}), ("laurel", LAUREL)])
+def test_fused_attn_same_logits(residual, options):
+    logits = []
+    for fused in (True, False):
+        torch.manual_seed(0)
+        model = VisionTransformer(residual, options, **TINY, fused_attn=fused).eval()
+        with torch.no_grad():
+            for p in model.parameters():  # sharper attention than at init
+                p.add_(0.3 * torch.randn_like(p))
+        flags = [m.fused_attn for m in model.modules() if hasattr(m, "fused_attn")]
+        assert flags and all(f is fused for f in flags)
+        with torch.no_grad():
+            logits.append(model(images()))
+    assert (logits[0] - logits[1]).abs().max().item() < 1e-10
