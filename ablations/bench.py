@@ -17,8 +17,8 @@ sides ran seconds apart under the same machine load). Timing sections run on the
 every figure is noise: the load average at the start and end of the run is part of the report. Never run two
 benchmarks (or a benchmark and tests) at once: with more busy threads than cores, timings are meaningless.
 
-Memory (section 6) on the CPU runs one forward per variant at depth 24: full DCA at batch 64 holds ~9 GiB of
-activations for backward (--quick uses batch 16).
+Memory (section 6) on the CPU runs one forward per variant at depth 24 at batch 16 (--quick: 8): at batch 64 full
+DCA alone saves ~9 GiB for backward, and the run was OOM-killed on a 24 GiB machine.
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from .cli import OneLineParser
 
 SECTIONS = ("timm", "variants", "lightning", "mfu", "study", "memory", "compile")
 DEFAULT_SECTIONS = SECTIONS[:-1]  # compile is opt-in
@@ -72,7 +74,7 @@ class Settings:
     study_depths: int | None = None  # section 5: time only the first N depths of the grid (None: all)
     run_estimate: bool = True  # section 5: also show ablations.run's FLOP-based estimate of each trial
     memory_depth: int = 24
-    memory_batch: int = 64
+    memory_batch: int = 16  # batch 64 at depth 24 OOM-killed the 24 GiB machine (full DCA saves ~9 GiB)
     compile_variants: tuple[str, ...] = ("standard", "dca (full, default)")
 
     def vit(self, depth: int) -> dict:
@@ -86,7 +88,7 @@ class Settings:
 
 FULL = Settings()
 QUICK = replace(FULL, mode="quick", batch=32, variant_depth=6, warmup=1, reps=3, steps=2, loop_steps=24,
-                loop_reps=3, study_epochs=2, memory_batch=16, compile_variants=("standard",))
+                loop_reps=3, study_epochs=2, memory_batch=8, compile_variants=("standard",))
 TINY = replace(FULL, mode="tiny", embed_dim=32, num_heads=2, patch_size=8, depth=2, variant_depth=2, batch=4,
                warmup=1, reps=2, steps=1, mm_size=256, loop_steps=3, loop_reps=2,
                trial_overrides={"embed_dim": 16, "num_heads": 2, "diagnostics_every": 0}, study_epochs=1,
@@ -715,12 +717,15 @@ def to_json(meta: dict, sections: list[Section]) -> dict:
                                                  "data": s.data} for s in sections}}
 
 
+def write_results(out: Path, meta: dict, sections: list, start: float) -> None:
+    meta["machine"]["loadavg_end"] = list(os.getloadavg())
+    meta["wall_s"] = time.perf_counter() - start
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.md").write_text(render(meta, sections))
+    (out / "bench.json").write_text(json.dumps(to_json(meta, sections), indent=1, default=str) + "\n")
+
+
 # --- CLI -----------------------------------------------------------------------------------------------------------
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2
-        self.exit(2, f"error: {message}\n")
-
-
 def parse_sections(text: str) -> list[str]:
     chosen = []
     for item in (t.strip() for t in text.split(",") if t.strip()):
@@ -732,7 +737,7 @@ def parse_sections(text: str) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m ablations.bench", description=__doc__.split("\n\n")[0],
+    p = OneLineParser(prog="python -m ablations.bench", description=__doc__.split("\n\n")[0],
                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--quick", action="store_true", help="small sizes and fewer rounds (every section still runs)")
     p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # the test's sizes: seconds, meaningless
@@ -783,12 +788,8 @@ def main(argv: list[str] | None = None) -> int:
         sections.append(sec)
         print(f"\n## {sec.title}  ({sec.wall_s:.0f} s)\n" + (f"ERROR {sec.error}" if sec.error else
                                                                table(sec.columns, sec.rows)), flush=True)
-    meta["machine"]["loadavg_end"] = list(os.getloadavg())
-    meta["wall_s"] = time.perf_counter() - start
+        write_results(Path(args.out), meta, sections, start)  # after every section: a crash keeps what ran
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench.md").write_text(render(meta, sections))
-    (out / "bench.json").write_text(json.dumps(to_json(meta, sections), indent=1, default=str) + "\n")
     passed = sum(g["passed"] for s in sections for g in s.goals)
     total = sum(len(s.goals) for s in sections)
     print(f"\n{passed}/{total} goals met; wrote {out / 'bench.md'} and {out / 'bench.json'} "

@@ -7,6 +7,7 @@ from its last checkpoint.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import shutil
@@ -20,6 +21,11 @@ log = logging.getLogger("ablations.run")
 
 #: Summary keys stored in ``trial.user_attrs`` besides the whole summary (for quick filtering in the dashboard).
 _SURPLUS = "surplus"
+#: Strategies that train a multi-device trial in fresh processes started by ``fit`` itself, so the trial stays in
+#: this process: one Optuna trial per trial. ``ddp`` (and Lightning's default for several devices) re-runs the
+#: whole script per rank, and each rank would ask the study for a trial of its own (ecosystem notes §2, §7); the
+#: fork variants would copy this process's open database connections and heartbeat thread into the ranks.
+SPAWN_STRATEGIES = ("ddp_spawn", "ddp_spawn_find_unused_parameters_false", "ddp_spawn_find_unused_parameters_true")
 
 
 def suggest(trial, spec: StudySpec) -> dict[str, Any]:
@@ -51,9 +57,19 @@ class Objective:
         self.keep_checkpoints = keep_checkpoints
 
     def config(self, params: dict[str, Any]):
+        """The point's RunConfig. A trial on several devices runs with ``ddp_spawn`` (``auto``/``ddp`` are switched,
+        with a warning once); other strategies re-launch the script per rank and are refused (ValueError)."""
         from .config import RunConfig
 
-        return RunConfig.from_dict(self.spec.config_for(params) | self.overrides)
+        config = RunConfig.from_dict(self.spec.config_for(params) | self.overrides)
+        if config.devices == 1 or config.strategy in SPAWN_STRATEGIES:
+            return config
+        if config.strategy not in ("auto", "ddp"):
+            raise ValueError(f"strategy '{config.strategy}' with devices={config.devices} cannot run inside a study: "
+                             f"it re-launches the script per rank and each rank would create its own Optuna trial; "
+                             f"use one of {', '.join(SPAWN_STRATEGIES)}, or devices: 1 with one worker per device")
+        _warn_spawn(config.devices, config.strategy)
+        return config.replace(strategy="ddp_spawn")
 
     def __call__(self, trial) -> float:
         import optuna
@@ -96,6 +112,7 @@ class Objective:
             summary = run_training(config, log_dir=self.log_root, run_name=run_name, extra_callbacks=callbacks,
                                    enable_progress_bar=False, enable_model_summary=False, checkpoint_dir=ckpt_dir,
                                    ckpt_path=ckpt_path)
+            _check_pruned(callbacks[0], summary)
         except optuna.TrialPruned as exc:  # a finished trial too: keep the epochs it ran, drop its checkpoints
             for key, value in _jsonable(getattr(exc, "run_summary", None) or {}).items():
                 trial.set_user_attr(key, value)
@@ -131,10 +148,31 @@ class Objective:
         return None
 
 
+@functools.cache  # once per process
+def _warn_spawn(devices: int | str, strategy: str) -> None:
+    log.warning("devices=%s with strategy '%s': each trial runs with strategy 'ddp_spawn' instead, so that it stays "
+                "one Optuna trial (plain ddp re-launches the script per rank and each rank would create its own "
+                "trial)", devices, strategy)
+
+
+def _check_pruned(pruning, summary: dict[str, Any]) -> None:
+    """Under ``ddp_spawn`` the ranks only flag a pruned trial in the storage: raise ``TrialPruned`` here (with the
+    summary of the epochs run, as a single-process prune has it). Nothing happens for single-process trials."""
+    import optuna
+
+    try:
+        pruning.check_pruned()
+    except optuna.TrialPruned as exc:
+        exc.run_summary = summary
+        raise
+
+
 def _usable_checkpoint(path: Path) -> Path | None:
-    """The checkpoint to resume from, or None. A corrupt or unreadable file is set aside with a warning and the
-    trial restarts from scratch instead of failing the study."""
+    """The checkpoint to resume from, or None. A missing, corrupt or unreadable file means a warning and a trial
+    that restarts from scratch, not a failed study (a corrupt file is set aside as ``last.corrupt``)."""
     if not path.is_file():
+        log.warning("no checkpoint %s to resume (the dead attempt saved none, or it was removed); restarting the "
+                    "trial from scratch", path)
         return None
     import torch
 

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .cli import OneLineParser
+
 ALPHA = 0.05  # significance level of the Welch test in the main table
 MARK = "†"
 BASELINE = "standard"
@@ -812,15 +814,10 @@ def save_dashboard_note(study, markdown: str) -> None:
 
 
 # --- CLI -----------------------------------------------------------------------------------------------------------
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2 (no usage dump)
-        self.exit(2, f"error: {message}\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
     from .storage import DEFAULT_STORAGE
 
-    p = _Parser(prog="python -m ablations.report", description=__doc__.split("\n\n")[0],
+    p = OneLineParser(prog="python -m ablations.report", description=__doc__.split("\n\n")[0],
                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--study", required=True, help="a study name (see python -m ablations.run --list) or a .yaml path")
     p.add_argument("--budget", default="default", help="study size the study was run at: smoke, default, paper")

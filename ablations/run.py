@@ -19,7 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from .storage import DEFAULT_STORAGE, GRACE_S, HEARTBEAT_S
+from .cli import OneLineParser
+from .storage import DEFAULT_STORAGE, GRACE_S, HEARTBEAT_S, lost_storage_error, lost_storage_message
 
 #: Seconds per trial not proportional to FLOPs (Trainer set-up, data, logging) and effective train-step
 #: GFLOP/s of this 2-core CPU for the small default models; calibrated on the residual_variants default run.
@@ -29,13 +30,8 @@ _KNOWN_SIZES = {"digits": (1437, 360), "mnist5k": (4000, 1000), "synthetic": (81
                 "cifar10": (50000, 10000), "cifar100": (50000, 10000)}
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2 (no usage dump)
-        self.exit(2, f"error: {message}\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m ablations.run", description=__doc__.split("\n\n")[0],
+    p = OneLineParser(prog="python -m ablations.run", description=__doc__.split("\n\n")[0],
                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--study", help="a study name (see --list) or a path to a study .yaml file")
     p.add_argument("--budget", default="default", help="study size: smoke (CI, < 1 min), default, paper (GPU)")
@@ -68,6 +64,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted: completed trials are kept; rerun the same command to continue", file=sys.stderr)
         return 130
+    except Exception as exc:  # the database went away mid-study: one line, not optuna's chained tracebacks
+        error = lost_storage_error(exc)
+        if error is None:
+            raise
+        print(f"error: {lost_storage_message(args.storage, error)}", file=sys.stderr)
+        return 1
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -86,10 +88,11 @@ def _main(args: argparse.Namespace) -> int:
         return _dry_run(spec, overrides)
 
 
-    from .storage import open_storage
+    from .storage import exit_when_heartbeat_fails, open_storage
 
     _quiet()
     storage = open_storage(args.storage, heartbeat_s=args.heartbeat, grace_s=args.grace)
+    exit_when_heartbeat_fails(args.storage)
     study_name = args.study_name or spec.study_name
     if args.worker_index is not None:
         return _work(spec, storage, study_name, args, overrides)

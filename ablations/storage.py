@@ -32,15 +32,20 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_s: int = HEARTBEAT_S, 
             path.parent.mkdir(parents=True, exist_ok=True)
         elif str(path) != ":memory:" and not path.parent.is_dir():
             raise ValueError(f"storage '{url}': folder '{path.parent}' does not exist")
+    target = _with_installed_driver(url)
     engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
-    if url.startswith("postgresql"):
+    if target.startswith("postgresql"):
         engine_kwargs["connect_args"] = {"connect_timeout": 10}
     try:
+        sqlalchemy.engine.make_url(target)
+    except (sqlalchemy.exc.ArgumentError, ValueError) as exc:  # ValueError: e.g. a port that is not a number
+        raise ValueError(f"storage URL '{_redact(url)}' is not valid: {_first_line(exc)}") from None
+    try:
         return optuna.storages.RDBStorage(
-            _with_installed_driver(url), engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat_s, grace_period=grace_s,
+            target, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat_s, grace_period=grace_s,
             **{callback_arg: Retry(max_retry=MAX_RETRY, inherit_intermediate_values=True)})
-    except (sqlalchemy.exc.ArgumentError, sqlalchemy.exc.NoSuchModuleError) as exc:
-        raise ValueError(f"storage URL '{url}' is not valid: {_first_line(exc)}") from None
+    except sqlalchemy.exc.NoSuchModuleError as exc:
+        raise ValueError(f"storage URL '{_redact(url)}' has an unknown database kind: {_first_line(exc)}") from None
     except sqlalchemy.exc.OperationalError as exc:
         raise ValueError(f"cannot reach storage '{_redact(url)}': {_first_line(exc.orig or exc)}") from None
     except ImportError as exc:
@@ -50,9 +55,12 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_s: int = HEARTBEAT_S, 
 def _with_installed_driver(url: str) -> str:
     """``postgresql://`` with the PostgreSQL driver that is installed. SQLAlchemy 2.1 maps the bare scheme to
     psycopg (3), 2.0 to psycopg2; this project depends on psycopg2-binary, so without psycopg 3 the bare URL would
-    fail with "driver not installed". An explicit ``postgresql+driver://`` is left alone."""
+    fail with "driver not installed". An explicit ``postgresql+driver://`` is left alone; ``postgres://`` (libpq's
+    and many hosting services' spelling, unknown to SQLAlchemy) is read as ``postgresql://``."""
     import importlib.util
 
+    if url.startswith("postgres://"):
+        url = "postgresql://" + url[len("postgres://"):]
     if url.startswith("postgresql://") and importlib.util.find_spec("psycopg") is None \
             and importlib.util.find_spec("psycopg2") is not None:
         return "postgresql+psycopg2://" + url[len("postgresql://"):]
@@ -62,6 +70,54 @@ def _with_installed_driver(url: str) -> str:
 def retried_trial_number(frozen) -> int | None:
     """The number of the original trial a retried trial repeats (None for a first attempt)."""
     return frozen.system_attrs.get("failed_trial")
+
+
+def lost_storage_error(exc: BaseException) -> BaseException | None:
+    """The database error behind ``exc`` when the storage itself failed (server gone, connection dropped, SQLite
+    locked): a SQLAlchemy ``OperationalError`` or ``InterfaceError`` anywhere in its cause/context chain, which
+    optuna wraps or re-raises while failing the trial. None for anything else (those keep their traceback)."""
+    import sqlalchemy.exc
+
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError)):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def lost_storage_message(url: str, error: BaseException) -> str:
+    """One line for a worker that lost its storage mid-study."""
+    return (f"lost storage '{_redact(url)}': {_first_line(getattr(error, 'orig', None) or error)}; completed "
+            "trials are kept and a trial that was running is retried from its last checkpoint: rerun the same "
+            "command once the database is reachable again")
+
+
+def exit_when_heartbeat_fails(url: str) -> None:
+    """Make a failed heartbeat stop this worker at once, with one line and exit status 1, instead of a thread
+    traceback: training on without heartbeats, the trial would soon look dead and another worker would retry it
+    beside this one, in the same run folder. The trial stays RUNNING; once the storage is back, the next run fails
+    it (stale heartbeat) and retries it from its last checkpoint, as after ``kill -9``."""
+    import multiprocessing
+    import os
+    import sys
+    import threading
+
+    default = threading.excepthook
+
+    def hook(args) -> None:
+        error = lost_storage_error(args.exc_value) if args.exc_value is not None else None
+        if error is None:
+            default(args)
+            return
+        sys.stderr.write(f"error: {lost_storage_message(url, error)}\n")
+        sys.stderr.flush()
+        for child in multiprocessing.active_children():  # ddp_spawn ranks of the running trial
+            child.kill()
+        os._exit(1)
+
+    threading.excepthook = hook
 
 
 def _first_line(exc: BaseException) -> str:

@@ -20,9 +20,10 @@ import json
 import math
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 from ablations.choices import INIT_VALUE_OPTIONS
+from ablations.cli import OneLineParser, fail
 from ablations.config import GROUPS, RunConfig, config_fields
 
 DEFAULT_LOG_DIR = "results/runs/train"
@@ -32,16 +33,6 @@ class CLIError(Exception):
     """A user error: printed as one ``error: ...`` line, exit status 2."""
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse without the usage dump: errors are one line on stderr and exit status 2."""
-
-    def error(self, message: str) -> NoReturn:
-        _fail(message)
-
-
-def _fail(message: str) -> NoReturn:
-    sys.stderr.write(f"error: {' '.join(str(message).split())}\n")
-    sys.exit(2)
 
 
 # --- value parsing -------------------------------------------------------------------------------------------------
@@ -117,7 +108,7 @@ def _default_text(value: Any) -> str:
 
 # --- the parser ----------------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = OneLineParser(
         prog="python -m ablations.train",
         description="Train one Vision Transformer with a chosen residual connection and print its convergence "
                     "summary (best/final val accuracy, epochs to 95% of best, AUC, wall time). TensorBoard logs "
@@ -221,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = config_from_args(args)
     except (CLIError, ValueError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     run_name = args.run_name or f"{config.run_name()}_{datetime.datetime.now():%Y%m%d-%H%M%S}"
 
     from ablations.training import SetupError, run_training, summary_table
@@ -232,10 +223,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             enable_checkpointing=args.checkpoint or args.resume is not None, ckpt_path=args.resume,
         )
     except SetupError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     except KeyboardInterrupt:
         sys.stderr.write("error: interrupted\n")
         return 130
+    from lightning.pytorch.utilities import rank_zero_only
+
+    if rank_zero_only.rank != 0:  # strategy ddp runs this script once per device: rank 0 reports for all
+        return 0
     if args.json:
         print(json.dumps(_json_safe(summary), allow_nan=False), flush=True)
     else:

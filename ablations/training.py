@@ -13,6 +13,7 @@ run that diverged before its first validation) is logged as NaN; booleans as 0/1
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import warnings
@@ -30,6 +31,10 @@ HP_SUMMARY_KEYS: tuple[str, ...] = (
     "epochs_completed", "diverged", "param_count",
 )
 HP_METRICS: tuple[str, ...] = tuple(f"hp/{k}" for k in HP_SUMMARY_KEYS)
+
+
+#: Key of ``trainer.callback_metrics`` that carries the summary from wherever ``fit`` ran (see _hand_back_summary).
+_SUMMARY_KEY = "ablations/summary"
 
 
 class SetupError(ValueError):
@@ -151,7 +156,7 @@ def run_training(
     """
     import lightning.pytorch as pl
     import torch
-    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.callbacks import LambdaCallback, ModelCheckpoint
     from lightning.pytorch.loggers import TensorBoardLogger
 
     from lit_modules.convergence import ConvergenceTracker
@@ -179,6 +184,7 @@ def run_training(
             dirpath=str(checkpoint_dir or Path(logger.log_dir) / "checkpoints"), monitor="val/acc", mode="max",
             save_last=True, filename="epoch{epoch:03d}-acc{val/acc:.4f}", auto_insert_metric_name=False,
         ))
+    callbacks.append(LambdaCallback(on_fit_end=functools.partial(_hand_back_summary, tracker)))
     callbacks.extend(extra_callbacks)
     steps_per_epoch = len(datamodule.train_dataloader())
     trainer = pl.Trainer(
@@ -193,15 +199,22 @@ def run_training(
     try:
         trainer.fit(model, datamodule=datamodule, ckpt_path=None if ckpt_path is None else str(ckpt_path))
     except BaseException as exc:
-        exc.run_summary = _finish(trainer, logger, tracker, run_name, status="failed")
+        exc.run_summary = _finish(trainer, logger, tracker.summary(), run_name, status="failed")
         raise
-    return _finish(trainer, logger, tracker, run_name, status="success")
+    summary = trainer.callback_metrics.pop(_SUMMARY_KEY, None) or tracker.summary()
+    return _finish(trainer, logger, summary, run_name, status="success")
 
 
-def _finish(trainer: Any, logger: Any, tracker: Any, run_name: str, status: str) -> dict[str, Any]:
+def _hand_back_summary(tracker: Any, trainer: Any, pl_module: Any) -> None:
+    """``on_fit_end`` in the process(es) that trained. Under ``ddp_spawn`` those are child processes and the
+    tracker of the calling process saw no epoch; Lightning returns rank 0's ``callback_metrics`` to it (the only
+    trainer state that comes back), so the summary travels there. A module-level function: it pickles."""
+    trainer.callback_metrics[_SUMMARY_KEY] = tracker.summary()
+
+
+def _finish(trainer: Any, logger: Any, summary: dict[str, Any], run_name: str, status: str) -> dict[str, Any]:
     """Summary + ``hp/*`` metrics + the Markdown summary table, written after fit (a second event file) at the
     final global step (at least 1, so the values follow the step-0 placeholders)."""
-    summary = tracker.summary()
     summary.update(run_name=run_name, log_dir=str(logger.log_dir), param_count=summary.get("param_count"))
     if trainer.is_global_zero:
         step = max(trainer.global_step, 1)  # after the step-0 placeholders, even if no step was taken

@@ -141,7 +141,7 @@ def test_unknown_dataset_lists_valid_choices():
 
 @pytest.mark.parametrize(
     ("name", "num_classes", "in_chans", "img_size", "patch"),
-    [("digits", 10, 1, 8, 2), ("mnist5k", 10, 1, 28, 4), ("synthetic", 4, 3, 16, 4)],
+    [("digits", 10, 1, 8, 4), ("mnist5k", 10, 1, 28, 4), ("synthetic", 4, 3, 16, 4)],
 )
 def test_metadata_is_known_before_setup(name, num_classes, in_chans, img_size, patch):
     dm = build_datamodule(name)

@@ -14,30 +14,13 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
+from backbone import TINY, _float64_one_thread, build  # noqa: F401 (autouse fixture)
 from timm.layers import DropPath
 from torch import nn
 
 from lit_modules import RESIDUALS, VisionTransformer
 from lit_modules.residual import DCA, Highway, LAuReL, LayerScale, ResSE, ReZero, SkipInit, cait_init_value
 from lit_modules.residual.base import BlockArgs
-
-TINY = dict(img_size=8, patch_size=4, in_chans=3, num_classes=3, embed_dim=8, depth=3, num_heads=2)
-
-
-@pytest.fixture(autouse=True)
-def _float64_one_thread():
-    """float64 everywhere; one intra-op thread (tiny tensors: threads only add contention on shared CPUs)."""
-    dtype, threads = torch.get_default_dtype(), torch.get_num_threads()
-    torch.set_default_dtype(torch.float64)
-    torch.set_num_threads(1)
-    yield
-    torch.set_default_dtype(dtype)
-    torch.set_num_threads(threads)
-
-
-def build(residual: str = "standard", options: dict | None = None, seed: int = 0, **kw) -> VisionTransformer:
-    torch.manual_seed(seed)
-    return VisionTransformer(residual, options, **(TINY | kw))
 
 
 def images(n: int = 4, seed: int = 1) -> torch.Tensor:

@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,10 +24,27 @@ from types import SimpleNamespace
 
 import optuna
 import pytest
-import yaml
+from helpers import (
+    TWO_VARIANTS,
+    assert_grid_complete_once,
+    assert_one_line_error,
+    check_bad_checkpoints_restart_their_trials,
+    check_killed_trial_is_retried_and_resumes,
+    check_two_workers_complete_each_point_once,
+    finish,
+    run_cli,
+    run_cli_many,
+    snapshot,
+    start_cli,
+    stop_group,
+    trials_of,
+    url_of,
+    wait_for,
+    write_study,
+)
 from optuna.trial import TrialState
+from pg import free_port
 
-from ablations.objective import suggest
 from ablations.spec import BUDGETS, available_studies, load_spec
 from ablations.storage import open_storage
 
@@ -36,114 +52,8 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 pytestmark = [pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning"),
               pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")]
 
-CLI_TIMEOUT_S = 900  # generous: the CPU cores are shared; the timeout only stops a hung run
-TINY_BASE = {"dataset": "synthetic", "dataset_options": {"num_samples": 128, "img_size": 8}, "embed_dim": 8,
-             "num_heads": 2, "depth": 1, "max_epochs": 1, "patch_size": 4, "batch_size": 32}
-TWO_VARIANTS = ({"label": "standard", "residual": "standard"}, {"label": "rezero", "residual": "rezero"})
 SUMMARY_ATTRS = ("best_val_acc", "final_val_acc", "diverged", "param_count", "wall_time_s", "epochs_completed")
 DONE = (TrialState.COMPLETE, TrialState.PRUNED)
-
-
-# --- helpers -----------------------------------------------------------------------------------------------------
-def write_study(path: Path, *, variants=TWO_VARIANTS, base: dict | None = None, **keys) -> Path:
-    """A study YAML at ``path`` (name: the file's stem): tiny synthetic runs, ``base`` overriding TINY_BASE."""
-    doc = {"name": path.stem, "kind": "grid", **keys, "base": TINY_BASE | (base or {}), "variants": list(variants)}
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
-
-
-def url_of(db: Path) -> str:
-    return f"sqlite:///{db}"
-
-
-def start_cli(*args, cwd: Path, log=None) -> subprocess.Popen:
-    """``python -m ablations.run ARGS`` in a new session (so its worker processes can be killed as one group);
-    output piped, or both streams into the open file ``log``."""
-    return subprocess.Popen([sys.executable, "-m", "ablations.run", *map(str, args)], cwd=cwd, text=True,
-                            stdout=log or subprocess.PIPE, stderr=subprocess.STDOUT if log else subprocess.PIPE,
-                            start_new_session=True)
-
-
-def stop_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the process group of a CLI still running (never a group whose leader has been reaped)."""
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    proc.wait(timeout=60)
-
-
-def finish(proc: subprocess.Popen, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess:
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except BaseException:
-        stop_group(proc)
-        raise
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-
-
-def run_cli(*args, cwd: Path, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess:
-    return finish(start_cli(*args, cwd=cwd), timeout)
-
-
-def run_cli_many(calls: dict[str, tuple], cwd: Path) -> dict[str, subprocess.CompletedProcess]:
-    """Several CLI calls side by side (their start-up is mostly imports); results by key."""
-    procs = {}
-    try:
-        for key, args in calls.items():
-            procs[key] = start_cli(*args, cwd=cwd)
-        return {key: finish(proc) for key, proc in procs.items()}
-    finally:
-        for proc in procs.values():
-            stop_group(proc)
-
-
-def trials_of(db: Path, study_name: str) -> list[optuna.trial.FrozenTrial]:
-    return optuna.load_study(study_name=study_name, storage=url_of(db)).get_trials(deepcopy=False)
-
-
-def _states(db: Path, study_name: str) -> dict[int, TrialState]:
-    """Trial states by number; {} while the CLI is still creating the storage or the study."""
-    try:
-        return {t.number: t.state for t in trials_of(db, study_name)} if db.is_file() else {}
-    except Exception:  # noqa: BLE001 - no tables / no study yet
-        return {}
-
-
-def point(params: dict) -> tuple:
-    return tuple(sorted(params.items()))
-
-
-def trials_by_params(db: Path, study_name: str, states=None) -> dict[tuple, list[optuna.trial.FrozenTrial]]:
-    """The study's trials (of ``states``, default all) grouped by their parameters."""
-    grouped: dict[tuple, list] = {}
-    for t in trials_of(db, study_name):
-        if states is None or t.state in states:
-            grouped.setdefault(point(t.params), []).append(t)
-    return grouped
-
-
-def snapshot(trials) -> list[tuple]:
-    """What must never change once a trial has finished."""
-    return [(t.number, t.state, t.params, t.values, t.datetime_complete, t.user_attrs) for t in trials]
-
-
-def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2, result.stderr
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert "Traceback" not in result.stderr + result.stdout
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-
-
-def assert_grid_complete_once(db: Path, spec) -> dict[tuple, optuna.trial.FrozenTrial]:
-    """Every grid point COMPLETE exactly once, nothing else COMPLETE; returns the COMPLETE trial per point."""
-    complete = trials_by_params(db, spec.study_name, states=(TrialState.COMPLETE,))
-    assert sorted(complete) == sorted(point(p) for p in spec.grid())
-    assert all(len(ts) == 1 for ts in complete.values()), {k: [t.number for t in ts] for k, ts in complete.items()}
-    return {k: ts[0] for k, ts in complete.items()}
 
 
 # --- shared runs -------------------------------------------------------------------------------------------------
@@ -242,102 +152,12 @@ def test_study_file_given_by_path_runs_as_its_own_study(tiny_study):
 # --- 2. a killed worker's trial is retried and resumes -------------------------------------------------------------
 @pytest.mark.slow
 def test_killed_trial_is_retried_with_same_params_and_resumes_its_epochs(tmp_path):
-    """Trial 0 (1 epoch) completes; trial 1 (6 epochs) is SIGKILLed with its worker after its first checkpoint.
-    The rerun fails it (stale heartbeat), retries it with the same parameters, and the retry continues from the
-    checkpoint: its summary counts all 6 epochs, not only those run after the restart."""
-    max_epochs = 6
-    write_study(tmp_path / "crash.yaml", base={"max_epochs": max_epochs}, variants=[
-        {"label": "short", "residual": "standard", "overrides": {"max_epochs": 1}},
-        {"label": "long", "residual": "layerscale"},
-    ])
-    spec = load_spec(str(tmp_path / "crash.yaml"))
-    db = tmp_path / "o.db"
-    args = ("--study", "crash.yaml", "--storage", url_of(db), "--results-dir", "results", "--heartbeat", "1",
-            "--grace", "2", "--no-progress")
-    last_ckpt = tmp_path / "results" / "runs" / "crash" / "trial_0001" / "checkpoints" / "last.ckpt"
-
-    log = tmp_path / "killed_run.log"
-    with open(log, "w") as log_file:
-        proc = start_cli(*args, cwd=tmp_path, log=log_file)
-        try:
-            deadline = time.monotonic() + CLI_TIMEOUT_S
-            while not (last_ckpt.is_file() and _states(db, "crash").get(1) == TrialState.RUNNING):
-                assert proc.poll() is None, f"the run ended before trial 1 could be killed:\n{log.read_text()[-3000:]}"
-                assert time.monotonic() < deadline, "trial 1 never wrote a checkpoint"
-                time.sleep(0.1)
-            os.killpg(proc.pid, signal.SIGKILL)  # the worker dies mid-trial: no exception handler runs
-            proc.wait(timeout=60)
-        finally:
-            stop_group(proc)
-
-    before = trials_of(db, "crash")
-    assert [t.state for t in before] == [TrialState.COMPLETE, TrialState.RUNNING]
-    killed_epochs = len(before[1].intermediate_values)
-    assert 1 <= killed_epochs < max_epochs
-    time.sleep(3)  # > grace: the killed trial's heartbeat is stale now
-
-    rerun = run_cli(*args, cwd=tmp_path)
-    assert rerun.returncode == 0, rerun.stderr
-    complete = assert_grid_complete_once(db, spec)
-    after = trials_of(db, "crash")
-    assert len(after) == 3
-    assert snapshot(after[:1]) == snapshot(before[:1])  # the completed trial is untouched
-    killed, retry = after[1], after[2]
-    assert killed.state == TrialState.FAIL
-    assert retry.state == TrialState.COMPLETE and complete[point(retry.params)].number == retry.number
-    assert retry.params == killed.params == {"variant": "long"}
-    assert retry.system_attrs["failed_trial"] == 1 and retry.user_attrs["retry_of"] == 1
-    assert retry.user_attrs["resumed_from_checkpoint"] is True
-    assert retry.user_attrs["log_dir"].endswith("trial_0001")  # the killed trial's run folder, continued
-    assert retry.user_attrs["config"]["max_epochs"] == max_epochs
-    assert retry.user_attrs["epochs_completed"] == max_epochs  # counted on from the checkpoint, not restarted
-    curve = retry.user_attrs["val_acc_curve"]
-    assert len(curve) == max_epochs and None not in curve
-    assert curve[0] == pytest.approx(killed.intermediate_values[0])  # epoch 1 comes from the killed run
-    assert sorted(retry.intermediate_values) == list(range(max_epochs))
-    assert not last_ckpt.parent.exists()  # removed once the retry completed
+    check_killed_trial_is_retried_and_resumes(tmp_path, tmp_path / "o.db")
 
 
 # --- 3. corrupt and stale checkpoints ------------------------------------------------------------------------------
-def _prepare_study(db: Path, spec, heartbeat_s: int = 1, grace_s: int = 2):
-    """The state a rerun finds: the study with its grid enqueued (as the CLI does it)."""
-    storage = open_storage(url_of(db), heartbeat_s=heartbeat_s, grace_s=grace_s)
-    study = optuna.create_study(storage=storage, study_name=spec.study_name, direction=spec.direction)
-    for params in spec.grid():
-        study.enqueue_trial(params, skip_if_exists=True)
-    return storage, study
-
-
-def test_corrupt_checkpoint_of_a_dead_trial_restarts_it_and_stale_checkpoints_are_not_resumed(tmp_path):
-    """Trial 0's worker died (RUNNING, stale heartbeat) leaving garbage as last.ckpt: the rerun retries it, warns,
-    and trains it from scratch. Trial 1's would-be folder holds a checkpoint left by an earlier study of the same
-    name (storage reset): a first attempt never resumes it."""
-    write_study(tmp_path / "corrupt.yaml", base={"max_epochs": 2})
-    spec = load_spec(str(tmp_path / "corrupt.yaml"))
-    db = tmp_path / "o.db"
-    storage, study = _prepare_study(db, spec)
-    dead = study.ask()  # takes grid point 0 and marks it RUNNING, like a worker would
-    suggest(dead, spec)
-    storage.record_heartbeat(dead._trial_id)  # the worker was alive once, then died
-    runs = tmp_path / "results" / "runs" / "corrupt"
-    for trial_dir in ("trial_0000", "trial_0001"):
-        (runs / trial_dir / "checkpoints").mkdir(parents=True)
-        (runs / trial_dir / "checkpoints" / "last.ckpt").write_bytes(b"\x00garbage, not a torch checkpoint")
-    time.sleep(3)  # > grace
-
-    result = run_cli("--study", "corrupt.yaml", "--storage", url_of(db), "--results-dir", "results",
-                     "--heartbeat", "1", "--grace", "2", "--no-progress", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert "trial_0000/checkpoints/last.ckpt is unusable" in result.stderr
-    assert "trial_0001/checkpoints/last.ckpt is left from an earlier run" in result.stderr
-    complete = assert_grid_complete_once(db, spec)
-    trials = trials_of(db, "corrupt")
-    assert trials[0].state == TrialState.FAIL and len(trials) == 3
-    retry = complete[point(trials[0].params)]
-    assert retry.user_attrs["retry_of"] == 0 and retry.user_attrs["log_dir"].endswith("trial_0000")
-    for t in complete.values():
-        assert t.user_attrs["resumed_from_checkpoint"] is False
-        assert t.user_attrs["epochs_completed"] == 2  # trained from scratch, in full
+def test_corrupt_or_missing_checkpoint_of_a_dead_trial_restarts_it_and_stale_checkpoints_are_not_resumed(tmp_path):
+    check_bad_checkpoints_restart_their_trials(tmp_path, tmp_path / "o.db")
 
 
 @pytest.mark.slow
@@ -354,11 +174,7 @@ def test_interrupted_run_exits_130_and_the_rerun_resumes_the_interrupted_trial(t
 
     proc = start_cli(*args, cwd=tmp_path)
     try:
-        deadline = time.monotonic() + CLI_TIMEOUT_S
-        while not last_ckpt.is_file():
-            assert proc.poll() is None, f"the run ended before it could be interrupted:\n{proc.stderr.read()}"
-            assert time.monotonic() < deadline, "trial 0 never wrote a checkpoint"
-            time.sleep(0.1)
+        wait_for(last_ckpt.is_file, proc, "trial 0 wrote a checkpoint")
         os.killpg(proc.pid, signal.SIGINT)
         interrupted = finish(proc, timeout=300)
     finally:
@@ -381,17 +197,7 @@ def test_interrupted_run_exits_130_and_the_rerun_resumes_the_interrupted_trial(t
 # --- 4. parallel workers -----------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_two_workers_complete_every_grid_point_exactly_once(tmp_path):
-    write_study(tmp_path / "workers.yaml", variants=[*TWO_VARIANTS, {"label": "skipinit", "residual": "skipinit"}])
-    spec = load_spec(str(tmp_path / "workers.yaml"))
-    db = tmp_path / "o.db"
-    result = run_cli("--study", "workers.yaml", "--workers", "2", "--storage", url_of(db), "--results-dir", "results",
-                     "--no-progress", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert_grid_complete_once(db, spec)
-    for t in trials_of(db, "workers"):  # anything else is a surplus ask, pruned before training
-        assert t.state == TrialState.COMPLETE or {"surplus", "duplicate_of"} & set(t.user_attrs), t
-        if t.state == TrialState.COMPLETE:
-            assert t.user_attrs["config"]["threads"] == max(1, (os.cpu_count() or 1) // 2)
+    check_two_workers_complete_each_point_once(tmp_path, tmp_path / "o.db")
 
 
 # --- 5. search studies -------------------------------------------------------------------------------------------
@@ -431,12 +237,6 @@ def test_search_study_runs_its_trial_budget_and_prunes(tmp_path):
 
 
 # --- 6. optuna-dashboard -----------------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _get_json(url: str):
     with urllib.request.urlopen(url, timeout=5) as response:
         return json.load(response)
@@ -444,7 +244,7 @@ def _get_json(url: str):
 
 def test_optuna_dashboard_serves_the_study_with_its_metric_name(tiny_study):
     dashboard = Path(sys.executable).with_name("optuna-dashboard")
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}/api"
     proc = subprocess.Popen([str(dashboard), url_of(tiny_study.db), "--host", "127.0.0.1", "--port", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -527,11 +327,11 @@ def test_failing_invocations_keep_an_existing_study(tiny_study, tmp_path):
         assert_one_line_error(results[key])
     assert_one_line_error(results["changed_grid"], "study 'tiny' in the storage was run with variant = "
                           "['standard', 'rezero']", "--study-name")
-    assert results["no_data"].returncode == 2, results["no_data"].stderr
-    assert "error: no data folder given for mnist" in results["no_data"].stderr.strip().splitlines()[-1]
+    assert_one_line_error(results["no_data"], "error: no data folder given for mnist")
     study = optuna.load_study(study_name="tiny", storage=url_of(db))
     assert snapshot(study.get_trials(deepcopy=False)) == before and study.user_attrs == attrs_before
-    assert [t.state for t in trials_of(db, "nodata")] == [TrialState.FAIL]
+    # the missing data folder is caught before anything is stored: no study, no failed trial
+    assert "nodata" not in optuna.study.get_all_study_names(storage=url_of(db))
 
 
 # --- 8. --list and --dry-run -------------------------------------------------------------------------------------

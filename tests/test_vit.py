@@ -8,26 +8,9 @@ import re
 import pytest
 import timm.models.vision_transformer as timm_vit
 import torch
+from backbone import TINY, _float64_one_thread, build  # noqa: F401 (autouse fixture)
 
 from lit_modules import RESIDUALS, LoadReport, VisionTransformer
-
-TINY = dict(img_size=8, patch_size=4, in_chans=3, num_classes=3, embed_dim=8, depth=3, num_heads=2)
-
-
-@pytest.fixture(autouse=True)
-def _float64_one_thread():
-    """float64 everywhere; one intra-op thread (tiny tensors: threads only add contention on shared CPUs)."""
-    dtype, threads = torch.get_default_dtype(), torch.get_num_threads()
-    torch.set_default_dtype(torch.float64)
-    torch.set_num_threads(1)
-    yield
-    torch.set_default_dtype(dtype)
-    torch.set_num_threads(threads)
-
-
-def build(residual: str = "standard", options: dict | None = None, seed: int = 0, **kw) -> VisionTransformer:
-    torch.manual_seed(seed)
-    return VisionTransformer(residual, options, **(TINY | kw))
 
 
 def timm_model(seed: int = 0, **kw) -> timm_vit.VisionTransformer:

@@ -1,0 +1,26 @@
+"""Shared by the backbone tests: a tiny float64 model and the fixture that sets float64 / one thread."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lit_modules import VisionTransformer
+
+TINY = dict(img_size=8, patch_size=4, in_chans=3, num_classes=3, embed_dim=8, depth=3, num_heads=2)
+
+
+@pytest.fixture(autouse=True)
+def _float64_one_thread():
+    """float64 everywhere; one intra-op thread (tiny tensors: threads only add contention on shared CPUs)."""
+    dtype, threads = torch.get_default_dtype(), torch.get_num_threads()
+    torch.set_default_dtype(torch.float64)
+    torch.set_num_threads(1)
+    yield
+    torch.set_default_dtype(dtype)
+    torch.set_num_threads(threads)
+
+
+def build(residual: str = "standard", options: dict | None = None, seed: int = 0, **kw) -> VisionTransformer:
+    torch.manual_seed(seed)
+    return VisionTransformer(residual, options, **(TINY | kw))

@@ -1,0 +1,257 @@
+"""Helpers shared by the study tests (test_studies.py: SQLite; test_scaleout.py: PostgreSQL).
+
+A *storage* here is a SQLite database file (a ``Path``) or a storage URL (a ``str``, e.g. a PostgreSQL database of
+the test cluster). The ``check_*`` functions are whole scenarios, run by each test module against its storage.
+The CLI runs in a subprocess with the test's tmp folder as its working directory, in its own session, so a test
+that fails or times out kills the whole process group.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from optuna.trial import TrialState
+
+from ablations.objective import suggest
+from ablations.spec import load_spec
+from ablations.storage import open_storage
+
+CLI_TIMEOUT_S = 900  # generous: the CPU cores are shared; the timeout only stops a hung run
+TINY_BASE = {"dataset": "synthetic", "dataset_options": {"num_samples": 128, "img_size": 8}, "embed_dim": 8,
+             "num_heads": 2, "depth": 1, "max_epochs": 1, "patch_size": 4, "batch_size": 32}
+TWO_VARIANTS = ({"label": "standard", "residual": "standard"}, {"label": "rezero", "residual": "rezero"})
+THREE_VARIANTS = (*TWO_VARIANTS, {"label": "skipinit", "residual": "skipinit"})
+
+
+def write_study(path: Path, *, variants=TWO_VARIANTS, base: dict | None = None, **keys) -> Path:
+    """A study YAML at ``path`` (name: the file's stem): tiny synthetic runs, ``base`` overriding TINY_BASE."""
+    doc = {"name": path.stem, "kind": "grid", **keys, "base": TINY_BASE | (base or {}), "variants": list(variants)}
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def url_of(storage: Path | str) -> str:
+    """The storage URL of a SQLite file (a URL is returned as it is)."""
+    return storage if isinstance(storage, str) else f"sqlite:///{storage}"
+
+
+def start_cli(*args, cwd: Path, log=None) -> subprocess.Popen:
+    """``python -m ablations.run ARGS`` in a new session (so its worker processes can be killed as one group);
+    output piped, or both streams into the open file ``log``."""
+    return subprocess.Popen([sys.executable, "-m", "ablations.run", *map(str, args)], cwd=cwd, text=True,
+                            stdout=log or subprocess.PIPE, stderr=subprocess.STDOUT if log else subprocess.PIPE,
+                            start_new_session=True)
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the process group of a CLI still running (never a group whose leader has been reaped)."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(timeout=60)
+
+
+def finish(proc: subprocess.Popen, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException:
+        stop_group(proc)
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def run_cli(*args, cwd: Path, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess:
+    return finish(start_cli(*args, cwd=cwd), timeout)
+
+
+def run_cli_many(calls: dict[str, tuple], cwd: Path) -> dict[str, subprocess.CompletedProcess]:
+    """Several CLI calls side by side (their start-up is mostly imports); results by key."""
+    procs = {}
+    try:
+        for key, args in calls.items():
+            procs[key] = start_cli(*args, cwd=cwd)
+        return {key: finish(proc) for key, proc in procs.items()}
+    finally:
+        for proc in procs.values():
+            stop_group(proc)
+
+
+def trials_of(storage: Path | str, study_name: str) -> list[optuna.trial.FrozenTrial]:
+    return optuna.load_study(study_name=study_name, storage=url_of(storage)).get_trials(deepcopy=False)
+
+
+def _states(storage: Path | str, study_name: str) -> dict[int, TrialState]:
+    """Trial states by number; {} while the CLI is still creating the storage or the study."""
+    if isinstance(storage, Path) and not storage.is_file():
+        return {}
+    try:
+        return {t.number: t.state for t in trials_of(storage, study_name)}
+    except Exception:  # noqa: BLE001 - no tables / no study yet
+        return {}
+
+
+def point(params: dict) -> tuple:
+    return tuple(sorted(params.items()))
+
+
+def trials_by_params(storage: Path | str, study_name: str, states=None) -> dict[tuple, list[optuna.trial.FrozenTrial]]:
+    """The study's trials (of ``states``, default all) grouped by their parameters."""
+    grouped: dict[tuple, list] = {}
+    for t in trials_of(storage, study_name):
+        if states is None or t.state in states:
+            grouped.setdefault(point(t.params), []).append(t)
+    return grouped
+
+
+def snapshot(trials) -> list[tuple]:
+    """What must never change once a trial has finished."""
+    return [(t.number, t.state, t.params, t.values, t.datetime_complete, t.user_attrs) for t in trials]
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str, status: int = 2) -> None:
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == status, result.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def assert_grid_complete_once(storage: Path | str, spec) -> dict[tuple, optuna.trial.FrozenTrial]:
+    """Every grid point COMPLETE exactly once, nothing else COMPLETE; returns the COMPLETE trial per point."""
+    complete = trials_by_params(storage, spec.study_name, states=(TrialState.COMPLETE,))
+    assert sorted(complete) == sorted(point(p) for p in spec.grid())
+    assert all(len(ts) == 1 for ts in complete.values()), {k: [t.number for t in ts] for k, ts in complete.items()}
+    return {k: ts[0] for k, ts in complete.items()}
+
+
+def wait_for(condition, proc: subprocess.Popen, what: str, log: Path | None = None) -> None:
+    """Poll ``condition()`` until true; fail if the CLI ends first (with the tail of its ``log``) or on timeout."""
+    deadline = time.monotonic() + CLI_TIMEOUT_S
+    while not condition():
+        if proc.poll() is not None:
+            output = log.read_text()[-3000:] if log else proc.stderr.read()
+            pytest.fail(f"the run ended before {what}:\n{output}")
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.1)
+
+
+# --- scenarios ---------------------------------------------------------------------------------------------------
+def check_killed_trial_is_retried_and_resumes(tmp_path: Path, storage: Path | str) -> None:
+    """Trial 0 (1 epoch) completes; trial 1 (6 epochs) is SIGKILLed with its worker after its first checkpoint.
+    The rerun fails it (stale heartbeat), retries it with the same parameters, and the retry continues from the
+    checkpoint: its summary counts all 6 epochs, not only those run after the restart."""
+    max_epochs = 6
+    write_study(tmp_path / "crash.yaml", base={"max_epochs": max_epochs}, variants=[
+        {"label": "short", "residual": "standard", "overrides": {"max_epochs": 1}},
+        {"label": "long", "residual": "layerscale"},
+    ])
+    spec = load_spec(str(tmp_path / "crash.yaml"))
+    args = ("--study", "crash.yaml", "--storage", url_of(storage), "--results-dir", "results", "--heartbeat", "1",
+            "--grace", "2", "--no-progress")
+    last_ckpt = tmp_path / "results" / "runs" / "crash" / "trial_0001" / "checkpoints" / "last.ckpt"
+
+    log = tmp_path / "killed_run.log"
+    with open(log, "w") as log_file:
+        proc = start_cli(*args, cwd=tmp_path, log=log_file)
+        try:
+            wait_for(lambda: last_ckpt.is_file() and _states(storage, "crash").get(1) == TrialState.RUNNING, proc,
+                     "trial 1 wrote a checkpoint", log)
+            os.killpg(proc.pid, signal.SIGKILL)  # the worker dies mid-trial: no exception handler runs
+            proc.wait(timeout=60)
+        finally:
+            stop_group(proc)
+
+    before = trials_of(storage, "crash")
+    assert [t.state for t in before] == [TrialState.COMPLETE, TrialState.RUNNING]
+    killed_epochs = len(before[1].intermediate_values)
+    assert 1 <= killed_epochs < max_epochs
+    time.sleep(3)  # > grace: the killed trial's heartbeat is stale now
+
+    rerun = run_cli(*args, cwd=tmp_path)
+    assert rerun.returncode == 0, rerun.stderr
+    complete = assert_grid_complete_once(storage, spec)
+    after = trials_of(storage, "crash")
+    assert len(after) == 3
+    assert snapshot(after[:1]) == snapshot(before[:1])  # the completed trial is untouched
+    killed, retry = after[1], after[2]
+    assert killed.state == TrialState.FAIL
+    assert retry.state == TrialState.COMPLETE and complete[point(retry.params)].number == retry.number
+    assert retry.params == killed.params == {"variant": "long"}
+    assert retry.system_attrs["failed_trial"] == 1 and retry.user_attrs["retry_of"] == 1
+    assert retry.user_attrs["resumed_from_checkpoint"] is True
+    assert retry.user_attrs["log_dir"].endswith("trial_0001")  # the killed trial's run folder, continued
+    assert retry.user_attrs["config"]["max_epochs"] == max_epochs
+    assert retry.user_attrs["epochs_completed"] == max_epochs  # counted on from the checkpoint, not restarted
+    curve = retry.user_attrs["val_acc_curve"]
+    assert len(curve) == max_epochs and None not in curve
+    assert curve[0] == pytest.approx(killed.intermediate_values[0])  # epoch 1 comes from the killed run
+    assert sorted(retry.intermediate_values) == list(range(max_epochs))
+    assert not last_ckpt.parent.exists()  # removed once the retry completed
+
+
+def check_bad_checkpoints_restart_their_trials(tmp_path: Path, storage: Path | str) -> None:
+    """Trials 0 and 1 lost their workers (RUNNING, stale heartbeat): trial 0 left garbage as last.ckpt, trial 1
+    no checkpoint at all. The rerun retries both, warns, and trains them from scratch. Trial 2's would-be folder
+    holds a checkpoint left by an earlier study of the same name (storage reset): a first attempt never resumes it."""
+    write_study(tmp_path / "corrupt.yaml", base={"max_epochs": 2}, variants=THREE_VARIANTS)
+    spec = load_spec(str(tmp_path / "corrupt.yaml"))
+    rdb = open_storage(url_of(storage), heartbeat_s=1, grace_s=2)
+    study = optuna.create_study(storage=rdb, study_name=spec.study_name, direction=spec.direction)
+    for params in spec.grid():  # the state a rerun finds: the grid enqueued, as the CLI does it
+        study.enqueue_trial(params, skip_if_exists=True)
+    for _ in range(2):
+        dead = study.ask()  # takes the next grid point and marks it RUNNING, like a worker would
+        suggest(dead, spec)
+        rdb.record_heartbeat(dead._trial_id)  # the worker was alive once, then died
+    runs = tmp_path / "results" / "runs" / "corrupt"
+    for trial_dir in ("trial_0000", "trial_0002"):
+        (runs / trial_dir / "checkpoints").mkdir(parents=True)
+        (runs / trial_dir / "checkpoints" / "last.ckpt").write_bytes(b"\x00garbage, not a torch checkpoint")
+    time.sleep(3)  # > grace
+
+    result = run_cli("--study", "corrupt.yaml", "--storage", url_of(storage), "--results-dir", "results",
+                     "--heartbeat", "1", "--grace", "2", "--no-progress", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "trial_0000/checkpoints/last.ckpt is unusable" in result.stderr
+    assert "trial_0001/checkpoints/last.ckpt to resume" in result.stderr
+    assert "trial_0002/checkpoints/last.ckpt is left from an earlier run" in result.stderr
+    complete = assert_grid_complete_once(storage, spec)
+    trials = trials_of(storage, "corrupt")
+    assert [t.state for t in trials[:2]] == [TrialState.FAIL] * 2 and len(trials) == 5
+    for dead in trials[:2]:
+        retry = complete[point(dead.params)]
+        assert retry.user_attrs["retry_of"] == dead.number
+        assert retry.user_attrs["log_dir"].endswith(f"trial_{dead.number:04d}")
+    for t in complete.values():
+        assert t.user_attrs["resumed_from_checkpoint"] is False
+        assert t.user_attrs["epochs_completed"] == 2  # trained from scratch, in full
+
+
+def check_two_workers_complete_each_point_once(tmp_path: Path, storage: Path | str, study: str = "workers.yaml",
+                                               budget: str = "default"):
+    """``--workers 2`` on a grid (default: a 3-point tiny study file; or a named study such as residual_variants at
+    budget smoke): every point COMPLETE exactly once, any other trial a surplus ask pruned before training.
+    Returns the study's spec."""
+    if study == "workers.yaml":
+        write_study(tmp_path / study, variants=THREE_VARIANTS)
+    spec = load_spec(str(tmp_path / study) if study.endswith(".yaml") else study, budget)
+    result = run_cli("--study", study, "--budget", budget, "--workers", "2", "--storage", url_of(storage),
+                     "--results-dir", "results", "--no-progress", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert_grid_complete_once(storage, spec)
+    for t in trials_of(storage, spec.study_name):
+        assert t.state == TrialState.COMPLETE or {"surplus", "duplicate_of"} & set(t.user_attrs), t
+        if t.state == TrialState.COMPLETE:
+            assert t.user_attrs["config"]["threads"] == max(1, (os.cpu_count() or 1) // 2)
+    return spec
