@@ -2,6 +2,7 @@
 
     python -m ablations.train --residual layerscale --depth 12 --init-value auto --dataset digits --max-epochs 30
     python -m ablations.train --dataset synthetic --dataset-option num_samples=512 --max-epochs 3 --json
+    python -m ablations.train --dataset digits --devices 2 --strategy ddp    # DDP (gloo on CPU): rank 0 reports
 
 Every ``RunConfig`` field is an option (``--embed-dim``, ``--lr``, ``--no-augment``, ...); ``--residual-option
 KEY=VALUE`` / ``--dataset-option KEY=VALUE`` (repeatable) set the variant's / dataset's own options, with values

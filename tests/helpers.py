@@ -24,6 +24,11 @@ from ablations.objective import suggest
 from ablations.spec import load_spec
 from ablations.storage import open_storage
 
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+#: ``pytestmark`` of the study test modules: Optuna's experimental-feature and heartbeat warnings are expected there.
+STUDY_TEST_MARKS = [pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning"),
+                    pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")]
+
 CLI_TIMEOUT_S = 900  # generous: the CPU cores are shared; the timeout only stops a hung run
 TINY_BASE = {"dataset": "synthetic", "dataset_options": {"num_samples": 128, "img_size": 8}, "embed_dim": 8,
              "num_heads": 2, "depth": 1, "max_epochs": 1, "patch_size": 4, "batch_size": 32}
@@ -87,7 +92,9 @@ def run_cli_many(calls: dict[str, tuple], cwd: Path) -> dict[str, subprocess.Com
 
 
 def trials_of(storage: Path | str, study_name: str) -> list[optuna.trial.FrozenTrial]:
-    return optuna.load_study(study_name=study_name, storage=url_of(storage)).get_trials(deepcopy=False)
+    """The study's trials, read through ``open_storage`` as the CLI reads them (it picks the installed
+    PostgreSQL driver for a bare ``postgresql://`` URL)."""
+    return optuna.load_study(study_name=study_name, storage=open_storage(url_of(storage))).get_trials(deepcopy=False)
 
 
 def _states(storage: Path | str, study_name: str) -> dict[int, TrialState]:

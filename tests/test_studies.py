@@ -25,6 +25,7 @@ from types import SimpleNamespace
 import optuna
 import pytest
 from helpers import (
+    STUDY_TEST_MARKS,
     TWO_VARIANTS,
     assert_grid_complete_once,
     assert_one_line_error,
@@ -48,9 +49,7 @@ from pg import free_port
 from ablations.spec import BUDGETS, available_studies, load_spec
 from ablations.storage import open_storage
 
-optuna.logging.set_verbosity(optuna.logging.WARNING)
-pytestmark = [pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning"),
-              pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")]
+pytestmark = STUDY_TEST_MARKS
 
 SUMMARY_ATTRS = ("best_val_acc", "final_val_acc", "diverged", "param_count", "wall_time_s", "epochs_completed")
 DONE = (TrialState.COMPLETE, TrialState.PRUNED)
