@@ -109,3 +109,14 @@ def test_interleave_rotates_rounds_and_pairs_ratios():
     assert rounds == ["A", "A", "B", "B", "C", "C", "B", "B", "C", "C", "A", "A", "C", "C", "A", "A", "B", "B"]
     assert {k: len(v) for k, v in times.items()} == {"A": 3, "B": 3, "C": 3}
     assert bench.paired_ratio({"a": [2.0, 4.0, 9.0], "b": [1.0, 1.0, 3.0]}, "a", "b") == 3.0
+
+
+def test_goal_marks_count_the_rounds_that_meet_it():
+    sec = bench.Section("x", "9. x", "setup", ["a"])
+    ratios = bench.round_ratios({"a": [1.0, 1.1, 1.3], "b": [1.0, 1.0, 1.0]}, "a", "b")
+    assert sec.goal("a / b", bench.median(ratios), 1.05, "≤ 1.05x", "1.100x", rounds=ratios) == [
+        "≤ 1.05x", "**miss** (1/3 rounds)"]
+    assert sec.goal("mfu", 0.6, 0.55, "≥ 55%", "60%", at_most=False) == ["≥ 55%", "pass"]
+    assert sec.goals[0]["rounds_meeting_goal"] == 1 and sec.goals[0]["passed"] is False
+    assert bench.ratio_cell(ratios) == "1.100x [1.00-1.30]"
+    assert bench.ratio_cell(ratios, percent=True) == "+10.0% [+0, +30]"

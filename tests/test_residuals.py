@@ -502,6 +502,36 @@ def test_formula_hand_values_exercise_relu():
     assert any(sum(WS[0][e] * G[n][j][e] for e in range(4)) < 0 for n in range(2) for j in range(3))
 
 
+@pytest.mark.parametrize("chunk_elements", [1, 64, 1 << 19])  # chunks of 8 tokens with a remainder; one chunk
+def test_relu_mix_gradients_match_plain_autograd(monkeypatch, chunk_elements):
+    """The fused fig10_B GRN (ReLUMix: chunked, weights recomputed in backward) has the gradients of the plain
+    autograd formula, with exact ties b + wᵀG = 0 (ReLU'(0) = 0 in both) and a token count not divisible by the
+    chunk; gradcheck confirms them against finite differences."""
+    from lit_modules.residual.dca import ReLUMix
+
+    monkeypatch.setattr(ReLUMix, "CHUNK_ELEMENTS", chunk_elements)
+    gen = torch.Generator().manual_seed(3)
+    G = torch.randn(19, 3, 4, generator=gen, requires_grad=True)
+    w = torch.randn(2, 4, generator=gen, requires_grad=True)
+    b = torch.randn(2, 3, 4, generator=gen)
+    with torch.no_grad():
+        b[0, 1] = -(G[5, 1] @ w[0])  # a tie: pre-activation exactly 0 for token 5, j = 1, output 0
+    b.requires_grad_()
+    assert (b[0, 1] + G[5, 1] @ w[0] == 0).all()
+    grad = torch.randn(2, 19, 4, generator=gen)
+    plain = (F.relu(b[:, None] + torch.einsum("mtd,od->omt", G, w)[..., None]) * G).sum(dim=2)
+    fused = ReLUMix.apply(G, w, b)
+    assert torch.allclose(fused, plain, atol=1e-13, rtol=0)
+    want = torch.autograd.grad(plain, (G, w, b), grad)
+    got = torch.autograd.grad(fused, (G, w, b), grad)
+    for name, g_want, g_got in zip("Gwb", want, got, strict=True):
+        assert torch.allclose(g_got, g_want, atol=1e-12, rtol=0), name
+    assert got[1].abs().sum() > 0 and got[2].abs().sum() > 0  # w and b train
+    inputs = tuple(x.detach().clone().requires_grad_() for x in (G, w, b))
+    inputs[2].data += 1e-3  # gradcheck's finite differences need a margin from the ReLU kink
+    assert torch.autograd.gradcheck(ReLUMix.apply, inputs)
+
+
 @pytest.mark.parametrize("fused", [True, False])
 def test_dca_block_wiring(fused):
     """a = MHSA(LN_q q_in, LN_k k_in, LN_v v_in), f_t = a + MLP(LN₂(q_in + a)), written out with an explicit

@@ -111,6 +111,55 @@ def test_hp_metrics_registered_and_all_logged(twin_runs):
     assert text.startswith("| metric | value |") and "best_val_acc" in text
 
 
+# --- epoch training metrics ------------------------------------------------------------------------------------
+class BatchRecorder(pl.Callback):
+    """Records each batch's logits (the weights the step will use) and labels, and the module's epoch training
+    metrics as a plain callback sees them in ``on_train_epoch_end`` (where ConvergenceTracker reads them)."""
+
+    def __init__(self) -> None:
+        self.batches, self.seen = [], []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        x, y = batch
+        with torch.no_grad():
+            logits = pl_module(x)
+        smoothing = pl_module.hparams.label_smoothing
+        self.batches.append((logits, y, torch.nn.functional.cross_entropy(logits, y, label_smoothing=smoothing)))
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self.seen.append({k: float(trainer.callback_metrics[k]) for k in ("train/loss", "train/acc")
+                          if k in trainer.callback_metrics})
+
+
+@pytest.mark.parametrize("rows, max_steps", [(1 << 30, -1), (1, -1), (40, 7)])
+def test_epoch_train_metrics_are_image_weighted_means_of_the_steps(monkeypatch, rows, max_steps):
+    """train/loss = Σ n_b·loss_b / Σ n_b and train/acc = correct / images over the epoch's batches (the last one
+    smaller), whether the metrics consume the buffered batches at the epoch's end, after every batch (rows=1), or
+    in an epoch cut short by max_steps; a callback's on_train_epoch_end already sees them."""
+    from ablations.training import build_datamodule, build_model
+    from lit_modules.classifier import ViTClassifier
+
+    monkeypatch.setattr(ViTClassifier, "TRAIN_METRIC_ROWS", rows)
+    config = TINY.replace(dataset_options=TINY.dataset_options | {"num_samples": 150}, batch_size=32, max_epochs=2)
+    dm = build_datamodule(config)
+    module, recorder = build_model(config, dm), BatchRecorder()
+    pl.seed_everything(0)
+    trainer = pl.Trainer(accelerator="cpu", max_epochs=2, max_steps=max_steps, logger=False, callbacks=[recorder],
+                         enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
+                         limit_val_batches=0, num_sanity_val_steps=0)
+    trainer.fit(module, datamodule=dm)
+    per_epoch = len(dm.train_dataloader())
+    assert len(dm.train_dataloader().images) % 32 > 1  # a short last batch: weights matter
+    epochs = [recorder.batches[i:i + per_epoch] for i in range(0, len(recorder.batches), per_epoch)]
+    assert len(recorder.seen) == len(epochs) == 2 and len(epochs[-1]) == (per_epoch if max_steps < 0 else 7 - per_epoch)
+    for batches, seen in zip(epochs, recorder.seen, strict=True):
+        n = sum(len(y) for _, y, _ in batches)
+        want_loss = sum(len(y) * loss.item() for _, y, loss in batches) / n
+        want_acc = sum((logits.argmax(1) == y).sum().item() for logits, y, _ in batches) / n
+        assert seen["train/loss"] == pytest.approx(want_loss, rel=1e-5)
+        assert seen["train/acc"] == pytest.approx(want_acc, abs=1e-6)
+
+
 # --- divergence ------------------------------------------------------------------------------------------------
 def test_divergence_mid_run_stops_cleanly(tmp_path):
     summary = run(TINY.replace(max_epochs=3), tmp_path, "nan", extra_callbacks=[NaNInjector(epoch=1, batch=1)])

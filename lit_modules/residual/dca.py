@@ -106,10 +106,10 @@ class DCA(ResidualSite):
 
     def forward(self, stack: torch.Tensor) -> torch.Tensor:
         """Stack (B, N, t, D) → combined inputs (outputs, B, N, D)."""
+        if self.w is not None and self.grn_v3_form == "fig10_B":
+            B, N, t, D = stack.shape
+            return ReLUMix.apply(stack.reshape(B * N, t, D), self.w, 1.0 + self.b_delta).view(-1, B, N, D)
         dynamic = self.weights(stack)
-        if dynamic is not None and self.grn_v3_form == "fig10_B":
-            # elementwise + sum, not einsum: einsum would treat d as a batch dim and run B·N·D tiny matmuls
-            return (dynamic * stack.unsqueeze(0)).sum(dim=3)
         out = torch.einsum("bntd,otd->obnd", stack, 1.0 + self.b_delta.expand(-1, -1, stack.shape[-1]))
         if dynamic is not None:
             out = out + torch.einsum("obnt,bntd->obnd", dynamic, stack)
@@ -127,6 +127,60 @@ class DCA(ResidualSite):
         else:
             row = b.mean(dim=(0, 2)) + dyn.detach().mean(dim=(0, 1, 2))
         return {f"weight_{j}": v for j, v in enumerate(row)}
+
+
+class ReLUMix(torch.autograd.Function):
+    """GRN-v3 as in Appendix H (``fig10_B``): out_o = Σ_j ReLU(b_oj + w_oᵀG_j) ⊙ G_j, fused and chunked.
+
+    Plain autograd materialises and saves the (outputs, tokens, t, D) weights ReLU(b + wᵀG) several times over —
+    memory-bound elementwise work that dominates DCA's step on a CPU and its activation memory. This computes
+    the same function over chunks of tokens small enough to stay in cache, saves only G and s = wᵀG, and
+    recomputes the weights in backward. Inputs: G (tokens, t, D), w (outputs, D), b (outputs, t, D) → (outputs,
+    tokens, D). ReLU'(0) = 0, as ``F.relu``. Not twice differentiable.
+    """
+
+    CHUNK_ELEMENTS = 1 << 19  # elements of one (outputs, tokens, t, D) chunk: ~2 MiB of fp32
+
+    @staticmethod
+    def chunks(G: torch.Tensor, outputs: int) -> range:
+        tokens, t, D = G.shape
+        return range(0, tokens, max(8, ReLUMix.CHUNK_ELEMENTS // (outputs * t * D)))
+
+    @staticmethod
+    def forward(ctx: Any, G: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        G = G.contiguous()
+        s = torch.matmul(G, w.t()).permute(2, 0, 1).unsqueeze(-1)  # (outputs, tokens, t, 1)
+        out = G.new_empty(w.shape[0], G.shape[0], G.shape[2])
+        step = ReLUMix.chunks(G, w.shape[0]).step
+        for c0 in ReLUMix.chunks(G, w.shape[0]):
+            c = slice(c0, c0 + step)
+            z = (b.unsqueeze(1) + s[:, c]).clamp_(min=0).mul_(G[c])
+            torch.sum(z, dim=2, out=out[:, c])
+        ctx.save_for_backward(G, w, b, s)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        G, w, b, s = ctx.saved_tensors
+        outputs, D = w.shape
+        dG, dw, db = torch.empty_like(G), torch.zeros_like(w), torch.zeros_like(b)
+        step = ReLUMix.chunks(G, outputs).step
+        for c0 in ReLUMix.chunks(G, outputs):
+            c = slice(c0, c0 + step)
+            g = grad[:, c].unsqueeze(2)  # (outputs, m, 1, D)
+            z = b.unsqueeze(1) + s[:, c]  # pre-activation (outputs, m, t, D)
+            dz = torch.ops.aten.threshold_backward(G[c] * g, z, 0)  # ReLU's backward: 0 where z <= 0
+            db.add_(dz.sum(dim=1))
+            ds = dz.sum(dim=-1).flatten(1)  # (outputs, m·t)
+            r = z.relu_()
+            dG_c = torch.mul(r[0], g[0], out=dG[c])  # Σ_o r_o ⊙ g_o, unrolled: a sum over a leading dim is slow
+            for o in range(1, outputs):
+                dG_c.addcmul_(r[o], g[o])
+            G_c = G[c].view(-1, D)
+            dG_c.view(-1, D).addmm_(ds.t(), w)  # through s = wᵀG; per chunk, while G_c is in cache
+            dw.addmm_(ds, G_c)
+        return dG, dw, db
 
 
 class DCABlock(nn.Module):

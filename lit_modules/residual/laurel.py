@@ -104,19 +104,24 @@ class LAuReL(ResidualSite):
                 if self.form != "pa":  # rw_pa / rw_lr_pa: g = Σ γ_j h_j(x_{i−j}) must start as x_i
                     self.pa_gamma[0] = 1.0
 
-    def _low_rank(self, states: torch.Tensor) -> torch.Tensor:
-        """A_j B_j x for stacked states (j, B, N, D) — one batched matmul, no Python loop over j."""
-        j = states.shape[0]
-        down = torch.einsum("jbnd,jrd->jbnr", states, self.lr_down[:j])
-        return torch.einsum("jbnr,jdr->jbnd", down, self.lr_up[:j])
+    def _previous_activations(self, states: list[torch.Tensor]) -> torch.Tensor:
+        """Σ_j γ_j h_j(x_{i−j}) over states [x_i, x_{i−1}, …] with h_j = I or I + A_j B_j. The low-rank part is one
+        matmul: Σ_j γ_j A_j (B_j x_{i−j}) = [γ_0 A_0 | γ_1 A_1 | …] · [B_0 x_i ; B_1 x_{i−1} ; …] — no stacked
+        copy of the states and one up-projection instead of one per j."""
+        gamma = self.pa_gamma[: len(states)]
+        out = gamma[0] * states[0]
+        for g, state in zip(gamma[1:], states[1:], strict=True):
+            out = out + g * state
+        if self.uses_lr:
+            down = torch.cat([F.linear(state, self.lr_down[j]) for j, state in enumerate(states)], dim=-1)
+            up = (self.lr_up[: len(states)] * gamma[:, None, None]).permute(1, 0, 2).flatten(1)  # (D, j·r)
+            out = out + F.linear(down, up)
+        return out
 
     def forward(self, x: torch.Tensor, u: torch.Tensor, f: torch.Tensor, history: list | None = None) -> torch.Tensor:
         if self.uses_pa:
             history.append(x)
-            states = torch.stack(history[: -self.k - 1: -1])  # x_i, x_{i−1}, …: (j, B, N, D)
-            if self.uses_lr:
-                states = states + self._low_rank(states)
-            pa = torch.einsum("j,jbnd->bnd", self.pa_gamma[: states.shape[0]], states)
+            pa = self._previous_activations(history[: -self.k - 1: -1])  # x_i, x_{i−1}, …
             g = x + pa if self.form == "pa" else pa
         elif self.uses_lr:
             g = x + F.linear(F.linear(x, self.lr_down[0]), self.lr_up[0])
