@@ -1,6 +1,6 @@
 """Speed, FLOP utilisation and memory of the backbone, measured as ratios side by side in one process.
 
-    python -m ablations.bench                        # every section at full size (~10-15 min on 2 quiet cores)
+    python -m ablations.bench                        # every section at full size (~19 min on 2 quiet cores)
     python -m ablations.bench --quick                # every section at small sizes (< 3 min on 2 quiet cores)
     python -m ablations.bench --sections timm,mfu --threads 2 --out /tmp/bench
     python -m ablations.bench --compile              # also time model.compile() (cold compiles take minutes)
@@ -17,8 +17,9 @@ sides ran seconds apart under the same machine load). Timing sections run on the
 every figure is noise: the load average at the start and end of the run is part of the report. Never run two
 benchmarks (or a benchmark and tests) at once: with more busy threads than cores, timings are meaningless.
 
-Memory (section 6) on the CPU runs one forward per variant at depth 24 at batch 16 (--quick: 8): at batch 64 full
-DCA alone saves ~9 GiB for backward, and the run was OOM-killed on a 24 GiB machine.
+Memory (section 6) on the CPU runs one forward per variant at depth 24 at batch 16 (--quick: 8). Before DCA's GRN
+became a fused Function, full DCA at batch 64 saved ~9 GiB for backward and the run was OOM-killed on a 24 GiB
+machine; batch 16 keeps the section short and far from that.
 """
 
 from __future__ import annotations
