@@ -29,6 +29,9 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 STUDY_TEST_MARKS = [pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning"),
                     pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")]
 
+#: Epochs of a trial that a test interrupts after its first checkpoint. A tiny epoch takes ~0.15 s: with 6 epochs
+#: the trial sometimes finished before the signal landed (a CI rehearsal saw it); 30 leave seconds of margin.
+LONG_TRIAL_EPOCHS = 30
 CLI_TIMEOUT_S = 900  # generous: the CPU cores are shared; the timeout only stops a hung run
 TINY_BASE = {"dataset": "synthetic", "dataset_options": {"num_samples": 128, "img_size": 8}, "embed_dim": 8,
              "num_heads": 2, "depth": 1, "max_epochs": 1, "patch_size": 4, "batch_size": 32}
@@ -155,10 +158,10 @@ def wait_for(condition, proc: subprocess.Popen, what: str, log: Path | None = No
 
 # --- scenarios ---------------------------------------------------------------------------------------------------
 def check_killed_trial_is_retried_and_resumes(tmp_path: Path, storage: Path | str) -> None:
-    """Trial 0 (1 epoch) completes; trial 1 (6 epochs) is SIGKILLed with its worker after its first checkpoint.
+    """Trial 0 (1 epoch) completes; trial 1 (30 epochs) is SIGKILLed with its worker after its first checkpoint.
     The rerun fails it (stale heartbeat), retries it with the same parameters, and the retry continues from the
-    checkpoint: its summary counts all 6 epochs, not only those run after the restart."""
-    max_epochs = 6
+    checkpoint: its summary counts all 30 epochs, not only those run after the restart."""
+    max_epochs = LONG_TRIAL_EPOCHS
     write_study(tmp_path / "crash.yaml", base={"max_epochs": max_epochs}, variants=[
         {"label": "short", "residual": "standard", "overrides": {"max_epochs": 1}},
         {"label": "long", "residual": "layerscale"},

@@ -17,6 +17,7 @@ import optuna
 import pytest
 from helpers import (
     CLI_TIMEOUT_S,
+    LONG_TRIAL_EPOCHS,
     STUDY_TEST_MARKS,
     TWO_VARIANTS,
     assert_grid_complete_once,
@@ -68,7 +69,7 @@ def test_corrupt_or_missing_checkpoints_on_postgresql_restart_their_trials(postg
 def test_server_stopped_mid_study_worker_exits_with_one_line_and_rerun_finishes(postgres, tmp_path):
     """The server goes away while trial 0 trains: the worker stops within a heartbeat, with one line and status 1.
     The server restarts on the same data folder; the rerun retries trial 0 from its checkpoint and finishes."""
-    max_epochs = 4  # the server stops right after epoch 1's checkpoint
+    max_epochs = LONG_TRIAL_EPOCHS  # the server stops right after epoch 1's checkpoint
     write_study(tmp_path / "outage.yaml", base={"max_epochs": max_epochs})
     spec = load_spec(str(tmp_path / "outage.yaml"))
     url = postgres.create_database("outage")

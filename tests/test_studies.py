@@ -25,6 +25,7 @@ from types import SimpleNamespace
 import optuna
 import pytest
 from helpers import (
+    LONG_TRIAL_EPOCHS,
     STUDY_TEST_MARKS,
     TWO_VARIANTS,
     assert_grid_complete_once,
@@ -164,7 +165,7 @@ def test_interrupted_run_exits_130_and_the_rerun_resumes_the_interrupted_trial(t
     """Ctrl-C (SIGINT to the process group) during training: exit 130 with the CLI's message, the trial FAILs and
     keeps its checkpoint. A FAIL trial used to block its grid point for good (enqueue(skip_if_exists=True) counts
     it as existing: every rerun ran nothing and exited 1); the rerun now retries it and resumes its epochs."""
-    max_epochs = 6
+    max_epochs = LONG_TRIAL_EPOCHS
     write_study(tmp_path / "interrupted.yaml", variants=TWO_VARIANTS[:1], base={"max_epochs": max_epochs})
     spec = load_spec(str(tmp_path / "interrupted.yaml"))
     db = tmp_path / "o.db"
