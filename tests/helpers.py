@@ -29,8 +29,8 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 STUDY_TEST_MARKS = [pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning"),
                     pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")]
 
-#: Epochs of a trial that a test interrupts after its first checkpoint. A tiny epoch takes ~0.15 s: with 6 epochs
-#: the trial sometimes finished before the signal landed (a CI rehearsal saw it); 30 leave seconds of margin.
+#: Epochs of a trial that a test interrupts after its first checkpoint. A tiny epoch takes ~0.15 s: 30 epochs leave
+#: seconds between that checkpoint and the trial's end, so the signal, kill or outage always lands mid-trial.
 LONG_TRIAL_EPOCHS = 30
 CLI_TIMEOUT_S = 900  # generous: the CPU cores are shared; the timeout only stops a hung run
 TINY_BASE = {"dataset": "synthetic", "dataset_options": {"num_samples": 128, "img_size": 8}, "embed_dim": 8,
@@ -53,10 +53,16 @@ def url_of(storage: Path | str) -> str:
 
 def start_cli(*args, cwd: Path, log=None) -> subprocess.Popen:
     """``python -m ablations.run ARGS`` in a new session (so its worker processes can be killed as one group);
-    output piped, or both streams into the open file ``log``."""
+    output piped, or both streams into the open file ``log``. Ctrl-C reaches it as in a terminal even when pytest
+    itself was started with SIGINT ignored (a background job of a shell without job control), which a child would
+    otherwise inherit: Python then installs no KeyboardInterrupt handler and a SIGINT does nothing."""
     return subprocess.Popen([sys.executable, "-m", "ablations.run", *map(str, args)], cwd=cwd, text=True,
                             stdout=log or subprocess.PIPE, stderr=subprocess.STDOUT if log else subprocess.PIPE,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_default_sigint)
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def stop_group(proc: subprocess.Popen) -> None:
