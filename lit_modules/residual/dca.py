@@ -142,18 +142,18 @@ class ReLUMix(torch.autograd.Function):
     CHUNK_ELEMENTS = 1 << 19  # elements of one (outputs, tokens, t, D) chunk: ~2 MiB of fp32
 
     @staticmethod
-    def chunks(G: torch.Tensor, outputs: int) -> range:
+    def chunks(G: torch.Tensor, outputs: int) -> list[slice]:
+        """Token slices of G, each ~CHUNK_ELEMENTS elements once expanded to (outputs, m, t, D)."""
         tokens, t, D = G.shape
-        return range(0, tokens, max(8, ReLUMix.CHUNK_ELEMENTS // (outputs * t * D)))
+        step = max(8, ReLUMix.CHUNK_ELEMENTS // (outputs * t * D))
+        return [slice(c0, c0 + step) for c0 in range(0, tokens, step)]
 
     @staticmethod
     def forward(ctx: Any, G: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         G = G.contiguous()
         s = torch.matmul(G, w.t()).permute(2, 0, 1).unsqueeze(-1)  # (outputs, tokens, t, 1)
         out = G.new_empty(w.shape[0], G.shape[0], G.shape[2])
-        step = ReLUMix.chunks(G, w.shape[0]).step
-        for c0 in ReLUMix.chunks(G, w.shape[0]):
-            c = slice(c0, c0 + step)
+        for c in ReLUMix.chunks(G, w.shape[0]):
             z = (b.unsqueeze(1) + s[:, c]).clamp_(min=0).mul_(G[c])
             torch.sum(z, dim=2, out=out[:, c])
         ctx.save_for_backward(G, w, b, s)
@@ -165,9 +165,7 @@ class ReLUMix(torch.autograd.Function):
         G, w, b, s = ctx.saved_tensors
         outputs, D = w.shape
         dG, dw, db = torch.empty_like(G), torch.zeros_like(w), torch.zeros_like(b)
-        step = ReLUMix.chunks(G, outputs).step
-        for c0 in ReLUMix.chunks(G, outputs):
-            c = slice(c0, c0 + step)
+        for c in ReLUMix.chunks(G, outputs):
             g = grad[:, c].unsqueeze(2)  # (outputs, m, 1, D)
             z = b.unsqueeze(1) + s[:, c]  # pre-activation (outputs, m, t, D)
             dz = torch.ops.aten.threshold_backward(G[c] * g, z, 0)  # ReLU's backward: 0 where z <= 0
