@@ -11,10 +11,15 @@ Project definitions (written to TensorBoard as ``diag/definitions`` at fit start
   paper's own τ was not retrieved, spec §10.1 [R]).
 - ``entropy[l] = mean_{b,h,i} (−Σ_t A log A) / log T`` — 1 for uniform attention, 0 for one-hot; log it beside the
   similarity, which is trivially ≈ 1 for near-uniform attention.
-- Per residual site (layer l, sublayer s): x = the stream entering the site, Δ = what the site adds to it (after
-  γ/α/gates; DropPath is off in eval mode). ``ρ = ‖Δ‖/(‖x‖ + 1e-6)`` per token; ``ratio_mean = mean ρ``,
-  ``ratio_rms = sqrt(mean ‖Δ‖²)/sqrt(mean ‖x‖²)``; ``stream_rms[l] = sqrt(mean ‖x‖²/D)`` for the stream entering
-  block l. DCA blocks: Δ = the block output f_t and x = the sum of the stack (the R-exact reading of §10.2).
+- ``sim_k[l] = mean_{q = l+1..l+K} mean_{b,h,t} M^{l,q}`` (K following blocks, fewer at the top; **project default
+  K = 3**, the paper's K was not retrieved) and ``sim_k_ratio[l]`` = share of (b, h, t, q) with M > τ.
+- Per residual site (layer l, sublayer s): x = the stream entering the site, b = **what the branch adds** to it
+  (γ⊙F, α·F, t⊙F, α·f, g⊙F, ...; ``ResidualSite.decompose``), Δ = the whole update (DropPath is off in eval
+  mode). CaiT's ratio ``ρ = ‖b‖/(‖x‖ + 1e-6)`` per token, comparable across variants; ``ratio_mean = mean ρ``,
+  ``ratio_rms = sqrt(mean ‖b‖²)/sqrt(mean ‖x‖²)``; ``skip_scale`` = the mean factor the skip multiplies x by
+  (1 − t, β, s, ...; 1 for an identity skip); ``update_ratio = mean ‖Δ‖/(‖x‖ + 1e-6)`` (mixes both, secondary);
+  ``stream_rms[l] = sqrt(mean ‖x‖²/D)`` for the stream entering block l. DCA blocks: b = Δ = the block output f_t
+  and x = the sum of the stack (the R-exact reading).
 - ``grad_norm[l]`` = L2 norm of the gradients of all parameters of block l, taken once per diagnostic epoch at
   the first optimizer step of that epoch (Lightning calls the hook after AMP unscaling, before gradient clipping).
 - ``dca_weights[r, j]`` = mean weight given to stacked vector j by the GRN of consumer r (rows 0..L−1: the
@@ -29,7 +34,9 @@ epoch whose end it describes), not Lightning's optimizer-step counter.
 Tags written by :class:`DiagnosticsCallback` (see :data:`TAGS`)::
 
     diag/ratio_mean/{sublayer}/{layer:02d}   diag/ratio_rms/{sublayer}/{layer:02d}   diag/stream_rms/{layer:02d}
+    diag/update_ratio/{sublayer}/{layer:02d}   diag/skip_scale/{sublayer}/{layer:02d}
     diag/attn_sim_adj/{layer:02d}   diag/attn_sim_ratio/{layer:02d}   diag/attn_entropy/{layer:02d}
+    diag/attn_sim_k/{layer:02d}   diag/attn_sim_k_ratio/{layer:02d}   diag/attn_sim_k_mean   diag/attn_sim_k_ratio_mean
     diag/grad_norm/{layer:02d}   diag/param/{sublayer}/{layer:02d}/{key}
     diag/attn_sim_adj_mean   diag/attn_sim_ratio_mean   diag/attn_entropy_mean   diag/ratio_mean_avg   (scalars)
     diag/attn_sim_full   diag/dca_weights                                   (images; dca_weights: DCA only)
@@ -55,19 +62,26 @@ from .residual import ResidualSite
 from .residual.dca import DCABlock
 
 DEFAULT_TAU = 0.9  # project default similarity threshold (DeepViT-style; the paper's τ was not retrieved)
+DEFAULT_SIM_K = 3  # neighbouring blocks each block's similarity is taken against (the paper's K was not retrieved)
 EPS = 1e-6  # ρ = ‖Δ‖ / (‖x‖ + EPS), spec §10.2
 
 TAGS = {
     "ratio_mean": "diag/ratio_mean/{sublayer}/{layer:02d}",
     "ratio_rms": "diag/ratio_rms/{sublayer}/{layer:02d}",
+    "update_ratio": "diag/update_ratio/{sublayer}/{layer:02d}",
+    "skip_scale": "diag/skip_scale/{sublayer}/{layer:02d}",
     "stream_rms": "diag/stream_rms/{layer:02d}",
     "attn_sim_adj": "diag/attn_sim_adj/{layer:02d}",
     "attn_sim_ratio": "diag/attn_sim_ratio/{layer:02d}",
+    "attn_sim_k": "diag/attn_sim_k/{layer:02d}",
+    "attn_sim_k_ratio": "diag/attn_sim_k_ratio/{layer:02d}",
     "attn_entropy": "diag/attn_entropy/{layer:02d}",
     "grad_norm": "diag/grad_norm/{layer:02d}",
     "param": "diag/param/{sublayer}/{layer:02d}/{key}",
     "attn_sim_adj_mean": "diag/attn_sim_adj_mean",
     "attn_sim_ratio_mean": "diag/attn_sim_ratio_mean",
+    "attn_sim_k_mean": "diag/attn_sim_k_mean",
+    "attn_sim_k_ratio_mean": "diag/attn_sim_k_ratio_mean",
     "attn_entropy_mean": "diag/attn_entropy_mean",
     "ratio_mean_avg": "diag/ratio_mean_avg",
     "attn_sim_full": "diag/attn_sim_full",
@@ -84,9 +98,13 @@ DEFINITIONS = f"""\
   between layers, heads matched by index; `attn_sim_adj/l` = mean M between blocks l and l+1;
   `attn_sim_ratio/l` = share of (b, h, t) with M > τ; `attn_sim_full` = L×L matrix of mean M.
 - `attn_entropy/l` = mean over rows of −Σ A log A / log T (1 = uniform, 0 = one-hot).
-- `ratio_mean/s/l` = mean over tokens of ‖Δ‖/(‖x‖+1e-6), Δ = update the site adds to the stream x (eval mode);
-  `ratio_rms` = sqrt(mean‖Δ‖²)/sqrt(mean‖x‖²); `stream_rms/l` = sqrt(mean‖x‖²/D) entering block l.
-  DCA: Δ = block output f_t, x = sum of the stack.
+- `attn_sim_k/l` = mean M between block l and each of the K = {{k}} following blocks; `attn_sim_k_ratio/l` = share
+  of those (b, h, t, q) with M > τ (K is the project's choice; the paper's K was not retrieved).
+- `ratio_mean/s/l` = mean over tokens of ‖b‖/(‖x‖+1e-6), b = what the branch adds to the stream x (γ⊙F, α·F,
+  t⊙F, ...: CaiT's ratio, comparable across variants; eval mode); `ratio_rms` = sqrt(mean‖b‖²)/sqrt(mean‖x‖²);
+  `skip_scale/s/l` = mean factor the skip multiplies x by (1 for an identity skip); `update_ratio/s/l` = mean
+  ‖Δ‖/(‖x‖+1e-6) for the whole update Δ; `stream_rms/l` = sqrt(mean‖x‖²/D) entering block l.
+  DCA: b = Δ = block output f_t, x = sum of the stack.
 - `grad_norm/l` = L2 norm of block l's gradients at the first optimizer step of the epoch.
 - `param/s/l/key` = the variant's own parameters (γ, α, β, gate means, DCA GRN weights).
 - τ = {{tau}} (project default {DEFAULT_TAU}, DeepViT-style; the paper's own τ was not retrieved).
@@ -94,15 +112,17 @@ DEFINITIONS = f"""\
 
 
 # --- pure functions ------------------------------------------------------------------------------------------------
-def attention_similarity(maps: Sequence[Tensor], tau: float = DEFAULT_TAU) -> dict[str, Tensor]:
+def attention_similarity(maps: Sequence[Tensor], tau: float = DEFAULT_TAU, k: int = DEFAULT_SIM_K) -> dict[str, Tensor]:
     """DeepViT cross-layer similarity and attention entropy of post-softmax maps, one (B, H, T, T) per layer.
 
-    Returns float32 tensors on the maps' device: ``sim_full`` (L, L), ``sim_adj`` (L−1,), ``sim_ratio`` (L−1,)
-    and ``entropy`` (L,). Column t of a map is ``A[b, h, :, t]``; an all-zero column (only possible for hand-made
+    Returns float32 tensors on the maps' device: ``sim_full`` (L, L), ``sim_adj`` (L−1,), ``sim_ratio`` (L−1,),
+    ``sim_k`` and ``sim_k_ratio`` (L−1,: block l against blocks l+1..l+k) and ``entropy`` (L,). Column t of a map is ``A[b, h, :, t]``; an all-zero column (only possible for hand-made
     maps) has similarity 0 with everything. Memory: one float32 copy of the maps.
     """
     if len(maps) == 0:
         raise ValueError("attention_similarity needs at least one attention map")
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be a positive integer (neighbouring blocks), got {k!r}")
     shape = maps[0].shape
     if len(shape) != 4 or shape[-1] != shape[-2] or any(m.shape != shape for m in maps):
         raise ValueError(f"attention maps must all have the same shape (B, H, T, T), got "
@@ -117,12 +137,26 @@ def attention_similarity(maps: Sequence[Tensor], tau: float = DEFAULT_TAU) -> di
         flat.append(cols.transpose(-1, -2).reshape(-1))  # column-major: (b, h, t) blocks of T entries
     flat = torch.stack(flat)  # (L, B·H·T·T)
     sim_full = (flat @ flat.T) / n_cols
-    adj = [(flat[p] * flat[p + 1]).view(n_cols, t).sum(dim=-1) for p in range(len(maps) - 1)]  # M^{l,l+1}
+    layers = len(maps)
+
+    def per_column(p: int, q: int) -> Tensor:  # M^{p,q} for every (b, h, t)
+        return (flat[p] * flat[q]).view(n_cols, t).sum(dim=-1)
+
+    adj = [per_column(p, p + 1) for p in range(layers - 1)]
+    near = [torch.cat([per_column(p, q) for q in range(p + 1, min(p + k, layers - 1) + 1)]) for p in range(layers - 1)]
     empty = flat.new_zeros(0)
+
+    def summarise(groups: list[Tensor], threshold: bool) -> Tensor:
+        if not groups:
+            return empty
+        return torch.stack([(g > tau).float().mean() if threshold else g.mean() for g in groups])
+
     return {
         "sim_full": sim_full,
-        "sim_adj": torch.stack([a.mean() for a in adj]) if adj else empty,
-        "sim_ratio": torch.stack([(a > tau).float().mean() for a in adj]) if adj else empty,
+        "sim_adj": summarise(adj, False),
+        "sim_ratio": summarise(adj, True),
+        "sim_k": summarise(near, False),
+        "sim_k_ratio": summarise(near, True),
         "entropy": torch.stack(entropy),
     }
 
@@ -165,7 +199,8 @@ def block_grad_norms(model: nn.Module) -> Tensor:
 
 
 # --- one diagnostic forward ----------------------------------------------------------------------------------------
-def collect_diagnostics(model: nn.Module, images: Tensor, tau: float = DEFAULT_TAU) -> dict[str, Any]:
+def collect_diagnostics(model: nn.Module, images: Tensor, tau: float = DEFAULT_TAU,
+                        k: int = DEFAULT_SIM_K) -> dict[str, Any]:
     """One eval-mode, no-grad forward of ``model`` (a ``lit_modules.VisionTransformer``) on ``images`` with
     temporary hooks, autocast off: fp32 for an fp32 model (the images are cast to the parameters' dtype, so a model
     cast to bf16 as a whole runs in bf16). Every module's train/eval mode, every attention's fused flag and the hooks
@@ -174,8 +209,9 @@ def collect_diagnostics(model: nn.Module, images: Tensor, tau: float = DEFAULT_T
     Returns (CPU tensors, L = depth, layers 0-based)::
 
         depth, tau, sublayers (forward order of one block, e.g. ["attn", "mlp"])
-        ratio_mean, ratio_rms: {sublayer: (L,)}     stream_rms: (L,)
-        attn_sim_full: (L, L)   attn_sim_adj, attn_sim_ratio: (L−1,)   attn_entropy: (L,)
+        ratio_mean, ratio_rms, update_ratio, skip_scale: {sublayer: (L,)}     stream_rms: (L,)
+        attn_sim_full: (L, L)   attn_sim_adj, attn_sim_ratio, attn_sim_k, attn_sim_k_ratio: (L−1,)
+        attn_entropy: (L,)
         params: {sublayer: {layer: {key: float}}}    (the variant's ResidualSite.diagnostics())
         dca_weights: (L+1, max stack size) with NaN where a consumer has no such input, or None (not DCA)
     """
@@ -193,12 +229,16 @@ def collect_diagnostics(model: nn.Module, images: Tensor, tau: float = DEFAULT_T
         def hook(module: nn.Module, args: tuple, output: Tensor) -> None:
             if isinstance(module, DCABlock):  # (stack,) -> f_t; stream = Σ stack (R-exact reading)
                 stack = args[0]
-                x = stack.sum(dim=2)
+                x, branch, skip = stack.sum(dim=2), output, 1.0
                 params = module.grn.diagnostics(stack)
             else:  # (x, u, f, history) -> Δ
-                x, u = args[0], args[1]
+                x, u, f = args[0], args[1], args[2]
+                branch, skip = site.decompose(x, u, f)
                 params = site.diagnostics(x, u) if isinstance(site, ResidualSite) else {}
-            site_stats[layer, sublayer] = branch_ratios(x, output) | {"stream_rms": stream_rms(x)}
+            update = branch_ratios(x, output)["ratio_mean"]
+            skip = torch.as_tensor(skip, dtype=torch.float32, device=x.device).detach().float().mean()
+            site_stats[layer, sublayer] = branch_ratios(x, branch) | {
+                "stream_rms": stream_rms(x), "update_ratio": update, "skip_scale": skip}
             if params:
                 param_stats[layer, sublayer] = params
         return hook
@@ -238,17 +278,19 @@ def collect_diagnostics(model: nn.Module, images: Tensor, tau: float = DEFAULT_T
     if missing:
         raise RuntimeError(f"attention maps of blocks {missing} were captured {[len(maps[i]) for i in missing]} "
                            f"times instead of once: does the attention route through attn.attn_drop?")
-    sim = attention_similarity([m[0] for m in maps], tau=tau)
+    sim = attention_similarity([m[0] for m in maps], tau=tau, k=k)
 
     sublayers = list(dict.fromkeys(s for _, s, _ in sites))
-    out: dict[str, Any] = {"depth": depth, "tau": float(tau), "sublayers": sublayers}
-    for key in ("ratio_mean", "ratio_rms"):
+    out: dict[str, Any] = {"depth": depth, "tau": float(tau), "k": k, "sublayers": sublayers}
+    for key in ("ratio_mean", "ratio_rms", "update_ratio", "skip_scale"):
         out[key] = {s: _stack_layers(site_stats, depth, s, key).cpu() for s in sublayers}
     first = {layer: s for layer, s, _ in reversed(sites)}  # the first site of each block sees the block's input
     out["stream_rms"] = torch.stack([site_stats[layer, first[layer]]["stream_rms"] for layer in range(depth)]).cpu()
     out["attn_sim_full"] = sim["sim_full"].cpu()
     out["attn_sim_adj"] = sim["sim_adj"].cpu()
     out["attn_sim_ratio"] = sim["sim_ratio"].cpu()
+    out["attn_sim_k"] = sim["sim_k"].cpu()
+    out["attn_sim_k_ratio"] = sim["sim_k_ratio"].cpu()
     out["attn_entropy"] = sim["entropy"].cpu()
     out["params"] = _params_to_floats(param_stats)
     out["dca_weights"] = _dca_matrix(out["params"], depth) if any(isinstance(b, DCABlock) for b in model.blocks) \
@@ -304,7 +346,8 @@ class DiagnosticsCallback(pl.Callback):
     computes and logs. ``history`` keeps each logged epoch's scalars ({tag: value}) for summaries.
     """
 
-    def __init__(self, batch: tuple[Tensor, Tensor] | Tensor, every_n_epochs: int = 1, tau: float = DEFAULT_TAU) -> None:
+    def __init__(self, batch: tuple[Tensor, Tensor] | Tensor, every_n_epochs: int = 1, tau: float = DEFAULT_TAU,
+                 k: int = DEFAULT_SIM_K) -> None:
         super().__init__()
         if not isinstance(every_n_epochs, int) or isinstance(every_n_epochs, bool) or every_n_epochs < 1:
             raise ValueError(f"every_n_epochs must be a positive integer, got {every_n_epochs!r}")
@@ -314,6 +357,7 @@ class DiagnosticsCallback(pl.Callback):
         self.images = images.detach().cpu()
         self.every_n_epochs = every_n_epochs
         self.tau = float(tau)
+        self.k = k
         self.history: list[dict[str, float]] = []
         self._device_images: Tensor | None = None
         self._grad_pending = False
@@ -329,7 +373,7 @@ class DiagnosticsCallback(pl.Callback):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         experiment = self._experiment(trainer)
         if experiment is not None:
-            experiment.add_text(TAGS["definitions"], DEFINITIONS.format(tau=self.tau), global_step=0)
+            experiment.add_text(TAGS["definitions"], DEFINITIONS.format(tau=self.tau, k=self.k), global_step=0)
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._grad_norms = None
@@ -361,7 +405,7 @@ class DiagnosticsCallback(pl.Callback):
         device = next(model.parameters()).device
         if self._device_images is None or self._device_images.device != device:
             self._device_images = self.images.to(device)
-        result = collect_diagnostics(model, self._device_images, tau=self.tau)
+        result = collect_diagnostics(model, self._device_images, tau=self.tau, k=self.k)
         scalars = diagnostic_scalars(result, None if grad_norms is None else grad_norms.tolist())
         self.history.append({"epoch": epoch} | scalars)
         experiment = self._experiment(trainer)
@@ -390,7 +434,7 @@ def diagnostic_scalars(result: dict[str, Any], grad_norms: Sequence[float] | Non
     """All scalar tags of one diagnostic (``collect_diagnostics`` output plus optional per-block grad norms)."""
     scalars: dict[str, float] = {}
     ratio_means = []
-    for key in ("ratio_mean", "ratio_rms"):
+    for key in ("ratio_mean", "ratio_rms", "update_ratio", "skip_scale"):
         for sublayer, values in result[key].items():
             for layer, v in enumerate(values.tolist()):
                 if not math.isnan(v):
@@ -398,7 +442,8 @@ def diagnostic_scalars(result: dict[str, Any], grad_norms: Sequence[float] | Non
                     if key == "ratio_mean":
                         ratio_means.append(v)
     for key, source in (("stream_rms", "stream_rms"), ("attn_sim_adj", "attn_sim_adj"),
-                        ("attn_sim_ratio", "attn_sim_ratio"), ("attn_entropy", "attn_entropy")):
+                        ("attn_sim_ratio", "attn_sim_ratio"), ("attn_sim_k", "attn_sim_k"),
+                        ("attn_sim_k_ratio", "attn_sim_k_ratio"), ("attn_entropy", "attn_entropy")):
         values = result[source].tolist()
         for layer, v in enumerate(values):
             scalars[TAGS[key].format(layer=layer)] = v

@@ -10,14 +10,16 @@ blocks and the stream that chains them.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import zlib
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
-from timm.layers import Attention, DropPath, LayerNorm, Mlp, PatchEmbed, calculate_drop_path_rates, trunc_normal_
+from timm.layers import Attention, LayerNorm, PatchEmbed, calculate_drop_path_rates, trunc_normal_
 from timm.layers.pool1d import global_pool_nlc
 from timm.models._manipulate import named_apply
 from timm.models.vision_transformer import init_weights_vit_timm
@@ -25,81 +27,6 @@ from timm.optim import param_groups_weight_decay
 from torch import nn
 
 from .residual import RESIDUALS, BlockArgs
-
-
-class Block(nn.Module):
-    """Pre-norm transformer block with two residual sites, ``ls1`` (attention) and ``ls2`` (MLP).
-
-    The sites sit where timm's ``LayerScale`` sits, so the standard and LayerScale variants keep timm's names.
-    """
-
-    def __init__(self, args: BlockArgs, sites: tuple[nn.Module, nn.Module]) -> None:
-        super().__init__()
-        self.ls1, self.ls2 = sites
-        _add_sublayers(self, args, pre_norm=self.ls1.pre_norm)
-        self.drop_path1 = DropPath(args.drop_path) if args.drop_path > 0.0 else nn.Identity()
-        self.drop_path2 = DropPath(args.drop_path) if args.drop_path > 0.0 else nn.Identity()
-
-    def sites(self) -> dict[str, nn.Module]:
-        """Residual sites by sublayer; a forward hook on one sees inputs (x, u, f, history) and output Δ."""
-        return {"attn": self.ls1, "mlp": self.ls2}
-
-    def forward(self, x: torch.Tensor, history: list | None = None) -> torch.Tensor:
-        u = self.norm1(x)
-        x = x + self.drop_path1(self.ls1(x, u, self.attn(u), history))
-        u = self.norm2(x)
-        x = x + self.drop_path2(self.ls2(x, u, self.mlp(u), history))
-        return x
-
-
-class WholeBlock(nn.Module):
-    """A block with one residual site around the whole pre-norm block (LAuReL at block granularity).
-
-    ``f(x) = Block(x) − x = A(LN₁x) + M(LN₂(x + A(LN₁x)))``; the site turns f into the update Δ.
-    """
-
-    def __init__(self, args: BlockArgs, site: nn.Module) -> None:
-        super().__init__()
-        self.res = site
-        _add_sublayers(self, args, pre_norm=site.pre_norm)
-        self.drop_path = DropPath(args.drop_path) if args.drop_path > 0.0 else nn.Identity()
-
-    def sites(self) -> dict[str, nn.Module]:
-        return {"block": self.res}
-
-    def forward(self, x: torch.Tensor, history: list | None = None) -> torch.Tensor:
-        a = self.attn(self.norm1(x))
-        f = a + self.mlp(self.norm2(x + a))
-        return x + self.drop_path(self.res(x, x, f, history))
-
-
-def _add_sublayers(block: nn.Module, args: BlockArgs, pre_norm: bool) -> None:
-    """The two timm sublayers of a pre-norm block, under timm's names (norm1, attn, norm2, mlp)."""
-    dim = args.dim
-    block.norm1 = args.norm_layer(dim) if pre_norm else nn.Identity()
-    block.attn = Attention(dim, num_heads=args.num_heads, qkv_bias=args.qkv_bias, qk_norm=args.qk_norm,
-                           attn_drop=args.attn_drop, proj_drop=args.proj_drop, norm_layer=args.norm_layer)
-    block.norm2 = args.norm_layer(dim) if pre_norm else nn.Identity()
-    block.mlp = Mlp(in_features=dim, hidden_features=int(dim * args.mlp_ratio), act_layer=args.act_layer,
-                    drop=args.proj_drop)
-
-
-class ResidualStream(nn.Module):
-    """The usual residual stream: blocks applied in sequence.
-
-    ``keep_history`` gives the blocks a fresh list per forward in which sites that use previous activations
-    (LAuReL-PA) record the stream states they see; other variants pay nothing for it.
-    """
-
-    def __init__(self, keep_history: bool = False) -> None:
-        super().__init__()
-        self.keep_history = keep_history
-
-    def forward(self, x: torch.Tensor, blocks: nn.ModuleList) -> torch.Tensor:
-        history = [] if self.keep_history else None
-        for blk in blocks:
-            x = blk(x, history)
-        return x
 
 
 @dataclass
@@ -120,6 +47,12 @@ class VisionTransformer(nn.Module):
 
     Args mirror timm's ``VisionTransformer``; ``residual`` names a variant of ``lit_modules.RESIDUALS`` and
     ``residual_options`` its own typed options (e.g. ``{"init_value": "auto"}`` for LayerScale).
+
+    **Common random numbers.** Every module's initial values are drawn from a generator seeded by
+    ``(init_seed, the module's name)``, so two models built with the same ``init_seed`` (by default one number
+    drawn from torch's global RNG before anything is built, i.e. fixed by ``torch.manual_seed``) share the initial
+    values of every parameter they have in common (patch embedding, attention, MLP, norms, head), whatever
+    parameters a variant adds or in what order it builds them.
     """
 
     def __init__(
@@ -146,8 +79,11 @@ class VisionTransformer(nn.Module):
         drop_path_rate: float = 0.0,
         norm_eps: float = 1e-6,
         fused_attn: bool | None = None,
+        init_seed: int | None = None,
     ) -> None:
         super().__init__()
+        # Drawn before any module is built, so it depends only on the caller's RNG state (e.g. the run's seed).
+        self.init_seed = int(torch.randint(0, 2**31 - 1, ()).item()) if init_seed is None else int(init_seed)
         variant = _lookup_residual(residual)
         _check_config(img_size=img_size, patch_size=patch_size, embed_dim=embed_dim, depth=depth,
                       num_heads=num_heads, global_pool=global_pool, class_token=class_token,
@@ -190,11 +126,19 @@ class VisionTransformer(nn.Module):
 
     # --- init, optimisation ------------------------------------------------------------------------------------
     def init_weights(self) -> None:
-        """timm's default ViT init; each residual site then initialises its own parameters."""
-        trunc_normal_(self.pos_embed, std=0.02)
+        """timm's default ViT init (each residual site initialises its own parameters), every module from its own
+        generator seeded by ``(init_seed, module name)``: see the class docstring."""
+        with _seeded(self.init_seed, "pos_embed"):
+            trunc_normal_(self.pos_embed, std=0.02)
         if self.cls_token is not None:
-            nn.init.normal_(self.cls_token, std=1e-6)
-        named_apply(init_weights_vit_timm, self)
+            with _seeded(self.init_seed, "cls_token"):
+                nn.init.normal_(self.cls_token, std=1e-6)
+
+        def init(module: nn.Module, name: str) -> None:
+            with _seeded(self.init_seed, name):
+                init_weights_vit_timm(module, name)
+
+        named_apply(init, self)
 
     def no_weight_decay(self) -> set[str]:
         """Full names of parameters excluded from weight decay: embeddings plus every variant's own scalars,
@@ -266,6 +210,14 @@ class VisionTransformer(nn.Module):
         self.load_state_dict(merged, strict=False)
         new = sorted(set(own) - set(merged))
         return LoadReport(loaded=sorted(state), new=new, derived=derived)
+
+
+@contextmanager
+def _seeded(seed: int, name: str) -> Iterator[None]:
+    """Run the block with torch's CPU RNG seeded by (seed, name); the global RNG state is restored afterwards."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63 - 1))
+        yield
 
 
 def _read_checkpoint(checkpoint: Mapping[str, torch.Tensor] | str | Path) -> Mapping[str, torch.Tensor]:

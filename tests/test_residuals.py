@@ -1,4 +1,4 @@
-"""Tests for the residual-connection variants (lit_modules/residual, spec: shared/docs/residual-variants.md).
+"""Tests for the residual-connection variants (lit_modules/residual; reference: docs/variants.md).
 
 Everything runs in float64 on CPU with tiny models. Covered, following the spec's mandatory tests (§11):
 identity at init (I-exact / I-approx), equality with the standard ViT at init (R-exact) and its documented
@@ -49,6 +49,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 LAUREL = {"rank": 2, "k": 2}  # embed_dim 8: the default rank 16 is larger than the width
+RAW = {"rw_norm": "none"}  # LAuReL's unbounded α = β = 1: the R-exact form (the default bounds them by a sigmoid)
 
 # ================================================================================================================
 # 1. identity at init (I-exact, I-approx)
@@ -94,12 +95,13 @@ def _r_exact_cases():
     cases = []
     for form in ("rw", "lr", "pa", "rw_lr", "rw_pa", "rw_lr_pa"):
         for gran in ("block", "sublayer"):
-            cases.append(("laurel", {"form": form, "granularity": gran} | LAUREL, 3))
+            cases.append(("laurel", {"form": form, "granularity": gran} | RAW | LAUREL, 3))
     cases += [
         ("laurel", {"form": "pa", "pa_h": "lowrank"} | LAUREL, 3),
-        ("laurel", {"form": "rw_pa", "pa_h": "lowrank", "granularity": "sublayer"} | LAUREL, 3),
-        ("laurel", {"form": "rw_lr", "a_init": "col_orth"} | LAUREL, 3),
-        ("res_se", {"gate": "two_sigmoid", "reduction": 2}, 3),
+        ("laurel", {"form": "rw_pa", "pa_h": "lowrank", "granularity": "sublayer"} | RAW | LAUREL, 3),
+        ("laurel", {"form": "rw_lr", "a_init": "col_orth"} | RAW | LAUREL, 3),
+        ("res_se", {"reduction": 2}, 3),
+        ("res_se", {"form": "skip_gate", "gate": "two_sigmoid", "reduction": 2}, 3),
         ("res_se", {"gate": "two_sigmoid", "reduction": 2, "pool": "patch_only"}, 3),
     ]
     for k in (None, 1):  # depth 4 > k + 2: the k-DCA stack sums intermediates
@@ -126,23 +128,26 @@ def test_r_exact_equals_standard(residual, options, depth):
 
 
 @pytest.mark.parametrize("residual, options", [
-    ("laurel", {"form": "seed"} | LAUREL),         # g = 0.5 halves the skip
+    ("laurel", {"form": "seed"} | LAUREL),         # g ≈ 0.5 halves the skip
     ("res_se", {"gate": "sigmoid", "reduction": 2}),  # s ≈ 0.5
-    ("dca", {"form": "seed"}),                     # softmax(0, 0) = (0.5, 0.5)
+    ("res_se", {"form": "seed", "reduction": 2}),  # skip × (1 + s) ≈ 1.5
+    ("dca", {"form": "seed"}),                     # per-token softmax ≈ (0.5, 0.5)
     ("laurel", {"form": "rw", "rw_norm": "softmax"} | LAUREL),  # (0.01, 0.99): near-standard, not exact
+    ("laurel", {"form": "rw_lr"} | LAUREL),        # the default: sigmoid-bounded (0.99, 0.99)
 ])
 def test_not_standard_at_init(residual, options):
     out, ref = _logits_vs_standard(residual, options, 3)
     assert (out - ref).abs().max().item() > 1e-4
 
 
-def test_seed_forms_halve_the_skip():
-    """laurel seed and dca seed: Δ = 0.5·f − 0.5·x at init (both sublayers' g = 0.5)."""
-    for residual, options in (("laurel", {"form": "seed", "granularity": "sublayer"} | LAUREL),
-                              ("dca", {"form": "seed"})):
-        model = build(residual, options)
-        x, u, f = torch.randn(3, 1, 2, 8).unbind(0)
-        assert torch.allclose(model.blocks[0].ls1(x, u, f, None), 0.5 * f - 0.5 * x, atol=1e-15, rtol=0)
+def test_seed_forms_start_near_half():
+    """laurel seed (per-channel gate) and dca seed (per-token softmax): both weights ≈ 0.5 at init, input-dependent."""
+    x = torch.randn(2, 5, 8)
+    laurel = build("laurel", {"form": "seed"} | LAUREL).blocks[0].ls1.gate_value(x)
+    dca = build("dca", {"form": "seed"}).blocks[0].ls1.weights(x)
+    for w in (laurel, dca):
+        assert (w - 0.5).abs().max() < 0.05 and w.std() > 0
+    assert laurel.shape == (2, 5, 8) and dca.shape == (2, 5, 2)  # per channel; per token (two weights)
 
 
 # ================================================================================================================
@@ -170,7 +175,8 @@ LIVENESS = {
     "layerscale_1e-6": ("layerscale", {"init_value": 1e-6}, {}),
     "layerscale_0": ("layerscale", {"init_value": 0.0}, {BRANCH: ...} | PATCHES),
     "rezero": ("rezero", {}, {BRANCH: ...} | PATCHES),
-    "rezero_nonorm": ("rezero", {"norm": False}, {BRANCH: ...} | PATCHES),
+    "rezero_norm": ("rezero", {"norm": True}, {BRANCH: ...} | PATCHES),
+    "skipinit_norm": ("skipinit", {"norm": True}, {BRANCH: ...} | PATCHES),
     "skipinit": ("skipinit", {}, {BRANCH: ...} | PATCHES),
     "skipinit_avg": ("skipinit", {}, {BRANCH: ...,  # average pooling sees the patches, not the class token
                                                r"^cls_token$": ..., r"^pos_embed$": (slice(None), slice(0, 1))},
@@ -180,6 +186,8 @@ LIVENESS = {
     "laurel_rw": ("laurel", {"form": "rw"} | LAUREL, {}),
     "laurel_rw_softmax": ("laurel", {"form": "rw", "rw_norm": "softmax"} | LAUREL, {}),
     "laurel_rw_sigmoid": ("laurel", {"form": "rw", "rw_norm": "sigmoid", "granularity": "sublayer"} | LAUREL, {}),
+    "laurel_rw_coupled": ("laurel", {"form": "rw", "rw_norm": "coupled"} | LAUREL, {}),
+    "laurel_rw_raw": ("laurel", {"form": "rw"} | RAW | LAUREL, {}),
     "laurel_lr": ("laurel", {"form": "lr"} | LAUREL, {r"\.lr_up$": ...}),  # A(Bx) with B = 0: A dead, B live
     "laurel_rw_lr": ("laurel", {"form": "rw_lr", "granularity": "sublayer"} | LAUREL, {r"\.lr_up$": ...}),
     "laurel_pa": ("laurel", {"form": "pa", "rank": 2, "k": 3}, {r"\.pa_gamma$": _pa_dead(3)}),
@@ -195,6 +203,7 @@ LIVENESS = {
     "laurel_seed": ("laurel", {"form": "seed"} | LAUREL, {}),
     "res_se": ("res_se", {"reduction": 2}, {r"\.ls\d\.fc1\.": ...}),  # fc2 = 0 blocks fc1; fc2 itself is live
     "res_se_sigmoid": ("res_se", {"reduction": 2, "gate": "sigmoid"}, {}),
+    "res_se_seed": ("res_se", {"reduction": 2, "form": "seed"}, {}),
     "dca_fig10B": ("dca", {"form": "dca", "grn_v3_form": "fig10_B"}, {}),
     "dca_textA": ("dca", {"form": "dca", "grn_v3_form": "text_A"}, {r"\.w$": ...}),  # ReLU'(0) = 0: dead w
     "dca_textA_std": ("dca", {"form": "dca", "grn_v3_form": "text_A", "w_init_std": 0.01}, {}),
@@ -238,7 +247,8 @@ def test_gradient_liveness_at_init(case):
 
 DROP_CASES = [
     ("standard", {}), ("layerscale", {"init_value": 0.1}), ("rezero", {}), ("rezero", {"norm": False}),
-    ("skipinit", {}), ("highway", {}), ("res_se", {"reduction": 2}), ("res_se", {"gate": "sigmoid", "reduction": 2}),
+    ("skipinit", {}), ("skipinit", {"norm": True}), ("highway", {}), ("res_se", {"reduction": 2}),
+    ("res_se", {"gate": "sigmoid", "reduction": 2}), ("res_se", {"form": "seed", "reduction": 2}),
     ("laurel", {"form": "rw_lr"} | LAUREL), ("laurel", {"form": "rw_lr_pa", "granularity": "sublayer"} | LAUREL),
     ("laurel", {"form": "pa", "pa_h": "lowrank"} | LAUREL), ("laurel", {"form": "seed"} | LAUREL),
     ("dca", {"form": "seed"}),
@@ -379,22 +389,37 @@ def test_formula_res_se(gate, pool):
     W2, b2 = [[1.0, 2.0], [-0.5, 0.3], [0.25, -1.0], [0.0, 0.7]], [0.1, -0.2, 0.3, 0.0]
     for p, v in ((site.fc1.weight, W1), (site.fc1.bias, b1), (site.fc2.weight, W2), (site.fc2.bias, b2)):
         assign(p, v)
-    rows = X if pool == "all" else X[1:]  # patch_only leaves the class token out of the mean
-    z = [sum(r[d] for r in rows) / len(rows) for d in range(4)]
-    h = [max(0.0, sum(W1[j][d] * z[d] for d in range(4)) + b1[j]) for j in range(2)]
-    s = [sig(sum(W2[d][j] * h[j] for j in range(2)) + b2[d]) for d in range(4)]
+    s = _se_hand(W1, b1, W2, b2, X if pool == "all" else X[1:])  # patch_only: the class token left out
     s = [2 * v for v in s] if gate == "two_sigmoid" else s
     check(site, [[(s[d] - 1) * X[n][d] + FB[n][d] for d in range(4)] for n in range(2)])
 
 
-@pytest.mark.parametrize("rw_norm", ["none", "softmax", "sigmoid"])
+def _se_hand(W1, b1, W2, b2, rows):
+    """σ(W₂ ReLU(W₁ mean(rows) + b₁) + b₂) by hand."""
+    z = [sum(r[d] for r in rows) / len(rows) for d in range(4)]
+    h = [max(0.0, sum(W1[j][d] * z[d] for d in range(4)) + b1[j]) for j in range(2)]
+    return [sig(sum(W2[d][j] * h[j] for j in range(2)) + b2[d]) for d in range(4)]
+
+
+def test_formula_res_se_seed():
+    """The seed notes' y = x + SE(x) + F, SE(x) = σ(FC₂ ReLU(FC₁ GAP(x))) ⊙ x: Δ = s ⊙ x + f."""
+    site = ResSE(4, args=block_args(prefix=1), form="seed", reduction=2)
+    W1, b1 = [[0.5, -1.0, 0.2, 0.1], [-0.3, 0.8, -0.5, 0.2]], [0.1, -0.2]
+    W2, b2 = [[1.0, 2.0], [-0.5, 0.3], [0.25, -1.0], [0.0, 0.7]], [0.1, -0.2, 0.3, 0.0]
+    for p, v in ((site.fc1.weight, W1), (site.fc1.bias, b1), (site.fc2.weight, W2), (site.fc2.bias, b2)):
+        assign(p, v)
+    s = _se_hand(W1, b1, W2, b2, X)
+    check(site, [[s[d] * X[n][d] + FB[n][d] for d in range(4)] for n in range(2)])
+
+
+@pytest.mark.parametrize("rw_norm", ["none", "softmax", "sigmoid", "coupled"])
 def test_formula_laurel_rw(rw_norm):
     site = LAuReL(4, args=block_args(), form="rw", rw_norm=rw_norm, rank=2)
     a, b = 0.3, -0.7
-    assign(site.mix.logits, [a, b])
+    assign(site.mix.logits, [a] if rw_norm == "coupled" else [a, b])
     alpha, beta = {"none": (a, b), "softmax": (math.exp(a) / (math.exp(a) + math.exp(b)),
                                                math.exp(b) / (math.exp(a) + math.exp(b))),
-                   "sigmoid": (sig(a), sig(b))}[rw_norm]
+                   "sigmoid": (sig(a), sig(b)), "coupled": (sig(a), 1 - sig(a))}[rw_norm]
     check(site, [[alpha * FB[n][d] + (beta - 1) * X[n][d] for d in range(4)] for n in range(2)])
 
 
@@ -428,7 +453,7 @@ def test_formula_laurel_pa_k2():
 
 def test_formula_laurel_rw_lr_pa():
     """α f + β Σ_j γ_j (I + A_j B_j) x_{i−j} − x (eq. 6 with h = I + AB)."""
-    site = LAuReL(4, args=block_args(), form="rw_lr_pa", k=2, rank=2)
+    site = LAuReL(4, args=block_args(), form="rw_lr_pa", k=2, rank=2, rw_norm="none")
     A1 = [[1.0, 0.0], [0.0, 1.0], [0.5, 0.5], [-1.0, 0.25]]
     B1 = [[0.5, 0.5, 0.0, 0.0], [0.0, -1.0, 0.0, 1.0]]
     assign(site.lr_up, [A2, A1])
@@ -443,11 +468,47 @@ def test_formula_laurel_rw_lr_pa():
     check(site, expected, history=[T(XP)])
 
 
+def _layer_norm_hand(row, weight, bias, eps=1e-5):
+    """LayerNorm of one token by hand: biased variance, ε inside the square root, last dimension only."""
+    mean = sum(row) / len(row)
+    var = sum((v - mean) ** 2 for v in row) / len(row)
+    return [(v - mean) / math.sqrt(var + eps) * w + b for v, w, b in zip(row, weight, bias, strict=True)]
+
+
+WG = [[0.1, -0.2, 0.3, 0.0], [0.5, 0.4, -0.1, 0.2], [-0.3, 0.0, 0.2, 0.1], [0.0, 0.6, -0.5, -0.4]]
+BG = [-1.0, 0.5, 0.0, 2.0]
+
+
 def test_formula_laurel_seed():
-    site = LAuReL(4, args=block_args(), form="seed", rank=2)
-    assign(site.mix.logits, [0.4])
-    g = sig(0.4)
-    check(site, [[g * (FB[n][d] - X[n][d]) for d in range(4)] for n in range(2)])
+    """The seed notes' gate: g = σ(W_g LN_g(x) + b_g) per channel, y = g ⊙ F + (1 − g) ⊙ x."""
+    site = LAuReL.build_block(block_args(), **LAuReL.validate_options({"form": "seed", "rank": 2})).ls1
+    ln_w, ln_b = [1.5, 0.5, -1.0, 2.0], [0.1, 0.0, -0.2, 0.3]
+    for p, v in ((site.gate.weight, WG), (site.gate.bias, BG), (site.gate_norm.weight, ln_w),
+                 (site.gate_norm.bias, ln_b)):
+        assign(p, v)
+    expected = []
+    for n in range(2):
+        z = _layer_norm_hand(X[n], ln_w, ln_b)
+        g = [sig(sum(WG[d][e] * z[e] for e in range(4)) + BG[d]) for d in range(4)]
+        expected.append([g[d] * FB[n][d] + (1 - g[d]) * X[n][d] - X[n][d] for d in range(4)])
+    check(site, expected)
+
+
+def test_formula_dca_seed():
+    """The seed notes' predictor: (α_skip, α_branch) = softmax(W₂ GELU(W₁ x + b₁) + b₂) per token (D/4 = 1 hidden
+    unit at D = 4), y = α_skip x + α_branch F."""
+    site = DCA.build_block(block_args(), **DCA.validate_options({"form": "seed"})).ls1
+    W1, b1, W2, b2 = [[0.5, -0.25, 1.0, 0.2]], [0.1], [[1.5], [-0.5]], [0.2, -0.1]
+    for p, v in zip(site.predictor.parameters(), (W1, b1, W2, b2), strict=True):
+        assign(p, v)
+    gelu = lambda v: 0.5 * v * (1 + math.erf(v / math.sqrt(2)))  # noqa: E731 (exact GELU)
+    expected = []
+    for n in range(2):
+        h = gelu(sum(W1[0][e] * X[n][e] for e in range(4)) + b1[0])
+        logits = [W2[0][0] * h + b2[0], W2[1][0] * h + b2[1]]
+        skip = math.exp(logits[0]) / (math.exp(logits[0]) + math.exp(logits[1]))
+        expected.append([skip * X[n][d] + (1 - skip) * FB[n][d] - X[n][d] for d in range(4)])
+    check(site, expected)
 
 
 # a stack of 3 vectors per token: G[n][j] (2 tokens, 3 stacked layers, 4 channels)
@@ -594,13 +655,17 @@ WD_CASES = {  # residual, options, names that must not decay, names that must de
     "highway": ("highway", {}, ["blocks.0.ls1.gate.bias"], ["blocks.0.ls1.gate.weight", "blocks.2.ls2.gate.weight"]),
     "laurel": ("laurel", {"form": "rw_lr_pa"} | LAUREL, ["blocks.0.res.mix.logits", "blocks.1.res.pa_gamma"],
                ["blocks.0.res.lr_down", "blocks.0.res.lr_up"]),
-    "laurel_sub": ("laurel", {"form": "seed", "granularity": "sublayer"} | LAUREL, ["blocks.0.ls2.mix.logits"], []),
+    "laurel_sub": ("laurel", {"form": "rw", "granularity": "sublayer"} | LAUREL, ["blocks.0.ls2.mix.logits"], []),
+    "laurel_seed": ("laurel", {"form": "seed"} | LAUREL, ["blocks.0.ls1.gate.bias", "blocks.1.ls2.gate_norm.weight"],
+                    ["blocks.0.ls1.gate.weight"]),
     "res_se": ("res_se", {"reduction": 2}, ["blocks.0.ls1.fc1.bias", "blocks.0.ls1.fc2.bias"],
                ["blocks.0.ls1.fc1.weight", "blocks.0.ls1.fc2.weight"]),
     "dca": ("dca", {"form": "dca"}, ["blocks.0.grn.b_delta", "blocks.2.grn.b_delta", "stream.out.b_delta",
                                      "blocks.0.norm1_k.weight"], []),
     "grn_v1": ("dca", {"form": "grn_v1", "k": 1}, ["blocks.1.grn.b_delta", "stream.out.b_delta"], []),
-    "dca_seed": ("dca", {"form": "seed"}, ["blocks.0.ls1.mix.logits"], []),
+    "dca_seed": ("dca", {"form": "seed"}, ["blocks.0.ls1.predictor.0.bias", "blocks.0.ls2.predictor.2.bias"],
+                 ["blocks.0.ls1.predictor.0.weight", "blocks.0.ls1.predictor.2.weight"]),
+    "res_se_seed": ("res_se", {"form": "seed", "reduction": 2}, ["blocks.0.ls1.fc2.bias"], ["blocks.0.ls2.fc2.weight"]),
 }
 
 
@@ -616,7 +681,8 @@ def test_weight_decay_groups(case):
             assert by_id[id(p)] not in wd, "a parameter is in two groups"
             wd[by_id[id(p)]] = g["weight_decay"]
     assert set(wd) == set(by_id.values())
-    for name in COMMON_NO_DECAY + no_decay:
+    has_norms = "blocks.0.norm1.weight" in wd  # ReZero/SkipInit's default blocks have no LayerNorm
+    for name in [n for n in COMMON_NO_DECAY if has_norms or "norm1" not in n] + no_decay:
         assert wd[name] == 0.0, f"{name} must not be decayed"
     for name in COMMON_DECAY + decay:
         assert wd[name] == 0.05, f"{name} must be decayed"
@@ -655,6 +721,9 @@ def test_weight_decay_groups(case):
     ("res_se", {"gate": "tanh"}, ["gate", "two_sigmoid", "sigmoid"]),
     ("res_se", {"pool": "cls"}, ["pool", "all", "patch_only"]),
     ("res_se", {"reduction": 0}, ["reduction"]),
+    ("res_se", {"form": "bridge"}, ["form='bridge'", "skip_gate", "seed"]),
+    ("highway", {"gate_bias": "big"}, ["gate_bias", "auto"]),
+    ("laurel", {"rw_norm": "coupled", "alpha_init": 0.3, "beta_init": 0.3, "rank": 2}, ["coupled"]),
     ("highway", {"gate_weight_init": "ones"}, ["gate_weight_init", "trunc_normal", "zeros"]),
     ("layerscale", {"init_value": "big"}, ["init_value", "auto"]),
 ])
@@ -706,8 +775,8 @@ def test_default_inits():
     hw = build("highway", {"gate_bias": -3.0, "gate_weight_init": "zeros"})
     assert torch.equal(hw.blocks[1].ls2.gate.bias, torch.full((8,), -3.0))
     assert torch.equal(hw.blocks[1].ls2.gate.weight, torch.zeros(8, 8))
-    hw_tn = build("highway")
-    assert torch.equal(hw_tn.blocks[0].ls1.gate.bias, torch.full((8,), -4.0))
+    hw_tn = build("highway")  # depth 3: 6 gated sublayers, the paper's guideline gives -1
+    assert torch.equal(hw_tn.blocks[0].ls1.gate.bias, torch.full((8,), -1.0))
     assert 0 < hw_tn.blocks[0].ls1.gate.weight.std() < 0.05
     se = build("res_se", {"reduction": 2})
     assert torch.equal(se.blocks[0].ls1.fc2.weight, torch.zeros(8, 4))
@@ -720,7 +789,8 @@ def test_default_inits():
     want = torch.tensor([[1 / math.sqrt(2 * 8) if i % 2 == j else 0.0 for j in range(2)] for i in range(8)])
     assert torch.allclose(A, want, atol=1e-15, rtol=0)
     assert torch.equal(lr.blocks[0].res.lr_down, torch.zeros(1, 2, 8))
-    assert lr.blocks[0].res.mix.logits.tolist() == [1.0, 1.0]
+    assert torch.allclose(torch.stack(lr.blocks[0].res.mix()), torch.tensor([0.99, 0.99]), atol=1e-12, rtol=0)
+    assert lr.blocks[0].res.mix.norm == "sigmoid"  # bounded α, β by default (the paper's advice)
     rwpa = build("laurel", {"form": "rw_pa", "rank": 2, "k": 3})
     assert rwpa.blocks[0].res.pa_gamma.tolist() == [1.0, 0.0, 0.0]
     assert build("laurel", {"form": "pa", "rank": 2, "k": 3}).blocks[0].res.pa_gamma.tolist() == [0.0, 0.0, 0.0]
@@ -737,3 +807,39 @@ def test_site_counts():
     assert [s[1] for s in build("laurel", LAUREL).residual_sites()] == ["block"] * 3
     assert len(build("laurel", {"granularity": "sublayer"} | LAUREL).residual_sites()) == 6
     assert len(build("dca").residual_sites()) == 3
+
+
+@pytest.mark.parametrize("depth, bias", [(2, -1.0), (6, -1.0), (8, -2.0), (12, -2.0), (14, -3.0), (32, -3.0)])
+def test_highway_auto_bias_follows_the_paper_guideline(depth, bias):
+    """−1, −2, −3 for highway nets of depth ≈ 10, 20, 30, counted in gated sublayers (2 per block), clipped."""
+    model = build("highway", depth=depth, embed_dim=4, num_heads=1)
+    assert all(torch.equal(site.gate.bias, torch.full((4,), bias)) for _, _, site in model.residual_sites())
+
+
+@pytest.mark.parametrize("residual", ["rezero", "skipinit"])
+def test_rezero_skipinit_default_is_normalisation_free(residual):
+    """The papers' form: no LayerNorm in any block (only the final pre-head norm); norm=True is the LN control."""
+    model = build(residual)
+    for blk in model.blocks:
+        assert not any(isinstance(m, nn.LayerNorm) for m in blk.modules()), "a block of the default has a norm"
+        assert isinstance(blk.norm1, nn.Identity) and isinstance(blk.norm2, nn.Identity)
+    assert isinstance(model.norm, nn.LayerNorm)
+    control = build(residual, {"norm": True})
+    assert all(isinstance(blk.norm1, nn.LayerNorm) and isinstance(blk.norm2, nn.LayerNorm) for blk in control.blocks)
+
+
+@pytest.mark.parametrize("residual, options", [
+    ("layerscale", {"init_value": 0.5}), ("rezero", {"init_value": 0.3}), ("highway", {}),
+    ("laurel", {"form": "rw_lr", "granularity": "sublayer"} | LAUREL), ("res_se", {"reduction": 2}),
+    ("res_se", {"form": "seed", "reduction": 2}), ("laurel", {"form": "seed"} | LAUREL), ("dca", {"form": "seed"}),
+])
+def test_decompose_reassembles_the_update(residual, options):
+    """Diagnostics split the update into branch term b and skip scale c: Δ = b + (c − 1)·x (LAuReL-LR's low-rank
+    part is zero at init), so the CaiT ratio ‖b‖/‖x‖ leaves the skip's rescaling out."""
+    model = perturb(build(residual, options), scale=0.1)
+    x, u, f = torch.randn(3, 2, 5, 8).unbind(0)
+    for _, _, site in model.residual_sites():
+        if getattr(site, "uses_lr", False):
+            torch.nn.init.zeros_(site.lr_down)
+        branch, skip = site.decompose(x, u, f)
+        assert torch.allclose(site(x, u, f, None), branch + (torch.as_tensor(skip) - 1) * x, atol=1e-12, rtol=0)

@@ -72,19 +72,29 @@ RETROFIT = {
     "standard": ("standard", {}, set(), True),
     "layerscale": ("layerscale", {"init_value": 1e-5}, _blocks(3, "ls1.gamma", "ls2.gamma"), False),
     "layerscale_none": ("layerscale", {"init_value": None}, set(), True),
-    "rezero": ("rezero", {}, _blocks(3, "ls1.alpha"), False),
-    "skipinit": ("skipinit", {}, _blocks(3, "ls1.alpha", "ls2.alpha"), False),
+    "rezero": ("rezero", {"norm": True}, _blocks(3, "ls1.alpha"), False),  # the default has no norms to load
+    "skipinit": ("skipinit", {"norm": True}, _blocks(3, "ls1.alpha", "ls2.alpha"), False),
     "highway": ("highway", {}, _blocks(3, *(f"ls{s}.gate.{p}" for s in (1, 2) for p in ("weight", "bias"))), False),
-    "laurel": ("laurel", LAUREL, _blocks(3, "res.mix.logits", "res.lr_down", "res.lr_up"), True),
-    "laurel_pa_sub": ("laurel", {"form": "rw_lr_pa", "granularity": "sublayer"} | LAUREL,
+    "laurel": ("laurel", LAUREL, _blocks(3, "res.mix.logits", "res.lr_down", "res.lr_up"), False),  # α, β = 0.99
+    "laurel_raw": ("laurel", {"rw_norm": "none"} | LAUREL, _blocks(3, "res.mix.logits", "res.lr_down", "res.lr_up"),
+                   True),
+    "laurel_pa_sub": ("laurel", {"form": "rw_lr_pa", "granularity": "sublayer", "rw_norm": "none"} | LAUREL,
                       _blocks(3, *(f"ls{s}.{p}" for s in (1, 2) for p in ("mix.logits", "lr_down", "lr_up",
                                                                           "pa_gamma"))), True),
     "res_se": ("res_se", {"reduction": 2},
                _blocks(3, *(f"ls{s}.fc{j}.{p}" for s in (1, 2) for j in (1, 2) for p in ("weight", "bias"))), True),
     "dca": ("dca", {}, _blocks(3, "grn.b_delta", "grn.w") | {"stream.out.b_delta", "stream.out.w"}, True),
     "grn_v2_k1": ("dca", {"form": "grn_v2", "k": 1}, _blocks(3, "grn.b_delta") | {"stream.out.b_delta"}, True),
-    "dca_seed": ("dca", {"form": "seed"}, _blocks(3, "ls1.mix.logits", "ls2.mix.logits"), False),
+    "dca_seed": ("dca", {"form": "seed"}, _blocks(3, *(f"ls{s}.predictor.{j}.{p}" for s in (1, 2) for j in (0, 2)
+                                                        for p in ("weight", "bias"))), False),
 }
+
+
+@pytest.mark.parametrize("residual", ["rezero", "skipinit"])
+def test_retrofit_into_normalisation_free_default_names_the_norm_keys(residual):
+    """The papers' ReZero/SkipInit have no per-block LayerNorm: a timm checkpoint's norm1/norm2 cannot load."""
+    with pytest.raises(ValueError, match=r"checkpoint keys not in residual '\w+' model: blocks\.0\.norm1\.bias"):
+        build(residual).load_pretrained(timm_model(**TINY).state_dict())
 
 
 def test_retrofit_covers_every_variant():

@@ -1,7 +1,7 @@
 """The residual-connection variants, one class each, behind one registry.
 
 ``RESIDUALS[name]`` is a ``ResidualSite`` subclass; ``VisionTransformer(residual=name, residual_options={...})``
-builds the backbone with it. See ``../shared/docs/residual-variants.md`` for the specification.
+builds the backbone with it. ``docs/variants.md`` is the reference (formulas, defaults, adaptations, sources).
 """
 
 from .base import BlockArgs, ResidualSite

@@ -62,6 +62,12 @@ class ResidualSite(nn.Module):
     def forward(self, x: torch.Tensor, u: torch.Tensor, f: torch.Tensor, history: list | None = None) -> torch.Tensor:
         raise NotImplementedError
 
+    def decompose(self, x: torch.Tensor, u: torch.Tensor, f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | float]:
+        """(branch term, skip scale) for the diagnostics: what the branch adds to the stream (γ⊙F, α·F, t⊙F, ...)
+        and the factor the skip multiplies x by (1 − t, β, s, ...; 1 when the skip is the identity). CaiT's ratio
+        is ‖branch term‖/‖x‖; the skip's rescaling is reported on its own. Default: the update is all branch."""
+        return self.forward(x, u, f), 1.0
+
     @property
     def pre_norm(self) -> bool:
         """Whether the block normalises the stream before the branch (False: normalisation-free form)."""
@@ -110,14 +116,14 @@ class ResidualSite(nn.Module):
 
     @classmethod
     def build_block(cls, args: BlockArgs, **options: Any) -> nn.Module:
-        from ..vit import Block
+        from ..blocks import Block
 
         return Block(args, sites=cls.build_sites(args, **options))
 
     @classmethod
     def build_stream(cls, dim: int, depth: int, norm_layer: Any, **options: Any) -> nn.Module:
         """How block outputs are chained: a plain residual stream unless the variant needs history."""
-        from ..vit import ResidualStream
+        from ..blocks import ResidualStream
 
         return ResidualStream()
 

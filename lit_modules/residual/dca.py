@@ -30,8 +30,7 @@ class DCA(ResidualSite):
       (``"fig10_B"``, Appendix H; default, see below);
     - ``dca``: three independent GRN-v3 give the attention's query, key and value inputs; the block output
       f_t = a + MLP(LN(a + q_in)) excludes its input (lucidrains' reading of Fig. 4).
-    - ``seed``: the seed notes' softmax two-way mix c_skip·x + c_branch·F — which is LAuReL-RW with softmax
-      weights, built as such (spec §8 "seed-style simplification").
+    - ``seed``: the seed notes' per-token two-way mix (see ``TokenMix``), not the paper's method.
 
     b = 1 + b' with b' = 0 at init and excluded from weight decay (decay would pull b to 0, not 1); w = 0 at init,
     so the model equals the standard ViT (R-exact). Pitfall: under text_A, ReLU'(0) = 0 leaves w with zero
@@ -67,10 +66,9 @@ class DCA(ResidualSite):
     @classmethod
     def build_block(cls, args: BlockArgs, **options: Any) -> nn.Module:
         if options["form"] == "seed":
-            from .laurel import LAuReL
+            from ..blocks import Block
 
-            return LAuReL.build_block(args, **LAuReL.validate_options(
-                {"form": "rw", "rw_norm": "softmax", "alpha_init": 0.5, "beta_init": 0.5, "granularity": "sublayer"}))
+            return Block(args, sites=(TokenMix(args), TokenMix(args)))
         return DCABlock(args, grn=cls(args.dim, args=args, **options))
 
     @classmethod
@@ -127,6 +125,43 @@ class DCA(ResidualSite):
         else:
             row = b.mean(dim=(0, 2)) + dyn.detach().mean(dim=(0, 1, 2))
         return {f"weight_{j}": v for j, v in enumerate(row)}
+
+
+class TokenMix(ResidualSite):
+    """The seed notes' "DeepCrossAttention" (``form="seed"``), literally: a small MLP predicts two weights per
+    token from the stream, normalised by a softmax,
+
+        (α_skip, α_branch) = softmax(W₂ GELU(W₁ x + b₁) + b₂),   W₁ ∈ R^{D/4×D}, W₂ ∈ R^{2×D/4}
+        y = α_skip ⊙ x + α_branch ⊙ F(u),   u = Norm(x)
+
+    at each residual site. With timm's init (W ~ N(0, 0.02²), b = 0) both weights start ≈ 0.5: the skip and the
+    branch are halved (not standard at init). It lacks everything that makes the paper's DCA: the stack of all
+    previous outputs, per-dimension weights and the separate query/key/value compositions.
+    """
+
+    name = "dca"
+
+    def __init__(self, args: BlockArgs) -> None:
+        super().__init__(args.dim, args=args)
+        self.predictor = nn.Sequential(nn.Linear(args.dim, max(1, args.dim // 4)), nn.GELU(),
+                                       nn.Linear(max(1, args.dim // 4), 2))
+
+    def weights(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.predictor(x), dim=-1)
+
+    def forward(self, x: torch.Tensor, u: torch.Tensor, f: torch.Tensor, history: list | None = None) -> torch.Tensor:
+        w = self.weights(x)
+        return (w[..., :1] - 1.0) * x + w[..., 1:] * f
+
+    def decompose(self, x: torch.Tensor, u: torch.Tensor, f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        w = self.weights(x)
+        return w[..., 1:] * f, w[..., :1]
+
+    def diagnostics(self, x: torch.Tensor | None = None, u: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        if x is None:
+            return {}
+        w = self.weights(x).detach()
+        return {"alpha_skip_mean": w[..., 0].mean(), "alpha_branch_mean": w[..., 1].mean()}
 
 
 class ReLUMix(torch.autograd.Function):

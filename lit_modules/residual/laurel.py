@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .base import BlockArgs, ResidualSite, check_choice
-from .mix import MixWeights
+from .mix import MIX_NORMS, MixWeights
 
 FORMS = ("rw", "lr", "pa", "rw_lr", "rw_pa", "rw_lr_pa", "seed")
 
@@ -18,38 +18,42 @@ FORMS = ("rw", "lr", "pa", "rw_lr", "rw_pa", "rw_lr_pa", "seed")
 class LAuReL(ResidualSite):
     """``x_{i+1} = α·f(x_i) + β·g(x_i, x_{i−1}, …)`` (paper eq. 2), so ``Δ = α·f + β·g − x`` with
 
-    ====== ======================================================= =================================
-    form   g                                                       α, β
-    ====== ======================================================= =================================
-    rw     x_i                                                     learned (``rw_norm``)
-    lr     x_i + A B x_i  (eq. 3; A ∈ R^{D×r}, B ∈ R^{r×D} = 0)     1, 1
-    pa     x_i + Σ_{j<k} γ_j h_j(x_{i−j})  (eq. 4; γ = 0 at init)  1, 1
-    rw_lr  x_i + A B x_i  (eq. 5)                                  learned
-    rw_pa  Σ_{j<k} γ_j h_j(x_{i−j}), γ = (1, 0, …)                 learned
+    ======== ======================================================= ==========================
+    form     g                                                       α, β
+    ======== ======================================================= ==========================
+    rw       x_i                                                     learned (``rw_norm``)
+    lr       x_i + A B x_i  (eq. 3; A ∈ R^{D×r}, B ∈ R^{r×D} = 0)     1, 1
+    pa       x_i + Σ_{j<k} γ_j h_j(x_{i−j})  (eq. 4; γ = 0 at init)  1, 1
+    rw_lr    x_i + A B x_i  (eq. 5; the default)                     learned
+    rw_pa    Σ_{j<k} γ_j h_j(x_{i−j}), γ = (1, 0, …)                 learned
     rw_lr_pa Σ_{j<k} γ_j (I + A_j B_j) x_{i−j}  (eq. 6)             learned
-    seed   x_i, with a coupled sigmoid gate: g·F + (1 − g)·x       (σ(a), 1 − σ(a)) — the seed notes' form
-    ====== ======================================================= =================================
+    seed     the seed notes' per-channel gate (see ``SeedGate``)     —
+    ======== ======================================================= ==========================
 
-    ``h_j`` is the identity (``pa_h="identity"``) or ``I + A_j B_j`` (``"lowrank"``; always for rw_lr_pa).
-    Eq. 6 as printed has no identity term; reading h = I + AB keeps the residual path (spec §6, flagged as
-    interpretation). With α = β = 1 (``rw_norm="none"``), B = 0 and γ as above every form except ``seed``
-    equals the standard residual at init (R-exact). ``granularity="block"`` (default, the paper's LLM counts)
-    wraps the whole block, ``"sublayer"`` puts one LAuReL at each residual site. ``k`` previous stream states
-    at that granularity feed PA. A is Xavier-uniform or column-orthogonal (``a_init="col_orth"``, footnote 2).
+    **α, β are bounded by default** (``rw_norm="sigmoid"``: α = σ(a), β = σ(b)), as the paper asks ("we cannot let
+    α and β grow unbounded … softmax or sigmoid helps"). The paper gives no init; they start at 0.99 each (logits
+    ≈ 4.6), near the standard residual. Options: ``"softmax"`` ((α, β) = softmax(a, b), which cannot start near
+    standard: α + β = 1; default 0.01, 0.99), ``"coupled"`` (the paper's "single learnable parameter with a
+    sigmoid": α = σ(a), β = 1 − α; default 0.5) and ``"none"`` (raw scalars, α = β = 1: R-exact, the unbounded
+    form the paper warns against). ``h_j`` is the identity (``pa_h="identity"``) or ``I + A_j B_j``
+    (``"lowrank"``; always for rw_lr_pa: eq. 6 as printed has no identity term, reading h = I + AB keeps the
+    residual path — an interpretation). ``granularity="block"`` (default, the paper's LLM parameter counts: one
+    LAuReL per transformer layer, f = Block(x) − x) or ``"sublayer"``. ``k`` previous stream states feed PA. A is
+    Xavier-uniform or column-orthogonal (``a_init="col_orth"``, footnote 2); B = 0 (LoRA-style).
     """
 
     name = "laurel"
     paper = "Menghani et al. 2025, arXiv 2411.07501"
 
     def __init__(self, dim: int, *, args: BlockArgs, form: str = "rw_lr", granularity: str = "block",
-                 rank: int = 16, k: int = 3, pa_h: str = "identity", rw_norm: str = "none",
+                 rank: int = 16, k: int = 3, pa_h: str = "identity", rw_norm: str = "sigmoid",
                  alpha_init: float | None = None, beta_init: float | None = None, a_init: str = "xavier") -> None:
         super().__init__(dim, args=args)
         self.form, self.rank, self.k, self.a_init = form, rank, k, a_init
         self.uses_pa = "pa" in form
         self.uses_lr = "lr" in form or (self.uses_pa and pa_h == "lowrank")
         norm, alpha, beta = _mix_defaults(form, rw_norm, alpha_init, beta_init)
-        self.mix = MixWeights(norm, alpha, beta) if ("rw" in form or form == "seed") else None
+        self.mix = MixWeights(norm, alpha, beta) if "rw" in form else None
         n_factors = k if self.uses_pa else 1
         if self.uses_lr:
             self.lr_down = nn.Parameter(torch.zeros(n_factors, rank, dim))  # B (zero: LoRA-style)
@@ -63,7 +67,7 @@ class LAuReL(ResidualSite):
         check_choice("form", options["form"], FORMS)
         check_choice("granularity", options["granularity"], ("block", "sublayer"))
         check_choice("pa_h", options["pa_h"], ("identity", "lowrank"))
-        check_choice("rw_norm", options["rw_norm"], ("none", "softmax", "sigmoid"))
+        check_choice("rw_norm", options["rw_norm"], MIX_NORMS)
         check_choice("a_init", options["a_init"], ("xavier", "col_orth"))
         rank, k = options["rank"], options["k"]
         if not isinstance(rank, int) or rank < 1 or rank > dim:
@@ -75,15 +79,19 @@ class LAuReL(ResidualSite):
 
     @classmethod
     def build_block(cls, args: BlockArgs, **options: Any) -> nn.Module:
+        if options["form"] == "seed":
+            from ..blocks import Block
+
+            return Block(args, sites=(SeedGate(args), SeedGate(args)))
         if options["granularity"] == "sublayer":
             return super().build_block(args, **options)
-        from ..vit import WholeBlock
+        from ..blocks import WholeBlock
 
         return WholeBlock(args, site=cls(args.dim, args=args, **options))
 
     @classmethod
     def build_stream(cls, dim: int, depth: int, norm_layer: Any, **options: Any) -> nn.Module:
-        from ..vit import ResidualStream
+        from ..blocks import ResidualStream
 
         return ResidualStream(keep_history="pa" in options["form"])
 
@@ -132,6 +140,12 @@ class LAuReL(ResidualSite):
         alpha, beta = self.mix()
         return alpha * f + beta * g - x
 
+    def decompose(self, x: torch.Tensor, u: torch.Tensor, f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | float]:
+        if self.mix is None:
+            return f, 1.0
+        alpha, beta = self.mix()
+        return alpha * f, beta
+
     def diagnostics(self, x: torch.Tensor | None = None, u: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         stats = {}
         if self.mix is not None:
@@ -145,11 +159,42 @@ class LAuReL(ResidualSite):
 
 
 def _mix_defaults(form: str, rw_norm: str, alpha: float | None, beta: float | None) -> tuple[str, float, float]:
-    """The (normalisation, α₀, β₀) of the RW weights: standard-residual start unless a normalisation forces
-    otherwise (softmax 0.01/0.99 and sigmoid 0.99/0.99 are the spec's near-standard starts; the seed gate
-    starts at logit 0, g = 0.5, as the seed notes describe)."""
-    if form == "seed":
-        a = 0.5 if alpha is None else alpha
-        return "coupled", a, 1.0 - a if beta is None else beta
-    defaults = {"none": (1.0, 1.0), "softmax": (0.01, 0.99), "sigmoid": (0.99, 0.99)}[rw_norm]
-    return rw_norm, defaults[0] if alpha is None else alpha, defaults[1] if beta is None else beta
+    """The (normalisation, α₀, β₀) of the RW weights: as near the standard residual as the normalisation allows
+    (raw 1/1, sigmoid 0.99/0.99, softmax 0.01/0.99), and 0.5/0.5 for the single coupled sigmoid."""
+    defaults = {"none": (1.0, 1.0), "softmax": (0.01, 0.99), "sigmoid": (0.99, 0.99), "coupled": (0.5, 0.5)}[rw_norm]
+    a = defaults[0] if alpha is None else alpha
+    if rw_norm == "coupled":
+        return rw_norm, a, 1.0 - a if beta is None else beta
+    return rw_norm, a, defaults[1] if beta is None else beta
+
+
+class SeedGate(ResidualSite):
+    """The seed notes' "LAuReL" (``form="seed"``), literally: a per-channel, input-dependent gate read from its own
+    LayerNorm of the stream,
+
+        g = σ(W_g · LN_g(x) + b_g),   y = g ⊙ F(u) + (1 − g) ⊙ x,   W_g ∈ R^{D×D},  u = Norm(x)
+
+    at each residual site (the notes' block has one branch; a ViT block has two). W_g is trunc_normal(0.02) and
+    b_g = 0, so g ≈ 0.5 at init, as the notes recommend: every site halves the skip (not standard at init). It is a
+    coupled Highway-style gate, not the paper's LAuReL (which learns input-independent α, β, plus LR/PA).
+    """
+
+    name = "laurel"
+
+    def __init__(self, args: BlockArgs) -> None:
+        super().__init__(args.dim, args=args)
+        self.gate_norm = args.norm_layer(args.dim)
+        self.gate = nn.Linear(args.dim, args.dim)
+
+    def gate_value(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.gate(self.gate_norm(x)))
+
+    def forward(self, x: torch.Tensor, u: torch.Tensor, f: torch.Tensor, history: list | None = None) -> torch.Tensor:
+        return self.gate_value(x) * (f - x)
+
+    def decompose(self, x: torch.Tensor, u: torch.Tensor, f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        g = self.gate_value(x)
+        return g * f, 1.0 - g
+
+    def diagnostics(self, x: torch.Tensor | None = None, u: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        return {} if x is None else {"gate_mean": self.gate_value(x).mean().detach()}

@@ -13,9 +13,9 @@ class ReZero(SkipInit):
     """``x_{i+1} = x_i + α_i·F(x_i)``, α_i = 0 at init, **one α per block shared by the attention and MLP
     sublayers** (official code: one ``resweight`` per encoder layer). Identity at init (I-exact).
 
-    ``norm=False`` is the paper's Transformer form without LayerNorm (the final pre-head norm is kept);
-    the default keeps pre-norm, which the spec calls adaptation (b). The MLP site reads the attention site's α;
-    the parameter is stored once, under ``ls1.alpha``.
+    The default is the paper's Transformer without LayerNorm (no ``norm1``/``norm2``; the final pre-head norm is
+    kept, a project choice). ``norm=True`` keeps pre-norm: CaiT's "LayerNorm + zero-init scalar" control, not
+    ReZero's form. The MLP site reads the attention site's α; the parameter is stored once, under ``ls1.alpha``.
     """
 
     name = "rezero"
@@ -37,3 +37,6 @@ class _SharedAlpha(nn.Module):
 
     def forward(self, x: torch.Tensor, u: torch.Tensor, f: torch.Tensor, history: list | None = None) -> torch.Tensor:
         return self._owner[0].alpha * f
+
+    def decompose(self, x: torch.Tensor, u: torch.Tensor, f: torch.Tensor) -> tuple[torch.Tensor, float]:
+        return self.forward(x, u, f), 1.0

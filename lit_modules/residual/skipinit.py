@@ -10,17 +10,18 @@ from .base import BlockArgs, ResidualSite
 
 
 class SkipInit(ResidualSite):
-    """A learnable scalar at the end of each residual branch: ``x ← x + α·F(Norm(x))``, α = 0 at init, one α
-    per sublayer. Every block is exactly the identity at init (spec §4, I-exact).
+    """A learnable scalar at the end of each residual branch, in the paper's normalisation-free network:
+    ``x ← x + α·F(x)``, α = 0 at init, one α per sublayer. Every block is exactly the identity at init (I-exact).
 
-    ``init_value``: α₀ (the paper's "or a small constant ≲ 1/√d" option). ``norm=False`` is the paper's
-    normalisation-free form (no ``norm1``/``norm2``).
+    ``init_value``: α₀ (the paper's "or a small constant ≲ 1/√d" option). ``norm=True`` keeps the pre-norm
+    LayerNorms, ``x ← x + α·F(Norm(x))``: not SkipInit's form but CaiT's "LayerNorm + zero-init scalar" control.
+    The final LayerNorm before the head is kept in both (a project choice).
     """
 
     name = "skipinit"
     paper = "De & Smith 2020, arXiv 2002.10444"
 
-    def __init__(self, dim: int, *, args: BlockArgs, init_value: float = 0.0, norm: bool = True) -> None:
+    def __init__(self, dim: int, *, args: BlockArgs, init_value: float = 0.0, norm: bool = False) -> None:
         super().__init__(dim, args=args)
         self.init_value = float(init_value)
         self.norm = norm

@@ -1,0 +1,88 @@
+"""The blocks and streams the residual variants build (``ResidualSite.build_block`` / ``build_stream``).
+
+Kept apart from the backbone (``vit.py``) so that the residual package and the backbone do not import each other:
+the backbone asks a variant for its blocks, the variant builds them from these classes.
+"""
+
+from __future__ import annotations
+
+import torch
+from timm.layers import Attention, DropPath, Mlp
+from torch import nn
+
+from .residual.base import BlockArgs
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block with two residual sites, ``ls1`` (attention) and ``ls2`` (MLP).
+
+    The sites sit where timm's ``LayerScale`` sits, so the standard and LayerScale variants keep timm's names.
+    """
+
+    def __init__(self, args: BlockArgs, sites: tuple[nn.Module, nn.Module]) -> None:
+        super().__init__()
+        self.ls1, self.ls2 = sites
+        _add_sublayers(self, args, pre_norm=self.ls1.pre_norm)
+        self.drop_path1 = DropPath(args.drop_path) if args.drop_path > 0.0 else nn.Identity()
+        self.drop_path2 = DropPath(args.drop_path) if args.drop_path > 0.0 else nn.Identity()
+
+    def sites(self) -> dict[str, nn.Module]:
+        """Residual sites by sublayer; a forward hook on one sees inputs (x, u, f, history) and output Δ."""
+        return {"attn": self.ls1, "mlp": self.ls2}
+
+    def forward(self, x: torch.Tensor, history: list | None = None) -> torch.Tensor:
+        u = self.norm1(x)
+        x = x + self.drop_path1(self.ls1(x, u, self.attn(u), history))
+        u = self.norm2(x)
+        x = x + self.drop_path2(self.ls2(x, u, self.mlp(u), history))
+        return x
+
+
+class WholeBlock(nn.Module):
+    """A block with one residual site around the whole pre-norm block (LAuReL at block granularity).
+
+    ``f(x) = Block(x) − x = A(LN₁x) + M(LN₂(x + A(LN₁x)))``; the site turns f into the update Δ.
+    """
+
+    def __init__(self, args: BlockArgs, site: nn.Module) -> None:
+        super().__init__()
+        self.res = site
+        _add_sublayers(self, args, pre_norm=site.pre_norm)
+        self.drop_path = DropPath(args.drop_path) if args.drop_path > 0.0 else nn.Identity()
+
+    def sites(self) -> dict[str, nn.Module]:
+        return {"block": self.res}
+
+    def forward(self, x: torch.Tensor, history: list | None = None) -> torch.Tensor:
+        a = self.attn(self.norm1(x))
+        f = a + self.mlp(self.norm2(x + a))
+        return x + self.drop_path(self.res(x, x, f, history))
+
+
+def _add_sublayers(block: nn.Module, args: BlockArgs, pre_norm: bool) -> None:
+    """The two timm sublayers of a pre-norm block, under timm's names (norm1, attn, norm2, mlp)."""
+    dim = args.dim
+    block.norm1 = args.norm_layer(dim) if pre_norm else nn.Identity()
+    block.attn = Attention(dim, num_heads=args.num_heads, qkv_bias=args.qkv_bias, qk_norm=args.qk_norm,
+                           attn_drop=args.attn_drop, proj_drop=args.proj_drop, norm_layer=args.norm_layer)
+    block.norm2 = args.norm_layer(dim) if pre_norm else nn.Identity()
+    block.mlp = Mlp(in_features=dim, hidden_features=int(dim * args.mlp_ratio), act_layer=args.act_layer,
+                    drop=args.proj_drop)
+
+
+class ResidualStream(nn.Module):
+    """The usual residual stream: blocks applied in sequence.
+
+    ``keep_history`` gives the blocks a fresh list per forward in which sites that use previous activations
+    (LAuReL-PA) record the stream states they see; other variants pay nothing for it.
+    """
+
+    def __init__(self, keep_history: bool = False) -> None:
+        super().__init__()
+        self.keep_history = keep_history
+
+    def forward(self, x: torch.Tensor, blocks: nn.ModuleList) -> torch.Tensor:
+        history = [] if self.keep_history else None
+        for blk in blocks:
+            x = blk(x, history)
+        return x
