@@ -74,6 +74,8 @@ class RunConfig:
         (0.5, 0.8, 0.9, 0.95), "trainer", "floats", "absolute val accuracies for epochs_to_acc_<t>")
     diagnostics_every: int = _f(0, "trainer", "int", "residual diagnostics every N epochs (0: off)")
     diagnostics_batch_size: int = _f(64, "trainer", "int", "images in the fixed diagnostics batch")
+    diagnostics_sim_k: int = _f(3, "trainer", "int",
+                                "DeepViT similarity against the K following blocks (the paper's K was not retrieved)")
     accelerator: str = _f("auto", "trainer", "str", "auto (cuda if available, else cpu), cpu, gpu")
     devices: int | str = _f(1, "trainer", "devices", "devices per node (an int or auto)")
     strategy: str = _f("auto", "trainer", "str", "Lightning strategy (auto, ddp, ddp_spawn, ...)")
@@ -93,7 +95,8 @@ class RunConfig:
         _choice("global_pool", self.global_pool, GLOBAL_POOLS)
         _choice("precision", self.precision, PRECISIONS)
         _choice("accelerator", self.accelerator, ACCELERATORS)
-        for name in ("depth", "embed_dim", "num_heads", "batch_size", "max_epochs", "diagnostics_batch_size"):
+        for name in ("depth", "embed_dim", "num_heads", "batch_size", "max_epochs", "diagnostics_batch_size",
+                     "diagnostics_sim_k"):
             _positive(name, getattr(self, name))
         for name in ("seed", "diagnostics_every", "num_workers"):
             if getattr(self, name) < 0:

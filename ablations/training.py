@@ -125,7 +125,8 @@ def _diagnostics_callback(config: RunConfig, datamodule: Any) -> Any | None:
     except ImportError as exc:  # the module is optional while it is being written
         warnings.warn(f"diagnostics_every={config.diagnostics_every} ignored: {exc}", stacklevel=3)
         return None
-    return DiagnosticsCallback(datamodule.fixed_batch(config.diagnostics_batch_size), config.diagnostics_every)
+    return DiagnosticsCallback(datamodule.fixed_batch(config.diagnostics_batch_size), config.diagnostics_every,
+                               k=config.diagnostics_sim_k)
 
 
 def run_training(
