@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from . import layout
 from .cli import OneLineParser
 
 SECTIONS = ("timm", "variants", "lightning", "mfu", "study", "memory", "compile")
@@ -203,14 +204,13 @@ def is_dca(residual: str, options: dict) -> bool:
 def study_trial(s: Settings):
     """The RunConfig of the study's representative trial (first variant, middle depth, seed 0) with the mode's
     overrides, and the spec."""
-    from ablations.objective import Objective
     from ablations.spec import load_spec
 
     spec = load_spec(STUDY)
     grid = spec.grid()
     depths = sorted({p["depth"] for p in grid if "depth" in p})
     point = next(p for p in grid if not depths or p["depth"] == depths[len(depths) // 2])
-    return spec, Objective(spec, log_root=Path("."), overrides=s.trial_overrides).config(point)
+    return spec, spec.run_config(point, s.trial_overrides)
 
 
 # --- report pieces -------------------------------------------------------------------------------------------------
@@ -529,8 +529,7 @@ def bench_study(s: Settings) -> Section:
     trials_per_hour = 3600 * len(grid) / grid_s
     estimate = {}
     if s.run_estimate:
-        full = Objective(spec, log_root=Path("."))
-        estimate = {i: estimate_seconds(full.config(p)) for i, p in enumerate(grid)}
+        estimate = {i: estimate_seconds(spec.run_config(p)) for i, p in enumerate(grid)}
     sec = Section("study", f"5. Study throughput: {STUDY} at its default size",
                   f"{len(grid)} trials ({len(spec.variants)} variants x depths {depths} x seeds "
                   f"{spec.axes.get('seed')}); one '{variant}' trial (seed 0) per depth timed end to end through "
@@ -776,7 +775,8 @@ def build_parser() -> argparse.ArgumentParser:
                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--quick", action="store_true", help="small sizes and fewer rounds (every section still runs)")
     p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # the test's sizes: seconds, meaningless
-    p.add_argument("--out", default="results", help="folder for bench.md and bench.json (default: results)")
+    p.add_argument("--out", default=layout.RESULTS_DIR,
+                   help=f"folder for bench.md and bench.json (default: {layout.RESULTS_DIR})")
     p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's own, the physical cores)")
     p.add_argument("--sections", type=parse_sections, help=f"comma-separated subset of {', '.join(SECTIONS)} "
                    "(or numbers 1-7); default: all but compile")

@@ -1,7 +1,8 @@
 """Static figures of the report (matplotlib, Agg, no pyplot state except for Optuna's own matplotlib plots).
 
 Every figure is saved as PNG and PDF with fixed metadata (no creation date, fixed ``svg.hashsalt``), so the same
-inputs give the same files. Inputs are plain data prepared by :mod:`ablations.report`.
+inputs give the same files. The drawing functions take plain data; :func:`report_figures` prepares it from a
+study's results (:mod:`ablations.report`) and the trials' event files (:mod:`ablations.events`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np  # noqa: E402
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from .events import RunEvents  # noqa: E402
+from .events import ATTN_SIM_JSON, RunEvents  # noqa: E402
 
 RC = {"svg.hashsalt": "ablations-report", "font.size": 8, "axes.titlesize": 9, "legend.fontsize": 7,
       "figure.dpi": 100, "savefig.dpi": 150, "pdf.fonttype": 42}
@@ -286,3 +287,118 @@ def close(fig) -> None:
     import matplotlib.pyplot as plt
 
     plt.close(fig)
+
+
+# --- the report's figures -------------------------------------------------------------------------------------------
+def report_figures(study, data, cells, out: Path) -> tuple[list[Path], list[str]]:
+    """Every figure of a study's report (``data``: :class:`ablations.report.load.StudyData`; ``cells``: the main
+    table's cells for grid studies, else None), saved under ``out``; returns (paths, notes)."""
+    from .events import read_run
+    from .report.load import ACC_KEY, best_per_row, first_line
+
+    apply_style()
+    written: list[Path] = []
+    notes: list[str] = []
+    variants = data.rows
+    top = data.depths[-1] if data.depths else None
+
+    def keep(fig, name: str, tight: bool = False) -> None:
+        written.extend(save(fig, out, name, tight=tight))
+
+    if data.kind == "grid":
+        cell_rows = [{"variant": c.row, "depth": c.depth if c.depth is not None else 0, "n": c.n,
+                      "mean": None if c.mean is None else 100 * c.mean,
+                      "std": None if c.std is None else 100 * c.std} for c in cells or []]
+        keep(accuracy_vs_depth(cell_rows, variants, ylabel=f"top-1 val accuracy (%) [{ACC_KEY}]"), "acc_vs_depth")
+        selected = {row: [r for r in data.runs if r.row == row and r.depth == top and r.state == "complete"]
+                    for row in variants}
+        curves = {d if d is not None else 0: {row: [{e: 100 * v for e, v in r.curve.items()}
+                                                   for r in data.by_row_depth(row, d) if r.curve]
+                                             for row in variants} for d in (data.depths or [None])}
+        depth = top or 0
+    else:
+        best = best_per_row(data)
+        selected = {row: [best[row]] for row in variants if row in best}
+        curves = {}
+        for row, run in sorted(selected.items(), key=lambda kv: variants.index(kv[0])):
+            curves.setdefault(run[0].depth or 0, {})[row] = [{e: 100 * v for e, v in run[0].curve.items()}]
+        depth = max(curves) if curves else 0
+        for name, plot, kwargs in _optuna_plots(ACC_KEY):
+            try:
+                fig = optuna_figure(plot, study, **kwargs)
+            except Exception as exc:  # noqa: BLE001
+                notes.append(f"figure {name} skipped ({first_line(exc)}).")
+                continue
+            keep(fig, name, tight=True)
+            close(fig)
+    if curves:
+        keep(val_curves(curves, variants), "val_curves")
+
+    events = {row: [e for e in (read_run(r.log_dir) for r in runs) if not e.empty] for row, runs in selected.items()}
+    fig = branch_ratio(events, variants, depth=depth)
+    if fig is None:
+        notes.append(f"figure branch_ratio skipped: no {_tag('ratio_mean')} tags in the event files (depth {depth}).")
+    else:
+        keep(fig, "branch_ratio")
+    matrices = _similarity_matrices(data, events, cells, top)
+    if matrices:
+        keep(attention_similarity(matrices, depth=depth), "attn_similarity")
+    else:
+        notes.append(f"figure attn_similarity skipped: no {ATTN_SIM_JSON} text in the event files.")
+    fig = param_evolution(events, variants, depth=depth)
+    if fig is None:
+        notes.append(f"figure param_evolution skipped: no variant logged {_tag('param')} tags.")
+    else:
+        keep(fig, "param_evolution")
+    if data.kind == "grid" or selected:
+        which = "best trial per variant" if data.kind == "search" else "all seeds"
+        notes.append(f"diagnostic figures use {which} at depth {depth}, last logged epoch.")
+    return written, notes
+
+
+def _tag(name: str) -> str:
+    """The diagnostics tag family ``name`` (``lit_modules.diagnostics.TAGS``) up to its first placeholder."""
+    from lit_modules.diagnostics import TAGS
+
+    return TAGS[name].split("/{", 1)[0]
+
+
+def _optuna_plots(target: str):
+    from optuna.importance import PedAnovaImportanceEvaluator
+    from optuna.visualization import matplotlib as ovm
+
+    return [("optuna_history", ovm.plot_optimization_history, {"target_name": target}),
+            ("optuna_importance", ovm.plot_param_importances,
+             {"evaluator": PedAnovaImportanceEvaluator(), "target_name": target}),
+            ("optuna_intermediate", ovm.plot_intermediate_values, {})]
+
+
+def _similarity_matrices(data, events: Mapping[str, Sequence[RunEvents]], cells, depth: int | None) -> dict:
+    """Mean (over the selected runs) attention-similarity matrix of the baseline (standard, else the first
+    variant) and of the best other variant (highest mean accuracy at that depth)."""
+    import warnings
+
+    from .report.load import BASELINE, best_per_row
+
+    mats = {}
+    for row, evs in events.items():
+        found = [m for m in (e.json_matrix() for e in evs) if m is not None]
+        shapes = {np.asarray(m[1]).shape for m in found}
+        if found and len(shapes) == 1:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                mats[row] = np.nanmean(np.stack([np.asarray(m[1], dtype=float) for m in found]), axis=0)
+    if not mats:
+        return {}
+    order = [r for r in data.rows if r in mats]
+    base = next((r for r in order if data.row_variant[r] == BASELINE), order[0])
+    if data.kind == "grid" and cells is not None:
+        score = {c.row: c.mean for c in cells if c.depth == depth}
+    else:
+        score = {row: run.acc for row, run in best_per_row(data).items()}
+    others = [r for r in order if r != base and score.get(r) is not None]
+    chosen = {f"{base} (baseline)": mats[base]}
+    if others:
+        top = max(others, key=lambda r: (score[r], -order.index(r)))
+        chosen[f"{top} (best)"] = mats[top]
+    return chosen

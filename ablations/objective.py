@@ -7,25 +7,20 @@ from its last checkpoint.
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import shutil
 from pathlib import Path
 from typing import Any
 
-from .spec import StudySpec
+from .spec import SPAWN_STRATEGIES, StudySpec
 from .storage import retried_trial_number
 
 log = logging.getLogger("ablations.run")
 
 #: Summary keys stored in ``trial.user_attrs`` besides the whole summary (for quick filtering in the dashboard).
 _SURPLUS = "surplus"
-#: Strategies that train a multi-device trial in fresh processes started by ``fit`` itself, so the trial stays in
-#: this process: one Optuna trial per trial. ``ddp`` (and Lightning's default for several devices) re-runs the
-#: whole script per rank, and each rank would ask the study for a trial of its own (ecosystem notes §2, §7); the
-#: fork variants would copy this process's open database connections and heartbeat thread into the ranks.
-SPAWN_STRATEGIES = ("ddp_spawn", "ddp_spawn_find_unused_parameters_false", "ddp_spawn_find_unused_parameters_true")
+__all__ = ["SPAWN_STRATEGIES", "Objective", "suggest"]  # SPAWN_STRATEGIES: defined in .spec, kept importable here
 
 
 def suggest(trial, spec: StudySpec) -> dict[str, Any]:
@@ -57,19 +52,8 @@ class Objective:
         self.keep_checkpoints = keep_checkpoints
 
     def config(self, params: dict[str, Any]):
-        """The point's RunConfig. A trial on several devices runs with ``ddp_spawn`` (``auto``/``ddp`` are switched,
-        with a warning once); other strategies re-launch the script per rank and are refused (ValueError)."""
-        from .config import RunConfig
-
-        config = RunConfig.from_dict(self.spec.config_for(params) | self.overrides)
-        if config.devices == 1 or config.strategy in SPAWN_STRATEGIES:
-            return config
-        if config.strategy not in ("auto", "ddp"):
-            raise ValueError(f"strategy '{config.strategy}' with devices={config.devices} cannot run inside a study: "
-                             f"it re-launches the script per rank and each rank would create its own Optuna trial; "
-                             f"use one of {', '.join(SPAWN_STRATEGIES)}, or devices: 1 with one worker per device")
-        _warn_spawn(config.devices, config.strategy)
-        return config.replace(strategy="ddp_spawn")
+        """The point's RunConfig with this objective's overrides (:meth:`StudySpec.run_config`)."""
+        return self.spec.run_config(params, self.overrides)
 
     def __call__(self, trial) -> float:
         import optuna
@@ -146,13 +130,6 @@ class Objective:
             if other.state == TrialState.COMPLETE or other.number < trial.number:
                 return other.number
         return None
-
-
-@functools.cache  # once per process
-def _warn_spawn(devices: int | str, strategy: str) -> None:
-    log.warning("devices=%s with strategy '%s': each trial runs with strategy 'ddp_spawn' instead, so that it stays "
-                "one Optuna trial (plain ddp re-launches the script per rank and each rank would create its own "
-                "trial)", devices, strategy)
 
 
 def _check_pruned(pruning, summary: dict[str, Any]) -> None:

@@ -17,8 +17,8 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
+from . import layout
 from .cli import OneLineParser
 from .storage import DEFAULT_STORAGE, GRACE_S, HEARTBEAT_S, lost_storage_error, lost_storage_message
 
@@ -26,8 +26,7 @@ from .storage import DEFAULT_STORAGE, GRACE_S, HEARTBEAT_S, lost_storage_error, 
 #: GFLOP/s of this 2-core CPU for the small default models; calibrated on the residual_variants default run.
 TRIAL_OVERHEAD_S = 3.0
 EFFECTIVE_GFLOPS = 25.0
-_KNOWN_SIZES = {"digits": (1437, 360), "mnist5k": (4000, 1000), "synthetic": (819, 205), "mnist": (60000, 10000),
-                "cifar10": (50000, 10000), "cifar100": (50000, 10000)}
+UNKNOWN_SIZES = (10000, 2000)  # (train, val) assumed for a dataset whose size is only known after loading
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"Optuna storage URL (default {DEFAULT_STORAGE}, or $ABLATIONS_STORAGE)")
     p.add_argument("--study-name", help="name in the storage (default: the study's name, suffixed by the budget)")
     p.add_argument("--workers", type=int, default=1, help="local worker processes sharing the study (cores split)")
-    p.add_argument("--results-dir", default="results", help="where TensorBoard runs go (<dir>/runs/<study>/)")
+    p.add_argument("--results-dir", default=layout.RESULTS_DIR,
+                   help=f"where TensorBoard runs go (<dir>/{layout.RUNS}/<study>/)")
     p.add_argument("--data-dir", help="data folder for folder datasets (cifar10, imagefolder, ...)")
     p.add_argument("--threads", type=int, help="torch threads per worker (default: cores // workers)")
     p.add_argument("--n-trials", type=int, help="search studies: trials to run (default: the study's n_trials)")
@@ -104,7 +104,7 @@ def _main(args: argparse.Namespace) -> int:
         _retry_failed_points(study, spec, storage)
     total = spec.size if spec.kind == "grid" else (args.n_trials or spec.n_trials)
     print(f"study '{study_name}' ({spec.kind}, {total} trials) in {_redact(args.storage)}; "
-          f"TensorBoard: tensorboard --logdir {Path(args.results_dir) / 'runs' / study_name}", file=sys.stderr)
+          f"TensorBoard: tensorboard --logdir {layout.runs_dir(args.results_dir, study_name)}", file=sys.stderr)
     started = time.time()
     if args.workers == 1:
         _work(spec, storage, study_name, args, overrides, progress_total=None if args.no_progress else total)
@@ -178,14 +178,11 @@ def _overrides(args: argparse.Namespace) -> dict:
 
 def _validate_points(spec, overrides: dict) -> None:
     """Build every grid point's config (and check its residual options) before anything is stored."""
-    from .objective import Objective
-
     _make_pruner(spec)
-    objective = Objective(spec, log_root=Path("."), overrides=overrides)
     points = spec.grid() if spec.kind == "grid" else [{"variant": v.label} for v in spec.variants]
     seen, datasets = set(), set()
     for params in points:
-        config = objective.config(params)
+        config = spec.run_config(params, overrides)
         key = (config.residual, repr(sorted(config.residual_options.items())), config.depth, config.embed_dim)
         if key not in seen:
             seen.add(key)
@@ -270,7 +267,7 @@ def _work(spec, storage, study_name: str, args, overrides: dict, progress_total:
 
     index = args.worker_index or 0
     study = _create_study(spec, storage, study_name, seed=index)  # a distinct sampler seed per worker
-    objective = Objective(spec, log_root=Path(args.results_dir) / "runs" / study_name, overrides=overrides,
+    objective = Objective(spec, log_root=layout.runs_dir(args.results_dir, study_name), overrides=overrides,
                           keep_checkpoints=args.keep_checkpoints)
     bar = _progress(study, progress_total)
     done_states = (TrialState.COMPLETE, TrialState.PRUNED)
@@ -355,9 +352,6 @@ def _list(studies: dict, budgets: tuple, load_spec) -> int:
 
 
 def _dry_run(spec, overrides: dict) -> int:
-    from .objective import Objective
-
-    objective = Objective(spec, log_root=Path("."), overrides=overrides)
     print(f"study {spec.study_name}: {spec.kind}, {spec.size} trials, metric {spec.metric} ({spec.direction})")
     if spec.kind == "grid":
         points = spec.grid()
@@ -368,7 +362,7 @@ def _dry_run(spec, overrides: dict) -> int:
         for label, space in spec.space.items():
             print(f"  {label}: " + "; ".join(f"{k} ~ {v}" for k, v in space.items()))
         print(f"  pruner: {spec.pruner}")
-    seconds = [estimate_seconds(objective.config(p)) for p in points]
+    seconds = [estimate_seconds(spec.run_config(p, overrides)) for p in points]
     per_trial = sum(seconds) / len(seconds)
     total = per_trial * spec.size
     print(f"estimated time on this machine: {total / 60:.1f} min ({per_trial:.1f} s per trial; one worker using "
@@ -384,17 +378,37 @@ def estimate_seconds(config) -> float:
     effective rate, plus a fixed per-trial overhead."""
     from .costs import measure
 
-    train, val = _KNOWN_SIZES.get(config.dataset, (10000, 2000))
-    img = {"digits": 8, "mnist5k": 28, "mnist": 28, "synthetic": 16}.get(config.dataset, 32)
-    chans = 1 if config.dataset in ("digits", "mnist5k", "mnist") else 3
+    shape = dataset_shape(config)
     key = (config.residual, repr(sorted(config.residual_options.items())), config.depth, config.embed_dim,
-           config.num_heads, config.patch_size, img)
+           config.num_heads, config.patch_size, shape["img_size"], shape["in_chans"], shape["num_classes"])
     if key not in _FLOPS_CACHE:
         _FLOPS_CACHE[key] = measure(config.residual, dict(config.residual_options), embed_dim=config.embed_dim,
-                                    depth=config.depth, num_heads=config.num_heads, img_size=img,
-                                    patch_size=config.patch_size or 4, num_classes=10, in_chans=chans)["flops"]
+                                    depth=config.depth, num_heads=config.num_heads, img_size=shape["img_size"],
+                                    patch_size=config.patch_size or shape["patch_size"],
+                                    num_classes=shape["num_classes"], in_chans=shape["in_chans"])["flops"]
+    train, val = shape["sizes"]
     flops = _FLOPS_CACHE[key] * config.max_epochs * (3 * train + val)
     return TRIAL_OVERHEAD_S + flops / (EFFECTIVE_GFLOPS * 1e9)
+
+
+def dataset_shape(config) -> dict:
+    """What the dataset class knows before loading: img_size, in_chans, num_classes, default patch size and
+    (train, val) sizes (``known_sizes``; a generated dataset: its ``num_samples`` split by ``val_fraction``;
+    otherwise :data:`UNKNOWN_SIZES`). From the constructed DataModule (cheap), else the class attributes."""
+    import data
+
+    try:
+        dm = data.build_datamodule(config.dataset, data_dir=config.data_dir, **config.dataset_options)
+    except Exception:  # noqa: BLE001 - e.g. a folder dataset not on this machine: the class still knows its shape
+        dm = data.DATASETS.get(config.dataset)
+    sizes = getattr(dm, "known_sizes", None)
+    samples = getattr(dm, "num_samples", None)
+    if sizes is None and isinstance(samples, int):
+        val = round(samples * getattr(dm, "val_fraction", 0.2))
+        sizes = (samples - val, val)
+    return {"img_size": getattr(dm, "img_size", 32), "in_chans": getattr(dm, "in_chans", 3),
+            "num_classes": getattr(dm, "num_classes", 10), "patch_size": getattr(dm, "default_patch_size", 4),
+            "sizes": tuple(sizes or UNKNOWN_SIZES)}
 
 
 def _redact(url: str) -> str:

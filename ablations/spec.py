@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import itertools
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,12 @@ _VARIANT_KEYS = ("label", "residual", "options", "overrides")
 _SEARCH_KEYS = ("n_trials", "pruner", "space", "sampler")
 _PRUNERS = ("none", "median", "hyperband")
 _DIST_KEYS = ("low", "high", "log", "choices")
+#: Strategies that train a multi-device trial in fresh processes started by ``fit`` itself, so the trial stays in
+#: this process: one Optuna trial per trial. ``ddp`` (and Lightning's default for several devices) re-runs the
+#: whole script per rank, and each rank would ask the study for a trial of its own (ecosystem notes §2, §7); the
+#: fork variants would copy this process's open database connections and heartbeat thread into the ranks.
+SPAWN_STRATEGIES = ("ddp_spawn", "ddp_spawn_find_unused_parameters_false", "ddp_spawn_find_unused_parameters_true")
+log = logging.getLogger("ablations.run")
 
 
 @dataclass(frozen=True)
@@ -95,6 +103,30 @@ class StudySpec:
         fields = dict(self.base) | dict(variant.overrides)
         fields |= {k: v for k, v in params.items() if k in self.axes}
         return fields | {"residual": variant.residual, "residual_options": options}
+
+    def run_config(self, params: dict, overrides: dict | None = None):
+        """The RunConfig of one study point (``params`` as a trial holds them), with ``overrides`` (e.g. threads,
+        data_dir) on top: the one way a point becomes a config (run, dry run, validation, bench, the objective).
+        A point on several devices runs with ``ddp_spawn`` (``auto``/``ddp`` are switched, with a warning once);
+        other strategies re-launch the script per rank and are refused (ValueError)."""
+        from .config import RunConfig
+
+        config = RunConfig.from_dict(self.config_for(params) | dict(overrides or {}))
+        if config.devices == 1 or config.strategy in SPAWN_STRATEGIES:
+            return config
+        if config.strategy not in ("auto", "ddp"):
+            raise ValueError(f"strategy '{config.strategy}' with devices={config.devices} cannot run inside a study: "
+                             f"it re-launches the script per rank and each rank would create its own Optuna trial; "
+                             f"use one of {', '.join(SPAWN_STRATEGIES)}, or devices: 1 with one worker per device")
+        _warn_spawn(config.devices, config.strategy)
+        return config.replace(strategy="ddp_spawn")
+
+
+@functools.cache  # once per process
+def _warn_spawn(devices: int | str, strategy: str) -> None:
+    log.warning("devices=%s with strategy '%s': each trial runs with strategy 'ddp_spawn' instead, so that it stays "
+                "one Optuna trial (plain ddp re-launches the script per rank and each rank would create its own "
+                "trial)", devices, strategy)
 
 
 def available_studies() -> dict[str, Path]:

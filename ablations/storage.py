@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-DEFAULT_STORAGE = "sqlite:///results/optuna.db"
+from .layout import DEFAULT_STORAGE  # noqa: F401 (re-exported: sqlite:///results/optuna.db)
+
 HEARTBEAT_S = 20
 GRACE_S = 60
 MAX_RETRY = 3

@@ -26,8 +26,9 @@ from typing import Any
 from ablations.choices import INIT_VALUE_OPTIONS
 from ablations.cli import OneLineParser, fail
 from ablations.config import GROUPS, RunConfig, config_fields
+from ablations.layout import RESULTS_DIR, runs_dir
 
-DEFAULT_LOG_DIR = "results/runs/train"
+DEFAULT_LOG_DIR = runs_dir(RESULTS_DIR, "train").as_posix()  # results/runs/train
 
 
 class CLIError(Exception):
@@ -132,7 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
             groups["model"].add_argument(
                 "--init-value", metavar="V", default=argparse.SUPPRESS,
                 help="the variant's init knob: " + ", ".join(f"{r} {o}" for r, o in INIT_VALUE_OPTIONS.items())
-                     + " (layerscale also takes auto = CaiT's depth rule, and None = no scale)")
+                     + " (layerscale also takes auto = CaiT's depth rule, and None = no scale; highway takes auto = the"
+                       " paper's bias guideline)")
     run = parser.add_argument_group("run options")
     run.add_argument("--config", metavar="FILE", help="YAML file of RunConfig fields; options given here override it")
     run.add_argument("--log-dir", default=DEFAULT_LOG_DIR, help=f"TensorBoard root (default: {DEFAULT_LOG_DIR})")

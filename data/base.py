@@ -33,6 +33,9 @@ class DataModuleBase(pl.LightningDataModule):
     in_chans: int
     img_size: int
     default_patch_size: int
+    #: (train, val) sizes known without loading (official splits, or a fixed pool split at val_fraction 0.2);
+    #: None when they depend on the data or the options. For estimates (``ablations.run --dry-run``) only.
+    known_sizes: tuple[int, int] | None = None
 
     def __init__(
         self,

@@ -53,6 +53,7 @@ class CIFAR10DataModule(InMemoryDataModule):
     num_classes = 10
     in_chans = 3
     img_size = 32
+    known_sizes = (50000, 10000)  # official train / test splits
     default_patch_size = 4
     max_shift = 4
     hflip = True

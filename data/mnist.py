@@ -41,6 +41,7 @@ class MNIST5kDataModule(InMemoryDataModule):
     num_classes = 10
     in_chans = 1
     img_size = 28
+    known_sizes = (4000, 1000)  # 5,000 images, val_fraction 0.2
     default_patch_size = 4
     max_shift = 2
 
@@ -52,6 +53,7 @@ class MNISTDataModule(MNIST5kDataModule):
     """Full MNIST (60,000 / 10,000) from ``data_dir`` in torchvision's raw format; val = the official test set."""
 
     name = "mnist"
+    known_sizes = (60000, 10000)  # official train / test splits
     files = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
     layout = (
         "MNIST/raw/{train,t10k}-images-idx3-ubyte and MNIST/raw/{train,t10k}-labels-idx1-ubyte"

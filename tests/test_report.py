@@ -42,7 +42,7 @@ variants:
   - {label: layerscale, residual: layerscale, options: {init_value: 0.1}}
 axes: {depth: [1, 2], seed: [0, 1]}
 """
-TABLES = ("main", "convergence", "cost")
+TABLES = ("main", "paired", "convergence", "cost")
 FIGURES = ("acc_vs_depth", "val_curves", "branch_ratio", "attn_similarity", "param_evolution")
 
 
@@ -126,7 +126,8 @@ def test_report_writes_every_file(study):
             assert path.is_file() and path.stat().st_size > 1000, path
     tex = (study.out / "main.tex").read_text()
     assert "\\toprule" in tex and "\\midrule" in tex and "\\bottomrule" in tex and "\\caption{" in tex
-    assert "best\\_val\\_acc" in tex and "Welch" in tex
+    assert "best\\_val\\_acc" in tex and "paired two-sided t-test" in tex and "Holm--Bonferroni" in tex
+    assert "Welch" not in tex and "\\cmidrule" in tex
     assert "| variant" in out and "files written" in out  # main table printed
     tb = study.results / "runs" / STUDY / report.REPORT_RUN
     assert list(tb.glob("events.out.tfevents.*"))
@@ -166,22 +167,44 @@ def test_main_table_matches_storage(study):
 
 
 @pytest.mark.slow
-def test_significance_mark_matches_welch(study):
+def test_paired_table_matches_storage(study):
+    """Δ, CI, both tests and their Holm adjustment recomputed from the storage with scipy, pairs by seed."""
     from scipy import stats
 
     expected = _results_from_storage(study.storage)
-    rows = {(r["variant"], int(r["depth"])): r for r in _csv_rows(study.out / "main.csv")}
-    cells = _md_cells(study.out / "main.md")
+    paired = {(r["variant"], int(r["depth"])): r for r in _csv_rows(study.out / "paired.csv")}
+    assert sorted(paired) == [("layerscale", 1), ("layerscale", 2)]  # the baseline is not compared with itself
+    main = _md_cells(study.out / "main.md")
+    raw_t, raw_w = {}, {}
     for depth in (1, 2):
-        a = [v for _, v in sorted(expected["layerscale", depth])]
-        b = [v for _, v in sorted(expected["standard", depth])]
-        p = stats.ttest_ind(a, b, equal_var=False).pvalue
-        significant = bool(np.isfinite(p) and p < 0.05)
-        assert ("†" in cells["layerscale", f"depth {depth}"]) == significant
-        assert rows["layerscale", depth]["significant"] == str(int(significant))
-        if np.isfinite(p):
-            assert float(rows["layerscale", depth]["p_welch_vs_standard"]) == pytest.approx(p, rel=1e-5)
-        assert "†" not in cells["standard", f"depth {depth}"]
+        own, base = dict(expected["layerscale", depth]), dict(expected["standard", depth])
+        seeds = sorted(set(own) & set(base))
+        d = np.array([own[s] - base[s] for s in seeds])
+        row = paired["layerscale", depth]
+        assert int(row["n_pairs"]) == len(seeds) == 2 and row["pair_seeds"] == "0 1"
+        assert float(row["delta"]) == pytest.approx(d.mean(), abs=1e-6)
+        half = stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
+        if d.std(ddof=1) > report.stats.ZERO_SD:
+            assert float(row["ci_low"]) == pytest.approx(d.mean() - half, abs=1e-6)
+            assert float(row["ci_high"]) == pytest.approx(d.mean() + half, abs=1e-6)
+            raw_t[depth] = stats.ttest_rel([own[s] for s in seeds], [base[s] for s in seeds]).pvalue
+            assert float(row["p_ttest_rel"]) == pytest.approx(raw_t[depth], rel=1e-5)
+        else:  # all paired differences equal: no t-test (t = ±inf)
+            assert row["p_ttest_rel"] == "" and row["significant"] == ""
+        if np.any(d != 0):
+            raw_w[depth] = stats.wilcoxon(d).pvalue
+            assert float(row["p_wilcoxon"]) == pytest.approx(raw_w[depth], rel=1e-5)
+        assert main["standard", f"Δ vs standard (pp) [95% CI], depth {depth}"] == "baseline"
+    holm_t, holm_w = report.holm(list(raw_t.values())), report.holm(list(raw_w.values()))
+    for depth, p in zip(raw_t, holm_t, strict=True):
+        row = paired["layerscale", depth]
+        assert float(row["p_ttest_rel_holm"]) == pytest.approx(p, rel=1e-5)
+        assert row["significant"] == str(int(p < 0.05))
+        assert main["layerscale", f"Δ vs standard (pp) [95% CI], depth {depth}"].endswith("*") == (p < 0.05)
+    for depth, p in zip(raw_w, holm_w, strict=True):
+        assert float(paired["layerscale", depth]["p_wilcoxon_holm"]) == pytest.approx(p, rel=1e-5)
+    text = (study.out / "paired.md").read_text()
+    assert f"m = {len(raw_t)} comparisons" in text and "power 0.8" in text and "2 seeds (0, 1)" in text
 
 
 @pytest.mark.slow
@@ -339,25 +362,129 @@ def _data(values: dict[tuple[str, int], list], diverged: dict | None = None) -> 
                             row_extras={r: () for r in rows}, depths=sorted({d for _, d in values}))
 
 
-def test_cells_mark_bold_divergence_and_small_n():
-    from scipy import stats
-
-    data = _data({("standard", 2): [0.50, 0.52, 0.51], ("layerscale", 2): [0.70, 0.72, 0.71],
+def test_cells_bold_divergence_and_small_n():
+    data = _data({("standard", 2): [0.50, 0.52, 0.51], ("layerscale", 2): [0.70, 0.73, 0.71],
                   ("rezero", 2): [0.49, 0.55, 0.60], ("dca", 2): [0.90, None]},
                  diverged={("dca", 2, 1): True})
     cells = {c.row: c for c in report.main_cells(data)}
-    p = stats.ttest_ind([0.70, 0.72, 0.71], [0.50, 0.52, 0.51], equal_var=False).pvalue
-    assert cells["layerscale"].p_value == pytest.approx(p) and p < 0.05 and cells["layerscale"].significant
-    assert not cells["rezero"].significant and cells["rezero"].p_value > 0.05
     md = {row: report.cell_text(c, "md") for row, c in cells.items()}
-    assert md["layerscale"] == "71.00 ± 1.00† (n=3)"
+    assert md["layerscale"] == "71.33 ± 1.53 (n=3)"
     assert md["standard"] == "51.00 ± 1.00 (n=3)"
-    assert md["dca"] == "**90.00** (n=1) (1 div.)"  # n < 2: no std, no test; the diverged run is counted
-    assert cells["dca"].p_value is None and cells["dca"].best
-    tex = report.cell_text(cells["layerscale"], "tex")
-    assert tex == r"71.00 $\pm$ 1.00$^{\dagger}$ (n=3)"
+    assert md["dca"] == "**90.00** (n=1) (1/2 diverged)"  # n < 2: no sd; the diverged run is counted, not paired
+    assert cells["dca"].comparison.n == 1 and cells["dca"].comparison.p_t is None and cells["dca"].best
+    assert cells["dca"].mde is None and not cells["dca"].significant
+    assert cells["standard"].baseline and cells["standard"].comparison is None
+    assert report.cell_text(cells["layerscale"], "tex") == r"71.33 $\pm$ 1.53 (n=3)"
     table = report.main_table(data, list(cells.values()))
-    assert "\\textbf{90.00}" in table.latex("tab:x") and "(1 div.)" in table.markdown()
+    assert "\\textbf{90.00}" in table.latex("tab:x") and "(1/2 diverged)" in table.markdown()
+
+
+def test_paired_statistics_agree_with_scipy():
+    """Δ, CI, t and Wilcoxon p of every cell against direct scipy calls; Holm over the table's family."""
+    from scipy import stats
+
+    values = {("standard", 2): [0.50, 0.52, 0.51, 0.55, 0.48], ("layerscale", 2): [0.56, 0.55, 0.58, 0.57, 0.53],
+              ("rezero", 2): [0.49, 0.55, 0.60, 0.50, 0.47], ("skipinit", 2): [0.52, 0.50, 0.50, 0.58, 0.50]}
+    cells = {c.row: c for c in report.main_cells(_data(values))}
+    base = np.array(values["standard", 2])
+    raw = {}
+    for row in ("layerscale", "rezero", "skipinit"):
+        own = np.array(values[row, 2])
+        d = own - base
+        c = cells[row]
+        assert c.comparison.n == 5 and c.pair_seeds == [0, 1, 2, 3, 4]
+        assert c.comparison.delta == pytest.approx(d.mean())
+        half = stats.t.ppf(0.975, 4) * d.std(ddof=1) / np.sqrt(5)
+        assert (c.comparison.ci_low, c.comparison.ci_high) == pytest.approx((d.mean() - half, d.mean() + half))
+        raw[row] = stats.ttest_rel(own, base).pvalue
+        assert c.comparison.p_t == pytest.approx(raw[row])
+        assert c.comparison.p_wilcoxon == pytest.approx(stats.wilcoxon(own, base).pvalue)
+        assert c.mde == pytest.approx((stats.t.ppf(1 - 0.05 / 3 / 2, 4) + stats.t.ppf(0.8, 4)) * d.std(ddof=1)
+                                      / np.sqrt(5))
+    order = sorted(raw, key=raw.get)  # Holm by hand: m = 3
+    adjusted, running = {}, 0.0
+    for k, row in enumerate(order):
+        running = max(running, min(1.0, (3 - k) * raw[row]))
+        adjusted[row] = running
+    for row, p in adjusted.items():
+        assert cells[row].p_t_holm == pytest.approx(p)
+        assert cells[row].significant == (p < 0.05)
+    assert cells["layerscale"].significant and not cells["rezero"].significant
+    assert report.family_size(list(cells.values())) == 3
+
+
+def test_holm_hand_example():
+    assert report.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert report.holm([0.02, None, 0.5]) == [pytest.approx(0.04), None, pytest.approx(0.5)]
+    assert report.holm([0.6, 0.4]) == pytest.approx([0.8, 0.8])  # monotone, capped at 1
+    assert report.holm([]) == []
+
+
+def test_mde_hand_computation():
+    from scipy import stats
+
+    # n = 4, s_d = 0.02, alpha' = 0.05 / 2: (t_{0.9875, 3} + t_{0.8, 3}) * 0.02 / 2
+    expected = (stats.t.ppf(1 - 0.025 / 2, 3) + stats.t.ppf(0.8, 3)) * 0.02 / 2
+    assert report.mde(0.02, 4, 0.025) == pytest.approx(expected)
+    assert 0.05 < expected < 0.07  # t_{0.9875,3} = 4.177, t_{0.8,3} = 0.978: 5.155 * 0.01
+    assert report.mde(0.02, 1, 0.05) is None and report.mde(0.0, 5, 0.05) is None
+
+
+def test_pairs_drop_seeds_missing_on_either_side():
+    from scipy import stats
+
+    data = _data({("standard", 1): [0.50, 0.60, None, 0.55, 0.52], ("layerscale", 1): [0.58, None, 0.7, 0.61, 0.60]},
+                 diverged={("layerscale", 1, 1): True})
+    data.runs = [r for r in data.runs if r.acc is not None or r.diverged]  # seed 2 of standard: never ran
+    cells = {c.row: c for c in report.main_cells(data)}
+    c = cells["layerscale"]
+    assert c.pair_seeds == [0, 3, 4] and c.comparison.n == 3  # seed 1 diverged, seed 2 has no baseline
+    own, base = [0.58, 0.61, 0.60], [0.50, 0.55, 0.52]
+    assert c.comparison.delta == pytest.approx(np.mean(np.subtract(own, base)))
+    assert c.comparison.p_t == pytest.approx(stats.ttest_rel(own, base).pvalue)
+    assert c.n == 4 and c.n_diverged == 1 and c.n_runs == 5
+    paired = report.paired_table(data, list(cells.values()))
+    row = next(iter(csv.DictReader(io.StringIO(paired.to_csv()))))
+    assert row["variant"] == "layerscale" and row["n_pairs"] == "3" and row["pair_seeds"] == "0 3 4"
+    md = _md_cells_from_text(report.main_table(data, list(cells.values())).markdown())
+    assert md["layerscale", "depth 1"].endswith("(1/5 diverged)")
+    assert md["layerscale", "Δ vs standard (pp) [95% CI], depth 1"].endswith("(3 pairs)")
+
+
+def test_undefined_tests_are_none():
+    data = _data({("standard", 1): [0.50, 0.60], ("same", 1): [0.50, 0.60], ("shift", 1): [0.51, 0.61],
+                  ("one", 1): [0.7]})
+    cells = {c.row: c for c in report.main_cells(data)}
+    for row in ("same", "shift"):  # all paired differences equal: t = ±inf, no test, no MDE
+        assert cells[row].comparison.p_t is None and cells[row].mde is None and cells[row].p_t_holm is None
+    assert cells["same"].comparison.p_wilcoxon is None  # all differences zero
+    assert cells["one"].comparison.n == 1 and cells["one"].comparison.ci_low is None
+    assert report.family_size(list(cells.values())) == 0
+    text = report.paired_table(data, list(cells.values())).markdown()
+    assert "no comparison has a test" in text and "no cell has an MDE" in text
+
+
+def test_one_formatter_renders_every_form():
+    import pandas as pd
+
+    table = report.Table("t", "title", "A caption with 5% and α.", pd.DataFrame(
+        [["a_b", 1, 0.5, None]], columns=["name", "k", "x", "y"], dtype=object),
+        [report.Column("name", "name"), report.Column("k", "k", fmt="d"),
+         report.Column("x", "x (%)", fmt=".1f", scale=100.0), report.Column("y", "y", fmt=".2f")],
+        [("name", "name", ""), ("k", "k", ""), ("x", "x", ".3f"), ("y", "y", ".3f")])
+    assert table.to_csv() == "name,k,x,y\na_b,1,0.500,\n"
+    assert "| a_b    |   1 |    50.0 |   — |" in table.markdown() and table.markdown().endswith("A caption with 5% and α.\n")
+    tex = table.latex("tab:t")
+    assert r"a\_b & 1 & 50.0 & --- \\" in tex and r"\caption{A caption with 5\% and $\alpha$.}" in tex
+    assert tex.index(r"\toprule") < tex.index(r"\midrule") < tex.index(r"\bottomrule")
+
+
+def test_layout_names_the_paths_other_tools_use():
+    from ablations import layout, storage, train
+
+    assert layout.DEFAULT_STORAGE == storage.DEFAULT_STORAGE == "sqlite:///results/optuna.db"
+    assert Path(train.DEFAULT_LOG_DIR) == layout.runs_dir(layout.RESULTS_DIR, "train")
+    assert layout.report_run_dir("r", "s") == Path("r/runs/s/_report") and report.REPORT_RUN == "_report"
 
 
 def test_search_tables_handle_few_trials():

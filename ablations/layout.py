@@ -1,0 +1,40 @@
+"""The results folder layout, named once: every tool that builds one of these paths asks here.
+
+    results/                       RESULTS_DIR (--results-dir)
+    results/optuna.db              the default SQLite storage (storage_url)
+    results/runs/<study>/          TensorBoard runs of a study's trials (runs_dir); the report's own run is
+    results/runs/<study>/_report   (report_run_dir)
+    results/<study>/               the report's tables and figures (report_dir)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+RESULTS_DIR = "results"
+STORAGE_FILE = "optuna.db"
+RUNS = "runs"
+REPORT_RUN = "_report"  # TensorBoard run (folder) of the report's text, next to the trials' runs
+
+
+def storage_url(results_dir: str | Path = RESULTS_DIR) -> str:
+    """The SQLite URL of the storage in a results folder (``sqlite:///results/optuna.db``)."""
+    return f"sqlite:///{Path(results_dir) / STORAGE_FILE}"
+
+
+def runs_dir(results_dir: str | Path, study_name: str) -> Path:
+    """``<results_dir>/runs/<study>``: the TensorBoard log root of a study (one run folder per trial)."""
+    return Path(results_dir) / RUNS / study_name
+
+
+def report_run_dir(results_dir: str | Path, study_name: str) -> Path:
+    """``<results_dir>/runs/<study>/_report``: the report's TensorBoard text run."""
+    return runs_dir(results_dir, study_name) / REPORT_RUN
+
+
+def report_dir(results_dir: str | Path, study_name: str) -> Path:
+    """``<results_dir>/<study>``: where the report writes its tables and figures."""
+    return Path(results_dir) / study_name
+
+
+DEFAULT_STORAGE = storage_url()

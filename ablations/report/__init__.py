@@ -1,0 +1,52 @@
+"""Tables and figures of a study, regenerated from its Optuna storage and TensorBoard event files (never retrains).
+
+    python -m ablations.report --study residual_variants                       # default budget, default storage
+    python -m ablations.report --study residual_variants --budget smoke --storage sqlite:///runs/o.db
+    python -m ablations.report --study init_values --study-name my-search --out paper/tables
+
+Writes to ``<results-dir>/<study name>/`` (or ``--out``):
+
+* grid studies: ``main`` (variant × depth accuracy, mean ± sd over seeds, and the paired difference to the
+  ``standard`` variant with its 95% CI, Holm-significant ones marked), ``paired`` (one line per variant × depth:
+  pairs, Δ, CI, paired t-test and Wilcoxon p-values raw and Holm-adjusted, minimum detectable effect),
+  ``convergence`` and ``cost`` tables;
+* search studies: ``search_best`` (best trial per variant), ``importance`` (parameter importances) and ``cost``;
+
+each as ``.md``, ``.tex`` (booktabs) and ``.csv``; figures as ``.png`` and ``.pdf``. The headline table (``main``, or
+``search_best`` for search studies) is printed; all tables are written to TensorBoard as text (run ``_report``
+next to the trials' runs, ``<results-dir>/runs/<study name>/_report``; it carries no hparams data, so the HParams
+table of the trials is unchanged) and attached to the study as an optuna-dashboard note. Two reports of the same
+storage give byte-identical tables. A missing storage or study, or one without completed trials, exits 2 with one
+line.
+
+Package layout: :mod:`.load` (storage → runs / DataFrame), :mod:`.stats` (paired statistics), :mod:`.tables`
+(tables as DataFrames and their one Markdown / LaTeX / CSV formatter), :mod:`.cli` (arguments, writing);
+figures are drawn by :mod:`ablations.figures`.
+"""
+
+from __future__ import annotations
+
+from ..layout import REPORT_RUN
+from .cli import build_parser, main
+from .load import BASELINE, ReportError, Run, StudyData, best_per_row, collect, open_study, result_trials
+from .stats import ALPHA, POWER, Cell, Paired, family_size, holm, main_cells, mde, paired
+from .tables import (
+    Column,
+    Table,
+    cell_text,
+    convergence_table,
+    cost_table,
+    importance_table,
+    main_table,
+    paired_table,
+    render,
+    search_table,
+    write_table,
+)
+
+__all__ = [
+    "ALPHA", "BASELINE", "POWER", "REPORT_RUN", "Cell", "Column", "Paired", "ReportError", "Run", "StudyData", "Table",
+    "best_per_row", "build_parser", "cell_text", "collect", "convergence_table", "cost_table", "family_size", "holm",
+    "importance_table", "main", "main_cells", "main_table", "mde", "open_study", "paired", "paired_table",
+    "render", "result_trials", "search_table", "write_table",
+]

@@ -1,0 +1,150 @@
+"""``python -m ablations.report``: arguments, the report's run, and its outputs besides the table files
+(stdout, TensorBoard text, optuna-dashboard note)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+from .. import layout
+from ..cli import OneLineParser
+from .load import ReportError, StudyData, first_line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from ..storage import DEFAULT_STORAGE
+
+    doc = sys.modules[__package__].__doc__ or ""
+    p = OneLineParser(prog="python -m ablations.report", description=doc.split("\n\n")[0],
+                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=doc.split("\n\n", 1)[-1])
+    p.add_argument("--study", required=True, help="a study name (see python -m ablations.run --list) or a .yaml path")
+    p.add_argument("--budget", default="default", help="study size the study was run at: smoke, default, paper")
+    p.add_argument("--storage", default=os.environ.get("ABLATIONS_STORAGE", DEFAULT_STORAGE),
+                   help=f"Optuna storage URL (default {DEFAULT_STORAGE}, or $ABLATIONS_STORAGE)")
+    p.add_argument("--study-name", help="name in the storage (default: the study's name, suffixed by the budget)")
+    p.add_argument("--results-dir", default=layout.RESULTS_DIR,
+                   help=f"results folder: tables go to <dir>/<study name>/, TensorBoard runs are in "
+                        f"<dir>/{layout.RUNS}/")
+    p.add_argument("--out", help="folder for tables and figures (default: <results-dir>/<study name>)")
+    p.add_argument("--no-figures", action="store_true", help="tables only")
+    p.add_argument("--no-tensorboard", action="store_true", help="do not write the tables to TensorBoard")
+    p.add_argument("--no-note", action="store_true", help="do not attach the tables to the study (dashboard note)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r".*(ExperimentalWarning|experimental).*")
+            return _main(args)
+    except (ReportError, ValueError) as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # e.g. piped into head: the files are written, stdout is gone
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the interpreter's flush at exit
+        return 0
+
+
+def _main(args: argparse.Namespace) -> int:
+    from ..spec import load_spec
+    from .load import best_per_row, collect, open_study
+    from .stats import main_cells
+    from .tables import (
+        convergence_table,
+        cost_table,
+        importance_table,
+        main_table,
+        paired_table,
+        representatives,
+        search_table,
+        write_table,
+    )
+
+    spec = load_spec(args.study, args.budget)
+    study_name = args.study_name or spec.study_name
+    study = open_study(args.storage, study_name, spec)
+    results_dir = Path(args.results_dir)
+    data = collect(study, spec, results_dir)
+    if not any(r.state == "complete" for r in data.runs):
+        states: dict[str, int] = {}
+        for t in study.get_trials(deepcopy=False):
+            states[t.state.name.lower()] = states.get(t.state.name.lower(), 0) + 1
+        detail = ", ".join(f"{n} {s}" for s, n in sorted(states.items())) or "no trials"
+        raise ReportError(f"study '{study_name}' has no completed trials ({detail}); nothing to report")
+    out = Path(args.out) if args.out else layout.report_dir(results_dir, study_name)
+
+    cells = None
+    if spec.kind == "grid":
+        cells = main_cells(data)
+        top_depth = max([*data.depths, *[int(d) for d in spec.axes.get("depth", [])]], default=None)
+        tables = [main_table(data, cells), paired_table(data, cells), convergence_table(data),
+                  cost_table(data, representatives(data, top_depth), depth_note=f"at depth {top_depth}")]
+    else:
+        tables = [search_table(data), importance_table(study, data),
+                  cost_table(data, best_per_row(data), depth_note="for its best trial's configuration")]
+
+    written: list[Path] = []
+    for table in tables:
+        written += write_table(table, out, study_name)
+    notes = [f"{t.name}: {n}" for t in tables for n in t.notes]
+    if not args.no_figures:
+        from ..figures import report_figures
+
+        figs, fig_notes = report_figures(study, data, cells, out)
+        written += figs
+        notes += fig_notes
+    if not args.no_tensorboard:
+        written.append(write_tensorboard(tensorboard_dir(data, results_dir, study_name), tables))
+    if not args.no_note:
+        try:
+            save_dashboard_note(study, f"## Report: {study_name}\n\n" + "\n".join(t.markdown() for t in tables))
+            notes.append(f"optuna-dashboard note saved on study '{study_name}'.")
+        except Exception as exc:  # noqa: BLE001 - a read-only storage must not lose the report
+            notes.append(f"optuna-dashboard note not saved: {first_line(exc)}")
+
+    print(tables[0].markdown())
+    for n in notes:
+        print(f"note: {n}")
+    print(f"\nfiles written ({len(written)}):")
+    for path in written:
+        print(f"  {path}")
+    return 0
+
+
+def tensorboard_dir(data: StudyData, results_dir: Path, study_name: str) -> Path:
+    """``<results-dir>/runs/<study>/_report``, or next to the trials' runs when they live elsewhere."""
+    default = layout.runs_dir(results_dir, study_name)
+    parents = {r.log_dir.parent for r in data.runs if r.log_dir is not None}
+    if not default.is_dir() and len(parents) == 1:
+        return next(iter(parents)) / layout.REPORT_RUN
+    return default / layout.REPORT_RUN
+
+
+def write_tensorboard(run_dir: Path, tables: Sequence) -> Path:
+    """The tables as TensorBoard text (Markdown, tag ``report/<table>``) in ``run_dir`` (a run without hparams
+    data, so the trials' HParams table is unaffected); earlier report event files there are replaced."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for old in run_dir.glob("events.out.tfevents.*"):
+        old.unlink()
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(log_dir=str(run_dir))
+    try:
+        for table in tables:
+            writer.add_text(f"report/{table.name}", table.markdown(), global_step=0)
+    finally:
+        writer.close()
+    return run_dir
+
+
+def save_dashboard_note(study, markdown: str) -> None:
+    import optuna_dashboard
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        optuna_dashboard.save_note(study, markdown)

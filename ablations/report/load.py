@@ -1,0 +1,274 @@
+"""Reading a study: open the Optuna storage read-only, pick the trials that are results, and turn them into
+:class:`Run` objects (and a pandas DataFrame, :meth:`StudyData.frame`).
+
+Each trial's configuration comes from what the trial stored (``user_attrs["config"]`` = ``RunConfig.to_dict()``,
+``params`` = variant and grid axes, the run summary in the other user attrs); the spec only gives the study's
+variant order, metric and grid axes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import layout
+from ..training import HP_SUMMARY_KEYS
+
+BASELINE = "standard"  # the variant every other one is compared with
+
+
+def summary_key(name: str) -> str:
+    """``name`` if it is a run-summary key (:data:`ablations.training.HP_SUMMARY_KEYS`); KeyError otherwise, so a
+    renamed summary key breaks here at import time instead of emptying a column."""
+    if name not in HP_SUMMARY_KEYS:
+        raise KeyError(f"'{name}' is not a run-summary key of ablations.training.HP_SUMMARY_KEYS")
+    return name
+
+
+ACC_KEY = summary_key("best_val_acc")
+DIVERGED_KEY = summary_key("diverged")
+FRACTION_KEYS = tuple(summary_key(f"epochs_to_{p}pct_of_best") for p in (90, 95, 99))
+AUC_KEY = summary_key("val_acc_auc")
+EPOCH_TIME_KEY = summary_key("time_per_epoch_s")
+WALL_TIME_KEY = summary_key("wall_time_s")
+THROUGHPUT_KEY = summary_key("train_images_per_s")
+PARAMS_KEY = summary_key("param_count")
+
+
+class ReportError(Exception):
+    """A problem with the user's input (storage, study): reported as one line, exit status 2."""
+
+
+@dataclass
+class Run:
+    """One trial that counts as a result (surplus, duplicate and retried-then-replaced trials never become Runs)."""
+
+    number: int
+    state: str  # complete | pruned | failed
+    variant: str
+    depth: int | None
+    seed: int | None
+    row: str  # the table row: the variant label (+ any extra grid axes)
+    extras: tuple = ()  # ((axis, value), ...) of grid axes other than variant/depth/seed
+    acc: float | None = None  # best_val_acc (fraction)
+    diverged: bool = False
+    searched: dict[str, Any] = field(default_factory=dict)  # searched residual options: option -> value
+    summary: dict[str, Any] = field(default_factory=dict)  # user attrs (the run summary)
+    curve: dict[int, float] = field(default_factory=dict)  # epoch (1-based) -> val acc (fraction)
+    config: dict[str, Any] = field(default_factory=dict)  # the trial's stored RunConfig.to_dict()
+    log_dir: Path | None = None
+
+    @property
+    def ok(self) -> bool:
+        """A completed, non-diverged run with a finite accuracy: it enters means, stds and paired tests."""
+        return self.state == "complete" and not self.diverged and finite(self.acc)
+
+
+@dataclass
+class StudyData:
+    name: str
+    kind: str
+    runs: list[Run]
+    rows: list[str]  # table rows in the spec's variant order
+    row_variant: dict[str, str]
+    row_extras: dict[str, tuple]
+    depths: list[int]
+    pending: int = 0  # RUNNING + WAITING trials
+    skipped: int = 0  # surplus / duplicate / retried trials
+
+    def by_row_depth(self, row: str, depth: int | None) -> list[Run]:
+        return [r for r in self.runs if r.row == row and r.depth == depth]
+
+    def baseline_row(self, row: str, baseline: str = BASELINE) -> str | None:
+        """The baseline variant's row with the same extra grid axes as ``row`` (None if the study has none)."""
+        return next((r for r in self.rows if self.row_variant.get(r) == baseline
+                     and self.row_extras.get(r) == self.row_extras.get(row)), None)
+
+    def frame(self):
+        """One row per result trial: number, state, variant, row, depth, seed, acc, diverged, ok (pandas)."""
+        import pandas as pd
+
+        columns = ["number", "state", "variant", "row", "depth", "seed", "acc", "diverged", "ok"]
+        return pd.DataFrame([[r.number, r.state, r.variant, r.row, r.depth, r.seed, r.acc, r.diverged, r.ok]
+                             for r in self.runs], columns=columns)
+
+
+def open_study(url: str, study_name: str, spec=None):
+    """``optuna.load_study`` on an existing storage, never creating a file, table or study; ReportError if any
+    of them is missing."""
+    if "://" not in url:
+        raise ReportError(f"storage '{url}' is not a URL; e.g. {layout.DEFAULT_STORAGE}")
+    from ..storage import _redact
+
+    names: list[str] | None = None
+    if url.startswith("sqlite:"):
+        path = url.split("://", 1)[1]
+        path = path[1:] if path.startswith("/") else path  # sqlite:///rel, sqlite:////abs
+        if path in ("", ":memory:") or "mode=memory" in path:
+            raise ReportError(f"storage '{url}' is in memory: it holds no study to report")
+        path = path.split("?", 1)[0]
+        if not Path(path).is_file():
+            raise ReportError(f"storage file '{path}' does not exist")
+        names = _sqlite_study_names(Path(path))
+    import optuna
+    import sqlalchemy.exc
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        storage = optuna.storages.RDBStorage(url, skip_table_creation=True, skip_compatibility_check=True)
+        if names is None:
+            names = [s.study_name for s in storage.get_all_studies()]
+    except (sqlalchemy.exc.SQLAlchemyError, ImportError) as exc:
+        raise ReportError(f"cannot read storage '{_redact(url)}': {first_line(getattr(exc, 'orig', None) or exc)}"
+                          ) from None
+    if study_name not in names:
+        hint = ""
+        if spec is not None:
+            others = [b for b in ("smoke", "default", "paper")
+                      if (spec.name if b == "default" else f"{spec.name}-{b}") in names and b != spec.budget]
+            if others:
+                hint = f" (run with --budget {others[0]}?)"
+        raise ReportError(f"study '{study_name}' not found in {_redact(url)}; studies there: "
+                          f"{', '.join(sorted(names)) or 'none'}{hint}")
+    return optuna.load_study(study_name=study_name, storage=storage)
+
+
+def _sqlite_study_names(path: Path) -> list[str]:
+    import sqlite3
+
+    try:
+        con = sqlite3.connect(f"file:{path.resolve()}?mode=ro", uri=True)
+        try:
+            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            if "studies" not in tables:
+                raise ReportError(f"storage file '{path}' is not an Optuna storage (no 'studies' table)")
+            return [r[0] for r in con.execute("SELECT study_name FROM studies")]
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as exc:
+        raise ReportError(f"storage file '{path}' is not a readable SQLite database: {exc}") from None
+
+
+def result_trials(study) -> tuple[list, int, int]:
+    """(trials that are results, pending count, skipped count). Not results: surplus and duplicate grid trials,
+    and FAIL trials that a later trial retried (``system_attrs['failed_trial']``)."""
+    from optuna.trial import TrialState
+
+    trials = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
+
+    def origin(t) -> int:
+        return t.system_attrs.get("failed_trial", t.number)
+
+    retried = {t.system_attrs["failed_trial"] for t in trials if "failed_trial" in t.system_attrs}
+    latest = {}
+    for t in trials:
+        latest[origin(t)] = max(latest.get(origin(t), -1), t.number)
+    results, pending, skipped = [], 0, 0
+    for t in trials:
+        if t.user_attrs.get("surplus") or "duplicate_of" in t.user_attrs:
+            skipped += 1
+        elif t.state in (TrialState.RUNNING, TrialState.WAITING):
+            pending += 1
+        elif t.state == TrialState.FAIL and (t.number in retried or latest[origin(t)] != t.number):
+            skipped += 1
+        else:
+            results.append(t)
+    return results, pending, skipped
+
+
+def collect(study, spec, results_dir: Path | None = None) -> StudyData:
+    """The study's results as Runs, in a deterministic order (spec variant order, depth, seed, trial number)."""
+    from optuna.trial import TrialState
+
+    trials, pending, skipped = result_trials(study)
+    labels = [v.label for v in spec.variants]
+    extra_axes = [a for a in spec.axes if a not in ("depth", "seed")]
+    runs = []
+    for t in trials:
+        state = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned"}.get(t.state, "failed")
+        attrs = dict(t.user_attrs)
+        config = attrs.get("config") or {}
+        variant = str(t.params.get("variant", config.get("residual", "?")))
+        depth = _int(t.params.get("depth", config.get("depth")))
+        seed = _int(t.params.get("seed", config.get("seed")))
+        extras = tuple((a, t.params.get(a, config.get(a))) for a in extra_axes)
+        row = variant if not extras else f"{variant} [" + ", ".join(f"{a}={v}" for a, v in extras) + "]"
+        acc = attrs.get(ACC_KEY)
+        if acc is None and state == "complete" and spec.metric == ACC_KEY and DIVERGED_KEY not in attrs:
+            acc = t.value
+        prefix = f"{variant}."
+        runs.append(Run(
+            number=t.number, state=state, variant=variant, depth=depth, seed=seed, row=row, extras=extras,
+            acc=None if acc is None else float(acc), diverged=bool(attrs.get(DIVERGED_KEY, False)),
+            searched={k[len(prefix):]: v for k, v in sorted(t.params.items()) if k.startswith(prefix)},
+            summary=attrs, config=config,
+            curve={int(step) + 1: float(v) for step, v in sorted(t.intermediate_values.items()) if finite(v)},
+            log_dir=_resolve_log_dir(attrs.get("log_dir"), results_dir, study.study_name),
+        ))
+
+    def row_key(run: Run):
+        index = labels.index(run.variant) if run.variant in labels else len(labels)
+        return (index, run.variant, tuple(str(v) for _, v in run.extras))
+
+    runs.sort(key=lambda r: (row_key(r), r.depth if r.depth is not None else -1,
+                             r.seed if r.seed is not None else -1, r.number))
+    rows = list(dict.fromkeys(r.row for r in runs))
+    row_variant = {r.row: r.variant for r in runs}
+    row_extras = {r.row: r.extras for r in runs}
+    if not extra_axes:  # every variant of the spec gets a row, also before it has results ("—")
+        rows = [*labels, *[r for r in rows if r not in labels]]
+        for label in labels:
+            row_variant.setdefault(label, label)
+            row_extras.setdefault(label, ())
+    return StudyData(
+        name=study.study_name, kind=spec.kind, runs=runs, rows=rows, row_variant=row_variant, row_extras=row_extras,
+        depths=sorted({r.depth for r in runs if r.depth is not None}), pending=pending, skipped=skipped,
+    )
+
+
+def best_per_row(data: StudyData) -> dict[str, Run]:
+    """The best ok run of each row (highest accuracy; ties: lowest trial number)."""
+    best: dict[str, Run] = {}
+    for run in data.runs:
+        if run.ok and (run.row not in best or run.acc > best[run.row].acc):
+            best[run.row] = run
+    return best
+
+
+def _resolve_log_dir(value: str | None, results_dir: Path | None, study_name: str) -> Path | None:
+    """The trial's TensorBoard folder: as stored, else under ``<results_dir>/runs/<study>/`` by its name."""
+    if not value:
+        return None
+    path = Path(value)
+    if path.is_dir():
+        return path
+    if results_dir is not None:
+        alt = layout.runs_dir(results_dir, study_name) / path.name
+        if alt.is_dir():
+            return alt
+    return None
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return None if value is None else int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def finite(value: Any) -> bool:
+    return value is not None and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def mean_of(values: Iterable[Any]) -> float | None:
+    """Mean of the finite values, None if there are none."""
+    vals = [float(v) for v in values if finite(v)]
+    return sum(vals) / len(vals) if vals else None
+
+
+def first_line(exc: Any) -> str:
+    """The first line of an exception's message (its type name when the message is empty)."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
