@@ -17,6 +17,8 @@ from pathlib import Path
 
 TEXT_SUFFIX = "/text_summary"  # torch's SummaryWriter.add_text appends it to the tag
 RATIO_RE = re.compile(r"^diag/ratio_mean/(?P<sublayer>[^/]+)/(?P<layer>\d+)$")
+SITE_RE = r"^diag/{kind}/(?P<sublayer>[^/]+)/(?P<layer>\d+)$"  # per (sublayer, layer): ratio_mean, skip_scale, ...
+LAYER_RE = r"^diag/{kind}/(?P<layer>\d+)$"  # per layer: attn_sim_adj, attn_sim_k, stream_rms, ...
 PARAM_RE = re.compile(r"^diag/param/(?P<sublayer>[^/]+)/(?P<layer>\d+)/(?P<key>[^/]+)$")
 ATTN_SIM_JSON = "diag/attn_sim_full_json"
 
@@ -38,15 +40,27 @@ class RunEvents:
 
     def ratio_means(self, step: int | None = None) -> dict[str, dict[int, float]]:
         """``{sublayer: {layer: ratio_mean}}`` at ``step`` (default: the last step with any ratio logged)."""
-        step = self.last_step(RATIO_RE) if step is None else step
+        return self.per_site("ratio_mean", step)
+
+    def per_site(self, kind: str, step: int | None = None) -> dict[str, dict[int, float]]:
+        """``{sublayer: {layer: value}}`` of a per-site diagnostic (``ratio_mean``, ``skip_scale``, ...) at ``step``
+        (default: the last step it was logged)."""
+        pattern = re.compile(SITE_RE.format(kind=re.escape(kind)))
+        step = self.last_step(pattern) if step is None else step
         out: dict[str, dict[int, float]] = {}
-        if step is None:
-            return out
         for tag, values in self.scalars.items():
-            m = RATIO_RE.match(tag)
+            m = pattern.match(tag)
             if m and step in values:
                 out.setdefault(m["sublayer"], {})[int(m["layer"])] = values[step]
         return out
+
+    def per_layer(self, kind: str, step: int | None = None) -> dict[int, float]:
+        """``{layer: value}`` of a per-layer diagnostic (``attn_sim_adj``, ``attn_sim_k``, ...) at ``step``
+        (default: the last step it was logged)."""
+        pattern = re.compile(LAYER_RE.format(kind=re.escape(kind)))
+        step = self.last_step(pattern) if step is None else step
+        return {int(m["layer"]): values[step] for tag, values in self.scalars.items()
+                if (m := pattern.match(tag)) and step in values}
 
     def params(self) -> dict[tuple[str, int, str], dict[int, float]]:
         """``{(sublayer, layer, key): {step: value}}`` of the variant's own parameters over training."""

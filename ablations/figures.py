@@ -146,40 +146,76 @@ def _scale(ax, values: Sequence[float]) -> None:
         ax.set_yscale("symlog", linthresh=min(positive))
 
 
-def branch_ratio(events: Mapping[str, Sequence[RunEvents]], variants: Sequence[str], *, depth: int) -> Figure | None:
-    """CaiT's figure: ``ratio_mean`` = ‖Δ‖/‖x‖ per layer, one panel per sublayer, one line per variant (mean over
-    its runs, each at its last logged epoch). None when no run has the diagnostics."""
-    data: dict[str, dict[str, dict[int, list[float]]]] = {}
-    for label in variants:
-        for run in events.get(label, []):
-            for sublayer, per_layer in run.ratio_means().items():
-                for layer, value in per_layer.items():
-                    data.setdefault(sublayer, {}).setdefault(label, {}).setdefault(layer, []).append(value)
-    if not data:
-        return None
-    sublayers = [s for s in SUBLAYER_ORDER if s in data] + sorted(set(data) - set(SUBLAYER_ORDER))
-    fig = new_figure(3.6 * len(sublayers), 3.0)
-    axes = fig.subplots(1, len(sublayers), squeeze=False)[0]
+def _mean_lines(ax, series: Mapping[str, Mapping[int, list[float]]], variants: Sequence[str]) -> list[float]:
+    """One line per variant: the mean over its runs at each layer, labelled with the number of runs."""
     palette = colors(variants)
-    for ax, sublayer in zip(axes, sublayers, strict=True):
-        values = []
+    values = []
+    for label in variants:
+        per_layer = series.get(label)
+        if not per_layer:
+            continue
+        layers = sorted(per_layer)
+        y = [float(np.mean(per_layer[layer])) for layer in layers]
+        values += y
+        n = max(len(v) for v in per_layer.values())
+        ax.plot(layers, y, color=palette[label], marker="o", ms=3, label=f"{label} (n={n})")
+    _integer_ticks(ax, [layer for per_layer in series.values() for layer in per_layer])
+    ax.set_xlabel("block (0-based)")
+    ax.grid(alpha=0.3)
+    return values
+
+
+def branch_ratio(events: Mapping[str, Sequence[RunEvents]], variants: Sequence[str], *, depth: int) -> Figure | None:
+    """CaiT's figure, comparable across variants: top row ``ratio_mean`` = ‖what the branch adds‖ / ‖x‖ per layer;
+    bottom row the skip's own scale (1 for an identity skip: Highway's 1 − t, LAuReL's β, Res-SE's s, ...); one
+    panel per sublayer, one line per variant (mean over its runs, each at its last logged epoch). None when no
+    run has the diagnostics."""
+    kinds = {"ratio_mean": "‖branch‖ / ‖x‖  (CaiT ratio)", "skip_scale": "skip scale c  (x → c·x + branch)"}
+    data: dict[str, dict[str, dict[str, dict[int, list[float]]]]] = {kind: {} for kind in kinds}
+    for kind in kinds:
         for label in variants:
-            per_layer = data[sublayer].get(label)
-            if not per_layer:
-                continue
-            layers = sorted(per_layer)
-            y = [float(np.mean(per_layer[layer])) for layer in layers]
-            values += y
-            n = max(len(v) for v in per_layer.values())
-            ax.plot(layers, y, color=palette[label], marker="o", ms=3, label=f"{label} (n={n})")
-        _scale(ax, values)
-        ax.set_title(f"{SUBLAYER_NAMES.get(sublayer, sublayer)}")
-        ax.set_xlabel("block (0-based)")
-        ax.set_ylabel("ratio_mean  ‖Δ‖ / ‖x‖")
-        _integer_ticks(ax, [layer for per_layer in data[sublayer].values() for layer in per_layer])
-        ax.grid(alpha=0.3)
+            for run in events.get(label, []):
+                for sublayer, per_layer in run.per_site(kind).items():
+                    for layer, value in per_layer.items():
+                        data[kind].setdefault(sublayer, {}).setdefault(label, {}).setdefault(layer, []).append(value)
+    if not data["ratio_mean"]:
+        return None
+    found = data["ratio_mean"]
+    sublayers = [s for s in SUBLAYER_ORDER if s in found] + sorted(set(found) - set(SUBLAYER_ORDER))
+    rows = [kind for kind in kinds if data[kind]]
+    fig = new_figure(3.6 * len(sublayers), 2.8 * len(rows))
+    axes = fig.subplots(len(rows), len(sublayers), squeeze=False)
+    for r, kind in enumerate(rows):
+        for ax, sublayer in zip(axes[r], sublayers, strict=True):
+            _scale(ax, _mean_lines(ax, data[kind].get(sublayer, {}), variants))
+            ax.set_title(f"{SUBLAYER_NAMES.get(sublayer, sublayer)}")
+            ax.set_ylabel(kinds[kind])
+            ax.legend(loc="best")
+    fig.suptitle(f"branch / stream norm ratio and skip scale per layer (depth {depth}, last logged epoch)", fontsize=9)
+    return fig
+
+
+def similarity_curves(events: Mapping[str, Sequence[RunEvents]], variants: Sequence[str], *, depth: int,
+                      k: int | None = None) -> Figure | None:
+    """DeepViT's curves: mean attention-column similarity of block l with block l+1 (left) and with the K following
+    blocks (right), one line per variant. None when no run logged them."""
+    kinds = {"attn_sim_adj": "with block l+1", "attn_sim_k": f"with the next {k or 'K'} blocks"}
+    series = {kind: {label: {} for label in variants} for kind in kinds}
+    for kind in kinds:
+        for label in variants:
+            for run in events.get(label, []):
+                for layer, value in run.per_layer(kind).items():
+                    series[kind][label].setdefault(layer, []).append(value)
+    if not any(per for per in series["attn_sim_adj"].values()):
+        return None
+    fig = new_figure(7.2, 3.0)
+    for ax, (kind, title) in zip(fig.subplots(1, 2, squeeze=False)[0], kinds.items(), strict=True):
+        _mean_lines(ax, series[kind], variants)
+        ax.set_ylim(0.0, 1.02)
+        ax.set_title(f"similarity {title}")
+        ax.set_ylabel("mean cosine similarity M")
         ax.legend(loc="best")
-    fig.suptitle(f"branch / stream norm ratio per layer (depth {depth}, last logged epoch)", fontsize=9)
+    fig.suptitle(f"attention collapse: cross-layer similarity (depth {depth}, last logged epoch)", fontsize=9)
     return fig
 
 
@@ -340,6 +376,9 @@ def report_figures(study, data, cells, out: Path) -> tuple[list[Path], list[str]
         notes.append(f"figure branch_ratio skipped: no {_tag('ratio_mean')} tags in the event files (depth {depth}).")
     else:
         keep(fig, "branch_ratio")
+    fig = similarity_curves(events, variants, depth=depth, k=_config_value(data, "diagnostics_sim_k"))
+    if fig is not None:
+        keep(fig, "attn_similarity_curves")
     matrices = _similarity_matrices(data, events, cells, top)
     if matrices:
         keep(attention_similarity(matrices, depth=depth), "attn_similarity")
@@ -354,6 +393,12 @@ def report_figures(study, data, cells, out: Path) -> tuple[list[Path], list[str]
         which = "best trial per variant" if data.kind == "search" else "all seeds"
         notes.append(f"diagnostic figures use {which} at depth {depth}, last logged epoch.")
     return written, notes
+
+
+def _config_value(data, key: str):
+    """A RunConfig field shared by the study's runs (None when the runs disagree or did not store it)."""
+    values = {(r.config or {}).get(key) for r in data.runs}
+    return values.pop() if len(values) == 1 else None
 
 
 def _tag(name: str) -> str:

@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python -m ablations.run", description=__doc__.split("\n\n")[0],
                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--study", help="a study name (see --list) or a path to a study .yaml file")
-    p.add_argument("--budget", default="default", help="study size: smoke (CI, < 1 min), default, paper (GPU)")
+    p.add_argument("--budget", default="default", help="study size: smoke (CI, < 1 min), quick (minutes), default, paper (GPU)")
     p.add_argument("--storage", default=os.environ.get("ABLATIONS_STORAGE", DEFAULT_STORAGE),
                    help=f"Optuna storage URL (default {DEFAULT_STORAGE}, or $ABLATIONS_STORAGE)")
     p.add_argument("--study-name", help="name in the storage (default: the study's name, suffixed by the budget)")

@@ -17,7 +17,7 @@ A study file (see ``ablations/studies/*.yaml``) says what to run, never how::
       pruner: {type: median, n_startup_trials: 5, n_warmup_steps: 3}
       space:                       # per variant label: residual option -> distribution
         layerscale: {init_value: {low: 1.0e-6, high: 0.5, log: true}}
-    budgets:                       # sizes: smoke (CI), default, paper (GPU); each may override the above
+    budgets:                       # sizes: smoke (CI), quick, default, paper (GPU); each may override the above
       smoke: {base: {max_epochs: 2}, axes: {depth: [1], seed: [0]}}
 
 Every unknown key is a one-line ``ValueError`` naming the key, where it is, and the valid keys.
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 STUDY_DIR = Path(__file__).parent / "studies"
-BUDGETS = ("smoke", "default", "paper")
+BUDGETS = ("smoke", "quick", "default", "paper")
 _TOP_KEYS = ("name", "description", "kind", "metric", "direction", "base", "variants", "axes", "search", "budgets")
 _BUDGET_KEYS = ("base", "variants", "axes", "search", "description")
 _VARIANT_KEYS = ("label", "residual", "options", "overrides")

@@ -43,7 +43,7 @@ variants:
 axes: {depth: [1, 2], seed: [0, 1]}
 """
 TABLES = ("main", "paired", "convergence", "cost")
-FIGURES = ("acc_vs_depth", "val_curves", "branch_ratio", "attn_similarity", "param_evolution")
+FIGURES = ("acc_vs_depth", "val_curves", "branch_ratio", "attn_similarity", "attn_similarity_curves", "param_evolution")
 
 
 def _run_report(argv: list[str]) -> tuple[int, str, str]:
