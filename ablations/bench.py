@@ -67,7 +67,7 @@ class Settings:
     warmup: int = 2  # untimed calls per function before the first round
     reps: int = 7  # rounds
     steps: int = 3  # timed calls per function per round
-    variants: tuple[str, ...] | None = None  # labels of costs.CONFIGS for sections 2 and 6 (None: all)
+    variants: tuple[str, ...] | None = None  # labels of costs.default_configs() for sections 2 and 6 (None: all)
     mm_size: int = 2048  # section 4: side of the square fp32 matmul that measures the peak
     loop_steps: int = 60  # section 3: optimizer steps per training loop
     loop_reps: int = 9  # the loops differ by a few percent: rounds are cheap, noise is not
@@ -77,7 +77,7 @@ class Settings:
     run_estimate: bool = True  # section 5: also show ablations.run's FLOP-based estimate of each trial
     memory_depth: int = 24
     memory_batch: int = 16  # batch 64 at depth 24 OOM-killed the 24 GiB machine (full DCA saves ~9 GiB)
-    compile_variants: tuple[str, ...] = ("standard", "dca (full, default)")
+    compile_variants: tuple[str, ...] = ("standard", "dca (default)")
 
     def vit(self, depth: int) -> dict:
         return dict(img_size=self.img_size, patch_size=self.patch_size, in_chans=3, num_classes=10,
@@ -191,9 +191,9 @@ def random_batch(s: Settings, batch: int | None = None):
 
 
 def selected_configs(s: Settings) -> list[tuple[str, str, dict]]:
-    from ablations.costs import CONFIGS
+    from ablations.costs import default_configs
 
-    return [c for c in CONFIGS if s.variants is None or c[0] in s.variants]
+    return [c for c in default_configs() if s.variants is None or c[0] in s.variants]
 
 
 def is_dca(residual: str, options: dict) -> bool:
@@ -658,13 +658,13 @@ def cuda_peak_bytes(model, batch) -> int:
 
 # --- 7. model.compile() --------------------------------------------------------------------------------------------
 def bench_compile(s: Settings) -> Section:
-    from ablations.costs import CONFIGS
+    from ablations.costs import default_configs
 
     size = s.vit(s.depth)
     batch = random_batch(s)
     fns, compile_s = {}, {}
     for label in s.compile_variants:
-        _, res, opts = next(c for c in CONFIGS if c[0] == label)
+        _, res, opts = next(c for c in default_configs() if c[0] == label)
         eager = ours(res, opts, size)
         compiled = copy.deepcopy(eager)
         compiled.compile()  # in place (nn.Module.compile): parameter names unchanged

@@ -14,23 +14,24 @@ from __future__ import annotations
 import argparse
 import json
 
-# (label, residual, options): every variant at its paper default, plus the sub-forms worth pricing.
-CONFIGS: tuple[tuple[str, str, dict], ...] = (
-    ("standard", "standard", {}),
-    ("layerscale (auto)", "layerscale", {"init_value": "auto"}),
-    ("rezero", "rezero", {}),
-    ("skipinit", "skipinit", {}),
-    ("highway (b=-4)", "highway", {}),
+#: (label, residual, options) of the alternatives worth pricing besides every registered variant's default.
+EXTRA_FORMS: tuple[tuple[str, str, dict], ...] = (
+    ("rezero norm=True (LN control)", "rezero", {"norm": True}),
     ("laurel rw", "laurel", {"form": "rw"}),
-    ("laurel rw_lr r=16 (default)", "laurel", {"form": "rw_lr"}),
     ("laurel rw_lr_pa r=16 k=3", "laurel", {"form": "rw_lr_pa"}),
-    ("laurel seed (sigmoid gate)", "laurel", {"form": "seed"}),
-    ("res_se (2σ, r=16)", "res_se", {}),
-    ("dca (full, default)", "dca", {}),
+    ("laurel seed (per-channel gate)", "laurel", {"form": "seed"}),
+    ("res_se seed (x + SE(x) + F)", "res_se", {"form": "seed"}),
     ("dca k=2", "dca", {"k": 2}),
     ("dca grn_v3", "dca", {"form": "grn_v3"}),
-    ("dca seed (softmax mix)", "dca", {"form": "seed"}),
+    ("dca seed (per-token mix)", "dca", {"form": "seed"}),
 )
+
+
+def default_configs() -> tuple[tuple[str, str, dict], ...]:
+    """Every variant of the registry at its default (discovered, not listed), then ``EXTRA_FORMS``."""
+    from lit_modules import RESIDUALS
+
+    return tuple((name if name == "standard" else f"{name} (default)", name, {}) for name in RESIDUALS) + EXTRA_FORMS
 
 
 def measure(residual: str, options: dict, *, embed_dim: int, depth: int, num_heads: int, img_size: int,
@@ -51,7 +52,8 @@ def measure(residual: str, options: dict, *, embed_dim: int, depth: int, num_hea
 
 
 def cost_table(*, embed_dim: int = 192, depth: int = 12, num_heads: int = 3, img_size: int = 32,
-               patch_size: int = 4, num_classes: int = 10, configs=CONFIGS) -> list[dict]:
+               patch_size: int = 4, num_classes: int = 10, configs=None) -> list[dict]:
+    configs = default_configs() if configs is None else configs
     size = dict(embed_dim=embed_dim, depth=depth, num_heads=num_heads, img_size=img_size, patch_size=patch_size,
                 num_classes=num_classes)
     rows = [{"variant": label, "residual": res, "options": opts, **measure(res, opts, **size)}

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ablations import bench
-from ablations.costs import CONFIGS
+from ablations.costs import default_configs
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADERS = {"timm": "## 1. ", "variants": "## 2. ", "lightning": "## 3. ", "mfu": "## 4. ", "study": "## 5. ",
@@ -62,12 +62,12 @@ def test_tiny_run_writes_every_section(tmp_path):
     check_report(md, report, list(bench.DEFAULT_SECTIONS))
     assert report["meta"]["mode"] == "tiny" and report["meta"]["machine"]["threads"] == 1
     sections = report["sections"]
-    assert set(sections["variants"]["data"]["variants"]) == {label for label, _, _ in CONFIGS}
-    assert set(sections["memory"]["data"]["variants"]) == {label for label, _, _ in CONFIGS}
+    assert set(sections["variants"]["data"]["variants"]) == {label for label, _, _ in default_configs()}
+    assert set(sections["memory"]["data"]["variants"]) == {label for label, _, _ in default_configs()}
     assert set(sections["timm"]["data"]["times_s"]) == {"timm", "ours standard", "timm init_values=1e-5",
                                                        "ours layerscale 1e-5"}
     goals = {g["what"] for s in sections.values() for g in s["goals"]}
-    assert {"ours standard / timm", "MFU", "dca k=2 vs dca (full, default)"} <= goals
+    assert {"ours standard / timm", "MFU", "dca k=2 vs dca (default)"} <= goals
     assert "pass" in md or "**miss**" in md
 
 
