@@ -54,6 +54,9 @@ def text(ea, tag: str) -> list[str]:
     return [e.tensor_proto.string_val[0].decode() for e in ea.Tensors(f"{tag}/text_summary")]
 
 
+IDENTITY_SKIP = ("standard", "layerscale", "rezero", "skipinit", "dca")  # variants whose skip does not rescale x
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("residual", list(RESIDUALS))
 def test_variant_trains_and_logs_every_diagnostic(residual, tmp_path, keep_threads):
@@ -79,6 +82,10 @@ def test_variant_trains_and_logs_every_diagnostic(residual, tmp_path, keep_threa
         for sublayer in SUBLAYERS.get(residual, ("attn", "mlp")):
             assert all(v >= 0 for v in series(f"diag/ratio_mean/{sublayer}/{layer:02d}"))
             series(f"diag/ratio_rms/{sublayer}/{layer:02d}")
+            assert all(v >= 0 for v in series(f"diag/update_ratio/{sublayer}/{layer:02d}"))
+            skip = series(f"diag/skip_scale/{sublayer}/{layer:02d}")
+            if residual in IDENTITY_SKIP:  # the skip is x itself: its scale is exactly 1
+                assert skip == [1.0] * EPOCHS
         assert all(v > 0 for v in series(f"diag/stream_rms/{layer:02d}"))
         assert all(0 <= v <= 1 + 1e-5 for v in series(f"diag/attn_entropy/{layer:02d}"))
         assert all(v > 0 for v in series(f"diag/grad_norm/{layer:02d}"))
@@ -87,6 +94,8 @@ def test_variant_trains_and_logs_every_diagnostic(residual, tmp_path, keep_threa
     for layer in range(DEPTH - 1):  # layer l vs l + 1
         assert all(-1e-5 <= v <= 1 + 1e-5 for v in series(f"diag/attn_sim_adj/{layer:02d}"))
         assert all(0 <= v <= 1 for v in series(f"diag/attn_sim_ratio/{layer:02d}"))
+        series(f"diag/attn_sim_k/{layer:02d}")
+        assert all(0 <= v <= 1 for v in series(f"diag/attn_sim_k_ratio/{layer:02d}"))
     assert f"diag/attn_sim_adj/{DEPTH - 1:02d}" not in scalars
     series("diag/attn_sim_adj_mean")
     series("diag/ratio_mean_avg")
@@ -102,6 +111,9 @@ def test_variant_trains_and_logs_every_diagnostic(residual, tmp_path, keep_threa
         assert all(row[i] == pytest.approx(1.0, abs=1e-4) for i, row in enumerate(matrix))
         assert matrix[0][1] == pytest.approx(matrix[1][0], abs=1e-5)
     assert matrix[0][1] == pytest.approx(ea.Scalars("diag/attn_sim_adj/00")[-1].value, abs=1e-5)
+    # block 0 against the K = 3 following blocks (only DEPTH - 1 exist): the mean of that row of the matrix
+    near = [matrix[0][q] for q in range(1, min(1 + 3, DEPTH))]
+    assert sum(near) / len(near) == pytest.approx(ea.Scalars("diag/attn_sim_k/00")[-1].value, abs=1e-5)
 
     if residual == "dca":
         assert [e.step for e in ea.Images("diag/dca_weights")] == epochs
