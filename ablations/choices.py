@@ -1,14 +1,15 @@
 """Torch-free name tables for configuration and the CLI (importing torch/lightning costs ~4 s; ``--help`` must not).
 
-``tests/test_config.py`` checks these against the real registries, ``lit_modules.RESIDUALS`` and ``data.DATASETS``,
-so a variant or dataset added there without an entry here fails the tests rather than going unnoticed.
+The backbone's names (residual variants, attention kinds, norm layers) are the registries' own, read from the
+torch-free ``lit_modules.names``. ``tests/test_config.py`` checks the dataset names against ``data.DATASETS``.
 """
 
 from __future__ import annotations
 
-RESIDUAL_NAMES: tuple[str, ...] = (
-    "standard", "layerscale", "rezero", "skipinit", "highway", "laurel", "res_se", "dca",
-)
+from lit_modules.names import ATTENTION_NAMES, NORM_LAYER_NAMES, RESIDUAL_NAMES
+
+__all__ = ["RESIDUAL_NAMES", "ATTENTION_NAMES", "NORM_LAYER_NAMES", "DATASET_NAMES", "INIT_VALUE_OPTIONS",
+           "PRECISIONS", "GLOBAL_POOLS", "ACCELERATORS"]
 
 DATASET_NAMES: tuple[str, ...] = (
     "digits", "mnist5k", "mnist", "cifar10", "cifar100", "imagefolder", "synthetic",

@@ -19,7 +19,15 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ablations.choices import ACCELERATORS, DATASET_NAMES, GLOBAL_POOLS, PRECISIONS, RESIDUAL_NAMES
+from ablations.choices import (
+    ACCELERATORS,
+    ATTENTION_NAMES,
+    DATASET_NAMES,
+    GLOBAL_POOLS,
+    NORM_LAYER_NAMES,
+    PRECISIONS,
+    RESIDUAL_NAMES,
+)
 
 GROUPS = ("model", "data", "optim", "trainer")
 
@@ -49,6 +57,13 @@ class RunConfig:
     global_pool: str = _f("token", "model", "str", "head pooling: " + ", ".join(GLOBAL_POOLS))
     fused_attn: bool | None = _f(None, "model", "optional_bool",
                                  "fused SDPA attention (None: timm's default; False is faster with bf16 on CPU)")
+    attention: str = _f("self", "model", "str", "attention of the blocks: " + ", ".join(ATTENTION_NAMES))
+    attention_options: dict[str, Any] = _f(
+        {}, "model", "options", "the attention's own options, e.g. head_norm=layer, theta_init=randn (re_attention)")
+    class_attention_blocks: int = _f(0, "model", "int",
+                                     "CaiT class-attention blocks after the self-attention blocks (0: plain ViT)")
+    norm_layer: str = _f("layernorm", "model", "str", "norm layer: " + ", ".join(NORM_LAYER_NAMES))
+    norm_eps: float = _f(1e-6, "model", "float", "epsilon of every norm layer (inside the square root)")
     # --- data --------------------------------------------------------------------------------------------------
     dataset: str = _f("digits", "data", "str", "dataset: " + ", ".join(DATASET_NAMES))
     data_dir: str | None = _f(None, "data", "optional_str", "data folder (needed by mnist, cifar10/100, imagefolder)")
@@ -91,6 +106,8 @@ class RunConfig:
 
     def _validate(self) -> None:
         _choice("residual", self.residual, RESIDUAL_NAMES)
+        _choice("attention", self.attention, ATTENTION_NAMES)
+        _choice("norm_layer", self.norm_layer, NORM_LAYER_NAMES)
         _choice("dataset", self.dataset, DATASET_NAMES)
         _choice("global_pool", self.global_pool, GLOBAL_POOLS)
         _choice("precision", self.precision, PRECISIONS)
@@ -98,7 +115,7 @@ class RunConfig:
         for name in ("depth", "embed_dim", "num_heads", "batch_size", "max_epochs", "diagnostics_batch_size",
                      "diagnostics_sim_k"):
             _positive(name, getattr(self, name))
-        for name in ("seed", "diagnostics_every", "num_workers"):
+        for name in ("seed", "diagnostics_every", "num_workers", "class_attention_blocks"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("patch_size", "threads"):
@@ -107,6 +124,9 @@ class RunConfig:
         if self.embed_dim % self.num_heads:
             raise ValueError(f"embed_dim={self.embed_dim} is not divisible by num_heads={self.num_heads}")
         _in_range("mlp_ratio", self.mlp_ratio, 0.0, math.inf, low_open=True)
+        _in_range("norm_eps", self.norm_eps, 0.0, math.inf, low_open=True)
+        if self.class_attention_blocks and self.global_pool != "token":
+            raise ValueError("class_attention_blocks > 0 needs global_pool='token' (the head reads the class token)")
         _in_range("drop_path_rate", self.drop_path_rate, 0.0, 1.0)
         _in_range("val_fraction", self.val_fraction, 0.0, 1.0, low_open=True, high_open=True)
         _in_range("lr", self.lr, 0.0, math.inf, low_open=True)
@@ -126,7 +146,7 @@ class RunConfig:
             _positive("devices", self.devices)
         if not self.strategy:
             raise ValueError("strategy must be a non-empty string")
-        for name in ("residual_options", "dataset_options"):
+        for name in option_fields():
             for key in getattr(self, name):
                 if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
                     raise ValueError(f"{name} key {key!r} is not a valid option name")
@@ -150,22 +170,30 @@ class RunConfig:
         return dataclasses.replace(self, **changes)
 
     def to_hparams(self) -> dict[str, int | float | str | bool]:
-        """Flat scalars for Lightning/TensorBoard HParams: options flattened as ``residual.<key>`` and
-        ``dataset.<key>``, tuples/lists as comma-joined strings, None as the string ``'None'``."""
+        """Flat scalars for Lightning/TensorBoard HParams: options flattened as ``residual.<key>``,
+        ``attention.<key>`` and ``dataset.<key>``, tuples/lists as comma-joined strings, None as the string
+        ``'None'``."""
         flat: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name == "residual_options":
-                flat.update({f"residual.{k}": _scalar(v) for k, v in sorted(value.items())})
-            elif f.name == "dataset_options":
-                flat.update({f"dataset.{k}": _scalar(v) for k, v in sorted(value.items())})
+            if f.metadata["kind"] == "options":
+                prefix = f.name[: -len("_options")]
+                flat.update({f"{prefix}.{k}": _scalar(v) for k, v in sorted(value.items())})
             else:
                 flat[f.name] = _scalar(value)
         return flat
 
     def run_name(self) -> str:
-        """A short file-name-safe description, e.g. ``layerscale-init_value=auto_d8_w64_digits_s0``."""
+        """A short file-name-safe description, e.g. ``layerscale-init_value=auto_d8_w64_digits_s0``; a
+        non-default attention, class-attention head or norm layer is appended to the residual's part
+        (``standard+re_attention-head_norm=layer+ca2+rmsnorm_d8_...``)."""
         opts = "".join(f"-{k}={_scalar(v)}" for k, v in sorted(self.residual_options.items()))
+        if self.attention != RunConfig.attention or self.attention_options:
+            opts += f"+{self.attention}" + "".join(f"-{k}={_scalar(v)}" for k, v in sorted(self.attention_options.items()))
+        if self.class_attention_blocks:
+            opts += f"+ca{self.class_attention_blocks}"
+        if self.norm_layer != RunConfig.norm_layer:
+            opts += f"+{self.norm_layer}"
         name = f"{self.residual}{opts}_d{self.depth}_w{self.embed_dim}_{self.dataset}_s{self.seed}"
         return re.sub(r"[^A-Za-z0-9._=+-]", "", name.replace(" ", ""))
 
@@ -177,6 +205,11 @@ class RunConfig:
 def config_fields() -> list[dataclasses.Field]:
     """RunConfig's fields in declaration order (grouped model, data, optim, trainer)."""
     return list(dataclasses.fields(RunConfig))
+
+
+def option_fields() -> tuple[str, ...]:
+    """Names of the fields that hold a dict of options (``residual_options``, ``attention_options``, ...)."""
+    return tuple(f.name for f in dataclasses.fields(RunConfig) if f.metadata["kind"] == "options")
 
 
 def _scalar(value: Any) -> int | float | str | bool:

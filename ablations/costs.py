@@ -7,12 +7,15 @@ FLOPs are counted by ``torch.utils.flop_counter.FlopCounterMode`` on one forward
 (the counter has no formula for the CPU SDPA kernel and would silently leave attention out). The counter
 counts matrix products (mm/bmm/addmm/einsum/SDPA) only: elementwise work — LayerScale's γ⊙f, ReZero's α·f,
 the gates' sigmoids — is not counted, so such variants show 0 FLOPs overhead although they cost memory traffic.
+Besides the residual variants, ``BACKBONE_FORMS`` prices the mechanisms orthogonal to them (attention kind,
+CaiT's class-attention head, norm layer) on the standard residual.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 #: (label, residual, options) of the alternatives worth pricing besides every registered variant's default.
 EXTRA_FORMS: tuple[tuple[str, str, dict], ...] = (
@@ -26,6 +29,13 @@ EXTRA_FORMS: tuple[tuple[str, str, dict], ...] = (
     ("dca seed (per-token mix)", "dca", {"form": "seed"}),
 )
 
+#: (label, backbone options) of the mechanisms orthogonal to the residual, priced with the standard residual.
+BACKBONE_FORMS: tuple[tuple[str, dict], ...] = (
+    ("re_attention (head_norm=batch)", {"attention": "re_attention"}),
+    ("class_attention_blocks=2 (CaiT head)", {"class_attention_blocks": 2}),
+    ("norm_layer=rmsnorm", {"norm_layer": "rmsnorm"}),
+)
+
 
 def default_configs() -> tuple[tuple[str, str, dict], ...]:
     """Every variant of the registry at its default (discovered, not listed), then ``EXTRA_FORMS``."""
@@ -35,8 +45,9 @@ def default_configs() -> tuple[tuple[str, str, dict], ...]:
 
 
 def measure(residual: str, options: dict, *, embed_dim: int, depth: int, num_heads: int, img_size: int,
-            patch_size: int, num_classes: int, in_chans: int = 3, mlp_ratio: float = 4.0) -> dict:
-    """Parameters and forward FLOPs (batch 1) of one configuration."""
+            patch_size: int, num_classes: int, in_chans: int = 3, mlp_ratio: float = 4.0, **backbone: Any) -> dict:
+    """Parameters and forward FLOPs (batch 1) of one configuration; ``backbone``: further ``VisionTransformer``
+    arguments (``attention``, ``class_attention_blocks``, ``norm_layer``, ...)."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -44,7 +55,7 @@ def measure(residual: str, options: dict, *, embed_dim: int, depth: int, num_hea
 
     model = VisionTransformer(residual, options, embed_dim=embed_dim, depth=depth, num_heads=num_heads,
                               img_size=img_size, patch_size=patch_size, num_classes=num_classes,
-                              in_chans=in_chans, mlp_ratio=mlp_ratio, fused_attn=False).eval()
+                              in_chans=in_chans, mlp_ratio=mlp_ratio, fused_attn=False, **backbone).eval()
     counter = FlopCounterMode(display=False)
     with counter:  # (not under no_grad: the counter's module tracker needs grad_fns)
         model(torch.zeros(1, in_chans, img_size, img_size))
@@ -53,11 +64,15 @@ def measure(residual: str, options: dict, *, embed_dim: int, depth: int, num_hea
 
 def cost_table(*, embed_dim: int = 192, depth: int = 12, num_heads: int = 3, img_size: int = 32,
                patch_size: int = 4, num_classes: int = 10, configs=None) -> list[dict]:
+    """One row per config (default: every registry variant, ``EXTRA_FORMS``, then ``BACKBONE_FORMS``)."""
+    backbone_forms = BACKBONE_FORMS if configs is None else ()
     configs = default_configs() if configs is None else configs
     size = dict(embed_dim=embed_dim, depth=depth, num_heads=num_heads, img_size=img_size, patch_size=patch_size,
                 num_classes=num_classes)
     rows = [{"variant": label, "residual": res, "options": opts, **measure(res, opts, **size)}
             for label, res, opts in configs]
+    rows += [{"variant": label, "residual": "standard", "options": {}, "backbone": kw,
+              **measure("standard", {}, **size, **kw)} for label, kw in backbone_forms]
     base = next(r for r in rows if r["residual"] == "standard")
     for r in rows:
         r["params_overhead_pct"] = 100.0 * (r["params"] - base["params"]) / base["params"]

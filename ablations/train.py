@@ -25,7 +25,7 @@ from typing import Any
 
 from ablations.choices import INIT_VALUE_OPTIONS
 from ablations.cli import OneLineParser, fail
-from ablations.config import GROUPS, RunConfig, config_fields
+from ablations.config import GROUPS, RunConfig, config_fields, option_fields
 from ablations.layout import RESULTS_DIR, runs_dir
 
 DEFAULT_LOG_DIR = runs_dir(RESULTS_DIR, "train").as_posix()  # results/runs/train
@@ -166,7 +166,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     if args.config:
         fields = _read_config_file(args.config)
     given = {f.name: getattr(args, f.name) for f in config_fields() if hasattr(args, f.name)}
-    for name in ("residual_options", "dataset_options"):
+    for name in option_fields():
         if name in given:
             flag = option_name(name, "options")
             given[name] = {**(fields.get(name) or {}), **_key_values(given[name], flag)}

@@ -111,7 +111,9 @@ def build_model(config: RunConfig, datamodule: Any):
             in_chans=datamodule.in_chans, num_classes=datamodule.num_classes,
             embed_dim=config.embed_dim, depth=config.depth, num_heads=config.num_heads,
             mlp_ratio=config.mlp_ratio, global_pool=config.global_pool, drop_path_rate=config.drop_path_rate,
-            fused_attn=config.fused_attn, lr=config.lr, weight_decay=config.weight_decay,
+            attention=config.attention, attention_options=config.attention_options,
+            class_attention_blocks=config.class_attention_blocks, norm_layer=config.norm_layer,
+            norm_eps=config.norm_eps, fused_attn=config.fused_attn, lr=config.lr, weight_decay=config.weight_decay,
             betas=tuple(config.betas), warmup_epochs=config.warmup_epochs, min_lr=config.min_lr,
             label_smoothing=config.label_smoothing, max_epochs=config.max_epochs,
         )

@@ -1,6 +1,24 @@
-"""Backbone, residual variants, LightningModules and callbacks."""
+"""Backbone, residual variants, LightningModules and callbacks.
 
-from .residual import RESIDUALS
-from .vit import LoadReport, VisionTransformer
+The package's own names are imported on first use (PEP 562), so ``lit_modules.names`` — the registries' names —
+can be imported without torch (the CLI's ``--help`` and ``RunConfig`` validation).
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {"RESIDUALS": ".residual", "VisionTransformer": ".vit", "LoadReport": ".vit"}
 
 __all__ = ["RESIDUALS", "VisionTransformer", "LoadReport"]
+
+if TYPE_CHECKING:
+    from .residual import RESIDUALS
+    from .vit import LoadReport, VisionTransformer
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,7 +7,7 @@ the backbone asks a variant for its blocks, the variant builds them from these c
 from __future__ import annotations
 
 import torch
-from timm.layers import Attention, DropPath, Mlp
+from timm.layers import DropPath, Mlp
 from torch import nn
 
 from .residual.base import BlockArgs
@@ -53,9 +53,34 @@ class WholeBlock(nn.Module):
     def sites(self) -> dict[str, nn.Module]:
         return {"block": self.res}
 
-    def forward(self, x: torch.Tensor, history: list | None = None) -> torch.Tensor:
+    def branch(self, x: torch.Tensor) -> torch.Tensor:
+        """f(x) = Block(x) − x, the whole pre-norm block without its skip."""
         a = self.attn(self.norm1(x))
-        f = a + self.mlp(self.norm2(x + a))
+        return a + self.mlp(self.norm2(x + a))
+
+    def forward(self, x: torch.Tensor, history: list | None = None) -> torch.Tensor:
+        return x + self.drop_path(self.res(x, x, self.branch(x), history))
+
+
+class DenseBlock(WholeBlock):
+    """A whole block whose branch is applied to every stream state so far (SkipDense at block granularity):
+
+        x_{l+1} = x_l + Σ_{i=0}^{l} f_l(x_i),   f_l(x) = Block_l(x) − x,
+
+    the states x_0 … x_l being recorded in the stream's ``history`` (this block appends its input x_l). The site
+    receives the sum as its f. Depth-quadratic: block l runs its branch (and its attention) ``attention_calls =
+    l + 1`` times, its own input first — the call whose attention map the diagnostics record.
+    """
+
+    def __init__(self, args: BlockArgs, site: nn.Module) -> None:
+        super().__init__(args, site)
+        self.attention_calls = args.layer + 1
+
+    def forward(self, x: torch.Tensor, history: list | None = None) -> torch.Tensor:
+        f = self.branch(x)
+        for state in history:
+            f = f + self.branch(state)
+        history.append(x)
         return x + self.drop_path(self.res(x, x, f, history))
 
 
@@ -63,8 +88,7 @@ def _add_sublayers(block: nn.Module, args: BlockArgs, pre_norm: bool) -> None:
     """The two timm sublayers of a pre-norm block, under timm's names (norm1, attn, norm2, mlp)."""
     dim = args.dim
     block.norm1 = args.norm_layer(dim) if pre_norm else nn.Identity()
-    block.attn = Attention(dim, num_heads=args.num_heads, qkv_bias=args.qkv_bias, qk_norm=args.qk_norm,
-                           attn_drop=args.attn_drop, proj_drop=args.proj_drop, norm_layer=args.norm_layer)
+    block.attn = args.attention()
     block.norm2 = args.norm_layer(dim) if pre_norm else nn.Identity()
     block.mlp = Mlp(in_features=dim, hidden_features=int(dim * args.mlp_ratio), act_layer=args.act_layer,
                     drop=args.proj_drop)

@@ -86,7 +86,11 @@ class ViTClassifier(pl.LightningModule):
         global_pool: str = "token",
         drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
+        norm_layer: str = "layernorm",
         norm_eps: float = 1e-6,
+        attention: str = "self",
+        attention_options: Mapping[str, Any] | None = None,
+        class_attention_blocks: int = 0,
         fused_attn: bool | None = None,
         lr: float = 1e-3,
         weight_decay: float = 0.05,
@@ -105,12 +109,14 @@ class ViTClassifier(pl.LightningModule):
         if steps_per_epoch is not None and steps_per_epoch < 1:
             raise ValueError(f"steps_per_epoch must be positive, got {steps_per_epoch}")
         residual_options = dict(residual_options or {})
+        attention_options = dict(attention_options or {})
         self.save_hyperparameters()
         self.model = VisionTransformer(
             residual, residual_options, img_size=img_size, patch_size=patch_size, in_chans=in_chans,
             num_classes=num_classes, embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio,
             qkv_bias=qkv_bias, class_token=class_token, global_pool=global_pool, drop_rate=drop_rate,
-            drop_path_rate=drop_path_rate, norm_eps=norm_eps, fused_attn=fused_attn,
+            drop_path_rate=drop_path_rate, norm_layer=norm_layer, norm_eps=norm_eps, attention=attention,
+            attention_options=attention_options, class_attention_blocks=class_attention_blocks, fused_attn=fused_attn,
         )
         self.diverged = False
         self.diverged_at_step: int | None = None

@@ -4,7 +4,9 @@ per-block gradient norms and each variant's own parameters, logged to TensorBoar
 Project definitions (written to TensorBoard as ``diag/definitions`` at fit start):
 
 - Attention maps ``A^l[b, h, i, t]`` (post-softmax; rows i = output/query tokens, columns t = input/key tokens)
-  come from one eval-mode, no-grad, fp32 forward on a fixed batch with timm's explicit-softmax path.
+  come from one eval-mode, no-grad, fp32 forward on a fixed batch with timm's explicit-softmax path: the maps that
+  weight the values, read at ``attn.attn_drop`` of each self-attention block (Re-attention: the regenerated maps
+  Norm(Θᵀ·softmax); SkipDense: the map of the block's own input; class-attention blocks are not included).
 - ``M^{p,q}[b, h, t]`` = cosine similarity of **column** t of layer p and of layer q (heads matched by index).
   ``sim_full[p, q] = mean_{b,h,t} M^{p,q}``, ``sim_adj[l] = sim_full[l, l+1]``,
   ``sim_ratio[l] = mean_{b,h,t} 1[M^{l,l+1} > τ]`` with the **project default τ = 0.9** (DeepViT-style; the
@@ -222,7 +224,7 @@ def collect_diagnostics(model: nn.Module, images: Tensor, tau: float = DEFAULT_T
     param_stats: dict[tuple[int, str], dict[str, Tensor]] = {}
     maps: list[list[Tensor]] = [[] for _ in range(depth)]
     modes = [(m, m.training) for m in model.modules()]
-    fused = [(m, m.fused_attn) for m in model.modules() if isinstance(m, Attention)]
+    fused = [(m, m.fused_attn) for m in model.modules() if hasattr(m, "fused_attn")]  # incl. class attention
     handles = []
 
     def site_hook(layer: int, sublayer: str, site: nn.Module):
@@ -274,10 +276,13 @@ def collect_diagnostics(model: nn.Module, images: Tensor, tau: float = DEFAULT_T
         for m, training in modes:
             m.training = training
 
-    missing = [i for i, m in enumerate(maps) if len(m) != 1]
+    # a block whose attention runs more than once per forward (SkipDense) says so and runs its own input first
+    calls = [getattr(blk, "attention_calls", 1) for blk in model.blocks]
+    missing = [i for i, m in enumerate(maps) if len(m) != calls[i]]
     if missing:
         raise RuntimeError(f"attention maps of blocks {missing} were captured {[len(maps[i]) for i in missing]} "
-                           f"times instead of once: does the attention route through attn.attn_drop?")
+                           f"times instead of {[calls[i] for i in missing]}: does the attention route through "
+                           f"attn.attn_drop?")
     sim = attention_similarity([m[0] for m in maps], tau=tau, k=k)
 
     sublayers = list(dict.fromkeys(s for _, s, _ in sites))

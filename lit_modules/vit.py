@@ -4,7 +4,8 @@ Built from timm's layers (PatchEmbed, Attention, Mlp, DropPath, LayerNorm, trunc
 and using timm's parameter names, so a ``timm.models.vision_transformer.VisionTransformer`` of the same config
 loads into the ``standard`` (and, with ``init_values``, the ``layerscale``) variant with ``strict=True`` and gives
 the same logits. The residual variant lives in ``lit_modules.residual``; the backbone only asks it to build
-blocks and the stream that chains them.
+blocks and the stream that chains them. Orthogonal to it: the attention kind (``lit_modules.attention``), CaiT's
+class-attention head (``class_attention_blocks``) and the norm layer (``norm_layer``).
 """
 
 from __future__ import annotations
@@ -18,15 +19,22 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import timm.layers
 import torch
-from timm.layers import Attention, LayerNorm, PatchEmbed, calculate_drop_path_rates, trunc_normal_
+from timm.layers import PatchEmbed, calculate_drop_path_rates, trunc_normal_
 from timm.layers.pool1d import global_pool_nlc
 from timm.models._manipulate import named_apply
+from timm.models.cait import LayerScaleBlockClassAttn
 from timm.models.vision_transformer import init_weights_vit_timm
 from timm.optim import param_groups_weight_decay
 from torch import nn
 
-from .residual import RESIDUALS, BlockArgs
+from .attention import ATTENTIONS
+from .names import NORM_LAYER_CLASSES
+from .residual import RESIDUALS, BlockArgs, cait_init_value
+
+#: norm layer name -> timm class, called as ``cls(dim, eps=norm_eps)`` (names: ``lit_modules.names``)
+NORM_LAYERS: dict[str, type[nn.Module]] = {name: getattr(timm.layers, cls) for name, cls in NORM_LAYER_CLASSES.items()}
 
 
 @dataclass
@@ -46,7 +54,20 @@ class VisionTransformer(nn.Module):
     """Vision Transformer (Dosovitskiy et al., arXiv 2010.11929) with a swappable residual connection.
 
     Args mirror timm's ``VisionTransformer``; ``residual`` names a variant of ``lit_modules.RESIDUALS`` and
-    ``residual_options`` its own typed options (e.g. ``{"init_value": "auto"}`` for LayerScale).
+    ``residual_options`` its own typed options (e.g. ``{"init_value": "auto"}`` for LayerScale). Independent of the
+    residual:
+
+    - ``attention``: the self-attention blocks' attention, a kind of ``lit_modules.attention.ATTENTIONS`` —
+      ``"self"`` (timm's ``Attention``) or ``"re_attention"`` (DeepViT) — with ``attention_options``
+      (e.g. ``{"head_norm": "layer"}``);
+    - ``class_attention_blocks``: CaiT's class-attention head (Touvron et al., arXiv 2103.17239). 0: the class
+      token joins the patches from the start (ViT). N > 0: the self-attention blocks see the patch tokens only
+      (``pos_embed`` covers the patches, as in CaiT), then N timm ``LayerScaleBlockClassAttn`` blocks
+      (``blocks_token_only``) update only the class token — ``x_cls += γ₁ ⊙ CA(LN[x_cls; x_patches])``,
+      ``x_cls += γ₂ ⊙ MLP(LN x_cls)`` with the query from the class token alone, γ at CaiT's depth rule
+      ``cait_init_value(depth)``, no stochastic depth (as timm's CaiT) — before the final norm and the head;
+    - ``norm_layer``: ``"layernorm"`` (timm's ``LayerNorm``) or ``"rmsnorm"`` (timm's ``RmsNorm``), ε ``norm_eps``,
+      used by every norm of the model (pre-norms, final norm, qk-norm, the variants' own norms).
 
     **Common random numbers.** Every module's initial values are drawn from a generator seeded by
     ``(init_seed, the module's name)``, so two models built with the same ``init_seed`` (by default one number
@@ -77,43 +98,61 @@ class VisionTransformer(nn.Module):
         proj_drop_rate: float = 0.0,
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
+        norm_layer: str = "layernorm",
         norm_eps: float = 1e-6,
+        attention: str = "self",
+        attention_options: Mapping[str, Any] | None = None,
+        class_attention_blocks: int = 0,
         fused_attn: bool | None = None,
         init_seed: int | None = None,
     ) -> None:
         super().__init__()
         # Drawn before any module is built, so it depends only on the caller's RNG state (e.g. the run's seed).
         self.init_seed = int(torch.randint(0, 2**31 - 1, ()).item()) if init_seed is None else int(init_seed)
-        variant = _lookup_residual(residual)
+        variant = _lookup("residual", residual, RESIDUALS)
+        attn_kind = _lookup("attention", attention, ATTENTIONS)
+        norm_cls = _lookup("norm_layer", norm_layer, NORM_LAYERS)
         _check_config(img_size=img_size, patch_size=patch_size, embed_dim=embed_dim, depth=depth,
                       num_heads=num_heads, global_pool=global_pool, class_token=class_token,
-                      drop_path_rate=drop_path_rate, in_chans=in_chans, num_classes=num_classes)
+                      drop_path_rate=drop_path_rate, in_chans=in_chans, num_classes=num_classes, norm_eps=norm_eps,
+                      class_attention_blocks=class_attention_blocks)
         options = variant.validate_options(dict(residual_options or {}))
         variant.check_options(options, dim=embed_dim, depth=depth)
+        attn_options = attn_kind.validate_options(dict(attention_options or {}), num_heads=num_heads)
         self.residual = residual
         self.residual_options = options
+        self.attention = attention
+        self.attention_options = attn_options
         self.num_classes = num_classes
         self.global_pool = global_pool
         self.num_prefix_tokens = 1 if class_token else 0
+        # with a class-attention head the class token joins only after the self-attention blocks (CaiT)
+        block_prefix_tokens = 0 if class_attention_blocks else self.num_prefix_tokens
         self.embed_dim = self.num_features = embed_dim
-        norm_layer = partial(LayerNorm, eps=norm_eps)
+        norm_layer = partial(norm_cls, eps=norm_eps)
+        attn_layer = partial(attn_kind, **attn_options) if attn_options else attn_kind
 
         self.patch_embed = PatchEmbed(img_size=img_size, patch_size=patch_size, in_chans=in_chans,
                                       embed_dim=embed_dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
-        self.pos_embed = nn.Parameter(torch.zeros(1, self.patch_embed.num_patches + self.num_prefix_tokens,
-                                                  embed_dim))
+        self.pos_embed = nn.Parameter(torch.zeros(1, self.patch_embed.num_patches + block_prefix_tokens, embed_dim))
         self.pos_drop = nn.Dropout(p=pos_drop_rate)
 
         dpr = calculate_drop_path_rates(drop_path_rate, depth)  # timm's linear stochastic-depth rule
         block_args = [
             BlockArgs(dim=embed_dim, num_heads=num_heads, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, qk_norm=qk_norm,
                       proj_drop=proj_drop_rate, attn_drop=attn_drop_rate, drop_path=dpr[i], norm_layer=norm_layer,
-                      act_layer=nn.GELU, layer=i, depth=depth, num_prefix_tokens=self.num_prefix_tokens)
+                      act_layer=nn.GELU, layer=i, depth=depth, num_prefix_tokens=block_prefix_tokens,
+                      attn_layer=attn_layer)
             for i in range(depth)
         ]
         self.blocks = nn.ModuleList(variant.build_block(a, **options) for a in block_args)
         self.stream = variant.build_stream(embed_dim, depth, norm_layer, **options)
+        self.blocks_token_only = nn.ModuleList(
+            LayerScaleBlockClassAttn(embed_dim, num_heads, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias,
+                                     proj_drop=proj_drop_rate, attn_drop=attn_drop_rate, act_layer=nn.GELU,
+                                     norm_layer=norm_layer, init_values=cait_init_value(depth))
+            for _ in range(class_attention_blocks))
         use_fc_norm = global_pool == "avg"  # timm: average pooling normalises after pooling
         self.norm = norm_layer(embed_dim) if not use_fc_norm else nn.Identity()
         self.fc_norm = norm_layer(embed_dim) if use_fc_norm else nn.Identity()
@@ -132,7 +171,10 @@ class VisionTransformer(nn.Module):
             trunc_normal_(self.pos_embed, std=0.02)
         if self.cls_token is not None:
             with _seeded(self.init_seed, "cls_token"):
-                nn.init.normal_(self.cls_token, std=1e-6)
+                if len(self.blocks_token_only):  # CaiT: the class token is the class attention's query
+                    trunc_normal_(self.cls_token, std=0.02)
+                else:
+                    nn.init.normal_(self.cls_token, std=1e-6)
 
         def init(module: nn.Module, name: str) -> None:
             with _seeded(self.init_seed, name):
@@ -160,18 +202,24 @@ class VisionTransformer(nn.Module):
         return [(i, name, site) for i, blk in enumerate(self.blocks) for name, site in blk.sites().items()]
 
     def set_fused_attn(self, enabled: bool) -> None:
-        """Fused SDPA (fast, training) or the explicit-softmax path (returns attention maps to hooks)."""
+        """Fused SDPA (fast, training) or the explicit-softmax path (returns attention maps to hooks), for every
+        attention of the model (self-attention and class-attention blocks)."""
         for m in self.modules():
-            if isinstance(m, Attention):
+            if hasattr(m, "fused_attn"):
                 m.fused_attn = enabled
 
     # --- forward -------------------------------------------------------------------------------------------------
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         x = self.patch_embed(x)
-        if self.cls_token is not None:
-            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        cls_token = None if self.cls_token is None else self.cls_token.expand(x.shape[0], -1, -1)
+        if cls_token is not None and not len(self.blocks_token_only):
+            x = torch.cat([cls_token, x], dim=1)
         x = self.pos_drop(x + self.pos_embed)
         x = self.stream(x, self.blocks)
+        if len(self.blocks_token_only):  # CaiT: only the class token is updated, reading the patch tokens
+            for blk in self.blocks_token_only:
+                cls_token = blk(x, cls_token)
+            x = torch.cat([cls_token, x], dim=1)
         return self.norm(x)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
@@ -232,15 +280,15 @@ def _read_checkpoint(checkpoint: Mapping[str, torch.Tensor] | str | Path) -> Map
     return checkpoint
 
 
-def _lookup_residual(name: str):
-    if name not in RESIDUALS:
-        raise ValueError(f"unknown residual '{name}'; valid choices: {', '.join(RESIDUALS)}")
-    return RESIDUALS[name]
+def _lookup(kind: str, name: str, registry: Mapping[str, Any]) -> Any:
+    if name not in registry:
+        raise ValueError(f"unknown {kind} '{name}'; valid choices: {', '.join(registry)}")
+    return registry[name]
 
 
 def _check_config(*, img_size: int, patch_size: int, embed_dim: int, depth: int, num_heads: int,
                   global_pool: str, class_token: bool, drop_path_rate: float, in_chans: int,
-                  num_classes: int) -> None:
+                  num_classes: int, norm_eps: float, class_attention_blocks: int) -> None:
     """One-line ValueErrors for impossible configurations, before any module is built."""
     for name, value in (("depth", depth), ("embed_dim", embed_dim), ("num_heads", num_heads),
                         ("img_size", img_size), ("patch_size", patch_size), ("in_chans", in_chans)):
@@ -259,3 +307,11 @@ def _check_config(*, img_size: int, patch_size: int, embed_dim: int, depth: int,
         raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg' without a class token")
     if not 0.0 <= drop_path_rate <= 1.0 or math.isnan(drop_path_rate):
         raise ValueError(f"drop_path_rate must be in [0, 1], got {drop_path_rate}")
+    if not norm_eps > 0:
+        raise ValueError(f"norm_eps must be > 0, got {norm_eps}")
+    if not isinstance(class_attention_blocks, int) or isinstance(class_attention_blocks, bool) \
+            or class_attention_blocks < 0:
+        raise ValueError(f"class_attention_blocks must be an integer >= 0, got {class_attention_blocks!r}")
+    if class_attention_blocks and (not class_token or global_pool != "token"):
+        raise ValueError("class_attention_blocks > 0 needs class_token=True and global_pool='token' "
+                         "(the class-attention blocks update only the class token, which the head reads)")

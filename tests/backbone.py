@@ -1,9 +1,11 @@
-"""Shared by the backbone tests: a tiny float64 model and the fixture that sets float64 / one thread."""
+"""Shared by the backbone tests: a tiny float64 model, the fixture that sets float64 / one thread, and a helper that
+moves every parameter off its init."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
 from lit_modules import VisionTransformer
 
@@ -24,3 +26,12 @@ def _float64_one_thread():
 def build(residual: str = "standard", options: dict | None = None, seed: int = 0, **kw) -> VisionTransformer:
     torch.manual_seed(seed)
     return VisionTransformer(residual, options, **(TINY | kw))
+
+
+@torch.no_grad()
+def perturb(model: nn.Module, scale: float = 0.3, seed: int = 7) -> nn.Module:
+    """Move every parameter off its init so nothing is trivially zero/one."""
+    g = torch.Generator().manual_seed(seed)
+    for p in model.parameters():
+        p.add_(scale * torch.randn(p.shape, generator=g))
+    return model

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ablations.choices import DATASET_NAMES, INIT_VALUE_OPTIONS, RESIDUAL_NAMES
+from ablations.choices import ATTENTION_NAMES, DATASET_NAMES, INIT_VALUE_OPTIONS, NORM_LAYER_NAMES, RESIDUAL_NAMES
 from ablations.config import RunConfig, config_fields
 from ablations.train import build_parser, config_from_args, option_name, parse_value
 
@@ -45,6 +45,12 @@ def test_defaults_are_small_cpu_settings():
     ({"devices": "many"}, "devices must be an integer or 'auto'"),
     ({"residual_options": {"bad key": 1}}, "residual_options key 'bad key' is not a valid option name"),
     ({"min_lr": 1.0}, "min_lr must be in [0, 0.001]"),
+    ({"attention": "foo"}, "unknown attention 'foo'; valid choices: self, re_attention"),
+    ({"norm_layer": "batchnorm"}, "unknown norm_layer 'batchnorm'; valid choices: layernorm, rmsnorm"),
+    ({"norm_eps": 0.0}, "norm_eps must be > 0"),
+    ({"class_attention_blocks": -1}, "class_attention_blocks must be >= 0"),
+    ({"class_attention_blocks": 2, "global_pool": "avg"}, "class_attention_blocks > 0 needs global_pool='token'"),
+    ({"attention_options": {"bad key": 1}}, "attention_options key 'bad key' is not a valid option name"),
 ])
 def test_invalid_values_raise_one_line_value_errors(changes, message):
     with pytest.raises(ValueError) as info:
@@ -87,16 +93,44 @@ def test_to_hparams_is_flat_scalars():
     assert "residual_options" not in hp and "dataset_options" not in hp
     assert all(isinstance(v, (int, float, str, bool)) for v in hp.values())
     assert c.run_name() == "layerscale-init_value=None_d4_w64_synthetic_s0"
+    c = RunConfig(attention="re_attention", attention_options={"head_norm": "layer"}, class_attention_blocks=2,
+                  norm_layer="rmsnorm")
+    assert c.to_hparams()["attention.head_norm"] == "layer" and c.to_hparams()["class_attention_blocks"] == 2
+    assert c.run_name() == "standard+re_attention-head_norm=layer+ca2+rmsnorm_d4_w64_digits_s0"
+
+
+def test_backbone_defaults_are_todays_model():
+    c = RunConfig()
+    assert (c.attention, c.attention_options, c.class_attention_blocks) == ("self", {}, 0)
+    assert (c.norm_layer, c.norm_eps) == ("layernorm", 1e-6)
+    assert c.run_name() == "standard_d4_w64_digits_s0"
 
 
 def test_name_tables_match_the_registries():
+    """The CLI's names are the registries' own; every variant class in lit_modules/residual/ is registered."""
+    import importlib
+    import inspect
+
     from data import DATASETS
     from lit_modules import RESIDUALS
+    from lit_modules.attention import ATTENTIONS
+    from lit_modules.residual import ResidualSite
+    from lit_modules.vit import NORM_LAYERS
 
-    assert set(RESIDUAL_NAMES) == set(RESIDUALS)
+    assert RESIDUAL_NAMES == tuple(RESIDUALS) and ATTENTION_NAMES == tuple(ATTENTIONS)
+    assert NORM_LAYER_NAMES == tuple(NORM_LAYERS)
     assert set(DATASET_NAMES) == set(DATASETS)
     for residual, option in INIT_VALUE_OPTIONS.items():
         assert option in RESIDUALS[residual].options(), (residual, option)
+    for name, cls in RESIDUALS.items():  # variant ``name`` lives in residual/<name>.py
+        assert cls.name == name and cls.__module__ == f"lit_modules.residual.{name}", (name, cls)
+    for path in sorted((ROOT / "lit_modules" / "residual").glob("[!_]*.py")):  # discovered: new files must register
+        module = importlib.import_module(f"lit_modules.residual.{path.stem}")
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if issubclass(cls, ResidualSite) and cls.__module__ == module.__name__ and cls.name:
+                assert cls.name in RESIDUALS, (path.name, cls.__name__)
+    for name, cls in ATTENTIONS.items():
+        assert cls.name == name
 
 
 def test_config_and_cli_modules_do_not_import_torch():
@@ -131,6 +165,10 @@ def test_cli_options_map_to_config():
     assert parse("--residual", "highway", "--init-value", "-2").residual_options == {"gate_bias": -2}
     c = parse("--residual", "laurel", "--residual-option", "form=rw", "--residual-option", "rank=8")
     assert c.residual_options == {"form": "rw", "rank": 8}
+    c = parse("--attention", "re_attention", "--attention-option", "head_norm=layer", "--class-attention-blocks", "2",
+              "--norm-layer", "rmsnorm", "--norm-eps", "1e-5")
+    assert (c.attention, c.attention_options, c.class_attention_blocks) == ("re_attention", {"head_norm": "layer"}, 2)
+    assert (c.norm_layer, c.norm_eps) == ("rmsnorm", 1e-5)
     assert parse() == RunConfig()  # no options: the RunConfig defaults
 
 

@@ -14,7 +14,7 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-from backbone import TINY, _float64_one_thread, build  # noqa: F401 (autouse fixture)
+from backbone import TINY, _float64_one_thread, build, perturb  # noqa: F401 (autouse fixture)
 from timm.layers import DropPath
 from torch import nn
 
@@ -33,15 +33,6 @@ def tokens(model: VisionTransformer, imgs: torch.Tensor) -> torch.Tensor:
     x = model.patch_embed(imgs)
     x = torch.cat([model.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
     return x + model.pos_embed
-
-
-@torch.no_grad()
-def perturb(model: nn.Module, scale: float = 0.3, seed: int = 7) -> nn.Module:
-    """Move every parameter off its init so nothing is trivially zero/one."""
-    g = torch.Generator().manual_seed(seed)
-    for p in model.parameters():
-        p.add_(scale * torch.randn(p.shape, generator=g))
-    return model
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -251,7 +242,7 @@ DROP_CASES = [
     ("res_se", {"gate": "sigmoid", "reduction": 2}), ("res_se", {"form": "seed", "reduction": 2}),
     ("laurel", {"form": "rw_lr"} | LAUREL), ("laurel", {"form": "rw_lr_pa", "granularity": "sublayer"} | LAUREL),
     ("laurel", {"form": "pa", "pa_h": "lowrank"} | LAUREL), ("laurel", {"form": "seed"} | LAUREL),
-    ("dca", {"form": "seed"}),
+    ("dca", {"form": "seed"}), ("skipdense", {}),
 ]
 DCA_DROP_CASES = [{"form": "grn_v1"}, {"form": "grn_v2", "k": 1}, {"form": "grn_v3", "grn_v3_form": "text_A"},
                   {"form": "dca", "grn_v3_form": "fig10_B"}, {"form": "dca", "grn_v3_form": "text_A", "k": 1}]
@@ -739,7 +730,8 @@ def test_bad_options_raise(residual, options, words):
 
 
 def test_registry_keys():
-    assert list(RESIDUALS) == ["standard", "layerscale", "rezero", "skipinit", "highway", "laurel", "res_se", "dca"]
+    assert list(RESIDUALS) == ["standard", "layerscale", "rezero", "skipinit", "highway", "laurel", "res_se", "dca",
+                               "skipdense"]
     assert all(cls.name == name for name, cls in RESIDUALS.items())
 
 
@@ -807,6 +799,7 @@ def test_site_counts():
     assert [s[1] for s in build("laurel", LAUREL).residual_sites()] == ["block"] * 3
     assert len(build("laurel", {"granularity": "sublayer"} | LAUREL).residual_sites()) == 6
     assert len(build("dca").residual_sites()) == 3
+    assert [s[1] for s in build("skipdense").residual_sites()] == ["block"] * 3
 
 
 @pytest.mark.parametrize("depth, bias", [(2, -1.0), (6, -1.0), (8, -2.0), (12, -2.0), (14, -3.0), (32, -3.0)])

@@ -22,7 +22,7 @@ CONFIG = dict(depth=DEPTH, embed_dim=32, num_heads=2, patch_size=4, dataset="dig
               batch_size=64, lr=5e-3, warmup_epochs=1.0, diagnostics_every=1, diagnostics_batch_size=32, threads=1)
 MIN_VAL_ACC = 0.3
 
-SUBLAYERS = {"laurel": ("block",), "dca": ("block",)}  # block granularity; the rest have attn + mlp sites
+SUBLAYERS = {"laurel": ("block",), "dca": ("block",), "skipdense": ("block",)}  # block granularity; the rest have attn + mlp sites
 PARAMS = {  # (sublayer, key) the variant must log for every layer
     "standard": (),
     "layerscale": (("attn", "gamma_mean"), ("mlp", "gamma_std")),
@@ -32,6 +32,7 @@ PARAMS = {  # (sublayer, key) the variant must log for every layer
     "laurel": (("block", "alpha"), ("block", "beta"), ("block", "lr_norm")),
     "res_se": (("attn", "se_scale_mean"), ("mlp", "se_scale_mean")),
     "dca": (("block", "weight_0"),),
+    "skipdense": (),
 }
 
 
@@ -54,7 +55,7 @@ def text(ea, tag: str) -> list[str]:
     return [e.tensor_proto.string_val[0].decode() for e in ea.Tensors(f"{tag}/text_summary")]
 
 
-IDENTITY_SKIP = ("standard", "layerscale", "rezero", "skipinit", "dca")  # variants whose skip does not rescale x
+IDENTITY_SKIP = ("standard", "layerscale", "rezero", "skipinit", "dca", "skipdense")  # variants whose skip does not rescale x
 
 
 @pytest.mark.slow

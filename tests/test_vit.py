@@ -87,6 +87,7 @@ RETROFIT = {
     "grn_v2_k1": ("dca", {"form": "grn_v2", "k": 1}, _blocks(3, "grn.b_delta") | {"stream.out.b_delta"}, True),
     "dca_seed": ("dca", {"form": "seed"}, _blocks(3, *(f"ls{s}.predictor.{j}.{p}" for s in (1, 2) for j in (0, 2)
                                                         for p in ("weight", "bias"))), False),
+    "skipdense": ("skipdense", {}, set(), False),  # timm's names, no parameters of its own; dense sums differ
 }
 
 

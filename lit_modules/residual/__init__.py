@@ -1,9 +1,14 @@
 """The residual-connection variants, one class each, behind one registry.
 
 ``RESIDUALS[name]`` is a ``ResidualSite`` subclass; ``VisionTransformer(residual=name, residual_options={...})``
-builds the backbone with it. ``docs/variants.md`` is the reference (formulas, defaults, adaptations, sources).
+builds the backbone with it. The registry is read from ``lit_modules.names.RESIDUAL_CLASSES`` (the one,
+torch-free list of variants): variant ``name`` is its class in ``lit_modules/residual/<name>.py``.
+``docs/variants.md`` is the reference (formulas, defaults, adaptations, sources).
 """
 
+from importlib import import_module
+
+from ..names import RESIDUAL_CLASSES
 from .base import BlockArgs, ResidualSite
 from .dca import DCA
 from .highway import Highway
@@ -15,7 +20,7 @@ from .skipinit import SkipInit
 from .standard import Standard
 
 RESIDUALS: dict[str, type[ResidualSite]] = {
-    cls.name: cls for cls in (Standard, LayerScale, ReZero, SkipInit, Highway, LAuReL, ResSE, DCA)
+    name: getattr(import_module(f"{__name__}.{name}"), cls) for name, cls in RESIDUAL_CLASSES.items()
 }
 
 __all__ = ["RESIDUALS", "BlockArgs", "ResidualSite", "Standard", "LayerScale", "ReZero", "SkipInit", "Highway",

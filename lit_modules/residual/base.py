@@ -23,6 +23,8 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from ..attention import SelfAttention
+
 
 @dataclass(frozen=True)
 class BlockArgs:
@@ -41,6 +43,12 @@ class BlockArgs:
     layer: int  # 0-based block index
     depth: int  # total number of blocks
     num_prefix_tokens: int
+    attn_layer: Any = SelfAttention  # the injection point of the attention kind (``lit_modules.attention``)
+
+    def attention(self) -> nn.Module:
+        """The block's attention (timm's argument names), of the backbone's chosen kind."""
+        return self.attn_layer(self.dim, num_heads=self.num_heads, qkv_bias=self.qkv_bias, qk_norm=self.qk_norm,
+                               attn_drop=self.attn_drop, proj_drop=self.proj_drop, norm_layer=self.norm_layer)
 
 
 class ResidualSite(nn.Module):

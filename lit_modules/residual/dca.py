@@ -6,9 +6,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from timm.layers import Attention, DropPath, Mlp, trunc_normal_
+from timm.layers import DropPath, Mlp, trunc_normal_
 from torch import nn
 
+from ..attention import SelfAttention
 from .base import BlockArgs, ResidualSite, check_choice
 
 FORMS = ("dca", "grn_v1", "grn_v2", "grn_v3", "seed")
@@ -234,8 +235,7 @@ class DCABlock(nn.Module):
             self.norm1_k = args.norm_layer(dim)
             self.norm1_v = args.norm_layer(dim)
             self.retrofit_aliases = {f"norm1_{s}.{p}": f"norm1.{p}" for s in "kv" for p in ("weight", "bias")}
-        self.attn = Attention(dim, num_heads=args.num_heads, qkv_bias=args.qkv_bias, qk_norm=args.qk_norm,
-                              attn_drop=args.attn_drop, proj_drop=args.proj_drop, norm_layer=args.norm_layer)
+        self.attn = args.attention()
         self.norm2 = args.norm_layer(dim)
         self.mlp = Mlp(in_features=dim, hidden_features=int(dim * args.mlp_ratio), act_layer=args.act_layer,
                        drop=args.proj_drop)
@@ -254,20 +254,16 @@ class DCABlock(nn.Module):
         return self.drop_path(a + self.mlp(self.norm2(q_in + a)))
 
 
-def cross_attention(attn: Attention, q_in: torch.Tensor, k_in: torch.Tensor, v_in: torch.Tensor) -> torch.Tensor:
-    """timm ``Attention`` with separate query/key/value inputs (same weights, same fused/explicit switch; the
-    explicit path passes the attention map through ``attn.attn_drop`` so diagnostics hooks see it)."""
+def cross_attention(attn: SelfAttention, q_in: torch.Tensor, k_in: torch.Tensor, v_in: torch.Tensor) -> torch.Tensor:
+    """The block's attention (any kind of ``lit_modules.attention``) with separate query/key/value inputs: same
+    weights, and the kind's own core (``attend``: fused/explicit switch, Re-attention's head mixing; the explicit
+    path passes the attention map through ``attn.attn_drop`` so diagnostics hooks see it)."""
     B, N, _ = q_in.shape
     weights = attn.qkv.weight.chunk(3)
     biases = attn.qkv.bias.chunk(3) if attn.qkv.bias is not None else (None, None, None)
     q, k, v = (F.linear(t, w, b).reshape(B, N, attn.num_heads, attn.head_dim).transpose(1, 2)
                for t, w, b in zip((q_in, k_in, v_in), weights, biases, strict=True))
-    q, k = attn.q_norm(q), attn.k_norm(k)
-    if attn.fused_attn:
-        x = F.scaled_dot_product_attention(q, k, v, dropout_p=attn.attn_drop.p if attn.training else 0.0)
-    else:
-        weights = attn.attn_drop((q * attn.scale @ k.transpose(-2, -1)).softmax(dim=-1))
-        x = weights @ v
+    x = attn.attend(attn.q_norm(q), attn.k_norm(k), v)
     x = attn.norm(x.transpose(1, 2).reshape(B, N, attn.attn_dim))
     return attn.proj_drop(attn.proj(x))
 

@@ -1,0 +1,134 @@
+"""The attention of the self-attention blocks, chosen by name (``VisionTransformer(attention=...)``).
+
+Orthogonal to the residual variant: every block a variant builds asks ``BlockArgs.attention()`` for its attention,
+so any residual works with any attention kind. Both kinds keep timm's ``Attention`` parameter names (``qkv``,
+``proj``, ``q_norm``, ``k_norm``, ``attn_drop``, ``proj_drop``) and, in the explicit path, pass the attention maps
+the values are mixed with through ``attn_drop`` — where the diagnostics' forward hook reads them.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from timm.layers import Attention
+from torch import nn
+
+from .names import ATTENTION_CLASSES
+
+THETA_INITS = ("identity", "randn")
+HEAD_NORMS = ("batch", "layer", "none")
+
+
+class SelfAttention(Attention):
+    """Multi-head self-attention (Vaswani et al., arXiv 1706.03762): timm's ``Attention``, unchanged,
+
+        Attention(Q, K, V) = softmax(QKᵀ/√d) · V   per head,
+
+    plus ``attend``, the same core on given per-head q, k, v, so a block that composes q, k and v from different
+    inputs (DCA's cross-attention) runs any attention kind with the kind's own weights and fused/explicit switch.
+    """
+
+    name: ClassVar[str] = "self"
+    paper: ClassVar[str] = "Vaswani et al. 2017, arXiv 1706.03762"
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """(B, H, N, d) q, k, v → (B, H, N, d): fused SDPA, or the explicit softmax through ``attn_drop``."""
+        if self.fused_attn:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)
+        return self.attn_drop((q * self.scale @ k.transpose(-2, -1)).softmax(dim=-1)) @ v
+
+    # --- options (read from the keyword-only arguments of ``__init__``, as ``ResidualSite.options``) -------------
+    @classmethod
+    def options(cls) -> dict[str, inspect.Parameter]:
+        params = inspect.signature(cls.__init__).parameters
+        return {n: p for n, p in params.items() if p.kind is p.KEYWORD_ONLY}
+
+    @classmethod
+    def validate_options(cls, options: dict[str, Any], num_heads: int) -> dict[str, Any]:
+        """One-line ValueErrors for unknown options or values; the options with defaults filled in."""
+        valid = cls.options()
+        for key in options:
+            if key not in valid:
+                raise ValueError(f"option '{key}' is not valid for attention '{cls.name}'; "
+                                 f"valid options: {', '.join(sorted(valid)) or 'none'}")
+        return {n: options.get(n, p.default) for n, p in valid.items()}
+
+
+class ReAttention(SelfAttention):
+    """Re-attention (DeepViT, Zhou et al., arXiv 2103.11886, eq. 4): the heads' attention maps are mixed by a
+    learned H×H matrix before they weight the values,
+
+        Re-Attention(Q, K, V) = Norm(Θᵀ · softmax(QKᵀ/√d)) · V,   Θ ∈ R^{H×H},
+
+    i.e. regenerated map g = Norm(Σ_h Θ_{hg} A_h) for every head g (``reattn_weights`` = Θ[h, g]).
+
+    ``head_norm``: ``"batch"`` (the paper: BatchNorm over the head dimension, statistics over batch and both
+    token axes, running averages in eval mode; default), ``"layer"`` (lucidrains/vit-pytorch: LayerNorm over the
+    H heads of each (query, key) entry; needs H ≥ 2) or ``"none"``. ``theta_init``: ``"identity"`` (default; with
+    ``head_norm="none"`` the layer equals self-attention at init) or ``"randn"`` (lucidrains draws Θ from a
+    standard normal). The paper's own Θ init was not determined from the sources at hand.
+
+    The regenerated maps go through ``attn_drop`` (what the diagnostics record) and the maps are always computed
+    explicitly (Θ must mix them): ``fused_attn`` has no effect here.
+    """
+
+    name: ClassVar[str] = "re_attention"
+    paper: ClassVar[str] = "Zhou et al. 2021, arXiv 2103.11886"
+
+    def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, qk_norm: bool = False,
+                 attn_drop: float = 0.0, proj_drop: float = 0.0, norm_layer: Any = None, *,
+                 theta_init: str = "identity", head_norm: str = "batch") -> None:
+        super().__init__(dim, num_heads=num_heads, qkv_bias=qkv_bias, qk_norm=qk_norm, attn_drop=attn_drop,
+                         proj_drop=proj_drop, norm_layer=norm_layer)
+        self.theta_init = theta_init
+        self.reattn_weights = nn.Parameter(torch.empty(num_heads, num_heads))
+        self.reattn_norm = {"batch": nn.BatchNorm2d, "layer": HeadLayerNorm, "none": _identity}[head_norm](num_heads)
+        self.init_weights()
+
+    @classmethod
+    def validate_options(cls, options: dict[str, Any], num_heads: int) -> dict[str, Any]:
+        options = super().validate_options(options, num_heads)
+        for key, choices in (("theta_init", THETA_INITS), ("head_norm", HEAD_NORMS)):
+            if options[key] not in choices:
+                raise ValueError(f"{key}={options[key]!r} is not valid; valid choices: {', '.join(choices)}")
+        if options["head_norm"] == "layer" and num_heads < 2:
+            raise ValueError("head_norm='layer' normalises over the heads and needs num_heads >= 2 "
+                             f"(got {num_heads}); use head_norm='batch' or 'none'")
+        return options
+
+    def init_weights(self) -> None:
+        """Θ = I or Θ ~ N(0, 1) (called by timm's init under this module's seeded generator)."""
+        with torch.no_grad():
+            if self.theta_init == "identity":
+                self.reattn_weights.copy_(torch.eye(self.num_heads))
+            else:
+                self.reattn_weights.normal_()
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        attn = (q * self.scale @ k.transpose(-2, -1)).softmax(dim=-1)
+        attn = torch.einsum("bhij,hg->bgij", attn, self.reattn_weights)
+        return self.attn_drop(self.reattn_norm(attn)) @ v
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, _ = x.shape
+        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        x = self.attend(self.q_norm(q), self.k_norm(k), v)
+        x = self.norm(x.transpose(1, 2).reshape(B, N, self.attn_dim))
+        return self.proj_drop(self.proj(x))
+
+
+class HeadLayerNorm(nn.LayerNorm):
+    """LayerNorm over the head dimension of (B, H, N, N) attention maps (lucidrains' Re-attention norm)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+def _identity(num_heads: int) -> nn.Module:
+    return nn.Identity()
+
+
+ATTENTIONS: dict[str, type[SelfAttention]] = {name: globals()[cls] for name, cls in ATTENTION_CLASSES.items()}

@@ -1,0 +1,38 @@
+"""The names of the backbone's interchangeable parts — the one list of each, torch-free.
+
+Importing torch costs ~4 s, and the CLI's ``--help`` and ``RunConfig`` validation need only the names, so the
+registries are built from these tables (``lit_modules.RESIDUALS``, ``lit_modules.attention.ATTENTIONS``,
+``lit_modules.vit.NORM_LAYERS``) rather than listed twice. Adding a residual variant is its file
+``lit_modules/residual/<name>.py`` plus one line here.
+"""
+
+from __future__ import annotations
+
+#: residual variant name -> its class in ``lit_modules/residual/<name>.py``
+RESIDUAL_CLASSES: dict[str, str] = {
+    "standard": "Standard",
+    "layerscale": "LayerScale",
+    "rezero": "ReZero",
+    "skipinit": "SkipInit",
+    "highway": "Highway",
+    "laurel": "LAuReL",
+    "res_se": "ResSE",
+    "dca": "DCA",
+    "skipdense": "SkipDense",
+}
+
+#: attention kind -> its class in ``lit_modules/attention.py``
+ATTENTION_CLASSES: dict[str, str] = {
+    "self": "SelfAttention",
+    "re_attention": "ReAttention",
+}
+
+#: norm layer name -> its class in ``timm.layers``
+NORM_LAYER_CLASSES: dict[str, str] = {
+    "layernorm": "LayerNorm",
+    "rmsnorm": "RmsNorm",
+}
+
+RESIDUAL_NAMES: tuple[str, ...] = tuple(RESIDUAL_CLASSES)
+ATTENTION_NAMES: tuple[str, ...] = tuple(ATTENTION_CLASSES)
+NORM_LAYER_NAMES: tuple[str, ...] = tuple(NORM_LAYER_CLASSES)
