@@ -21,6 +21,9 @@ SITE_RE = r"^diag/{kind}/(?P<sublayer>[^/]+)/(?P<layer>\d+)$"  # per (sublayer, 
 LAYER_RE = r"^diag/{kind}/(?P<layer>\d+)$"  # per layer: attn_sim_adj, attn_sim_k, stream_rms, ...
 PARAM_RE = re.compile(r"^diag/param/(?P<sublayer>[^/]+)/(?P<layer>\d+)/(?P<key>[^/]+)$")
 ATTN_SIM_JSON = "diag/attn_sim_full_json"
+SIMILAR_BLOCKS = "diag/similar_blocks"  # DeepViT's collapse count (lit_modules.diagnostics.TAGS)
+ATTN_SIM_ADJ_MEAN = "diag/attn_sim_adj_mean"
+ATTN_ENTROPY_MEAN = "diag/attn_entropy_mean"
 
 
 @dataclass
@@ -37,6 +40,14 @@ class RunEvents:
     def last_step(self, pattern: re.Pattern) -> int | None:
         steps = [s for tag, values in self.scalars.items() if pattern.match(tag) for s in values]
         return max(steps) if steps else None
+
+    def last_value(self, tag: str) -> tuple[int, float] | None:
+        """``(step, value)`` of a scalar tag at its last logged step; None if the run never logged it."""
+        values = self.scalars.get(tag)
+        if not values:
+            return None
+        step = max(values)
+        return step, values[step]
 
     def ratio_means(self, step: int | None = None) -> dict[str, dict[int, float]]:
         """``{sublayer: {layer: ratio_mean}}`` at ``step`` (default: the last step with any ratio logged)."""

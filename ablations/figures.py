@@ -66,6 +66,28 @@ def save(fig, out_dir: Path, name: str, *, tight: bool = False) -> list[Path]:
 def accuracy_vs_depth(cells: Sequence[Mapping], variants: Sequence[str], *, ylabel: str) -> Figure:
     """Mean ± sample std (error bars) of the accuracy per variant over depth; ``cells`` rows have keys
     variant, depth, mean, std, n (accuracy in %)."""
+    return _lines_vs_depth(cells, variants, ylabel=ylabel, title="accuracy vs depth (mean ± std over seeds)")
+
+
+def similar_blocks_vs_depth(records: Sequence[Mapping], variants: Sequence[str], *, k: int | None,
+                            tau: float, share: float) -> Figure:
+    """DeepViT's collapse count over depth: mean ± sample std (error bars) of the number of similar blocks per
+    variant (one line each), with the ceiling L − 1 (every block similar) dotted; ``records`` from
+    :func:`ablations.report.tables.collapse_records`."""
+    cells = [{"variant": r["variant"], "depth": r["depth"], "n": r["n"], "mean": r["similar_blocks"],
+              "std": r["similar_blocks_std"]} for r in records if r["depth"] is not None and r["n"] > 0]
+    fig = _lines_vs_depth(cells, variants, ylabel="similar blocks (mean over seeds)",
+                          title=f"attention collapse: blocks with > {share:g} of their columns at M > {tau:g}\n"
+                                f"against the next {k or 'K'} blocks (project's definition), last logged epoch",
+                          ceiling=True)
+    fig.axes[0].set_ylim(bottom=-0.5)
+    return fig
+
+
+def _lines_vs_depth(cells: Sequence[Mapping], variants: Sequence[str], *, ylabel: str, title: str,
+                    ceiling: bool = False) -> Figure:
+    """One line per variant over depth: ``mean`` with ± ``std`` error bars (0 where n < 2); ``ceiling``: a dotted
+    line at depth − 1 (every block counted)."""
     fig = new_figure(4.8, 3.4)
     ax = fig.add_subplot()
     palette = colors(variants)
@@ -78,10 +100,12 @@ def accuracy_vs_depth(cells: Sequence[Mapping], variants: Sequence[str], *, ylab
         y = [r["mean"] for r in rows]
         err = [r["std"] if r["n"] >= 2 and r["std"] is not None else 0.0 for r in rows]
         ax.errorbar(x, y, yerr=err, label=label, color=palette[label], marker="o", ms=3, capsize=3, lw=1.2)
+    if ceiling and depths:
+        ax.plot(depths, [d - 1 for d in depths], color="0.5", ls=":", lw=1, label="all blocks (L − 1)")
     ax.set_xticks(depths)
     ax.set_xlabel("depth (blocks)")
     ax.set_ylabel(ylabel)
-    ax.set_title("accuracy vs depth (mean ± std over seeds)")
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(loc="best", ncols=2 if len(variants) > 4 else 1)
     return fig
@@ -376,9 +400,18 @@ def report_figures(study, data, cells, out: Path) -> tuple[list[Path], list[str]
         notes.append(f"figure branch_ratio skipped: no {_tag('ratio_mean')} tags in the event files (depth {depth}).")
     else:
         keep(fig, "branch_ratio")
-    fig = similarity_curves(events, variants, depth=depth, k=_config_value(data, "diagnostics_sim_k"))
+    fig = similarity_curves(events, variants, depth=depth, k=data.config_value("diagnostics_sim_k"))
     if fig is not None:
         keep(fig, "attn_similarity_curves")
+    if data.kind == "grid":
+        from lit_modules.diagnostics import DEFAULT_SIM_K, DEFAULT_TAU, SIMILAR_SHARE
+
+        from .report.tables import collapse_records
+
+        records = collapse_records(data)
+        if records:
+            keep(similar_blocks_vs_depth(records, variants, k=data.config_value("diagnostics_sim_k", DEFAULT_SIM_K),
+                                         tau=DEFAULT_TAU, share=SIMILAR_SHARE), "similar_blocks_vs_depth")
     matrices = _similarity_matrices(data, events, cells, top)
     if matrices:
         keep(attention_similarity(matrices, depth=depth), "attn_similarity")
@@ -393,12 +426,6 @@ def report_figures(study, data, cells, out: Path) -> tuple[list[Path], list[str]
         which = "best trial per variant" if data.kind == "search" else "all seeds"
         notes.append(f"diagnostic figures use {which} at depth {depth}, last logged epoch.")
     return written, notes
-
-
-def _config_value(data, key: str):
-    """A RunConfig field shared by the study's runs (None when the runs disagree or did not store it)."""
-    values = {(r.config or {}).get(key) for r in data.runs}
-    return values.pop() if len(values) == 1 else None
 
 
 def _tag(name: str) -> str:

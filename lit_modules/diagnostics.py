@@ -15,6 +15,11 @@ Project definitions (written to TensorBoard as ``diag/definitions`` at fit start
   similarity, which is trivially ≈ 1 for near-uniform attention.
 - ``sim_k[l] = mean_{q = l+1..l+K} mean_{b,h,t} M^{l,q}`` (K following blocks, fewer at the top; **project default
   K = 3**, the paper's K was not retrieved) and ``sim_k_ratio[l]`` = share of (b, h, t, q) with M > τ.
+- ``similar_blocks`` = #{l < L−1 : sim_k_ratio[l] > 0.5} — DeepViT's collapse count ("similar blocks"), with the
+  **project's definition**: block l is similar when more than half (``SIMILAR_SHARE``) of its attention columns,
+  over (b, h, t) and the K following blocks q, have M > τ. DeepViT counts blocks whose attention is similar to
+  their neighbours, but its exact τ, K and share were not retrieved; ``similar_blocks_fraction`` = that count /
+  (L − 1). Both are logged only for L ≥ 2 (a single block has no following block).
 - Per residual site (layer l, sublayer s): x = the stream entering the site, b = **what the branch adds** to it
   (γ⊙F, α·F, t⊙F, α·f, g⊙F, ...; ``ResidualSite.decompose``), Δ = the whole update (DropPath is off in eval
   mode). CaiT's ratio ``ρ = ‖b‖/(‖x‖ + 1e-6)`` per token, comparable across variants; ``ratio_mean = mean ρ``,
@@ -39,6 +44,7 @@ Tags written by :class:`DiagnosticsCallback` (see :data:`TAGS`)::
     diag/update_ratio/{sublayer}/{layer:02d}   diag/skip_scale/{sublayer}/{layer:02d}
     diag/attn_sim_adj/{layer:02d}   diag/attn_sim_ratio/{layer:02d}   diag/attn_entropy/{layer:02d}
     diag/attn_sim_k/{layer:02d}   diag/attn_sim_k_ratio/{layer:02d}   diag/attn_sim_k_mean   diag/attn_sim_k_ratio_mean
+    diag/similar_blocks   diag/similar_blocks_fraction                      (scalars, L ≥ 2)
     diag/grad_norm/{layer:02d}   diag/param/{sublayer}/{layer:02d}/{key}
     diag/attn_sim_adj_mean   diag/attn_sim_ratio_mean   diag/attn_entropy_mean   diag/ratio_mean_avg   (scalars)
     diag/attn_sim_full   diag/dca_weights                                   (images; dca_weights: DCA only)
@@ -65,6 +71,7 @@ from .residual.dca import DCABlock
 
 DEFAULT_TAU = 0.9  # project default similarity threshold (DeepViT-style; the paper's τ was not retrieved)
 DEFAULT_SIM_K = 3  # neighbouring blocks each block's similarity is taken against (the paper's K was not retrieved)
+SIMILAR_SHARE = 0.5  # a block is "similar" when more than this share of its sim_k comparisons has M > τ (project's)
 EPS = 1e-6  # ρ = ‖Δ‖ / (‖x‖ + EPS), spec §10.2
 
 TAGS = {
@@ -84,6 +91,8 @@ TAGS = {
     "attn_sim_ratio_mean": "diag/attn_sim_ratio_mean",
     "attn_sim_k_mean": "diag/attn_sim_k_mean",
     "attn_sim_k_ratio_mean": "diag/attn_sim_k_ratio_mean",
+    "similar_blocks": "diag/similar_blocks",
+    "similar_blocks_fraction": "diag/similar_blocks_fraction",
     "attn_entropy_mean": "diag/attn_entropy_mean",
     "ratio_mean_avg": "diag/ratio_mean_avg",
     "attn_sim_full": "diag/attn_sim_full",
@@ -102,6 +111,9 @@ DEFINITIONS = f"""\
 - `attn_entropy/l` = mean over rows of −Σ A log A / log T (1 = uniform, 0 = one-hot).
 - `attn_sim_k/l` = mean M between block l and each of the K = {{k}} following blocks; `attn_sim_k_ratio/l` = share
   of those (b, h, t, q) with M > τ (K is the project's choice; the paper's K was not retrieved).
+- `similar_blocks` = number of blocks l < L−1 with `attn_sim_k_ratio/l` > {SIMILAR_SHARE} (more than half of
+  block l's attention columns similar to the K following blocks): DeepViT's collapse count, by the project's
+  definition (the paper's exact τ, K and share were not retrieved); `similar_blocks_fraction` = count / (L − 1).
 - `ratio_mean/s/l` = mean over tokens of ‖b‖/(‖x‖+1e-6), b = what the branch adds to the stream x (γ⊙F, α·F,
   t⊙F, ...: CaiT's ratio, comparable across variants; eval mode); `ratio_rms` = sqrt(mean‖b‖²)/sqrt(mean‖x‖²);
   `skip_scale/s/l` = mean factor the skip multiplies x by (1 for an identity skip); `update_ratio/s/l` = mean
@@ -118,8 +130,10 @@ def attention_similarity(maps: Sequence[Tensor], tau: float = DEFAULT_TAU, k: in
     """DeepViT cross-layer similarity and attention entropy of post-softmax maps, one (B, H, T, T) per layer.
 
     Returns float32 tensors on the maps' device: ``sim_full`` (L, L), ``sim_adj`` (L−1,), ``sim_ratio`` (L−1,),
-    ``sim_k`` and ``sim_k_ratio`` (L−1,: block l against blocks l+1..l+k) and ``entropy`` (L,). Column t of a map is ``A[b, h, :, t]``; an all-zero column (only possible for hand-made
-    maps) has similarity 0 with everything. Memory: one float32 copy of the maps.
+    ``sim_k`` and ``sim_k_ratio`` (L−1,: block l against blocks l+1..l+k), ``similar_blocks`` (0-d: the number of
+    blocks with ``sim_k_ratio > SIMILAR_SHARE``, see :func:`similar_blocks`) and ``entropy`` (L,). Column t of a map
+    is ``A[b, h, :, t]``; an all-zero column (only possible for hand-made maps) has similarity 0 with everything.
+    Memory: one float32 copy of the maps.
     """
     if len(maps) == 0:
         raise ValueError("attention_similarity needs at least one attention map")
@@ -153,14 +167,27 @@ def attention_similarity(maps: Sequence[Tensor], tau: float = DEFAULT_TAU, k: in
             return empty
         return torch.stack([(g > tau).float().mean() if threshold else g.mean() for g in groups])
 
+    sim_k_ratio = summarise(near, True)
     return {
         "sim_full": sim_full,
         "sim_adj": summarise(adj, False),
         "sim_ratio": summarise(adj, True),
         "sim_k": summarise(near, False),
-        "sim_k_ratio": summarise(near, True),
+        "sim_k_ratio": sim_k_ratio,
+        "similar_blocks": similar_blocks(sim_k_ratio),
         "entropy": torch.stack(entropy),
     }
+
+
+def similar_blocks(sim_k_ratio: Tensor, share: float = SIMILAR_SHARE) -> Tensor:
+    """DeepViT's collapse count by the project's definition: the number of blocks l (0 ≤ l < L−1) whose
+    ``sim_k_ratio[l]`` (share of attention columns × following blocks with M > τ) is **strictly** above ``share``,
+    as a 0-d float32 tensor. DeepViT reports 5/11/16 similar blocks for a plain ViT at 16/24/32 blocks and none
+    with Re-attention; its exact τ, K and share were not retrieved, so τ = 0.9, K = 3, share = 0.5 are this
+    project's choices."""
+    if not 0.0 <= share < 1.0:
+        raise ValueError(f"share must be in [0, 1), got {share}")
+    return (sim_k_ratio > share).sum().float()  # 0 for L = 1 (no following block)
 
 
 def branch_ratios(x: Tensor, delta: Tensor, eps: float = EPS) -> dict[str, Tensor]:
@@ -213,7 +240,7 @@ def collect_diagnostics(model: nn.Module, images: Tensor, tau: float = DEFAULT_T
         depth, tau, sublayers (forward order of one block, e.g. ["attn", "mlp"])
         ratio_mean, ratio_rms, update_ratio, skip_scale: {sublayer: (L,)}     stream_rms: (L,)
         attn_sim_full: (L, L)   attn_sim_adj, attn_sim_ratio, attn_sim_k, attn_sim_k_ratio: (L−1,)
-        attn_entropy: (L,)
+        similar_blocks: int (blocks with attn_sim_k_ratio > SIMILAR_SHARE)   attn_entropy: (L,)
         params: {sublayer: {layer: {key: float}}}    (the variant's ResidualSite.diagnostics())
         dca_weights: (L+1, max stack size) with NaN where a consumer has no such input, or None (not DCA)
     """
@@ -296,6 +323,7 @@ def collect_diagnostics(model: nn.Module, images: Tensor, tau: float = DEFAULT_T
     out["attn_sim_ratio"] = sim["sim_ratio"].cpu()
     out["attn_sim_k"] = sim["sim_k"].cpu()
     out["attn_sim_k_ratio"] = sim["sim_k_ratio"].cpu()
+    out["similar_blocks"] = int(sim["similar_blocks"].item())
     out["attn_entropy"] = sim["entropy"].cpu()
     out["params"] = _params_to_floats(param_stats)
     out["dca_weights"] = _dca_matrix(out["params"], depth) if any(isinstance(b, DCABlock) for b in model.blocks) \
@@ -454,6 +482,11 @@ def diagnostic_scalars(result: dict[str, Any], grad_norms: Sequence[float] | Non
             scalars[TAGS[key].format(layer=layer)] = v
         if key != "stream_rms" and values:
             scalars[TAGS[f"{key}_mean"]] = sum(values) / len(values)
+    pairs = len(result["attn_sim_k_ratio"])
+    if pairs:  # L ≥ 2: blocks 0..L−2 each have a following block
+        count = int(result["similar_blocks"])
+        scalars[TAGS["similar_blocks"]] = float(count)
+        scalars[TAGS["similar_blocks_fraction"]] = count / pairs
     if ratio_means:
         scalars[TAGS["ratio_mean_avg"]] = sum(ratio_means) / len(ratio_means)
     for layer, v in enumerate(grad_norms or []):

@@ -14,11 +14,15 @@ from torch import nn
 from lit_modules import RESIDUALS, VisionTransformer
 from lit_modules.diagnostics import (
     DEFAULT_TAU,
+    SIMILAR_SHARE,
+    TAGS,
     DiagnosticsCallback,
     attention_similarity,
     block_grad_norms,
     branch_ratios,
     collect_diagnostics,
+    diagnostic_scalars,
+    similar_blocks,
     stream_rms,
 )
 
@@ -132,6 +136,42 @@ def test_attention_similarity_rejects_bad_shapes():
         attention_similarity([])
     with pytest.raises(ValueError, match="same shape"):
         attention_similarity([torch.rand(1, 1, 3, 3), torch.rand(1, 1, 4, 4)])
+
+
+def test_similar_blocks_counts_blocks_whose_columns_mostly_match_the_following_blocks():
+    """Hand-made maps, two heads: blocks 0-2 identity, 3-4 swapped, so M = 1 within a group and 0 across it.
+    K = 3: block 0 matches 2 of its 3 followers (ratio 2/3 > 0.5: similar), block 1 matches 1 of 3, block 2 none of
+    2, block 3 its only follower (ratio 1: similar) -> 2 similar blocks of L − 1 = 4."""
+    five = maps(*([[IDENTITY, IDENTITY]] * 3 + [[SWAP, SWAP]] * 2))
+    s = attention_similarity(five, k=3)
+    torch.testing.assert_close(s["sim_k_ratio"], torch.tensor([2 / 3, 1 / 3, 0.0, 1.0]))
+    assert s["similar_blocks"].item() == 2.0 and SIMILAR_SHARE == 0.5
+    # K = 2: block 1 matches exactly half of its followers (1 of 2): not "more than half", so not similar
+    s2 = attention_similarity(five, k=2)
+    torch.testing.assert_close(s2["sim_k_ratio"], torch.tensor([1.0, 0.5, 0.0, 1.0]))
+    assert s2["similar_blocks"].item() == 2.0
+    # one head collapsed, the other not: every block's ratio is 1/2 at K = 1 (adjacent), no similar block
+    half = maps(*([[IDENTITY, IDENTITY if i % 2 else SWAP] for i in range(4)]))
+    s3 = attention_similarity(half, k=1)
+    torch.testing.assert_close(s3["sim_k_ratio"], torch.full((3,), 0.5))
+    assert s3["similar_blocks"].item() == 0.0
+    # identical maps everywhere: every block but the last is similar; a lower share counts the 1/3 block too
+    assert attention_similarity([five[0]] * 6)["similar_blocks"].item() == 5.0
+    assert similar_blocks(s["sim_k_ratio"], share=0.3).item() == 3.0
+    assert similar_blocks(torch.zeros(0)).item() == 0.0
+    with pytest.raises(ValueError, match="share"):
+        similar_blocks(s["sim_k_ratio"], share=1.0)
+
+
+def test_similar_blocks_scalars_logged_for_two_or_more_blocks():
+    d = collect_diagnostics(tiny(), images())
+    scalars = diagnostic_scalars(d)
+    count = int((d["attn_sim_k_ratio"] > SIMILAR_SHARE).sum())
+    assert d["similar_blocks"] == count
+    assert scalars[TAGS["similar_blocks"]] == count
+    assert scalars[TAGS["similar_blocks_fraction"]] == count / (TINY["depth"] - 1)
+    one = diagnostic_scalars(collect_diagnostics(tiny(depth=1), images()))
+    assert TAGS["similar_blocks"] not in one and TAGS["similar_blocks_fraction"] not in one
 
 
 # --- branch/stream ratio -----------------------------------------------------------------------------------------------
@@ -331,7 +371,7 @@ def test_callback_logs_on_diagnostic_epochs_only(tmp_path, monkeypatch):
             assert tag in scalars, tag
             assert [e.step for e in ea.Scalars(tag)] == [1, 2], tag  # step = epoch index
     assert {"diag/attn_sim_adj/00", "diag/attn_sim_ratio/00", "diag/attn_sim_adj_mean",
-            "diag/ratio_mean_avg"} <= scalars
+            "diag/ratio_mean_avg", "diag/similar_blocks", "diag/similar_blocks_fraction"} <= scalars
     assert "diag/attn_sim_adj/01" not in scalars  # depth 2: one adjacent pair
     assert all(e.value > 0 for e in ea.Scalars("diag/grad_norm/01"))
     assert ea.Tags()["images"] == ["diag/attn_sim_full"]

@@ -42,8 +42,9 @@ variants:
   - {label: layerscale, residual: layerscale, options: {init_value: 0.1}}
 axes: {depth: [1, 2], seed: [0, 1]}
 """
-TABLES = ("main", "paired", "convergence", "cost")
-FIGURES = ("acc_vs_depth", "val_curves", "branch_ratio", "attn_similarity", "attn_similarity_curves", "param_evolution")
+TABLES = ("main", "paired", "convergence", "cost", "collapse")  # collapse: the trials logged diag/similar_blocks
+FIGURES = ("acc_vs_depth", "val_curves", "branch_ratio", "attn_similarity", "attn_similarity_curves", "param_evolution",
+           "similar_blocks_vs_depth")
 
 
 def _run_report(argv: list[str]) -> tuple[int, str, str]:
@@ -129,6 +130,13 @@ def test_report_writes_every_file(study):
     assert "best\\_val\\_acc" in tex and "paired two-sided t-test" in tex and "Holm--Bonferroni" in tex
     assert "Welch" not in tex and "\\cmidrule" in tex
     assert "| variant" in out and "files written" in out  # main table printed
+    collapse = {(r["variant"], int(r["depth"])): r for r in _csv_rows(study.out / "collapse.csv")}
+    assert sorted(collapse) == [(v, d) for v in ("layerscale", "standard") for d in (1, 2)]
+    for variant in ("standard", "layerscale"):
+        assert collapse[variant, 1]["n"] == "0" and collapse[variant, 1]["similar_blocks_mean"] == ""  # no pair
+        depth2 = collapse[variant, 2]
+        assert depth2["n"] == "2" and depth2["epochs"] == "2" and 0.0 <= float(depth2["similar_blocks_mean"]) <= 1.0
+    assert "K = 3" in (study.out / "collapse.md").read_text()
     tb = study.results / "runs" / STUDY / report.REPORT_RUN
     assert list(tb.glob("events.out.tfevents.*"))
     print(f"\nreport of the tiny study: {study.seconds:.1f} s (first, in-process)")
@@ -462,6 +470,55 @@ def test_undefined_tests_are_none():
     assert report.family_size(list(cells.values())) == 0
     text = report.paired_table(data, list(cells.values())).markdown()
     assert "no comparison has a test" in text and "no cell has an MDE" in text
+
+
+def test_collapse_table_from_hand_made_events():
+    """The collapse table's numbers from hand-made event values: each run's last logged epoch, mean ± sd, n."""
+    from ablations.events import ATTN_ENTROPY_MEAN, ATTN_SIM_ADJ_MEAN, SIMILAR_BLOCKS, RunEvents
+    from lit_modules.diagnostics import TAGS
+
+    assert (SIMILAR_BLOCKS, ATTN_SIM_ADJ_MEAN, ATTN_ENTROPY_MEAN) == (
+        TAGS["similar_blocks"], TAGS["attn_sim_adj_mean"], TAGS["attn_entropy_mean"])
+    data = _data({("standard", 1): [0.5, 0.6], ("standard", 16): [0.7, 0.8, 0.9],
+                  ("re_attention", 16): [0.8, 0.9, None]}, diverged={("re_attention", 16, 2): True})
+    counts = {("standard", 16): [5.0, 7.0, 9.0], ("re_attention", 16): [0.0, 1.0, 12.0]}  # the diverged run: 12
+    events = {}
+    for run in data.runs:
+        if run.depth == 1:  # one block: nothing logged
+            events[run.number] = RunEvents(scalars={ATTN_ENTROPY_MEAN: {29: 0.5}})
+            continue
+        count = counts[run.variant, run.depth][run.seed]
+        events[run.number] = RunEvents(scalars={
+            SIMILAR_BLOCKS: {9: 99.0, 29: count},  # the last logged epoch (step 29 = epoch 30) counts
+            ATTN_SIM_ADJ_MEAN: {9: 0.1, 29: 0.5 + 0.1 * run.seed}, ATTN_ENTROPY_MEAN: {29: 0.25}})
+    records = report.collapse_records(data, events)
+    at = {(r["variant"], r["depth"]): r for r in records}
+    assert sorted(at) == [(v, d) for v in ("re_attention", "standard") for d in (1, 16)]
+    std = at["standard", 16]
+    assert std["n"] == 3 and std["similar_blocks"] == pytest.approx(7.0) and std["similar_blocks_std"] == 2.0
+    assert std["similar_blocks_fraction"] == pytest.approx(7.0 / 15) and std["epochs"] == [30]
+    assert std["attn_sim_adj_mean"] == pytest.approx(0.6) and std["attn_entropy_mean"] == pytest.approx(0.25)
+    reat = at["re_attention", 16]  # the diverged run is left out
+    assert reat["n"] == 2 and reat["similar_blocks"] == pytest.approx(0.5)
+    assert reat["similar_blocks_std"] == pytest.approx(np.std([0.0, 1.0], ddof=1))
+    assert at["standard", 1]["n"] == 0 and at["standard", 1]["similar_blocks"] is None
+
+    table = report.collapse_table(data, records)
+    md = _md_cells_from_text(table.markdown())
+    assert md["standard", "similar blocks, depth 16"] == "7.00 ± 2.00 (n=3)"
+    assert md["re_attention", "similar blocks, depth 16"] == "0.50 ± 0.71 (n=2)"
+    assert md["standard", "similar blocks, depth 1"] == "—" and md["standard", "adj. sim., depth 16"] == "0.600"
+    caption = table.caption
+    assert "K = 3" in caption and "τ = 0.9" in caption and "more than 0.5" in caption and "epoch 30" in caption
+    assert "project's" in caption and "not retrieved" in caption
+    rows = list(csv.DictReader(io.StringIO(table.to_csv())))
+    assert rows[1] == {"variant": "standard", "depth": "16", "n": "3", "similar_blocks_mean": "7.0000",
+                       "similar_blocks_std": "2.0000", "similar_blocks_fraction_mean": "0.4667",
+                       "attn_sim_adj_mean": "0.600000", "attn_entropy_mean": "0.250000", "epochs": "30"}
+    tex = table.latex("tab:c")
+    assert r"\multicolumn{2}{c}{depth 16}" in tex and r"7.00 $\pm$ 2.00 (n=3)" in tex and r"$\tau$ = 0.9" in tex
+    # no run logged the count (diagnostics off): no table
+    assert report.collapse_records(data, {r.number: RunEvents() for r in data.runs}) == []
 
 
 def test_one_formatter_renders_every_form():

@@ -100,6 +100,11 @@ def test_variant_trains_and_logs_every_diagnostic(residual, tmp_path, keep_threa
     assert f"diag/attn_sim_adj/{DEPTH - 1:02d}" not in scalars
     series("diag/attn_sim_adj_mean")
     series("diag/ratio_mean_avg")
+    # DeepViT's collapse count: blocks 0..L−2 whose sim_k_ratio is above one half, read back from the same epochs
+    ratios = [series(f"diag/attn_sim_k_ratio/{layer:02d}") for layer in range(DEPTH - 1)]
+    assert series("diag/similar_blocks") == [float(sum(r[e] > 0.5 for r in ratios)) for e in epochs]
+    assert series("diag/similar_blocks_fraction") == pytest.approx(
+        [sum(r[e] > 0.5 for r in ratios) / (DEPTH - 1) for e in epochs])
     if residual in ("rezero", "skipinit"):  # α starts at 0 and must have moved
         assert series("diag/param/attn/01/alpha")[-1] != 0.0
 

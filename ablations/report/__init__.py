@@ -9,7 +9,8 @@ Writes to ``<results-dir>/<study name>/`` (or ``--out``):
 * grid studies: ``main`` (variant × depth accuracy, mean ± sd over seeds, and the paired difference to the
   ``standard`` variant with its 95% CI, Holm-significant ones marked), ``paired`` (one line per variant × depth:
   pairs, Δ, CI, paired t-test and Wilcoxon p-values raw and Holm-adjusted, minimum detectable effect),
-  ``convergence`` and ``cost`` tables;
+  ``convergence`` and ``cost`` tables, and ``collapse`` (DeepViT's number of similar blocks per variant × depth
+  with the adjacent-block similarity) when the trials logged ``diag/similar_blocks``;
 * search studies: ``search_best`` (best trial per variant), ``importance`` (parameter importances) and ``cost``;
 
 each as ``.md``, ``.tex`` (booktabs) and ``.csv``; figures as ``.png`` and ``.pdf``. The headline table (``main``, or
@@ -34,6 +35,8 @@ from .tables import (
     Column,
     Table,
     cell_text,
+    collapse_records,
+    collapse_table,
     convergence_table,
     cost_table,
     importance_table,
@@ -46,7 +49,7 @@ from .tables import (
 
 __all__ = [
     "ALPHA", "BASELINE", "POWER", "REPORT_RUN", "Cell", "Column", "Paired", "ReportError", "Run", "StudyData", "Table",
-    "best_per_row", "build_parser", "cell_text", "collect", "convergence_table", "cost_table", "family_size", "holm",
+    "best_per_row", "build_parser", "cell_text", "collapse_records", "collapse_table", "collect", "convergence_table", "cost_table", "family_size", "holm",
     "importance_table", "main", "main_cells", "main_table", "mde", "open_study", "paired", "paired_table",
     "render", "result_trials", "search_table", "write_table",
 ]

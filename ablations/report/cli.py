@@ -55,6 +55,8 @@ def _main(args: argparse.Namespace) -> int:
     from .load import best_per_row, collect, open_study
     from .stats import main_cells
     from .tables import (
+        collapse_records,
+        collapse_table,
         convergence_table,
         cost_table,
         importance_table,
@@ -84,6 +86,9 @@ def _main(args: argparse.Namespace) -> int:
         top_depth = max([*data.depths, *[int(d) for d in spec.axes.get("depth", [])]], default=None)
         tables = [main_table(data, cells), paired_table(data, cells), convergence_table(data),
                   cost_table(data, representatives(data, top_depth), depth_note=f"at depth {top_depth}")]
+        collapse = collapse_records(data)  # trials that logged diag/similar_blocks (diagnostics on)
+        if collapse:
+            tables.append(collapse_table(data, collapse))
     else:
         tables = [search_table(data), importance_table(study, data),
                   cost_table(data, best_per_row(data), depth_note="for its best trial's configuration")]

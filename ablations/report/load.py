@@ -87,6 +87,12 @@ class StudyData:
         return next((r for r in self.rows if self.row_variant.get(r) == baseline
                      and self.row_extras.get(r) == self.row_extras.get(row)), None)
 
+    def config_value(self, key: str, default: Any = None) -> Any:
+        """A RunConfig field shared by the study's runs: ``default`` when no run stored it, None when they
+        disagree."""
+        values = {(r.config or {}).get(key, default) for r in self.runs}
+        return values.pop() if len(values) == 1 else (default if not values else None)
+
     def frame(self):
         """One row per result trial: number, state, variant, row, depth, seed, acc, diverged, ok (pandas)."""
         import pandas as pd
