@@ -730,9 +730,12 @@ def test_bad_options_raise(residual, options, words):
 
 
 def test_registry_keys():
-    assert list(RESIDUALS) == ["standard", "layerscale", "rezero", "skipinit", "highway", "laurel", "res_se", "dca",
-                               "skipdense"]
-    assert all(cls.name == name for name, cls in RESIDUALS.items())
+    from lit_modules.names import RESIDUAL_CLASSES
+
+    assert list(RESIDUALS) == list(RESIDUAL_CLASSES)  # the one list (lit_modules/names.py); a new variant adds a line
+    assert list(RESIDUALS)[:8] == ["standard", "layerscale", "rezero", "skipinit", "highway", "laurel", "res_se",
+                                   "dca"]  # the product's eight, in design order, first
+    assert all(cls.name == name and cls.__name__ == RESIDUAL_CLASSES[name] for name, cls in RESIDUALS.items())
 
 
 @pytest.mark.parametrize("depth, value", [(12, 0.1), (18, 0.1), (24, 1e-5), (36, 1e-6), (48, 1e-6)])
