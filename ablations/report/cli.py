@@ -52,20 +52,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(args: argparse.Namespace) -> int:
     from ..spec import load_spec
+    from . import tables as tb
     from .load import best_per_row, collect, open_study
     from .stats import main_cells
-    from .tables import (
-        collapse_records,
-        collapse_table,
-        convergence_table,
-        cost_table,
-        importance_table,
-        main_table,
-        paired_table,
-        representatives,
-        search_table,
-        write_table,
-    )
 
     spec = load_spec(args.study, args.budget)
     study_name = args.study_name or spec.study_name
@@ -84,18 +73,18 @@ def _main(args: argparse.Namespace) -> int:
     if spec.kind == "grid":
         cells = main_cells(data)
         top_depth = max([*data.depths, *[int(d) for d in spec.axes.get("depth", [])]], default=None)
-        tables = [main_table(data, cells), paired_table(data, cells), convergence_table(data),
-                  cost_table(data, representatives(data, top_depth), depth_note=f"at depth {top_depth}")]
-        collapse = collapse_records(data)  # trials that logged diag/similar_blocks (diagnostics on)
+        tables = [tb.main_table(data, cells), tb.paired_table(data, cells), tb.convergence_table(data),
+                  tb.cost_table(data, tb.representatives(data, top_depth), depth_note=f"at depth {top_depth}")]
+        collapse = tb.collapse_records(data)  # trials that logged diag/similar_blocks (diagnostics on)
         if collapse:
-            tables.append(collapse_table(data, collapse))
+            tables.append(tb.collapse_table(data, collapse))
     else:
-        tables = [search_table(data), importance_table(study, data),
-                  cost_table(data, best_per_row(data), depth_note="for its best trial's configuration")]
+        tables = [tb.search_table(data), tb.importance_table(study, data),
+                  tb.cost_table(data, best_per_row(data), depth_note="for its best trial's configuration")]
 
     written: list[Path] = []
     for table in tables:
-        written += write_table(table, out, study_name)
+        written += tb.write_table(table, out, study_name)
     notes = [f"{t.name}: {n}" for t in tables for n in t.notes]
     if not args.no_figures:
         from ..figures import report_figures
