@@ -265,7 +265,7 @@ def collect_diagnostics(model: nn.Module, images: Tensor, tau: float = DEFAULT_T
                 branch, skip = site.decompose(x, u, f)
                 params = site.diagnostics(x, u) if isinstance(site, ResidualSite) else {}
             update = branch_ratios(x, output)["ratio_mean"]
-            skip = torch.as_tensor(skip, dtype=torch.float32, device=x.device).detach().float().mean()
+            skip = torch.as_tensor(skip, dtype=torch.float32, device=x.device).detach().mean()
             site_stats[layer, sublayer] = branch_ratios(x, branch) | {
                 "stream_rms": stream_rms(x), "update_ratio": update, "skip_scale": skip}
             if params:
@@ -474,10 +474,8 @@ def diagnostic_scalars(result: dict[str, Any], grad_norms: Sequence[float] | Non
                     scalars[TAGS[key].format(sublayer=sublayer, layer=layer)] = v
                     if key == "ratio_mean":
                         ratio_means.append(v)
-    for key, source in (("stream_rms", "stream_rms"), ("attn_sim_adj", "attn_sim_adj"),
-                        ("attn_sim_ratio", "attn_sim_ratio"), ("attn_sim_k", "attn_sim_k"),
-                        ("attn_sim_k_ratio", "attn_sim_k_ratio"), ("attn_entropy", "attn_entropy")):
-        values = result[source].tolist()
+    for key in ("stream_rms", "attn_sim_adj", "attn_sim_ratio", "attn_sim_k", "attn_sim_k_ratio", "attn_entropy"):
+        values = result[key].tolist()
         for layer, v in enumerate(values):
             scalars[TAGS[key].format(layer=layer)] = v
         if key != "stream_rms" and values:
