@@ -1,15 +1,15 @@
 """Torch-free name tables for configuration and the CLI (importing torch/lightning costs ~4 s; ``--help`` must not).
 
-The backbone's names (residual variants, attention kinds, norm layers) are the registries' own, read from the
+The backbone's names (residual variants, attention kinds, norm layers, value-residual modes) are the registries' own, read from the
 torch-free ``lit_modules.names``. ``tests/test_config.py`` checks the dataset names against ``data.DATASETS``.
 """
 
 from __future__ import annotations
 
-from lit_modules.names import ATTENTION_NAMES, NORM_LAYER_NAMES, RESIDUAL_NAMES
+from lit_modules.names import ATTENTION_NAMES, NORM_LAYER_NAMES, RESIDUAL_NAMES, VALUE_RESIDUAL_NAMES
 
-__all__ = ["RESIDUAL_NAMES", "ATTENTION_NAMES", "NORM_LAYER_NAMES", "DATASET_NAMES", "INIT_VALUE_OPTIONS",
-           "PRECISIONS", "GLOBAL_POOLS", "ACCELERATORS"]
+__all__ = ["RESIDUAL_NAMES", "ATTENTION_NAMES", "NORM_LAYER_NAMES", "VALUE_RESIDUAL_NAMES", "DATASET_NAMES",
+           "INIT_VALUE_OPTIONS", "PRECISIONS", "GLOBAL_POOLS", "ACCELERATORS"]
 
 DATASET_NAMES: tuple[str, ...] = (
     "digits", "mnist5k", "mnist", "cifar10", "cifar100", "imagefolder", "synthetic",

@@ -27,6 +27,7 @@ from ablations.choices import (
     NORM_LAYER_NAMES,
     PRECISIONS,
     RESIDUAL_NAMES,
+    VALUE_RESIDUAL_NAMES,
 )
 
 GROUPS = ("model", "data", "optim", "trainer")
@@ -64,6 +65,9 @@ class RunConfig:
                                      "CaiT class-attention blocks after the self-attention blocks (0: plain ViT)")
     norm_layer: str = _f("layernorm", "model", "str", "norm layer: " + ", ".join(NORM_LAYER_NAMES))
     norm_eps: float = _f(1e-6, "model", "float", "epsilon of every norm layer (inside the square root)")
+    value_residual: str = _f("none", "model", "str",
+                             "ResFormer value residual (layers > 0 mix in layer 0's values): "
+                             + ", ".join(VALUE_RESIDUAL_NAMES) + " (fixed: V = (V_1 + V_n)/2)")
     # --- data --------------------------------------------------------------------------------------------------
     dataset: str = _f("digits", "data", "str", "dataset: " + ", ".join(DATASET_NAMES))
     data_dir: str | None = _f(None, "data", "optional_str", "data folder (needed by mnist, cifar10/100, imagefolder)")
@@ -108,6 +112,7 @@ class RunConfig:
         _choice("residual", self.residual, RESIDUAL_NAMES)
         _choice("attention", self.attention, ATTENTION_NAMES)
         _choice("norm_layer", self.norm_layer, NORM_LAYER_NAMES)
+        _choice("value_residual", self.value_residual, VALUE_RESIDUAL_NAMES)
         _choice("dataset", self.dataset, DATASET_NAMES)
         _choice("global_pool", self.global_pool, GLOBAL_POOLS)
         _choice("precision", self.precision, PRECISIONS)
@@ -185,8 +190,8 @@ class RunConfig:
 
     def run_name(self) -> str:
         """A short file-name-safe description, e.g. ``layerscale-init_value=auto_d8_w64_digits_s0``; a
-        non-default attention, class-attention head or norm layer is appended to the residual's part
-        (``standard+re_attention-head_norm=layer+ca2+rmsnorm_d8_...``)."""
+        non-default attention, class-attention head, norm layer or value residual is appended to the residual's
+        part (``standard+re_attention-head_norm=layer+ca2+rmsnorm+vr_fixed_d8_...``)."""
         opts = "".join(f"-{k}={_scalar(v)}" for k, v in sorted(self.residual_options.items()))
         if self.attention != RunConfig.attention or self.attention_options:
             opts += f"+{self.attention}" + "".join(f"-{k}={_scalar(v)}" for k, v in sorted(self.attention_options.items()))
@@ -194,6 +199,8 @@ class RunConfig:
             opts += f"+ca{self.class_attention_blocks}"
         if self.norm_layer != RunConfig.norm_layer:
             opts += f"+{self.norm_layer}"
+        if self.value_residual != RunConfig.value_residual:
+            opts += f"+vr_{self.value_residual}"
         name = f"{self.residual}{opts}_d{self.depth}_w{self.embed_dim}_{self.dataset}_s{self.seed}"
         return re.sub(r"[^A-Za-z0-9._=+-]", "", name.replace(" ", ""))
 

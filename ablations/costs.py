@@ -27,6 +27,8 @@ EXTRA_FORMS: tuple[tuple[str, str, dict], ...] = (
     ("dca k=2", "dca", {"k": 2}),
     ("dca grn_v3", "dca", {"form": "grn_v3"}),
     ("dca seed (per-token mix)", "dca", {"form": "seed"}),
+    ("denseformer 2x2 (dilation 2, period 2)", "denseformer", {"dilation": 2, "period": 2}),
+    ("attn_res num_blocks=8 (Block AttnRes)", "attn_res", {"num_blocks": 8}),
 )
 
 #: (label, backbone options) of the mechanisms orthogonal to the residual, priced with the standard residual.
@@ -34,6 +36,7 @@ BACKBONE_FORMS: tuple[tuple[str, dict], ...] = (
     ("re_attention (head_norm=batch)", {"attention": "re_attention"}),
     ("class_attention_blocks=2 (CaiT head)", {"class_attention_blocks": 2}),
     ("norm_layer=rmsnorm", {"norm_layer": "rmsnorm"}),
+    ("value_residual=learned (ResFormer)", {"value_residual": "learned"}),
 )
 
 

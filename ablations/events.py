@@ -1,7 +1,8 @@
 """Read a trial's TensorBoard run folder back: the ``diag/*`` scalars and JSON texts written by
 :mod:`lit_modules.diagnostics` (used by :mod:`ablations.report` and :mod:`ablations.figures`).
 
-A run folder may hold several event files (the fit, the end-of-run summary, a resumed session); all are read.
+Tags are read back under their internal names (``diag/...``; :func:`ablations.dashboard.internal_tag` undoes
+TensorBoard's grouping). A run folder may hold several event files (the fit, the end-of-run summary, a resumed session); all are read.
 Steps follow the diagnostics convention (``global_step`` = 0-based epoch index). When a step was written twice
 (a resumed run repeating an epoch), the value read last wins.
 """
@@ -14,6 +15,8 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+
+from .dashboard import internal_tag
 
 TEXT_SUFFIX = "/text_summary"  # torch's SummaryWriter.add_text appends it to the tag
 RATIO_RE = re.compile(r"^diag/ratio_mean/(?P<sublayer>[^/]+)/(?P<layer>\d+)$")
@@ -119,8 +122,9 @@ def _read_run(log_dir: str, prefix: str) -> RunEvents:
     tags = acc.Tags()
     events = RunEvents()
     for tag in sorted(tags.get("scalars", [])):
-        if tag.startswith(prefix):
-            events.scalars[tag] = {int(e.step): float(e.value) for e in acc.Scalars(tag)}
+        name = internal_tag(tag)  # TensorBoard's grouped tag -> the internal name (older runs: the same)
+        if name.startswith(prefix):
+            events.scalars[name] = {int(e.step): float(e.value) for e in acc.Scalars(tag)}
     for tag in sorted(tags.get("tensors", [])):
         name = tag[: -len(TEXT_SUFFIX)] if tag.endswith(TEXT_SUFFIX) else tag
         if not name.startswith(prefix):

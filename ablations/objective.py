@@ -23,12 +23,14 @@ _SURPLUS = "surplus"
 __all__ = ["SPAWN_STRATEGIES", "Objective", "suggest"]  # SPAWN_STRATEGIES: defined in .spec, kept importable here
 
 
-def suggest(trial, spec: StudySpec) -> dict[str, Any]:
-    """Ask the trial for its parameters: grid axes as categoricals (enqueued values come back as they are),
-    searched options conditioned on the variant (``<label>.<option>``)."""
+def suggest(trial, spec: StudySpec, categorical_axes: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """Ask the trial for its parameters: the variant as a categorical, grid axes by :func:`suggest_axis`
+    (``categorical_axes``: axes a stored study already holds as categoricals), searched options conditioned on
+    the variant (``<label>.<option>``)."""
     params = {"variant": trial.suggest_categorical("variant", [v.label for v in spec.variants])}
     for axis, values in spec.axes.items():
-        params[axis] = trial.suggest_categorical(axis, values)
+        params[axis] = suggest_axis(trial, axis, values, grid=spec.kind == "grid",
+                                    categorical=axis in categorical_axes)
     for option, dist in spec.space.get(params["variant"], {}).items():
         name = f"{params['variant']}.{option}"
         if "choices" in dist:
@@ -41,15 +43,53 @@ def suggest(trial, spec: StudySpec) -> dict[str, Any]:
     return params
 
 
+def suggest_axis(trial, axis: str, values: list, *, grid: bool, categorical: bool = False) -> Any:
+    """One axis, numeric where its values are numbers, so optuna-dashboard orders its slice, contour and
+    importance axes by value (a categorical is ordered as text: 12, 2, 6):
+
+    - a grid (every point enqueued, so only the listed values ever run): integers as ``suggest_int`` and other
+      numbers as ``suggest_float`` over [min, max] (log scale when all positive and spanning 100× or more);
+    - a search (the sampler draws the values): integers in equal steps as ``suggest_int`` with that step;
+    - anything else (labels, booleans, mixed types, unevenly spaced values a search must not interpolate, or
+      ``categorical``) as a categorical."""
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+    ints = numbers and all(isinstance(v, int) for v in values)
+    low, high = (min(values), max(values)) if numbers else (None, None)
+    if categorical or not numbers:
+        return trial.suggest_categorical(axis, values)
+    if grid and ints:
+        return trial.suggest_int(axis, low, high)
+    if grid:
+        return trial.suggest_float(axis, float(low), float(high), log=low > 0 and high >= 100 * low)
+    steps = sorted(set(values))
+    step = steps[1] - steps[0] if len(steps) > 1 else 1
+    if ints and steps == list(range(low, high + 1, step)):
+        return trial.suggest_int(axis, low, high, step=step)
+    return trial.suggest_categorical(axis, values)
+
+
+def categorical_axes(study, spec: StudySpec) -> frozenset[str]:
+    """Axes a stored study already holds as categoricals (studies run before the axes became numeric): they stay
+    categorical, since Optuna fixes a parameter's distribution kind for the life of a study."""
+    from optuna.distributions import CategoricalDistribution
+
+    found = set()
+    for t in study.get_trials(deepcopy=False):
+        found |= {n for n, d in t.distributions.items() if n in spec.axes and isinstance(d, CategoricalDistribution)}
+    return frozenset(found)
+
+
 class Objective:
     """Callable for ``study.optimize``: trains one configuration and returns ``summary[spec.metric]``."""
 
     def __init__(self, spec: StudySpec, *, log_root: Path, overrides: dict[str, Any] | None = None,
-                 keep_checkpoints: bool = False) -> None:
+                 keep_checkpoints: bool = False, loggers: tuple[str, ...] = ()) -> None:
         self.spec = spec
         self.log_root = Path(log_root)
         self.overrides = dict(overrides or {})
         self.keep_checkpoints = keep_checkpoints
+        self.loggers = tuple(loggers)
+        self._categorical: frozenset[str] | None = None  # read from the study at the first trial
 
     def config(self, params: dict[str, Any]):
         """The point's RunConfig with this objective's overrides (:meth:`StudySpec.run_config`)."""
@@ -66,7 +106,9 @@ class Objective:
             # Another worker took the last enqueued point between our check and ask(): nothing left to run.
             trial.set_user_attr(_SURPLUS, True)
             raise optuna.TrialPruned("grid exhausted: surplus trial")
-        params = suggest(trial, self.spec)
+        if self._categorical is None:
+            self._categorical = categorical_axes(trial.study, self.spec)
+        params = suggest(trial, self.spec, self._categorical)
         duplicate = self._duplicate_of(trial, params)
         if duplicate is not None:
             trial.set_user_attr("duplicate_of", duplicate)
@@ -74,7 +116,7 @@ class Objective:
 
         config = self.config(params)
         original = retried_trial_number(frozen)
-        run_name = f"trial_{(original if original is not None else trial.number):04d}"
+        run_name = self.run_name(trial, params, config, original)
         ckpt_dir = self.log_root / run_name / "checkpoints"
         if original is not None:  # a retry: continue the dead attempt's training
             ckpt_path = _usable_checkpoint(ckpt_dir / "last.ckpt")
@@ -83,6 +125,7 @@ class Objective:
             if (ckpt_dir / "last.ckpt").exists():
                 log.warning("%s is left from an earlier run under this study name (was the storage reset?); "
                             "not resuming it: trial %d starts from scratch", ckpt_dir / "last.ckpt", trial.number)
+        trial.set_user_attr("run_name", run_name)
         trial.set_user_attr("config", _jsonable(config.to_dict()))
         trial.set_user_attr("log_dir", str(self.log_root / run_name))
         trial.set_user_attr("resumed_from_checkpoint", ckpt_path is not None)
@@ -95,7 +138,8 @@ class Objective:
         try:
             summary = run_training(config, log_dir=self.log_root, run_name=run_name, extra_callbacks=callbacks,
                                    enable_progress_bar=False, enable_model_summary=False, checkpoint_dir=ckpt_dir,
-                                   ckpt_path=ckpt_path)
+                                   ckpt_path=ckpt_path, hparams=self.hparams(params), loggers=self.loggers,
+                                   experiment=self.spec.study_name)
             _check_pruned(callbacks[0], summary)
         except optuna.TrialPruned as exc:  # a finished trial too: keep the epochs it ran, drop its checkpoints
             for key, value in _jsonable(getattr(exc, "run_summary", None) or {}).items():
@@ -116,6 +160,34 @@ class Objective:
         if value is None or (isinstance(value, float) and math.isnan(value)):
             return 0.0 if self.spec.direction == "maximize" else float("inf")
         return float(value)
+
+    def run_name(self, trial, params: dict[str, Any], config, original: int | None) -> str:
+        """The trial's run folder (:func:`ablations.dashboard.run_name`): ``<variant>/depth=<d>/seed=<s>[/...]``,
+        plus ``/trial_<n>`` for a search (its points can repeat) or when a first attempt finds the folder taken
+        (left by an earlier study under this name). A retry continues the folder of the trial it retries."""
+        from .dashboard import run_name
+
+        if original is not None:
+            dead = next((t for t in trial.study.get_trials(deepcopy=False) if t.number == original), None)
+            if dead is not None and dead.user_attrs.get("run_name"):
+                return dead.user_attrs["run_name"]
+        axes = list(self.spec.axes)
+        plain = run_name(params, config, axes)
+        number = original if original is not None else trial.number
+        if self.spec.kind != "grid":
+            return run_name(params, config, axes, trial=number)
+        if original is None and (self.log_root / plain).exists():
+            unique = run_name(params, config, axes, trial=number)
+            log.warning("run folder %s exists (left by an earlier study under this name? the storage was reset?); "
+                        "trial %d writes to %s instead", self.log_root / plain, trial.number, unique)
+            return unique
+        return plain
+
+    def hparams(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The trial's values of the study's HParams columns (:func:`ablations.dashboard.study_columns`)."""
+        from .dashboard import study_columns
+
+        return {name: params[name] for name in study_columns(self.spec) if name in params}
 
     def _duplicate_of(self, trial, params: dict[str, Any]) -> int | None:
         """For grids: the number of another COMPLETE or earlier RUNNING trial with the same point (two machines

@@ -20,6 +20,7 @@ import time
 
 from . import layout
 from .cli import OneLineParser
+from .dashboard import check_loggers
 from .storage import DEFAULT_STORAGE, GRACE_S, HEARTBEAT_S, lost_storage_error, lost_storage_message
 
 #: Seconds per trial not proportional to FLOPs (Trainer set-up, data, logging) and effective train-step
@@ -45,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-trials", type=int, help="search studies: trials to run (default: the study's n_trials)")
     p.add_argument("--heartbeat", type=int, default=HEARTBEAT_S, help="trial heartbeat interval, seconds")
     p.add_argument("--grace", type=int, default=GRACE_S, help="seconds without heartbeat before a trial is retried")
+    p.add_argument("--logger", action="append", default=[], metavar="NAME", dest="loggers",
+                   help="an extra logger per trial besides TensorBoard (repeatable): csv (<run>/csv/metrics.csv) or "
+                        "mlflow (local SQLite store <results-dir>/runs/<study>/mlflow.db)")
     p.add_argument("--keep-checkpoints", action="store_true", help="keep each trial's last.ckpt after it completes")
     p.add_argument("--list", action="store_true", help="list the studies with their sizes and exit")
     p.add_argument("--dry-run", action="store_true", help="print the grid or search space and the estimated time")
@@ -64,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted: completed trials are kept; rerun the same command to continue", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. `--list | head`: the reader left; no traceback, and none at exit either
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as exc:  # the database went away mid-study: one line, not optuna's chained tracebacks
         error = lost_storage_error(exc)
         if error is None:
@@ -82,13 +89,16 @@ def _main(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     spec = load_spec(args.study, args.budget)
+    check_loggers(args.loggers)
     overrides = _overrides(args)
     _validate_points(spec, overrides)
     if args.dry_run:
         return _dry_run(spec, overrides)
 
 
+    from .dashboard import write_study_hparams
     from .storage import exit_when_heartbeat_fails, open_storage
+    from .training import HP_METRICS
 
     _quiet()
     storage = open_storage(args.storage, heartbeat_s=args.heartbeat, grace_s=args.grace)
@@ -98,6 +108,7 @@ def _main(args: argparse.Namespace) -> int:
         return _work(spec, storage, study_name, args, overrides)
 
     study = _create_study(spec, storage, study_name, seed=0)
+    write_study_hparams(layout.runs_dir(args.results_dir, study_name), spec, HP_METRICS)
     if spec.kind == "grid":
         for params in spec.grid():
             study.enqueue_trial(params, skip_if_exists=True)
@@ -268,7 +279,7 @@ def _work(spec, storage, study_name: str, args, overrides: dict, progress_total:
     index = args.worker_index or 0
     study = _create_study(spec, storage, study_name, seed=index)  # a distinct sampler seed per worker
     objective = Objective(spec, log_root=layout.runs_dir(args.results_dir, study_name), overrides=overrides,
-                          keep_checkpoints=args.keep_checkpoints)
+                          keep_checkpoints=args.keep_checkpoints, loggers=tuple(args.loggers))
     bar = _progress(study, progress_total)
     done_states = (TrialState.COMPLETE, TrialState.PRUNED)
     try:

@@ -26,6 +26,7 @@ from typing import Any
 from ablations.choices import INIT_VALUE_OPTIONS
 from ablations.cli import OneLineParser, fail
 from ablations.config import GROUPS, RunConfig, config_fields, option_fields
+from ablations.dashboard import check_loggers
 from ablations.layout import RESULTS_DIR, runs_dir
 
 DEFAULT_LOG_DIR = runs_dir(RESULTS_DIR, "train").as_posix()  # results/runs/train
@@ -145,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--checkpoint", action="store_true",
                      help="save checkpoints (best val/acc and last.ckpt) under the run folder")
     run.add_argument("--resume", metavar="CKPT", help="resume from a checkpoint file (implies --checkpoint)")
+    run.add_argument("--logger", action="append", default=[], metavar="NAME", dest="loggers",
+                     help="an extra logger besides TensorBoard (repeatable): csv (<run>/csv/metrics.csv) or mlflow "
+                          "(local SQLite store <log-dir>/mlflow.db)")
     return parser
 
 
@@ -214,6 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         config = config_from_args(args)
+        check_loggers(args.loggers)
     except (CLIError, ValueError) as exc:
         fail(str(exc))
     run_name = args.run_name or f"{config.run_name()}_{datetime.datetime.now():%Y%m%d-%H%M%S}"
@@ -224,8 +229,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         summary = run_training(
             config, log_dir=args.log_dir, run_name=run_name, enable_progress_bar=args.progress_bar,
             enable_checkpointing=args.checkpoint or args.resume is not None, ckpt_path=args.resume,
+            loggers=args.loggers,
         )
-    except SetupError as exc:
+    except (SetupError, ValueError) as exc:  # ValueError: e.g. --logger mlflow without mlflow installed
         fail(str(exc))
     except KeyboardInterrupt:
         sys.stderr.write("error: interrupted\n")

@@ -4,10 +4,9 @@ Used by the ``python -m ablations.train`` CLI and, with extra callbacks (e.g. Op
 checkpoint folder and ``ckpt_path`` for resuming, by study objectives.
 
 TensorBoard layout: ``<log_dir>/<run_name>/`` holds the event files, ``hparams.yaml`` and (if enabled)
-``checkpoints/``. Every run registers the same metric keys, :data:`HP_METRICS`, in the HParams plugin at fit
-start (placeholder NaN) and logs every one of them at the end, so runs of one study directory share one HParams
-table (see ecosystem-notes §4: a metric left at its placeholder, or a different metric set in the same folder,
-hides values). HParams metrics must be numbers: a summary value of None ("never reached", e.g. epochs to 95% of a
+``checkpoints/``. Every run logs the same metric keys, :data:`HP_METRICS`, once, at its end, and the HParams
+experiment (the study's, at its log root; a single run's own) lists exactly those, so runs of one study directory
+share one HParams table (a different metric set in the same folder hides values). HParams metrics must be numbers: a summary value of None ("never reached", e.g. epochs to 95% of a
 run that diverged before its first validation) is logged as NaN; booleans as 0/1.
 """
 
@@ -17,7 +16,7 @@ import functools
 import math
 import os
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -113,9 +112,9 @@ def build_model(config: RunConfig, datamodule: Any):
             mlp_ratio=config.mlp_ratio, global_pool=config.global_pool, drop_path_rate=config.drop_path_rate,
             attention=config.attention, attention_options=config.attention_options,
             class_attention_blocks=config.class_attention_blocks, norm_layer=config.norm_layer,
-            norm_eps=config.norm_eps, fused_attn=config.fused_attn, lr=config.lr, weight_decay=config.weight_decay,
-            betas=tuple(config.betas), warmup_epochs=config.warmup_epochs, min_lr=config.min_lr,
-            label_smoothing=config.label_smoothing, max_epochs=config.max_epochs,
+            norm_eps=config.norm_eps, value_residual=config.value_residual, fused_attn=config.fused_attn,
+            lr=config.lr, weight_decay=config.weight_decay, betas=tuple(config.betas),
+            warmup_epochs=config.warmup_epochs, min_lr=config.min_lr, label_smoothing=config.label_smoothing, max_epochs=config.max_epochs,
         )
     except (TypeError, ValueError) as exc:
         raise SetupError(" ".join(str(exc).split())) from None
@@ -142,6 +141,9 @@ def run_training(
     enable_checkpointing: bool = False,
     checkpoint_dir: str | Path | None = None,
     ckpt_path: str | Path | None = None,
+    hparams: Mapping[str, Any] | None = None,
+    loggers: Sequence[str] = (),
+    experiment: str = "ablations",
 ) -> dict[str, Any]:
     """Train one run and return its summary (:func:`lit_modules.convergence.summarize`) plus ``run_name``,
     ``log_dir`` (the run's TensorBoard folder) and ``param_count``.
@@ -152,6 +154,11 @@ def run_training(
     (default ``<run dir>/checkpoints``) when ``enable_checkpointing`` or ``checkpoint_dir`` is given;
     ``ckpt_path`` resumes from a checkpoint (``"last"`` or a path; Lightning starts fresh if "last" has none).
 
+    TensorBoard tags are grouped for reading (:mod:`ablations.dashboard`). ``hparams``: the run's values of its
+    study's HParams columns (the study writes the columns once at its log root); None: a run on its own, whose
+    HParams entry lists the whole config. ``loggers``: extra Lightning loggers (``csv``, ``mlflow``; MLflow's
+    store is ``<log_dir>/mlflow.db``, SQLite, experiment ``experiment``).
+
     Raises SetupError (a ValueError, one line) when the model or data cannot be built. If ``fit`` raises
     (e.g. ``optuna.TrialPruned`` from a pruning callback, or KeyboardInterrupt), the summary of the epochs run so
     far is still written to TensorBoard and attached to the exception as ``exc.run_summary`` before it propagates.
@@ -160,8 +167,8 @@ def run_training(
     import lightning.pytorch as pl
     import torch
     from lightning.pytorch.callbacks import LambdaCallback, ModelCheckpoint
-    from lightning.pytorch.loggers import TensorBoardLogger
 
+    from ablations.dashboard import extra_loggers, tensorboard_logger, write_run_hparams
     from lit_modules.convergence import ConvergenceTracker
 
     torch.set_num_threads(config.threads or os.cpu_count() or 1)
@@ -174,7 +181,9 @@ def run_training(
     if config.compile:
         model.model.compile()  # in place: state_dict keys stay model.* (torch.compile(m) would add _orig_mod)
 
-    logger = TensorBoardLogger(save_dir=str(log_dir), name="", version=run_name, default_hp_metric=False)
+    logger = tensorboard_logger(log_dir, run_name)
+    more_loggers = extra_loggers(loggers, run_dir=Path(logger.log_dir), run_name=run_name, experiment=experiment,
+                                 mlflow_db=Path(log_dir) / "mlflow.db")
     tracker = ConvergenceTracker(config.accuracy_thresholds)
     callbacks: list[Any] = [tracker]
     if config.diagnostics_every > 0:
@@ -192,20 +201,27 @@ def run_training(
     steps_per_epoch = len(datamodule.train_dataloader())
     trainer = pl.Trainer(
         accelerator=accelerator, devices=config.devices, strategy=config.strategy, precision=config.precision,
-        max_epochs=config.max_epochs, deterministic=True, logger=logger, callbacks=callbacks,
+        max_epochs=config.max_epochs, deterministic=True, logger=[logger, *more_loggers], callbacks=callbacks,
         enable_checkpointing=checkpointing, enable_progress_bar=enable_progress_bar,
         enable_model_summary=enable_progress_bar if enable_model_summary is None else enable_model_summary,
         num_sanity_val_steps=0, log_every_n_steps=max(1, min(50, steps_per_epoch)), default_root_dir=str(log_dir),
     )
-    # Register the fixed hp/* metric set with this run's hyperparameters before fit starts (placeholders: NaN).
-    logger.log_hyperparams(config.to_hparams(), {key: math.nan for key in HP_METRICS})
+    # Register this run's hyperparameters with the HParams plugin before fit starts (its metrics come at the end);
+    # hparams.yaml and the extra loggers get the whole config (under config/: Lightning logs the model's own
+    # hyperparameters to them at fit start, and MLflow refuses a key logged twice with another spelling).
+    logger.hparams.update(config.to_hparams())
+    for extra in more_loggers:
+        extra.log_hyperparams({f"config/{k}": v for k, v in config.to_hparams().items()})
+    if trainer.is_global_zero:
+        write_run_hparams(logger.experiment, config.to_hparams() if hparams is None else hparams, HP_METRICS,
+                          run=run_name, own_experiment=hparams is None)
     try:
         trainer.fit(model, datamodule=datamodule, ckpt_path=None if ckpt_path is None else str(ckpt_path))
     except BaseException as exc:
-        exc.run_summary = _finish(trainer, logger, tracker.summary(), run_name, status="failed")
+        exc.run_summary = _finish(trainer, [logger, *more_loggers], tracker.summary(), run_name, status="failed")
         raise
     summary = trainer.callback_metrics.pop(_SUMMARY_KEY, None) or tracker.summary()
-    return _finish(trainer, logger, summary, run_name, status="success")
+    return _finish(trainer, [logger, *more_loggers], summary, run_name, status="success")
 
 
 def _hand_back_summary(tracker: Any, trainer: Any, pl_module: Any) -> None:
@@ -215,13 +231,16 @@ def _hand_back_summary(tracker: Any, trainer: Any, pl_module: Any) -> None:
     trainer.callback_metrics[_SUMMARY_KEY] = tracker.summary()
 
 
-def _finish(trainer: Any, logger: Any, summary: dict[str, Any], run_name: str, status: str) -> dict[str, Any]:
-    """Summary + ``hp/*`` metrics + the Markdown summary table, written after fit (a second event file) at the
-    final global step (at least 1, so the values follow the step-0 placeholders)."""
+def _finish(trainer: Any, loggers: list, summary: dict[str, Any], run_name: str, status: str) -> dict[str, Any]:
+    """Summary + ``hp/*`` metrics (every logger) + the Markdown summary table (TensorBoard, the first logger),
+    written after fit (a second event file) at the final global step (at least 1)."""
+    logger = loggers[0]
     summary.update(run_name=run_name, log_dir=str(logger.log_dir), param_count=summary.get("param_count"))
     if trainer.is_global_zero:
-        step = max(trainer.global_step, 1)  # after the step-0 placeholders, even if no step was taken
-        logger.log_metrics(hp_metric_values(summary), step=step)
+        step = max(trainer.global_step, 1)  # a step after every epoch's, even if no step was taken
+        for each in loggers:
+            each.log_metrics(hp_metric_values(summary), step=step)
         logger.experiment.add_text("summary", summary_table(summary), global_step=step)
-        logger.finalize(status)
+        for each in loggers:
+            each.finalize(status)
     return summary

@@ -17,22 +17,40 @@ from timm.layers import Attention
 from torch import nn
 
 from .names import ATTENTION_CLASSES
+from .value_residual import NoValueResidual
 
 THETA_INITS = ("identity", "randn")
 HEAD_NORMS = ("batch", "layer", "none")
 
 
 class SelfAttention(Attention):
-    """Multi-head self-attention (Vaswani et al., arXiv 1706.03762): timm's ``Attention``, unchanged,
+    """Multi-head self-attention (Vaswani et al., arXiv 1706.03762): timm's ``Attention`` (same parameters, same
+    function: fused SDPA or the explicit softmax through ``attn_drop``),
 
         Attention(Q, K, V) = softmax(QKᵀ/√d) · V   per head,
 
-    plus ``attend``, the same core on given per-head q, k, v, so a block that composes q, k and v from different
-    inputs (DCA's cross-attention) runs any attention kind with the kind's own weights and fused/explicit switch.
+    computed by ``forward`` in three steps every attention kind shares: the qkv projection, ``value_residual`` on
+    the per-head values (the identity unless the backbone mixes in the first layer's values: ResFormer,
+    ``lit_modules.value_residual``), then ``attend``, the core on given per-head q, k, v — so a block that
+    composes q, k and v from different inputs (DCA's cross-attention) runs any attention kind with the kind's own
+    weights and fused/explicit switch.
     """
 
     name: ClassVar[str] = "self"
     paper: ClassVar[str] = "Vaswani et al. 2017, arXiv 1706.03762"
+
+    def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, qk_norm: bool = False,
+                 attn_drop: float = 0.0, proj_drop: float = 0.0, norm_layer: Any = None) -> None:
+        super().__init__(dim, num_heads=num_heads, qkv_bias=qkv_bias, qk_norm=qk_norm, attn_drop=attn_drop,
+                         proj_drop=proj_drop, norm_layer=norm_layer)
+        self.value_residual: nn.Module = NoValueResidual()  # replaced by ``BlockArgs.attention()`` (per layer)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, _ = x.shape
+        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        x = self.attend(self.q_norm(q), self.k_norm(k), self.value_residual(v))
+        x = self.norm(x.transpose(1, 2).reshape(B, N, self.attn_dim))
+        return self.proj_drop(self.proj(x))
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """(B, H, N, d) q, k, v → (B, H, N, d): fused SDPA, or the explicit softmax through ``attn_drop``."""
@@ -111,13 +129,6 @@ class ReAttention(SelfAttention):
         attn = (q * self.scale @ k.transpose(-2, -1)).softmax(dim=-1)
         attn = torch.einsum("bhij,hg->bgij", attn, self.reattn_weights)
         return self.attn_drop(self.reattn_norm(attn)) @ v
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, N, _ = x.shape
-        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        x = self.attend(self.q_norm(q), self.k_norm(k), v)
-        x = self.norm(x.transpose(1, 2).reshape(B, N, self.attn_dim))
-        return self.proj_drop(self.proj(x))
 
 
 class HeadLayerNorm(nn.LayerNorm):

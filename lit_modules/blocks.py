@@ -38,6 +38,35 @@ class Block(nn.Module):
         return x
 
 
+class PostNormBlock(Block):
+    """Post-norm block (DeepNorm): the norm comes after each sum, and each site applies it itself,
+
+        x ← x + DropPath(Δ₁),  Δ₁ = site₁(x, x, Attn(x)) = norm1(α·x + Attn(x)) − x,   then the same with norm2, MLP
+
+    so the branches read the stream directly and a site's hook still sees (x, u = x, f, history) → Δ. ``norm1``
+    and ``norm2`` keep timm's names (a timm checkpoint's pre-norm weights load into them; the function differs)
+    and are owned here; each site receives its norm through ``bind_norm``. ``init_weights`` runs after the
+    sublayers' timm init (timm's ``named_apply`` is depth-first) and lets each site re-initialise its sublayer
+    (``init_sublayer``: DeepNet's β-scaled init).
+    """
+
+    def __init__(self, args: BlockArgs, sites: tuple[nn.Module, nn.Module]) -> None:
+        super().__init__(args, sites)
+        self.norm1 = args.norm_layer(args.dim)  # replaces the Identity of a pre_norm=False block, same position
+        self.norm2 = args.norm_layer(args.dim)
+        self.ls1.bind_norm(self.norm1)
+        self.ls2.bind_norm(self.norm2)
+
+    def forward(self, x: torch.Tensor, history: list | None = None) -> torch.Tensor:
+        x = x + self.drop_path1(self.ls1(x, x, self.attn(x), history))
+        x = x + self.drop_path2(self.ls2(x, x, self.mlp(x), history))
+        return x
+
+    def init_weights(self) -> None:
+        self.ls1.init_sublayer(self.attn)
+        self.ls2.init_sublayer(self.mlp)
+
+
 class WholeBlock(nn.Module):
     """A block with one residual site around the whole pre-norm block (LAuReL at block granularity).
 

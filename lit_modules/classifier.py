@@ -91,6 +91,7 @@ class ViTClassifier(pl.LightningModule):
         attention: str = "self",
         attention_options: Mapping[str, Any] | None = None,
         class_attention_blocks: int = 0,
+        value_residual: str = "none",
         fused_attn: bool | None = None,
         lr: float = 1e-3,
         weight_decay: float = 0.05,
@@ -116,7 +117,8 @@ class ViTClassifier(pl.LightningModule):
             num_classes=num_classes, embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio,
             qkv_bias=qkv_bias, class_token=class_token, global_pool=global_pool, drop_rate=drop_rate,
             drop_path_rate=drop_path_rate, norm_layer=norm_layer, norm_eps=norm_eps, attention=attention,
-            attention_options=attention_options, class_attention_blocks=class_attention_blocks, fused_attn=fused_attn,
+            attention_options=attention_options, class_attention_blocks=class_attention_blocks,
+            value_residual=value_residual, fused_attn=fused_attn,
         )
         self.diverged = False
         self.diverged_at_step: int | None = None

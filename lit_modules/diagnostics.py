@@ -26,13 +26,34 @@ Project definitions (written to TensorBoard as ``diag/definitions`` at fit start
   ``ratio_rms = sqrt(mean ‖b‖²)/sqrt(mean ‖x‖²)``; ``skip_scale`` = the mean factor the skip multiplies x by
   (1 − t, β, s, ...; 1 for an identity skip); ``update_ratio = mean ‖Δ‖/(‖x‖ + 1e-6)`` (mixes both, secondary);
   ``stream_rms[l] = sqrt(mean ‖x‖²/D)`` for the stream entering block l. DCA blocks: b = Δ = the block output f_t
-  and x = the sum of the stack (the R-exact reading).
+  and x = the sum of the stack (the R-exact reading). DenseFormer: ordinary sites, x = the block's input (the
+  previous DWA's output y) and b = F. Attention Residuals: x = the layer's aggregated input h_l (the softmax mix
+  of the earlier outputs — at init their *mean*, 1/(number of sources) of the standard stream), b = Δ = the
+  layer's output f_l (the source it adds), skip 1. Hyper-Connections and mHC (the stream is n copies
+  H ∈ R^{n×D} per token, a site writes H' = M·H + w ⊗ F(h), h = rᵀH): every tensor is viewed through its mean over
+  the n streams (``ResidualSite.stream_view``) — x = mean_i H_i (at init every stream equals the standard ViT's
+  stream, and the head reads Norm(Σ_i H_i) = Norm(mean_i H_i) up to the norm's ε), b = mean_i(w_i)·F(h), Δ = the
+  mean update; ``skip_scale`` = the mean column sum of M (1 for mHC's doubly stochastic M; 1 at init for HC).
+- ``composite_gain`` (multi-stream sites only, else None): with M_k the token-mean n×n stream-mixing matrix of
+  site k in forward order (``ResidualSite.stream_mixing``: mHC's H_res, HC's A_rᵀ), G = M_K ⋯ M_1 over all 2L
+  sites; ``forward`` = max_i Σ_j |G_ij| (largest absolute row sum) and ``backward`` = max_j Σ_i |G_ij| (largest
+  absolute column sum) — mHC's "Amax gain magnitude", 1 for identity or doubly stochastic mixing. The mean is
+  taken per site before the product (not a per-token composite).
+- ``param/{sublayer}/{layer}/{key}``: the site's own ``ResidualSite.diagnostics(x, u, f)`` on the diagnostic
+  batch — x the stream entering the site, u its normalised input, f the branch output (e.g. Ortho's
+  ``parallel_ratio`` = mean ‖f_∥‖/‖f‖, the share of the branch its projection removes). Overrides written
+  before the branch argument existed, ``diagnostics(x, u)``, still get (x, u) (``site_diagnostics``).
 - ``grad_norm[l]`` = L2 norm of the gradients of all parameters of block l, taken once per diagnostic epoch at
   the first optimizer step of that epoch (Lightning calls the hook after AMP unscaling, before gradient clipping).
-- ``dca_weights[r, j]`` = mean weight given to stacked vector j by the GRN of consumer r (rows 0..L−1: the
-  blocks, row L: the final GRN before the head; column 0 = model input x₀, column j = block output f_j; with
-  k-DCA the columns are stack positions [x₀, Σ intermediates, last k outputs]); missing entries are NaN (null in
-  the JSON).
+- ``depth_weights[r, j]`` = mean weight (over the batch and tokens, and channels/outputs where the weights have
+  them) that consumer r gives earlier representation j, for every variant built from ``DepthWeights`` modules
+  (``lit_modules.residual.depth``; None for the others); missing entries are NaN (null in the JSON). DCA: rows
+  = blocks 0..L−1 then the final GRN, columns = stack positions (x₀, block outputs f_j; with k-DCA [x₀,
+  Σ intermediates, last k outputs]). DenseFormer: rows = the DWA after block i (NaN rows: blocks without a DWA,
+  ``period`` > 1), columns = x_0 (embeddings) … x_L (block outputs), NaN off a dilated DWA's residues.
+  Attention Residuals: rows = the 2L layers (attn 0, mlp 0, attn 1, …) then the final aggregation, columns =
+  the sources (v_0 = embeddings, v_j = layer j's output; block form: block summaries b_0 … b_N, the current
+  block's partial sum in its own column); row l at init: 1/(number of its sources).
 
 Layer indices are 0-based block indices (``diag/attn_sim_adj/03`` compares blocks 3 and 4). **Step convention:**
 every ``diag/*`` entry is written with ``global_step = epoch index`` (0-based ``trainer.current_epoch`` of the
@@ -46,9 +67,10 @@ Tags written by :class:`DiagnosticsCallback` (see :data:`TAGS`)::
     diag/attn_sim_k/{layer:02d}   diag/attn_sim_k_ratio/{layer:02d}   diag/attn_sim_k_mean   diag/attn_sim_k_ratio_mean
     diag/similar_blocks   diag/similar_blocks_fraction                      (scalars, L ≥ 2)
     diag/grad_norm/{layer:02d}   diag/param/{sublayer}/{layer:02d}/{key}
+    diag/composite_gain/forward   diag/composite_gain/backward              (scalars; multi-stream residuals)
     diag/attn_sim_adj_mean   diag/attn_sim_ratio_mean   diag/attn_entropy_mean   diag/ratio_mean_avg   (scalars)
-    diag/attn_sim_full   diag/dca_weights                                   (images; dca_weights: DCA only)
-    diag/attn_sim_full_json   diag/dca_weights_json   diag/definitions      (text; JSON = nested lists)
+    diag/attn_sim_full   diag/depth_weights                  (images; depth_weights: DCA, DenseFormer, AttnRes)
+    diag/attn_sim_full_json   diag/depth_weights_json   diag/definitions    (text; JSON = nested lists)
 
 ``sublayer`` is ``attn``/``mlp`` for two-site blocks, ``block`` for LAuReL at block granularity and DCA blocks,
 ``out`` (layer = L) for DCA's final GRN parameters.
@@ -56,6 +78,7 @@ Tags written by :class:`DiagnosticsCallback` (see :data:`TAGS`)::
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 from collections.abc import Sequence
@@ -68,6 +91,7 @@ from torch import Tensor, nn
 
 from .residual import ResidualSite
 from .residual.dca import DCABlock
+from .residual.depth import DepthWeights, depth_weight_matrix
 
 DEFAULT_TAU = 0.9  # project default similarity threshold (DeepViT-style; the paper's τ was not retrieved)
 DEFAULT_SIM_K = 3  # neighbouring blocks each block's similarity is taken against (the paper's K was not retrieved)
@@ -97,9 +121,11 @@ TAGS = {
     "ratio_mean_avg": "diag/ratio_mean_avg",
     "attn_sim_full": "diag/attn_sim_full",
     "attn_sim_full_json": "diag/attn_sim_full_json",
-    "dca_weights": "diag/dca_weights",
-    "dca_weights_json": "diag/dca_weights_json",
+    "depth_weights": "diag/depth_weights",
+    "depth_weights_json": "diag/depth_weights_json",
     "definitions": "diag/definitions",
+    "composite_gain_forward": "diag/composite_gain/forward",
+    "composite_gain_backward": "diag/composite_gain/backward",
 }
 
 DEFINITIONS = f"""\
@@ -118,9 +144,18 @@ DEFINITIONS = f"""\
   t⊙F, ...: CaiT's ratio, comparable across variants; eval mode); `ratio_rms` = sqrt(mean‖b‖²)/sqrt(mean‖x‖²);
   `skip_scale/s/l` = mean factor the skip multiplies x by (1 for an identity skip); `update_ratio/s/l` = mean
   ‖Δ‖/(‖x‖+1e-6) for the whole update Δ; `stream_rms/l` = sqrt(mean‖x‖²/D) entering block l.
-  DCA: b = Δ = block output f_t, x = sum of the stack.
+  DCA: b = Δ = block output f_t, x = sum of the stack. Attention Residuals: x = the layer's input h (a softmax
+  mix of earlier outputs), b = its output f.
+- `depth_weights` (DCA, DenseFormer, Attention Residuals) = matrix of the mean weight each consumer (row) gives
+  each earlier representation (column: 0 = embeddings); blank = no such input.
+- Hyper-Connections / mHC (n streams H per token): x = the mean of the n streams (= the standard stream at init),
+  b = the mean over streams of what the branch writes (mean(B)·F), Δ = the mean update, `skip_scale` = mean
+  column sum of the stream mixing M (H' = M·H + ...; 1 for mHC). `composite_gain/forward` and `/backward` =
+  largest absolute row / column sum of ∏_sites M (token-mean M for the input-dependent forms): mHC's
+  "Amax gain"; near 1 when the stream mixing neither amplifies nor attenuates over depth.
 - `grad_norm/l` = L2 norm of block l's gradients at the first optimizer step of the epoch.
-- `param/s/l/key` = the variant's own parameters (γ, α, β, gate means, DCA GRN weights).
+- `param/s/l/key` = the variant's own parameters (γ, α, β, gate means, DCA GRN weights) and statistics of the
+  site's branch output (Ortho: `parallel_ratio` = mean ‖f_∥‖/‖f‖, the share of the branch its projection removes).
 - τ = {{tau}} (project default {DEFAULT_TAU}, DeepViT-style; the paper's own τ was not retrieved).
 """
 
@@ -206,6 +241,22 @@ def stream_rms(x: Tensor) -> Tensor:
     return x.detach().float().square().mean().sqrt()
 
 
+def composite_gain(matrices: Sequence[Tensor]) -> dict[str, float]:
+    """mHC's "Amax gain magnitude" of the composite stream mixing over depth: with the per-site n×n mixing matrices
+    M_1 … M_K in forward order (H_{k+1} = M_k H_k + …), G = M_K ⋯ M_1 and
+
+        forward = max_i Σ_j |G_ij|   (largest absolute row sum: how much a stream of the output can amplify the input)
+        backward = max_j Σ_i |G_ij|  (largest absolute column sum: the same for gradients flowing back)
+
+    Both are 1 for identity or doubly stochastic matrices. Computed in float64 on the CPU."""
+    if len(matrices) == 0:
+        raise ValueError("composite_gain needs at least one mixing matrix")
+    gain = torch.eye(matrices[0].shape[-1], dtype=torch.float64)
+    for m in matrices:
+        gain = m.detach().to("cpu", torch.float64) @ gain
+    return {"forward": gain.abs().sum(dim=1).max().item(), "backward": gain.abs().sum(dim=0).max().item()}
+
+
 def block_grad_norms(model: nn.Module) -> Tensor:
     """L2 norm of the gradients of each block's parameters, shape (L,), on the gradients' device.
 
@@ -228,6 +279,14 @@ def block_grad_norms(model: nn.Module) -> Tensor:
 
 
 # --- one diagnostic forward ----------------------------------------------------------------------------------------
+def site_diagnostics(site: ResidualSite, x: Tensor, u: Tensor, f: Tensor) -> dict[str, Tensor]:
+    """``site.diagnostics(x, u, f)``: the stream x entering the site, its normalised input u and the branch output
+    f. An override that declares no ``f`` parameter (the older two-argument form) gets ``(x, u)``."""
+    if "f" in inspect.signature(site.diagnostics).parameters:
+        return site.diagnostics(x, u, f)
+    return site.diagnostics(x, u)
+
+
 def collect_diagnostics(model: nn.Module, images: Tensor, tau: float = DEFAULT_TAU,
                         k: int = DEFAULT_SIM_K) -> dict[str, Any]:
     """One eval-mode, no-grad forward of ``model`` (a ``lit_modules.VisionTransformer``) on ``images`` with
@@ -242,13 +301,18 @@ def collect_diagnostics(model: nn.Module, images: Tensor, tau: float = DEFAULT_T
         attn_sim_full: (L, L)   attn_sim_adj, attn_sim_ratio, attn_sim_k, attn_sim_k_ratio: (L−1,)
         similar_blocks: int (blocks with attn_sim_k_ratio > SIMILAR_SHARE)   attn_entropy: (L,)
         params: {sublayer: {layer: {key: float}}}    (the variant's ResidualSite.diagnostics())
-        dca_weights: (L+1, max stack size) with NaN where a consumer has no such input, or None (not DCA)
+        depth_weights: (consumers, sources) mean weights of every ``DepthWeights`` module (DCA, DenseFormer,
+            AttnRes), NaN where a consumer has no such input, or None (no such module)
+        depth_weights_rows: the row labels, depth_weights_columns: what the columns are (None without)
+        composite_gain: {"forward": float, "backward": float} of the product of the multi-stream sites' mixing
+            matrices (Hyper-Connections, mHC; see ``composite_gain``), or None (single-stream residual)
     """
     sites = model.residual_sites()
     depth = len(model.blocks)
     attentions = [_block_attention(blk, i) for i, blk in enumerate(model.blocks)]
     site_stats: dict[tuple[int, str], dict[str, Tensor]] = {}
     param_stats: dict[tuple[int, str], dict[str, Tensor]] = {}
+    mixings: dict[tuple[int, str], Tensor] = {}  # multi-stream sites' token-mean stream-mixing matrices
     maps: list[list[Tensor]] = [[] for _ in range(depth)]
     modes = [(m, m.training) for m in model.modules()]
     fused = [(m, m.fused_attn) for m in model.modules() if hasattr(m, "fused_attn")]  # incl. class attention
@@ -263,7 +327,12 @@ def collect_diagnostics(model: nn.Module, images: Tensor, tau: float = DEFAULT_T
             else:  # (x, u, f, history) -> Δ
                 x, u, f = args[0], args[1], args[2]
                 branch, skip = site.decompose(x, u, f)
-                params = site.diagnostics(x, u) if isinstance(site, ResidualSite) else {}
+                params = site_diagnostics(site, x, u, f) if isinstance(site, ResidualSite) else {}
+                if isinstance(site, ResidualSite):  # multi-stream sites: their n×n mixing, the mean of the streams
+                    mixing = site.stream_mixing(x)
+                    if mixing is not None:
+                        mixings[layer, sublayer] = mixing
+                    x, branch, output = site.stream_view(x), site.stream_view(branch), site.stream_view(output)
             update = branch_ratios(x, output)["ratio_mean"]
             skip = torch.as_tensor(skip, dtype=torch.float32, device=x.device).detach().mean()
             site_stats[layer, sublayer] = branch_ratios(x, branch) | {
@@ -280,6 +349,12 @@ def collect_diagnostics(model: nn.Module, images: Tensor, tau: float = DEFAULT_T
     def out_hook(module: nn.Module, args: tuple, output: Tensor) -> None:
         param_stats[depth, "out"] = module.diagnostics(args[0])
 
+    aggregators = [m for m in model.modules() if isinstance(m, DepthWeights)]
+    depth_rows: dict[int, Tensor] = {}
+
+    def depth_hook(module: nn.Module, args: tuple, output: Tensor) -> None:
+        depth_rows[module.depth_index] = module.depth_weights(*args)
+
     try:
         model.eval()
         model.set_fused_attn(False)
@@ -290,6 +365,8 @@ def collect_diagnostics(model: nn.Module, images: Tensor, tau: float = DEFAULT_T
         final_grn = getattr(getattr(model, "stream", None), "out", None)
         if isinstance(final_grn, ResidualSite):
             handles.append(final_grn.register_forward_hook(out_hook))
+        for module in aggregators:  # each reports its row of the depth-weight matrix
+            handles.append(module.register_forward_hook(depth_hook))
         param = next(model.parameters())
         with torch.no_grad(), torch.autocast(param.device.type, enabled=False):
             # .forward, not __call__: a backbone compiled in place (``model.compile()``) runs eagerly here, so the
@@ -326,8 +403,14 @@ def collect_diagnostics(model: nn.Module, images: Tensor, tau: float = DEFAULT_T
     out["similar_blocks"] = int(sim["similar_blocks"].item())
     out["attn_entropy"] = sim["entropy"].cpu()
     out["params"] = _params_to_floats(param_stats)
-    out["dca_weights"] = _dca_matrix(out["params"], depth) if any(isinstance(b, DCABlock) for b in model.blocks) \
-        else None
+    ordered = [mixings[layer, s] for layer, s, _ in sites if (layer, s) in mixings]  # forward order
+    out["composite_gain"] = composite_gain(ordered) if ordered else None
+    out["depth_weights"] = depth_weight_matrix(depth_rows, aggregators[0].depth_extent) if aggregators else None
+    rows = [f"{i} (none)" for i in range(aggregators[0].depth_extent[0] if aggregators else 0)]
+    for module in aggregators:
+        rows[module.depth_index] = module.depth_label
+    out["depth_weights_rows"] = rows if aggregators else None
+    out["depth_weights_columns"] = aggregators[0].depth_columns if aggregators else None
     return out
 
 
@@ -354,18 +437,6 @@ def _params_to_floats(stats: dict[tuple[int, str], dict[str, Tensor]]) -> dict[s
     for (layer, s, k, _), value in zip(entries, values, strict=True):
         out.setdefault(s, {}).setdefault(layer, {})[k] = value
     return out
-
-
-def _dca_matrix(params: dict[str, dict[int, dict[str, float]]], depth: int) -> Tensor:
-    """Rows: blocks 0..L−1 then the final GRN; columns: stack positions; NaN where a row has no such input."""
-    rows = [params.get("block", {}).get(layer, {}) for layer in range(depth)] + [params.get("out", {}).get(depth, {})]
-    width = max((len(r) for r in rows), default=0)
-    matrix = torch.full((depth + 1, width), float("nan"))
-    for i, row in enumerate(rows):
-        for key, value in row.items():
-            if key.startswith("weight_"):
-                matrix[i, int(key.removeprefix("weight_"))] = value
-    return matrix
 
 
 # --- Lightning callback ---------------------------------------------------------------------------------------------
@@ -489,6 +560,10 @@ def diagnostic_scalars(result: dict[str, Any], grad_norms: Sequence[float] | Non
         scalars[TAGS["ratio_mean_avg"]] = sum(ratio_means) / len(ratio_means)
     for layer, v in enumerate(grad_norms or []):
         scalars[TAGS["grad_norm"].format(layer=layer)] = float(v)
+    gain = result.get("composite_gain")
+    if gain is not None:
+        scalars[TAGS["composite_gain_forward"]] = gain["forward"]
+        scalars[TAGS["composite_gain_backward"]] = gain["backward"]
     for sublayer, per_layer in result["params"].items():
         for layer, stats in per_layer.items():
             for k, v in stats.items():
@@ -505,14 +580,13 @@ def log_diagnostics(experiment, result: dict[str, Any], scalars: dict[str, float
         sim, title=f"attention column similarity (epoch {step})", xlabel="layer q", ylabel="layer p",
         vmin=0.0, vmax=1.0), global_step=step)
     experiment.add_text(TAGS["attn_sim_full_json"], json.dumps(_json_matrix(sim)), global_step=step)
-    dca = result.get("dca_weights")
-    if dca is not None:
-        depth = result["depth"]
-        rows = [f"block {i}" for i in range(depth)] + ["out"]
-        experiment.add_figure(TAGS["dca_weights"], heatmap(
-            dca, title=f"DCA GRN weights (epoch {step})", xlabel="stacked input j (0 = x0)", ylabel="consumer",
-            row_labels=rows), global_step=step)
-        experiment.add_text(TAGS["dca_weights_json"], json.dumps(_json_matrix(dca)), global_step=step)
+    weights = result.get("depth_weights")
+    if weights is not None:
+        rows = result.get("depth_weights_rows") or [str(i) for i in range(weights.shape[0])]
+        experiment.add_figure(TAGS["depth_weights"], heatmap(
+            weights, title=f"depth weights (epoch {step})", xlabel=result.get("depth_weights_columns") or "source j",
+            ylabel="consumer", row_labels=rows), global_step=step)
+        experiment.add_text(TAGS["depth_weights_json"], json.dumps(_json_matrix(weights)), global_step=step)
 
 
 def _json_matrix(matrix: Tensor) -> list[list[float | None]]:

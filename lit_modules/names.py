@@ -19,6 +19,12 @@ RESIDUAL_CLASSES: dict[str, str] = {
     "res_se": "ResSE",
     "dca": "DCA",
     "skipdense": "SkipDense",
+    "hyper_connections": "HyperConnections",
+    "mhc": "MHC",
+    "denseformer": "DenseFormer",
+    "attn_res": "AttnRes",
+    "ortho": "Ortho",
+    "deepnorm": "DeepNorm",
 }
 
 #: attention kind -> its class in ``lit_modules/attention.py``
@@ -36,3 +42,7 @@ NORM_LAYER_CLASSES: dict[str, str] = {
 RESIDUAL_NAMES: tuple[str, ...] = tuple(RESIDUAL_CLASSES)
 ATTENTION_NAMES: tuple[str, ...] = tuple(ATTENTION_CLASSES)
 NORM_LAYER_NAMES: tuple[str, ...] = tuple(NORM_LAYER_CLASSES)
+
+#: ResFormer's value residual (``VisionTransformer(value_residual=...)``, ``lit_modules.value_residual``): off, the
+#: paper's fixed V_n ← ½V_1 + ½V_n, or two learned scalars per layer (0.5 each at init)
+VALUE_RESIDUAL_NAMES: tuple[str, ...] = ("none", "fixed", "learned")

@@ -4,7 +4,8 @@ Built from timm's layers (PatchEmbed, Attention, Mlp, DropPath, LayerNorm, trunc
 and using timm's parameter names, so a ``timm.models.vision_transformer.VisionTransformer`` of the same config
 loads into the ``standard`` (and, with ``init_values``, the ``layerscale``) variant with ``strict=True`` and gives
 the same logits. The residual variant lives in ``lit_modules.residual``; the backbone only asks it to build
-blocks and the stream that chains them. Orthogonal to it: the attention kind (``lit_modules.attention``), CaiT's
+blocks and the stream that chains them (and whether the stream still needs the final norm). Orthogonal to it: the
+attention kind (``lit_modules.attention``), ResFormer's value residual (``value_residual``), CaiT's
 class-attention head (``class_attention_blocks``) and the norm layer (``norm_layer``).
 """
 
@@ -32,6 +33,7 @@ from torch import nn
 from .attention import ATTENTIONS
 from .names import NORM_LAYER_CLASSES
 from .residual import RESIDUALS, BlockArgs, cait_init_value
+from .value_residual import ValueState, value_residual_factory
 
 #: norm layer name -> timm class, called as ``cls(dim, eps=norm_eps)`` (names: ``lit_modules.names``)
 NORM_LAYERS: dict[str, type[nn.Module]] = {name: getattr(timm.layers, cls) for name, cls in NORM_LAYER_CLASSES.items()}
@@ -67,7 +69,15 @@ class VisionTransformer(nn.Module):
       ``x_cls += γ₂ ⊙ MLP(LN x_cls)`` with the query from the class token alone, γ at CaiT's depth rule
       ``cait_init_value(depth)``, no stochastic depth (as timm's CaiT) — before the final norm and the head;
     - ``norm_layer``: ``"layernorm"`` (timm's ``LayerNorm``) or ``"rmsnorm"`` (timm's ``RmsNorm``), ε ``norm_eps``,
-      used by every norm of the model (pre-norms, final norm, qk-norm, the variants' own norms).
+      used by every norm of the model (pre-norms, final norm, qk-norm, the variants' own norms);
+    - ``value_residual``: ResFormer (Zhou et al., arXiv 2410.17897) — ``"none"`` (default), ``"fixed"``
+      (every self-attention layer after the first uses V_n ← ½V_1 + ½V_n, V_1 = the first layer's values in this
+      forward) or ``"learned"`` (λ₁V_1 + λ₂V_n, two learned scalars per layer from 0.5); see
+      ``lit_modules.value_residual``.
+
+    The final norm before the head (``norm``, or ``fc_norm`` with average pooling) is built unless the variant
+    says its stream ends normalised (``ResidualSite.uses_final_norm``: DeepNorm's post-LN blocks) and there is no
+    class-attention head (whose pre-norm updates need it).
 
     **Common random numbers.** Every module's initial values are drawn from a generator seeded by
     ``(init_seed, the module's name)``, so two models built with the same ``init_seed`` (by default one number
@@ -103,6 +113,7 @@ class VisionTransformer(nn.Module):
         attention: str = "self",
         attention_options: Mapping[str, Any] | None = None,
         class_attention_blocks: int = 0,
+        value_residual: str = "none",
         fused_attn: bool | None = None,
         init_seed: int | None = None,
     ) -> None:
@@ -119,10 +130,13 @@ class VisionTransformer(nn.Module):
         options = variant.validate_options(dict(residual_options or {}))
         variant.check_options(options, dim=embed_dim, depth=depth)
         attn_options = attn_kind.validate_options(dict(attention_options or {}), num_heads=num_heads)
+        self.value_state = ValueState()  # the first layer's values of the forward in progress (ResFormer)
+        values = value_residual_factory(value_residual, self.value_state)  # ValueError naming the valid choices
         self.residual = residual
         self.residual_options = options
         self.attention = attention
         self.attention_options = attn_options
+        self.value_residual = value_residual
         self.num_classes = num_classes
         self.global_pool = global_pool
         self.num_prefix_tokens = 1 if class_token else 0
@@ -143,7 +157,7 @@ class VisionTransformer(nn.Module):
             BlockArgs(dim=embed_dim, num_heads=num_heads, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, qk_norm=qk_norm,
                       proj_drop=proj_drop_rate, attn_drop=attn_drop_rate, drop_path=dpr[i], norm_layer=norm_layer,
                       act_layer=nn.GELU, layer=i, depth=depth, num_prefix_tokens=block_prefix_tokens,
-                      attn_layer=attn_layer)
+                      attn_layer=attn_layer, value_residual=values)
             for i in range(depth)
         ]
         self.blocks = nn.ModuleList(variant.build_block(a, **options) for a in block_args)
@@ -154,8 +168,9 @@ class VisionTransformer(nn.Module):
                                      norm_layer=norm_layer, init_values=cait_init_value(depth))
             for _ in range(class_attention_blocks))
         use_fc_norm = global_pool == "avg"  # timm: average pooling normalises after pooling
-        self.norm = norm_layer(embed_dim) if not use_fc_norm else nn.Identity()
-        self.fc_norm = norm_layer(embed_dim) if use_fc_norm else nn.Identity()
+        final_norm = variant.uses_final_norm(**options) or class_attention_blocks > 0
+        self.norm = norm_layer(embed_dim) if final_norm and not use_fc_norm else nn.Identity()
+        self.fc_norm = norm_layer(embed_dim) if final_norm and use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
 
@@ -215,7 +230,9 @@ class VisionTransformer(nn.Module):
         if cls_token is not None and not len(self.blocks_token_only):
             x = torch.cat([cls_token, x], dim=1)
         x = self.pos_drop(x + self.pos_embed)
+        self.value_state.open()  # V_1 (value residual) is recorded afresh by this forward's first layer-0 call
         x = self.stream(x, self.blocks)
+        self.value_state.close()
         if len(self.blocks_token_only):  # CaiT: only the class token is updated, reading the patch tokens
             for blk in self.blocks_token_only:
                 cls_token = blk(x, cls_token)

@@ -35,3 +35,13 @@ def perturb(model: nn.Module, scale: float = 0.3, seed: int = 7) -> nn.Module:
     for p in model.parameters():
         p.add_(scale * torch.randn(p.shape, generator=g))
     return model
+
+
+def assert_bad_options(residual: str, options: dict, words: list[str]) -> None:
+    """Building ``residual`` with ``options`` raises a one-line ValueError that contains every one of ``words``."""
+    with pytest.raises(ValueError) as err:
+        build(residual, options)
+    message = str(err.value)
+    assert "\n" not in message
+    for word in words:
+        assert word in message, (word, message)

@@ -46,6 +46,12 @@ def write_study(path: Path, *, variants=TWO_VARIANTS, base: dict | None = None, 
     return path
 
 
+def run_dir_name(spec, label: str) -> str:
+    """The run folder (relative to the study's runs folder) of a variant of a study without grid axes."""
+    config = spec.run_config({"variant": label})
+    return f"{label}/depth={config.depth}/seed={config.seed}"
+
+
 def url_of(storage: Path | str) -> str:
     """The storage URL of a SQLite file (a URL is returned as it is)."""
     return storage if isinstance(storage, str) else f"sqlite:///{storage}"
@@ -175,7 +181,7 @@ def check_killed_trial_is_retried_and_resumes(tmp_path: Path, storage: Path | st
     spec = load_spec(str(tmp_path / "crash.yaml"))
     args = ("--study", "crash.yaml", "--storage", url_of(storage), "--results-dir", "results", "--heartbeat", "1",
             "--grace", "2", "--no-progress")
-    last_ckpt = tmp_path / "results" / "runs" / "crash" / "trial_0001" / "checkpoints" / "last.ckpt"
+    last_ckpt = tmp_path / "results" / "runs" / "crash" / run_dir_name(spec, "long") / "checkpoints" / "last.ckpt"
 
     log = tmp_path / "killed_run.log"
     with open(log, "w") as log_file:
@@ -206,7 +212,8 @@ def check_killed_trial_is_retried_and_resumes(tmp_path: Path, storage: Path | st
     assert retry.params == killed.params == {"variant": "long"}
     assert retry.system_attrs["failed_trial"] == 1 and retry.user_attrs["retry_of"] == 1
     assert retry.user_attrs["resumed_from_checkpoint"] is True
-    assert retry.user_attrs["log_dir"].endswith("trial_0001")  # the killed trial's run folder, continued
+    assert retry.user_attrs["log_dir"].endswith(run_dir_name(spec, "long"))  # the killed trial's folder, continued
+    assert retry.user_attrs["run_name"] == killed.user_attrs["run_name"] == run_dir_name(spec, "long")
     assert retry.user_attrs["config"]["max_epochs"] == max_epochs
     assert retry.user_attrs["epochs_completed"] == max_epochs  # counted on from the checkpoint, not restarted
     curve = retry.user_attrs["val_acc_curve"]
@@ -231,7 +238,8 @@ def check_bad_checkpoints_restart_their_trials(tmp_path: Path, storage: Path | s
         suggest(dead, spec)
         rdb.record_heartbeat(dead._trial_id)  # the worker was alive once, then died
     runs = tmp_path / "results" / "runs" / "corrupt"
-    for trial_dir in ("trial_0000", "trial_0002"):
+    names = [run_dir_name(spec, v["label"]) for v in THREE_VARIANTS]
+    for trial_dir in (names[0], names[2]):
         (runs / trial_dir / "checkpoints").mkdir(parents=True)
         (runs / trial_dir / "checkpoints" / "last.ckpt").write_bytes(b"\x00garbage, not a torch checkpoint")
     time.sleep(3)  # > grace
@@ -239,16 +247,18 @@ def check_bad_checkpoints_restart_their_trials(tmp_path: Path, storage: Path | s
     result = run_cli("--study", "corrupt.yaml", "--storage", url_of(storage), "--results-dir", "results",
                      "--heartbeat", "1", "--grace", "2", "--no-progress", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "trial_0000/checkpoints/last.ckpt is unusable" in result.stderr
-    assert "trial_0001/checkpoints/last.ckpt to resume" in result.stderr
-    assert "trial_0002/checkpoints/last.ckpt is left from an earlier run" in result.stderr
+    assert f"{names[0]}/checkpoints/last.ckpt is unusable" in result.stderr
+    assert f"{names[1]}/checkpoints/last.ckpt to resume" in result.stderr
+    # trial 2's folder holds an earlier study's files: it writes to a folder of its own, never resumes them
+    assert f"{names[2]} exists (left by an earlier study" in result.stderr
+    assert trials_of(storage, "corrupt")[2].user_attrs["log_dir"].endswith(f"{names[2]}/trial_0002")
     complete = assert_grid_complete_once(storage, spec)
     trials = trials_of(storage, "corrupt")
     assert [t.state for t in trials[:2]] == [TrialState.FAIL] * 2 and len(trials) == 5
     for dead in trials[:2]:
         retry = complete[point(dead.params)]
         assert retry.user_attrs["retry_of"] == dead.number
-        assert retry.user_attrs["log_dir"].endswith(f"trial_{dead.number:04d}")
+        assert retry.user_attrs["log_dir"].endswith(names[dead.number])
     for t in complete.values():
         assert t.user_attrs["resumed_from_checkpoint"] is False
         assert t.user_attrs["epochs_completed"] == 2  # trained from scratch, in full

@@ -51,6 +51,7 @@ def test_defaults_are_small_cpu_settings():
     ({"class_attention_blocks": -1}, "class_attention_blocks must be >= 0"),
     ({"class_attention_blocks": 2, "global_pool": "avg"}, "class_attention_blocks > 0 needs global_pool='token'"),
     ({"attention_options": {"bad key": 1}}, "attention_options key 'bad key' is not a valid option name"),
+    ({"value_residual": "on"}, "unknown value_residual 'on'; valid choices: none, fixed, learned"),
 ])
 def test_invalid_values_raise_one_line_value_errors(changes, message):
     with pytest.raises(ValueError) as info:
@@ -102,7 +103,7 @@ def test_to_hparams_is_flat_scalars():
 def test_backbone_defaults_are_todays_model():
     c = RunConfig()
     assert (c.attention, c.attention_options, c.class_attention_blocks) == ("self", {}, 0)
-    assert (c.norm_layer, c.norm_eps) == ("layernorm", 1e-6)
+    assert (c.norm_layer, c.norm_eps, c.value_residual) == ("layernorm", 1e-6, "none")
     assert c.run_name() == "standard_d4_w64_digits_s0"
 
 

@@ -209,9 +209,10 @@ def test_collect_diagnostics_shapes_and_finite(residual, options):
         for stats in per_layer.values():
             assert all(math.isfinite(v) for v in stats.values())
     is_dca = residual == "dca" and options.get("form") != "seed"
-    assert (d["dca_weights"] is not None) == is_dca
+    aggregates = is_dca or residual in ("denseformer", "attn_res")  # DepthWeights modules: a depth-weight matrix
+    assert (d["depth_weights"] is not None) == aggregates
     if is_dca:
-        assert d["dca_weights"].shape[0] == depth + 1
+        assert d["depth_weights"].shape[0] == depth + 1
         assert set(d["params"]) == {"block", "out"}
     if residual in ("layerscale", "rezero", "skipinit", "highway", "laurel", "res_se") and options.get(
             "init_value", "auto") is not None:
@@ -228,7 +229,8 @@ def test_params_per_variant():
     assert 0.2 < hw["mlp"][0]["gate_mean"] < 0.35  # σ(−1) ≈ 0.27 (the guideline at depth 3) plus a small input part
     dca = collect_diagnostics(tiny("dca"), images())
     assert dca["params"]["block"][2] == {"weight_0": 1.0, "weight_1": 1.0, "weight_2": 1.0}
-    w = dca["dca_weights"]
+    w = dca["depth_weights"]
+    assert dca["depth_weights_rows"] == ["block 0", "block 1", "block 2", "out"]
     assert w.shape == (4, 4)
     assert torch.isnan(w[0, 1:]).all() and torch.isnan(w[1, 2:]).all() and not torch.isnan(w[3]).any()
     torch.testing.assert_close(w.nan_to_num(0.0), torch.ones(4, 4).tril())  # b = 1, w = 0 at init

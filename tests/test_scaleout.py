@@ -27,6 +27,7 @@ from helpers import (
     check_two_workers_complete_each_point_once,
     finish,
     run_cli,
+    run_dir_name,
     snapshot,
     start_cli,
     stop_group,
@@ -75,7 +76,7 @@ def test_server_stopped_mid_study_worker_exits_with_one_line_and_rerun_finishes(
     url = postgres.create_database("outage")
     args = ("--study", "outage.yaml", "--storage", url, "--results-dir", "results", "--heartbeat", "1",
             "--grace", "2", "--no-progress")
-    last_ckpt = tmp_path / "results" / "runs" / "outage" / "trial_0000" / "checkpoints" / "last.ckpt"
+    last_ckpt = tmp_path / "results" / "runs" / "outage" / run_dir_name(spec, "standard") / "checkpoints" / "last.ckpt"
     proc = start_cli(*args, cwd=tmp_path)
     try:
         wait_for(last_ckpt.is_file, proc, "trial 0 wrote a checkpoint")

@@ -36,6 +36,7 @@ from helpers import (
     finish,
     run_cli,
     run_cli_many,
+    run_dir_name,
     snapshot,
     start_cli,
     stop_group,
@@ -125,7 +126,9 @@ def test_smoke_study_completes_every_grid_point_once_and_rerun_adds_nothing(tmp_
         assert attrs["param_count"] > 0 and attrs["wall_time_s"] > 0 and attrs["epochs_completed"] == 1
         log_dir = tmp_path / attrs["log_dir"]
         assert log_dir.is_dir() and list(log_dir.glob("events.out.tfevents.*"))
-        assert log_dir.name == f"trial_{t.number:04d}" and not (log_dir / "checkpoints").exists()
+        name = f"{t.params['variant']}/depth={t.params['depth']}/seed={t.params['seed']}"  # what the run is
+        assert attrs["run_name"] == name and attrs["log_dir"].endswith(name)
+        assert not (log_dir / "checkpoints").exists()
         expected = spec.config_for(t.params)
         assert {k: attrs["config"][k] for k in ("residual", "depth", "seed", "embed_dim", "max_epochs", "dataset")} \
             == {k: expected[k] for k in ("residual", "depth", "seed", "embed_dim", "max_epochs", "dataset")}
@@ -170,7 +173,7 @@ def test_interrupted_run_exits_130_and_the_rerun_resumes_the_interrupted_trial(t
     spec = load_spec(str(tmp_path / "interrupted.yaml"))
     db = tmp_path / "o.db"
     args = ("--study", "interrupted.yaml", "--storage", url_of(db), "--results-dir", "results", "--no-progress")
-    last_ckpt = tmp_path / "results" / "runs" / "interrupted" / "trial_0000" / "checkpoints" / "last.ckpt"
+    last_ckpt = tmp_path / "results" / "runs" / "interrupted" / run_dir_name(spec, "standard") / "checkpoints" / "last.ckpt"
 
     proc = start_cli(*args, cwd=tmp_path)
     try:
@@ -339,7 +342,7 @@ def test_list_shows_every_study_with_its_sizes(quick_calls):
     result = quick_calls.results["list"]
     assert result.returncode == 0, result.stderr
     rows = {line.split()[0]: line.split() for line in result.stdout.splitlines()[1:]}
-    assert sorted(rows) == sorted(available_studies()) and len(rows) == 7
+    assert sorted(rows) == sorted(available_studies()) and len(rows) == 9
     for name, row in rows.items():
         specs = [load_spec(name, budget) for budget in BUDGETS]
         assert row[1] == specs[0].kind

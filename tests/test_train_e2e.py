@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from ablations.config import RunConfig
+from ablations.dashboard import display_tag, internal_tag
 from ablations.training import run_training
 from lit_modules import RESIDUALS
 
@@ -33,6 +34,12 @@ PARAMS = {  # (sublayer, key) the variant must log for every layer
     "res_se": (("attn", "se_scale_mean"), ("mlp", "se_scale_mean")),
     "dca": (("block", "weight_0"),),
     "skipdense": (),
+    "hyper_connections": (("attn", "res_diag_mean"), ("mlp", "post_mean"), ("attn", "s_alpha")),
+    "mhc": (("attn", "res_diag_mean"), ("mlp", "pre_mean"), ("mlp", "alpha_res")),
+    "denseformer": (),  # its DWA weights are in diag/depth_weights
+    "attn_res": (),  # its softmax weights are in diag/depth_weights
+    "ortho": (("attn", "parallel_ratio"), ("mlp", "removed_energy"), ("mlp", "cos_mean")),
+    "deepnorm": (("attn", "branch_skip_ratio"), ("mlp", "branch_skip_ratio")),
 }
 
 
@@ -55,7 +62,8 @@ def text(ea, tag: str) -> list[str]:
     return [e.tensor_proto.string_val[0].decode() for e in ea.Tensors(f"{tag}/text_summary")]
 
 
-IDENTITY_SKIP = ("standard", "layerscale", "rezero", "skipinit", "dca", "skipdense")  # variants whose skip does not rescale x
+IDENTITY_SKIP = ("standard", "layerscale", "rezero", "skipinit", "dca", "skipdense",
+                 "denseformer", "attn_res", "ortho")  # variants whose skip does not rescale x
 
 
 @pytest.mark.slow
@@ -68,12 +76,12 @@ def test_variant_trains_and_logs_every_diagnostic(residual, tmp_path, keep_threa
     assert summary["final_val_acc"] > MIN_VAL_ACC, summary
 
     ea = read_events(summary["log_dir"])
-    scalars = set(ea.Tags()["scalars"])
+    scalars = {internal_tag(t) for t in ea.Tags()["scalars"]}  # TensorBoard's grouped tags -> internal names
     epochs = list(range(EPOCHS))  # step convention: the epoch index
 
     def series(tag: str) -> list[float]:
         assert tag in scalars, f"{tag} missing; diag tags: {sorted(t for t in scalars if t.startswith('diag/'))}"
-        events = ea.Scalars(tag)
+        events = ea.Scalars(display_tag(tag))
         assert [e.step for e in events] == epochs, tag
         values = [e.value for e in events]
         assert all(math.isfinite(v) for v in values), (tag, values)
@@ -92,6 +100,12 @@ def test_variant_trains_and_logs_every_diagnostic(residual, tmp_path, keep_threa
         assert all(v > 0 for v in series(f"diag/grad_norm/{layer:02d}"))
         for sublayer, key in PARAMS[residual]:
             series(f"diag/param/{sublayer}/{layer:02d}/{key}")
+    if residual in ("hyper_connections", "mhc"):  # multi-stream: the composite gain of the stream mixing
+        gains = series("diag/composite_gain/forward") + series("diag/composite_gain/backward")
+        if residual == "mhc":  # doubly stochastic H_res: near 1 (rows to Sinkhorn's precision, columns exact)
+            assert all(abs(v - 1) < 0.1 for v in gains), gains
+    else:
+        assert "diag/composite_gain/forward" not in scalars
     for layer in range(DEPTH - 1):  # layer l vs l + 1
         assert all(-1e-5 <= v <= 1 + 1e-5 for v in series(f"diag/attn_sim_adj/{layer:02d}"))
         assert all(0 <= v <= 1 for v in series(f"diag/attn_sim_ratio/{layer:02d}"))
@@ -109,24 +123,30 @@ def test_variant_trains_and_logs_every_diagnostic(residual, tmp_path, keep_threa
         assert series("diag/param/attn/01/alpha")[-1] != 0.0
 
     images = ea.Tags()["images"]
-    assert [e.step for e in ea.Images("diag/attn_sim_full")] == epochs
+    assert [e.step for e in ea.Images(display_tag("diag/attn_sim_full"))] == epochs
     sims = [json.loads(t) for t in text(ea, "diag/attn_sim_full_json")]
     assert len(sims) == EPOCHS
     for matrix in sims:
         assert len(matrix) == DEPTH and all(len(row) == DEPTH for row in matrix)
         assert all(row[i] == pytest.approx(1.0, abs=1e-4) for i, row in enumerate(matrix))
         assert matrix[0][1] == pytest.approx(matrix[1][0], abs=1e-5)
-    assert matrix[0][1] == pytest.approx(ea.Scalars("diag/attn_sim_adj/00")[-1].value, abs=1e-5)
+    assert matrix[0][1] == pytest.approx(ea.Scalars(display_tag("diag/attn_sim_adj/00"))[-1].value, abs=1e-5)
     # block 0 against the K = 3 following blocks (only DEPTH - 1 exist): the mean of that row of the matrix
     near = [matrix[0][q] for q in range(1, min(1 + 3, DEPTH))]
-    assert sum(near) / len(near) == pytest.approx(ea.Scalars("diag/attn_sim_k/00")[-1].value, abs=1e-5)
+    assert sum(near) / len(near) == pytest.approx(ea.Scalars(display_tag("diag/attn_sim_k/00"))[-1].value, abs=1e-5)
 
     if residual == "dca":
-        assert [e.step for e in ea.Images("diag/dca_weights")] == epochs
-        weights = json.loads(text(ea, "diag/dca_weights_json")[-1])  # rows: blocks 0..L−1, final GRN
+        assert [e.step for e in ea.Images(display_tag("diag/depth_weights"))] == epochs
+        weights = json.loads(text(ea, "diag/depth_weights_json")[-1])  # rows: blocks 0..L−1, final GRN
         assert len(weights) == DEPTH + 1 and all(len(row) == DEPTH + 1 for row in weights)
         assert weights[0][1:] == [None, None] and weights[1][2] is None and None not in weights[DEPTH]
         series(f"diag/param/out/{DEPTH:02d}/weight_{DEPTH}")
+    elif residual in ("denseformer", "attn_res"):  # rows: DWA after block i / the 2L layers and the final mix
+        assert [e.step for e in ea.Images(display_tag("diag/depth_weights"))] == epochs
+        weights = json.loads(text(ea, "diag/depth_weights_json")[-1])
+        rows, cols = (DEPTH, DEPTH + 1) if residual == "denseformer" else (2 * DEPTH + 1, 2 * DEPTH + 1)
+        assert len(weights) == rows and all(len(row) == cols for row in weights)
+        assert weights[0][2:] == [None] * (cols - 2) and None not in weights[rows - 1]
     else:
-        assert "diag/dca_weights" not in images
+        assert display_tag("diag/depth_weights") not in images
     assert "τ = 0.9" in text(ea, "diag/definitions")[0]

@@ -18,6 +18,7 @@ from tensorboard.backend.event_processing.event_accumulator import SCALARS, TENS
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
 from ablations.config import RunConfig
+from ablations.dashboard import display_tag, internal_tag
 from ablations.training import HP_METRICS, hp_metric_values, run_training
 from lit_modules.convergence import TIMING_KEYS
 
@@ -87,21 +88,22 @@ def test_different_seed_changes_the_run(twin_runs, tmp_path):
 def test_hp_metrics_registered_and_all_logged(twin_runs):
     summary = twin_runs[0]
     ea = events(summary["log_dir"])
-    scalars = ea.Tags()["scalars"]
+    scalars = {internal_tag(t) for t in ea.Tags()["scalars"]}  # written under TensorBoard's grouped tags
     for tag in (*HP_METRICS, *EPOCH_METRICS):
         assert tag in scalars, tag
     for tag in EPOCH_METRICS:
-        assert len(ea.Scalars(tag)) == 2, tag  # once per epoch
+        assert len(ea.Scalars(display_tag(tag))) == 2, tag  # once per epoch
     expected = hp_metric_values(summary)
-    for tag in HP_METRICS:  # placeholder at step 0, then the final value, which TensorBoard shows
-        final = ea.Scalars(tag)[-1]
+    for tag in HP_METRICS:  # once, at the end: no placeholder that could be read after the final value
+        (final,) = ea.Scalars(display_tag(tag))
         assert final.step > 0
         assert final.value == pytest.approx(expected[tag], rel=1e-6, nan_ok=True), tag
     assert expected["hp/best_val_acc"] == pytest.approx(summary["best_val_acc"])
 
     plugin = ea.PluginTagToContent("hparams")
     experiment = HParamsPluginData.FromString(plugin["_hparams_/experiment"]).experiment
-    assert {m.name.tag for m in experiment.metric_infos} == set(HP_METRICS)
+    assert [m.name.tag for m in experiment.metric_infos] == [display_tag(m) for m in HP_METRICS]
+    assert [m.display_name for m in experiment.metric_infos] == [m.removeprefix("hp/") for m in HP_METRICS]
     start = HParamsPluginData.FromString(plugin["_hparams_/session_start_info"]).session_start_info
     assert start.hparams["residual"].string_value == "standard"
     assert start.hparams["depth"].number_value == 1
@@ -169,8 +171,8 @@ def test_divergence_mid_run_stops_cleanly(tmp_path):
     assert summary["val_acc_auc"] == pytest.approx(summary["val_acc_curve"][0] / 3)  # missing epochs count 0
     assert math.isfinite(summary["final_train_loss"])
     ea = events(summary["log_dir"])
-    assert ea.Scalars("hp/diverged")[-1].value == 1.0
-    assert ea.Scalars("hp/epochs_completed")[-1].value == 1.0
+    assert ea.Scalars(display_tag("hp/diverged"))[-1].value == 1.0
+    assert ea.Scalars(display_tag("hp/epochs_completed"))[-1].value == 1.0
 
 
 def test_divergence_at_first_step_still_returns_a_summary(tmp_path):
@@ -179,8 +181,8 @@ def test_divergence_at_first_step_still_returns_a_summary(tmp_path):
     assert summary["best_val_acc"] is None and summary["epochs_to_95pct_of_best"] is None
     assert summary["val_acc_auc"] == 0.0
     ea = events(summary["log_dir"])
-    assert math.isnan(ea.Scalars("hp/best_val_acc")[-1].value)  # None is logged as NaN
-    assert ea.Scalars("hp/diverged")[-1].value == 1.0
+    assert math.isnan(ea.Scalars(display_tag("hp/best_val_acc"))[-1].value)  # None is logged as NaN
+    assert ea.Scalars(display_tag("hp/diverged"))[-1].value == 1.0
 
 
 # --- diagnostics ---------------------------------------------------------------------------------------------
@@ -189,7 +191,8 @@ def test_diagnostics_callback_is_wired_in(tmp_path):
     config = TINY.replace(residual="layerscale", max_epochs=1, diagnostics_every=1, diagnostics_batch_size=8)
     summary = run(config, tmp_path, "diag")
     tags = events(summary["log_dir"]).Tags()["scalars"]
-    assert any(tag.startswith("diag/stream_rms/") for tag in tags), tags
+    assert any(internal_tag(tag).startswith("diag/stream_rms/") for tag in tags), tags
+    assert any(tag.startswith("4_diag.ratio/stream_rms/") for tag in tags), tags  # TensorBoard's group
     assert summary["diverged"] is False
 
 

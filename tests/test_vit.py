@@ -88,6 +88,22 @@ RETROFIT = {
     "dca_seed": ("dca", {"form": "seed"}, _blocks(3, *(f"ls{s}.predictor.{j}.{p}" for s in (1, 2) for j in (0, 2)
                                                         for p in ("weight", "bias"))), False),
     "skipdense": ("skipdense", {}, set(), False),  # timm's names, no parameters of its own; dense sums differ
+    # n = 4 streams summed before the final norm: the standard ViT up to that norm's ε; n = 1 exactly
+    "hyper_connections": ("hyper_connections", {}, _blocks(3, *(f"ls{s}.{p}" for s in (1, 2) for p in (
+        "a_m", "a_r", "b", "w_m", "w_r", "w_b", "s_alpha", "s_beta", "dyn_norm.weight", "dyn_norm.bias"))), False),
+    "hyper_connections_n1": ("hyper_connections", {"n": 1, "dynamic": False},
+                             _blocks(3, *(f"ls{s}.{p}" for s in (1, 2) for p in ("a_m", "a_r", "b"))), True),
+    "mhc": ("mhc", {}, _blocks(3, *(f"ls{s}.{p}_{k}" for s in (1, 2) for p in ("phi", "b", "alpha")
+                                    for k in ("pre", "post", "res"))), False),
+    "denseformer": ("denseformer", {}, {f"stream.dwa.{i}.alpha" for i in range(3)}, True),  # α = identity rows
+    # uniform weights: each layer reads the mean of its sources, the standard ViT only up to the norms' ε
+    "attn_res": ("attn_res", {}, _blocks(3, *(f"{s}_res.{p}" for s in ("attn", "mlp")
+                                              for p in ("query", "key_norm.weight")))
+                 | {"stream.out.query", "stream.out.key_norm.weight"}, False),
+    "ortho": ("ortho", {}, set(), False),  # timm's names, no parameters; the projection changes the function
+    # post-LN: timm's pre-norm weights load into the post-norms norm1/norm2 by name (the function differs); the
+    # default drops the final norm, so a timm checkpoint's norm.* loads only with final_norm=True
+    "deepnorm": ("deepnorm", {"final_norm": True}, set(), False),
 }
 
 

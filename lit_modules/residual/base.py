@@ -10,8 +10,9 @@ so a variant only says what update ``Δ = x_new − x`` its formula adds to the 
 spec's DropPath convention: with drop probability 1 every variant reduces to its skip path exactly.
 
 Variants that need more than one site's view (ReZero's α shared by both sublayers, LAuReL at block granularity,
-LAuReL-PA's previous activations, DCA's stack of block outputs) override the ``build_*`` class methods below
-instead of adding ``if variant == ...`` branches to the backbone.
+LAuReL-PA's previous activations, DCA's stack of block outputs, DeepNorm's post-norm block and its dropped final
+norm) override the ``build_*`` / ``uses_final_norm`` class methods below instead of adding ``if variant == ...``
+branches to the backbone.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 from torch import nn
 
 from ..attention import SelfAttention
+from ..value_residual import no_value_residual
 
 
 @dataclass(frozen=True)
@@ -44,11 +46,16 @@ class BlockArgs:
     depth: int  # total number of blocks
     num_prefix_tokens: int
     attn_layer: Any = SelfAttention  # the injection point of the attention kind (``lit_modules.attention``)
+    # layer -> the attention's ``value_residual`` module (``lit_modules.value_residual``: ResFormer's V mixing)
+    value_residual: Any = no_value_residual
 
     def attention(self) -> nn.Module:
-        """The block's attention (timm's argument names), of the backbone's chosen kind."""
-        return self.attn_layer(self.dim, num_heads=self.num_heads, qkv_bias=self.qkv_bias, qk_norm=self.qk_norm,
+        """The block's attention (timm's argument names), of the backbone's chosen kind, with this layer's value
+        residual module (the identity unless the backbone mixes the first layer's values in)."""
+        attn = self.attn_layer(self.dim, num_heads=self.num_heads, qkv_bias=self.qkv_bias, qk_norm=self.qk_norm,
                                attn_drop=self.attn_drop, proj_drop=self.proj_drop, norm_layer=self.norm_layer)
+        attn.value_residual = self.value_residual(self.layer)
+        return attn
 
 
 class ResidualSite(nn.Module):
@@ -88,10 +95,24 @@ class ResidualSite(nn.Module):
         """Names (relative to this module) of parameters that must not be weight-decayed."""
         return {n for n, p in self.named_parameters(recurse=False) if p.ndim <= 1}
 
-    def diagnostics(self, x: torch.Tensor | None = None, u: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def diagnostics(self, x: torch.Tensor | None = None, u: torch.Tensor | None = None,
+                    f: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """The variant's own parameters as scalars to log (γ mean/std, α, β, ...); given the site's stream input
-        ``x`` and normalised input ``u`` from a diagnostic batch, also activation statistics (gate means)."""
+        ``x``, normalised input ``u`` and branch output ``f`` from a diagnostic batch (``collect_diagnostics``
+        passes all three), also activation statistics (gate means, Ortho's parallel/orthogonal split of f).
+        Every override accepts the three, each optional."""
         return {}
+
+    def stream_view(self, t: torch.Tensor) -> torch.Tensor:
+        """What the diagnostics call the stream, for a tensor in this site's stream layout (x, the branch term,
+        Δ): the tensor itself; multi-stream sites (Hyper-Connections, mHC) return the mean over their n streams."""
+        return t
+
+    def stream_mixing(self, x: torch.Tensor | None = None) -> torch.Tensor | None:
+        """The n×n matrix this site mixes its n residual streams with (H' = M·H + ...), averaged over the tokens of
+        ``x`` when it depends on the input; None for a single-stream residual. The diagnostics multiply these over
+        depth into the composite gain."""
+        return None
 
     # --- construction hooks (class methods so the backbone stays variant-agnostic) --------------------------
     @classmethod
@@ -134,6 +155,12 @@ class ResidualSite(nn.Module):
         from ..blocks import ResidualStream
 
         return ResidualStream()
+
+    @classmethod
+    def uses_final_norm(cls, **options: Any) -> bool:
+        """Whether the backbone normalises the stream before the head (timm's ``norm``/``fc_norm``). True for
+        pre-norm streams; a post-LN variant whose last block already ends in a norm (DeepNorm) may say False."""
+        return True
 
 
 def _registry() -> dict[str, type[ResidualSite]]:

@@ -11,6 +11,7 @@ from torch import nn
 
 from ..attention import SelfAttention
 from .base import BlockArgs, ResidualSite, check_choice
+from .depth import DepthWeights, depth_row, final_args, stack_sources
 
 FORMS = ("dca", "grn_v1", "grn_v2", "grn_v3", "seed")
 
@@ -21,7 +22,7 @@ def stack_size(t: int, k: int | None) -> int:
     return 1 + t if k is None or t <= k else k + 2
 
 
-class DCA(ResidualSite):
+class DCA(ResidualSite, DepthWeights):
     """Generalised residual network over the stack G = [x₀, f₁, …, f_{t−1}] of the model input and all
     previous block outputs (spec §8), computed per token:
 
@@ -38,11 +39,14 @@ class DCA(ResidualSite):
     gradient forever (GRN-v3 degenerates to v2); fig10_B is R-exact *and* trains w, hence the default;
     ``w_init_std > 0`` is the other fix. ``k`` selects k-DCA (model input + Σ intermediates + last k).
 
-    An instance is the GRN of one block (three outputs for ``dca``) or the final GRN before the head.
+    An instance is the GRN of one block (three outputs for ``dca``) or the final GRN before the head; as a
+    ``DepthWeights`` it reports its row of the depth-weight heat map (row t = block t, row L = the final GRN;
+    columns = stack positions).
     """
 
     name = "dca"
     paper = "Heddes et al. 2025, arXiv 2502.06785"
+    depth_columns = "stacked input j (0 = x0)"
 
     def __init__(self, dim: int, *, args: BlockArgs, form: str = "dca", k: int | None = None,
                  grn_v3_form: str = "fig10_B", w_init_std: float = 0.0) -> None:
@@ -53,6 +57,8 @@ class DCA(ResidualSite):
         outputs = 3 if form == "dca" else 1  # separate query, key and value compositions
         self.b_delta = nn.Parameter(torch.zeros(outputs, size, per_dim))  # b = 1 + b'
         self.w = nn.Parameter(torch.zeros(outputs, dim)) if form in ("grn_v3", "dca") else None
+        self.set_depth(args.layer, (args.depth + 1, stack_size(args.depth, k)),
+                       "out" if args.layer == args.depth else f"block {args.layer}")
 
     @classmethod
     def check_options(cls, options: dict[str, Any], dim: int, depth: int) -> None:
@@ -76,9 +82,7 @@ class DCA(ResidualSite):
     def build_stream(cls, dim: int, depth: int, norm_layer: Any, **options: Any) -> nn.Module:
         if options["form"] == "seed":
             return super().build_stream(dim, depth, norm_layer, **options)
-        out_args = BlockArgs(dim=dim, num_heads=1, mlp_ratio=0, qkv_bias=False, qk_norm=False, proj_drop=0,
-                             attn_drop=0, drop_path=0, norm_layer=norm_layer, act_layer=None, layer=depth,
-                             depth=depth, num_prefix_tokens=0)
+        out_args = final_args(dim, depth, norm_layer)
         final_form = "grn_v3" if options["form"] == "dca" else options["form"]
         return DenseStream(options["k"], cls(dim, args=out_args, **(options | {"form": final_form})))
 
@@ -114,18 +118,25 @@ class DCA(ResidualSite):
             out = out + torch.einsum("obnt,bntd->obnd", dynamic, stack)
         return out
 
-    def diagnostics(self, x: torch.Tensor | None = None, u: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        """Mean weight given to each stacked vector (averaged over outputs, channels and — with a stack x —
-        tokens): one row of the L×L DCA heat map."""
+    def mean_weights(self, stack: torch.Tensor | None = None) -> torch.Tensor:
+        """Mean weight given to each stacked vector (averaged over outputs, channels and — with a stack — batch
+        and tokens), shape (t,)."""
         b = 1.0 + self.b_delta.detach()
-        dyn = None if x is None else self.weights(x)
+        dyn = None if stack is None else self.weights(stack)
         if dyn is None:
-            row = b.mean(dim=(0, 2))
-        elif self.grn_v3_form == "fig10_B":
-            row = dyn.detach().mean(dim=(0, 1, 2, 4))
-        else:
-            row = b.mean(dim=(0, 2)) + dyn.detach().mean(dim=(0, 1, 2))
-        return {f"weight_{j}": v for j, v in enumerate(row)}
+            return b.mean(dim=(0, 2))
+        if self.grn_v3_form == "fig10_B":
+            return dyn.detach().mean(dim=(0, 1, 2, 4))
+        return b.mean(dim=(0, 2)) + dyn.detach().mean(dim=(0, 1, 2))
+
+    def depth_weights(self, stack: torch.Tensor) -> torch.Tensor:
+        """This GRN's row of the depth-weight matrix (``DepthWeights``): ``mean_weights`` on the stack."""
+        return depth_row(self.mean_weights(stack), self.depth_extent[1])
+
+    def diagnostics(self, x: torch.Tensor | None = None, u: torch.Tensor | None = None,
+                    f: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """``weight_j``: the mean weight given to stacked vector j (``mean_weights``; x = the stack)."""
+        return {f"weight_{j}": v for j, v in enumerate(self.mean_weights(x))}
 
 
 class TokenMix(ResidualSite):
@@ -158,7 +169,8 @@ class TokenMix(ResidualSite):
         w = self.weights(x)
         return w[..., 1:] * f, w[..., :1]
 
-    def diagnostics(self, x: torch.Tensor | None = None, u: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def diagnostics(self, x: torch.Tensor | None = None, u: torch.Tensor | None = None,
+                    f: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         if x is None:
             return {}
         w = self.weights(x).detach()
@@ -257,13 +269,15 @@ class DCABlock(nn.Module):
 def cross_attention(attn: SelfAttention, q_in: torch.Tensor, k_in: torch.Tensor, v_in: torch.Tensor) -> torch.Tensor:
     """The block's attention (any kind of ``lit_modules.attention``) with separate query/key/value inputs: same
     weights, and the kind's own core (``attend``: fused/explicit switch, Re-attention's head mixing; the explicit
-    path passes the attention map through ``attn.attn_drop`` so diagnostics hooks see it)."""
+    path passes the attention map through ``attn.attn_drop`` so diagnostics hooks see it). The values pass through
+    ``attn.value_residual`` as in ``SelfAttention.forward`` (ResFormer: block 0 records the values of its composed
+    value input, later blocks mix them in)."""
     B, N, _ = q_in.shape
     weights = attn.qkv.weight.chunk(3)
     biases = attn.qkv.bias.chunk(3) if attn.qkv.bias is not None else (None, None, None)
     q, k, v = (F.linear(t, w, b).reshape(B, N, attn.num_heads, attn.head_dim).transpose(1, 2)
                for t, w, b in zip((q_in, k_in, v_in), weights, biases, strict=True))
-    x = attn.attend(attn.q_norm(q), attn.k_norm(k), v)
+    x = attn.attend(attn.q_norm(q), attn.k_norm(k), attn.value_residual(v))
     x = attn.norm(x.transpose(1, 2).reshape(B, N, attn.attn_dim))
     return attn.proj_drop(attn.proj(x))
 
@@ -288,4 +302,4 @@ class DenseStream(nn.Module):
 
 
 def _stack(first: torch.Tensor, mid: torch.Tensor | None, recent: list[torch.Tensor]) -> torch.Tensor:
-    return torch.stack([first] + ([mid] if mid is not None else []) + recent, dim=2)
+    return stack_sources([first] + ([mid] if mid is not None else []) + recent)

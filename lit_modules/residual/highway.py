@@ -65,7 +65,8 @@ class Highway(ResidualSite):
         t = torch.sigmoid(self.gate(u))
         return t * f, 1.0 - t
 
-    def diagnostics(self, x: torch.Tensor | None = None, u: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def diagnostics(self, x: torch.Tensor | None = None, u: torch.Tensor | None = None,
+                    f: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         stats = {"gate_bias_mean": self.gate.bias.detach().mean()}
         if u is not None:
             stats["gate_mean"] = torch.sigmoid(self.gate(u)).mean().detach()

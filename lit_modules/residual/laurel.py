@@ -146,7 +146,8 @@ class LAuReL(ResidualSite):
         alpha, beta = self.mix()
         return alpha * f, beta
 
-    def diagnostics(self, x: torch.Tensor | None = None, u: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def diagnostics(self, x: torch.Tensor | None = None, u: torch.Tensor | None = None,
+                    f: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         stats = {}
         if self.mix is not None:
             alpha, beta = self.mix()
@@ -196,5 +197,6 @@ class SeedGate(ResidualSite):
         g = self.gate_value(x)
         return g * f, 1.0 - g
 
-    def diagnostics(self, x: torch.Tensor | None = None, u: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def diagnostics(self, x: torch.Tensor | None = None, u: torch.Tensor | None = None,
+                    f: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         return {} if x is None else {"gate_mean": self.gate_value(x).mean().detach()}

@@ -76,5 +76,6 @@ class ResSE(ResidualSite):
     def decompose(self, x: torch.Tensor, u: torch.Tensor, f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return f, self.skip_factor(x)
 
-    def diagnostics(self, x: torch.Tensor | None = None, u: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def diagnostics(self, x: torch.Tensor | None = None, u: torch.Tensor | None = None,
+                    f: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         return {} if x is None else {"se_scale_mean": self.scale(x).mean().detach()}

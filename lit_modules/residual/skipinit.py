@@ -37,5 +37,6 @@ class SkipInit(ResidualSite):
     def forward(self, x: torch.Tensor, u: torch.Tensor, f: torch.Tensor, history: list | None = None) -> torch.Tensor:
         return self.alpha * f
 
-    def diagnostics(self, x: torch.Tensor | None = None, u: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def diagnostics(self, x: torch.Tensor | None = None, u: torch.Tensor | None = None,
+                    f: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         return {"alpha": self.alpha.detach()[0]}

@@ -1,0 +1,257 @@
+"""Hyper-Connections (Zhu et al., "Hyper-Connections", ICLR 2025, arXiv 2409.19606) and the machinery of every
+multi-stream residual: the stream of n copies that is expanded before the first block and summed after the last
+(``MultiStream``), the block whose two sites read from and write to the n streams (``HyperBlock``) and the base
+class of such a site (``MultiStreamSite``). ``mhc.py`` (DeepSeek's manifold-constrained form) reuses all three and
+only says how its mixing coefficients are computed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+from timm.layers import DropPath
+from torch import nn
+
+from .base import BlockArgs, ResidualSite
+
+
+class Mixing(NamedTuple):
+    """The coefficients of one multi-stream site for one input, in the form ``h = readᵀ H``,
+    ``H' = res · H + write ⊗ T(h)`` (H: the n streams of a token, rows = streams).
+
+    Shapes: ``read``, ``write`` (n,) or (..., n); ``res`` (n, n) or (..., n, n), row i = output stream i (mHC's
+    H_res; Hyper-Connections' A_rᵀ)."""
+
+    read: torch.Tensor
+    res: torch.Tensor
+    write: torch.Tensor
+
+
+class MultiStreamSite(ResidualSite):
+    """A residual site on a stream of n copies ``H ∈ R^{n×D}`` per token. Each site (attention or MLP, a "layer"
+    T of the papers) reads ``h = readᵀ H``, runs the pre-norm sublayer ``f = F(Norm h)`` and writes
+    ``H' = res · H + write ⊗ f``; subclasses say how ``mixing(H)`` computes (read, res, write).
+
+    The site's update is ``Δ = H' − H`` (so DropPath with p = 1 leaves H unchanged, the project's convention).
+    ``sublayer`` (0: attention, 1: MLP) and the block index give the site's layer index ``k = 2·layer + sublayer``.
+
+    Diagnostics view the n streams through their mean (``stream_view``): at init every stream equals the standard
+    ViT's stream, and the head reads ``Norm(Σ_i H_i)``, the same as ``Norm(mean_i H_i)`` up to the norm's ε.
+    ``decompose`` returns the branch term ``write ⊗ f`` and, per source stream j, the skip factor
+    ``Σ_i res_ij`` (column sums), so that in the stream view ``Δ = branch + (skip − 1) ⊙ H`` holds exactly.
+    """
+
+    n: int  # the number of streams (set by the subclass from its option ``n``)
+
+    def __init__(self, dim: int, sublayer: int = 0, *, args: BlockArgs) -> None:
+        super().__init__(dim, args=args)
+        self.index = 2 * args.layer + sublayer  # the paper's layer k (attention and MLP are separate layers)
+
+    # --- what a subclass provides -------------------------------------------------------------------------------
+    def mixing(self, x: torch.Tensor) -> Mixing:
+        """(read, res, write) for the streams ``x`` (..., n, D)."""
+        raise NotImplementedError
+
+    # --- the formula --------------------------------------------------------------------------------------------
+    def read(self, x: torch.Tensor, mixing: Mixing) -> torch.Tensor:
+        """h = readᵀ H: (..., n, D) -> (..., D)."""
+        return torch.matmul(mixing.read.unsqueeze(-2), x).squeeze(-2)
+
+    def write(self, x: torch.Tensor, f: torch.Tensor, mixing: Mixing) -> torch.Tensor:
+        """H' = res · H + write ⊗ f."""
+        return torch.matmul(mixing.res, x) + mixing.write.unsqueeze(-1) * f.unsqueeze(-2)
+
+    def forward(self, x: torch.Tensor, u: torch.Tensor, f: torch.Tensor, history: list | None = None, *,
+                mixing: Mixing | None = None) -> torch.Tensor:
+        """Δ = H' − H for the streams x (..., n, D) and the branch output f (..., D). ``mixing``: the coefficients
+        the block already computed from x to read h (recomputed when absent: they depend on x only)."""
+        mixing = self.mixing(x) if mixing is None else mixing
+        return self.write(x, f, mixing) - x
+
+    def decompose(self, x: torch.Tensor, u: torch.Tensor, f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mixing = self.mixing(x)
+        branch = mixing.write.unsqueeze(-1) * f.unsqueeze(-2)
+        skip = mixing.res.sum(dim=-2).unsqueeze(-1)  # column sums: how much of source stream j the skip keeps
+        return branch, skip.expand(*x.shape[:-1], 1)
+
+    def stream_view(self, t: torch.Tensor) -> torch.Tensor:
+        """The mean over the n streams: what the diagnostics call the stream (see the class docstring)."""
+        return t.mean(dim=-2)
+
+    def stream_mixing(self, x: torch.Tensor | None = None) -> torch.Tensor:
+        """The n×n stream-mixing matrix ``res`` (row i = output stream i), averaged over the batch and tokens of
+        ``x`` for the input-dependent forms (without x: at a zero input); the factor this site contributes to the
+        composite gain."""
+        if x is None:
+            x = torch.zeros(self.n, self.dim, device=self._device(), dtype=self._dtype())
+        res = self.mixing(x).res.detach()
+        return res.reshape(-1, *res.shape[-2:]).mean(dim=0)
+
+    def _device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    def _dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype
+
+    # --- construction hooks -------------------------------------------------------------------------------------
+    @classmethod
+    def build_sites(cls, args: BlockArgs, **options: Any) -> tuple[nn.Module, nn.Module]:
+        return cls(args.dim, 0, args=args, **options), cls(args.dim, 1, args=args, **options)
+
+    @classmethod
+    def build_block(cls, args: BlockArgs, **options: Any) -> nn.Module:
+        return HyperBlock(args, sites=cls.build_sites(args, **options))
+
+    @classmethod
+    def build_stream(cls, dim: int, depth: int, norm_layer: Any, **options: Any) -> nn.Module:
+        return MultiStream(options["n"])
+
+    @classmethod
+    def check_options(cls, options: dict[str, Any], dim: int, depth: int) -> None:
+        check_positive_int("n", options["n"], "the expansion rate: number of residual streams")
+
+
+def check_positive_int(name: str, value: Any, what: str) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name}={value!r} must be a positive integer ({what})")
+
+
+class HyperBlock(nn.Module):
+    """A pre-norm ViT block on the n-stream residual: at each of its two sites (``ls1`` attention, ``ls2`` MLP)
+
+        (read, res, write) = site.mixing(H),   h = readᵀ H,   f = F(Norm h),   H ← H + DropPath(res·H + write ⊗ f − H)
+
+    with timm's sublayer names (norm1, attn, norm2, mlp), so a timm checkpoint's weights load. A forward hook on a
+    site sees inputs (H, u, f) and returns Δ (the coefficients are passed as a keyword)."""
+
+    def __init__(self, args: BlockArgs, sites: tuple[MultiStreamSite, MultiStreamSite]) -> None:
+        super().__init__()
+        from ..blocks import _add_sublayers
+
+        self.ls1, self.ls2 = sites
+        _add_sublayers(self, args, pre_norm=True)
+        self.drop_path1 = DropPath(args.drop_path) if args.drop_path > 0.0 else nn.Identity()
+        self.drop_path2 = DropPath(args.drop_path) if args.drop_path > 0.0 else nn.Identity()
+
+    def sites(self) -> dict[str, nn.Module]:
+        return {"attn": self.ls1, "mlp": self.ls2}
+
+    def forward(self, x: torch.Tensor, history: list | None = None) -> torch.Tensor:
+        x = x + self.drop_path1(self._update(self.ls1, self.norm1, self.attn, x))
+        return x + self.drop_path2(self._update(self.ls2, self.norm2, self.mlp, x))
+
+    @staticmethod
+    def _update(site: MultiStreamSite, norm: nn.Module, branch: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        mixing = site.mixing(x)
+        u = norm(site.read(x, mixing))
+        return site(x, u, branch(u), mixing=mixing)
+
+
+class MultiStream(nn.Module):
+    """The n-stream residual: the block input is copied into n streams, the blocks update them, and the streams
+    are summed after the last block (before the final norm), as in both papers."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+
+    def forward(self, x: torch.Tensor, blocks: nn.ModuleList) -> torch.Tensor:
+        h = x.unsqueeze(-2).expand(*x.shape[:-1], self.n, x.shape[-1])
+        for blk in blocks:
+            h = blk(h)
+        return h.sum(dim=-2)
+
+
+class HyperConnections(MultiStreamSite):
+    """Hyper-Connections (Zhu et al., ICLR 2025, arXiv 2409.19606). The residual stream becomes n copies
+    ``H ∈ R^{n×D}`` per token; each layer T (attention or MLP, pre-norm: T(h) = F(Norm h)) reads and writes
+
+        h = A_mᵀ H,      H' = A_rᵀ H + Bᵀ T(h),      A_m ∈ R^{n×1}, A_r ∈ R^{n×n}, B ∈ R^{1×n}
+
+    (width connections A_m, A_r; depth connection B). **Static** (SHC, ``dynamic=False``): A_m, A_r, B are learned
+    parameters. **Dynamic** (DHC, ``dynamic=True``, the default: the paper's main form, e.g. OLMo-DHC×4), with
+    H̄ = Norm(H) row-wise (the backbone's norm layer; the paper uses LayerNorm):
+
+        A_m(H) = A_m + s_α · tanh(H̄ W_m),   A_r(H) = A_r + s_α · tanh(H̄ W_r),   B(H) = B + s_β · tanh(H̄ W_β)ᵀ
+
+    with W_m, W_β ∈ R^{D×1}, W_r ∈ R^{D×n} (zero at init) and learned scalars s_α, s_β (0.01 at init), per token.
+    Init (the paper's): ``A_m = e_{k mod n}`` for layer k (k = 2·block + sublayer), ``A_r = I``, ``B = 1``: every
+    stream stays a copy of the standard pre-norm residual stream, and the sum of the n streams before the final
+    norm is n× it, so the model equals the standard ViT up to the final norm's ε (exactly for n = 1).
+    ``n``: the expansion rate (default 4, the paper's recommended rate). Weight decay: none on the static
+    A_m, A_r, B and the scales s_α, s_β (dynamic HC in a ViT diverged to NaN when they were decayed: the paper's
+    first author's advice in lucidrains/hyper-connections issue 4); the W matrices are decayed like any matrix.
+    """
+
+    name = "hyper_connections"
+    paper = "Zhu et al. 2025, arXiv 2409.19606"
+
+    def __init__(self, dim: int, sublayer: int = 0, *, args: BlockArgs, n: int = 4, dynamic: bool = True) -> None:
+        super().__init__(dim, sublayer, args=args)
+        self.n, self.dynamic = n, dynamic
+        self.a_m = nn.Parameter(torch.zeros(n, 1))
+        self.a_r = nn.Parameter(torch.zeros(n, n))
+        self.b = nn.Parameter(torch.zeros(1, n))
+        if dynamic:
+            self.dyn_norm = args.norm_layer(dim)
+            self.w_m = nn.Parameter(torch.zeros(dim, 1))
+            self.w_r = nn.Parameter(torch.zeros(dim, n))
+            self.w_b = nn.Parameter(torch.zeros(dim, 1))
+            self.s_alpha = nn.Parameter(torch.zeros(1))
+            self.s_beta = nn.Parameter(torch.zeros(1))
+        self.init_weights()
+
+    @classmethod
+    def check_options(cls, options: dict[str, Any], dim: int, depth: int) -> None:
+        super().check_options(options, dim, depth)
+        if not isinstance(options["dynamic"], bool):
+            raise ValueError(f"dynamic={options['dynamic']!r} is not valid; valid choices: True (DHC), False (SHC)")
+
+    def init_weights(self) -> None:
+        with torch.no_grad():
+            self.a_m.zero_()[self.index % self.n, 0] = 1.0
+            self.a_r.copy_(torch.eye(self.n))
+            self.b.fill_(1.0)
+            if self.dynamic:
+                for w in (self.w_m, self.w_r, self.w_b):
+                    w.zero_()
+                self.s_alpha.fill_(0.01)
+                self.s_beta.fill_(0.01)
+
+    def no_weight_decay(self) -> set[str]:
+        return {"a_m", "a_r", "b"} | ({"s_alpha", "s_beta"} if self.dynamic else set())
+
+    def coefficients(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The paper's (A_m, A_r, B) for the streams x (..., n, D): (n,), (n, n), (n,) for SHC; per token for DHC."""
+        a_m, a_r, b = self.a_m[:, 0], self.a_r, self.b[0]
+        if not self.dynamic:
+            return a_m, a_r, b
+        t = torch.tanh(torch.matmul(self.dyn_norm(x), torch.cat([self.w_m, self.w_r, self.w_b], dim=1)))
+        return (a_m + self.s_alpha * t[..., 0], a_r + self.s_alpha * t[..., 1:1 + self.n],
+                b + self.s_beta * t[..., -1])
+
+    def mixing(self, x: torch.Tensor) -> Mixing:
+        a_m, a_r, b = self.coefficients(x)
+        return Mixing(read=a_m, res=a_r.transpose(-1, -2), write=b)
+
+    def diagnostics(self, x: torch.Tensor | None = None, u: torch.Tensor | None = None,
+                    f: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """Means (over tokens, for DHC with a stream x; without x at a zero input) of the read weights A_m, the
+        write weights B and the diagonal / off-diagonal of A_r; s_α, s_β for DHC."""
+        with torch.no_grad():
+            a_m, a_r, b = self.coefficients(torch.zeros(self.n, self.dim, dtype=self.a_r.dtype,
+                                                        device=self.a_r.device) if x is None else x)
+            stats = mixing_stats(a_m, a_r, b)
+            if self.dynamic:
+                stats |= {"s_alpha": self.s_alpha.detach()[0], "s_beta": self.s_beta.detach()[0]}
+        return stats
+
+
+def mixing_stats(read: torch.Tensor, res: torch.Tensor, write: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``pre_mean`` (mean read weight), ``post_mean`` (mean write weight), ``res_diag_mean`` and
+    ``res_offdiag_mean`` of the stream-mixing matrix (the diagonal is the same for A_r and A_rᵀ)."""
+    n = res.shape[-1]
+    diag = res.diagonal(dim1=-2, dim2=-1).mean()
+    off = (res.sum(dim=(-2, -1)).mean() - diag * n) / max(n * (n - 1), 1)
+    return {"pre_mean": read.mean(), "post_mean": write.mean(), "res_diag_mean": diag, "res_offdiag_mean": off}

@@ -1,0 +1,138 @@
+"""mHC: Manifold-Constrained Hyper-Connections (Xie et al., DeepSeek-AI, arXiv 2512.24880). The stream and block
+machinery is Hyper-Connections' (``hyper_connections.py``); this module only computes the constrained mixing."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .base import BlockArgs, check_choice
+from .hyper_connections import Mixing, MultiStreamSite, check_positive_int, mixing_stats
+
+RES_INITS = ("paper", "identity", "hc")
+RMS_EPS = 1e-6  # ε of the parameter-free RMSNorm of the flattened streams
+IDENTITY_TOLERANCE = 1e-5  # res_init="identity": the off-diagonal mass of each row of H_res at init
+
+
+def sinkhorn_knopp(logits: torch.Tensor, iters: int) -> torch.Tensor:
+    """The paper's Sinkhorn-Knopp projection of ``exp(logits)`` (..., n, n): ``iters`` alternating row and column
+    normalisations, rows first (so the columns of the result sum to 1 exactly, the rows to within the method's
+    convergence). Computed in the log domain (logsumexp), the same iterates without overflow."""
+    log_m = logits
+    for _ in range(iters):
+        log_m = log_m - torch.logsumexp(log_m, dim=-1, keepdim=True)
+        log_m = log_m - torch.logsumexp(log_m, dim=-2, keepdim=True)
+    return log_m.exp()
+
+
+def identity_logit(n: int, tolerance: float = IDENTITY_TOLERANCE) -> float:
+    """The diagonal logit L of ``b_res = L·I`` whose Sinkhorn projection is I to within ``tolerance``: exp(L·I)
+    has equal row and column sums (Sinkhorn leaves it as it is, divided by e^L + n − 1), and with
+    L = ln((n − 1)/tolerance) the off-diagonal mass of a row, (n − 1)/(e^L + n − 1), is below ``tolerance``."""
+    return math.log(max(n - 1, 1) / tolerance)
+
+
+class MHC(MultiStreamSite):
+    """mHC (Xie et al., DeepSeek-AI, arXiv 2512.24880): Hyper-Connections whose stream mixing is constrained to
+    the doubly stochastic matrices (the Birkhoff polytope). With x_l ∈ R^{n×D} the n streams of a token and
+    x⃗_l = vec(x_l) ∈ R^{1×nD}, each layer (attention or MLP, pre-norm) computes
+
+        x_{l+1} = H_res x_l + H_postᵀ F(H_pre x_l)
+        x̃ = RMSNorm(x⃗_l)   (parameter-free: the paper folds its weight into φ)
+        H̃_pre = α_pre · x̃ φ_pre + b_pre,   H̃_post = α_post · x̃ φ_post + b_post,   H̃_res = α_res · mat(x̃ φ_res) + b_res
+        H_pre = σ(H̃_pre),   H_post = 2σ(H̃_post),   H_res = SinkhornKnopp(exp(H̃_res), t_max = sinkhorn_iters)
+
+    φ_pre, φ_post ∈ R^{nD×n}, φ_res ∈ R^{nD×n²} (zero at init: a project choice, as HC's W = 0, so the dynamic part
+    is off at init), b_pre, b_post ∈ R^{1×n}, b_res ∈ R^{n×n}, and three scalar gates α (``alpha_init``, 0.01 as in
+    the paper). Defaults n = 4 and 20 Sinkhorn iterations are the paper's.
+
+    **Init of the biases** (``res_init``; b_pre, b_post are the same for all three): ``b_pre = +3`` on the layer's
+    home stream k mod n and −3 elsewhere (H_pre ≈ (0.95, 0.05, …), HC's A_m = e_k softened), ``b_post = 0``
+    (H_post = 1, HC's B = 1 exactly) and
+
+    - ``"paper"`` (default): ``b_res = 6I − 3``, so H_res has diagonal e⁶/(e⁶ + n − 1) ≈ 0.9926 at n = 4 — the
+      static values a public implementation (PaddleFleet) cites from the paper's appendix; not checked against
+      the paper's text here;
+    - ``"identity"``: ``b_res = L·I`` with L = ln((n − 1)/10⁻⁵), so H_res = I to within 10⁻⁵; the projection is
+      then saturated: ∂H_res/∂H̃_res ~ 10⁻⁵, so b_res and φ_res barely learn (a deliberate trade);
+    - ``"hc"``: ``b_res = I`` (HC's A_r = I copied into the logits, as a public port does): **not** the identity
+      after Sinkhorn — the diagonal is e/(e + n − 1) ≈ 0.475 at n = 4: every layer averages the streams.
+
+    Every doubly stochastic H_res maps n equal streams to themselves, and the streams start equal with H_post = 1,
+    so at init all three equal the standard ViT up to the norms' ε (h = Σ H_pre x = 1.095·x before the pre-norm);
+    ``res_init`` decides how strongly the streams mix once they differ. No weight decay on b and α (HC's trap);
+    the φ matrices are decayed.
+    """
+
+    name = "mhc"
+    paper = "Xie et al. 2025, arXiv 2512.24880"
+
+    def __init__(self, dim: int, sublayer: int = 0, *, args: BlockArgs, n: int = 4, sinkhorn_iters: int = 20,
+                 alpha_init: float = 0.01, res_init: str = "paper") -> None:
+        super().__init__(dim, sublayer, args=args)
+        self.n, self.sinkhorn_iters = n, sinkhorn_iters
+        self.alpha_init, self.res_init = float(alpha_init), res_init
+        self.phi_pre = nn.Parameter(torch.zeros(n * dim, n))
+        self.phi_post = nn.Parameter(torch.zeros(n * dim, n))
+        self.phi_res = nn.Parameter(torch.zeros(n * dim, n * n))
+        self.b_pre = nn.Parameter(torch.zeros(1, n))
+        self.b_post = nn.Parameter(torch.zeros(1, n))
+        self.b_res = nn.Parameter(torch.zeros(n, n))
+        self.alpha_pre = nn.Parameter(torch.zeros(1))
+        self.alpha_post = nn.Parameter(torch.zeros(1))
+        self.alpha_res = nn.Parameter(torch.zeros(1))
+        self.init_weights()
+
+    @classmethod
+    def check_options(cls, options: dict[str, Any], dim: int, depth: int) -> None:
+        super().check_options(options, dim, depth)
+        check_positive_int("sinkhorn_iters", options["sinkhorn_iters"], "Sinkhorn-Knopp iterations t_max")
+        check_choice("res_init", options["res_init"], RES_INITS)
+        alpha = options["alpha_init"]
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
+            raise ValueError(f"alpha_init={alpha!r} must be a finite float (the gates α at init; paper: 0.01)")
+
+    def init_weights(self) -> None:
+        n = self.n
+        with torch.no_grad():
+            for phi in (self.phi_pre, self.phi_post, self.phi_res):
+                phi.zero_()
+            self.b_pre.fill_(-3.0)[0, self.index % n] = 3.0
+            self.b_post.zero_()
+            eye = torch.eye(n, dtype=self.b_res.dtype)
+            self.b_res.copy_({"paper": 6.0 * eye - 3.0, "identity": identity_logit(n) * eye, "hc": eye}[self.res_init])
+            for alpha in (self.alpha_pre, self.alpha_post, self.alpha_res):
+                alpha.fill_(self.alpha_init)
+
+    def no_weight_decay(self) -> set[str]:
+        return {"b_pre", "b_post", "b_res", "alpha_pre", "alpha_post", "alpha_res"}
+
+    def logits(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(H̃_pre, H̃_post, H̃_res) for the streams x (..., n, D): (..., n), (..., n), (..., n, n)."""
+        v = F.rms_norm(x.flatten(-2), (self.n * self.dim,), eps=RMS_EPS)
+        pre = self.alpha_pre * torch.matmul(v, self.phi_pre) + self.b_pre[0]
+        post = self.alpha_post * torch.matmul(v, self.phi_post) + self.b_post[0]
+        res = self.alpha_res * torch.matmul(v, self.phi_res).unflatten(-1, (self.n, self.n)) + self.b_res
+        return pre, post, res
+
+    def mixing(self, x: torch.Tensor) -> Mixing:
+        pre, post, res = self.logits(x)
+        return Mixing(read=torch.sigmoid(pre), res=sinkhorn_knopp(res, self.sinkhorn_iters),
+                      write=2.0 * torch.sigmoid(post))
+
+    def diagnostics(self, x: torch.Tensor | None = None, u: torch.Tensor | None = None,
+                    f: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """Means (over tokens, given a stream x; without x at a zero input, i.e. from the biases alone) of H_pre,
+        H_post and the diagonal / off-diagonal of H_res; the three gates α."""
+        with torch.no_grad():
+            if x is None:
+                x = torch.zeros(self.n, self.dim, dtype=self.b_res.dtype, device=self.b_res.device)
+            mixing = self.mixing(x)
+            stats = mixing_stats(mixing.read, mixing.res, mixing.write)
+            for key in ("alpha_pre", "alpha_post", "alpha_res"):
+                stats[key] = getattr(self, key).detach()[0]
+        return stats
