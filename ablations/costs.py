@@ -29,6 +29,9 @@ EXTRA_FORMS: tuple[tuple[str, str, dict], ...] = (
     ("dca seed (per-token mix)", "dca", {"form": "seed"}),
     ("denseformer 2x2 (dilation 2, period 2)", "denseformer", {"dilation": 2, "period": 2}),
     ("attn_res num_blocks=8 (Block AttnRes)", "attn_res", {"num_blocks": 8}),
+    ("hyper_connections static (SHC, n=4)", "hyper_connections", {"dynamic": False}),
+    ("hyper_connections n=2 (DHC)", "hyper_connections", {"n": 2}),
+    ("mhc n=2", "mhc", {"n": 2}),
 )
 
 #: (label, backbone options) of the mechanisms orthogonal to the residual, priced with the standard residual.
@@ -36,6 +39,7 @@ BACKBONE_FORMS: tuple[tuple[str, dict], ...] = (
     ("re_attention (head_norm=batch)", {"attention": "re_attention"}),
     ("class_attention_blocks=2 (CaiT head)", {"class_attention_blocks": 2}),
     ("norm_layer=rmsnorm", {"norm_layer": "rmsnorm"}),
+    ("value_residual=fixed (ResFormer, 0.5/0.5)", {"value_residual": "fixed"}),
     ("value_residual=learned (ResFormer)", {"value_residual": "learned"}),
 )
 

@@ -70,6 +70,7 @@ Tags written by :class:`DiagnosticsCallback` (see :data:`TAGS`)::
     diag/composite_gain/forward   diag/composite_gain/backward              (scalars; multi-stream residuals)
     diag/attn_sim_adj_mean   diag/attn_sim_ratio_mean   diag/attn_entropy_mean   diag/ratio_mean_avg   (scalars)
     diag/attn_sim_full   diag/depth_weights                  (images; depth_weights: DCA, DenseFormer, AttnRes)
+    diag/ratio_map                                           (image: ratio_mean, sublayer × layer)
     diag/attn_sim_full_json   diag/depth_weights_json   diag/definitions    (text; JSON = nested lists)
 
 ``sublayer`` is ``attn``/``mlp`` for two-site blocks, ``block`` for LAuReL at block granularity and DCA blocks,
@@ -122,6 +123,7 @@ TAGS = {
     "attn_sim_full": "diag/attn_sim_full",
     "attn_sim_full_json": "diag/attn_sim_full_json",
     "depth_weights": "diag/depth_weights",
+    "ratio_map": "diag/ratio_map",
     "depth_weights_json": "diag/depth_weights_json",
     "definitions": "diag/definitions",
     "composite_gain_forward": "diag/composite_gain/forward",
@@ -580,6 +582,10 @@ def log_diagnostics(experiment, result: dict[str, Any], scalars: dict[str, float
         sim, title=f"attention column similarity (epoch {step})", xlabel="layer q", ylabel="layer p",
         vmin=0.0, vmax=1.0), global_step=step)
     experiment.add_text(TAGS["attn_sim_full_json"], json.dumps(_json_matrix(sim)), global_step=step)
+    sublayers = result["sublayers"]  # the per-layer branch/stream ratios at a glance: one row per sublayer
+    experiment.add_figure(TAGS["ratio_map"], heatmap(
+        torch.stack([result["ratio_mean"][s] for s in sublayers]), title=f"branch/stream ratio ‖b‖/‖x‖ (epoch {step})",
+        xlabel="layer", ylabel="sublayer", row_labels=sublayers), global_step=step)
     weights = result.get("depth_weights")
     if weights is not None:
         rows = result.get("depth_weights_rows") or [str(i) for i in range(weights.shape[0])]

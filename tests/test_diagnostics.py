@@ -376,8 +376,9 @@ def test_callback_logs_on_diagnostic_epochs_only(tmp_path, monkeypatch):
             "diag/ratio_mean_avg", "diag/similar_blocks", "diag/similar_blocks_fraction"} <= scalars
     assert "diag/attn_sim_adj/01" not in scalars  # depth 2: one adjacent pair
     assert all(e.value > 0 for e in ea.Scalars("diag/grad_norm/01"))
-    assert ea.Tags()["images"] == ["diag/attn_sim_full"]
+    assert sorted(ea.Tags()["images"]) == ["diag/attn_sim_full", "diag/ratio_map"]
     assert [e.step for e in ea.Images("diag/attn_sim_full")] == [1, 2]
+    assert [e.step for e in ea.Images("diag/ratio_map")] == [1, 2]  # the per-layer ratios as a heat map
     text = ea.Tensors("diag/attn_sim_full_json/text_summary")
     matrix = json.loads(text[-1].tensor_proto.string_val[0])
     assert len(matrix) == 2 and len(matrix[0]) == 2 and matrix[0][0] == pytest.approx(1.0)
