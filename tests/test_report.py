@@ -528,6 +528,32 @@ def test_collapse_table_from_hand_made_events():
     assert report.collapse_records(data, {r.number: RunEvents() for r in data.runs}) == []
 
 
+def test_mixing_gain_table_from_hand_made_events():
+    """The composite-gain table: each ok run's last logged gains, mean ± sd (max), n; none without the tags."""
+    from ablations.events import RunEvents
+    from ablations.report.tables import GAIN_TAGS
+    from lit_modules.diagnostics import TAGS
+
+    assert GAIN_TAGS == {"forward": TAGS["composite_gain_forward"], "backward": TAGS["composite_gain_backward"]}
+    data = _data({("standard", 4): [0.5, 0.6], ("hc", 4): [0.7, 0.8, 0.9]}, diverged={("hc", 4, 2): True})
+    events = {}
+    for run in data.runs:
+        if run.variant == "hc":  # the diverged run (seed 2) logged a huge gain: left out
+            events[run.number] = RunEvents(scalars={
+                GAIN_TAGS["forward"]: {4: 99.0, 9: [2.0, 4.0, 1e6][run.seed]},
+                GAIN_TAGS["backward"]: {4: 99.0, 9: [1.0, 3.0, 1e6][run.seed]}})
+        else:
+            events[run.number] = RunEvents()
+    at = {(r["variant"], r["depth"]): r for r in report.gain_records(data, events)}
+    hc = at["hc", 4]
+    assert hc["n"] == 2 and hc["forward"] == pytest.approx(3.0) and hc["forward_max"] == 4.0
+    assert hc["backward"] == pytest.approx(2.0) and hc["backward_std"] == pytest.approx(np.std([1.0, 3.0], ddof=1))
+    assert hc["epochs"] == [10] and at["standard", 4]["n"] == 0 and at["standard", 4]["forward"] is None
+    md = _md_cells_from_text(report.gain_table(data, list(at.values())).markdown())
+    assert md["hc", "forward gain, depth 4"] == "3 ± 1.41 (max 4)" and md["standard", "backward gain, depth 4"] == "—"
+    assert report.gain_records(data, {r.number: RunEvents() for r in data.runs}) == []
+
+
 def test_one_formatter_renders_every_form():
     import pandas as pd
 

@@ -10,7 +10,9 @@ Writes to ``<results-dir>/<study name>/`` (or ``--out``):
   ``standard`` variant with its 95% CI, Holm-significant ones marked), ``paired`` (one line per variant × depth:
   pairs, Δ, CI, paired t-test and Wilcoxon p-values raw and Holm-adjusted, minimum detectable effect),
   ``convergence`` and ``cost`` tables, and ``collapse`` (DeepViT's number of similar blocks per variant × depth
-  with the adjacent-block similarity) when the trials logged ``diag/similar_blocks``;
+  with the adjacent-block similarity) when the trials logged ``diag/similar_blocks``, and ``mixing`` (the
+  composite gain of Hyper-Connections' / mHC's stream mixing per variant × depth) when they logged
+  ``diag/composite_gain``;
 * search studies: ``search_best`` (best trial per variant), ``importance`` (parameter importances) and ``cost``;
 
 each as ``.md``, ``.tex`` (booktabs) and ``.csv``; figures as ``.png`` and ``.pdf``. The headline table (``main``, or
@@ -39,6 +41,8 @@ from .tables import (
     collapse_table,
     convergence_table,
     cost_table,
+    gain_records,
+    gain_table,
     importance_table,
     main_table,
     paired_table,
@@ -49,7 +53,8 @@ from .tables import (
 
 __all__ = [
     "ALPHA", "BASELINE", "POWER", "REPORT_RUN", "Cell", "Column", "Paired", "ReportError", "Run", "StudyData", "Table",
-    "best_per_row", "build_parser", "cell_text", "collapse_records", "collapse_table", "collect", "convergence_table", "cost_table", "family_size", "holm",
+    "best_per_row", "build_parser", "cell_text", "collapse_records", "collapse_table", "collect", "convergence_table", "cost_table", "family_size", "gain_records",
+    "gain_table", "holm",
     "importance_table", "main", "main_cells", "main_table", "mde", "open_study", "paired", "paired_table",
     "render", "result_trials", "search_table", "write_table",
 ]

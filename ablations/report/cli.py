@@ -78,6 +78,9 @@ def _main(args: argparse.Namespace) -> int:
         collapse = tb.collapse_records(data)  # trials that logged diag/similar_blocks (diagnostics on)
         if collapse:
             tables.append(tb.collapse_table(data, collapse))
+        gains = tb.gain_records(data)  # trials of multi-stream variants with diagnostics on
+        if gains:
+            tables.append(tb.gain_table(data, gains))
     else:
         tables = [tb.search_table(data), tb.importance_table(study, data),
                   tb.cost_table(data, best_per_row(data), depth_note="for its best trial's configuration")]
