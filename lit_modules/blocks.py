@@ -41,9 +41,11 @@ class Block(nn.Module):
 class PostNormBlock(Block):
     """Post-norm block (DeepNorm): the norm comes after each sum, and each site applies it itself,
 
-        x ← x + DropPath(Δ₁),  Δ₁ = site₁(x, x, Attn(x)) = norm1(α·x + Attn(x)) − x,   then the same with norm2, MLP
+        x ← x + Δ₁,  Δ₁ = site₁(x, x, DropPath(Attn(x))) = norm1(α·x + DropPath(Attn(x))) − x,   then norm2, MLP
 
-    so the branches read the stream directly and a site's hook still sees (x, u = x, f, history) → Δ. ``norm1``
+    so the branches read the stream directly and a site's hook still sees (x, u = x, f, history) → Δ. DropPath
+    drops the branch G inside the norm, as DeepNet's code does (dropping Δ would rescale a kept sample's
+    x + (LN(z) − x)/(1 − p), which is no longer normalised): with p = 1 a site is LN(α·x). ``norm1``
     and ``norm2`` keep timm's names (a timm checkpoint's pre-norm weights load into them; the function differs)
     and are owned here; each site receives its norm through ``bind_norm``. ``init_weights`` runs after the
     sublayers' timm init (timm's ``named_apply`` is depth-first) and lets each site re-initialise its sublayer
@@ -58,8 +60,8 @@ class PostNormBlock(Block):
         self.ls2.bind_norm(self.norm2)
 
     def forward(self, x: torch.Tensor, history: list | None = None) -> torch.Tensor:
-        x = x + self.drop_path1(self.ls1(x, x, self.attn(x), history))
-        x = x + self.drop_path2(self.ls2(x, x, self.mlp(x), history))
+        x = x + self.ls1(x, x, self.drop_path1(self.attn(x)), history)  # DropPath on G, inside the norm (DeepNet)
+        x = x + self.ls2(x, x, self.drop_path2(self.mlp(x)), history)
         return x
 
     def init_weights(self) -> None:

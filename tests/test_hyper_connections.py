@@ -384,17 +384,26 @@ def test_weight_decay_groups(residual, options, no_decay, decay):
 
 
 @pytest.mark.parametrize("residual", ["hyper_connections", "mhc"])
-def test_drop_path_one_leaves_the_streams_unchanged(residual):
-    """DropPath drops the whole update Δ = H' − H (the project's convention): with p = 1 every block is the
-    identity on the n streams, and the stream returns their sum, n copies of x₀."""
+def test_drop_path_drops_the_layer_output_and_keeps_the_mixing(residual):
+    """DropPath drops the layer's output only (the paper's Algorithm 3): with p = 1 every site is its stream
+    mixing, H ← res·H, never the identity; the stream returns the sum of the mixed copies of x₀."""
     model = perturb(build(residual, drop_path_rate=1.0))
     for blk in model.blocks:
         blk.drop_path1, blk.drop_path2 = DropPath(1.0), DropPath(1.0)
     x0 = tokens(model, images())
-    copies = x0.unsqueeze(-2).expand(*x0.shape[:-1], 4, 8).sum(-2)
     with torch.no_grad():
-        assert torch.equal(model.train().stream(x0, model.blocks), copies)
-        assert not torch.allclose(model.eval().stream(x0, model.blocks), copies)
+        h = x0.unsqueeze(-2).expand(*x0.shape[:-1], 4, 8)
+        for blk in model.blocks:
+            for site in (blk.ls1, blk.ls2):
+                h = torch.matmul(site.mixing(h).res, h)
+        got = model.train().stream(x0, model.blocks)
+        assert torch.allclose(got, h.sum(-2), atol=1e-12, rtol=0)
+        copies = x0.unsqueeze(-2).expand(*x0.shape[:-1], 4, 8).sum(-2)
+        if residual == "hyper_connections":  # the (perturbed) A_r really applies under DropPath
+            assert not torch.allclose(got, copies)
+        else:  # H_res's rows sum to 1 (to Sinkhorn's precision): equal streams stay equal, whatever H_res is
+            assert torch.allclose(got, copies, atol=1e-2)
+        assert not torch.allclose(model.eval().stream(x0, model.blocks), got)  # the branches are back in eval
 
 
 # ================================================================================================================

@@ -265,15 +265,28 @@ def test_deepnorm_final_norm_injection():
         assert torch.allclose(model(images()), model.head(feats[:, 0]), atol=1e-13, rtol=0)
 
 
-def test_deepnorm_drop_path_one_keeps_the_stream():
-    """The project's convention drops Δ = LN(αx + G) − x: a dropped site is the identity."""
+def test_deepnorm_drop_path_drops_g_inside_the_norm():
+    """DeepNet's code drops G inside the post-LN: with p = 1 each site is LN(α·x); with p = 0.5 a kept sample is
+    LN(α·x + 2G) — still normalised in training (dropping Δ instead left kept samples un-normalised)."""
     model = perturb(build("deepnorm", drop_path_rate=1.0))
     for blk in model.blocks:
         blk.drop_path1, blk.drop_path2 = DropPath(1.0), DropPath(1.0)
     x0 = tokens(model, images())
+    alpha = model.blocks[0].ls1.alpha
     with torch.no_grad():
-        assert torch.equal(model.train().stream(x0, model.blocks), x0)
-        assert not torch.allclose(model.eval().stream(x0, model.blocks), x0)
+        want = x0
+        for blk in model.blocks:
+            want = blk.norm2(alpha * blk.norm1(alpha * want))
+        assert torch.allclose(model.train().stream(x0, model.blocks), want, atol=1e-12, rtol=0)
+        assert not torch.allclose(model.eval().stream(x0, model.blocks), want)
+        for blk in model.blocks:
+            blk.drop_path1, blk.drop_path2 = DropPath(0.5), DropPath(0.5)
+        torch.manual_seed(0)
+        out = model.train().stream(x0, model.blocks)
+        norm = model.blocks[-1].norm2  # every token of every sample leaves the last post-LN normalised
+        centred = (out - norm.bias) / norm.weight
+        assert torch.allclose(centred.mean(-1), torch.zeros_like(centred.mean(-1)), atol=1e-9)
+        assert torch.allclose(centred.var(-1, unbiased=False), torch.ones_like(centred.mean(-1)), atol=1e-4)
 
 
 def test_deepnorm_weight_decay_and_liveness():

@@ -32,9 +32,10 @@ class DeepNorm(ResidualSite):
     of blocks). In this backbone a site returns Δ = x_new − x, so **Δ = LN(α·x + G(x)) − x**; the LN is the
     block's ``norm1``/``norm2`` (timm's names, applied *after* the sum: ``blocks.PostNormBlock``), ``pre_norm`` is False.
 
-    **DropPath** follows the project's convention and drops Δ: a dropped site keeps x. The paper's code
-    (torchscale) drops G(x) inside the norm, LN(α·x + 0) = LN(x) up to ε, so the two differ only for samples a
-    drop hits (the default ``drop_path_rate`` is 0).
+    **DropPath** drops G inside the norm, x ← LN(α·x + DropPath(G(x))), as the paper's code (torchscale) does: a
+    dropped site is LN(α·x) = LN(x) up to ε, a kept one LN(α·x + G/(1 − p)). This is the one exception to the
+    project's "drop Δ" convention: dropping Δ = LN(z) − x would leave every *kept* sample un-normalised in
+    training (x + (LN(z) − x)/(1 − p)) while eval normalises it.
 
     Options: ``alpha``/``beta`` (``"auto"``: the paper's constants for N = depth; a float overrides),
     ``init``: ``"xavier_normal"`` (default, the paper's Fig. 2: Xavier-normal with gain β for the MLP's fc1/fc2,

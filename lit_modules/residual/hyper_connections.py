@@ -120,7 +120,7 @@ def check_positive_int(name: str, value: Any, what: str) -> None:
 class HyperBlock(nn.Module):
     """A pre-norm ViT block on the n-stream residual: at each of its two sites (``ls1`` attention, ``ls2`` MLP)
 
-        (read, res, write) = site.mixing(H),   h = readᵀ H,   f = F(Norm h),   H ← H + DropPath(res·H + write ⊗ f − H)
+        (read, res, write) = site.mixing(H),   h = readᵀ H,   f = F(Norm h),   H ← res·H + write ⊗ DropPath(f)
 
     with timm's sublayer names (norm1, attn, norm2, mlp), so a timm checkpoint's weights load. A forward hook on a
     site sees inputs (H, u, f) and returns Δ (the coefficients are passed as a keyword)."""
@@ -138,14 +138,18 @@ class HyperBlock(nn.Module):
         return {"attn": self.ls1, "mlp": self.ls2}
 
     def forward(self, x: torch.Tensor, history: list | None = None) -> torch.Tensor:
-        x = x + self.drop_path1(self._update(self.ls1, self.norm1, self.attn, x))
-        return x + self.drop_path2(self._update(self.ls2, self.norm2, self.mlp, x))
+        x = x + self._update(self.ls1, self.norm1, self.attn, self.drop_path1, x)
+        return x + self._update(self.ls2, self.norm2, self.mlp, self.drop_path2, x)
 
     @staticmethod
-    def _update(site: MultiStreamSite, norm: nn.Module, branch: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    def _update(site: MultiStreamSite, norm: nn.Module, branch: nn.Module, drop_path: nn.Module,
+                x: torch.Tensor) -> torch.Tensor:
+        """Δ = res·H + write ⊗ DropPath(f) − H. DropPath drops the layer's output only, as the paper's Algorithm 3
+        does (dropout(h) before the depth connection): the stream mixing always applies (dropping all of Δ would
+        rescale the mixing of kept samples to I + (res − I)/(1 − p), no longer doubly stochastic for mHC)."""
         mixing = site.mixing(x)
         u = norm(site.read(x, mixing))
-        return site(x, u, branch(u), mixing=mixing)
+        return site(x, u, drop_path(branch(u)), mixing=mixing)
 
 
 class MultiStream(nn.Module):
