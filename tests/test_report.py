@@ -139,6 +139,16 @@ def test_report_writes_every_file(study):
     assert "K = 3" in (study.out / "collapse.md").read_text()
     tb = study.results / "runs" / STUDY / report.REPORT_RUN
     assert list(tb.glob("events.out.tfevents.*"))
+    import optuna  # runs.csv: every result trial with its TensorBoard run name, as the trial's user attribute
+
+    trials = {t.number: t for t in optuna.load_study(study_name=STUDY, storage=study.storage).trials}
+    runs = _csv_rows(study.out / "runs.csv")
+    assert len(runs) == len(trials) == 8
+    for row in runs:
+        params = trials[int(row["number"])].params
+        assert row["run_name"] == trials[int(row["number"])].user_attrs["run_name"] \
+            == f"{params['variant']}/depth={params['depth']}/seed={params['seed']}"
+        assert (study.results / "runs" / STUDY / row["run_name"]).is_dir()
     print(f"\nreport of the tiny study: {study.seconds:.1f} s (first, in-process)")
 
 
@@ -221,6 +231,7 @@ def test_second_report_is_byte_identical(study):
     for name in TABLES:
         for ext in ("md", "tex", "csv"):
             assert (study.out / f"{name}.{ext}").read_bytes() == (study.again / f"{name}.{ext}").read_bytes(), name
+    assert (study.out / "runs.csv").read_bytes() == (study.again / "runs.csv").read_bytes()
     for name in FIGURES:
         for ext in ("png", "pdf"):
             assert (study.out / f"{name}.{ext}").read_bytes() == (study.again / f"{name}.{ext}").read_bytes(), name

@@ -15,7 +15,8 @@ Writes to ``<results-dir>/<study name>/`` (or ``--out``):
   ``diag/composite_gain``;
 * search studies: ``search_best`` (best trial per variant), ``importance`` (parameter importances) and ``cost``;
 
-each as ``.md``, ``.tex`` (booktabs) and ``.csv``; figures as ``.png`` and ``.pdf``. The headline table (``main``, or
+each as ``.md``, ``.tex`` (booktabs) and ``.csv``; ``runs.csv`` lists every result trial with its TensorBoard run
+name (``<variant>/depth=<d>/seed=<s>``), state and accuracy; figures as ``.png`` and ``.pdf``. The headline table (``main``, or
 ``search_best`` for search studies) is printed; all tables are written to TensorBoard as text (run ``_report``
 next to the trials' runs, ``<results-dir>/runs/<study name>/_report``; it carries no hparams data, so the HParams
 table of the trials is unchanged) and attached to the study as an optuna-dashboard note. Two reports of the same

@@ -88,6 +88,9 @@ def _main(args: argparse.Namespace) -> int:
     written: list[Path] = []
     for table in tables:
         written += tb.write_table(table, out, study_name)
+    out.mkdir(parents=True, exist_ok=True)  # every result trial with its TensorBoard run name, to go from a cell to a run
+    data.frame().to_csv(out / "runs.csv", index=False)
+    written.append(out / "runs.csv")
     notes = [f"{t.name}: {n}" for t in tables for n in t.notes]
     if not args.no_figures:
         from ..figures import report_figures

@@ -60,6 +60,7 @@ class Run:
     curve: dict[int, float] = field(default_factory=dict)  # epoch (1-based) -> val acc (fraction)
     config: dict[str, Any] = field(default_factory=dict)  # the trial's stored RunConfig.to_dict()
     log_dir: Path | None = None
+    run_name: str | None = None  # the TensorBoard run (``<variant>/depth=<d>/seed=<s>``; older studies: trial_NNNN)
 
     @property
     def ok(self) -> bool:
@@ -94,12 +95,13 @@ class StudyData:
         return values.pop() if len(values) == 1 else (default if not values else None)
 
     def frame(self):
-        """One row per result trial: number, state, variant, row, depth, seed, acc, diverged, ok (pandas)."""
+        """One row per result trial: number, its TensorBoard run name, state, variant, row, depth, seed, acc,
+        diverged, ok (pandas)."""
         import pandas as pd
 
-        columns = ["number", "state", "variant", "row", "depth", "seed", "acc", "diverged", "ok"]
-        return pd.DataFrame([[r.number, r.state, r.variant, r.row, r.depth, r.seed, r.acc, r.diverged, r.ok]
-                             for r in self.runs], columns=columns)
+        columns = ["number", "run_name", "state", "variant", "row", "depth", "seed", "acc", "diverged", "ok"]
+        return pd.DataFrame([[r.number, r.run_name, r.state, r.variant, r.row, r.depth, r.seed, r.acc, r.diverged,
+                              r.ok] for r in self.runs], columns=columns)
 
 
 def open_study(url: str, study_name: str, spec=None):
@@ -213,6 +215,7 @@ def collect(study, spec, results_dir: Path | None = None) -> StudyData:
             summary=attrs, config=config,
             curve={int(step) + 1: float(v) for step, v in sorted(t.intermediate_values.items()) if finite(v)},
             log_dir=_resolve_log_dir(attrs.get("log_dir"), results_dir, study.study_name),
+            run_name=attrs.get("run_name") or (Path(attrs["log_dir"]).name if attrs.get("log_dir") else None),
         ))
 
     def row_key(run: Run):
