@@ -3,7 +3,7 @@
 **Tag groups.** TensorBoard's time-series view groups cards by the part of a tag before the first ``/``, sorts
 the groups by name (digits before letters) and opens the first two. The code logs under short internal names
 (``train/loss``, ``val/acc``, ``hp/best_val_acc``, ``diag/ratio_mean/attn/03``, ...: the names Lightning's
-callbacks monitor and the report reads); :class:`GroupedTensorBoardLogger` writes them to the event files under
+callbacks monitor and the report reads); ``ablations.tb_logger.GroupedTensorBoardLogger`` writes them to the event files under
 numbered groups, so the curves people open TensorBoard for come first and the diagnostics follow, by kind::
 
     1_train/…   2_val/…   3_summary/…  (the run summary: the hp/* metrics of the HParams table)
@@ -69,42 +69,6 @@ def internal_tag(tag: str) -> str:
     if m is None or m["group"] not in _INTERNAL_OF_GROUP:
         return tag
     return f"{_INTERNAL_OF_GROUP[m['group']]}/{m['rest']}"
-
-
-def grouped_writer_class(base: type) -> type:
-    """A ``SummaryWriter`` subclass whose scalars and images go under :func:`display_tag`'s groups."""
-
-    class GroupedSummaryWriter(base):
-        def add_scalar(self, tag: str, *args: Any, **kwargs: Any) -> Any:
-            return super().add_scalar(display_tag(tag), *args, **kwargs)
-
-        def add_image(self, tag: str, *args: Any, **kwargs: Any) -> Any:
-            return super().add_image(display_tag(tag), *args, **kwargs)
-
-        def add_figure(self, tag: str, *args: Any, **kwargs: Any) -> Any:
-            return super().add_figure(display_tag(tag), *args, **kwargs)
-
-    return GroupedSummaryWriter
-
-
-def tensorboard_logger(save_dir: str | Path, version: str):
-    """Lightning's ``TensorBoardLogger`` for one run folder (``<save_dir>/<version>``) whose writer groups the tags
-    (:func:`display_tag`); no ``hp_metric`` (the runs register their ``hp/*`` metrics themselves)."""
-    from lightning.pytorch.loggers import TensorBoardLogger
-    from lightning.pytorch.loggers.logger import rank_zero_experiment
-
-    class GroupedTensorBoardLogger(TensorBoardLogger):
-        @property
-        @rank_zero_experiment
-        def experiment(self):
-            if self._experiment is None:
-                from torch.utils.tensorboard import SummaryWriter
-
-                Path(self.log_dir).mkdir(parents=True, exist_ok=True)
-                self._experiment = grouped_writer_class(SummaryWriter)(log_dir=self.log_dir, **self._kwargs)
-            return self._experiment
-
-    return GroupedTensorBoardLogger(save_dir=str(save_dir), name="", version=version, default_hp_metric=False)
 
 
 def extra_loggers(names: Sequence[str], *, run_dir: Path, run_name: str, experiment: str, mlflow_db: Path) -> list:

@@ -168,7 +168,8 @@ def run_training(
     import torch
     from lightning.pytorch.callbacks import LambdaCallback, ModelCheckpoint
 
-    from ablations.dashboard import extra_loggers, tensorboard_logger, write_run_hparams
+    from ablations.dashboard import extra_loggers, write_run_hparams
+    from ablations.tb_logger import tensorboard_logger
     from lit_modules.convergence import ConvergenceTracker
 
     torch.set_num_threads(config.threads or os.cpu_count() or 1)
