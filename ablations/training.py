@@ -210,11 +210,12 @@ def run_training(
     # Register this run's hyperparameters with the HParams plugin before fit starts (its metrics come at the end);
     # hparams.yaml and the extra loggers get the whole config (under config/: Lightning logs the model's own
     # hyperparameters to them at fit start, and MLflow refuses a key logged twice with another spelling).
-    logger.hparams.update(config.to_hparams())
+    flat = config.to_hparams()
+    logger.hparams.update(flat)
     for extra in more_loggers:
-        extra.log_hyperparams({f"config/{k}": v for k, v in config.to_hparams().items()})
+        extra.log_hyperparams({f"config/{k}": v for k, v in flat.items()})
     if trainer.is_global_zero:
-        write_run_hparams(logger.experiment, config.to_hparams() if hparams is None else hparams, HP_METRICS,
+        write_run_hparams(logger.experiment, flat if hparams is None else hparams, HP_METRICS,
                           run=run_name, own_experiment=hparams is None)
     try:
         trainer.fit(model, datamodule=datamodule, ckpt_path=None if ckpt_path is None else str(ckpt_path))

@@ -83,16 +83,15 @@ class MultiStreamSite(ResidualSite):
         """The n×n stream-mixing matrix ``res`` (row i = output stream i), averaged over the batch and tokens of
         ``x`` for the input-dependent forms (without x: at a zero input); the factor this site contributes to the
         composite gain."""
-        if x is None:
-            x = torch.zeros(self.n, self.dim, device=self._device(), dtype=self._dtype())
-        res = self.mixing(x).res.detach()
+        res = self.mixing(self.streams_or_zero(x)).res.detach()
         return res.reshape(-1, *res.shape[-2:]).mean(dim=0)
 
-    def _device(self) -> torch.device:
-        return next(self.parameters()).device
-
-    def _dtype(self) -> torch.dtype:
-        return next(self.parameters()).dtype
+    def streams_or_zero(self, x: torch.Tensor | None) -> torch.Tensor:
+        """``x``, or a zero input (n, D) on the site's device and dtype: the coefficients from the biases alone."""
+        if x is not None:
+            return x
+        p = next(self.parameters())
+        return torch.zeros(self.n, self.dim, device=p.device, dtype=p.dtype)
 
     # --- construction hooks -------------------------------------------------------------------------------------
     @classmethod
@@ -244,8 +243,7 @@ class HyperConnections(MultiStreamSite):
         """Means (over tokens, for DHC with a stream x; without x at a zero input) of the read weights A_m, the
         write weights B and the diagonal / off-diagonal of A_r; s_α, s_β for DHC."""
         with torch.no_grad():
-            a_m, a_r, b = self.coefficients(torch.zeros(self.n, self.dim, dtype=self.a_r.dtype,
-                                                        device=self.a_r.device) if x is None else x)
+            a_m, a_r, b = self.coefficients(self.streams_or_zero(x))
             stats = mixing_stats(a_m, a_r, b)
             if self.dynamic:
                 stats |= {"s_alpha": self.s_alpha.detach()[0], "s_beta": self.s_beta.detach()[0]}

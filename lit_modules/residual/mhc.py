@@ -129,9 +129,7 @@ class MHC(MultiStreamSite):
         """Means (over tokens, given a stream x; without x at a zero input, i.e. from the biases alone) of H_pre,
         H_post and the diagonal / off-diagonal of H_res; the three gates α."""
         with torch.no_grad():
-            if x is None:
-                x = torch.zeros(self.n, self.dim, dtype=self.b_res.dtype, device=self.b_res.device)
-            mixing = self.mixing(x)
+            mixing = self.mixing(self.streams_or_zero(x))
             stats = mixing_stats(mixing.read, mixing.res, mixing.write)
             for key in ("alpha_pre", "alpha_post", "alpha_res"):
                 stats[key] = getattr(self, key).detach()[0]
