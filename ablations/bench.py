@@ -67,7 +67,8 @@ class Settings:
     warmup: int = 2  # untimed calls per function before the first round
     reps: int = 7  # rounds
     steps: int = 3  # timed calls per function per round
-    variants: tuple[str, ...] | None = None  # labels of costs.default_configs() for sections 2 and 6 (None: all)
+    variants: tuple[str, ...] | None = None  # labels of costs.all_configs() for sections 2 and 6 (None: all)
+    defaults_only: bool = False  # sections 2 and 6: only the registry's variants at their defaults (no extra forms)
     mm_size: int = 2048  # section 4: side of the square fp32 matmul that measures the peak
     loop_steps: int = 60  # section 3: optimizer steps per training loop
     loop_reps: int = 9  # the loops differ by a few percent: rounds are cheap, noise is not
@@ -90,7 +91,7 @@ class Settings:
 
 FULL = Settings()
 QUICK = replace(FULL, mode="quick", batch=32, variant_depth=6, warmup=1, reps=3, steps=2, loop_steps=24,
-                loop_reps=3, study_epochs=2, memory_batch=8, compile_variants=("standard",))
+                loop_reps=3, study_epochs=2, memory_batch=8, compile_variants=("standard",), defaults_only=True)
 TINY = replace(FULL, mode="tiny", embed_dim=32, num_heads=2, patch_size=8, depth=2, variant_depth=2, batch=4,
                warmup=1, reps=2, steps=1, mm_size=256, loop_steps=3, loop_reps=2,
                trial_overrides={"embed_dim": 16, "num_heads": 2, "diagnostics_every": 0}, study_epochs=1,
@@ -166,10 +167,10 @@ def train_step(model, batch) -> Callable[[], None]:
 
 
 # --- models and data -----------------------------------------------------------------------------------------------
-def ours(residual: str, options: dict, size: dict, fused: bool = True):
+def ours(residual: str, options: dict, size: dict, fused: bool = True, backbone: dict | None = None):
     from lit_modules import VisionTransformer
 
-    return VisionTransformer(residual, options, fused_attn=fused, **size)
+    return VisionTransformer(residual, options, fused_attn=fused, **size, **(backbone or {}))
 
 
 def set_fused_attn(model, enabled: bool):
@@ -190,10 +191,13 @@ def random_batch(s: Settings, batch: int | None = None):
     return torch.randn(n, 3, s.img_size, s.img_size, generator=g), torch.randint(0, 10, (n,), generator=g)
 
 
-def selected_configs(s: Settings) -> list[tuple[str, str, dict]]:
-    from ablations.costs import default_configs
+def selected_configs(s: Settings) -> list[tuple[str, str, dict, dict]]:
+    """(label, residual, options, backbone options) of sections 2 and 6."""
+    from ablations.costs import all_configs
+    from lit_modules import RESIDUALS
 
-    return [c for c in default_configs() if s.variants is None or c[0] in s.variants]
+    configs = all_configs()[:len(RESIDUALS)] if s.defaults_only else all_configs()  # the registry's rows come first
+    return [c for c in configs if s.variants is None or c[0] in s.variants]
 
 
 def is_dca(residual: str, options: dict) -> bool:
@@ -314,9 +318,8 @@ def bench_variants(s: Settings) -> Section:
 
     size = s.vit(s.variant_depth)
     configs = selected_configs(s)
-    models = {label: ours(res, opts, size) for label, res, opts in configs}
-    costs = {label: measure(res, opts, **{k: v for k, v in size.items() if k != "mlp_ratio"})
-             for label, res, opts in configs}
+    models = {label: ours(res, opts, size, backbone=kw) for label, res, opts, kw in configs}
+    costs = {label: measure(res, opts, **size, **kw) for label, res, opts, kw in configs}
     batch = random_batch(s)
     times = interleave({k: train_step(m, batch) for k, m in models.items()}, reps=s.reps, steps=s.steps,
                        warmup=s.warmup)
@@ -326,7 +329,7 @@ def bench_variants(s: Settings) -> Section:
                   ["variant", "params", "+params", "+FLOPs", "ms/step", "time vs standard [round min-max]", "goal", "mark"])
     base = costs["standard"]
     rows = {}
-    for label, res, opts in configs:
+    for label, res, opts, kw in configs:
         c = costs[label]
         flop_oh = 100.0 * (c["flops"] - base["flops"]) / base["flops"]
         ratios = round_ratios(times, label, "standard")
@@ -343,7 +346,8 @@ def bench_variants(s: Settings) -> Section:
             row += sec.goal(f"{label}: time overhead", ratio, limit, f"≤ {flop_oh + 10:+.1f}% (FLOPs + 10 pp)",
                             f"{100 * (ratio - 1):+.1f}%", rounds=ratios)
         sec.rows.append(row)
-        rows[label] = {"residual": res, "options": opts, **c, "flops_overhead_pct": flop_oh, "time_ratio": ratio}
+        rows[label] = {"residual": res, "options": opts, "backbone": kw, **c, "flops_overhead_pct": flop_oh,
+                       "time_ratio": ratio, "time_ratios": ratios}
     sec.notes.append("DCA rows have the DCA goal (≤ 1.5x per step) instead of FLOPs + 10 pp: its extra work is "
                      "elementwise and memory-bound, which a FLOP count does not see. Per token and block, GRN-v3 "
                      "touches outputs x t x D values (t = stack size) against ~24 D² multiply-adds of the block's "
@@ -594,15 +598,15 @@ def bench_memory(s: Settings) -> Section:
                    "total MiB", "vs standard", "goal", "mark"])
     configs = selected_configs(s)
     rows = {}
-    for label, res, opts in configs:
-        model = ours(res, opts, s.vit(s.memory_depth))
+    for label, res, opts, kw in configs:
+        model = ours(res, opts, s.vit(s.memory_depth), backbone=kw)
         state = 4 * sum(p.numel() * p.element_size() for p in model.parameters())
         activations = None if cuda else saved_activation_bytes(model, batch)
         rows[label] = {"params": sum(p.numel() for p in model.parameters()), "saved_activation_bytes": activations,
                        "state_bytes": state, "total_bytes": cuda_peak_bytes(model, batch) if cuda else activations + state}
         del model
-    full_dca = next((label for label, res, opts in configs if res == "dca" and not opts), None)
-    for label, res, opts in configs:
+    full_dca = next((label for label, res, opts, _ in configs if res == "dca" and not opts), None)
+    for label, res, opts, _ in configs:
         r = rows[label]
         row = [label, f"{r['params']:,}", mib(r["total_bytes"] if cuda else r["saved_activation_bytes"]),
                mib(r["state_bytes"]), mib(r["total_bytes"]), f"{r['total_bytes'] / rows['standard']['total_bytes']:.2f}x"]

@@ -8,13 +8,19 @@ FLOPs are counted by ``torch.utils.flop_counter.FlopCounterMode`` on one forward
 counts matrix products (mm/bmm/addmm/einsum/SDPA) only: elementwise work — LayerScale's γ⊙f, ReZero's α·f,
 the gates' sigmoids — is not counted, so such variants show 0 FLOPs overhead although they cost memory traffic.
 Besides the residual variants, ``BACKBONE_FORMS`` prices the mechanisms orthogonal to them (attention kind,
-CaiT's class-attention head, norm layer) on the standard residual.
+CaiT's class-attention head, norm layer, value residual) on the standard residual.
+
+The last column is the measured train-step time against ``standard`` from a benchmark report
+(``python -m ablations.bench --sections variants``, which times the same configurations at the same default size):
+``--bench`` names its ``bench.json`` (default ``results/bench.json``). A row the report does not have, or a report
+of another model size, shows "—" and a note says why.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 #: (label, residual, options) of the alternatives worth pricing besides every registered variant's default.
@@ -51,6 +57,12 @@ def default_configs() -> tuple[tuple[str, str, dict], ...]:
     return tuple((name if name == "standard" else f"{name} (default)", name, {}) for name in RESIDUALS) + EXTRA_FORMS
 
 
+def all_configs() -> tuple[tuple[str, str, dict, dict], ...]:
+    """(label, residual, options, backbone options): ``default_configs()``, then ``BACKBONE_FORMS`` on ``standard``."""
+    return (tuple((label, res, opts, {}) for label, res, opts in default_configs())
+            + tuple((label, "standard", {}, kw) for label, kw in BACKBONE_FORMS))
+
+
 def measure(residual: str, options: dict, *, embed_dim: int, depth: int, num_heads: int, img_size: int,
             patch_size: int, num_classes: int, in_chans: int = 3, mlp_ratio: float = 4.0, **backbone: Any) -> dict:
     """Parameters and forward FLOPs (batch 1) of one configuration; ``backbone``: further ``VisionTransformer``
@@ -71,28 +83,56 @@ def measure(residual: str, options: dict, *, embed_dim: int, depth: int, num_hea
 
 def cost_table(*, embed_dim: int = 192, depth: int = 12, num_heads: int = 3, img_size: int = 32,
                patch_size: int = 4, num_classes: int = 10, configs=None) -> list[dict]:
-    """One row per config (default: every registry variant, ``EXTRA_FORMS``, then ``BACKBONE_FORMS``)."""
-    backbone_forms = BACKBONE_FORMS if configs is None else ()
-    configs = default_configs() if configs is None else configs
+    """One row per config (default: ``all_configs()``): (label, residual, options, backbone options)."""
     size = dict(embed_dim=embed_dim, depth=depth, num_heads=num_heads, img_size=img_size, patch_size=patch_size,
                 num_classes=num_classes)
-    rows = [{"variant": label, "residual": res, "options": opts, **measure(res, opts, **size)}
-            for label, res, opts in configs]
-    rows += [{"variant": label, "residual": "standard", "options": {}, "backbone": kw,
-              **measure("standard", {}, **size, **kw)} for label, kw in backbone_forms]
-    base = next(r for r in rows if r["residual"] == "standard")
+    rows = [{"variant": label, "residual": res, "options": opts, "backbone": kw, **measure(res, opts, **size, **kw)}
+            for label, res, opts, kw in (all_configs() if configs is None else configs)]
+    base = next(r for r in rows if r["residual"] == "standard" and not r["backbone"])
     for r in rows:
         r["params_overhead_pct"] = 100.0 * (r["params"] - base["params"]) / base["params"]
         r["flops_overhead_pct"] = 100.0 * (r["flops"] - base["flops"]) / base["flops"]
     return rows
 
 
-def to_markdown(rows: list[dict]) -> str:
-    lines = ["| variant | params | +params vs standard | forward GFLOPs (batch 1) | +FLOPs vs standard |",
-             "|---|---:|---:|---:|---:|"]
+def bench_step_times(path: Path, size: dict) -> tuple[dict[str, dict], str]:
+    """Each label's measured train-step ratio vs standard from a bench report, and a note on where it came from.
+
+    Empty (with the reason) when the file is missing, has no variants section, or timed another model size."""
+    if not path.is_file():
+        return {}, f"no benchmark report at {path}: run `python -m ablations.bench --sections variants`"
+    report = json.loads(path.read_text())
+    section = report.get("sections", {}).get("variants")
+    if not section or section.get("error") or not section.get("data"):
+        return {}, f"{path} has no variants section: run `python -m ablations.bench --sections variants`"
+    settings = report["meta"]["settings"]
+    timed = {"embed_dim": settings["embed_dim"], "depth": settings["variant_depth"], "num_heads": settings["num_heads"],
+             "img_size": settings["img_size"], "patch_size": settings["patch_size"]}
+    wanted = {k: size[k] for k in timed}
+    if timed != wanted:
+        return {}, f"{path} timed another size ({timed}, this table: {wanted})"
+    meta = report["meta"]
+    note = (f"step time: `python -m ablations.bench` ({meta['mode']} mode, {meta['started']}, "
+            f"{meta['machine']['threads']} threads, load {meta['machine']['loadavg_start']}), batch "
+            f"{settings['batch']}, fp32 train step; median over rounds of the paired ratio, [min–max round]")
+    return section["data"]["variants"], note
+
+
+def step_time_cell(entry: dict | None) -> str:
+    if entry is None:
+        return "—"
+    ratios = entry.get("time_ratios") or [entry["time_ratio"]]
+    return f"{entry['time_ratio']:.2f}× [{min(ratios):.2f}–{max(ratios):.2f}]"
+
+
+def to_markdown(rows: list[dict], step_times: dict[str, dict] | None = None) -> str:
+    lines = ["| variant | params | +params vs standard | forward GFLOPs (batch 1) | +FLOPs vs standard |"
+             + (" step time vs standard |" if step_times is not None else ""),
+             "|---|---:|---:|---:|---:|" + ("---:|" if step_times is not None else "")]
     for r in rows:
         lines.append(f"| {r['variant']} | {r['params']:,} | {r['params_overhead_pct']:+.2f}% | "
-                     f"{r['flops'] / 1e9:.4f} | {r['flops_overhead_pct']:+.2f}% |")
+                     f"{r['flops'] / 1e9:.4f} | {r['flops_overhead_pct']:+.2f}% |"
+                     + (f" {step_time_cell(step_times.get(r['variant']))} |" if step_times is not None else ""))
     return "\n".join(lines)
 
 
@@ -103,14 +143,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-heads", type=int, default=3)
     parser.add_argument("--img-size", type=int, default=32)
     parser.add_argument("--patch-size", type=int, default=4)
+    parser.add_argument("--bench", type=Path, default=Path("results/bench.json"),
+                        help="benchmark report whose measured step times fill the last column "
+                             "(default: results/bench.json)")
     parser.add_argument("--json", action="store_true", help="print JSON rows instead of a Markdown table")
     args = parser.parse_args(argv)
+    size = dict(embed_dim=args.embed_dim, depth=args.depth, num_heads=args.num_heads, img_size=args.img_size,
+                patch_size=args.patch_size)
     try:
-        rows = cost_table(embed_dim=args.embed_dim, depth=args.depth, num_heads=args.num_heads,
-                          img_size=args.img_size, patch_size=args.patch_size)
+        rows = cost_table(**size)
+        step_times, note = bench_step_times(args.bench, size)
     except ValueError as exc:
         parser.exit(2, f"error: {exc}\n")
-    print(json.dumps(rows, indent=1) if args.json else to_markdown(rows))
+    except (OSError, KeyError, json.JSONDecodeError) as exc:
+        parser.exit(2, f"error: cannot read the benchmark report {args.bench}: {exc!r}\n")
+    for r in rows:
+        entry = step_times.get(r["variant"])
+        r["step_time_ratio"] = entry["time_ratio"] if entry else None
+    print(json.dumps(rows, indent=1) if args.json else f"{to_markdown(rows, step_times)}\n\n{note}")
     return 0
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from ablations import bench
-from ablations.costs import default_configs
+from ablations.costs import all_configs
+from lit_modules import RESIDUALS
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADERS = {"timm": "## 1. ", "variants": "## 2. ", "lightning": "## 3. ", "mfu": "## 4. ", "study": "## 5. ",
@@ -62,20 +63,47 @@ def test_tiny_run_writes_every_section(tmp_path):
     check_report(md, report, list(bench.DEFAULT_SECTIONS))
     assert report["meta"]["mode"] == "tiny" and report["meta"]["machine"]["threads"] == 1
     sections = report["sections"]
-    assert set(sections["variants"]["data"]["variants"]) == {label for label, _, _ in default_configs()}
-    assert set(sections["memory"]["data"]["variants"]) == {label for label, _, _ in default_configs()}
+    labels = {label for label, *_ in all_configs()}  # registry defaults, extra forms and backbone forms
+    assert set(sections["variants"]["data"]["variants"]) == labels and len(labels) > 30
+    assert set(sections["memory"]["data"]["variants"]) == labels
     assert set(sections["timm"]["data"]["times_s"]) == {"timm", "ours standard", "timm init_values=1e-5",
                                                        "ours layerscale 1e-5"}
     goals = {g["what"] for s in sections.values() for g in s["goals"]}
     assert {"ours standard / timm", "MFU", "dca k=2 vs dca (default)"} <= goals
     assert "pass" in md or "**miss**" in md
+    check_costs_read_the_step_times(tmp_path / "bench.json", report)
+
+
+def check_costs_read_the_step_times(bench_json: Path, report: dict) -> None:
+    """``ablations.costs --bench`` puts each form's measured step-time ratio beside its FLOPs, at the bench's size;
+    at another size it leaves the column empty and says why."""
+    s = bench.TINY
+    size = ["--embed-dim", str(s.embed_dim), "--depth", str(s.variant_depth), "--num-heads", str(s.num_heads),
+            "--img-size", str(s.img_size), "--patch-size", str(s.patch_size)]
+    out = subprocess.run([sys.executable, "-m", "ablations.costs", *size, "--bench", str(bench_json), "--json"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300, check=True).stdout
+    timed = report["sections"]["variants"]["data"]["variants"]
+    rows = {r["variant"]: r for r in json.loads(out)}
+    assert set(rows) == set(timed)
+    for label, row in rows.items():
+        assert row["step_time_ratio"] == pytest.approx(timed[label]["time_ratio"]), label
+        assert row["params"] == timed[label]["params"] and row["flops"] == timed[label]["flops"], label
+    md = subprocess.run([sys.executable, "-m", "ablations.costs", *size, "--bench", str(bench_json)], cwd=ROOT,
+                        capture_output=True, text=True, timeout=300, check=True).stdout
+    assert "| step time vs standard |" in md and "tiny mode" in md
+    assert "| value_residual=learned (ResFormer) |" in md
+    other = subprocess.run([sys.executable, "-m", "ablations.costs", "--depth", "4", "--embed-dim", "16", "--patch-size", "8",
+                            "--num-heads", "2", "--bench", str(bench_json)], cwd=ROOT, capture_output=True,
+                           text=True, timeout=300, check=True).stdout
+    assert "timed another size" in other and "| standard | " in other and "—" in other
 
 
 @pytest.mark.slow
 def test_quick_run_writes_every_section(tmp_path):
-    md, report = run_bench(tmp_path, "--quick", timeout=2400)  # stops a hung run only: 29 variant forms, loaded CI
+    md, report = run_bench(tmp_path, "--quick", timeout=2400)  # stops a hung run only (a loaded CI machine)
     check_report(md, report, list(bench.DEFAULT_SECTIONS))
     assert report["meta"]["mode"] == "quick"
+    assert len(report["sections"]["variants"]["data"]["variants"]) == len(RESIDUALS)
 
 
 @pytest.mark.slow
