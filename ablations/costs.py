@@ -112,9 +112,12 @@ def bench_step_times(path: Path, size: dict) -> tuple[dict[str, dict], str]:
     if timed != wanted:
         return {}, f"{path} timed another size ({timed}, this table: {wanted})"
     meta = report["meta"]
-    note = (f"step time: `python -m ablations.bench` ({meta['mode']} mode, {meta['started']}, "
-            f"{meta['machine']['threads']} threads, load {meta['machine']['loadavg_start']}), batch "
-            f"{settings['batch']}, fp32 train step; median over rounds of the paired ratio, [min–max round]")
+    load = meta["machine"]["loadavg_start"]
+    load = load[0] if isinstance(load, (list, tuple)) else load
+    note = (f"Step time: `python -m ablations.bench` ({meta['mode']} mode, {meta['started']}, "
+            f"{meta['machine']['threads']} threads, 1-min load average {load:.2f} at the start), batch "
+            f"{settings['batch']}, fp32 train step (forward, backward, AdamW) on the CPU; the median over rounds of "
+            f"the paired in-round ratio to standard, [smallest–largest round].")
     return section["data"]["variants"], note
 
 

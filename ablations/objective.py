@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import shutil
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -126,9 +128,12 @@ class Objective:
                 log.warning("%s is left from an earlier run under this study name (was the storage reset?); "
                             "not resuming it: trial %d starts from scratch", ckpt_dir / "last.ckpt", trial.number)
         trial.set_user_attr("run_name", run_name)
+        trial.set_user_attr("worker", worker_id())
         trial.set_user_attr("config", _jsonable(config.to_dict()))
         trial.set_user_attr("log_dir", str(self.log_root / run_name))
-        trial.set_user_attr("resumed_from_checkpoint", ckpt_path is not None)
+        # What was offered; whether Lightning did restore it (``resumed_from_checkpoint``, ``start_epoch``,
+        # ``start_global_step``) and what this process trained itself come with the run's summary.
+        trial.set_user_attr("resume_checkpoint", None if ckpt_path is None else str(ckpt_path))
         if original is not None:
             trial.set_user_attr("retry_of", original)
 
@@ -202,6 +207,12 @@ class Objective:
             if other.state == TrialState.COMPLETE or other.number < trial.number:
                 return other.number
         return None
+
+
+def worker_id() -> str:
+    """``<host>:<pid>`` of the process that trains a trial (the ``worker`` user attr): which machine and process
+    ran it, for a study shared by many."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def _check_pruned(pruning, summary: dict[str, Any]) -> None:

@@ -6,28 +6,66 @@
     python -m ablations.run --list | --study NAME --dry-run
 
 Rerunning continues a study: completed trials never run again; a trial whose worker died is retried with the
-same parameters and resumes from its last checkpoint. Watch it with ``optuna-dashboard <storage URL>`` and
+same parameters and resumes from its last checkpoint. Grid points added to the study file run on the next run;
+points removed from it keep their finished trials. Watch it with ``optuna-dashboard <storage URL>`` and
 ``tensorboard --logdir results/runs/<study>``.
+
+Exit status: 0 every point done (or, for the last points, running in other workers on the same study); 1 trials
+failed or are missing, or the storage or the results folder failed
+(one "error:" line); 2 bad input; 130 Ctrl-C (SIGINT); 143 SIGTERM (SLURM, Kubernetes, systemd stopping the job).
+After 130 or 143 the trials that were running are marked failed with their checkpoints kept: rerunning the same
+command retries them from there. See docs/reliability.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
+import functools
+import logging
 import os
+import re
+import signal
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
 from . import layout
 from .cli import OneLineParser
 from .dashboard import check_loggers
-from .storage import DEFAULT_STORAGE, GRACE_S, HEARTBEAT_S, lost_storage_error, lost_storage_message
+from .storage import (
+    DEFAULT_STORAGE,
+    GRACE_S,
+    HEARTBEAT_S,
+    lost_storage_error,
+    lost_storage_message,
+    unusable_storage_error,
+    unusable_storage_message,
+)
 
 #: Seconds per trial not proportional to FLOPs (Trainer set-up, data, logging) and effective train-step
 #: GFLOP/s of this 2-core CPU for the small default models; calibrated on the residual_variants default run.
 TRIAL_OVERHEAD_S = 3.0
 EFFECTIVE_GFLOPS = 25.0
 UNKNOWN_SIZES = (10000, 2000)  # (train, val) assumed for a dataset whose size is only known after loading
+EXIT_SIGINT, EXIT_SIGTERM = 130, 143  # 128 + the signal number, as a shell reports a process the signal ended
+#: Seconds the main process of ``--workers N`` gives its workers, after Ctrl-C or SIGTERM, to mark their trials
+#: failed (checkpoints kept) before it kills them; a killed worker's trial is retried once its heartbeat is stale.
+WORKER_STOP_S = 60
+#: OS errors that say the results folder takes no more writes (a full disk or quota, a read-only mount, a file size
+#: limit): the study stops with one line instead of failing every remaining trial the same way. EACCES / EPERM count
+#: only for a path inside the results folder (a permission problem elsewhere, e.g. the data, is not about it).
+FULL_OR_READ_ONLY = frozenset(getattr(errno, name) for name in ("ENOSPC", "EDQUOT", "EROFS", "EFBIG")
+                              if hasattr(errno, name))
+NO_PERMISSION = frozenset({errno.EACCES, errno.EPERM})
+REMOVED = "removed_from_study_file"  # user attr of a WAITING trial set aside because its point left the study file
+STOPPED = "stopped_by"  # user attr of a trial failed by Ctrl-C or SIGTERM: SIGINT | SIGTERM
+
+
+class ResultsWriteError(Exception):
+    """A trial could not write its files (checkpoint, event files) into the results folder: one line, exit 1."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,23 +98,218 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what the worker processes are started with
+    restore_signals = _stop_on_signals()
     try:
         return _main(args)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted: completed trials are kept; rerun the same command to continue", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (see _stop_on_signals)
+        return _interrupted()
+    except ResultsWriteError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except BrokenPipeError:  # e.g. `--list | head`: the reader left; no traceback, and none at exit either
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except Exception as exc:  # the database went away mid-study: one line, not optuna's chained tracebacks
         error = lost_storage_error(exc)
-        if error is None:
+        if error is not None:
+            print(f"error: {lost_storage_message(args.storage, error)}", file=sys.stderr)
+            return 1
+        damaged = unusable_storage_error(exc)
+        if damaged is not None:
+            print(f"error: {unusable_storage_message(args.storage, damaged)}", file=sys.stderr)
+            return 1
+        write = write_error(exc, Path(args.results_dir))
+        if write is None:
             raise
-        print(f"error: {lost_storage_message(args.storage, error)}", file=sys.stderr)
+        print(f"error: cannot write the results folder: {_one_line(write)}; completed trials are kept: free space "
+              "or make the folder writable, then rerun the same command", file=sys.stderr)
         return 1
+    finally:
+        restore_signals()
+
+
+_STOPPING: list[int] = []  # the signal that is stopping this process, once one came
+_REDELIVERED: list[bool] = []  # set while a swallowed stop signal is delivered again (_raise_swallowed_stop)
+
+
+def _stop_on_signals():
+    """Handle SIGTERM, the signal a scheduler stops a job with (SLURM at its time limit or on preemption, Kubernetes
+    when it evicts a pod, systemd, ``kill``), like Ctrl-C: the first SIGINT or SIGTERM raises KeyboardInterrupt, so
+    the running trial is marked FAIL with its checkpoints kept (the rerun resumes it) and the CLI exits 130 or 143.
+    Later ones are ignored, so that a signal repeated to the whole process group (the main process passes it on to
+    its workers too) cannot cut that clean-up short; SIGKILL still ends a process at once. During ``fit`` Lightning
+    installs its own SIGTERM handler (``_SignalConnector``: it notes the signal and passes it to spawned ranks) and
+    calls the one found here after it, so both run. A signal ignored by whoever started the CLI (``nohup``, a shell's
+    background job) stays ignored. Returns a function that puts the previous handlers back."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    _STOPPING.clear()
+    _REDELIVERED.clear()
+    previous = {}
+    for signum, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
+        if signal.getsignal(signum) is default:
+            previous[signum] = signal.signal(signum, _on_stop_signal)
+    unraisable = sys.unraisablehook
+    sys.unraisablehook = functools.partial(_raise_swallowed_stop, unraisable)
+
+    def restore() -> None:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        sys.unraisablehook = unraisable
+
+    return restore
+
+
+class _Stop(KeyboardInterrupt):
+    """The KeyboardInterrupt raised by the CLI's SIGINT / SIGTERM handler."""
+
+
+def _on_stop_signal(signum, frame) -> None:
+    if _REDELIVERED:
+        _REDELIVERED.clear()
+    elif _STOPPING:
+        return  # already stopping: let the first signal's clean-up finish
+    else:
+        _STOPPING.append(signum)
+    raise _Stop(signal.Signals(_STOPPING[0]).name)
+
+
+def _raise_swallowed_stop(previous, unraisable) -> None:
+    """``sys.unraisablehook``: a signal that arrives while Python runs a finalizer (a ``__del__`` during garbage
+    collection, a weakref callback) raises its KeyboardInterrupt there, where Python can only print it ("Exception
+    ignored in ...") and carries on; the process would train on and ignore the signals that follow. Deliver the
+    signal again instead, so that it stops the process at the next instruction outside the finalizer."""
+    if isinstance(unraisable.exc_value, _Stop) and _STOPPING:
+        import _thread
+
+        # From another thread a moment later: raised from here (or at once), it would land in this hook again.
+        _REDELIVERED.append(True)
+        timer = threading.Timer(0.05, _thread.interrupt_main, args=(_STOPPING[0],))
+        timer.daemon = True
+        timer.start()
+        return
+    previous(unraisable)
+
+
+def _check_stopping() -> None:
+    """Raise KeyboardInterrupt if a stop signal came and was swallowed by code that catches everything: the study
+    stops before its next trial."""
+    if _STOPPING:
+        raise KeyboardInterrupt(signal.Signals(_STOPPING[0]).name)
+
+
+def _interrupted() -> int:
+    if _STOPPING and _STOPPING[0] == signal.SIGTERM:
+        print("interrupted (SIGTERM): completed trials are kept; rerun the same command to continue", file=sys.stderr)
+        return EXIT_SIGTERM
+    print("interrupted: completed trials are kept; rerun the same command to continue", file=sys.stderr)
+    return EXIT_SIGINT
+
+
+def write_error(exc: BaseException, results_dir: Path | None = None) -> OSError | None:
+    """The OSError behind ``exc`` (anywhere in its cause/context chain) that says the results folder takes no more
+    writes (:data:`FULL_OR_READ_ONLY`; EACCES / EPERM for a path inside ``results_dir``); None for anything else."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in FULL_OR_READ_ONLY:
+            return exc
+        if isinstance(exc, OSError) and exc.errno in NO_PERMISSION and results_dir is not None:
+            inside = [f for f in (exc.filename, exc.filename2) if f is not None and _inside(f, results_dir)]
+            if inside:
+                return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _inside(path, folder: Path) -> bool:
+    try:
+        return Path(os.fsdecode(path)).resolve().is_relative_to(folder.resolve())
+    except (OSError, TypeError, ValueError):
+        return False
+
+
+def _no_thread_traceback_for_write_errors(results_dir: Path) -> None:
+    """TensorBoard's event-file writer thread keeps its write error for the main thread, which raises it at its next
+    write, and then re-raises it in the thread too, where Python prints a traceback. The main thread's error is the
+    one line the CLI prints (:func:`_guarded`): print nothing for the thread's copy."""
+    previous = threading.excepthook
+
+    def hook(args) -> None:
+        if args.exc_value is not None and write_error(args.exc_value, results_dir) is not None:
+            return
+        previous(args)
+
+    threading.excepthook = hook
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception as one line; an OSError as ``[Errno N] reason: 'path'`` (a bytes path decoded)."""
+    if isinstance(exc, OSError) and exc.errno is not None:
+        text = f"[Errno {exc.errno}] {exc.strerror or os.strerror(exc.errno)}"
+        paths = [f"'{os.fsdecode(f) if isinstance(f, (str, bytes, os.PathLike)) else f}'"
+                 for f in (exc.filename, exc.filename2) if f is not None]
+        return " ".join((text + (": " + " -> ".join(paths) if paths else "")).split())
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _guarded(objective, log_root: Path):
+    """The objective, with two kinds of failure that are not the trial's own told apart:
+
+    - Ctrl-C / SIGTERM: the trial is marked :data:`STOPPED` before optuna marks it FAIL, so that the workers still
+      running (on this machine or others) retry it at once (:func:`_retry_failed_points`), as they retry a dead
+      worker's trial once its heartbeat is stale;
+    - a results folder that takes no more writes: :class:`ResultsWriteError`. Optuna marks the trial FAIL (its
+      checkpoints are kept where they could be written: the rerun resumes it) and, as the error is not one it
+      catches, stops the study; the CLI prints one line naming the trial's folder and the OS error."""
+
+    def run(trial):
+        try:
+            if trial.user_attrs.get(STOPPED):  # a retry inherits its original's user attrs: it was not stopped
+                trial.set_user_attr(STOPPED, None)
+            return objective(trial)
+        except KeyboardInterrupt:
+            try:
+                trial.set_user_attr(STOPPED, signal.Signals(_STOPPING[0] if _STOPPING else signal.SIGINT).name)
+            except Exception:  # noqa: BLE001 - the storage may be what is failing; the trial FAILs all the same
+                pass
+            raise
+        except Exception as exc:
+            error = write_error(exc, log_root)
+            if error is None:
+                raise
+            try:
+                folder = trial.user_attrs.get("log_dir") or log_root
+            except Exception:  # noqa: BLE001 - the storage is not the problem being reported here
+                folder = log_root
+            raise ResultsWriteError(
+                f"trial {trial.number} cannot write its files in '{folder}': {_one_line(error)}; the trial is marked "
+                "failed and completed trials are kept: free space or make the folder writable, then rerun the same "
+                "command (the trial resumes from its last checkpoint)") from exc
+
+    return run
+
+
+class _QuietStops(logging.Filter):
+    """Drop optuna's "Trial N failed ... because of the following error" warnings (and their tracebacks) for a trial
+    stopped by Ctrl-C / SIGTERM or by a results folder that takes no more writes: the CLI says that in one line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.numbers: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        match = re.match(r"Trial (\d+) failed with", str(record.msg))
+        if match is None:
+            return True
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, (KeyboardInterrupt, ResultsWriteError)):
+            self.numbers.add(match.group(1))
+            return False
+        return match.group(1) not in self.numbers  # the "failed with value None" line that follows
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -103,6 +336,7 @@ def _main(args: argparse.Namespace) -> int:
     _quiet()
     storage = open_storage(args.storage, heartbeat_s=args.heartbeat, grace_s=args.grace)
     exit_when_heartbeat_fails(args.storage)
+    _no_thread_traceback_for_write_errors(Path(args.results_dir))
     study_name = args.study_name or spec.study_name
     if args.worker_index is not None:
         return _work(spec, storage, study_name, args, overrides)
@@ -112,6 +346,7 @@ def _main(args: argparse.Namespace) -> int:
     if spec.kind == "grid":
         for params in spec.grid():
             study.enqueue_trial(params, skip_if_exists=True)
+        _follow_study_file(study, spec, storage)
         _retry_failed_points(study, spec, storage)
     total = spec.size if spec.kind == "grid" else (args.n_trials or spec.n_trials)
     print(f"study '{study_name}' ({spec.kind}, {total} trials) in {_redact(args.storage)}; "
@@ -120,16 +355,19 @@ def _main(args: argparse.Namespace) -> int:
     if args.workers == 1:
         _work(spec, storage, study_name, args, overrides, progress_total=None if args.no_progress else total)
     else:
-        _spawn_workers(args, storage, study_name, total)
+        _spawn_workers(args, storage, study_name, total, _grid_keys(spec))
     return _finish(study_name, storage, spec, time.time() - started)
 
 
-def _retry_failed_points(study, spec, storage) -> None:
+def _retry_failed_points(study, spec, storage, *, only_stopped: bool = False) -> None:
     """Queue a retry (same parameters, same run folder, so it resumes from its last checkpoint) of every grid
-    point whose trials all FAILed: an exception in training, or Ctrl-C outside ``fit``. ``enqueue_trial(...,
+    point whose trials all FAILed: an exception in training, Ctrl-C, SIGTERM. ``enqueue_trial(...,
     skip_if_exists=True)`` counts a FAIL trial as existing, so without this such a point never ran again and every
     rerun exited 1. Dead workers' trials are still RUNNING here; the heartbeat check retries those. The retry
-    callback's ``max_retry`` bounds the attempts per point."""
+    callback's ``max_retry`` bounds the attempts per point. Each run does this once at its start; running workers
+    do it between trials with ``only_stopped``, for the trials that Ctrl-C or SIGTERM stopped (:data:`STOPPED`),
+    so that the other workers of a study take over a preempted worker's trial (a trial that failed by itself is
+    retried once per run, not by every worker in a row)."""
     import copy
 
     from optuna.trial import TrialState
@@ -148,14 +386,14 @@ def _retry_failed_points(study, spec, storage) -> None:
             live.add(key)
     queued, exhausted = [], []
     for key, t in failed.items():
-        if key in live:
+        if key in live or (only_stopped and not t.user_attrs.get(STOPPED)):
             continue
         before = len(study.get_trials(deepcopy=False))
         retry(study, copy.deepcopy(t))  # adds a WAITING copy unless the point used up its retries
         (queued if len(study.get_trials(deepcopy=False)) > before else exhausted).append(str(t.number))
     if queued:
         print(f"retrying failed trial(s) {', '.join(queued)} (same parameters)", file=sys.stderr)
-    if exhausted:
+    if exhausted and not only_stopped:
         print(f"not retrying failed trial(s) {', '.join(exhausted)}: retries used up", file=sys.stderr)
 
 
@@ -163,14 +401,67 @@ def _point_key(params: dict) -> str:
     return repr(sorted(params.items()))
 
 
+def _grid_keys(spec) -> set[str] | None:
+    return {_point_key(p) for p in spec.grid()} if spec.kind == "grid" else None
+
+
+def _follow_study_file(study, spec, storage) -> None:
+    """Make the stored grid follow an edited study file. Points added to the file have just been enqueued (only
+    those: ``skip_if_exists``), so a rerun runs just them. A point removed from the file keeps its finished trials
+    (the report still includes them: pass --study-name NEW_NAME for a study of the new grid alone), but its WAITING
+    trials are set aside (:func:`_set_aside_removed`) instead of running; a point added back later is enqueued again.
+    Changed variants, or an axis that changes kind, are refused before this (:func:`_check_same_choices`)."""
+    from optuna.trial import TrialState
+
+    grid = {_point_key(p): p for p in spec.grid()}
+    set_aside = _set_aside_removed(study, storage, set(grid))
+    if set_aside:
+        print(f"not running waiting trial(s) {', '.join(map(str, set_aside))}: their grid points are no longer in "
+              "the study file", file=sys.stderr)
+    taken, kept = set(), 0
+    for t in study.get_trials(deepcopy=False):
+        key = _point_key(t.system_attrs.get("fixed_params", t.params))
+        if t.user_attrs.get(REMOVED):
+            continue
+        if key in grid:
+            taken.add(key)
+        elif t.state == TrialState.COMPLETE:
+            kept += 1
+    for key in [k for k in grid if k not in taken]:  # only trials set aside had this point: it is back in the file
+        study.enqueue_trial(grid[key])
+    if kept:
+        print(f"{kept} completed trial(s) of grid points no longer in the study file stay in the storage (the report "
+              "includes them)", file=sys.stderr)
+
+
+def _set_aside_removed(study, storage, grid: set[str]) -> list[int]:
+    """PRUNE the WAITING trials of points that are not in the grid (``surplus`` and :data:`REMOVED` set: the report
+    and the progress count skip them) and return their numbers. Each is claimed first (WAITING -> RUNNING, which
+    fails if a worker has just taken it), so a trial that has started is never touched."""
+    from optuna.trial import TrialState
+
+    numbers = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        if _point_key(t.system_attrs.get("fixed_params", t.params)) in grid:
+            continue
+        if storage.set_trial_state_values(t._trial_id, TrialState.RUNNING):
+            storage.set_trial_user_attr(t._trial_id, "surplus", True)
+            storage.set_trial_user_attr(t._trial_id, REMOVED, True)
+            storage.set_trial_state_values(t._trial_id, TrialState.PRUNED)
+            numbers.append(t.number)
+    return numbers
+
+
 def _quiet() -> None:
     """Study output is the progress bar and one line per event: silence per-trial Lightning chatter."""
-    import logging
     import warnings
 
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optimize_log = logging.getLogger("optuna.study._optimize")
+    if not any(isinstance(f, _QuietStops) for f in optimize_log.filters):
+        optimize_log.addFilter(_QuietStops())
     for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
         logging.getLogger(name).setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -254,19 +545,86 @@ def _make_pruner(spec):
 
 
 def _check_same_choices(study, spec) -> None:
-    """Optuna fixes a categorical parameter's choices for the life of a study: a study file whose variants or grid
-    axes changed cannot continue the stored study (its first new trial would FAIL with "CategoricalDistribution
-    does not support dynamic value space"). Say so before anything is written."""
-    from optuna.distributions import CategoricalDistribution
+    """Optuna fixes a parameter's kind for the life of a study, and a categorical's choices: a study file whose
+    variants (or label axes, or searched choices) changed, or whose numeric axis changed kind (integers to numbers,
+    a linear range to a log one), cannot continue the stored study (its first new trial would FAIL with e.g.
+    "CategoricalDistribution does not support dynamic value space"). Say so before anything is written. New values
+    of a numeric axis (another seed or depth) are fine: the rerun runs just the new points."""
+    from optuna.distributions import CategoricalDistribution, check_distribution_compatibility
 
-    expected = {"variant": [v.label for v in spec.variants], **{axis: list(v) for axis, v in spec.axes.items()}}
-    for t in study.get_trials(deepcopy=False):
-        for name, dist in t.distributions.items():
-            if name in expected and isinstance(dist, CategoricalDistribution) and list(dist.choices) != expected[name]:
+    from .objective import categorical_axes
+
+    expected = _expected_distributions(spec, categorical_axes(study, spec))
+    stored = {(name, dist) for t in study.get_trials(deepcopy=False) for name, dist in t.distributions.items()}
+    for name, old in sorted(stored, key=lambda item: item[0]):
+        new = expected.get(name)
+        if new is None:
+            continue
+        try:
+            check_distribution_compatibility(old, new)
+        except ValueError as exc:
+            if isinstance(old, CategoricalDistribution) and isinstance(new, CategoricalDistribution):
                 raise ValueError(
-                    f"study '{study.study_name}' in the storage was run with {name} = {list(dist.choices)}, the study "
-                    f"file has {expected[name]}; a study's choices cannot change: pass --study-name NEW_NAME for a "
-                    "new study, or restore the file")
+                    f"study '{study.study_name}' in the storage was run with {name} = {list(old.choices)}, the study "
+                    f"file has {list(new.choices)}; a study's choices cannot change: pass --study-name NEW_NAME for a "
+                    "new study, or restore the file") from None
+            raise ValueError(
+                f"study '{study.study_name}' in the storage was run with {name} as {_describe(old)}, the study file "
+                f"makes it {_describe(new)} ({exc}); pass --study-name NEW_NAME for a new study, or restore the file"
+            ) from None
+
+
+def _expected_distributions(spec, categorical: frozenset[str]) -> dict:
+    """Each parameter's distribution as the objective will suggest it (:func:`ablations.objective.suggest`)."""
+    from .objective import suggest
+
+    found: dict = {}
+    for variant in spec.variants:
+        recorder = _Recorder(variant.label)
+        suggest(recorder, spec, categorical)
+        found |= recorder.found
+    return found
+
+
+class _Recorder:
+    """Stands in for an Optuna trial in ``suggest``: records the distribution each parameter would get."""
+
+    def __init__(self, variant: str) -> None:
+        self.variant = variant
+        self.found: dict = {}
+
+    def _record(self, name: str, make) -> None:
+        try:
+            self.found[name] = make()
+        except ValueError:  # an invalid range: the trial itself reports it
+            pass
+
+    def suggest_categorical(self, name, choices):
+        from optuna.distributions import CategoricalDistribution
+
+        self._record(name, lambda: CategoricalDistribution(choices))
+        return self.variant if name == "variant" else choices[0]
+
+    def suggest_int(self, name, low, high, step=1, log=False):
+        from optuna.distributions import IntDistribution
+
+        self._record(name, lambda: IntDistribution(low, high, log=log, step=step))
+        return low
+
+    def suggest_float(self, name, low, high, *, step=None, log=False):
+        from optuna.distributions import FloatDistribution
+
+        self._record(name, lambda: FloatDistribution(low, high, log=log, step=step))
+        return low
+
+
+def _describe(dist) -> str:
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+
+    if isinstance(dist, CategoricalDistribution):
+        return f"one of {list(dist.choices)}"
+    kind = "an integer" if isinstance(dist, IntDistribution) else "a number"
+    return f"{kind} in [{dist.low}, {dist.high}]" + (" on a log scale" if dist.log else "")
 
 
 def _work(spec, storage, study_name: str, args, overrides: dict, progress_total: int | None = None) -> int:
@@ -278,14 +636,19 @@ def _work(spec, storage, study_name: str, args, overrides: dict, progress_total:
 
     index = args.worker_index or 0
     study = _create_study(spec, storage, study_name, seed=index)  # a distinct sampler seed per worker
-    objective = Objective(spec, log_root=layout.runs_dir(args.results_dir, study_name), overrides=overrides,
-                          keep_checkpoints=args.keep_checkpoints, loggers=tuple(args.loggers))
-    bar = _progress(study, progress_total)
+    log_root = layout.runs_dir(args.results_dir, study_name)
+    objective = Objective(spec, log_root=log_root, overrides=overrides, keep_checkpoints=args.keep_checkpoints,
+                          loggers=tuple(args.loggers))
+    objective = _guarded(objective, log_root)
+    grid = _grid_keys(spec)
+    bar = _progress(study, progress_total, grid)
     done_states = (TrialState.COMPLETE, TrialState.PRUNED)
     try:
         while True:
+            _check_stopping()
             optuna.storages.fail_stale_trials(study)
             if spec.kind == "grid":
+                _retry_failed_points(study, spec, storage, only_stopped=True)  # e.g. a preempted worker's trial
                 if not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
                     break
             else:
@@ -295,7 +658,7 @@ def _work(spec, storage, study_name: str, args, overrides: dict, progress_total:
                     break
             study.optimize(objective, n_trials=1, gc_after_trial=True, catch=(RuntimeError,))
             if bar is not None:
-                bar.n = _done(study)
+                bar.n = _done(study, grid)
                 bar.refresh()
     finally:
         if bar is not None:
@@ -303,42 +666,70 @@ def _work(spec, storage, study_name: str, args, overrides: dict, progress_total:
     return 0
 
 
-def _done(study) -> int:
+def _done(study, grid: set[str] | None = None) -> int:
+    """Trials done (COMPLETE or PRUNED, not surplus or duplicate); for a grid, the points of ``grid`` done (trials
+    of points removed from the study file do not count)."""
     from optuna.trial import TrialState
 
-    return sum(1 for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
-               if not t.user_attrs.get("surplus") and "duplicate_of" not in t.user_attrs)
+    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+            if not t.user_attrs.get("surplus") and "duplicate_of" not in t.user_attrs]
+    if grid is None:
+        return len(done)
+    return len({key for t in done if (key := _point_key(t.system_attrs.get("fixed_params", t.params))) in grid})
 
 
-def _progress(study, total: int | None):
+def _progress(study, total: int | None, grid: set[str] | None = None):
     if total is None:
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, initial=_done(study), desc=study.study_name, unit="trial", dynamic_ncols=True)
+    return tqdm(total=total, initial=_done(study, grid), desc=study.study_name, unit="trial", dynamic_ncols=True)
 
 
-def _spawn_workers(args, storage, study_name: str, total: int) -> None:
-    """N local processes on the same study, each with its share of the cores and its own sampler seed."""
+def _spawn_workers(args, storage, study_name: str, total: int, grid: set[str] | None = None) -> None:
+    """N local processes on the same study, each with its share of the cores and its own sampler seed. On Ctrl-C
+    or SIGTERM the workers are stopped the same way (:func:`_stop_workers`) before this process exits."""
     import optuna
 
     argv = [a for a in args.argv if a != "--no-progress"]
-    procs = [subprocess.Popen([sys.executable, "-m", "ablations.run", *argv, "--worker-index", str(i),
-                               "--no-progress", "--study-name", study_name])
-             for i in range(args.workers)]
-    bar = None if args.no_progress else _progress(optuna.load_study(study_name=study_name, storage=storage), total)
+    procs, bar = [], None
     try:
+        for i in range(args.workers):
+            procs.append(subprocess.Popen([sys.executable, "-m", "ablations.run", *argv, "--worker-index", str(i),
+                                           "--no-progress", "--study-name", study_name]))
+        if not args.no_progress:
+            bar = _progress(optuna.load_study(study_name=study_name, storage=storage), total, grid)
         while any(p.poll() is None for p in procs):
+            _check_stopping()
             time.sleep(2)
             if bar is not None:
-                bar.n = _done(optuna.load_study(study_name=study_name, storage=storage))
+                bar.n = _done(optuna.load_study(study_name=study_name, storage=storage), grid)
                 bar.refresh()
+    except KeyboardInterrupt:
+        _stop_workers(procs)
+        raise
     finally:
         for p in procs:
             if p.poll() is None:
                 p.terminate()
         if bar is not None:
             bar.close()
+
+
+def _stop_workers(procs: list) -> None:
+    """Pass SIGTERM on to every worker still running (a worker that got the signal itself, from the terminal or the
+    job's process group, ignores the repeat), give them :data:`WORKER_STOP_S` to mark their trials failed with their
+    checkpoints kept, and kill any still running then (its trial is retried once its heartbeat is stale)."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + WORKER_STOP_S
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 def _finish(study_name: str, storage, spec, elapsed: float) -> int:
@@ -349,7 +740,12 @@ def _finish(study_name: str, storage, spec, elapsed: float) -> int:
     counts = {s.name.lower(): len(study.get_trials(deepcopy=False, states=(s,))) for s in TrialState}
     print(f"study '{study_name}': {counts['complete']} complete, {counts['pruned']} pruned, {counts['fail']} failed, "
           f"{counts['running']} running, {counts['waiting']} waiting; {elapsed:.0f} s this run", file=sys.stderr)
-    missing = counts["waiting"] + (spec.size - _done(study) if spec.kind == "grid" else 0)
+    missing = counts["waiting"] + (spec.size - _done(study, _grid_keys(spec)) if spec.kind == "grid" else 0)
+    if 0 < missing <= counts["running"] and not counts["waiting"]:
+        # Independent workers (other machines, a SLURM array): the last points are being trained by the others.
+        # Nothing is left for this one to do; if one of those workers has died, the next run retries its trial.
+        print(f"study '{study_name}': the {missing} point(s) left are running in other workers", file=sys.stderr)
+        return 0
     return 0 if missing <= 0 else 1
 
 

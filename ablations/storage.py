@@ -33,6 +33,7 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_s: int = HEARTBEAT_S, 
             path.parent.mkdir(parents=True, exist_ok=True)
         elif str(path) != ":memory:" and not path.parent.is_dir():
             raise ValueError(f"storage '{url}': folder '{path.parent}' does not exist")
+    check_sqlite_file(url)
     target = _with_installed_driver(url)
     engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
     if target.startswith("postgresql"):
@@ -41,16 +42,120 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_s: int = HEARTBEAT_S, 
         sqlalchemy.engine.make_url(target)
     except (sqlalchemy.exc.ArgumentError, ValueError) as exc:  # ValueError: e.g. a port that is not a number
         raise ValueError(f"storage URL '{_redact(url)}' is not valid: {_first_line(exc)}") from None
-    try:
+    def rdb_storage():
         return optuna.storages.RDBStorage(
             target, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat_s, grace_period=grace_s,
             **{callback_arg: Retry(max_retry=MAX_RETRY, inherit_intermediate_values=True)})
+
+    try:
+        try:
+            storage = rdb_storage()
+        except sqlalchemy.exc.IntegrityError:
+            # Another process created the same new storage at the same moment (both inserted its schema version):
+            # its tables are complete now, and opening it again only reads them.
+            storage = rdb_storage()
+        if target.startswith("sqlite"):
+            serialize_sqlite_transactions(storage.engine)
+        return storage
     except sqlalchemy.exc.NoSuchModuleError as exc:
         raise ValueError(f"storage URL '{_redact(url)}' has an unknown database kind: {_first_line(exc)}") from None
     except sqlalchemy.exc.OperationalError as exc:
         raise ValueError(f"cannot reach storage '{_redact(url)}': {_first_line(exc.orig or exc)}") from None
+    except sqlalchemy.exc.DatabaseError as exc:
+        if unusable_storage_error(exc) is None:
+            raise
+        raise ValueError(unusable_storage_message(url, exc)) from None
     except ImportError as exc:
         raise ValueError(f"storage '{_redact(url)}' needs a database driver that is not installed: {exc}") from None
+
+
+def serialize_sqlite_transactions(engine) -> None:
+    """Make every transaction on a SQLite ``engine`` take the write lock when it begins (``BEGIN IMMEDIATE``).
+
+    Python's sqlite3 driver starts a transaction only at the first write, so Optuna's "read the trial, check it is
+    WAITING, mark it RUNNING" ran its read outside any transaction: two processes could both read a WAITING trial
+    and both mark it RUNNING. Both then trained the same grid point and the second to finish died on "Cannot tell
+    a COMPLETE trial" (seen with three independent ``ablations.run`` processes on one SQLite file; ``SELECT ... FOR
+    UPDATE``, which protects PostgreSQL, is a no-op in SQLite). With the lock taken at ``BEGIN``, the second
+    process waits (``timeout``), then reads RUNNING and takes the next trial. SQLAlchemy's documented recipe for
+    the pysqlite driver; the pooled connections made before it are dropped so that every connection has it."""
+    from sqlalchemy import event
+
+    @event.listens_for(engine, "connect")
+    def _no_driver_begin(dbapi_connection, connection_record) -> None:
+        dbapi_connection.isolation_level = None  # the driver emits no BEGIN of its own
+
+    @event.listens_for(engine, "begin")
+    def _begin_immediate(connection) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    engine.dispose()
+
+
+#: SQLite's result codes for a file that is not a database or whose pages are damaged (SQLITE_CORRUPT, SQLITE_NOTADB).
+_SQLITE_DAMAGED = (11, 26)
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file of a ``sqlite:///`` URL (relative, or absolute with four slashes); None for other URLs and for an
+    in-memory database."""
+    if not url.startswith("sqlite:///"):
+        return None
+    path = url[len("sqlite:///"):].split("?", 1)[0]
+    return None if path in ("", ":memory:") else Path(path)
+
+
+def check_sqlite_file(url: str) -> None:
+    """ValueError (one line) when the SQLite file of ``url`` exists but is not a usable database: garbage bytes, a
+    truncated file, damaged pages. The file is opened read-only for SQLite's ``quick_check`` and never written, so
+    a damaged storage is left exactly as it is for the user to restore; optuna opening it read-write could add tables
+    to it or write into its damaged pages. A missing or empty file is not checked (SQLite makes a new database of
+    it), nor one that SQLite cannot read for another reason (locked, a crashed writer's journal to roll back):
+    those are for the storage itself to handle."""
+    path = sqlite_path(url)
+    if path is None or not path.is_file() or path.stat().st_size == 0:
+        return
+    problem = _sqlite_damage(path)
+    if problem is not None:
+        raise ValueError(f"storage file '{path}' is not a usable SQLite database ({problem}); it was left as it is: "
+                         "restore it from a backup, or pass --storage with another file")
+
+
+def _sqlite_damage(path: Path) -> str | None:
+    import sqlite3
+
+    try:
+        con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=60)
+        try:
+            rows = con.execute("PRAGMA quick_check(1)").fetchall()
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as exc:
+        return _first_line(exc) if _sqlite_code(exc) in _SQLITE_DAMAGED else None
+    return None if rows == [("ok",)] else " ".join(str(rows[0][0]).split())
+
+
+def _sqlite_code(exc: BaseException) -> int | None:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return None if code is None else code & 0xFF  # the primary result code of an extended one
+
+
+def unusable_storage_error(exc: BaseException) -> BaseException | None:
+    """The SQLite error behind ``exc`` when the storage file itself is damaged (not a database, malformed pages),
+    anywhere in its cause/context chain; None for anything else."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if _sqlite_code(getattr(exc, "orig", None) or exc) in _SQLITE_DAMAGED:
+            return getattr(exc, "orig", None) or exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def unusable_storage_message(url: str, error: BaseException) -> str:
+    """One line for a storage file found damaged while it was being used."""
+    return (f"storage '{_redact(url)}' is not a usable SQLite database ({_first_line(getattr(error, 'orig', None) or error)}); "
+            "it was left as it is: restore it from a backup, or pass --storage with another file")
 
 
 def _with_installed_driver(url: str) -> str:

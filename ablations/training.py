@@ -29,6 +29,8 @@ HP_SUMMARY_KEYS: tuple[str, ...] = (
     "final_train_loss", "wall_time_s", "time_per_epoch_s", "train_images_per_s",
     "epochs_completed", "diverged", "param_count",
 )
+#: The checkpoint of a run's latest epoch (``<name>.ckpt``), which resuming continues from.
+LAST_CHECKPOINT = "last"
 HP_METRICS: tuple[str, ...] = tuple(f"hp/{k}" for k in HP_SUMMARY_KEYS)
 
 
@@ -186,17 +188,21 @@ def run_training(
     more_loggers = extra_loggers(loggers, run_dir=Path(logger.log_dir), run_name=run_name, experiment=experiment,
                                  mlflow_db=Path(log_dir) / "mlflow.db")
     tracker = ConvergenceTracker(config.accuracy_thresholds)
-    callbacks: list[Any] = [tracker]
+    callbacks: list[Any] = [tracker, LambdaCallback(on_train_start=functools.partial(_record_resume, tracker))]
     if config.diagnostics_every > 0:
         diagnostics = _diagnostics_callback(config, datamodule)
         if diagnostics is not None:
             callbacks.append(diagnostics)
     checkpointing = enable_checkpointing or checkpoint_dir is not None
     if checkpointing:
-        callbacks.append(ModelCheckpoint(
-            dirpath=str(checkpoint_dir or Path(logger.log_dir) / "checkpoints"), monitor="val/acc", mode="max",
-            save_last=True, filename="epoch{epoch:03d}-acc{val/acc:.4f}", auto_insert_metric_name=False,
-        ))
+        dirpath = str(checkpoint_dir or Path(logger.log_dir) / "checkpoints")
+        callbacks.append(ModelCheckpoint(  # the best epoch
+            dirpath=dirpath, monitor="val/acc", mode="max", filename="epoch{epoch:03d}-acc{val/acc:.4f}",
+            auto_insert_metric_name=False))
+        # The latest epoch, what a resume continues from: last.ckpt, rewritten after every validation. (Lightning
+        # 2.6's save_last=True on the monitored checkpoint rewrites last.ckpt only when val/acc improves, so a
+        # killed trial resumed from its best epoch and trained the epochs after it again.)
+        callbacks.append(ModelCheckpoint(dirpath=dirpath, filename=LAST_CHECKPOINT, enable_version_counter=False))
     callbacks.append(LambdaCallback(on_fit_end=functools.partial(_hand_back_summary, tracker)))
     callbacks.extend(extra_callbacks)
     steps_per_epoch = len(datamodule.train_dataloader())
@@ -224,6 +230,19 @@ def run_training(
         raise
     summary = trainer.callback_metrics.pop(_SUMMARY_KEY, None) or tracker.summary()
     return _finish(trainer, [logger, *more_loggers], summary, run_name, status="success")
+
+
+def _record_resume(tracker: Any, trainer: Any, pl_module: Any) -> None:
+    """``on_train_start``, after the tracker: a run that Lightning resumed from a checkpoint writes what it
+    restored (epoch, global step, file) to TensorBoard, as scalars ``resume/*`` and the text ``resume``."""
+    start = tracker.this_process()
+    if not start["resumed_from_checkpoint"] or not trainer.is_global_zero or not trainer.loggers:
+        return
+    logger = trainer.loggers[0]
+    step = start["start_global_step"]
+    logger.log_metrics({"resume/start_epoch": start["start_epoch"], "resume/start_global_step": step}, step=step)
+    logger.experiment.add_text("resume", f"resumed from `{start['resumed_checkpoint']}`: Lightning restored epoch "
+                                         f"{start['start_epoch']}, global step {step}", global_step=step)
 
 
 def _hand_back_summary(tracker: Any, trainer: Any, pl_module: Any) -> None:

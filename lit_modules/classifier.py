@@ -53,8 +53,11 @@ class ViTClassifier(pl.LightningModule):
 
     Logged once per epoch: ``train/loss``, ``train/acc`` (+ ``train/acc_top5``), ``val/loss``, ``val/acc``,
     ``val/acc_top5`` (top-5 only when ``num_classes > 5``) and ``lr`` (the learning rate at the epoch's end).
-    Accuracies are micro-averaged (the plain fraction of correct images); ``train/loss`` is the image-weighted
-    mean of the epoch's batch losses.
+    Accuracies are micro-averaged (the plain fraction of correct images); ``train/loss`` and ``val/loss`` are the
+    image-weighted means of the epoch's batch losses. Under DDP each is the value over all ranks' images: they are
+    torchmetrics objects, whose sums and counts are summed across ranks. (``val/loss`` is a ``MeanMetric``, not a
+    tensor logged with ``sync_dist=True``: Lightning averages the ranks' image counts, under gloo in integer
+    arithmetic, so val shards of 13 and 12 images counted 12, not 12.5, and the loss came out 25/24 too high.)
 
     The training step does no per-step metric or logging work: it keeps each batch's detached logits, labels and
     loss, and the torchmetrics objects consume them in one batched update every ``TRAIN_METRIC_ROWS`` images and at
@@ -124,6 +127,7 @@ class ViTClassifier(pl.LightningModule):
         self.diverged_at_step: int | None = None
         top5 = num_classes > 5
         self.train_loss = MeanMetric()
+        self.val_loss = MeanMetric()
         self._train_batches: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         self.train_acc = MulticlassAccuracy(num_classes, top_k=1, average="micro")
         self.val_acc = MulticlassAccuracy(num_classes, top_k=1, average="micro")
@@ -191,8 +195,9 @@ class ViTClassifier(pl.LightningModule):
         logits = self(x)
         loss = F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
         n = len(y)
+        self.val_loss.update(loss, weight=n)
         self.val_acc(logits, y)
-        self.log("val/loss", loss, on_step=False, on_epoch=True, batch_size=n, sync_dist=True)
+        self.log("val/loss", self.val_loss, on_step=False, on_epoch=True, batch_size=n)
         self.log("val/acc", self.val_acc, on_step=False, on_epoch=True, batch_size=n, prog_bar=True)
         if self.val_acc5 is not None:
             self.val_acc5(logits, y)

@@ -22,7 +22,7 @@ import numpy as np
 #: Fractions of the run's best val accuracy reported as ``epochs_to_<p>pct_of_best`` / ``steps_to_<p>pct_of_best``.
 FRACTIONS_OF_BEST: tuple[float, ...] = (0.90, 0.95, 0.99)
 #: Summary keys whose values are wall-clock measurements (they differ between otherwise identical runs).
-TIMING_KEYS: tuple[str, ...] = ("wall_time_s", "time_per_epoch_s", "train_images_per_s")
+TIMING_KEYS: tuple[str, ...] = ("wall_time_s", "time_per_epoch_s", "train_images_per_s", "wall_time_this_process_s")
 
 
 # --- pure functions --------------------------------------------------------------------------------------------
@@ -166,6 +166,11 @@ class ConvergenceTracker(pl.Callback):
     Divergence is read from the LightningModule's ``diverged`` attribute (set by ``ViTClassifier`` when a loss is
     not finite) or inferred from a non-finite epoch train loss. The records are part of the checkpoint
     (``state_dict``), so a resumed run keeps its earlier epochs and wall time.
+
+    What this process itself did is recorded apart (:meth:`this_process`): the epoch and global step Lightning
+    restored before training started (0 and 0 for a run from scratch) and the epochs, optimizer steps, images and
+    wall time trained since. A resumed run is one whose restored global step is above 0: read from the trainer
+    after loading, not from "a checkpoint path was passed".
     """
 
     def __init__(self, thresholds: Sequence[float] = (0.5, 0.8, 0.9, 0.95), val_metric: str = "val/acc",
@@ -188,6 +193,8 @@ class ConvergenceTracker(pl.Callback):
         self._epoch_start = 0.0
         self._val_start = 0.0
         self._val_time = 0.0
+        self._start: dict[str, Any] = {"epoch": 0, "global_step": 0, "images_seen": 0, "checkpoint": None}
+        self._global_step = 0
 
     # hooks
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -197,6 +204,12 @@ class ConvergenceTracker(pl.Callback):
         self.param_count = sum(p.numel() for p in model.parameters())
         self._fit_start, self._fit_end = time.perf_counter(), None
 
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Runs after Lightning restored the checkpoint (model, loops, this callback's records), if any."""
+        self._start = {"epoch": trainer.current_epoch, "global_step": trainer.global_step,
+                       "images_seen": self.images_seen, "checkpoint": trainer.ckpt_path}
+        self._global_step = trainer.global_step
+
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._epoch_start, self._val_time = time.perf_counter(), 0.0
 
@@ -205,6 +218,7 @@ class ConvergenceTracker(pl.Callback):
         skipped = outputs is None or (isinstance(outputs, Mapping) and outputs.get("loss") is None)
         if not skipped:
             self.images_seen += len(batch[0])
+        self._global_step = trainer.global_step
 
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._val_start = time.perf_counter()
@@ -249,10 +263,27 @@ class ConvergenceTracker(pl.Callback):
     # results
     def wall_time_s(self) -> float:
         """Wall time of fit so far (incl. earlier sessions of a resumed run)."""
+        return self.elapsed_before + self._session_s()
+
+    def _session_s(self) -> float:
         if self._fit_start is None:
-            return self.elapsed_before
+            return 0.0
         end = self._fit_end if self._fit_end is not None else time.perf_counter()
-        return self.elapsed_before + end - self._fit_start
+        return end - self._fit_start
+
+    def this_process(self) -> dict[str, Any]:
+        """Where this fit session started (as Lightning restored it) and what it trained itself."""
+        start = self._start
+        return {
+            "resumed_from_checkpoint": start["global_step"] > 0,
+            "resumed_checkpoint": None if start["global_step"] == 0 else start["checkpoint"],
+            "start_epoch": int(start["epoch"]),
+            "start_global_step": int(start["global_step"]),
+            "epochs_this_process": sum(1 for epoch in self.epoch_times if epoch > start["epoch"]),
+            "steps_this_process": int(self._global_step - start["global_step"]),
+            "images_this_process": int(self.images_seen - start["images_seen"]),
+            "wall_time_this_process_s": self._session_s(),
+        }
 
     @property
     def diverged(self) -> bool:
@@ -276,4 +307,4 @@ class ConvergenceTracker(pl.Callback):
             diverged=self.diverged,
             param_count=self.param_count,
             wall_time_s=self.wall_time_s(),
-        )
+        ) | self.this_process()

@@ -29,8 +29,9 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 STUDY_TEST_MARKS = [pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning"),
                     pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")]
 
-#: Epochs of a trial that a test interrupts after its first checkpoint. A tiny epoch takes ~0.15 s: 30 epochs leave
-#: seconds between that checkpoint and the trial's end, so the signal, kill or outage always lands mid-trial.
+#: Epochs of a trial that a test interrupts after a checkpoint. The test freezes the worker (SIGSTOP) as soon as it
+#: sees the checkpoint (:func:`freeze_when`), so the signal, kill or outage lands mid-trial however loaded the
+#: machine is: the epochs only have to outlast one 0.1 s poll.
 LONG_TRIAL_EPOCHS = 30
 CLI_TIMEOUT_S = 900  # generous: the CPU cores are shared; the timeout only stops a hung run
 TINY_BASE = {"dataset": "synthetic", "dataset_options": {"num_samples": 128, "img_size": 8}, "embed_dim": 8,
@@ -168,6 +169,67 @@ def wait_for(condition, proc: subprocess.Popen, what: str, log: Path | None = No
         time.sleep(0.1)
 
 
+def freeze_when(condition, proc: subprocess.Popen, what: str, log: Path | None = None) -> None:
+    """Wait until ``condition()``, then stop the CLI's whole process group (SIGSTOP) and check the condition again
+    while it is frozen (resuming it and waiting on if it no longer holds): on return the workers are frozen at a
+    moment where ``condition`` holds. The caller sends its signal (or stops a server), then :func:`thaw` or kills.
+    Keep ``condition`` cheap (a file, not a storage query): the workers run on while it is polled."""
+    while True:
+        wait_for(condition, proc, what, log)
+        os.killpg(proc.pid, signal.SIGSTOP)
+        if condition():
+            return
+        thaw(proc)
+
+
+def thaw(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGCONT)
+
+
+def saved_checkpoint(path: Path) -> dict | None:
+    """(epoch, global_step) of a complete Lightning checkpoint file, None while it is missing or half-written."""
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        return {"epoch": state["epoch"], "global_step": state["global_step"]}
+    except Exception:  # noqa: BLE001 - missing, being written
+        return None
+
+
+def assert_resumed_from(retry: optuna.trial.FrozenTrial, saved: dict, max_epochs: int, cwd: Path) -> None:
+    """(``cwd``: the CLI's working directory, which its ``log_dir`` attribute is relative to.) The retried trial *started at* the checkpoint the dead attempt saved, as Lightning restored it, and trained
+    only the remaining epochs in its own process: its steps and images say so. A retry that ignored the checkpoint
+    would start at epoch 0, step 0 and train every epoch again."""
+    attrs = retry.user_attrs
+    done = saved["epoch"] + 1  # saved at the end of (0-based) epoch `epoch`
+    steps_per_epoch = saved["global_step"] // done
+    images_per_epoch = attrs["images_seen"] // max_epochs
+    assert attrs["resumed_from_checkpoint"] is True and attrs["resumed_checkpoint"].endswith("last.ckpt")
+    assert (attrs["start_epoch"], attrs["start_global_step"]) == (done, saved["global_step"])
+    assert attrs["epochs_this_process"] == max_epochs - done
+    assert attrs["steps_this_process"] == (max_epochs - done) * steps_per_epoch
+    assert attrs["images_this_process"] == (max_epochs - done) * images_per_epoch < attrs["images_seen"]
+    assert attrs["epochs_completed"] == max_epochs  # the whole curve: the checkpoint's epochs plus this process's
+    assert attrs["wall_time_this_process_s"] < attrs["wall_time_s"]  # the total includes the dead attempt's time
+    events = event_scalars(cwd / attrs["log_dir"])
+    assert events["resume/start_global_step"] == [(saved["global_step"], float(saved["global_step"]))]
+    assert events["resume/start_epoch"] == [(saved["global_step"], float(done))]
+
+
+def event_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar of a run's TensorBoard event files (all of them, as TensorBoard merges them)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    found: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(run_dir.glob("events.out.tfevents.*")):
+        acc = EventAccumulator(str(path), size_guidance={"scalars": 0})
+        acc.Reload()
+        for tag in acc.Tags()["scalars"]:
+            found.setdefault(tag, []).extend((e.step, e.value) for e in acc.Scalars(tag))
+    return found
+
+
 # --- scenarios ---------------------------------------------------------------------------------------------------
 def check_killed_trial_is_retried_and_resumes(tmp_path: Path, storage: Path | str) -> None:
     """Trial 0 (1 epoch) completes; trial 1 (30 epochs) is SIGKILLed with its worker after its first checkpoint.
@@ -187,10 +249,11 @@ def check_killed_trial_is_retried_and_resumes(tmp_path: Path, storage: Path | st
     with open(log, "w") as log_file:
         proc = start_cli(*args, cwd=tmp_path, log=log_file)
         try:
-            wait_for(lambda: last_ckpt.is_file() and _states(storage, "crash").get(1) == TrialState.RUNNING, proc,
-                     "trial 1 wrote a checkpoint", log)
+            freeze_when(lambda: saved_checkpoint(last_ckpt), proc, "trial 1 wrote a checkpoint", log)
+            saved = saved_checkpoint(last_ckpt)
+            assert _states(storage, "crash").get(1) == TrialState.RUNNING
             os.killpg(proc.pid, signal.SIGKILL)  # the worker dies mid-trial: no exception handler runs
-            proc.wait(timeout=60)
+            proc.wait(timeout=CLI_TIMEOUT_S)
         finally:
             stop_group(proc)
 
@@ -211,7 +274,8 @@ def check_killed_trial_is_retried_and_resumes(tmp_path: Path, storage: Path | st
     assert retry.state == TrialState.COMPLETE and complete[point(retry.params)].number == retry.number
     assert retry.params == killed.params == {"variant": "long"}
     assert retry.system_attrs["failed_trial"] == 1 and retry.user_attrs["retry_of"] == 1
-    assert retry.user_attrs["resumed_from_checkpoint"] is True
+    assert retry.user_attrs["resume_checkpoint"] == str(last_ckpt.relative_to(tmp_path))
+    assert_resumed_from(retry, saved, max_epochs, tmp_path)
     assert retry.user_attrs["log_dir"].endswith(run_dir_name(spec, "long"))  # the killed trial's folder, continued
     assert retry.user_attrs["run_name"] == killed.user_attrs["run_name"] == run_dir_name(spec, "long")
     assert retry.user_attrs["config"]["max_epochs"] == max_epochs
@@ -259,9 +323,11 @@ def check_bad_checkpoints_restart_their_trials(tmp_path: Path, storage: Path | s
         retry = complete[point(dead.params)]
         assert retry.user_attrs["retry_of"] == dead.number
         assert retry.user_attrs["log_dir"].endswith(names[dead.number])
-    for t in complete.values():
-        assert t.user_attrs["resumed_from_checkpoint"] is False
-        assert t.user_attrs["epochs_completed"] == 2  # trained from scratch, in full
+    for t in complete.values():  # trained from scratch, in full, in the rerun's process
+        assert t.user_attrs["resumed_from_checkpoint"] is False and t.user_attrs["resume_checkpoint"] is None
+        assert (t.user_attrs["start_epoch"], t.user_attrs["start_global_step"]) == (0, 0)
+        assert t.user_attrs["epochs_completed"] == t.user_attrs["epochs_this_process"] == 2
+        assert t.user_attrs["images_this_process"] == t.user_attrs["images_seen"]
 
 
 def check_two_workers_complete_each_point_once(tmp_path: Path, storage: Path | str, study: str = "workers.yaml",

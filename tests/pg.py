@@ -74,7 +74,7 @@ class PostgresCluster:
     def url(self, database: str = "postgres") -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
 
-    def start(self, timeout: float = 60) -> None:
+    def start(self, timeout: float = 600) -> None:  # a hang limit only: a loaded machine starts it slowly
         """Start the server and wait until it accepts connections."""
         import psycopg2
 
@@ -96,7 +96,7 @@ class PostgresCluster:
                     raise RuntimeError(f"postgres did not accept connections:\n{log}") from None
                 time.sleep(0.1)
 
-    def stop(self, timeout: float = 60) -> None:
+    def stop(self, timeout: float = 600) -> None:
         """Fast shutdown (SIGINT to the postmaster, by the PID in ``postmaster.pid``) and wait until it is gone."""
         pid_file = self.data / "postmaster.pid"
         if pid_file.is_file():
@@ -109,7 +109,7 @@ class PostgresCluster:
                 self._proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 os.killpg(self._proc.pid, signal.SIGKILL)
-                self._proc.wait(timeout=10)
+                self._proc.wait(timeout=120)
             self._proc = None
 
     def create_database(self, name: str) -> str:

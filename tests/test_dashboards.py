@@ -4,19 +4,16 @@ over HTTP for a real study (read through their HTTP APIs, waiting on readiness, 
 
 from __future__ import annotations
 
-import json
-import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import optuna
 import pytest
 from helpers import STUDY_TEST_MARKS, run_cli, url_of, write_study
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+from pg import free_port
+from polling import HANG_LIMIT_S, get_json, serving, study_experiment_loaded, wait_until_answers
 
 from ablations.dashboard import (
     display_tag,
@@ -156,38 +153,11 @@ def test_study_hparams_list_what_varies_then_the_metrics(tmp_path):
 
 
 # --- end to end: the dashboards' own HTTP APIs on a real study ------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _http(url: str, body: dict | None = None) -> object:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read())
-
-
-def _poll(fetch, ready, proc: subprocess.Popen, what: str, limit_s: float = 600):
-    """``fetch()`` until ``ready(result)``: a server is up when it answers. The limit only stops a hung server."""
-    deadline = time.monotonic() + limit_s
-    last = None
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"{what}: the server exited with {proc.returncode}: {proc.stdout.read()[-2000:]}")
-        try:
-            last = fetch()
-            if ready(last):
-                return last
-        except (urllib.error.URLError, ConnectionError, TimeoutError, json.JSONDecodeError):
-            pass
-        time.sleep(0.5)
-    pytest.fail(f"{what} not ready; last answer: {str(last)[:500]}")
-
-
-def _serve(*cmd: str) -> subprocess.Popen:
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def _tags_loaded(tags: object, names: set[str]) -> bool:
+    """TensorBoard lists a run as soon as it finds its folder and loads its events later: ready when every run's
+    summary tags (the last ones a run writes) are loaded."""
+    last = {display_tag(m) for m in HP_METRICS}
+    return isinstance(tags, dict) and all(last <= set(tags.get(name, {})) for name in names)
 
 
 @pytest.mark.slow
@@ -202,40 +172,38 @@ def test_tensorboard_and_optuna_dashboard_show_names_columns_and_numeric_axes(tm
     runs_dir = tmp_path / "results" / "runs" / "dash"
     names = {f"{v.label}/depth={d}/seed=0" for v in spec.variants for d in (1, 2)}
 
-    # TensorBoard: run names, HParams columns, grouped tags
-    port = _free_port()
-    tb = _serve(sys.executable, "-m", "tensorboard.main", "--logdir", str(runs_dir), "--port", str(port),
-                "--host", "127.0.0.1", "--reload_interval", "1")
-    try:
+    # TensorBoard: run names, HParams columns, grouped tags (each read once TensorBoard has loaded it)
+    port = free_port()
+    with serving([sys.executable, "-m", "tensorboard.main", "--logdir", runs_dir, "--port", str(port),
+                  "--host", "127.0.0.1", "--reload_interval", "1"], tmp_path / "tensorboard.log") as tb:
         base = f"http://127.0.0.1:{port}"
-        runs = _poll(lambda: _http(f"{base}/data/runs"), lambda r: names <= set(r), tb, "TensorBoard's run list")
+        runs = wait_until_answers(f"{base}/data/runs", tb, ready=lambda r: names | {"."} <= set(r),
+                                  what="TensorBoard's run list")
         assert set(runs) == names | {"."}  # "." holds the study's HParams configuration and constants
-        experiment = _poll(lambda: _http(f"{base}/data/plugin/hparams/experiment", {"experimentName": ""}),
-                           lambda e: e.get("hparamInfos"), tb, "TensorBoard's HParams experiment")
+        experiment = wait_until_answers(f"{base}/data/plugin/hparams/experiment", tb, body={"experimentName": ""},
+                                        ready=study_experiment_loaded, what="TensorBoard's HParams experiment")
         columns = [h["name"] for h in experiment["hparamInfos"]]
         assert set(columns) == {"variant", "depth", "seed"}
         assert set(columns[:2]) == {"variant", "depth"}  # what varies comes first (seed has one value here)
         metrics = [m["name"]["tag"] for m in experiment["metricInfos"]]
         assert metrics == [display_tag(m) for m in HP_METRICS]
         assert experiment["metricInfos"][0]["displayName"] == "best_val_acc"
-        tags = _http(f"{base}/data/plugin/scalars/tags")
+        tags = wait_until_answers(f"{base}/data/plugin/scalars/tags", tb, ready=lambda t: _tags_loaded(t, names),
+                                  what="TensorBoard's scalar tags of every run")
         some_run = sorted(names)[0]
         groups = sorted({t.split("/", 1)[0] for t in tags[some_run]})
         assert groups[:3] == ["1_train", "2_val", "3_summary"] and "4_diag.ratio" in groups
         assert not any(t.startswith("diag/") for t in tags[some_run])
-    finally:
-        tb.terminate()
-        tb.wait(timeout=60)
 
     # optuna-dashboard: numeric depth and seed, categorical variant, the run name in each trial's attributes
-    port = _free_port()
-    dash = _serve(str(Path(sys.executable).parent / "optuna-dashboard"), url_of(db), "--port", str(port), "--host", "127.0.0.1")
-    try:
+    port = free_port()
+    with serving([Path(sys.executable).parent / "optuna-dashboard", url_of(db), "--port", str(port),
+                  "--host", "127.0.0.1"], tmp_path / "optuna-dashboard.log") as dash:
         base = f"http://127.0.0.1:{port}"
-        studies = _poll(lambda: _http(f"{base}/api/studies"), lambda r: r.get("study_summaries"), dash,
-                        "optuna-dashboard's study list")
+        studies = wait_until_answers(f"{base}/api/studies", dash, ready=lambda r: r.get("study_summaries"),
+                                     what="optuna-dashboard's study list")
         study_id = next(s["study_id"] for s in studies["study_summaries"] if s["study_name"] == spec.study_name)
-        detail = _http(f"{base}/api/studies/{study_id}?after=0")
+        detail = get_json(f"{base}/api/studies/{study_id}?after=0", proc=dash)  # read from the storage per request
         space = {p["name"]: p["distribution"] for p in detail["union_search_space"]}
         assert space["depth"] == {"type": "IntDistribution", "low": 1, "high": 2, "step": 1, "log": False}
         assert space["seed"]["type"] == "IntDistribution"
@@ -244,9 +212,6 @@ def test_tensorboard_and_optuna_dashboard_show_names_columns_and_numeric_axes(tm
             attrs = {a["key"]: a["value"] for a in trial["user_attrs"]}
             params = {p["name"]: p["param_external_value"] for p in trial["params"]}
             assert attrs["run_name"] == f"{params['variant']}/depth={params['depth']}/seed={params['seed']}"
-    finally:
-        dash.terminate()
-        dash.wait(timeout=60)
 
     # the extra loggers, read back: CSV per run, MLflow's SQLite store
     import pandas as pd
@@ -269,7 +234,7 @@ def test_tensorboard_and_optuna_dashboard_show_names_columns_and_numeric_axes(tm
 
 def test_train_cli_rejects_an_unknown_logger(tmp_path):
     result = subprocess.run([sys.executable, "-m", "ablations.train", "--logger", "wandb", "--log-dir",
-                             str(tmp_path)], capture_output=True, text=True, timeout=120)
+                             str(tmp_path)], capture_output=True, text=True, timeout=HANG_LIMIT_S)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip() == "error: unknown logger 'wandb'; valid choices: csv, mlflow (TensorBoard is always on)"
     assert not any(Path(tmp_path).iterdir())

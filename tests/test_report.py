@@ -10,19 +10,17 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
-import json
 import math
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from pg import free_port
+from polling import HANG_LIMIT_S, serving, study_experiment_loaded, wait_until_answers
 
 from ablations import report
 
@@ -248,19 +246,6 @@ def test_dashboard_note_saved(study):
     assert "top-1 val accuracy" in note and "| layerscale" in note
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _post(port: int, path: str, body: dict) -> dict:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read())
-
-
 def _finite_metrics(session: dict) -> bool:
     values = [m["value"] for m in session["metricValues"]]
     return bool(values) and all(isinstance(v, (int, float)) and math.isfinite(v) for v in values)
@@ -279,26 +264,27 @@ def test_tensorboard_hparams_table_lists_every_trial(study):
     assert (logdir / report.REPORT_RUN).is_dir()  # written by the report before TensorBoard starts
     trials = optuna.load_study(study_name=STUDY, storage=study.storage).trials
     expected = {t.user_attrs["run_name"] for t in trials}  # <variant>/depth=<d>/seed=<s>: the run names
-    port = _free_port()
+    port = free_port()
     tensorboard = Path(sys.executable).with_name("tensorboard")
-    proc = subprocess.Popen([str(tensorboard), "--logdir", str(logdir), "--host", "127.0.0.1", "--port", str(port),
-                             "--load_fast", "false", "--reload_interval", "2"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     body = {"experimentName": "", "startIndex": 0, "sliceSize": 1000,
             "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"]}
-    try:
-        deadline, sessions, experiment = time.monotonic() + 600, {}, {}  # stops a hung server only
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, "tensorboard exited"
-            try:
-                experiment = _post(port, "/data/plugin/hparams/experiment", {"experimentName": ""})
-                groups = _post(port, "/data/plugin/hparams/session_groups", body)
-                sessions = {s["name"]: s for g in groups.get("sessionGroups", []) for s in g["sessions"]}
-                if set(sessions) >= expected and all(_finite_metrics(s) for s in sessions.values()):
-                    break  # ready: every run and its final values loaded (TensorBoard loads event files lazily)
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            time.sleep(1)
+
+    def sessions_of(groups: dict) -> dict:
+        return {s["name"]: s for g in groups.get("sessionGroups", []) for s in g["sessions"]}
+
+    def all_loaded(groups: dict) -> bool:  # TensorBoard loads event files lazily: every run and its final values
+        sessions = sessions_of(groups)
+        return set(sessions) >= expected and all(_finite_metrics(s) for s in sessions.values())
+
+    with serving([tensorboard, "--logdir", logdir, "--host", "127.0.0.1", "--port", str(port), "--load_fast", "false",
+                  "--reload_interval", "2"], study.root / "tensorboard.log") as proc:
+        url = f"http://127.0.0.1:{port}/data/plugin/hparams"
+        # the study's own HParams configuration first: until its "." run is loaded TensorBoard infers another one
+        experiment = wait_until_answers(f"{url}/experiment", proc, body={"experimentName": ""},
+                                        ready=study_experiment_loaded, what="TensorBoard's HParams experiment")
+        groups = wait_until_answers(f"{url}/session_groups", proc, body=body, ready=all_loaded,
+                                    what="a session with finite hp metrics for every trial")
+        sessions = sessions_of(groups)
         assert set(sessions) == expected, f"sessions {sorted(sessions)} != trials {sorted(expected)}"
         shown = {display_tag(m) for m in HP_METRICS}  # the summary group's TensorBoard tags
         metric_tags = {m["name"]["tag"] for m in experiment["metricInfos"]}
@@ -308,19 +294,12 @@ def test_tensorboard_hparams_table_lists_every_trial(study):
             assert set(values) == shown, name
             bad = {k: v for k, v in values.items() if not isinstance(v, (int, float)) or not math.isfinite(v)}
             assert not bad, f"{name}: non-finite hp metrics {bad}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 # --- error paths (no training) ------------------------------------------------------------------------------------
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "ablations.report", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=HANG_LIMIT_S)  # stops a hung run only
 
 
 def test_missing_storage_file_exits_2_and_creates_nothing(tmp_path):

@@ -1,39 +1,36 @@
-"""Scale-out and fault tolerance: studies in PostgreSQL shared by workers, crash recovery, DDP trials.
+"""Scale-out and fault tolerance: studies in PostgreSQL shared by workers, crash recovery (DDP: test_ddp.py).
 
 Real components on loopback, no mocks: one throwaway PostgreSQL server for the module (the ``postgres`` fixture,
-tests/conftest.py; a fresh database per test), the CLI in subprocesses, tiny ViTs on the synthetic dataset, DDP
-over gloo on the CPU. The crash scenarios are the SQLite ones of test_studies.py (tests/helpers.py), run here
-against PostgreSQL.
+tests/conftest.py; a fresh database per test), the CLI in subprocesses, tiny ViTs on the synthetic dataset. The crash
+scenarios are the SQLite ones of test_studies.py (tests/helpers.py), run here against PostgreSQL.
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import time
 
 import optuna
 import pytest
 from helpers import (
-    CLI_TIMEOUT_S,
     LONG_TRIAL_EPOCHS,
     STUDY_TEST_MARKS,
-    TWO_VARIANTS,
     assert_grid_complete_once,
     assert_one_line_error,
+    assert_resumed_from,
     check_bad_checkpoints_restart_their_trials,
     check_killed_trial_is_retried_and_resumes,
     check_two_workers_complete_each_point_once,
     finish,
+    freeze_when,
     run_cli,
     run_dir_name,
+    saved_checkpoint,
     snapshot,
     start_cli,
     stop_group,
+    thaw,
     trials_of,
     url_of,
-    wait_for,
     write_study,
 )
 from optuna.trial import TrialState
@@ -42,12 +39,6 @@ from ablations.spec import load_spec
 from ablations.storage import open_storage
 
 pytestmark = STUDY_TEST_MARKS
-
-TINY_TRAIN = ("--dataset", "synthetic", "--dataset-option", "num_samples=128", "--dataset-option", "img_size=8",
-              "--embed-dim", "8", "--num-heads", "2", "--depth", "1", "--patch-size", "4", "--batch-size", "16",
-              "--max-epochs", "1", "--threads", "1")
-#: Training images of TINY_TRAIN's dataset (128 samples, 20% held out for validation).
-TINY_TRAIN_IMAGES = 128 - round(0.2 * 128)
 
 
 # --- workers sharing one PostgreSQL study -----------------------------------------------------------------------
@@ -68,8 +59,9 @@ def test_corrupt_or_missing_checkpoints_on_postgresql_restart_their_trials(postg
 
 @pytest.mark.slow
 def test_server_stopped_mid_study_worker_exits_with_one_line_and_rerun_finishes(postgres, tmp_path):
-    """The server goes away while trial 0 trains: the worker stops within a heartbeat, with one line and status 1.
-    The server restarts on the same data folder; the rerun retries trial 0 from its checkpoint and finishes."""
+    """The server goes away while trial 0 trains (the worker is frozen from its first checkpoint until the server
+    is down): the worker stops by itself with one line and status 1. The server restarts on the same data folder;
+    the rerun retries trial 0, which starts at the dead attempt's checkpoint, and finishes."""
     max_epochs = LONG_TRIAL_EPOCHS  # the server stops right after epoch 1's checkpoint
     write_study(tmp_path / "outage.yaml", base={"max_epochs": max_epochs})
     spec = load_spec(str(tmp_path / "outage.yaml"))
@@ -79,18 +71,18 @@ def test_server_stopped_mid_study_worker_exits_with_one_line_and_rerun_finishes(
     last_ckpt = tmp_path / "results" / "runs" / "outage" / run_dir_name(spec, "standard") / "checkpoints" / "last.ckpt"
     proc = start_cli(*args, cwd=tmp_path)
     try:
-        wait_for(last_ckpt.is_file, proc, "trial 0 wrote a checkpoint")
+        freeze_when(lambda: saved_checkpoint(last_ckpt), proc, "trial 0 wrote a checkpoint")
+        saved = saved_checkpoint(last_ckpt)
         postgres.stop()
-        started = time.monotonic()
-        lost = finish(proc, timeout=120)
-        stopped_after = time.monotonic() - started
+        thaw(proc)
+        lost = finish(proc)  # the hang limit only: the worker must notice the outage by itself
     finally:
         stop_group(proc)
         postgres.start()
     lines = lost.stderr.strip().splitlines()  # the start banner, then one error line
     assert lost.returncode == 1 and len(lines) == 2 and lines[0].startswith("study 'outage'"), lost.stderr
     assert lines[1].startswith(f"error: lost storage '{url}': ") and "rerun the same command" in lines[1]
-    assert "Traceback" not in lost.stdout + lost.stderr and stopped_after < 30, stopped_after
+    assert "Traceback" not in lost.stdout + lost.stderr
     assert [t.state for t in trials_of(url, "outage")] == [TrialState.RUNNING, TrialState.WAITING]
     time.sleep(3)  # > grace
 
@@ -100,8 +92,8 @@ def test_server_stopped_mid_study_worker_exits_with_one_line_and_rerun_finishes(
     trials = trials_of(url, "outage")
     assert [t.state for t in trials] == [TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]
     retry = complete[tuple(sorted(trials[0].params.items()))]
-    assert retry.user_attrs["retry_of"] == 0 and retry.user_attrs["resumed_from_checkpoint"] is True
-    assert retry.user_attrs["epochs_completed"] == max_epochs
+    assert retry.user_attrs["retry_of"] == 0
+    assert_resumed_from(retry, saved, max_epochs, tmp_path)
 
 
 def test_same_study_name_in_two_storages_are_independent_studies(postgres, tmp_path):
@@ -151,47 +143,7 @@ def test_postgres_scheme_is_read_as_postgresql(postgres):
     open_storage(postgres.url().replace("postgresql://", "postgres://")).get_all_studies()
 
 
-# --- DDP -----------------------------------------------------------------------------------------------------------
-@pytest.mark.slow
-def test_train_cli_ddp_on_two_cpu_ranks_prints_one_summary(tmp_path):
-    """``--devices 2 --strategy ddp`` on the CPU (gloo): Lightning re-runs the CLI for rank 1; both ranks train
-    their half of the data and rank 0 alone prints the --json summary; every process exits 0."""
-    result = subprocess.run(
-        [sys.executable, "-m", "ablations.train", *TINY_TRAIN, "--accelerator", "cpu", "--devices", "2",
-         "--strategy", "ddp", "--json", "--log-dir", "runs", "--run-name", "ddp"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
-    assert result.returncode == 0, result.stderr
-    assert "MEMBER: 2/2" in result.stderr  # rank 1 joined the process group
-    (line,) = [line for line in result.stdout.splitlines() if line.startswith("{")]
-    summary = json.loads(line)
-    assert summary["epochs_completed"] == 1 and 0.0 <= summary["best_val_acc"] <= 1.0
-    assert summary["images_seen"] == TINY_TRAIN_IMAGES // 2  # rank 0's shard of the epoch
-    assert summary["log_dir"] == "runs/ddp" and list((tmp_path / "runs" / "ddp").glob("events.out.tfevents.*"))
-    assert "Traceback" not in result.stderr
-
-
-@pytest.mark.slow
-def test_study_trial_on_two_devices_stays_one_optuna_trial(postgres, tmp_path):
-    """Trials that ask for 2 devices with strategy ddp run under ddp_spawn (with a warning): the ranks train
-    inside the worker's trial, so the study holds exactly one trial per grid point, with the ranks' summary."""
-    write_study(tmp_path / "ddp.yaml", base={"accelerator": "cpu", "devices": 2, "strategy": "ddp"},
-                variants=TWO_VARIANTS[:1])  # one point: with plain ddp, its two ranks would make two trials
-    spec = load_spec(str(tmp_path / "ddp.yaml"))
-    url = postgres.create_database("ddp")
-    result = run_cli("--study", "ddp.yaml", "--storage", url, "--results-dir", "results", "--threads", "1",
-                     "--no-progress", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert "each trial runs with strategy 'ddp_spawn'" in result.stderr
-    trials = trials_of(url, "ddp")
-    assert len(trials) == spec.size == 1
-    assert_grid_complete_once(url, spec)
-    for t in trials:
-        assert t.user_attrs["config"]["strategy"] == "ddp_spawn" and t.user_attrs["config"]["devices"] == 2
-        assert t.user_attrs["epochs_completed"] == 1 and t.user_attrs["images_seen"] == TINY_TRAIN_IMAGES // 2
-        assert t.value == pytest.approx(t.user_attrs["best_val_acc"])
-        assert sorted(t.intermediate_values) == [0]  # reported by rank 0 into the storage
-
-
+# --- DDP (the multi-process checks, with real ranks, are in test_ddp.py) ----------------------------------------------
 def test_study_refuses_a_multi_device_strategy_that_relaunches_the_script(tmp_path):
     write_study(tmp_path / "fsdp.yaml", base={"accelerator": "cpu", "devices": 2, "strategy": "fsdp"})
     result = run_cli("--study", "fsdp.yaml", "--storage", url_of(tmp_path / "o.db"), cwd=tmp_path)

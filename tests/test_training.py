@@ -14,6 +14,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
+from polling import HANG_LIMIT_S
 from tensorboard.backend.event_processing.event_accumulator import SCALARS, TENSORS, EventAccumulator
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
@@ -35,6 +36,7 @@ def run(config: RunConfig, log_dir: Path, name: str, **kwargs) -> dict:
 
 
 def comparable(summary: dict) -> dict:
+    """Without the wall-clock measurements (they differ between identical runs, more so on a loaded machine)."""
     return {k: v for k, v in summary.items() if k not in (*TIMING_KEYS, "run_name", "log_dir")}
 
 
@@ -204,16 +206,43 @@ def test_resume_from_last_checkpoint_keeps_the_curve(twin_runs, tmp_path):
     assert [p.name for p in ckpt_dir.iterdir() if p.name != "last.ckpt"] == [
         f"epoch000-acc{part['best_val_acc']:.4f}.ckpt"]  # no "val/acc" sub-folder
     assert part["val_acc_curve"] == twin_runs[0]["val_acc_curve"][:1]
+    saved = _tracker_state(ckpt_dir / "last.ckpt")  # overwritten by the resumed run: read it now
+    assert 0 < saved["elapsed"] <= part["wall_time_s"]  # saved during the first fit, before it ended
     full = run(TINY, tmp_path, "resumed", checkpoint_dir=ckpt_dir, ckpt_path=ckpt_dir / "last.ckpt")
     assert full["epochs_completed"] == 2 and full["val_acc_curve"][0] == part["val_acc_curve"][0]
     assert full["images_seen"] == twin_runs[0]["images_seen"]
-    assert full["wall_time_s"] >= part["wall_time_s"]
+    # the wall time carries on from the checkpoint: what it saved plus this fit, whatever either took (a loaded
+    # machine may run the second fit faster than the first, so the two totals are not compared with each other)
+    assert full["resumed_from_checkpoint"] is True and full["wall_time_this_process_s"] > 0
+    assert full["wall_time_s"] == pytest.approx(saved["elapsed"] + full["wall_time_this_process_s"], rel=1e-9)
+
+
+def test_last_checkpoint_is_the_latest_epoch_even_when_val_acc_stops_improving(tmp_path):
+    """At a learning rate too small to change any prediction, val accuracy is the same every epoch: the best-epoch
+    checkpoint stays at epoch 0, but last.ckpt, which a resume continues from, must hold the latest epoch (with
+    Lightning's save_last on the monitored checkpoint it stayed at epoch 0, and a resumed trial trained again)."""
+    ckpt_dir = tmp_path / "ckpt"
+    summary = run(TINY.replace(max_epochs=3, lr=1e-12, warmup_epochs=0.0), tmp_path, "flat", checkpoint_dir=ckpt_dir)
+    curve = summary["val_acc_curve"]
+    assert len(curve) == 3 and len(set(curve)) == 1  # no epoch improved on the first
+    last = torch.load(ckpt_dir / "last.ckpt", map_location="cpu", weights_only=False)
+    steps_per_epoch = summary["steps_this_process"] // 3
+    assert (last["epoch"], last["global_step"]) == (2, 3 * steps_per_epoch)
+    (best,) = [p for p in ckpt_dir.iterdir() if p.name != "last.ckpt"]
+    assert best.name.startswith("epoch000-")
+
+
+def _tracker_state(path: Path) -> dict:
+    """The ConvergenceTracker's records in a Lightning checkpoint (its ``state_dict``)."""
+    callbacks = torch.load(path, map_location="cpu", weights_only=False)["callbacks"]
+    (state,) = [v for k, v in callbacks.items() if k.startswith("ConvergenceTracker")]
+    return state
 
 
 # --- the CLI ---------------------------------------------------------------------------------------------------
 def cli(*argv: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "ablations.train", *argv], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=HANG_LIMIT_S)  # stops a hung run only
 
 
 def test_cli_json_summary(tmp_path):

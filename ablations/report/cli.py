@@ -48,16 +48,26 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. piped into head: the files are written, stdout is gone
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the interpreter's flush at exit
         return 0
+    except Exception as exc:  # a storage file found damaged past the check in _main: one line, not a traceback
+        from ..storage import unusable_storage_error, unusable_storage_message
+
+        damaged = unusable_storage_error(exc)
+        if damaged is None:
+            raise
+        print(f"error: {unusable_storage_message(args.storage, damaged)}", file=sys.stderr)
+        return 2
 
 
 def _main(args: argparse.Namespace) -> int:
     from ..spec import load_spec
+    from ..storage import check_sqlite_file
     from . import tables as tb
     from .load import best_per_row, collect, open_study
     from .stats import main_cells
 
     spec = load_spec(args.study, args.budget)
     study_name = args.study_name or spec.study_name
+    check_sqlite_file(args.storage)  # garbage or a truncated file: one line, and the file is never written
     study = open_study(args.storage, study_name, spec)
     results_dir = Path(args.results_dir)
     data = collect(study, spec, results_dir)

@@ -1,0 +1,544 @@
+"""Faults a study must survive, each produced for real with the CLI in a subprocess (docs/reliability.md lists them
+all, with the tests of the other faults): SIGTERM (one process, and ``--workers 2`` with the signal to the process
+group or to the main process only), a results folder that fills up or turns read-only mid-trial, a damaged SQLite
+storage file, and a study file edited between runs.
+
+Signals and faults are triggered on an observed event (a checkpoint written, a trial RUNNING), never on a timer:
+the CLI's process group is frozen (SIGSTOP) while the event still holds, the fault is made, and the group resumes,
+so the fault always lands mid-trial however loaded the machine is. The full or read-only disk is a real filesystem:
+a small tmpfs mounted in a private mount namespace (``unshare --user --map-root-user --mount``, no root needed where
+user namespaces are allowed); the CLI runs inside that namespace (``nsenter``) and the test reaches the tmpfs
+through ``/proc/<pid>/root`` of the process holding the namespace.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import optuna
+import pytest
+from helpers import (
+    LONG_TRIAL_EPOCHS,
+    STUDY_TEST_MARKS,
+    TWO_VARIANTS,
+    assert_grid_complete_once,
+    assert_one_line_error,
+    finish,
+    run_cli,
+    snapshot,
+    start_cli,
+    stop_group,
+    trials_of,
+    url_of,
+    wait_for,
+    write_study,
+)
+from optuna.trial import TrialState
+
+from ablations.spec import load_spec
+
+pytestmark = STUDY_TEST_MARKS
+
+SIGTERM_LINE = "interrupted (SIGTERM): completed trials are kept; rerun the same command to continue"
+
+
+# --- helpers of this module --------------------------------------------------------------------------------------
+def _run_dir(spec, label: str) -> str:
+    config = spec.run_config({"variant": label})
+    return f"{label}/depth={config.depth}/seed={config.seed}"
+
+
+def _states(storage: Path, study_name: str) -> dict[int, TrialState]:
+    """Trial states by number, read with a read-only SQLite connection: it never creates tables (which would race
+    with the CLI creating them) and never waits for the write lock that a frozen CLI may hold; {} while the study
+    is not there yet or the file is being written."""
+    if not storage.is_file():
+        return {}
+    try:
+        con = sqlite3.connect(f"{storage.resolve().as_uri()}?mode=ro", uri=True, timeout=5)
+        try:
+            rows = con.execute("SELECT t.number, t.state FROM trials t JOIN studies s ON t.study_id = s.study_id "
+                               "WHERE s.study_name = ?", (study_name,)).fetchall()
+        finally:
+            con.close()
+    except sqlite3.Error:  # no tables yet, or locked
+        return {}
+    return {number: TrialState[state] for number, state in rows}
+
+
+def _checkpoint_saved(path: Path) -> bool:
+    """A complete Lightning checkpoint is at ``path`` (not missing, not half-written)."""
+    import torch
+
+    try:
+        return "state_dict" in torch.load(path, map_location="cpu", weights_only=False)
+    except Exception:  # noqa: BLE001 - missing or being written
+        return False
+
+
+def _freeze_when(condition, proc: subprocess.Popen, what: str) -> None:
+    """Wait until ``condition()``, SIGSTOP the CLI's process group, and check it again while frozen (resuming and
+    waiting on if it no longer holds): on return the group is frozen at a moment where ``condition`` holds."""
+    while True:
+        wait_for(condition, proc, what)
+        os.killpg(proc.pid, signal.SIGSTOP)
+        if condition():
+            return
+        os.killpg(proc.pid, signal.SIGCONT)
+
+
+def _thaw(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGCONT)
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _start(module: str, *args, cwd: Path, prefix: tuple = (), env: dict | None = None) -> subprocess.Popen:
+    """``python -m MODULE ARGS`` (after ``prefix``, e.g. an nsenter) in its own session, output piped."""
+    return subprocess.Popen([*prefix, sys.executable, "-m", module, *map(str, args)], cwd=cwd, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=_default_sigint, env=env)
+
+
+def _assert_no_traceback(result: subprocess.CompletedProcess) -> None:
+    assert "Traceback" not in result.stdout + result.stderr, result.stderr
+    assert " failed with parameters" not in result.stderr, result.stderr  # optuna's per-trial warning
+
+
+def _complete_once(storage: Path, spec) -> dict[tuple, optuna.trial.FrozenTrial]:
+    """Every grid point of ``spec`` COMPLETE exactly once (trials of points no longer in the file may be COMPLETE
+    too); returns the COMPLETE trial per point."""
+    found: dict[tuple, list] = {}
+    for t in trials_of(storage, spec.study_name):
+        if t.state == TrialState.COMPLETE:
+            found.setdefault(tuple(sorted(t.params.items())), []).append(t)
+    grid = [tuple(sorted(p.items())) for p in spec.grid()]
+    assert all(len(found.get(key, [])) == 1 for key in grid), {k: [t.number for t in found.get(k, [])] for k in grid}
+    return {key: found[key][0] for key in grid}
+
+
+def _assert_resumed(retry, original: int, max_epochs: int) -> None:
+    attrs = retry.user_attrs
+    assert attrs["retry_of"] == original and attrs["resumed_from_checkpoint"] is True, attrs
+    assert attrs["epochs_completed"] == max_epochs  # counted on from the checkpoint, not restarted
+
+
+class SmallDisk:
+    """A tmpfs of ``size_mb`` on ``mount_point``, in a mount namespace of its own held by a ``sleep`` process.
+
+    The CLI runs inside the namespace (:meth:`prefix`); the test reads and writes the tmpfs through
+    ``/proc/<holder>/root`` (:meth:`outside`). Killing the holder unmounts it: nothing is left behind, even when a
+    test fails. The filesystem is real: a full one answers ENOSPC, a read-only one EROFS, to root as well."""
+
+    def __init__(self, mount_point: Path, size_mb: int = 16) -> None:
+        if shutil.which("unshare") is None or shutil.which("nsenter") is None:
+            pytest.skip("util-linux unshare/nsenter are not installed")
+        mount_point.mkdir(parents=True, exist_ok=True)
+        self.mount_point, self.size = mount_point, size_mb * 2**20
+        self.holder = subprocess.Popen(
+            ["unshare", "--user", "--map-root-user", "--mount", "--propagation", "private", "sh", "-c",
+             'mount -t tmpfs -o size="$1"m tmpfs "$0" && echo mounted && exec sleep 3600', str(mount_point),
+             str(size_mb)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if self.holder.stdout.readline().strip() != "mounted":
+            self.holder.kill()
+            reason = self.holder.stderr.read().strip()
+            self.holder.wait()
+            pytest.skip(f"cannot mount a tmpfs in a user + mount namespace here: {reason}")
+        stats = os.statvfs(self.outside(mount_point))
+        assert stats.f_blocks * stats.f_frsize <= self.size, "not the small tmpfs"  # never fill a real disk
+
+    def outside(self, path: Path) -> Path:
+        """``path`` (absolute, as the CLI sees it) as the test reaches it."""
+        return Path(f"/proc/{self.holder.pid}/root") / Path(path).relative_to("/")
+
+    def nsenter(self) -> tuple:
+        return ("nsenter", f"--target={self.holder.pid}", "--user", "--mount", "--preserve-credentials", "--")
+
+    def prefix(self, cwd: Path) -> tuple:
+        """Command prefix that runs a command inside the namespace, in ``cwd`` (nsenter leaves the working
+        directory at the namespace's root: ``cd`` again inside it)."""
+        return (*self.nsenter(), "sh", "-c", 'cd "$0" && exec "$@"', str(cwd))
+
+    def fill(self) -> Path:
+        """Write a file until the disk answers ENOSPC; returns the file (remove it to free the space)."""
+        filler = self.outside(self.mount_point) / "filler"
+        chunk = b"\0" * 65536
+        with open(filler, "wb", buffering=0) as f:
+            for _ in range(self.size // len(chunk) + 2):
+                try:
+                    f.write(chunk)
+                except OSError as exc:
+                    assert exc.errno == errno.ENOSPC, exc
+                    return filler
+        raise AssertionError("the disk never filled up")
+
+    def remount(self, mode: str, busy_ok: bool = False) -> bool:
+        """``ro`` or ``rw``: the mount turns read-only (or writable again) under the running CLI. False (with
+        ``busy_ok``) when a file on it is open for writing at this moment, which the kernel refuses with EBUSY."""
+        done = subprocess.run([*self.nsenter(), "mount", "-o", f"remount,bind,{mode}", str(self.mount_point)],
+                              capture_output=True, text=True)
+        if done.returncode != 0 and not (busy_ok and "busy" in done.stderr.lower()):
+            raise AssertionError(f"remount {mode} failed: {done.stderr}")
+        return done.returncode == 0
+
+    def remove(self) -> None:
+        self.holder.kill()
+        self.holder.wait()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    disk = SmallDisk(tmp_path / "results")
+    yield disk
+    disk.remove()
+
+
+# --- (a) SIGTERM, the scheduler's stop signal, is handled like Ctrl-C ---------------------------------------------
+@pytest.mark.slow
+def test_sigterm_mid_trial_exits_143_keeps_completed_trials_and_the_rerun_resumes(tmp_path):
+    """SIGTERM to the process group (SLURM, Kubernetes, systemd) while trial 1 trains, after trial 0 completed:
+    exit 143 with one line and no traceback, trial 1 FAILs with its checkpoint kept (Lightning's own SIGTERM handler
+    runs first during fit, then the CLI's), trial 0 stays as it was; the rerun retries trial 1 from its checkpoint."""
+    max_epochs = LONG_TRIAL_EPOCHS
+    write_study(tmp_path / "term.yaml", base={"max_epochs": max_epochs}, variants=[
+        {"label": "short", "residual": "standard", "overrides": {"max_epochs": 1}},
+        {"label": "long", "residual": "layerscale"}])
+    spec = load_spec(str(tmp_path / "term.yaml"))
+    db = tmp_path / "o.db"
+    args = ("--study", "term.yaml", "--storage", url_of(db), "--results-dir", "results", "--no-progress")
+    last_ckpt = tmp_path / "results" / "runs" / "term" / _run_dir(spec, "long") / "checkpoints" / "last.ckpt"
+
+    proc = start_cli(*args, cwd=tmp_path)
+    try:
+        _freeze_when(lambda: _states(db, "term") == {0: TrialState.COMPLETE, 1: TrialState.RUNNING}
+                     and _checkpoint_saved(last_ckpt), proc, "trial 1 saved a checkpoint")
+        os.killpg(proc.pid, signal.SIGTERM)
+        _thaw(proc)
+        stopped = finish(proc, timeout=300)
+    finally:
+        stop_group(proc)
+    assert stopped.returncode == 143, stopped.stderr
+    assert stopped.stderr.strip().splitlines()[-1] == SIGTERM_LINE
+    _assert_no_traceback(stopped)
+    before = trials_of(db, "term")
+    assert [t.state for t in before] == [TrialState.COMPLETE, TrialState.FAIL]
+    assert before[0].datetime_complete < before[1].datetime_start and before[1].user_attrs["stopped_by"] == "SIGTERM"
+    assert 1 <= len(before[1].intermediate_values) < max_epochs and _checkpoint_saved(last_ckpt)
+
+    rerun = run_cli(*args, cwd=tmp_path)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "retrying failed trial(s) 1" in rerun.stderr
+    complete = assert_grid_complete_once(db, spec)
+    after = trials_of(db, "term")
+    assert snapshot(after[:2]) == snapshot(before)  # the completed and the interrupted trial are untouched
+    _assert_resumed(complete[(("variant", "long"),)], 1, max_epochs)
+
+
+FINALIZER_SCRIPT = """
+import os, signal, sys, time
+from ablations import run
+
+run._stop_on_signals()
+
+class Finalized:
+    def __del__(self):  # the signal arrives while garbage is being collected
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)
+
+try:
+    Finalized()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        pass
+except KeyboardInterrupt:
+    sys.exit(run._interrupted())
+print("the signal was lost")
+"""
+
+
+def test_a_stop_signal_that_lands_in_a_finalizer_still_stops_the_process():
+    """A KeyboardInterrupt raised inside a ``__del__`` is only printed by Python ("Exception ignored in ..."), and
+    the process runs on (seen with Lightning's ``Profiler.__del__`` in a worker). The CLI delivers the signal again
+    once the finalizer is done: the process stops with its one line and status 143."""
+    result = subprocess.run([sys.executable, "-c", FINALIZER_SCRIPT], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 143, result.stdout + result.stderr
+    assert result.stderr.strip() == SIGTERM_LINE and result.stdout == ""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("to", ["process group", "main process", "one worker"])
+def test_sigterm_with_two_workers_fails_the_running_trials_with_their_checkpoints_and_they_resume(tmp_path, to):
+    """``--workers 2``: trials 0 and 1 (one epoch) completed, each worker trains a long trial (2 and 3) past its
+    first checkpoint. SIGTERM goes to
+
+    - the whole process group (SLURM signals every process of the job): both trials FAIL with their checkpoints
+      kept, the main process waits for its workers and exits 143, and the rerun resumes both;
+    - the main process only (Kubernetes signals the container's first process): it passes the signal on to its
+      workers, and the same follows;
+    - one worker only (one of many machines preempted): its trial FAILs, the other worker finishes its own trial,
+      then takes over the stopped one from its checkpoint, and the study completes (exit 0) without a rerun."""
+    max_epochs = 2 * LONG_TRIAL_EPOCHS  # the workers start their long trials a second or so apart
+    write_study(tmp_path / "workers.yaml", base={"max_epochs": max_epochs}, variants=[
+        {"label": "short_a", "residual": "standard", "overrides": {"max_epochs": 1}},
+        {"label": "short_b", "residual": "rezero", "overrides": {"max_epochs": 1}},
+        {"label": "long_a", "residual": "layerscale"},
+        {"label": "long_b", "residual": "skipinit"}])
+    spec = load_spec(str(tmp_path / "workers.yaml"))
+    db = tmp_path / "o.db"
+    args = ("--study", "workers.yaml", "--workers", "2", "--storage", url_of(db), "--results-dir", "results",
+            "--no-progress")
+    runs = tmp_path / "results" / "runs" / "workers"
+    ckpts = [runs / _run_dir(spec, label) / "checkpoints" / "last.ckpt" for label in ("long_a", "long_b")]
+    expected = {0: TrialState.COMPLETE, 1: TrialState.COMPLETE, 2: TrialState.RUNNING, 3: TrialState.RUNNING}
+
+    proc = start_cli(*args, cwd=tmp_path)
+    try:
+        _freeze_when(lambda: _states(db, "workers") == expected and all(map(_checkpoint_saved, ckpts)), proc,
+                     "both long trials saved a checkpoint")
+        if to == "process group":
+            os.killpg(proc.pid, signal.SIGTERM)
+        elif to == "main process":
+            os.kill(proc.pid, signal.SIGTERM)
+        else:
+            workers = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+            assert len(workers) == 2
+            os.kill(int(workers[0]), signal.SIGTERM)
+        _thaw(proc)
+        stopped = finish(proc, timeout=600)
+    finally:
+        stop_group(proc)
+    _assert_no_traceback(stopped)
+    trials = trials_of(db, "workers")
+    timeline = [(t.number, t.state.name, t.params["variant"], str(t.datetime_start), str(t.datetime_complete),
+                 t.user_attrs.get("worker")) for t in trials]
+    assert [t.state for t in trials[:2]] == [TrialState.COMPLETE] * 2
+    failed = [t for t in trials if t.state == TrialState.FAIL]
+    assert all(t.user_attrs["stopped_by"] == "SIGTERM" for t in failed)
+
+    if to == "one worker":
+        assert stopped.returncode == 0, (stopped.stderr, timeline)
+        assert SIGTERM_LINE in stopped.stderr.splitlines()  # the stopped worker's line
+        assert len(failed) == 1 and failed[0].number in (2, 3)
+        assert f"retrying failed trial(s) {failed[0].number} (same parameters)" in stopped.stderr
+    else:
+        assert stopped.returncode == 143, stopped.stderr
+        assert stopped.stderr.strip().splitlines()[-1] == SIGTERM_LINE
+        assert [t.number for t in failed] == [2, 3] and len(trials) == 4
+        assert all(map(_checkpoint_saved, ckpts))
+        rerun = run_cli(*args, cwd=tmp_path)
+        assert rerun.returncode == 0, rerun.stderr
+        assert snapshot(trials_of(db, "workers")[:4]) == snapshot(trials)  # nothing finished was touched
+    complete = assert_grid_complete_once(db, spec)
+    for interrupted in failed:
+        _assert_resumed(complete[(("variant", interrupted.params["variant"]),)], interrupted.number, max_epochs)
+
+
+# --- (b) the results folder fills up or turns read-only mid-study --------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["disk full", "read-only"])
+def test_results_folder_full_or_read_only_mid_trial_fails_it_with_one_line_and_the_rerun_finishes(
+        tmp_path, small_disk, monkeypatch, fault):
+    """results/ is a 16 MB tmpfs; the storage is beside it. Trial 0 completes, trial 1 saves a checkpoint, then the
+    disk is filled to the last byte (TMPDIR on the same disk, as where /tmp and the results share the root disk:
+    Lightning writes a checkpoint to a temporary file and renames it into place) or remounted read-only. Trial 1
+    FAILs and the CLI stops with one line naming the trial's folder and the OS error; trial 0 stays COMPLETE. Once
+    space is freed (the mount is writable again), the rerun retries trial 1 from its intact checkpoint."""
+    max_epochs = LONG_TRIAL_EPOCHS
+    write_study(tmp_path / "disk.yaml", base={"max_epochs": max_epochs}, variants=[
+        {"label": "short", "residual": "standard", "overrides": {"max_epochs": 1}},
+        {"label": "long", "residual": "layerscale"}])
+    spec = load_spec(str(tmp_path / "disk.yaml"))
+    db = tmp_path / "o.db"  # not on the small disk: the storage must record what happened
+    args = ("--study", "disk.yaml", "--storage", url_of(db), "--results-dir", "results", "--no-progress")
+    run_dir = Path("results") / "runs" / "disk" / _run_dir(spec, "long")
+    last_ckpt = small_disk.outside(tmp_path / run_dir / "checkpoints" / "last.ckpt")
+    error = {"disk full": "[Errno 28] No space left on device", "read-only": "[Errno 30] Read-only file system"}[fault]
+    if fault == "disk full":
+        (small_disk.outside(small_disk.mount_point) / "tmp").mkdir()
+        monkeypatch.setenv("TMPDIR", str(small_disk.mount_point / "tmp"))
+
+    proc = _start("ablations.run", *args, cwd=tmp_path, prefix=small_disk.prefix(tmp_path))
+    try:
+        while True:
+            _freeze_when(lambda: _states(db, "disk") == {0: TrialState.COMPLETE, 1: TrialState.RUNNING}
+                         and _checkpoint_saved(last_ckpt), proc, "trial 1 saved a checkpoint")
+            if fault == "disk full":
+                filler = small_disk.fill()
+                break
+            if small_disk.remount("ro", busy_ok=True):
+                break
+            _thaw(proc)  # frozen in the middle of a write (the mount is busy): try again at the next moment
+        _thaw(proc)
+        failed = finish(proc, timeout=300)
+    finally:
+        stop_group(proc)
+    lines = failed.stderr.strip().splitlines()
+    assert failed.returncode == 1, failed.stderr
+    assert lines[-1].startswith(f"error: trial 1 cannot write its files in '{run_dir}': "), failed.stderr
+    assert error in lines[-1] and "rerun the same command" in lines[-1]
+    assert [line for line in lines if line.startswith("error:")] == lines[-1:]
+    _assert_no_traceback(failed)
+    before = trials_of(db, "disk")
+    assert [t.state for t in before] == [TrialState.COMPLETE, TrialState.FAIL]
+    assert _checkpoint_saved(last_ckpt)  # the write that failed did not damage the last checkpoint
+
+    if fault == "disk full":
+        filler.unlink()
+    else:
+        small_disk.remount("rw")
+    rerun = finish(_start("ablations.run", *args, cwd=tmp_path, prefix=small_disk.prefix(tmp_path)))
+    assert rerun.returncode == 0, rerun.stderr
+    assert "retrying failed trial(s) 1" in rerun.stderr
+    complete = assert_grid_complete_once(db, spec)
+    assert snapshot(trials_of(db, "disk")[:2]) == snapshot(before)
+    _assert_resumed(complete[(("variant", "long"),)], 1, max_epochs)
+
+
+# --- (c) a damaged SQLite storage file ---------------------------------------------------------------------------
+def _real_storage(path: Path) -> None:
+    """A SQLite storage holding a study with 40 finished trials (a few hundred KB, many pages)."""
+    study = optuna.create_study(storage=url_of(path), study_name="tiny", direction="maximize")
+    dist = {"variant": optuna.distributions.CategoricalDistribution(["standard", "rezero"])}
+    for i in range(40):
+        study.add_trial(optuna.trial.create_trial(params={"variant": ["standard", "rezero"][i % 2]},
+                                                  distributions=dist, value=0.5, user_attrs={"pad": "x" * 2000}))
+
+
+DAMAGE = {
+    "garbage": "random bytes where the database should be",
+    "truncated": "a real storage cut to 60 % of its size",
+    "overwritten_page": "a real storage with its third page overwritten by random bytes",
+}
+
+
+@pytest.fixture(scope="module")
+def damaged_storages(tmp_path_factory):
+    """Each damaged file, with ``ablations.run`` and ``ablations.report`` run on it side by side."""
+    root = tmp_path_factory.mktemp("damaged")
+    write_study(root / "tiny.yaml")
+    rng = random.Random(0)
+    _real_storage(root / "real.db")
+    real = (root / "real.db").read_bytes()
+    contents = {"garbage": rng.randbytes(64 * 1024), "truncated": real[:len(real) * 6 // 10],
+                "overwritten_page": real[:8192] + rng.randbytes(4096) + real[12288:]}
+    for name, data in contents.items():
+        (root / f"{name}.db").write_bytes(data)
+    procs = {}
+    try:
+        for name in contents:
+            common = ("--study", "tiny.yaml", "--storage", f"sqlite:///{name}.db", "--results-dir", "results")
+            procs[name, "run"] = _start("ablations.run", *common, "--no-progress", cwd=root)
+            procs[name, "report"] = _start("ablations.report", *common, "--no-figures", cwd=root)
+        results = {key: finish(proc) for key, proc in procs.items()}
+    finally:
+        for proc in procs.values():
+            stop_group(proc)
+    return SimpleNamespace(root=root, contents=contents, results=results)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tool", ["run", "report"])
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_damaged_sqlite_storage_is_one_line_exit_2_and_left_byte_for_byte(damaged_storages, damage, tool):
+    result = damaged_storages.results[damage, tool]
+    assert_one_line_error(result, f"storage file '{damage}.db' is not a usable SQLite database",
+                          "it was left as it is", status=2)
+    assert (damaged_storages.root / f"{damage}.db").read_bytes() == damaged_storages.contents[damage]
+    assert sorted(p.name for p in damaged_storages.root.glob(f"{damage}.db*")) == [f"{damage}.db"]  # no journal
+    assert not (damaged_storages.root / "results").exists()  # nothing ran, nothing was written
+
+
+# --- (d) the study file edited between runs ----------------------------------------------------------------------
+@pytest.mark.slow
+def test_edited_study_file_runs_only_new_points_and_keeps_removed_points_trials(tmp_path):
+    """Seeds [0, 1] run (trials 0-3). The file then says seeds [1, 2]: the rerun runs only the two seed-2 points;
+    the seed-0 trials stay COMPLETE in the storage (the CLI says so) and the report, which includes them, works.
+    A WAITING trial of a point no longer in the file (a seed-7 point enqueued by an earlier file, never run) is
+    set aside, not run; when seed 7 comes back to the file, its points run."""
+    path = tmp_path / "edit.yaml"
+    db = tmp_path / "o.db"
+    args = ("--study", "edit.yaml", "--storage", url_of(db), "--results-dir", "results", "--no-progress")
+
+    write_study(path, variants=TWO_VARIANTS, axes={"seed": [0, 1]})
+    first = run_cli(*args, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    done = trials_of(db, "edit")
+    assert len(done) == 4 and all(t.state == TrialState.COMPLETE for t in done)
+
+    write_study(path, variants=TWO_VARIANTS, axes={"seed": [1, 2]})
+    second = run_cli(*args, cwd=tmp_path)
+    assert second.returncode == 0, second.stderr
+    _assert_no_traceback(second)
+    assert "2 completed trial(s) of grid points no longer in the study file stay in the storage" in second.stderr
+    complete = _complete_once(db, load_spec(str(path)))
+    trials = trials_of(db, "edit")
+    assert snapshot(trials[:4]) == snapshot(done)  # nothing lost, nothing rerun
+    assert len(trials) == 6 and sorted(t.params["seed"] for t in trials[4:]) == [2, 2]
+    assert {complete[k].number for k in complete} == {1, 3, 4, 5}
+
+    report = finish(_start("ablations.report", "--study", "edit.yaml", "--storage", url_of(db), "--results-dir",
+                           "results", "--no-figures", "--no-tensorboard", "--no-note", cwd=tmp_path))
+    assert report.returncode == 0, report.stderr
+    runs = (tmp_path / "results" / "edit" / "runs.csv").read_text().splitlines()
+    assert len(runs) == 1 + 6  # header + every completed trial, the removed seed 0 included
+
+    study = optuna.load_study(study_name="edit", storage=url_of(db))
+    study.enqueue_trial({"variant": "standard", "seed": 7})  # left WAITING by an earlier version of the file
+    third = run_cli(*args, cwd=tmp_path)
+    assert third.returncode == 0, third.stderr
+    assert "not running waiting trial(s) 6: their grid points are no longer in the study file" in third.stderr
+    after_third = trials_of(db, "edit")
+    assert len(after_third) == 7 and snapshot(after_third[:6]) == snapshot(trials)  # nothing else ran
+    set_aside = after_third[6]
+    assert set_aside.state == TrialState.PRUNED and set_aside.user_attrs["removed_from_study_file"] is True
+
+    write_study(path, variants=TWO_VARIANTS, axes={"seed": [1, 2, 7]})
+    fourth = run_cli(*args, cwd=tmp_path)
+    assert fourth.returncode == 0, fourth.stderr
+    _complete_once(db, load_spec(str(path)))
+    trials = trials_of(db, "edit")
+    assert snapshot(trials[:7]) == snapshot(after_third)
+    assert sorted((t.params["variant"], t.params["seed"]) for t in trials[7:]) == [("rezero", 7), ("standard", 7)]
+
+
+def test_study_file_edits_that_cannot_continue_the_stored_study_are_refused_up_front(tmp_path):
+    """What an edited file can and cannot do to a stored study, checked before anything is written: new values of
+    a numeric axis continue it; a changed variant list, or an axis that changes kind (a float axis turning
+    log-scaled), cannot (optuna fixes a parameter's kind and a categorical's choices): one-line ValueError."""
+    from ablations.objective import suggest
+    from ablations.run import _check_same_choices
+
+    def stored(axes: dict, variants=TWO_VARIANTS):
+        write_study(tmp_path / "s.yaml", variants=variants, axes=axes)
+        spec = load_spec(str(tmp_path / "s.yaml"))
+        study = optuna.create_study(direction="maximize", study_name="s")
+        for params in spec.grid():
+            study.enqueue_trial(params)
+            trial = study.ask()
+            suggest(trial, spec)
+            study.tell(trial, 0.5)
+        return study
+
+    def spec_with(axes: dict, variants=TWO_VARIANTS):
+        write_study(tmp_path / "s.yaml", variants=variants, axes=axes)
+        return load_spec(str(tmp_path / "s.yaml"))
+
+    study = stored({"seed": [0, 1], "lr": [0.001, 0.002]})
+    _check_same_choices(study, spec_with({"seed": [0, 1, 2, 5], "lr": [0.001, 0.002, 0.004]}))  # continues
+    with pytest.raises(ValueError, match=r"run with variant = \['standard', 'rezero'\], the study file has"):
+        _check_same_choices(study, spec_with({"seed": [0, 1], "lr": [0.001, 0.002]},
+                                             variants=[*TWO_VARIANTS, {"label": "skip", "residual": "skipinit"}]))
+    with pytest.raises(ValueError, match=r"run with lr as a number in \[0.001, 0.002\], the study file makes it a "
+                                         r"number in \[0.001, 0.5\] on a log scale .*--study-name NEW_NAME"):
+        _check_same_choices(study, spec_with({"seed": [0, 1], "lr": [0.001, 0.5]}))
