@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -113,10 +114,23 @@ def trials_of(storage: Path | str, study_name: str) -> list[optuna.trial.FrozenT
     return optuna.load_study(study_name=study_name, storage=open_storage(url_of(storage))).get_trials(deepcopy=False)
 
 
-def _states(storage: Path | str, study_name: str) -> dict[int, TrialState]:
-    """Trial states by number; {} while the CLI is still creating the storage or the study."""
-    if isinstance(storage, Path) and not storage.is_file():
-        return {}
+def trial_states(storage: Path | str, study_name: str) -> dict[int, TrialState]:
+    """Trial states by number; {} while the CLI is still creating the storage or the study. A SQLite file is read
+    with a read-only connection: it never creates tables (which would race with the CLI creating them) and never
+    waits for the write lock that a frozen CLI may hold."""
+    if isinstance(storage, Path):
+        if not storage.is_file():
+            return {}
+        try:
+            con = sqlite3.connect(f"{storage.resolve().as_uri()}?mode=ro", uri=True, timeout=5)
+            try:
+                rows = con.execute("SELECT t.number, t.state FROM trials t JOIN studies s ON t.study_id = s.study_id "
+                                   "WHERE s.study_name = ?", (study_name,)).fetchall()
+            finally:
+                con.close()
+        except sqlite3.Error:  # no tables yet, or locked
+            return {}
+        return {number: TrialState[state] for number, state in rows}
     try:
         return {t.number: t.state for t in trials_of(storage, study_name)}
     except Exception:  # noqa: BLE001 - no tables / no study yet
@@ -186,6 +200,19 @@ def thaw(proc: subprocess.Popen) -> None:
     os.killpg(proc.pid, signal.SIGCONT)
 
 
+def signal_mid_trial(args: tuple, cwd: Path, ready, sig: int, what: str) -> subprocess.CompletedProcess:
+    """Run the CLI until ``ready()`` (cheap, e.g. a checkpoint file), freeze it, send ``sig`` to its process group
+    (delivered as the group resumes: mid-trial, however loaded the machine is) and let it finish."""
+    proc = start_cli(*args, cwd=cwd)
+    try:
+        freeze_when(ready, proc, what)
+        os.killpg(proc.pid, sig)
+        thaw(proc)
+        return finish(proc)
+    finally:
+        stop_group(proc)
+
+
 def saved_checkpoint(path: Path) -> dict | None:
     """(epoch, global_step) of a complete Lightning checkpoint file, None while it is missing or half-written."""
     import torch
@@ -251,7 +278,7 @@ def check_killed_trial_is_retried_and_resumes(tmp_path: Path, storage: Path | st
         try:
             freeze_when(lambda: saved_checkpoint(last_ckpt), proc, "trial 1 wrote a checkpoint", log)
             saved = saved_checkpoint(last_ckpt)
-            assert _states(storage, "crash").get(1) == TrialState.RUNNING
+            assert trial_states(storage, "crash").get(1) == TrialState.RUNNING
             os.killpg(proc.pid, signal.SIGKILL)  # the worker dies mid-trial: no exception handler runs
             proc.wait(timeout=CLI_TIMEOUT_S)
         finally:

@@ -18,7 +18,6 @@ import os
 import random
 import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -32,14 +31,20 @@ from helpers import (
     TWO_VARIANTS,
     assert_grid_complete_once,
     assert_one_line_error,
+    assert_resumed_from,
     finish,
+    freeze_when,
     run_cli,
+    run_dir_name,
+    saved_checkpoint,
+    signal_mid_trial,
     snapshot,
     start_cli,
     stop_group,
+    thaw,
+    trial_states,
     trials_of,
     url_of,
-    wait_for,
     write_study,
 )
 from optuna.trial import TrialState
@@ -52,54 +57,6 @@ SIGTERM_LINE = "interrupted (SIGTERM): completed trials are kept; rerun the same
 
 
 # --- helpers of this module --------------------------------------------------------------------------------------
-def _run_dir(spec, label: str) -> str:
-    config = spec.run_config({"variant": label})
-    return f"{label}/depth={config.depth}/seed={config.seed}"
-
-
-def _states(storage: Path, study_name: str) -> dict[int, TrialState]:
-    """Trial states by number, read with a read-only SQLite connection: it never creates tables (which would race
-    with the CLI creating them) and never waits for the write lock that a frozen CLI may hold; {} while the study
-    is not there yet or the file is being written."""
-    if not storage.is_file():
-        return {}
-    try:
-        con = sqlite3.connect(f"{storage.resolve().as_uri()}?mode=ro", uri=True, timeout=5)
-        try:
-            rows = con.execute("SELECT t.number, t.state FROM trials t JOIN studies s ON t.study_id = s.study_id "
-                               "WHERE s.study_name = ?", (study_name,)).fetchall()
-        finally:
-            con.close()
-    except sqlite3.Error:  # no tables yet, or locked
-        return {}
-    return {number: TrialState[state] for number, state in rows}
-
-
-def _checkpoint_saved(path: Path) -> bool:
-    """A complete Lightning checkpoint is at ``path`` (not missing, not half-written)."""
-    import torch
-
-    try:
-        return "state_dict" in torch.load(path, map_location="cpu", weights_only=False)
-    except Exception:  # noqa: BLE001 - missing or being written
-        return False
-
-
-def _freeze_when(condition, proc: subprocess.Popen, what: str) -> None:
-    """Wait until ``condition()``, SIGSTOP the CLI's process group, and check it again while frozen (resuming and
-    waiting on if it no longer holds): on return the group is frozen at a moment where ``condition`` holds."""
-    while True:
-        wait_for(condition, proc, what)
-        os.killpg(proc.pid, signal.SIGSTOP)
-        if condition():
-            return
-        os.killpg(proc.pid, signal.SIGCONT)
-
-
-def _thaw(proc: subprocess.Popen) -> None:
-    os.killpg(proc.pid, signal.SIGCONT)
-
-
 def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
@@ -217,24 +174,18 @@ def test_sigterm_mid_trial_exits_143_keeps_completed_trials_and_the_rerun_resume
     spec = load_spec(str(tmp_path / "term.yaml"))
     db = tmp_path / "o.db"
     args = ("--study", "term.yaml", "--storage", url_of(db), "--results-dir", "results", "--no-progress")
-    last_ckpt = tmp_path / "results" / "runs" / "term" / _run_dir(spec, "long") / "checkpoints" / "last.ckpt"
+    last_ckpt = tmp_path / "results" / "runs" / "term" / run_dir_name(spec, "long") / "checkpoints" / "last.ckpt"
 
-    proc = start_cli(*args, cwd=tmp_path)
-    try:
-        _freeze_when(lambda: _states(db, "term") == {0: TrialState.COMPLETE, 1: TrialState.RUNNING}
-                     and _checkpoint_saved(last_ckpt), proc, "trial 1 saved a checkpoint")
-        os.killpg(proc.pid, signal.SIGTERM)
-        _thaw(proc)
-        stopped = finish(proc, timeout=300)
-    finally:
-        stop_group(proc)
+    stopped = signal_mid_trial(args, tmp_path, lambda: saved_checkpoint(last_ckpt), signal.SIGTERM,
+                               "trial 1 saved a checkpoint")  # trial 1's checkpoint: trial 0 is COMPLETE
     assert stopped.returncode == 143, stopped.stderr
     assert stopped.stderr.strip().splitlines()[-1] == SIGTERM_LINE
     _assert_no_traceback(stopped)
     before = trials_of(db, "term")
     assert [t.state for t in before] == [TrialState.COMPLETE, TrialState.FAIL]
     assert before[0].datetime_complete < before[1].datetime_start and before[1].user_attrs["stopped_by"] == "SIGTERM"
-    assert 1 <= len(before[1].intermediate_values) < max_epochs and _checkpoint_saved(last_ckpt)
+    saved = saved_checkpoint(last_ckpt)
+    assert 1 <= len(before[1].intermediate_values) < max_epochs and saved is not None
 
     rerun = run_cli(*args, cwd=tmp_path)
     assert rerun.returncode == 0, rerun.stderr
@@ -242,7 +193,9 @@ def test_sigterm_mid_trial_exits_143_keeps_completed_trials_and_the_rerun_resume
     complete = assert_grid_complete_once(db, spec)
     after = trials_of(db, "term")
     assert snapshot(after[:2]) == snapshot(before)  # the completed and the interrupted trial are untouched
-    _assert_resumed(complete[(("variant", "long"),)], 1, max_epochs)
+    retry = complete[(("variant", "long"),)]
+    assert retry.user_attrs["retry_of"] == 1
+    assert_resumed_from(retry, saved, max_epochs, tmp_path)
 
 
 FINALIZER_SCRIPT = """
@@ -299,12 +252,12 @@ def test_sigterm_with_two_workers_fails_the_running_trials_with_their_checkpoint
     args = ("--study", "workers.yaml", "--workers", "2", "--storage", url_of(db), "--results-dir", "results",
             "--no-progress")
     runs = tmp_path / "results" / "runs" / "workers"
-    ckpts = [runs / _run_dir(spec, label) / "checkpoints" / "last.ckpt" for label in ("long_a", "long_b")]
+    ckpts = [runs / run_dir_name(spec, label) / "checkpoints" / "last.ckpt" for label in ("long_a", "long_b")]
     expected = {0: TrialState.COMPLETE, 1: TrialState.COMPLETE, 2: TrialState.RUNNING, 3: TrialState.RUNNING}
 
     proc = start_cli(*args, cwd=tmp_path)
     try:
-        _freeze_when(lambda: _states(db, "workers") == expected and all(map(_checkpoint_saved, ckpts)), proc,
+        freeze_when(lambda: trial_states(db, "workers") == expected and all(map(saved_checkpoint, ckpts)), proc,
                      "both long trials saved a checkpoint")
         if to == "process group":
             os.killpg(proc.pid, signal.SIGTERM)
@@ -314,7 +267,7 @@ def test_sigterm_with_two_workers_fails_the_running_trials_with_their_checkpoint
             workers = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
             assert len(workers) == 2
             os.kill(int(workers[0]), signal.SIGTERM)
-        _thaw(proc)
+        thaw(proc)
         stopped = finish(proc, timeout=600)
     finally:
         stop_group(proc)
@@ -335,7 +288,7 @@ def test_sigterm_with_two_workers_fails_the_running_trials_with_their_checkpoint
         assert stopped.returncode == 143, stopped.stderr
         assert stopped.stderr.strip().splitlines()[-1] == SIGTERM_LINE
         assert [t.number for t in failed] == [2, 3] and len(trials) == 4
-        assert all(map(_checkpoint_saved, ckpts))
+        assert all(map(saved_checkpoint, ckpts))
         rerun = run_cli(*args, cwd=tmp_path)
         assert rerun.returncode == 0, rerun.stderr
         assert snapshot(trials_of(db, "workers")[:4]) == snapshot(trials)  # nothing finished was touched
@@ -361,7 +314,7 @@ def test_results_folder_full_or_read_only_mid_trial_fails_it_with_one_line_and_t
     spec = load_spec(str(tmp_path / "disk.yaml"))
     db = tmp_path / "o.db"  # not on the small disk: the storage must record what happened
     args = ("--study", "disk.yaml", "--storage", url_of(db), "--results-dir", "results", "--no-progress")
-    run_dir = Path("results") / "runs" / "disk" / _run_dir(spec, "long")
+    run_dir = Path("results") / "runs" / "disk" / run_dir_name(spec, "long")
     last_ckpt = small_disk.outside(tmp_path / run_dir / "checkpoints" / "last.ckpt")
     error = {"disk full": "[Errno 28] No space left on device", "read-only": "[Errno 30] Read-only file system"}[fault]
     if fault == "disk full":
@@ -371,15 +324,15 @@ def test_results_folder_full_or_read_only_mid_trial_fails_it_with_one_line_and_t
     proc = _start("ablations.run", *args, cwd=tmp_path, prefix=small_disk.prefix(tmp_path))
     try:
         while True:
-            _freeze_when(lambda: _states(db, "disk") == {0: TrialState.COMPLETE, 1: TrialState.RUNNING}
-                         and _checkpoint_saved(last_ckpt), proc, "trial 1 saved a checkpoint")
+            freeze_when(lambda: trial_states(db, "disk") == {0: TrialState.COMPLETE, 1: TrialState.RUNNING}
+                         and saved_checkpoint(last_ckpt), proc, "trial 1 saved a checkpoint")
             if fault == "disk full":
                 filler = small_disk.fill()
                 break
             if small_disk.remount("ro", busy_ok=True):
                 break
-            _thaw(proc)  # frozen in the middle of a write (the mount is busy): try again at the next moment
-        _thaw(proc)
+            thaw(proc)  # frozen in the middle of a write (the mount is busy): try again at the next moment
+        thaw(proc)
         failed = finish(proc, timeout=300)
     finally:
         stop_group(proc)
@@ -391,7 +344,7 @@ def test_results_folder_full_or_read_only_mid_trial_fails_it_with_one_line_and_t
     _assert_no_traceback(failed)
     before = trials_of(db, "disk")
     assert [t.state for t in before] == [TrialState.COMPLETE, TrialState.FAIL]
-    assert _checkpoint_saved(last_ckpt)  # the write that failed did not damage the last checkpoint
+    assert saved_checkpoint(last_ckpt)  # the write that failed did not damage the last checkpoint
 
     if fault == "disk full":
         filler.unlink()
