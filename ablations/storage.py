@@ -54,7 +54,7 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_s: int = HEARTBEAT_S, 
             # Another process created the same new storage at the same moment (both inserted its schema version):
             # its tables are complete now, and opening it again only reads them.
             storage = rdb_storage()
-        if target.startswith("sqlite"):
+        if sqlite_path(url) is not None:  # a file that several processes can share (not ":memory:")
             serialize_sqlite_transactions(storage.engine)
         return storage
     except sqlalchemy.exc.NoSuchModuleError as exc:

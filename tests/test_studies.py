@@ -266,6 +266,25 @@ def test_bad_input_exits_2_with_one_line(quick_calls, case):
     assert not list(quick_calls.root.rglob(f"{case}.db")) and not (quick_calls.root / "no_such_dir").exists()
 
 
+def test_sqlite_file_transactions_take_the_write_lock_at_begin_and_memory_storage_still_works(tmp_path):
+    """On a SQLite file every storage transaction starts with BEGIN IMMEDIATE: while one is open (here a read, as
+    optuna's "is this trial still WAITING?" is), no other connection can begin one, so two processes cannot both
+    claim the same trial. ``sqlite:///:memory:`` (one connection, nothing to share) is left as optuna makes it."""
+    import sqlite3
+
+    storage = open_storage(url_of(tmp_path / "lock.db"))
+    optuna.create_study(storage=storage, study_name="lock")
+    with storage.engine.connect() as conn, conn.begin():
+        conn.exec_driver_sql("SELECT count(*) FROM trials").fetchall()
+        other = sqlite3.connect(tmp_path / "lock.db", timeout=0, isolation_level=None)
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            other.execute("BEGIN IMMEDIATE")
+        other.close()
+    memory = optuna.create_study(storage=open_storage("sqlite:///:memory:"), study_name="m")
+    memory.optimize(lambda t: t.suggest_float("x", 0.0, 1.0), n_trials=2)
+    assert [t.state for t in memory.trials] == [TrialState.COMPLETE] * 2
+
+
 def test_unreachable_storage_fails_fast():
     """A refused connection is one line at once (no retry loop); the time is not asserted (a loaded machine), the
     bounded connect timeout that keeps an unanswering host from hanging the CLI is."""
