@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import functools
 import logging
 import os
 import re
@@ -35,6 +34,7 @@ from pathlib import Path
 from . import layout
 from .cli import OneLineParser
 from .dashboard import check_loggers
+from .stopping import check_stopping, interrupted, stop_on_signals, stop_signal
 from .storage import (
     DEFAULT_STORAGE,
     GRACE_S,
@@ -50,7 +50,6 @@ from .storage import (
 TRIAL_OVERHEAD_S = 3.0
 EFFECTIVE_GFLOPS = 25.0
 UNKNOWN_SIZES = (10000, 2000)  # (train, val) assumed for a dataset whose size is only known after loading
-EXIT_SIGINT, EXIT_SIGTERM = 130, 143  # 128 + the signal number, as a shell reports a process the signal ended
 #: Seconds the main process of ``--workers N`` gives its workers, after Ctrl-C or SIGTERM, to mark their trials
 #: failed (checkpoints kept) before it kills them; a killed worker's trial is retried once its heartbeat is stale.
 WORKER_STOP_S = 60
@@ -98,14 +97,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what the worker processes are started with
-    restore_signals = _stop_on_signals()
+    restore_signals = stop_on_signals()
     try:
         return _main(args)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (see _stop_on_signals)
-        return _interrupted()
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (see ablations.stopping)
+        return interrupted()
     except ResultsWriteError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -129,84 +128,6 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         restore_signals()
-
-
-_STOPPING: list[int] = []  # the signal that is stopping this process, once one came
-_REDELIVERED: list[bool] = []  # set while a swallowed stop signal is delivered again (_raise_swallowed_stop)
-
-
-def _stop_on_signals():
-    """Handle SIGTERM, the signal a scheduler stops a job with (SLURM at its time limit or on preemption, Kubernetes
-    when it evicts a pod, systemd, ``kill``), like Ctrl-C: the first SIGINT or SIGTERM raises KeyboardInterrupt, so
-    the running trial is marked FAIL with its checkpoints kept (the rerun resumes it) and the CLI exits 130 or 143.
-    Later ones are ignored, so that a signal repeated to the whole process group (the main process passes it on to
-    its workers too) cannot cut that clean-up short; SIGKILL still ends a process at once. During ``fit`` Lightning
-    installs its own SIGTERM handler (``_SignalConnector``: it notes the signal and passes it to spawned ranks) and
-    calls the one found here after it, so both run. A signal ignored by whoever started the CLI (``nohup``, a shell's
-    background job) stays ignored. Returns a function that puts the previous handlers back."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-    _STOPPING.clear()
-    _REDELIVERED.clear()
-    previous = {}
-    for signum, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
-        if signal.getsignal(signum) is default:
-            previous[signum] = signal.signal(signum, _on_stop_signal)
-    unraisable = sys.unraisablehook
-    sys.unraisablehook = functools.partial(_raise_swallowed_stop, unraisable)
-
-    def restore() -> None:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        sys.unraisablehook = unraisable
-
-    return restore
-
-
-class _Stop(KeyboardInterrupt):
-    """The KeyboardInterrupt raised by the CLI's SIGINT / SIGTERM handler."""
-
-
-def _on_stop_signal(signum, frame) -> None:
-    if _REDELIVERED:
-        _REDELIVERED.clear()
-    elif _STOPPING:
-        return  # already stopping: let the first signal's clean-up finish
-    else:
-        _STOPPING.append(signum)
-    raise _Stop(signal.Signals(_STOPPING[0]).name)
-
-
-def _raise_swallowed_stop(previous, unraisable) -> None:
-    """``sys.unraisablehook``: a signal that arrives while Python runs a finalizer (a ``__del__`` during garbage
-    collection, a weakref callback) raises its KeyboardInterrupt there, where Python can only print it ("Exception
-    ignored in ...") and carries on; the process would train on and ignore the signals that follow. Deliver the
-    signal again instead, so that it stops the process at the next instruction outside the finalizer."""
-    if isinstance(unraisable.exc_value, _Stop) and _STOPPING:
-        import _thread
-
-        # From another thread a moment later: raised from here (or at once), it would land in this hook again.
-        _REDELIVERED.append(True)
-        timer = threading.Timer(0.05, _thread.interrupt_main, args=(_STOPPING[0],))
-        timer.daemon = True
-        timer.start()
-        return
-    previous(unraisable)
-
-
-def _check_stopping() -> None:
-    """Raise KeyboardInterrupt if a stop signal came and was swallowed by code that catches everything: the study
-    stops before its next trial."""
-    if _STOPPING:
-        raise KeyboardInterrupt(signal.Signals(_STOPPING[0]).name)
-
-
-def _interrupted() -> int:
-    if _STOPPING and _STOPPING[0] == signal.SIGTERM:
-        print("interrupted (SIGTERM): completed trials are kept; rerun the same command to continue", file=sys.stderr)
-        return EXIT_SIGTERM
-    print("interrupted: completed trials are kept; rerun the same command to continue", file=sys.stderr)
-    return EXIT_SIGINT
 
 
 def write_error(exc: BaseException, results_dir: Path | None = None) -> OSError | None:
@@ -273,7 +194,7 @@ def _guarded(objective, log_root: Path):
             return objective(trial)
         except KeyboardInterrupt:
             try:
-                trial.set_user_attr(STOPPED, signal.Signals(_STOPPING[0] if _STOPPING else signal.SIGINT).name)
+                trial.set_user_attr(STOPPED, signal.Signals(stop_signal() or signal.SIGINT).name)
             except Exception:  # noqa: BLE001 - the storage may be what is failing; the trial FAILs all the same
                 pass
             raise
@@ -645,7 +566,7 @@ def _work(spec, storage, study_name: str, args, overrides: dict, progress_total:
     done_states = (TrialState.COMPLETE, TrialState.PRUNED)
     try:
         while True:
-            _check_stopping()
+            check_stopping()
             optuna.storages.fail_stale_trials(study)
             if spec.kind == "grid":
                 _retry_failed_points(study, spec, storage, only_stopped=True)  # e.g. a preempted worker's trial
@@ -700,7 +621,7 @@ def _spawn_workers(args, storage, study_name: str, total: int, grid: set[str] | 
         if not args.no_progress:
             bar = _progress(optuna.load_study(study_name=study_name, storage=storage), total, grid)
         while any(p.poll() is None for p in procs):
-            _check_stopping()
+            check_stopping()
             time.sleep(2)
             if bar is not None:
                 bar.n = _done(optuna.load_study(study_name=study_name, storage=storage), grid)

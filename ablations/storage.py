@@ -3,9 +3,12 @@ heartbeats so a trial whose worker died is detected and retried with the same pa
 
 from __future__ import annotations
 
+import functools
+import inspect
 from pathlib import Path
 
 from .layout import DEFAULT_STORAGE  # noqa: F401 (re-exported: sqlite:///results/optuna.db)
+from .stopping import held_during
 
 HEARTBEAT_S = 20
 GRACE_S = 60
@@ -15,7 +18,6 @@ MAX_RETRY = 3
 def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_s: int = HEARTBEAT_S, grace_s: int = GRACE_S):
     """An ``RDBStorage`` with heartbeat + retry of stale trials; ValueError (one line) when the URL is malformed,
     its driver is missing or the server cannot be reached. Never creates anything but the SQLite file itself."""
-    import optuna
     import sqlalchemy.exc
 
     try:
@@ -43,7 +45,7 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_s: int = HEARTBEAT_S, 
     except (sqlalchemy.exc.ArgumentError, ValueError) as exc:  # ValueError: e.g. a port that is not a number
         raise ValueError(f"storage URL '{_redact(url)}' is not valid: {_first_line(exc)}") from None
     def rdb_storage():
-        return optuna.storages.RDBStorage(
+        return _storage_class()(
             target, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat_s, grace_period=grace_s,
             **{callback_arg: Retry(max_retry=MAX_RETRY, inherit_intermediate_values=True)})
 
@@ -67,6 +69,27 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_s: int = HEARTBEAT_S, 
         raise ValueError(unusable_storage_message(url, exc)) from None
     except ImportError as exc:
         raise ValueError(f"storage '{_redact(url)}' needs a database driver that is not installed: {exc}") from None
+
+
+@functools.cache
+def _storage_class():
+    """``RDBStorage`` whose every call holds a Ctrl-C / SIGTERM until it returns (:func:`ablations.stopping.held_during`):
+    a KeyboardInterrupt raised in the middle of a transaction could leave it open, and the lock with it."""
+    import optuna
+
+    base = optuna.storages.RDBStorage
+    calls = {name: _holding_stop_signals(member) for name, member in vars(base).items()
+             if inspect.isfunction(member) and not name.startswith("__")}
+    return type("StudyStorage", (base,), {"__module__": __name__, **calls})
+
+
+def _holding_stop_signals(method):
+    @functools.wraps(method)
+    def call(*args, **kwargs):
+        with held_during():
+            return method(*args, **kwargs)
+
+    return call
 
 
 def serialize_sqlite_transactions(engine) -> None:

@@ -109,9 +109,19 @@ def run_cli_many(calls: dict[str, tuple], cwd: Path) -> dict[str, subprocess.Com
 
 
 def trials_of(storage: Path | str, study_name: str) -> list[optuna.trial.FrozenTrial]:
-    """The study's trials, read through ``open_storage`` as the CLI reads them (it picks the installed
-    PostgreSQL driver for a bare ``postgresql://`` URL)."""
-    return optuna.load_study(study_name=study_name, storage=open_storage(url_of(storage))).get_trials(deepcopy=False)
+    """The study's trials. A SQLite file is read through a read-only connection, as :func:`trial_states` reads it: a
+    CLI frozen by a test in the middle of a transaction holds the write lock, which every transaction of
+    ``open_storage`` takes (``BEGIN IMMEDIATE``) and a read-only reader does not need. Other URLs are read through
+    ``open_storage``, as the CLI reads them (it picks the installed PostgreSQL driver for a bare ``postgresql://``)."""
+    if isinstance(storage, Path):
+        reader = optuna.storages.RDBStorage(f"sqlite:///file:{storage.resolve()}?mode=ro&uri=true",
+                                            skip_table_creation=True, skip_compatibility_check=True)
+    else:
+        reader = open_storage(storage)
+    try:
+        return optuna.load_study(study_name=study_name, storage=reader).get_trials(deepcopy=False)
+    finally:
+        reader.engine.dispose()
 
 
 def trial_states(storage: Path | str, study_name: str) -> dict[int, TrialState]:

@@ -200,9 +200,9 @@ def test_sigterm_mid_trial_exits_143_keeps_completed_trials_and_the_rerun_resume
 
 FINALIZER_SCRIPT = """
 import os, signal, sys, time
-from ablations import run
+from ablations import stopping
 
-run._stop_on_signals()
+stopping.stop_on_signals()
 
 class Finalized:
     def __del__(self):  # the signal arrives while garbage is being collected
@@ -215,7 +215,7 @@ try:
     while time.monotonic() < deadline:
         pass
 except KeyboardInterrupt:
-    sys.exit(run._interrupted())
+    sys.exit(stopping.interrupted())
 print("the signal was lost")
 """
 
@@ -285,9 +285,9 @@ def test_sigterm_with_two_workers_fails_the_running_trials_with_their_checkpoint
         assert len(failed) == 1 and failed[0].number in (2, 3)
         assert f"retrying failed trial(s) {failed[0].number} (same parameters)" in stopped.stderr
     else:
-        assert stopped.returncode == 143, stopped.stderr
-        assert stopped.stderr.strip().splitlines()[-1] == SIGTERM_LINE
-        assert [t.number for t in failed] == [2, 3] and len(trials) == 4
+        assert stopped.returncode == 143, (stopped.stderr[-4000:], timeline)
+        assert stopped.stderr.strip().splitlines()[-1] == SIGTERM_LINE, (stopped.stderr[-4000:], timeline)
+        assert [t.number for t in failed] == [2, 3] and len(trials) == 4, (stopped.stderr[-4000:], timeline)
         assert all(map(saved_checkpoint, ckpts))
         rerun = run_cli(*args, cwd=tmp_path)
         assert rerun.returncode == 0, rerun.stderr

@@ -62,7 +62,7 @@ def test_server_stopped_mid_study_worker_exits_with_one_line_and_rerun_finishes(
     """The server goes away while trial 0 trains (the worker is frozen from its first checkpoint until the server
     is down): the worker stops by itself with one line and status 1. The server restarts on the same data folder;
     the rerun retries trial 0, which starts at the dead attempt's checkpoint, and finishes."""
-    max_epochs = LONG_TRIAL_EPOCHS  # the server stops right after epoch 1's checkpoint
+    max_epochs = LONG_TRIAL_EPOCHS  # the server stops right after a checkpoint, long before the last epoch
     write_study(tmp_path / "outage.yaml", base={"max_epochs": max_epochs})
     spec = load_spec(str(tmp_path / "outage.yaml"))
     url = postgres.create_database("outage")
@@ -72,13 +72,17 @@ def test_server_stopped_mid_study_worker_exits_with_one_line_and_rerun_finishes(
     proc = start_cli(*args, cwd=tmp_path)
     try:
         freeze_when(lambda: saved_checkpoint(last_ckpt), proc, "trial 0 wrote a checkpoint")
-        saved = saved_checkpoint(last_ckpt)
+        first = saved_checkpoint(last_ckpt)
         postgres.stop()
         thaw(proc)
         lost = finish(proc)  # the hang limit only: the worker must notice the outage by itself
     finally:
         stop_group(proc)
         postgres.start()
+    # The worker trains on until its next call to the server fails (the epoch's report): later epochs may have saved
+    # checkpoints by then. The retry must start at the last one the dead attempt wrote.
+    saved = saved_checkpoint(last_ckpt)
+    assert saved["global_step"] >= first["global_step"] and saved["epoch"] < max_epochs - 1, (first, saved)
     lines = lost.stderr.strip().splitlines()  # the start banner, then one error line
     assert lost.returncode == 1 and len(lines) == 2 and lines[0].startswith("study 'outage'"), lost.stderr
     assert lines[1].startswith(f"error: lost storage '{url}': ") and "rerun the same command" in lines[1]
