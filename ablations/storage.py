@@ -80,7 +80,19 @@ def _storage_class():
     base = optuna.storages.RDBStorage
     calls = {name: _holding_stop_signals(member) for name, member in vars(base).items()
              if inspect.isfunction(member) and not name.startswith("__")}
-    return type("StudyStorage", (base,), {"__module__": __name__, **calls})
+
+    def __setstate__(self, state) -> None:  # unpickled in a DDP rank: the same BEGIN IMMEDIATE as open_storage's
+        base.__setstate__(self, state)
+        if sqlite_path(self.url) is not None:
+            serialize_sqlite_transactions(self.engine)
+
+    return type("StudyStorage", (base,), {"__module__": __name__, **calls, "__setstate__": __setstate__})
+
+
+def __getattr__(name: str):
+    if name == "StudyStorage":  # made on first use (optuna imports slowly); found here when a storage is unpickled
+        return _storage_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _holding_stop_signals(method):

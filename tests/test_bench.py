@@ -98,12 +98,22 @@ def check_costs_read_the_step_times(bench_json: Path, report: dict) -> None:
     assert "timed another size" in other and "| standard | " in other and "—" in other
 
 
+def test_quick_mode_times_the_registry_defaults_only_and_the_full_mode_every_form():
+    """``--quick`` times the registry's variants at their defaults; the full bench every form (the tiny run above
+    checks that each section runs; at the quick sizes the variants section alone takes a minute)."""
+    quick = [(residual, options, backbone) for _, residual, options, backbone in bench.selected_configs(bench.QUICK)]
+    assert quick == [(name, {}, {}) for name in RESIDUALS] and bench.QUICK.mode == "quick"
+    assert [c[0] for c in bench.selected_configs(bench.FULL)] == [c[0] for c in all_configs()]
+
+
 @pytest.mark.slow
-def test_quick_run_writes_every_section(tmp_path):
-    md, report = run_bench(tmp_path, "--quick", timeout=2400)  # stops a hung run only (a loaded CI machine)
-    check_report(md, report, list(bench.DEFAULT_SECTIONS))
+def test_quick_run_at_its_own_sizes(tmp_path):
+    """One section end to end at the quick mode's real sizes (the tiny run covers every section's structure)."""
+    md, report = run_bench(tmp_path, "--quick", "--sections", "mfu", timeout=2400)  # a hang limit only
+    check_report(md, report, ["mfu"])
     assert report["meta"]["mode"] == "quick"
-    assert len(report["sections"]["variants"]["data"]["variants"]) == len(RESIDUALS)
+    assert report["meta"]["settings"]["batch"] == bench.QUICK.batch
+    assert 0 < report["sections"]["mfu"]["data"]["mfu"] < 1
 
 
 @pytest.mark.slow
