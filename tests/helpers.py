@@ -197,7 +197,9 @@ def freeze_when(condition, proc: subprocess.Popen, what: str, log: Path | None =
     """Wait until ``condition()``, then stop the CLI's whole process group (SIGSTOP) and check the condition again
     while it is frozen (resuming it and waiting on if it no longer holds): on return the workers are frozen at a
     moment where ``condition`` holds. The caller sends its signal (or stops a server), then :func:`thaw` or kills.
-    Keep ``condition`` cheap (a file, not a storage query): the workers run on while it is polled."""
+    Keep ``condition`` cheap (a file, a read-only storage read): the workers run on while it is polled. A storage
+    read belongs in ``condition`` rather than after the freeze: a worker frozen in the middle of a SQLite commit
+    holds the exclusive lock, and every read fails until it runs again."""
     while True:
         wait_for(condition, proc, what, log)
         os.killpg(proc.pid, signal.SIGSTOP)
@@ -286,7 +288,10 @@ def check_killed_trial_is_retried_and_resumes(tmp_path: Path, storage: Path | st
     with open(log, "w") as log_file:
         proc = start_cli(*args, cwd=tmp_path, log=log_file)
         try:
-            freeze_when(lambda: saved_checkpoint(last_ckpt), proc, "trial 1 wrote a checkpoint", log)
+            # The storage is read in the condition too: frozen in the middle of a commit, the worker holds SQLite's
+            # exclusive lock and a read fails; freeze_when then lets it run on and tries again.
+            freeze_when(lambda: saved_checkpoint(last_ckpt) and trial_states(storage, "crash").get(1) == TrialState.RUNNING,
+                        proc, "trial 1 wrote a checkpoint", log)
             saved = saved_checkpoint(last_ckpt)
             assert trial_states(storage, "crash").get(1) == TrialState.RUNNING
             os.killpg(proc.pid, signal.SIGKILL)  # the worker dies mid-trial: no exception handler runs

@@ -161,7 +161,8 @@ def test_independent_processes_survive_a_kill_9_of_one_of_them(tmp_path, storage
     others = []
     try:
         last_ckpt = tmp_path / "results" / "runs" / "shared" / run_name(spec, "standard", 0) / "checkpoints" / "last.ckpt"
-        freeze_when(lambda: saved_checkpoint(last_ckpt), victim, "the victim's trial wrote a checkpoint", logs[0])
+        freeze_when(lambda: saved_checkpoint(last_ckpt) and running_in(storage, "shared", victim), victim,
+                    "the victim's trial wrote a checkpoint", logs[0])  # the read too: see freeze_when
         saved = saved_checkpoint(last_ckpt)
         dead = running_in(storage, "shared", victim)
         assert dead.number == 0 and dead.params == {"variant": "standard", "seed": 0}
