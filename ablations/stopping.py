@@ -8,8 +8,8 @@ A signal that arrives while the main thread is inside a call to the study's stor
 leave a transaction open with nothing left to close it: a SQLite cursor interrupted while fetching rows keeps its
 statement, and SQLite then keeps the closed connection (and its write lock) alive for as long as the exception's
 traceback holds the cursor. The process's own "mark the trial failed" then waited for its own lock until SQLite's
-busy timeout (60 s), and so did every other worker on the file; seen about once in 70 SIGTERMs sent to a process
-making storage calls in a loop against a second one (tests/test_faults.py).
+busy timeout (60 s), and so did every other worker on the file; seen 3 times in 250 SIGTERMs sent to a process
+making storage calls in a loop against a second one (scripts/stress_stop_signals.py; tests/test_stopping.py).
 """
 
 from __future__ import annotations
