@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -109,8 +108,7 @@ def run_cli_many(calls: dict[str, tuple], cwd: Path) -> dict[str, subprocess.Com
 
 
 def trials_of(storage: Path | str, study_name: str) -> list[optuna.trial.FrozenTrial]:
-    """The study's trials. A SQLite file is read through a read-only connection, as :func:`trial_states` reads it: a
-    CLI frozen by a test in the middle of a transaction holds the write lock, which every transaction of
+    """The study's trials. A SQLite file is read through a read-only connection: a CLI frozen by a test in the middle of a transaction holds the write lock, which every transaction of
     ``open_storage`` takes (``BEGIN IMMEDIATE``) and a read-only reader does not need. Other URLs are read through
     ``open_storage``, as the CLI reads them (it picks the installed PostgreSQL driver for a bare ``postgresql://``)."""
     if isinstance(storage, Path):
@@ -125,25 +123,14 @@ def trials_of(storage: Path | str, study_name: str) -> list[optuna.trial.FrozenT
 
 
 def trial_states(storage: Path | str, study_name: str) -> dict[int, TrialState]:
-    """Trial states by number; {} while the CLI is still creating the storage or the study. A SQLite file is read
-    with a read-only connection: it never creates tables (which would race with the CLI creating them) and never
-    waits for the write lock that a frozen CLI may hold."""
-    if isinstance(storage, Path):
-        if not storage.is_file():
-            return {}
-        try:
-            con = sqlite3.connect(f"{storage.resolve().as_uri()}?mode=ro", uri=True, timeout=5)
-            try:
-                rows = con.execute("SELECT t.number, t.state FROM trials t JOIN studies s ON t.study_id = s.study_id "
-                                   "WHERE s.study_name = ?", (study_name,)).fetchall()
-            finally:
-                con.close()
-        except sqlite3.Error:  # no tables yet, or locked
-            return {}
-        return {number: TrialState[state] for number, state in rows}
+    """Trial states by number; {} while the CLI is still creating the storage or the study, or while a frozen CLI
+    holds SQLite's exclusive lock. Read as :func:`trials_of` reads (read-only for SQLite: it never creates tables,
+    which would race with the CLI creating them)."""
+    if isinstance(storage, Path) and not storage.is_file():
+        return {}
     try:
         return {t.number: t.state for t in trials_of(storage, study_name)}
-    except Exception:  # noqa: BLE001 - no tables / no study yet
+    except Exception:  # noqa: BLE001 - no tables / no study yet, or locked
         return {}
 
 
