@@ -1,25 +1,39 @@
 """Speed, FLOP utilisation and memory of the backbone, measured as ratios side by side in one process.
 
-    python -m ablations.bench                        # every section at full size (~19 min on 2 quiet cores)
-    python -m ablations.bench --quick                # every section at small sizes (< 3 min on 2 quiet cores)
+    python -m ablations.bench                        # every section at full size (~35 min on 2 quiet cores)
+    python -m ablations.bench --quick                # every section at small sizes (~5 min on 2 quiet cores)
     python -m ablations.bench --sections timm,mfu --threads 2 --out /tmp/bench
     python -m ablations.bench --compile              # also time model.compile() (cold compiles take minutes)
+    python -m ablations.bench --device cuda --sections variants,memory,modes \
+        --variants "standard,dca (default),dca k=2,dca grn_v3" --out results/device   # the GPU path
 
 Writes ``<out>/bench.md`` (each figure beside its goal with a pass/miss mark, plus the machine facts) and
 ``<out>/bench.json`` (the raw timings). Sections: 1 timm, 2 variants, 3 lightning, 4 mfu, 5 study, 6 memory,
-7 compile (only with ``--compile``).
+7 data, 8 modes, 9 compile (only with ``--compile``). Section 8 also writes ``<out>/modes-<device>.json``, the
+table ``ablations.modes`` chooses a training run's precision and attention kernel from: it looks for the user's own
+at ``results/device/modes-<device>.json`` (hence ``--out results/device`` above).
+
+Device (``--device cpu|cuda``): models and batches live there; on CUDA every timed function ends with
+``torch.cuda.synchronize()`` (added in ``interleave``) so a time covers the kernels, not their launch. The timed
+train steps run in the device's fast mode: fp32 with fused attention on the CPU (as always), bf16 autocast with
+fused attention on CUDA; each section's setup line says which. Section 8 times all four modes.
 
 Method: everything timed (a train step, a training loop, a matmul) is a zero-argument function. A section builds
 all of its functions first, calls each untimed (warm-up), then runs ``reps`` rounds; in a round every function in
 turn is timed over ``steps`` back-to-back calls (A/B/C/A/B/C..., the first one rotating from round to round).
 A time is the median over rounds; a ratio is the median over rounds of the ratio within a round (paired: both
-sides ran seconds apart under the same machine load). Timing sections run on the CPU in fp32. On a busy machine
+sides ran seconds apart under the same machine load). On a busy machine
 every figure is noise: the load average at the start and end of the run is part of the report. Never run two
 benchmarks (or a benchmark and tests) at once: with more busy threads than cores, timings are meaningless.
 
 Memory (section 6) on the CPU runs one forward per variant at depth 24 at batch 16 (--quick: 8). Before DCA's GRN
 became a fused Function, full DCA at batch 64 saved ~9 GiB for backward and the run was OOM-killed on a 24 GiB
 machine; batch 16 keeps the section short and far from that.
+
+Data (section 7) times one epoch of the training data path alone (``ablations.training.build_datamodule`` on an
+in-memory CIFAR-shaped synthetic set, recipes ``basic`` and ``paper``) against section 1's train step, both in
+images/s: an in-memory loader runs between steps, so its time adds to every step. Modes (section 8) times the train
+step in the four modes precision x attention kernel on a grid of widths and token counts (``ablations.modes``).
 """
 
 from __future__ import annotations
@@ -46,7 +60,7 @@ from typing import Any
 from . import layout
 from .cli import OneLineParser
 
-SECTIONS = ("timm", "variants", "lightning", "mfu", "study", "memory", "compile")
+SECTIONS = ("timm", "variants", "lightning", "mfu", "study", "memory", "data", "modes", "compile")
 DEFAULT_SECTIONS = SECTIONS[:-1]  # compile is opt-in
 STUDY = "residual_variants"
 LR, WEIGHT_DECAY = 1e-3, 0.05
@@ -54,9 +68,10 @@ LR, WEIGHT_DECAY = 1e-3, 0.05
 
 @dataclass(frozen=True)
 class Settings:
-    """Sizes of one benchmark mode. The model of sections 1, 2, 4, 6, 7 is ViT-Tiny width on 32x32 inputs."""
+    """Sizes of one benchmark mode. The model of sections 1, 2, 4, 6, 7, 9 is ViT-Tiny width on 32x32 inputs."""
 
     mode: str = "full"
+    device: str = "cpu"  # --device: "cpu" or "cuda"
     embed_dim: int = 192
     num_heads: int = 3
     img_size: int = 32
@@ -69,7 +84,8 @@ class Settings:
     steps: int = 3  # timed calls per function per round
     variants: tuple[str, ...] | None = None  # labels of costs.all_configs() for sections 2 and 6 (None: all)
     defaults_only: bool = False  # sections 2 and 6: only the registry's variants at their defaults (no extra forms)
-    mm_size: int = 2048  # section 4: side of the square fp32 matmul that measures the peak
+    mm_size: int = 2048  # section 4: side of the square fp32 matmul that measures the peak on the CPU
+    cuda_mm_size: int = 8192  # ... and of the bf16 matmul on CUDA
     loop_steps: int = 60  # section 3: optimizer steps per training loop
     loop_reps: int = 9  # the loops differ by a few percent: rounds are cheap, noise is not
     trial_overrides: dict = field(default_factory=dict)  # sections 3, 5: RunConfig fields over the study's
@@ -79,6 +95,20 @@ class Settings:
     memory_depth: int = 24
     memory_batch: int = 16  # batch 64 at depth 24 OOM-killed the 24 GiB machine (full DCA saves ~9 GiB)
     compile_variants: tuple[str, ...] = ("standard", "dca (default)")
+    data_samples: int = 2560  # section 7: synthetic CIFAR-shaped pool (train split: 80%)
+    modes_widths: tuple[int, ...] = (64, 128, 192, 384)  # section 8: the grid (heads = max(2, width // 64)) ...
+    modes_patches: tuple[int, ...] = (16, 8, 4)  # ... x patch sizes on img_size 32: 5, 17, 65 tokens
+    modes_depth: int = 4
+
+    @property
+    def precision(self) -> str:
+        """The timed train steps' precision: the device's fast mode (fp32 on the CPU, bf16 autocast on CUDA)."""
+        return "bf16-mixed" if self.device == "cuda" else "32-true"
+
+    def mode_text(self, attention: str = "fused attention") -> str:
+        if self.device == "cuda":
+            return f"CUDA, bf16 autocast (bf16-mixed), {attention}"
+        return f"fp32, {attention}"
 
     def vit(self, depth: int) -> dict:
         return dict(img_size=self.img_size, patch_size=self.patch_size, in_chans=3, num_classes=10,
@@ -91,17 +121,23 @@ class Settings:
 
 FULL = Settings()
 QUICK = replace(FULL, mode="quick", batch=32, variant_depth=6, warmup=1, reps=3, steps=2, loop_steps=24,
-                loop_reps=3, study_epochs=2, memory_batch=8, compile_variants=("standard",), defaults_only=True)
+                loop_reps=3, study_epochs=2, memory_batch=8, compile_variants=("standard",), defaults_only=True,
+                data_samples=1280, modes_widths=(64, 192), modes_patches=(8, 4))
 TINY = replace(FULL, mode="tiny", embed_dim=32, num_heads=2, patch_size=8, depth=2, variant_depth=2, batch=4,
                warmup=1, reps=2, steps=1, mm_size=256, loop_steps=3, loop_reps=2,
                trial_overrides={"embed_dim": 16, "num_heads": 2, "diagnostics_every": 0}, study_epochs=1,
                study_depths=1, run_estimate=False,
-               memory_depth=4, memory_batch=2, compile_variants=("standard",))
+               memory_depth=4, memory_batch=2, compile_variants=("standard",), data_samples=40,
+               modes_widths=(32,), modes_patches=(8,), modes_depth=1)
 
 
 # --- timing --------------------------------------------------------------------------------------------------------
-def interleave(fns: dict[str, Callable[[], Any]], *, reps: int, steps: int, warmup: int) -> dict[str, list[float]]:
-    """Seconds per call of each function in each round: all warmed up first, then timed in interleaved rounds."""
+def interleave(fns: dict[str, Callable[[], Any]], *, reps: int, steps: int, warmup: int,
+               device: str = "cpu") -> dict[str, list[float]]:
+    """Seconds per call of each function in each round: all warmed up first, then timed in interleaved rounds.
+    On ``device="cuda"`` every call ends with ``torch.cuda.synchronize()``: a time covers the kernels it queued."""
+    if device == "cuda":
+        fns = {name: synchronised(fn) for name, fn in fns.items()}
     for fn in fns.values():
         for _ in range(warmup):
             fn()
@@ -121,6 +157,17 @@ def interleave(fns: dict[str, Callable[[], Any]], *, reps: int, steps: int, warm
         if gc_was_enabled:
             gc.enable()
     return times
+
+
+def synchronised(fn: Callable[[], Any]) -> Callable[[], None]:
+    """``fn`` followed by ``torch.cuda.synchronize()``."""
+    import torch
+
+    def call() -> None:
+        fn()
+        torch.cuda.synchronize()
+
+    return call
 
 
 def median(values: list[float]) -> float:
@@ -144,8 +191,9 @@ def ratio_cell(ratios: list[float], percent: bool = False) -> str:
     return f"{median(ratios):.3f}x [{min(ratios):.2f}-{max(ratios):.2f}]"
 
 
-def train_step(model, batch) -> Callable[[], None]:
-    """One fp32 training step (forward, cross-entropy, backward, AdamW step) on a fixed batch."""
+def train_step(model, batch, precision: str = "32-true") -> Callable[[], None]:
+    """One training step (forward, cross-entropy, backward, AdamW step) on a fixed batch, on the batch's device:
+    fp32 (``32-true``), or forward and loss under bf16 autocast (``bf16-mixed``, as Lightning does)."""
     import torch
     import torch.nn.functional as F
     from timm.optim import param_groups_weight_decay
@@ -157,9 +205,14 @@ def train_step(model, batch) -> Callable[[], None]:
     optimizer = torch.optim.AdamW(groups, lr=LR)
     x, y = batch
     model.train()
+    if precision not in ("32-true", "bf16-mixed"):
+        raise ValueError(f"precision must be 32-true or bf16-mixed, got {precision!r}")
+    bf16 = precision == "bf16-mixed"
 
     def step() -> None:
-        F.cross_entropy(model(x), y).backward()
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
@@ -184,20 +237,42 @@ def set_fused_attn(model, enabled: bool):
 
 
 def random_batch(s: Settings, batch: int | None = None):
+    """A fixed (images, labels) batch on the device (drawn on the CPU: the same numbers on every device)."""
     import torch
 
     g = torch.Generator().manual_seed(0)
     n = batch or s.batch
-    return torch.randn(n, 3, s.img_size, s.img_size, generator=g), torch.randint(0, 10, (n,), generator=g)
+    x, y = torch.randn(n, 3, s.img_size, s.img_size, generator=g), torch.randint(0, 10, (n,), generator=g)
+    return x.to(s.device), y.to(s.device)
+
+
+def parse_variants(text: str, labels: list[str]) -> tuple[str, ...]:
+    """Comma-separated labels of ``costs.all_configs()`` (a label may itself hold a comma: the longest match of
+    consecutive items is taken); ``standard``, the reference of sections 2 and 6, is always included, first."""
+    items, chosen, i = text.split(","), ["standard"], 0
+    while i < len(items):
+        j = next((j for j in range(len(items), i, -1) if ",".join(items[i:j]).strip() in labels), None)
+        if j is None:
+            if items[i].strip():
+                raise argparse.ArgumentTypeError(f"unknown variant '{items[i].strip()}'; valid: {', '.join(labels)}")
+            i += 1
+            continue
+        label = ",".join(items[i:j]).strip()
+        if label not in chosen:
+            chosen.append(label)
+        i = j
+    return tuple(chosen)
 
 
 def selected_configs(s: Settings) -> list[tuple[str, str, dict, dict]]:
-    """(label, residual, options, backbone options) of sections 2 and 6."""
+    """(label, residual, options, backbone options) of sections 2 and 6: ``s.variants`` (plus standard) when given,
+    else all of ``costs.all_configs()`` or, with ``defaults_only``, the registry's variants at their defaults."""
     from ablations.costs import all_configs
     from lit_modules import RESIDUALS
 
-    configs = all_configs()[:len(RESIDUALS)] if s.defaults_only else all_configs()  # the registry's rows come first
-    return [c for c in configs if s.variants is None or c[0] in s.variants]
+    if s.variants is not None:
+        return [c for c in all_configs() if c[0] in s.variants or c[0] == "standard"]
+    return list(all_configs()[:len(RESIDUALS)] if s.defaults_only else all_configs())  # the registry's rows first
 
 
 def is_dca(residual: str, options: dict) -> bool:
@@ -292,10 +367,10 @@ def bench_timm(s: Settings) -> Section:
         "ours layerscale 1e-5": ours("layerscale", {"init_value": 1e-5}, size),
     }
     batch = random_batch(s)
-    times = interleave({k: train_step(m, batch) for k, m in models.items()}, reps=s.reps, steps=s.steps,
-                       warmup=s.warmup)
+    times = interleave({k: train_step(m.to(s.device), batch, s.precision) for k, m in models.items()},
+                       reps=s.reps, steps=s.steps, warmup=s.warmup, device=s.device)
     sec = Section("timm", "1. Train step: our backbone vs timm's VisionTransformer",
-                  f"{s.describe(s.depth)}; fp32, fused attention, AdamW; {s.reps} rounds x {s.steps} steps",
+                  f"{s.describe(s.depth)}; {s.mode_text()}, AdamW; {s.reps} rounds x {s.steps} steps",
                   ["model", "ms/step", "vs timm (same config) [round min-max]", "goal", "mark"])
     for name, reference in (("timm", None), ("ours standard", "timm"), ("timm init_values=1e-5", None),
                             ("ours layerscale 1e-5", "timm init_values=1e-5")):
@@ -321,10 +396,10 @@ def bench_variants(s: Settings) -> Section:
     models = {label: ours(res, opts, size, backbone=kw) for label, res, opts, kw in configs}
     costs = {label: measure(res, opts, **size, **kw) for label, res, opts, kw in configs}
     batch = random_batch(s)
-    times = interleave({k: train_step(m, batch) for k, m in models.items()}, reps=s.reps, steps=s.steps,
-                       warmup=s.warmup)
+    times = interleave({k: train_step(m.to(s.device), batch, s.precision) for k, m in models.items()},
+                       reps=s.reps, steps=s.steps, warmup=s.warmup, device=s.device)
     sec = Section("variants", "2. Each variant vs standard: train-step time, parameters, FLOPs",
-                  f"{s.describe(s.variant_depth)}; fp32, fused attention, AdamW; {s.reps} rounds x {s.steps} steps; "
+                  f"{s.describe(s.variant_depth)}; {s.mode_text()}, AdamW; {s.reps} rounds x {s.steps} steps; "
                   "FLOPs: forward, batch 1, explicit attention (ablations.costs)",
                   ["variant", "params", "+params", "+FLOPs", "ms/step", "time vs standard [round min-max]", "goal", "mark"])
     base = costs["standard"]
@@ -367,16 +442,20 @@ def bench_lightning(s: Settings) -> Section:
     loader = dm.train_dataloader()
     classifier = build_model(config, dm)
     classifier.hparams.steps_per_epoch = len(loader)  # the schedule no longer needs a Trainer: same in every loop
-    makers = {"plain PyTorch": lambda n: plain_loop(copy.deepcopy(classifier), loader, n),
-              "Lightning, ViTClassifier": lambda n: lightning_loop(copy.deepcopy(classifier), loader, n),
-              "Lightning, bare module": lambda n: lightning_loop(bare_module(copy.deepcopy(classifier)), loader, n)}
+    dev, precision = s.device, s.precision
+    makers = {"plain PyTorch": lambda n: plain_loop(copy.deepcopy(classifier), loader, n, dev, precision),
+              "Lightning, ViTClassifier": lambda n: lightning_loop(copy.deepcopy(classifier), loader, n, dev,
+                                                                   precision),
+              "Lightning, bare module": lambda n: lightning_loop(bare_module(copy.deepcopy(classifier)), loader, n,
+                                                                 dev, precision)}
     loops = {f"{name} x{n}": make(n) for name, make in makers.items() for n in (s.loop_steps, 0)}
-    times = interleave(loops, reps=s.loop_reps, steps=1, warmup=1)
+    times = interleave(loops, reps=s.loop_reps, steps=1, warmup=1, device=s.device)
     per_step = {name: [(a - b) / s.loop_steps for a, b in zip(times[f"{name} x{s.loop_steps}"], times[f"{name} x0"],
                                                               strict=True)] for name in makers}
     sec = Section("lightning", "3. Lightning training loop vs a plain PyTorch loop",
                   f"the {STUDY} trial model ({config.dataset}, embed {config.embed_dim}, depth {config.depth}, "
-                  f"{config.num_heads} heads, patch {config.patch_size}, batch {config.batch_size}); AdamW + "
+                  f"{config.num_heads} heads, patch {config.patch_size}, batch {config.batch_size}); "
+                  f"{s.mode_text('attention as in the trial config')}; AdamW + "
                   f"warmup-cosine LambdaLR from ViTClassifier.configure_optimizers, label smoothing "
                   f"{config.label_smoothing}; no logger, progress bar, checkpointing or validation; each loop run "
                   f"for {s.loop_steps} and for 0 optimizer steps, {s.loop_reps} rounds",
@@ -401,8 +480,13 @@ def bench_lightning(s: Settings) -> Section:
     return sec
 
 
-def plain_loop(classifier, loader, steps: int) -> Callable[[], None]:
+def plain_loop(classifier, loader, steps: int, device: str = "cpu",
+               precision: str = "32-true") -> Callable[[], None]:
+    import torch
     import torch.nn.functional as F
+
+    classifier.to(device)
+    bf16 = precision == "bf16-mixed"
 
     def fit() -> None:
         conf = classifier.configure_optimizers()
@@ -412,7 +496,9 @@ def plain_loop(classifier, loader, steps: int) -> Callable[[], None]:
         done = 0
         while done < steps:
             for x, y in loader:
-                loss = F.cross_entropy(model(x), y, label_smoothing=smoothing)
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)  # as Lightning does
+                with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
+                    loss = F.cross_entropy(model(x), y, label_smoothing=smoothing)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
@@ -424,11 +510,13 @@ def plain_loop(classifier, loader, steps: int) -> Callable[[], None]:
     return fit
 
 
-def lightning_loop(module, loader, steps: int) -> Callable[[], None]:
+def lightning_loop(module, loader, steps: int, device: str = "cpu",
+                   precision: str = "32-true") -> Callable[[], None]:
     import lightning.pytorch as pl
 
     def fit() -> None:
-        trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=steps, logger=False, enable_progress_bar=False,
+        trainer = pl.Trainer(accelerator="gpu" if device == "cuda" else "cpu", devices=1, precision=precision,
+                             max_steps=steps, logger=False, enable_progress_bar=False,
                              enable_checkpointing=False, enable_model_summary=False, limit_val_batches=0,
                              num_sanity_val_steps=0)
         trainer.fit(module, train_dataloaders=loader)
@@ -462,7 +550,8 @@ def bench_mfu(s: Settings) -> Section:
     import torch.nn.functional as F
     from torch.utils.flop_counter import FlopCounterMode
 
-    model = ours("standard", {}, s.vit(s.depth))
+    cuda = s.device == "cuda"
+    model = ours("standard", {}, s.vit(s.depth)).to(s.device)
     batch = random_batch(s)
     set_fused_attn(model, False)  # the counter has no formula for the CPU SDPA kernel: count explicit attention
     counter = FlopCounterMode(display=False)
@@ -471,27 +560,35 @@ def bench_mfu(s: Settings) -> Section:
     step_flops = counter.get_total_flops()
     model.zero_grad(set_to_none=True)
     set_fused_attn(model, True)
-    g = torch.Generator().manual_seed(0)
-    a, b = (torch.randn(s.mm_size, s.mm_size, generator=g) for _ in range(2))
-    times = interleave({"train step": train_step(model, batch), "matmul": lambda: torch.mm(a, b)},
-                       reps=s.reps, steps=s.steps, warmup=s.warmup)
+    size, dtype = (s.cuda_mm_size, torch.bfloat16) if cuda else (s.mm_size, torch.float32)
+    g = torch.Generator(device=s.device).manual_seed(0)
+    a, b = (torch.randn(size, size, generator=g, device=s.device, dtype=dtype) for _ in range(2))
+    times = interleave({"train step": train_step(model, batch, s.precision), "matmul": lambda: torch.mm(a, b)},
+                       reps=s.reps, steps=s.steps, warmup=s.warmup, device=s.device)
     step_rate = step_flops / median(times["train step"])
-    peak = 2 * s.mm_size**3 / median(times["matmul"])
-    mfu = median([step_flops / ts / (2 * s.mm_size**3 / tm) for ts, tm in zip(times["train step"], times["matmul"],
-                                                                              strict=True)])
+    peak = 2 * size**3 / median(times["matmul"])
+    mfu = median([step_flops / ts / (2 * size**3 / tm) for ts, tm in zip(times["train step"], times["matmul"],
+                                                                         strict=True)])
+    kind = "bf16" if cuda else "fp32"
     sec = Section("mfu", "4. Model FLOPs utilisation of the train step",
-                  f"ours standard, {s.describe(s.depth)}; fp32, fused attention (FLOPs counted with explicit "
-                  f"attention, forward + backward); peak = fp32 torch.mm {s.mm_size}x{s.mm_size}, same threads; "
-                  f"{s.reps} rounds x {s.steps} calls, interleaved",
+                  f"ours standard, {s.describe(s.depth)}; {s.mode_text()} (FLOPs counted with explicit "
+                  f"attention, forward + backward); peak = {kind} torch.mm {size}x{size}"
+                  + (" on the GPU" if cuda else ", same threads")
+                  + f"; {s.reps} rounds x {s.steps} calls, interleaved",
                   ["quantity", "value", "goal", "mark"])
+    mfu_cells = (["report only", "—"] if cuda else
+                 sec.goal("MFU", mfu, 0.55, "≥ 55%", f"{100 * mfu:.1f}%", at_most=False))
     sec.rows += [["train-step FLOPs (fwd + bwd)", f"{step_flops / 1e9:.2f} GFLOP", "", ""],
                  ["train-step time", f"{ms(median(times['train step']))} ms", "", ""],
                  ["train-step FLOP rate", f"{step_rate / 1e9:.0f} GFLOP/s", "", ""],
-                 [f"fp32 matmul peak ({s.mm_size}²)", f"{peak / 1e9:.0f} GFLOP/s", "", ""],
-                 ["MFU", f"{100 * mfu:.1f}%", *sec.goal("MFU", mfu, 0.55, "≥ 55%", f"{100 * mfu:.1f}%",
-                                                          at_most=False)]]
+                 [f"{kind} matmul peak ({size}²)", f"{peak / 1e9:.0f} GFLOP/s", "", ""],
+                 ["MFU", f"{100 * mfu:.1f}%", *mfu_cells]]
     sec.notes.append("The optimizer step (elementwise) adds no counted FLOPs but costs time, as it would in "
                      "any MFU figure. MFU is the median over rounds of the in-round ratio.")
+    if cuda:
+        sec.notes.append("On a GPU the CPU's 55% goal does not apply: a ViT-Tiny step at batch 64 is a few GFLOP "
+                         "spread over hundreds of small kernels, bound by their launches and by memory traffic, "
+                         "not by the tensor cores; the figure is reported, not judged.")
     sec.data = {"train_step_flops": step_flops, "step_flops_per_s": step_rate, "peak_flops_per_s": peak,
                 "mfu": mfu, "times_s": times}
     return sec
@@ -514,7 +611,8 @@ def bench_study(s: Settings) -> Section:
     variant = grid[0]["variant"]
     measured = {}
     with tempfile.TemporaryDirectory() as tmp, preserved_torch_state():
-        overrides = dict(s.trial_overrides) | {"max_epochs": epochs, "threads": _threads()}
+        overrides = dict(s.trial_overrides) | {"max_epochs": epochs, "threads": _threads(),
+                                               "accelerator": "gpu" if s.device == "cuda" else "cpu"}
         objective = Objective(spec, log_root=Path(tmp), overrides=overrides)
         for depth in depths[: s.study_depths]:
             study = optuna.create_study(direction=spec.direction)
@@ -539,7 +637,8 @@ def bench_study(s: Settings) -> Section:
                   f"{spec.axes.get('seed')}); one '{variant}' trial (seed 0) per depth timed end to end through "
                   f"ablations.objective.Objective ({epochs} epochs"
                   + (f", scaled linearly to the study's {spec.base['max_epochs']}" if scale != 1 else "")
-                  + f"); one worker, {_threads()} threads",
+                  + f"); one worker, {_threads()} threads, on the {s.device.upper()}, precision as the study "
+                  f"configures it ({spec.run_config(grid[0]).precision})",
                   ["quantity", "value", "ablations.run --dry-run estimate", "goal", "mark"])
     for depth in depths:
         est = [estimate[i] for i, p in enumerate(grid) if p["depth"] == depth and p["variant"] == variant
@@ -584,12 +683,10 @@ def _threads() -> int:
 
 # --- 6. memory -----------------------------------------------------------------------------------------------------
 def bench_memory(s: Settings) -> Section:
-    import torch
-
-    cuda = torch.cuda.is_available()
+    cuda = s.device == "cuda"
     batch = random_batch(s, s.memory_batch)
     sec = Section("memory", f"6. Peak training memory per variant at depth {s.memory_depth}",
-                  f"{s.describe(s.memory_depth, s.memory_batch)}; fp32, fused attention, AdamW; "
+                  f"{s.describe(s.memory_depth, s.memory_batch)}; {s.mode_text()}, AdamW; "
                   + ("torch.cuda.max_memory_allocated over one training step (after one warm-up step)" if cuda else
                      "CPU: bytes of the unique storages autograd saves for backward during the forward "
                      "(torch.autograd.graph.saved_tensors_hooks; parameters excluded) + parameters, gradients and "
@@ -603,7 +700,8 @@ def bench_memory(s: Settings) -> Section:
         state = 4 * sum(p.numel() * p.element_size() for p in model.parameters())
         activations = None if cuda else saved_activation_bytes(model, batch)
         rows[label] = {"params": sum(p.numel() for p in model.parameters()), "saved_activation_bytes": activations,
-                       "state_bytes": state, "total_bytes": cuda_peak_bytes(model, batch) if cuda else activations + state}
+                       "state_bytes": state,
+                       "total_bytes": cuda_peak_bytes(model, batch, s.precision) if cuda else activations + state}
         del model
     full_dca = next((label for label, res, opts, _ in configs if res == "dca" and not opts), None)
     for label, res, opts, _ in configs:
@@ -644,11 +742,11 @@ def saved_activation_bytes(model, batch) -> int:
     return sum(saved.values())
 
 
-def cuda_peak_bytes(model, batch) -> int:
+def cuda_peak_bytes(model, batch, precision: str = "32-true") -> int:
     import torch
 
     model = model.cuda()
-    step = train_step(model, tuple(t.cuda() for t in batch))
+    step = train_step(model, tuple(t.cuda() for t in batch), precision)
     step()  # optimizer state exists from here on
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
@@ -660,7 +758,140 @@ def cuda_peak_bytes(model, batch) -> int:
     return peak
 
 
-# --- 7. model.compile() --------------------------------------------------------------------------------------------
+# --- 7. the data path ---------------------------------------------------------------------------------------------
+DATA_RECIPES = {"basic": "the dataset's own crop/flip", "paper": "+ RandAugment 9/5, ColorJitter, random erasing, "
+                "Mixup/CutMix"}
+
+
+def data_configs(s: Settings) -> dict:
+    """The RunConfig of each recipe whose training data path section 7 times: a CIFAR-shaped synthetic set (32x32,
+    3 channels, uint8, 10 classes) held in memory, at the bench's batch, on the bench's device."""
+    from ablations.config import RunConfig
+
+    base = {"dataset": "synthetic", "batch_size": s.batch, "augment": True, "seed": 0,
+            "dataset_options": {"img_size": s.img_size, "num_samples": s.data_samples, "num_classes": 10},
+            "accelerator": "gpu" if s.device == "cuda" else "cpu"}
+    return {recipe: RunConfig(**base, recipe=recipe) for recipe in DATA_RECIPES}
+
+
+def epoch_fn(loader, images: dict, name: str) -> Callable[[], None]:
+    """One pass over ``loader``; records the images it yielded. A batch is (images, labels) or, with Mixup/CutMix,
+    (images, labels, soft targets)."""
+    def epoch() -> None:
+        n = 0
+        for batch in loader:
+            n += len(batch[0])
+        images[name] = n
+
+    return epoch
+
+
+def bench_data(s: Settings) -> Section:
+    from ablations.training import build_datamodule
+
+    configs = data_configs(s)
+    datamodules = {recipe: build_datamodule(config) for recipe, config in configs.items()}
+    loaders = {recipe: dm.train_dataloader() for recipe, dm in datamodules.items()}
+    images: dict[str, int] = {}
+    fns = {recipe: epoch_fn(loader, images, recipe) for recipe, loader in loaders.items()}
+    step = "model train step"
+    fns[step] = train_step(ours("standard", {}, s.vit(s.depth)).to(s.device), random_batch(s), s.precision)
+    times = interleave(fns, reps=s.reps, steps=s.steps, warmup=s.warmup, device=s.device)
+    per_call = images | {step: s.batch}
+    rate = {name: [per_call[name] / t for t in ts] for name, ts in times.items()}
+    sec = Section("data", "7. Training data path vs the model's train step, images/s",
+                  f"ablations.training.build_datamodule + train_dataloader(), one epoch per call: synthetic "
+                  f"CIFAR-shaped data held in memory (uint8, 3x{s.img_size}x{s.img_size}, 10 classes, "
+                  f"{s.data_samples} images of which {images[next(iter(loaders))]} in the train split), batch "
+                  f"{s.batch}, on the {s.device.upper()}; the model: section 1's ours standard, "
+                  f"{s.describe(s.depth)}, {s.mode_text()}, AdamW; {s.reps} rounds x {s.steps} calls, interleaved",
+                  ["path", "images/s", "data path / model step [round min-max]", "goal", "mark"])
+    for recipe, what in DATA_RECIPES.items():
+        ratios = round_ratios(rate, recipe, step)
+        ratio = median(ratios)
+        sec.rows.append([f"data: recipe={recipe} ({what})", f"{median(rate[recipe]):,.0f}", ratio_cell(ratios),
+                         *sec.goal(f"data path recipe={recipe} / model step", ratio, 10.0,
+                                   "≥ 10x (≤ 10% of a step)", f"{ratio:.1f}x", at_most=False, rounds=ratios)])
+    sec.rows.append([f"{step} ({s.precision})", f"{median(rate[step]):,.0f}", "reference", "", ""])
+    dm = datamodules["basic"]
+    own = getattr(dm, "max_shift", None), getattr(dm, "hflip", None)
+    sec.notes += ["In-memory loaders run in the training process, between steps, not beside them: the data path "
+                  "adds its time to every step, so at 10x the model's images/s it costs 10% of the training. "
+                  "The ratio is paired per round (images/s of the data path over images/s of the step).",
+                  f"The dataset's own augmentation here: random shift {own[0]} px, horizontal flip {own[1]}"
+                  + (" (the synthetic set has none: 'basic' is scaling and normalising only; CIFAR-10's is a 4 px "
+                     "shift and a flip, cheap batched tensor ops)" if not any(own) else "") + "."]
+    sec.data = {"recipes": {r: c.recipe_values() for r, c in configs.items()},
+                "images_per_epoch": images, "images_per_s": rate, "times_s": times}
+    return sec
+
+
+# --- 8. the fastest mode per width and token count -----------------------------------------------------------------
+MODES = (("32-true", True), ("32-true", False), ("bf16-mixed", True), ("bf16-mixed", False))  # the first: reference
+
+
+def modes_grid(s: Settings) -> list[dict]:
+    """The (width, heads, patch, tokens) cells of section 8."""
+    return [{"embed_dim": w, "num_heads": max(2, w // 64), "patch_size": p, "tokens": (s.img_size // p) ** 2 + 1}
+            for w in s.modes_widths for p in s.modes_patches]
+
+
+def bench_modes(s: Settings) -> Section:
+    from ablations.modes import mode_key
+
+    keys = [mode_key(p, f) for p, f in MODES]
+    ref = keys[0]
+    batch = random_batch(s)
+    sec = Section("modes", "8. Fastest train-step mode per width and token count",
+                  f"ours standard, depth {s.modes_depth}, mlp 4, {s.img_size}x{s.img_size}, 10 classes, batch "
+                  f"{s.batch}, heads = max(2, width / 64), on the {s.device.upper()}; each cell times one train "
+                  f"step (forward, cross-entropy, backward, AdamW) in the four modes precision/attention, "
+                  f"{s.reps} rounds x {s.steps} steps interleaved within the cell; bf16-mixed = bf16 autocast of "
+                  "forward and loss", ["width", "heads", "tokens", f"{ref} ms/step",
+                                       *(f"{k} vs {ref} [round min-max]" for k in keys[1:]), "fastest"])
+    cells = []
+    for cell in modes_grid(s):
+        size = dict(img_size=s.img_size, patch_size=cell["patch_size"], in_chans=3, num_classes=10,
+                    embed_dim=cell["embed_dim"], depth=s.modes_depth, num_heads=cell["num_heads"], mlp_ratio=4.0)
+        fns = {mode_key(p, f): train_step(ours("standard", {}, size, fused=f).to(s.device), batch, p)
+               for p, f in MODES}
+        times = interleave(fns, reps=s.reps, steps=s.steps, warmup=s.warmup, device=s.device)
+        medians = {k: median(times[k]) for k in keys}
+        ratios = {k: round_ratios(times, k, ref) for k in keys[1:]}
+        # each mode's time as the bench trusts it: the reference's median x the mode's paired ratio (a machine
+        # whose load changes from round to round moves a raw median much more than an in-round ratio)
+        paired = {ref: medians[ref]} | {k: medians[ref] * median(r) for k, r in ratios.items()}
+        best = min(keys, key=paired.__getitem__)  # as ablations.modes.fastest reads it: the smallest times_s
+        precision, fused = dict(zip(keys, MODES, strict=True))[best]
+        cells.append({**cell, "times_s": paired, "median_s": medians,
+                      "ratios": {k: median(r) for k, r in ratios.items()},
+                      "best": {"precision": precision, "fused_attn": fused}, "rounds_s": times})
+        sec.rows.append([str(cell["embed_dim"]), str(cell["num_heads"]), str(cell["tokens"]), ms(medians[ref]),
+                         *(ratio_cell(ratios[k]) for k in keys[1:]), best])
+        del fns
+    sec.notes += ["A ratio below 1 is faster than fp32 with fused attention (the bench's and timm's default). "
+                  "'fastest' has the smallest paired ratio, i.e. the smallest 'times_s' in the table this section "
+                  "writes, <out>/modes-<device>.json, where each mode's time is the reference's median times the "
+                  "mode's paired ratio ('median_s': the raw medians); ablations.modes.choose_mode reads the same "
+                  "choice from it.",
+                  f"Tokens = (img / patch)² patches + the class token (patch "
+                  f"{', '.join(map(str, s.modes_patches))} on {s.img_size}x{s.img_size}: "
+                  f"{', '.join(str((s.img_size // p) ** 2 + 1) for p in s.modes_patches)})."]
+    sec.data = {"device": s.device, "depth": s.modes_depth, "batch": s.batch, "img_size": s.img_size,
+                "cells": cells}
+    return sec
+
+
+def modes_table(meta: dict, sec: Section) -> dict:
+    """The machine-readable table of section 8 (``ablations.modes.load_table`` reads it)."""
+    d = sec.data
+    return {"device": d["device"], "machine": meta["machine"], "started": meta["started"], "mode": meta["mode"],
+            "settings": {"depth": d["depth"], "batch": d["batch"], "img_size": d["img_size"], "mlp_ratio": 4.0,
+                         "reps": meta["settings"]["reps"], "steps": meta["settings"]["steps"]},
+            "cells": [{k: v for k, v in c.items() if k != "rounds_s"} for c in d["cells"]]}
+
+
+# --- 9. model.compile() --------------------------------------------------------------------------------------------
 def bench_compile(s: Settings) -> Section:
     from ablations.costs import default_configs
 
@@ -669,17 +900,18 @@ def bench_compile(s: Settings) -> Section:
     fns, compile_s = {}, {}
     for label in s.compile_variants:
         _, res, opts = next(c for c in default_configs() if c[0] == label)
-        eager = ours(res, opts, size)
+        eager = ours(res, opts, size).to(s.device)
         compiled = copy.deepcopy(eager)
         compiled.compile()  # in place (nn.Module.compile): parameter names unchanged
-        fns[f"{label} eager"] = train_step(eager, batch)
-        fns[f"{label} compiled"] = train_step(compiled, batch)
+        fns[f"{label} eager"] = train_step(eager, batch, s.precision)
+        fns[f"{label} compiled"] = train_step(compiled, batch, s.precision)
+        first = synchronised(fns[f"{label} compiled"]) if s.device == "cuda" else fns[f"{label} compiled"]
         t0 = time.perf_counter()
-        fns[f"{label} compiled"]()  # first call: dynamo + inductor compile forward and backward
+        first()  # first call: dynamo + inductor compile forward and backward
         compile_s[label] = time.perf_counter() - t0
-    times = interleave(fns, reps=s.reps, steps=s.steps, warmup=s.warmup)
-    sec = Section("compile", "7. model.compile() (opt-in)",
-                  f"{s.describe(s.depth)}; fp32, fused attention, AdamW (not compiled); {s.reps} rounds x {s.steps} "
+    times = interleave(fns, reps=s.reps, steps=s.steps, warmup=s.warmup, device=s.device)
+    sec = Section("compile", "9. model.compile() (opt-in)",
+                  f"{s.describe(s.depth)}; {s.mode_text()}, AdamW (not compiled); {s.reps} rounds x {s.steps} "
                   "steps; compile time = first compiled step minus a compiled step",
                   ["variant", "eager ms/step", "compiled ms/step", "compiled vs eager", "compile time", "goal", "mark"])
     for label in s.compile_variants:
@@ -693,7 +925,8 @@ def bench_compile(s: Settings) -> Section:
 
 
 BENCHES = {"timm": bench_timm, "variants": bench_variants, "lightning": bench_lightning, "mfu": bench_mfu,
-           "study": bench_study, "memory": bench_memory, "compile": bench_compile}
+           "study": bench_study, "memory": bench_memory, "data": bench_data, "modes": bench_modes,
+           "compile": bench_compile}
 
 
 # --- report --------------------------------------------------------------------------------------------------------
@@ -721,6 +954,7 @@ def render(meta: dict, sections: list[Section]) -> str:
     busy = m["loadavg_start"][0] > 0.5 * cores or m["loadavg_end"][0] > m["threads"] + 0.5 * cores
     out = ["# Benchmark: ViT backbone and its residual variants", "",
            f"Mode **{meta['mode']}**" + (" (small sizes: not the reference figures)" if meta["mode"] != "full" else "")
+           + f" on the **{meta.get('device', 'cpu').upper()}**"
            + f"; sections {', '.join(s.name for s in sections)}; {meta['started']}; wall {meta['wall_s']:.0f} s. "
            "Generated by `python -m ablations.bench`; method in its docstring (interleaved rounds, medians, "
            "paired ratios, warm-up excluded). A ratio's brackets hold the smallest and largest per-round ratio; "
@@ -731,7 +965,8 @@ def render(meta: dict, sections: list[Section]) -> str:
                ["CPU", f"{m['cpu']} ({m['logical_cores']} logical cores; {', '.join(m['cpu_flags']) or 'no flags read'})"],
                ["threads", f"{m['threads']} (torch.set_num_threads)"],
                ["torch / timm / lightning / Python", f"{m['torch']} / {m['timm']} / {m['lightning']} / {m['python']}"],
-               ["CUDA", f"{m['cuda']} (section 6 only; timings are on the CPU)" if m["cuda"] else "none"],
+               ["CUDA", (f"{m['cuda']} (the timed device)" if meta.get("device") == "cuda" else
+                         f"{m['cuda']} (not used: --device cpu)") if m["cuda"] else "none"],
                ["load average (1 min) at start / end", f"{m['loadavg_start'][0]:.2f} / {m['loadavg_end'][0]:.2f}"
                 + (" — **busy machine: timings are noise**" if busy else "")]]), "",
            "## Goals", "",
@@ -761,6 +996,10 @@ def write_results(out: Path, meta: dict, sections: list, start: float) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.md").write_text(render(meta, sections))
     (out / "bench.json").write_text(json.dumps(to_json(meta, sections), indent=1, default=str) + "\n")
+    for sec in sections:
+        if sec.name == "modes" and not sec.error:
+            table_json = json.dumps(modes_table(meta, sec), indent=1, default=str)
+            (out / f"modes-{meta['device']}.json").write_text(table_json + "\n")
 
 
 # --- CLI -----------------------------------------------------------------------------------------------------------
@@ -769,7 +1008,8 @@ def parse_sections(text: str) -> list[str]:
     for item in (t.strip() for t in text.split(",") if t.strip()):
         name = SECTIONS[int(item) - 1] if item.isdigit() and 1 <= int(item) <= len(SECTIONS) else item
         if name not in SECTIONS:
-            raise argparse.ArgumentTypeError(f"unknown section '{item}'; valid: {', '.join(SECTIONS)} (or 1-7)")
+            raise argparse.ArgumentTypeError(f"unknown section '{item}'; valid: {', '.join(SECTIONS)} "
+                                             f"(or 1-{len(SECTIONS)})")
         chosen.append(name)
     return chosen
 
@@ -783,8 +1023,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"folder for bench.md and bench.json (default: {layout.RESULTS_DIR})")
     p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's own, the physical cores)")
     p.add_argument("--sections", type=parse_sections, help=f"comma-separated subset of {', '.join(SECTIONS)} "
-                   "(or numbers 1-7); default: all but compile")
-    p.add_argument("--compile", action="store_true", help="also measure model.compile() (section 7)")
+                   f"(or numbers 1-{len(SECTIONS)}); default: all but compile")
+    p.add_argument("--compile", action="store_true", help="also measure model.compile() (section 9)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where models and batches live and steps are timed (default: cpu); cuda times the train "
+                        "steps in bf16 autocast with fused attention and synchronises after every timed call")
+    p.add_argument("--variants", metavar="LABEL,...",
+                   help="sections 2 and 6: only these labels of ablations.costs.all_configs() (standard, their "
+                        "reference, is always included); default: all")
     return p
 
 
@@ -792,13 +1038,24 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.threads is not None and args.threads < 1:
         build_parser().error(f"--threads must be >= 1, got {args.threads}")
-    settings = TINY if args.tiny else QUICK if args.quick else FULL
+    settings = replace(TINY if args.tiny else QUICK if args.quick else FULL, device=args.device)
     names = args.sections or list(DEFAULT_SECTIONS)
     if args.compile and "compile" not in names:
         names.append("compile")
 
     import lightning.pytorch  # noqa: F401  (imported first: it resets its loggers' level on import)
     import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        build_parser().error("--device cuda: torch.cuda.is_available() is False (no CUDA device, or a CPU-only "
+                             "torch build)")
+    if args.variants is not None:
+        from ablations.costs import all_configs
+
+        try:
+            settings = replace(settings, variants=parse_variants(args.variants, [c[0] for c in all_configs()]))
+        except argparse.ArgumentTypeError as exc:
+            build_parser().error(f"--variants: {exc}")
 
     for name in ("lightning.pytorch", "lightning.fabric"):  # "GPU available: ...", tips, "max_steps reached"
         logging.getLogger(name).setLevel(logging.WARNING)
@@ -807,11 +1064,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
-    meta = {"mode": settings.mode, "settings": asdict(settings), "machine": machine_facts(threads),
+    meta = {"mode": settings.mode, "device": settings.device, "settings": asdict(settings),
+            "machine": machine_facts(threads),
             "started": time.strftime("%Y-%m-%d %H:%M:%S"), "sections": names}
     start = time.perf_counter()
     load = meta["machine"]["loadavg_start"][0]
-    print(f"bench ({settings.mode}): {', '.join(names)} on {threads} threads; load average {load:.2f}"
+    print(f"bench ({settings.mode}, {settings.device}): {', '.join(names)} on {threads} threads; "
+          f"load average {load:.2f}"
           + (" — the machine is busy: timings will be noise (and with more threads than free cores, very slow)"
              if load > 0.5 * (os.cpu_count() or 1) else ""), file=sys.stderr)
     sections = []
@@ -831,8 +1090,11 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     passed = sum(g["passed"] for s in sections for g in s.goals)
     total = sum(len(s.goals) for s in sections)
-    print(f"\n{passed}/{total} goals met; wrote {out / 'bench.md'} and {out / 'bench.json'} "
-          f"({meta['wall_s']:.0f} s)", file=sys.stderr)
+    written = [out / "bench.md", out / "bench.json"]
+    if any(s.name == "modes" and not s.error for s in sections):
+        written.append(out / f"modes-{settings.device}.json")
+    print(f"\n{passed}/{total} goals met; wrote {', '.join(map(str, written))} ({meta['wall_s']:.0f} s)",
+          file=sys.stderr)
     return 1 if any(s.error for s in sections) else 0
 
 

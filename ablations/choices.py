@@ -9,7 +9,7 @@ from __future__ import annotations
 from lit_modules.names import ATTENTION_NAMES, NORM_LAYER_NAMES, RESIDUAL_NAMES, VALUE_RESIDUAL_NAMES
 
 __all__ = ["RESIDUAL_NAMES", "ATTENTION_NAMES", "NORM_LAYER_NAMES", "VALUE_RESIDUAL_NAMES", "DATASET_NAMES",
-           "INIT_VALUE_OPTIONS", "PRECISIONS", "GLOBAL_POOLS", "ACCELERATORS"]
+           "INIT_VALUE_OPTIONS", "PRECISIONS", "OPTIMIZERS", "PADDING_MODES", "GLOBAL_POOLS", "ACCELERATORS"]
 
 DATASET_NAMES: tuple[str, ...] = (
     "digits", "mnist5k", "mnist", "cifar10", "cifar100", "imagefolder", "synthetic",
@@ -23,8 +23,14 @@ INIT_VALUE_OPTIONS: dict[str, str] = {
     "highway": "gate_bias",
 }
 
-#: Lightning precision strings accepted by ``RunConfig.precision``.
-PRECISIONS: tuple[str, ...] = ("32-true", "64-true", "bf16-mixed", "bf16-true", "16-mixed", "16-true")
+#: Lightning precision strings accepted by ``RunConfig.precision``, and ``auto`` (:mod:`ablations.modes`).
+PRECISIONS: tuple[str, ...] = ("auto", "32-true", "64-true", "bf16-mixed", "bf16-true", "16-mixed", "16-true")
+
+#: Optimizers of ``RunConfig.optimizer`` (torch.optim.AdamW / torch.optim.Adam).
+OPTIMIZERS: tuple[str, ...] = ("adamw", "adam")
+
+#: Padding of the random crop (``RunConfig.crop_padding_mode``): zeros, or the image mirrored at its border.
+PADDING_MODES: tuple[str, ...] = ("constant", "reflect")
 
 GLOBAL_POOLS: tuple[str, ...] = ("token", "avg")
 

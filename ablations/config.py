@@ -25,16 +25,23 @@ from ablations.choices import (
     DATASET_NAMES,
     GLOBAL_POOLS,
     NORM_LAYER_NAMES,
+    OPTIMIZERS,
+    PADDING_MODES,
     PRECISIONS,
     RESIDUAL_NAMES,
     VALUE_RESIDUAL_NAMES,
 )
+from ablations.recipes import RECIPE_FIELDS, RECIPE_HELP, RECIPE_NAMES, recipe_values
 
 GROUPS = ("model", "data", "optim", "trainer")
+#: Default of a field that the run's recipe sets (:mod:`ablations.recipes`) unless it is given.
+FROM_RECIPE = object()
 
 
 def _f(default: Any, group: str, kind: str, help: str, **kw: Any) -> Any:
     meta = {"group": group, "kind": kind, "help": help}
+    if default is FROM_RECIPE:  # None until __post_init__ fills it from the run's recipe
+        meta["recipe"], default = True, None
     if isinstance(default, (dict, list)):
         return field(default_factory=lambda: type(default)(default), metadata=meta, **kw)
     return field(default=default, metadata=meta, **kw)
@@ -57,7 +64,8 @@ class RunConfig:
     drop_path_rate: float = _f(0.0, "model", "float", "stochastic depth rate of the last block (linear rule)")
     global_pool: str = _f("token", "model", "str", "head pooling: " + ", ".join(GLOBAL_POOLS))
     fused_attn: bool | None = _f(None, "model", "optional_bool",
-                                 "fused SDPA attention (None: timm's default; False is faster with bf16 on CPU)")
+                                 "fused SDPA attention (None: with precision auto, the measured fastest kernel; "
+                                 "otherwise timm's default, fused)")
     attention: str = _f("self", "model", "str", "attention of the blocks: " + ", ".join(ATTENTION_NAMES))
     attention_options: dict[str, Any] = _f(
         {}, "model", "options", "the attention's own options, e.g. head_norm=layer, theta_init=randn (re_attention)")
@@ -73,22 +81,43 @@ class RunConfig:
     data_dir: str | None = _f(None, "data", "optional_str", "data folder (needed by mnist, cifar10/100, imagefolder)")
     batch_size: int = _f(128, "data", "int", "batch size per device")
     val_fraction: float = _f(0.2, "data", "float", "val share of datasets without an official val split")
-    augment: bool = _f(True, "data", "bool", "training augmentation (the dataset's own: shifts, flips)")
+    augment: bool = _f(True, "data", "bool",
+                       "training augmentation: the dataset's own crop/flip plus the recipe's (off: none, no Mixup)")
+    recipe: str = _f("basic", "data", "str", "training recipe, the default of every field marked 'recipe': "
+                     + "; ".join(f"{k}: {v}" for k, v in RECIPE_HELP.items()))
+    crop_padding_mode: str = _f(FROM_RECIPE, "data", "str",
+                                "recipe: padding of the random crop: " + ", ".join(PADDING_MODES))
+    rand_augment_ops: int = _f(FROM_RECIPE, "data", "int", "recipe: RandAugment ops per image (0: off)")
+    rand_augment_magnitude: int = _f(FROM_RECIPE, "data", "int", "recipe: RandAugment magnitude (of 31 bins)")
+    color_jitter: tuple[float, ...] = _f(FROM_RECIPE, "data", "floats",
+                                         "recipe: colour jitter brightness contrast saturation hue (none: off; "
+                                         "one value v: v v v 0)")
+    random_erasing: float = _f(FROM_RECIPE, "data", "float", "recipe: random-erasing probability per image")
+    mixup_alpha: float = _f(FROM_RECIPE, "data", "float", "recipe: Mixup Beta(alpha, alpha) (0: off)")
+    cutmix_alpha: float = _f(FROM_RECIPE, "data", "float", "recipe: CutMix Beta(alpha, alpha) (0: off)")
+    mixup_prob: float = _f(FROM_RECIPE, "data", "float", "recipe: probability of mixing a batch at all")
+    mixup_switch_prob: float = _f(FROM_RECIPE, "data", "float",
+                                  "recipe: probability of CutMix instead of Mixup when both are on")
     dataset_options: dict[str, Any] = _f(
         {}, "data", "options", "extra dataset arguments, e.g. num_samples=512 (synthetic)")
     num_workers: int = _f(0, "data", "int", "DataLoader workers (in-memory datasets ignore it)")
     # --- optimiser -------------------------------------------------------------------------------------------
-    lr: float = _f(1e-3, "optim", "float", "peak AdamW learning rate")
-    weight_decay: float = _f(0.05, "optim", "float", "AdamW weight decay (not on biases, norms, embeddings, scalars)")
-    warmup_epochs: float = _f(2.0, "optim", "float", "linear warmup length in epochs (fractions allowed)")
-    min_lr: float = _f(0.0, "optim", "float", "learning rate at the end of the cosine decay")
-    label_smoothing: float = _f(0.1, "optim", "float", "cross-entropy label smoothing")
-    betas: tuple[float, ...] = _f((0.9, 0.999), "optim", "floats", "AdamW betas (two floats)")
+    optimizer: str = _f(FROM_RECIPE, "optim", "str", "recipe: " + ", ".join(OPTIMIZERS)
+                        + " (adamw: decoupled weight decay; adam: L2 weight decay added to the gradient)")
+    lr: float = _f(FROM_RECIPE, "optim", "float", "recipe: peak learning rate")
+    weight_decay: float = _f(FROM_RECIPE, "optim", "float",
+                             "recipe: weight decay (not on biases, norms, embeddings, scalars)")
+    warmup_epochs: float = _f(FROM_RECIPE, "optim", "float", "recipe: linear warmup length in epochs (fractions allowed)")
+    min_lr: float = _f(FROM_RECIPE, "optim", "float", "recipe: learning rate at the end of the cosine decay")
+    label_smoothing: float = _f(FROM_RECIPE, "optim", "float", "recipe: cross-entropy label smoothing")
+    betas: tuple[float, ...] = _f(FROM_RECIPE, "optim", "floats", "recipe: Adam(W) betas (two floats)")
     # --- trainer ---------------------------------------------------------------------------------------------
     max_epochs: int = _f(30, "trainer", "int", "training epochs")
     seed: int = _f(0, "trainer", "int", "seed of the model init, the data split, shuffling and augmentation")
     threads: int | None = _f(None, "trainer", "optional_int", "torch.set_num_threads (None: all cores)")
-    precision: str = _f("32-true", "trainer", "str", "Lightning precision: " + ", ".join(PRECISIONS))
+    precision: str = _f("auto", "trainer", "str",
+                        "Lightning precision: " + ", ".join(PRECISIONS) + " (auto: the fastest measured for the "
+                        "device, together with the attention kernel unless fused_attn is given)")
     accuracy_thresholds: tuple[float, ...] = _f(
         (0.5, 0.8, 0.9, 0.95), "trainer", "floats", "absolute val accuracies for epochs_to_acc_<t>")
     diagnostics_every: int = _f(0, "trainer", "int", "residual diagnostics every N epochs (0: off)")
@@ -103,6 +132,10 @@ class RunConfig:
     # --- validation --------------------------------------------------------------------------------------------
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise through object.__setattr__
+        _choice("recipe", self.recipe, RECIPE_NAMES)
+        for name, value in recipe_values(self.recipe).items():  # fields not given take the recipe's value
+            if getattr(self, name) is None:
+                set_(self, name, value)
         for f in dataclasses.fields(self):
             value, kind = getattr(self, f.name), f.metadata["kind"]
             set_(self, f.name, _coerce(f.name, kind, value))
@@ -117,6 +150,25 @@ class RunConfig:
         _choice("global_pool", self.global_pool, GLOBAL_POOLS)
         _choice("precision", self.precision, PRECISIONS)
         _choice("accelerator", self.accelerator, ACCELERATORS)
+        _choice("crop_padding_mode", self.crop_padding_mode, PADDING_MODES)
+        _choice("optimizer", self.optimizer, OPTIMIZERS)
+        if len(self.color_jitter) == 1:
+            object.__setattr__(self, "color_jitter", (*self.color_jitter * 3, 0.0))
+        if len(self.color_jitter) not in (0, 4) or any(c < 0 for c in self.color_jitter):
+            raise ValueError(f"color_jitter must be empty, one or four non-negative numbers, got {list(self.color_jitter)}")
+        if self.color_jitter and self.color_jitter[3] > 0.5:
+            raise ValueError(f"color_jitter's hue must be in [0, 0.5], got {self.color_jitter[3]:g}")
+        if not any(self.color_jitter):
+            object.__setattr__(self, "color_jitter", ())
+        for name in ("rand_augment_ops", "rand_augment_magnitude"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.rand_augment_magnitude > 30:
+            raise ValueError(f"rand_augment_magnitude must be in [0, 30] (31 bins), got {self.rand_augment_magnitude}")
+        for name in ("random_erasing", "mixup_prob", "mixup_switch_prob"):
+            _in_range(name, getattr(self, name), 0.0, 1.0)
+        for name in ("mixup_alpha", "cutmix_alpha"):
+            _in_range(name, getattr(self, name), 0.0, math.inf)
         for name in ("depth", "embed_dim", "num_heads", "batch_size", "max_epochs", "diagnostics_batch_size",
                      "diagnostics_sim_k"):
             _positive(name, getattr(self, name))
@@ -171,8 +223,20 @@ class RunConfig:
         return {f.name: _copy(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
     def replace(self, **changes: Any) -> RunConfig:
-        """A validated copy with some fields changed."""
+        """A validated copy with some fields changed. A new ``recipe`` also resets the recipe's fields that are
+        not among ``changes`` to the new recipe's values."""
+        if "recipe" in changes:
+            changes = {name: None for name in RECIPE_FIELDS} | changes
         return dataclasses.replace(self, **changes)
+
+    def recipe_values(self) -> dict[str, Any]:
+        """This run's values of the recipe fields (:data:`ablations.recipes.RECIPE_FIELDS`)."""
+        return {name: getattr(self, name) for name in RECIPE_FIELDS}
+
+    @property
+    def mixes(self) -> bool:
+        """Whether training batches are mixed (Mixup or CutMix on, and augmentation on)."""
+        return self.augment and self.mixup_prob > 0 and (self.mixup_alpha > 0 or self.cutmix_alpha > 0)
 
     def to_hparams(self) -> dict[str, int | float | str | bool]:
         """Flat scalars for Lightning/TensorBoard HParams: options flattened as ``residual.<key>``,

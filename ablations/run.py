@@ -34,6 +34,7 @@ from pathlib import Path
 from . import layout
 from .cli import OneLineParser
 from .dashboard import check_loggers
+from .gpu_hours import DEFAULT_GPU, DEVICE_RESULTS, GPU_CLASSES
 from .stopping import check_stopping, interrupted, stop_on_signals, stop_signal
 from .storage import (
     DEFAULT_STORAGE,
@@ -46,9 +47,11 @@ from .storage import (
 )
 
 #: Seconds per trial not proportional to FLOPs (Trainer set-up, data, logging) and effective train-step
-#: GFLOP/s of this 2-core CPU for the small default models; calibrated on the residual_variants default run.
+#: GFLOP/s of this 2-core CPU for the small default models; calibrated on the residual_variants default run
+#: (25 GFLOP/s when the FLOP count left out the MLP ratio and priced its mlp_ratio 2.0 at 4.0, 1.45x too many
+#: FLOPs; 25 / 1.45 gives that run the same estimate with the true count).
 TRIAL_OVERHEAD_S = 3.0
-EFFECTIVE_GFLOPS = 25.0
+EFFECTIVE_GFLOPS = 17.2
 UNKNOWN_SIZES = (10000, 2000)  # (train, val) assumed for a dataset whose size is only known after loading
 #: Seconds the main process of ``--workers N`` gives its workers, after Ctrl-C or SIGTERM, to mark their trials
 #: failed (checkpoints kept) before it kills them; a killed worker's trial is retried once its heartbeat is stale.
@@ -88,7 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "mlflow (local SQLite store <results-dir>/runs/<study>/mlflow.db)")
     p.add_argument("--keep-checkpoints", action="store_true", help="keep each trial's last.ckpt after it completes")
     p.add_argument("--list", action="store_true", help="list the studies with their sizes and exit")
-    p.add_argument("--dry-run", action="store_true", help="print the grid or search space and the estimated time")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the grid or search space, the estimated time here and the GPU-hours on --gpu")
+    p.add_argument("--gpu", default=DEFAULT_GPU, choices=tuple(GPU_CLASSES),
+                   help=f"--dry-run: the GPU class of the GPU-hours estimate (default {DEFAULT_GPU}); its MFU is "
+                        f"measured when <results-dir>/{DEVICE_RESULTS}/ holds a device check or bench of a GPU, "
+                        "else assumed")
     p.add_argument("--no-progress", action="store_true", help="no study-level progress bar")
     p.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     return p
@@ -245,10 +253,9 @@ def _main(args: argparse.Namespace) -> int:
     spec = load_spec(args.study, args.budget)
     check_loggers(args.loggers)
     overrides = _overrides(args)
-    _validate_points(spec, overrides)
+    _validate_points(spec, overrides, check_data=not args.dry_run)  # a dry run plans: no data folder needed
     if args.dry_run:
-        return _dry_run(spec, overrides)
-
+        return _dry_run(spec, overrides, gpu=args.gpu, results_dir=Path(args.results_dir))
 
     from .dashboard import write_study_hparams
     from .storage import exit_when_heartbeat_fails, open_storage
@@ -399,8 +406,9 @@ def _overrides(args: argparse.Namespace) -> dict:
     return overrides
 
 
-def _validate_points(spec, overrides: dict) -> None:
-    """Build every grid point's config (and check its residual options) before anything is stored."""
+def _validate_points(spec, overrides: dict, check_data: bool = True) -> None:
+    """Build every grid point's config (and check its residual options and, with ``check_data``, its data
+    folder) before anything is stored."""
     _make_pruner(spec)
     points = spec.grid() if spec.kind == "grid" else [{"variant": v.label} for v in spec.variants]
     seen, datasets = set(), set()
@@ -411,7 +419,7 @@ def _validate_points(spec, overrides: dict) -> None:
             seen.add(key)
             _check_residual(config)
         data_key = (config.dataset, config.data_dir, repr(sorted(config.dataset_options.items())))
-        if data_key not in datasets:
+        if check_data and data_key not in datasets:
             datasets.add(data_key)
             _check_data(config)
 
@@ -679,7 +687,11 @@ def _list(studies: dict, budgets: tuple, load_spec) -> int:
     return 0
 
 
-def _dry_run(spec, overrides: dict) -> int:
+def _dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = Path(layout.RESULTS_DIR)) -> int:
+    """Print the grid (or search space), the recipe, the estimated time on this machine and the GPU-hours on class
+    ``gpu`` (:mod:`ablations.gpu_hours`; measurements read from ``<results_dir>/device``). Trains nothing."""
+    from .gpu_hours import describe_estimate, estimate, recipe_line
+
     print(f"study {spec.study_name}: {spec.kind}, {spec.size} trials, metric {spec.metric} ({spec.direction})")
     if spec.kind == "grid":
         points = spec.grid()
@@ -690,33 +702,28 @@ def _dry_run(spec, overrides: dict) -> int:
         for label, space in spec.space.items():
             print(f"  {label}: " + "; ".join(f"{k} ~ {v}" for k, v in space.items()))
         print(f"  pruner: {spec.pruner}")
-    seconds = [estimate_seconds(spec.run_config(p, overrides)) for p in points]
+    configs = [spec.run_config(p, overrides) for p in points]
+    recipe = recipe_line(configs[0])  # None before RunConfig has a recipe field
+    if recipe is not None:
+        names = sorted({str(getattr(c, "recipe", None)) for c in configs})
+        print(recipe + (f" (first point; the points use recipes {', '.join(names)})" if len(names) > 1 else ""))
+    seconds = [estimate_seconds(config) for config in configs]
     per_trial = sum(seconds) / len(seconds)
     total = per_trial * spec.size
     print(f"estimated time on this machine: {total / 60:.1f} min ({per_trial:.1f} s per trial; one worker using "
           f"all cores; a rough FLOP-based estimate at {EFFECTIVE_GFLOPS:.0f} GFLOP/s + {TRIAL_OVERHEAD_S:.0f} s per trial)")
+    for line in describe_estimate(estimate(configs, spec.size, gpu, results_dir)):
+        print(line)
     return 0
 
 
-_FLOPS_CACHE: dict = {}
-
-
 def estimate_seconds(config) -> float:
-    """Rough wall time of one trial: 3× forward FLOPs per training image, 1× per val image, at the calibrated
-    effective rate, plus a fixed per-trial overhead."""
-    from .costs import measure
+    """Rough wall time of one trial on this machine: its training FLOPs (3× forward per training image, 1× per val
+    image, × epochs: :func:`ablations.gpu_hours.training_flops`) at the calibrated effective rate, plus a fixed
+    per-trial overhead."""
+    from .gpu_hours import training_flops
 
-    shape = dataset_shape(config)
-    key = (config.residual, repr(sorted(config.residual_options.items())), config.depth, config.embed_dim,
-           config.num_heads, config.patch_size, shape["img_size"], shape["in_chans"], shape["num_classes"])
-    if key not in _FLOPS_CACHE:
-        _FLOPS_CACHE[key] = measure(config.residual, dict(config.residual_options), embed_dim=config.embed_dim,
-                                    depth=config.depth, num_heads=config.num_heads, img_size=shape["img_size"],
-                                    patch_size=config.patch_size or shape["patch_size"],
-                                    num_classes=shape["num_classes"], in_chans=shape["in_chans"])["flops"]
-    train, val = shape["sizes"]
-    flops = _FLOPS_CACHE[key] * config.max_epochs * (3 * train + val)
-    return TRIAL_OVERHEAD_S + flops / (EFFECTIVE_GFLOPS * 1e9)
+    return TRIAL_OVERHEAD_S + training_flops(config) / (EFFECTIVE_GFLOPS * 1e9)
 
 
 def dataset_shape(config) -> dict:

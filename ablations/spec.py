@@ -20,6 +20,9 @@ A study file (see ``ablations/studies/*.yaml``) says what to run, never how::
     budgets:                       # sizes: smoke (CI), quick, default, paper (GPU); each may override the above
       smoke: {base: {max_epochs: 2}, axes: {depth: [1], seed: [0]}}
 
+A ``recipe`` (``basic``, ``paper``: :mod:`ablations.recipes`) set by a budget's base, a variant's overrides or an
+axis replaces the recipe fields of the layers before it (the study's base), unless it sets them itself.
+
 Every unknown key is a one-line ``ValueError`` naming the key, where it is, and the valid keys.
 """
 
@@ -33,6 +36,8 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .recipes import with_recipe
 
 STUDY_DIR = Path(__file__).parent / "studies"
 BUDGETS = ("smoke", "quick", "default", "paper")
@@ -100,8 +105,8 @@ class StudySpec:
         options = dict(variant.options)
         prefix = f"{variant.label}."
         options |= {k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)}
-        fields = dict(self.base) | dict(variant.overrides)
-        fields |= {k: v for k, v in params.items() if k in self.axes}
+        fields = with_recipe(dict(self.base), dict(variant.overrides))  # a later recipe replaces earlier fields
+        fields = with_recipe(fields, {k: v for k, v in params.items() if k in self.axes})
         return fields | {"residual": variant.residual, "residual_options": options}
 
     def run_config(self, params: dict, overrides: dict | None = None):
@@ -169,7 +174,9 @@ def _build(raw: dict, budget: str, source: str) -> StudySpec:
     override = budgets.get(budget) or {}
     _check_keys(override, _BUDGET_KEYS, f"{where} budgets.{budget}")
     for key, value in override.items():
-        if key in ("base", "axes", "search") and isinstance(value, dict):
+        if key == "base" and isinstance(value, dict):  # a budget's recipe replaces the study's recipe fields
+            merged[key] = with_recipe(merged.get(key) or {}, value)
+        elif key in ("axes", "search") and isinstance(value, dict):
             merged[key] = (merged.get(key) or {}) | value
         else:
             merged[key] = value

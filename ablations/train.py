@@ -28,6 +28,7 @@ from ablations.cli import OneLineParser, fail
 from ablations.config import GROUPS, RunConfig, config_fields, option_fields
 from ablations.dashboard import check_loggers
 from ablations.layout import RESULTS_DIR, runs_dir
+from ablations.recipes import RECIPES, with_recipe
 
 DEFAULT_LOG_DIR = runs_dir(RESULTS_DIR, "train").as_posix()  # results/runs/train
 
@@ -103,7 +104,7 @@ def option_name(field_name: str, kind: str) -> str:
 
 def _default_text(value: Any) -> str:
     if isinstance(value, tuple):
-        return " ".join(map(str, value))
+        return " ".join(map(str, value)) or "none"
     if isinstance(value, bool):
         return "on" if value else "off"
     return "none" if value == {} else str(value)
@@ -126,9 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
     for f in config_fields():
         kind, meta = f.metadata["kind"], f.metadata
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        default_text = (f"the recipe's; basic: {_default_text(RECIPES['basic'][f.name])}, paper: "
+                        f"{_default_text(RECIPES['paper'][f.name])}" if meta.get("recipe") else _default_text(default))
         groups[meta["group"]].add_argument(
             option_name(f.name, kind), dest=f.name, default=argparse.SUPPRESS,
-            help=f"{meta['help']} (default: {_default_text(default)})", **_KINDS[kind],
+            help=f"{meta['help']} (default: {default_text})", **_KINDS[kind],
         )
         if f.name == "residual_options":
             groups["model"].add_argument(
@@ -174,7 +177,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         if name in given:
             flag = option_name(name, "options")
             given[name] = {**(fields.get(name) or {}), **_key_values(given[name], flag)}
-    fields.update(given)
+    fields = with_recipe(fields, given)
     if hasattr(args, "init_value"):
         residual = fields.get("residual", RunConfig.residual)
         knob = INIT_VALUE_OPTIONS.get(residual)

@@ -91,7 +91,7 @@ def build_datamodule(config: RunConfig):
         dm = data.build_datamodule(
             config.dataset, data_dir=config.data_dir, batch_size=config.batch_size,
             val_fraction=config.val_fraction, seed=config.seed, augment=config.augment,
-            num_workers=config.num_workers, **config.dataset_options,
+            num_workers=config.num_workers, train_augment=train_augment(config), **config.dataset_options,
         )
         dm.setup("fit")
     except TypeError as exc:  # an unknown dataset option
@@ -99,6 +99,15 @@ def build_datamodule(config: RunConfig):
     except ValueError as exc:  # incl. data.DataError
         raise SetupError(" ".join(str(exc).split())) from None
     return dm
+
+
+def train_augment(config: RunConfig):
+    """The recipe's per-image augmentation of ``config`` as the DataModules take it (:class:`data.TrainAugment`)."""
+    from data import TrainAugment
+
+    return TrainAugment(crop_padding_mode=config.crop_padding_mode, rand_augment_ops=config.rand_augment_ops,
+                        rand_augment_magnitude=config.rand_augment_magnitude, color_jitter=config.color_jitter,
+                        random_erasing=config.random_erasing)
 
 
 def build_model(config: RunConfig, datamodule: Any):
@@ -115,11 +124,19 @@ def build_model(config: RunConfig, datamodule: Any):
             attention=config.attention, attention_options=config.attention_options,
             class_attention_blocks=config.class_attention_blocks, norm_layer=config.norm_layer,
             norm_eps=config.norm_eps, value_residual=config.value_residual, fused_attn=config.fused_attn,
-            lr=config.lr, weight_decay=config.weight_decay, betas=tuple(config.betas),
-            warmup_epochs=config.warmup_epochs, min_lr=config.min_lr, label_smoothing=config.label_smoothing, max_epochs=config.max_epochs,
+            optimizer=config.optimizer, lr=config.lr, weight_decay=config.weight_decay, betas=tuple(config.betas),
+            warmup_epochs=config.warmup_epochs, min_lr=config.min_lr, label_smoothing=config.label_smoothing,
+            max_epochs=config.max_epochs, seed=config.seed,
+            mixup=mixup_options(config) if config.mixes else None,
         )
     except (TypeError, ValueError) as exc:
         raise SetupError(" ".join(str(exc).split())) from None
+
+
+def mixup_options(config: RunConfig) -> dict[str, float]:
+    """The recipe's Mixup/CutMix settings as ``ViTClassifier(mixup=...)`` takes them (timm.data.Mixup's names)."""
+    return {"mixup_alpha": config.mixup_alpha, "cutmix_alpha": config.cutmix_alpha, "prob": config.mixup_prob,
+            "switch_prob": config.mixup_switch_prob}
 
 
 def _diagnostics_callback(config: RunConfig, datamodule: Any) -> Any | None:
@@ -172,7 +189,7 @@ def run_training(
 
     from ablations.dashboard import extra_loggers, write_run_hparams
     from ablations.tb_logger import tensorboard_logger
-    from lit_modules.convergence import ConvergenceTracker
+    from lit_modules.convergence import ConvergenceTracker, StepTimer
 
     torch.set_num_threads(config.threads or os.cpu_count() or 1)
     accelerator = _accelerator(config.accelerator)
@@ -180,9 +197,11 @@ def run_training(
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     pl.seed_everything(config.seed, workers=True, verbose=False)
     datamodule = build_datamodule(config)
+    config, facts = resolve_mode(config, accelerator, datamodule)
     model = build_model(config, datamodule)
     if config.compile:
         model.model.compile()  # in place: state_dict keys stay model.* (torch.compile(m) would add _orig_mod)
+        compile_timer = StepTimer()
 
     logger = tensorboard_logger(log_dir, run_name)
     more_loggers = extra_loggers(loggers, run_dir=Path(logger.log_dir), run_name=run_name, experiment=experiment,
@@ -204,6 +223,8 @@ def run_training(
         # killed trial resumed from its best epoch and trained the epochs after it again.)
         callbacks.append(ModelCheckpoint(dirpath=dirpath, filename=LAST_CHECKPOINT, enable_version_counter=False))
     callbacks.append(LambdaCallback(on_fit_end=functools.partial(_hand_back_summary, tracker)))
+    if config.compile:
+        callbacks.append(compile_timer)
     callbacks.extend(extra_callbacks)
     steps_per_epoch = len(datamodule.train_dataloader())
     trainer = pl.Trainer(
@@ -226,10 +247,31 @@ def run_training(
     try:
         trainer.fit(model, datamodule=datamodule, ckpt_path=None if ckpt_path is None else str(ckpt_path))
     except BaseException as exc:
-        exc.run_summary = _finish(trainer, [logger, *more_loggers], tracker.summary(), run_name, status="failed")
+        exc.run_summary = _finish(trainer, [logger, *more_loggers], tracker.summary() | facts, run_name,
+                                  status="failed")
         raise
     summary = trainer.callback_metrics.pop(_SUMMARY_KEY, None) or tracker.summary()
-    return _finish(trainer, [logger, *more_loggers], summary, run_name, status="success")
+    if config.compile:
+        facts["compile_time_s"] = compile_timer.compile_time_s()
+    return _finish(trainer, [logger, *more_loggers], summary | facts, run_name, status="success")
+
+
+def resolve_mode(config: RunConfig, accelerator: str, datamodule: Any) -> tuple[RunConfig, dict[str, Any]]:
+    """``precision="auto"``: the fastest mode measured for this device and model size (:mod:`ablations.modes`),
+    precision and attention kernel together (an explicit ``fused_attn`` is kept). Returns the config the run
+    trains with and the facts for its summary: ``precision``, ``fused_attn`` and, when chosen, ``mode_source``."""
+    facts: dict[str, Any] = {}
+    if config.precision == "auto":
+        from ablations.modes import auto_mode
+
+        tokens = (datamodule.img_size // (config.patch_size or datamodule.default_patch_size)) ** 2 + 1
+        mode = auto_mode(accelerator, config.embed_dim, tokens)
+        config = config.replace(precision=mode.precision,
+                                fused_attn=mode.fused_attn if config.fused_attn is None else config.fused_attn)
+        facts["mode_source"] = mode.source
+    facts |= {"precision": config.precision, "fused_attn": config.fused_attn is not False}  # None: timm's fused
+    return config, facts
+
 
 
 def _record_resume(tracker: Any, trainer: Any, pl_module: Any) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from data.base import DataModuleBase
+from data.base import DataModuleBase, TrainAugment
 from data.cifar import CIFAR10DataModule, CIFAR100DataModule
 from data.common import DataError
 from data.digits import DigitsDataModule
@@ -40,6 +40,7 @@ def build_datamodule(
     seed: int = 0,
     augment: bool = True,
     num_workers: int = 0,
+    train_augment: TrainAugment | None = None,
     **kwargs: Any,
 ) -> DataModuleBase:
     """Construct the DataModule registered as ``name``; dataset-specific options go in ``kwargs``.
@@ -56,6 +57,7 @@ def build_datamodule(
         seed=seed,
         augment=augment,
         num_workers=num_workers,
+        train_augment=train_augment,
     )
     return DATASETS[name](**common, **kwargs)
 
@@ -71,5 +73,6 @@ __all__ = [
     "MNIST5kDataModule",
     "MNISTDataModule",
     "SyntheticDataModule",
+    "TrainAugment",
     "build_datamodule",
 ]

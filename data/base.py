@@ -2,10 +2,34 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TypedDict
 
 import lightning.pytorch as pl
 import torch
+
+
+@dataclass(frozen=True)
+class TrainAugment:
+    """A recipe's per-image training augmentation on top of the dataset's own random crop and flip.
+
+    Applied in this order, after the crop (``crop_padding_mode``) and flip: RandAugment (``rand_augment_ops`` ops
+    at ``rand_augment_magnitude``; 0 ops: off), colour jitter (brightness, contrast, saturation, hue; empty: off),
+    then, on the [0, 1] float image, random erasing with probability ``random_erasing``. Mixup/CutMix is not here:
+    it mixes a batch and its labels, so the LightningModule applies it (:class:`lit_modules.classifier.ViTClassifier`).
+    The default is no extra augmentation (the ``basic`` recipe).
+    """
+
+    crop_padding_mode: str = "constant"
+    rand_augment_ops: int = 0
+    rand_augment_magnitude: int = 9
+    color_jitter: tuple[float, ...] = ()
+    random_erasing: float = 0.0
+
+    @property
+    def changes_pixels(self) -> bool:
+        """Whether any op beyond crop and flip is on (RandAugment, colour jitter or random erasing)."""
+        return bool(self.rand_augment_ops or self.color_jitter or self.random_erasing)
 
 
 class DataArgs(TypedDict, total=False):
@@ -17,6 +41,7 @@ class DataArgs(TypedDict, total=False):
     seed: int
     augment: bool
     num_workers: int
+    train_augment: TrainAugment
 
 
 class DataModuleBase(pl.LightningDataModule):
@@ -46,9 +71,11 @@ class DataModuleBase(pl.LightningDataModule):
         seed: int = 0,
         augment: bool = True,
         num_workers: int = 0,
+        train_augment: TrainAugment | None = None,
     ) -> None:
         """``val_fraction`` is used by datasets without an official val split; ``augment=False`` disables all
-        augmentation (val is never augmented); ``seed`` fixes the split, the shuffle and the augmentation."""
+        augmentation (val is never augmented); ``seed`` fixes the split, the shuffle and the augmentation;
+        ``train_augment``: the recipe's augmentation beyond the dataset's own crop and flip."""
         super().__init__()
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -62,6 +89,7 @@ class DataModuleBase(pl.LightningDataModule):
         self.seed = seed
         self.augment = augment
         self.num_workers = num_workers
+        self.train_augment = train_augment or TrainAugment()
         self.train_size: int | None = None
         self.val_size: int | None = None
         self.mean: tuple[float, ...] | None = None

@@ -92,7 +92,10 @@ class ImageFolderDataModule(DataModuleBase):
 
     Images are loaded as RGB and resized to ``img_size``. Train mean/std are measured on up to ``stats_samples``
     train images (a seeded sample) with the eval geometry. Transforms: timm's ``create_transform`` (training:
-    random-resized crop, flip, colour jitter when ``augment``; eval: resize + centre crop, crop_pct 1).
+    random-resized crop, flip, colour jitter when ``augment``; eval: resize + centre crop, crop_pct 1). A recipe's
+    RandAugment, colour jitter and random erasing (``train_augment``) become timm's own per-image versions (timm's
+    RandAugment op set and magnitude scale, which differ from torchvision's; timm drops the colour jitter when
+    RandAugment is on); its crop padding mode does not apply to the random-resized crop.
     ``default_patch_size`` is ``patch_size`` if given, else 16 for images of 128 px or more and 4 below.
     """
 
@@ -127,7 +130,15 @@ class ImageFolderDataModule(DataModuleBase):
     def make_transform(self, training: bool, mean: tuple[float, ...], std: tuple[float, ...]) -> Callable:
         from timm.data import create_transform
 
-        return create_transform(input_size=self.img_size, is_training=training, mean=mean, std=std, crop_pct=1.0)
+        if not training:
+            return create_transform(input_size=self.img_size, is_training=False, mean=mean, std=std, crop_pct=1.0)
+        aug = self.train_augment  # the recipe's ops, as timm's per-image transforms (timm's RandAugment op set)
+        if not aug.changes_pixels:
+            return create_transform(input_size=self.img_size, is_training=True, mean=mean, std=std, crop_pct=1.0)
+        return create_transform(
+            input_size=self.img_size, is_training=True, mean=mean, std=std, crop_pct=1.0,
+            auto_augment=f"rand-m{aug.rand_augment_magnitude}-n{aug.rand_augment_ops}" if aug.rand_augment_ops else None,
+            color_jitter=aug.color_jitter or None, re_prob=aug.random_erasing, re_mode="pixel")
 
     def setup(self, stage: str | None = None) -> None:
         """Index the folders once, split if needed, measure the train statistics and build the transforms."""

@@ -36,6 +36,7 @@ class InMemoryDataModule(DataModuleBase):
     hflip: bool = False  # training augmentation: random horizontal flips
 
     splits: Splits | None = None
+    _device_splits: tuple[torch.device, Splits] | None = None
     train_indices: torch.Tensor | None = None
     val_indices: torch.Tensor | None = None
 
@@ -56,19 +57,31 @@ class InMemoryDataModule(DataModuleBase):
         splits = self.load_splits()
         self.train_size, self.val_size = len(splits.train_images), len(splits.val_images)
         self.mean, self.std = channel_mean_std(splits.train_images, self.pixel_max)
-        self.transform = BatchTransform(self.pixel_max, self.mean, self.std, self.max_shift, self.hflip)
+        self.transform = BatchTransform(self.pixel_max, self.mean, self.std, self.max_shift, self.hflip,
+                                        self.train_augment)
         self.splits = splits
 
-    def train_dataloader(self) -> TensorBatchLoader:
+    def device_splits(self) -> Splits:
+        """The splits on the device of the attached Trainer (its strategy's root device: the rank's own GPU under
+        DDP), copied there once and kept; the CPU splits when no Trainer is attached or it trains on the CPU.
+        Batches are then cut and augmented on the accelerator: no host-to-device copy of images per step."""
         self.setup()
-        s = self.splits
+        trainer = self.trainer
+        device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
+        if device.type == "cpu":
+            return self.splits
+        if self._device_splits is None or self._device_splits[0] != device:
+            self._device_splits = (device, Splits(*(t.to(device) for t in self.splits)))
+        return self._device_splits[1]
+
+    def train_dataloader(self) -> TensorBatchLoader:
+        s = self.device_splits()
         return TensorBatchLoader(
             s.train_images, s.train_labels, self.transform, self.batch_size, self.seed, train=True, augment=self.augment
         )
 
     def val_dataloader(self) -> TensorBatchLoader:
-        self.setup()
-        s = self.splits
+        s = self.device_splits()
         return TensorBatchLoader(s.val_images, s.val_labels, self.transform, self.batch_size, self.seed, train=False)
 
     def fixed_batch(self, n: int = 64) -> tuple[torch.Tensor, torch.Tensor]:

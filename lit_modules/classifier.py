@@ -1,6 +1,6 @@
 """``ViTClassifier``: the LightningModule that trains one ``VisionTransformer`` for image classification.
 
-Optimisation: AdamW over the backbone's own parameter groups (no weight decay on biases, norms, embeddings and
+Optimisation: AdamW (or Adam with L2 decay, ``optimizer="adam"``) over the backbone's own parameter groups (no weight decay on biases, norms, embeddings and
 the variants' scalars), linear warmup then cosine decay, stepped per optimizer step.
 
 The schedule is a ``torch.optim.lr_scheduler.LambdaLR`` driven by :class:`WarmupCosine` with Lightning's
@@ -25,7 +25,13 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torchmetrics.aggregation import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from data.augment import SeededMixup
+from data.common import seeded_generator
+
 from .vit import VisionTransformer
+
+OPTIMIZERS = ("adamw", "adam")
+MIXUP_STREAM = 0x313C  # keeps the Mixup draws apart from the data's streams of the same (seed, epoch)
 
 
 class WarmupCosine:
@@ -64,6 +70,10 @@ class ViTClassifier(pl.LightningModule):
     the epoch's last batch, where the epoch values are logged (before the callbacks' ``on_train_epoch_end``, so
     ``ConvergenceTracker`` sees them). ``self.log`` costs ~1 ms per call and a torchmetrics update ~0.2-0.5 ms:
     with ~50 ms steps that alone was a 5-6% slower loop (``python -m ablations.bench``, section 3).
+
+    ``mixup`` (timm ``Mixup``'s ``mixup_alpha``, ``cutmix_alpha``, ``prob``, ``switch_prob``) mixes each training
+    batch and trains on the soft targets, with ``label_smoothing`` folded into them as timm does; ``train/acc`` is
+    then the accuracy of the mixed images against their unmixed (hard) labels, and validation is never mixed.
 
     ``steps_per_epoch=None`` takes the schedule length from ``trainer.estimated_stepping_batches`` (correct under
     DDP and gradient accumulation); pass it to make the schedule independent of the Trainer.
@@ -104,6 +114,9 @@ class ViTClassifier(pl.LightningModule):
         label_smoothing: float = 0.1,
         max_epochs: int = 30,
         steps_per_epoch: int | None = None,
+        optimizer: str = "adamw",
+        mixup: Mapping[str, float] | None = None,
+        seed: int = 0,
     ) -> None:
         super().__init__()
         if num_classes < 2:
@@ -112,6 +125,8 @@ class ViTClassifier(pl.LightningModule):
             raise ValueError(f"lr must be a positive number, got {lr}")
         if steps_per_epoch is not None and steps_per_epoch < 1:
             raise ValueError(f"steps_per_epoch must be positive, got {steps_per_epoch}")
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {optimizer!r}; valid choices: {', '.join(OPTIMIZERS)}")
         residual_options = dict(residual_options or {})
         attention_options = dict(attention_options or {})
         self.save_hyperparameters()
@@ -123,6 +138,9 @@ class ViTClassifier(pl.LightningModule):
             attention_options=attention_options, class_attention_blocks=class_attention_blocks,
             value_residual=value_residual, fused_attn=fused_attn,
         )
+        # Mixup/CutMix with the label smoothing folded into its soft targets (timm's Mixup), seeded per batch
+        self.mixup = (SeededMixup(**mixup, label_smoothing=label_smoothing, num_classes=num_classes)
+                      if mixup else None)
         self.diverged = False
         self.diverged_at_step: int | None = None
         top5 = num_classes > 5
@@ -140,8 +158,13 @@ class ViTClassifier(pl.LightningModule):
     # --- steps -----------------------------------------------------------------------------------------------------
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor | None:
         x, y = batch
-        logits = self(x)
-        loss = F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
+        if self.mixup is not None:  # soft targets; the accuracy is still measured against the hard labels y
+            x, targets = self.mixup(x, y, self.batch_generator(batch_idx))
+            logits = self(x)
+            loss = F.cross_entropy(logits, targets)
+        else:
+            logits = self(x)
+            loss = F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
         if not torch.isfinite(loss):
             if not self.diverged:
                 self.diverged, self.diverged_at_step = True, self.global_step
@@ -154,6 +177,11 @@ class ViTClassifier(pl.LightningModule):
         if len(self._train_batches) * len(y) >= self.TRAIN_METRIC_ROWS:
             self._update_train_metrics()
         return loss
+
+    def batch_generator(self, batch_idx: int) -> torch.Generator:
+        """The generator of one training batch's Mixup/CutMix draws: seeded by (seed, epoch, batch, rank), so every
+        variant of a study mixes the same images with the same λ, and a resumed run mixes as the first attempt did."""
+        return seeded_generator(self.hparams.seed, self.current_epoch, batch_idx, self.global_rank, MIXUP_STREAM)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         trainer = self.trainer
@@ -218,8 +246,10 @@ class ViTClassifier(pl.LightningModule):
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
         # fused=True: one kernel for all parameters instead of a Python loop with per-parameter ``.item()`` calls
-        optimizer = torch.optim.AdamW(self.model.param_groups(hp.weight_decay), lr=hp.lr, betas=tuple(hp.betas),
-                                      fused=True)
+        # adam: torch.optim.Adam's coupled L2 decay (the gradient gets weight_decay * p), as the paper recipe's code
+        optimizer_class = torch.optim.AdamW if hp.optimizer == "adamw" else torch.optim.Adam
+        optimizer = optimizer_class(self.model.param_groups(hp.weight_decay), lr=hp.lr, betas=tuple(hp.betas),
+                                    fused=True)
         warmup, total = self.schedule_steps()
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(warmup, total, hp.min_lr / hp.lr))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}

@@ -12,6 +12,7 @@ Conventions (shared by every function here):
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -308,3 +309,27 @@ class ConvergenceTracker(pl.Callback):
             param_count=self.param_count,
             wall_time_s=self.wall_time_s(),
         ) | self.this_process()
+
+
+class StepTimer(pl.Callback):
+    """A Lightning callback that times the first training batches of a compiled run: the first batch includes
+    ``torch.compile``'s tracing and code generation (forward and backward), the later ones do not, so
+    compile time ≈ first batch − median of the next ones (up to ``batches``)."""
+
+    def __init__(self, batches: int = 8) -> None:
+        self.batches = batches
+        self.times: list[float] = []
+        self._start = 0.0
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self._start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if len(self.times) < self.batches:
+            self.times.append(time.perf_counter() - self._start)
+
+    def compile_time_s(self) -> float | None:
+        """First batch minus the median of the others; None with fewer than two batches timed."""
+        if len(self.times) < 2:
+            return None
+        return max(0.0, self.times[0] - statistics.median(self.times[1:]))

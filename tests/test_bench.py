@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from lit_modules import RESIDUALS
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADERS = {"timm": "## 1. ", "variants": "## 2. ", "lightning": "## 3. ", "mfu": "## 4. ", "study": "## 5. ",
-           "memory": "## 6. ", "compile": "## 7. "}
+           "memory": "## 6. ", "data": "## 7. ", "modes": "## 8. ", "compile": "## 9. "}
 DATA_KEYS = {
     "timm": {"times_s"},
     "variants": {"variants", "times_s"},
@@ -25,6 +26,8 @@ DATA_KEYS = {
     "mfu": {"train_step_flops", "step_flops_per_s", "peak_flops_per_s", "mfu", "times_s"},
     "study": {"measured_trial_s", "trial_epochs", "grid_trials", "grid_estimate_s", "trials_per_hour"},
     "memory": {"method", "variants"},
+    "data": {"recipes", "images_per_epoch", "images_per_s", "times_s"},
+    "modes": {"device", "depth", "batch", "cells"},
     "compile": {"times_s", "first_compiled_step_s"},
 }
 
@@ -45,7 +48,7 @@ def check_report(md: str, report: dict, sections: list[str]) -> None:
     for name in set(HEADERS) - set(sections):
         assert HEADERS[name] not in md, name
     meta = report["meta"]
-    assert {"mode", "settings", "machine", "started", "wall_s", "sections"} <= set(meta)
+    assert {"mode", "device", "settings", "machine", "started", "wall_s", "sections"} <= set(meta)
     assert {"cpu", "threads", "torch", "timm", "lightning", "loadavg_start", "loadavg_end"} <= set(meta["machine"])
     assert meta["machine"]["cpu"] in md
     assert set(report["sections"]) == set(sections)
@@ -69,9 +72,59 @@ def test_tiny_run_writes_every_section(tmp_path):
     assert set(sections["timm"]["data"]["times_s"]) == {"timm", "ours standard", "timm init_values=1e-5",
                                                        "ours layerscale 1e-5"}
     goals = {g["what"] for s in sections.values() for g in s["goals"]}
-    assert {"ours standard / timm", "MFU", "dca k=2 vs dca (default)"} <= goals
+    assert {"ours standard / timm", "MFU", "dca k=2 vs dca (default)", "data path recipe=basic / model step",
+            "data path recipe=paper / model step"} <= goals
     assert "pass" in md or "**miss**" in md
+    assert report["meta"]["device"] == "cpu" and "fp32, fused attention" in sections["timm"]["setup"]
+    check_data_section(sections["data"])
+    check_modes_table(tmp_path / "modes-cpu.json", sections["modes"])
     check_costs_read_the_step_times(tmp_path / "bench.json", report)
+
+
+def check_data_section(sec: dict) -> None:
+    """Both recipes' loaders ran whole epochs (the train split of the tiny synthetic pool), beside the model step."""
+    data = sec["data"]
+    assert set(data["recipes"]) == {"basic", "paper"}
+    assert data["recipes"]["paper"]["mixup_alpha"] > 0 and data["recipes"]["basic"]["mixup_alpha"] == 0
+    assert set(data["images_per_epoch"]) == {"basic", "paper"}
+    assert all(bench.TINY.data_samples / 2 < n < bench.TINY.data_samples for n in data["images_per_epoch"].values())
+    assert set(data["images_per_s"]) == {"basic", "paper", "model train step"}
+    assert all(r > 0 for rates in data["images_per_s"].values() for r in rates)
+
+
+def check_modes_table(path: Path, sec: dict) -> None:
+    """Section 8 writes ``modes-<device>.json``: each cell's four modes, the fastest named as ablations.modes reads
+    it (tests/test_modes.py checks the choice end to end)."""
+    table = json.loads(path.read_text())
+    assert table["device"] == "cpu" and table["machine"]["cpu"]
+    grid = [(w, (bench.TINY.img_size // p) ** 2 + 1) for w in bench.TINY.modes_widths for p in bench.TINY.modes_patches]
+    assert [(c["embed_dim"], c["tokens"]) for c in table["cells"]] == grid
+    for c in table["cells"]:
+        assert set(c["times_s"]) == {"32-true/fused", "32-true/explicit", "bf16-mixed/fused", "bf16-mixed/explicit"}
+        best = min(c["times_s"], key=c["times_s"].get)
+        assert best == f"{c['best']['precision']}/{'fused' if c['best']['fused_attn'] else 'explicit'}"
+    assert len(sec["data"]["cells"]) == len(grid)
+
+
+def test_variants_restrict_sections_2_and_6(tmp_path):
+    """``--variants`` times only the labels given (a label may hold a comma), plus standard, their reference."""
+    chosen = ["dca k=2", "denseformer 2x2 (dilation 2, period 2)"]
+    md, report = run_bench(tmp_path, "--tiny", "--threads", "1", "--sections", "variants,memory",
+                           "--variants", ",".join(chosen))
+    check_report(md, report, ["variants", "memory"])
+    assert report["meta"]["settings"]["variants"] == ["standard", *chosen]
+    for name in ("variants", "memory"):
+        assert list(report["sections"][name]["data"]["variants"]) == ["standard", *chosen]
+    assert not (tmp_path / "modes-cpu.json").exists()
+
+
+def test_parse_variants():
+    labels = [label for label, *_ in all_configs()]
+    assert bench.parse_variants("dca (default), dca k=2,", labels) == ("standard", "dca (default)", "dca k=2")
+    assert bench.parse_variants("denseformer 2x2 (dilation 2, period 2),standard", labels) == (
+        "standard", "denseformer 2x2 (dilation 2, period 2)")
+    settings = replace(bench.QUICK, variants=bench.parse_variants("dca k=2", labels))  # beyond --quick's defaults
+    assert [c[0] for c in bench.selected_configs(settings)] == ["standard", "dca k=2"]
 
 
 def check_costs_read_the_step_times(bench_json: Path, report: dict) -> None:
@@ -126,16 +179,33 @@ def test_compile_section(tmp_path):
 
 def test_sections_by_name_or_number():
     assert bench.parse_sections("mfu,1, memory") == ["mfu", "timm", "memory"]
-    assert bench.parse_sections("7") == ["compile"]
+    assert bench.parse_sections("7,8") == ["data", "modes"]
+    assert bench.parse_sections("9") == ["compile"]
+    assert "compile" not in bench.DEFAULT_SECTIONS and {"data", "modes"} <= set(bench.DEFAULT_SECTIONS)
 
 
-@pytest.mark.parametrize("argv", [["--sections", "nope"], ["--sections", "8"], ["--threads", "0"]])
+@pytest.mark.parametrize("argv", [["--sections", "nope"], ["--sections", "10"], ["--threads", "0"],
+                                  ["--device", "tpu"], ["--variants", "standard,nope"]])
 def test_bad_arguments_exit_2_with_one_line(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         bench.main(argv)
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and "\n" not in err
+    if argv[0] == "--variants":
+        assert "unknown variant 'nope'" in err and "dca k=2" in err  # names the valid labels
+
+
+def test_device_cuda_without_cuda_exits_2_with_one_line(monkeypatch, capsys, tmp_path):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--device", "cuda", "--tiny", "--sections", "modes", "--out", str(tmp_path)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --device cuda:") and "\n" not in err
+    assert not list(tmp_path.iterdir())
 
 
 def test_interleave_rotates_rounds_and_pairs_ratios():

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_defaults_are_small_cpu_settings():
     c = RunConfig()
     assert (c.embed_dim, c.num_heads, c.mlp_ratio, c.lr, c.weight_decay, c.batch_size) == (64, 4, 2.0, 1e-3, 0.05, 128)
-    assert (c.precision, c.devices, c.strategy, c.compile, c.diagnostics_every) == ("32-true", 1, "auto", False, 0)
+    assert (c.precision, c.devices, c.strategy, c.compile, c.diagnostics_every) == ("auto", 1, "auto", False, 0)
     assert c.patch_size is None and c.threads is None and c.label_smoothing == 0.1
     assert c.accuracy_thresholds == (0.5, 0.8, 0.9, 0.95)
 
@@ -36,7 +36,7 @@ def test_defaults_are_small_cpu_settings():
     ({"label_smoothing": 1.0}, "label_smoothing must be in [0, 1)"),
     ({"betas": (0.9,)}, "betas must be two floats"),
     ({"accuracy_thresholds": (0.5, 1.5)}, "accuracy_thresholds must be in (0, 1]"),
-    ({"precision": "8-bit"}, "unknown precision '8-bit'; valid choices: 32-true"),
+    ({"precision": "8-bit"}, "unknown precision '8-bit'; valid choices: auto, 32-true"),
     ({"global_pool": "max"}, "unknown global_pool 'max'"),
     ({"depth": 2.5}, "depth must be an integer, got 2.5"),
     ({"depth": True}, "depth must be an integer, got True"),

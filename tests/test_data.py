@@ -19,7 +19,8 @@ from PIL import Image
 
 import data.loader
 from data import DATASETS, DataError, build_datamodule
-from data.loader import TensorBatchLoader, random_shift
+from data.augment import random_crop
+from data.loader import TensorBatchLoader
 
 # ----------------------------------------------------------------------------------------------------------------
 # helpers
@@ -226,10 +227,10 @@ def test_shift_augmentation_moves_images_but_keeps_labels(name, pad):
     assert max(max(abs(dy), abs(dx)) for dy, dx, _ in unique_offsets) == pad  # the full range is used
 
 
-def test_random_shift_covers_exactly_the_range():
+def test_random_crop_with_zero_padding_covers_exactly_the_range():
     image = torch.zeros(400, 1, 9, 9)
     image[:, 0, 4, 4] = 1
-    moved = random_shift(image, 2, torch.Generator().manual_seed(0))
+    moved = random_crop(image, 2, torch.Generator().manual_seed(0))
     position = (moved[:, 0] == 1).flatten(1).nonzero()[:, 1]  # where the bright pixel went, per image
     shifts = set(zip((position // 9 - 4).tolist(), (position % 9 - 4).tolist(), strict=True))
     assert shifts == {(dy, dx) for dy in range(-2, 3) for dx in range(-2, 3)}

@@ -312,6 +312,7 @@ def test_block_grad_norms_match_a_manual_computation():
     assert block_grad_norms(tiny("standard")).tolist() == [0.0] * TINY["depth"]  # no backward yet
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_collect_diagnostics_and_grad_norms_on_cuda():
     model = tiny("dca").cuda()

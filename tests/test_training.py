@@ -198,6 +198,44 @@ def test_diagnostics_callback_is_wired_in(tmp_path):
     assert summary["diverged"] is False
 
 
+@pytest.mark.parametrize("best", ["bf16-mixed/explicit", "32-true/fused"])
+def test_precision_auto_trains_in_the_measured_fastest_mode_with_diagnostics_working(tmp_path, monkeypatch, best):
+    """``precision: auto`` (the default) asks ``ablations.modes`` for the device's fastest mode: here a measured
+    table whose winner for the nearest cell is ``best``; the run trains in it (read back from the trained model)
+    and its diagnostics still produce finite values (they run their own explicit-attention forward)."""
+    from ablations import modes
+
+    times = {key: 1.0 for key in modes.MODE_KEYS}
+    times[best] = 0.5
+    table = {"device": "cpu", "cells": [{"embed_dim": 16, "tokens": 5, "times_s": times},
+                                        {"embed_dim": 512, "tokens": 65, "times_s": {k: 1.0 for k in times}}]}
+    table_path = tmp_path / "modes-cpu.json"
+    table_path.write_text(json.dumps(table))
+    monkeypatch.setattr(modes, "PACKAGED", {"cpu": table_path})
+    monkeypatch.setattr(modes, "measured_path", lambda device_type, results_dir=None: tmp_path / "absent.json")
+    seen = {}
+
+    class Spy(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            seen["precision"] = trainer.precision
+            seen["fused"] = {m.fused_attn for m in pl_module.model.modules() if hasattr(m, "fused_attn")}
+
+    config = TINY.replace(residual="layerscale", max_epochs=1, diagnostics_every=1, diagnostics_batch_size=8)
+    assert config.precision == "auto" and config.fused_attn is None
+    summary = run(config, tmp_path, "auto", extra_callbacks=[Spy()])
+    precision, kernel = best.split("/")
+    assert (summary["precision"], summary["fused_attn"]) == (precision, kernel == "fused")
+    assert seen == {"precision": precision, "fused": {kernel == "fused"}}
+    assert str(table_path) in summary["mode_source"] and "width 16, 5 tokens" in summary["mode_source"]
+    assert math.isfinite(summary["final_train_loss"])
+    scalars = events(summary["log_dir"])
+    ratios = [t for t in scalars.Tags()["scalars"] if internal_tag(t).startswith("diag/")]
+    assert ratios and all(math.isfinite(scalars.Scalars(t)[-1].value) for t in ratios)
+    # an explicit kernel is kept: the table only chooses the precision then
+    fixed = run(config.replace(fused_attn=True), tmp_path, "auto_fused")
+    assert (fixed["precision"], fixed["fused_attn"]) == (precision, True)
+
+
 # --- resume ----------------------------------------------------------------------------------------------------
 def test_resume_from_last_checkpoint_keeps_the_curve(twin_runs, tmp_path):
     ckpt_dir = tmp_path / "ckpt"

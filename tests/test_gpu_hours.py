@@ -1,0 +1,154 @@
+"""The GPU-hours estimate of ``python -m ablations.run --dry-run --gpu CLASS`` (ablations/gpu_hours.py).
+
+Every test reads measurements from its own tmp results folder, never the real ``results/``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ablations import gpu_hours
+from ablations.config import RunConfig
+from ablations.costs import measure
+from ablations.run import main as run_main
+
+#: A tiny trial: 100 synthetic 8x8 images (80 train / 20 val at val_fraction 0.2), 2 epochs.
+TINY = {"dataset": "synthetic", "dataset_options": {"num_samples": 100, "img_size": 8, "num_classes": 4},
+        "embed_dim": 8, "num_heads": 2, "depth": 1, "mlp_ratio": 2.0, "patch_size": 4, "max_epochs": 2,
+        "precision": "bf16-mixed"}
+TRAIN, VAL = 80, 20
+
+
+def tiny_flops(depth: int = 1) -> float:
+    """Forward FLOPs of one image of the tiny trial, counted by hand through ablations.costs.measure."""
+    return measure("standard", {}, embed_dim=8, depth=depth, num_heads=2, img_size=8, patch_size=4, num_classes=4,
+                   in_chans=3, mlp_ratio=2.0)["flops"]
+
+
+def write_device_check(results: Path, *, gpu: str | None, images_per_s: float, config: RunConfig,
+                       device: str = "cuda", status: str = "passed", folder: str | None = None) -> Path:
+    """A device_check.json as scripts/device_check.py writes it (the fields gpu_hours reads)."""
+    path = results / "device" / (folder or device) / "device_check.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figures = {"train_images_per_s": images_per_s, "forward_flops_per_image": tiny_flops(config.depth),
+               "config": json.loads(json.dumps(config.to_dict(), default=str))}
+    path.write_text(json.dumps({"format": 1, "device": device, "short": False, "date": "2026-12-01T10:00:00+00:00",
+                                "machine": {"gpu": gpu}, "stages": {"train": {"status": status, "figures": figures}}}))
+    return path
+
+
+def test_assumed_mfu_estimate_equals_a_hand_computation(tmp_path):
+    config = RunConfig.from_dict(TINY)
+    est = gpu_hours.estimate([config], trials=3, gpu="h100", results_dir=tmp_path)
+    by_hand = tiny_flops() * 2 * (3 * TRAIN + 1 * VAL) / (989.4e12 * gpu_hours.ASSUMED_MFU)
+    assert est.per_trial_s == pytest.approx(by_hand, rel=1e-9)
+    assert est.gpu_hours == pytest.approx(3 * by_hand / 3600, rel=1e-9)
+    (basis,) = est.bases.values()
+    assert basis.measurement is None and "assumed" in basis.text
+
+
+def test_fp32_trials_are_priced_at_the_fp32_peak(tmp_path):
+    config = RunConfig.from_dict(TINY | {"precision": "32-true"})
+    est = gpu_hours.estimate([config], trials=1, gpu="a100", results_dir=tmp_path)
+    assert est.per_trial_s == pytest.approx(tiny_flops() * 2 * (3 * TRAIN + VAL) / (19.5e12 * gpu_hours.ASSUMED_MFU))
+
+
+def test_precision_auto_is_priced_as_the_training_run_would_resolve_it_on_cuda(tmp_path):
+    if "auto" not in __import__("ablations.choices", fromlist=["PRECISIONS"]).PRECISIONS:
+        pytest.skip("RunConfig has no precision 'auto' yet")
+    est = gpu_hours.estimate([RunConfig.from_dict(TINY | {"precision": "auto"})], trials=1, gpu="h100",
+                             results_dir=tmp_path)  # no measured modes-cuda.json there: bf16 autocast on CUDA
+    assert list(est.bases) == ["auto (bf16-mixed)"]
+    assert est.per_trial_s == pytest.approx(tiny_flops() * 2 * (3 * TRAIN + VAL) / (989.4e12 * gpu_hours.ASSUMED_MFU))
+
+
+def test_a_measured_images_per_s_of_the_same_class_is_the_basis_scaled_by_flops(tmp_path):
+    measured = RunConfig.from_dict(TINY)
+    source = write_device_check(tmp_path, gpu="NVIDIA H100 80GB HBM3", images_per_s=5000.0, config=measured)
+    same = gpu_hours.estimate([measured], trials=1, gpu="h100", results_dir=tmp_path)
+    # The measured config itself trains at the measured images/s (val images priced at a third of a train image).
+    assert same.per_trial_s == pytest.approx(2 * (TRAIN + VAL / 3) / 5000.0, rel=1e-9)
+    (basis,) = same.bases.values()
+    assert basis.measurement is not None and basis.measurement.source == str(source)
+    assert "measured on NVIDIA H100 80GB HBM3" in basis.text and "5,000 images/s" in basis.text
+    assert basis.mfu == pytest.approx(3 * tiny_flops() * 5000.0 / 989.4e12)
+
+    deeper = RunConfig.from_dict(TINY | {"depth": 3})  # more FLOPs per image: proportionally fewer images/s
+    est = gpu_hours.estimate([deeper], trials=1, gpu="h100", results_dir=tmp_path)
+    images_per_s = 5000.0 * tiny_flops(1) / tiny_flops(3)
+    assert est.per_trial_s == pytest.approx(2 * (TRAIN + VAL / 3) / images_per_s, rel=1e-9)
+
+
+def test_a_measurement_of_another_class_lends_its_mfu(tmp_path):
+    config = RunConfig.from_dict(TINY)
+    write_device_check(tmp_path, gpu="NVIDIA H200", images_per_s=5000.0, config=config)
+    est = gpu_hours.estimate([config], trials=1, gpu="l4", results_dir=tmp_path)
+    mfu = 3 * tiny_flops() * 5000.0 / 989.4e12  # measured on the H200 at its bf16 peak
+    (basis,) = est.bases.values()
+    assert basis.mfu == pytest.approx(mfu) and "applied to the l4 bf16 peak" in basis.text
+    assert est.per_trial_s == pytest.approx(tiny_flops() * 2 * (3 * TRAIN + VAL) / (121e12 * mfu), rel=1e-9)
+
+
+def test_a_bench_mfu_section_on_cuda_is_a_measurement(tmp_path):
+    path = tmp_path / "device" / "cuda" / "bench" / "bench.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"meta": {"device": "cuda", "mode": "quick", "started": "2026-12-01 10:00:00",
+                                         "settings": {}, "machine": {"cuda": "NVIDIA A100-SXM4-80GB"}},
+                                "sections": {"mfu": {"error": None, "data": {"step_flops_per_s": 62.4e12}}}}))
+    est = gpu_hours.estimate([RunConfig.from_dict(TINY)], trials=1, gpu="a100", results_dir=tmp_path)
+    (basis,) = est.bases.values()
+    assert basis.flops_per_s == pytest.approx(62.4e12) and basis.mfu == pytest.approx(0.2)
+    assert "ablations.bench MFU section" in basis.text
+
+
+def test_cpu_short_failed_and_unreadable_reports_are_not_measurements(tmp_path):
+    config = RunConfig.from_dict(TINY)
+    write_device_check(tmp_path, gpu=None, images_per_s=10.0, config=config, device="cpu")
+    write_device_check(tmp_path, gpu="NVIDIA H100", images_per_s=10.0, config=config, folder="killed",
+                       status="timeout")
+    (tmp_path / "device" / "broken").mkdir()
+    (tmp_path / "device" / "broken" / "device_check.json").write_text("{not json")
+    assert gpu_hours.find_measurements(tmp_path) == []
+
+
+@pytest.mark.parametrize(("name", "expected"), [("NVIDIA H200", "h200"), ("NVIDIA H100 80GB HBM3", "h100"),
+                                                ("NVIDIA A100-SXM4-40GB", "a100"), ("NVIDIA L4", "l4"),
+                                                ("NVIDIA L40S", None), ("NVIDIA GeForce RTX 4090", "rtx4090"),
+                                                (None, None)])
+def test_gpu_class_of_a_device_name(name, expected):
+    assert gpu_hours.gpu_class_of(name) == expected
+
+
+def test_recipe_line_lists_the_recipe_fields():
+    if "recipe" not in RunConfig.__dataclass_fields__:
+        pytest.skip("RunConfig has no recipe field yet")
+    line = gpu_hours.recipe_line(RunConfig.from_dict(TINY | {"recipe": "paper"}))
+    assert line.startswith("recipe: paper (")
+    try:
+        from ablations.recipes import RECIPE_FIELDS
+    except ImportError:
+        return
+    assert all(f"{name}=" in line for name in RECIPE_FIELDS)
+
+
+def test_dry_run_prints_gpu_hours_for_the_chosen_class(tmp_path, capsys):
+    code = run_main(["--study", "residual_variants", "--budget", "smoke", "--dry-run", "--gpu", "rtx4090",
+                     "--results-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("estimated GPU-hours on rtx4090 ")]
+    assert "GPU-hours for 8 trials" in line
+    assert "MFU 0.25 assumed" in out
+    assert not (tmp_path / "device").exists()  # read only
+
+
+def test_dry_run_unknown_gpu_class_is_one_line_and_exit_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        run_main(["--study", "residual_variants", "--budget", "smoke", "--dry-run", "--gpu", "v100"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    assert err.count("\n") == 1 and "invalid choice: 'v100'" in err
+    assert all(name in err for name in gpu_hours.GPU_CLASSES)
