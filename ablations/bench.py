@@ -1,7 +1,7 @@
 """Speed, FLOP utilisation and memory of the backbone, measured as ratios side by side in one process.
 
-    python -m ablations.bench                        # every section at full size (~35 min on 2 quiet cores)
-    python -m ablations.bench --quick                # every section at small sizes (~5 min on 2 quiet cores)
+    python -m ablations.bench                        # every section at full size (~25 min on 2 quiet cores)
+    python -m ablations.bench --quick                # every section at small sizes (~3 min on 2 quiet cores)
     python -m ablations.bench --sections timm,mfu --threads 2 --out /tmp/bench
     python -m ablations.bench --compile              # also time model.compile() (cold compiles take minutes)
     python -m ablations.bench --device cuda --sections variants,memory,modes \
