@@ -774,26 +774,37 @@ def data_configs(s: Settings) -> dict:
     return {recipe: RunConfig(**base, recipe=recipe) for recipe in DATA_RECIPES}
 
 
-def epoch_fn(loader, images: dict, name: str) -> Callable[[], None]:
-    """One pass over ``loader``; records the images it yielded. A batch is (images, labels) or, with Mixup/CutMix,
-    (images, labels, soft targets)."""
+def epoch_fn(loader, images: dict, name: str, mix: Callable | None = None) -> Callable[[], None]:
+    """One pass over ``loader`` (its batches are (images, labels)), each batch then through ``mix`` (the recipe's
+    Mixup/CutMix, which the training step applies, seeded per batch as there); records the images it yielded."""
+    from data.common import seeded_generator
+
     def epoch() -> None:
         n = 0
-        for batch in loader:
-            n += len(batch[0])
+        for i, (x, y) in enumerate(loader):
+            if mix is not None:
+                x, _ = mix(x, y, seeded_generator(0, i))
+            n += len(x)
         images[name] = n
 
     return epoch
 
 
 def bench_data(s: Settings) -> Section:
-    from ablations.training import build_datamodule
+    import torch
+
+    from ablations.training import build_datamodule, mixup_options
+    from data.augment import SeededMixup
 
     configs = data_configs(s)
     datamodules = {recipe: build_datamodule(config) for recipe, config in configs.items()}
+    for dm in datamodules.values():
+        dm.device = torch.device(s.device)  # no Trainer here: hold and augment the images on the bench's device
     loaders = {recipe: dm.train_dataloader() for recipe, dm in datamodules.items()}
+    mixes = {recipe: SeededMixup(**mixup_options(config), label_smoothing=config.label_smoothing, num_classes=10)
+             if config.mixes else None for recipe, config in configs.items()}
     images: dict[str, int] = {}
-    fns = {recipe: epoch_fn(loader, images, recipe) for recipe, loader in loaders.items()}
+    fns = {recipe: epoch_fn(loader, images, recipe, mixes[recipe]) for recipe, loader in loaders.items()}
     step = "model train step"
     fns[step] = train_step(ours("standard", {}, s.vit(s.depth)).to(s.device), random_batch(s), s.precision)
     times = interleave(fns, reps=s.reps, steps=s.steps, warmup=s.warmup, device=s.device)

@@ -26,7 +26,7 @@ INIT_VALUE_OPTIONS: dict[str, str] = {
 #: Lightning precision strings accepted by ``RunConfig.precision``, and ``auto`` (:mod:`ablations.modes`).
 PRECISIONS: tuple[str, ...] = ("auto", "32-true", "64-true", "bf16-mixed", "bf16-true", "16-mixed", "16-true")
 
-#: Optimizers of ``RunConfig.optimizer`` (torch.optim.AdamW / torch.optim.Adam).
+#: Optimizers of ``RunConfig.optimizer`` (``lit_modules.classifier.OPTIMIZER_CLASSES``; a test keeps them equal).
 OPTIMIZERS: tuple[str, ...] = ("adamw", "adam")
 
 #: Padding of the random crop (``RunConfig.crop_padding_mode``): zeros, or the image mirrored at its border.

@@ -90,7 +90,7 @@ class RunConfig:
     rand_augment_ops: int = _f(FROM_RECIPE, "data", "int", "recipe: RandAugment ops per image (0: off)")
     rand_augment_magnitude: int = _f(FROM_RECIPE, "data", "int", "recipe: RandAugment magnitude (of 31 bins)")
     color_jitter: tuple[float, ...] = _f(FROM_RECIPE, "data", "floats",
-                                         "recipe: colour jitter brightness contrast saturation hue (none: off; "
+                                         "recipe: colour jitter brightness contrast saturation hue (0: off; "
                                          "one value v: v v v 0)")
     random_erasing: float = _f(FROM_RECIPE, "data", "float", "recipe: random-erasing probability per image")
     mixup_alpha: float = _f(FROM_RECIPE, "data", "float", "recipe: Mixup Beta(alpha, alpha) (0: off)")

@@ -94,15 +94,12 @@ def resolve_precision(config: Any, accelerator: str = "cuda", results_dir: str |
     bf16 autocast on CUDA); ``bf16-mixed`` when that module is absent or cannot answer."""
     if config.precision != "auto":
         return config.precision
-    try:
-        from .modes import auto_mode
-        from .run import dataset_shape
+    from .modes import auto_mode
+    from .run import dataset_shape
 
-        shape = dataset_shape(config)
-        tokens = (shape["img_size"] // (config.patch_size or shape["patch_size"])) ** 2 + 1
-        return auto_mode(accelerator, config.embed_dim, tokens, results_dir=results_dir).precision
-    except (ImportError, ValueError, OSError):
-        return "bf16-mixed"
+    shape = dataset_shape(config)
+    tokens = (shape["img_size"] // (config.patch_size or shape["patch_size"])) ** 2 + 1
+    return auto_mode(accelerator, config.embed_dim, tokens, results_dir=results_dir).precision
 
 
 def peak_flops(gpu: str, kind: str) -> float:
@@ -322,23 +319,8 @@ def describe_estimate(est: Estimate) -> list[str]:
     return lines
 
 
-def recipe_line(config: Any) -> str | None:
-    """``recipe: NAME (field=value, ...)`` for a config with a ``recipe`` field: the fields the recipe sets
-    (``ablations.recipes.RECIPE_FIELDS`` when that module exists); None for a config without recipes."""
-    name = getattr(config, "recipe", None)
-    if name is None:
-        return None
-    try:
-        from .recipes import RECIPE_FIELDS
-    except ImportError:
-        RECIPE_FIELDS = ()  # noqa: N806 - the recipes module is not there yet: the name alone
-    values = [f"{f}={_plain(getattr(config, f))}" for f in RECIPE_FIELDS if hasattr(config, f)]
-    return f"recipe: {name}" + (f" ({', '.join(values)})" if values else "")
+def recipe_line(config: Any) -> str:
+    """``recipe: NAME (the pieces it switches on)`` of a RunConfig (:func:`ablations.recipes.describe`)."""
+    from .recipes import describe
 
-
-def _plain(value: Any) -> str:
-    if isinstance(value, (tuple, list)):
-        return "/".join(map(_plain, value)) if value else "none"
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value)
+    return f"recipe: {config.recipe} ({describe(config.recipe_values())})"

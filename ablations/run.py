@@ -703,10 +703,9 @@ def _dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = 
             print(f"  {label}: " + "; ".join(f"{k} ~ {v}" for k, v in space.items()))
         print(f"  pruner: {spec.pruner}")
     configs = [spec.run_config(p, overrides) for p in points]
-    recipe = recipe_line(configs[0])  # None before RunConfig has a recipe field
-    if recipe is not None:
-        names = sorted({str(getattr(c, "recipe", None)) for c in configs})
-        print(recipe + (f" (first point; the points use recipes {', '.join(names)})" if len(names) > 1 else ""))
+    names = sorted({c.recipe for c in configs})
+    print(recipe_line(configs[0]) + (f" (first point; the points use recipes {', '.join(names)})"
+                                     if len(names) > 1 else ""))
     seconds = [estimate_seconds(config) for config in configs]
     per_trial = sum(seconds) / len(seconds)
     total = per_trial * spec.size

@@ -37,6 +37,7 @@ class InMemoryDataModule(DataModuleBase):
 
     splits: Splits | None = None
     _device_splits: tuple[torch.device, Splits] | None = None
+    device: torch.device = torch.device("cpu")  # where batches are made when no Trainer is attached (e.g. a bench)
     train_indices: torch.Tensor | None = None
     val_indices: torch.Tensor | None = None
 
@@ -63,11 +64,11 @@ class InMemoryDataModule(DataModuleBase):
 
     def device_splits(self) -> Splits:
         """The splits on the device of the attached Trainer (its strategy's root device: the rank's own GPU under
-        DDP), copied there once and kept; the CPU splits when no Trainer is attached or it trains on the CPU.
-        Batches are then cut and augmented on the accelerator: no host-to-device copy of images per step."""
+        DDP), copied there once and kept; without a Trainer, on ``self.device`` (the CPU unless set). Batches are
+        then cut and augmented on the accelerator: no host-to-device copy of images per step."""
         self.setup()
         trainer = self.trainer
-        device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
+        device = trainer.strategy.root_device if trainer is not None else self.device
         if device.type == "cpu":
             return self.splits
         if self._device_splits is None or self._device_splits[0] != device:

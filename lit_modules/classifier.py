@@ -30,7 +30,8 @@ from data.common import seeded_generator
 
 from .vit import VisionTransformer
 
-OPTIMIZERS = ("adamw", "adam")
+#: ``optimizer`` name -> its torch.optim class (adam: coupled L2 decay, the paper recipe's; adamw: decoupled)
+OPTIMIZER_CLASSES = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam}
 MIXUP_STREAM = 0x313C  # keeps the Mixup draws apart from the data's streams of the same (seed, epoch)
 
 
@@ -125,8 +126,8 @@ class ViTClassifier(pl.LightningModule):
             raise ValueError(f"lr must be a positive number, got {lr}")
         if steps_per_epoch is not None and steps_per_epoch < 1:
             raise ValueError(f"steps_per_epoch must be positive, got {steps_per_epoch}")
-        if optimizer not in OPTIMIZERS:
-            raise ValueError(f"unknown optimizer {optimizer!r}; valid choices: {', '.join(OPTIMIZERS)}")
+        if optimizer not in OPTIMIZER_CLASSES:
+            raise ValueError(f"unknown optimizer {optimizer!r}; valid choices: {', '.join(OPTIMIZER_CLASSES)}")
         residual_options = dict(residual_options or {})
         attention_options = dict(attention_options or {})
         self.save_hyperparameters()
@@ -246,10 +247,8 @@ class ViTClassifier(pl.LightningModule):
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
         # fused=True: one kernel for all parameters instead of a Python loop with per-parameter ``.item()`` calls
-        # adam: torch.optim.Adam's coupled L2 decay (the gradient gets weight_decay * p), as the paper recipe's code
-        optimizer_class = torch.optim.AdamW if hp.optimizer == "adamw" else torch.optim.Adam
-        optimizer = optimizer_class(self.model.param_groups(hp.weight_decay), lr=hp.lr, betas=tuple(hp.betas),
-                                    fused=True)
+        optimizer = OPTIMIZER_CLASSES[hp.optimizer](self.model.param_groups(hp.weight_decay), lr=hp.lr,
+                                                    betas=tuple(hp.betas), fused=True)
         warmup, total = self.schedule_steps()
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(warmup, total, hp.min_lr / hp.lr))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}

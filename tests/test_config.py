@@ -121,6 +121,10 @@ def test_name_tables_match_the_registries():
     assert RESIDUAL_NAMES == tuple(RESIDUALS) and ATTENTION_NAMES == tuple(ATTENTIONS)
     assert NORM_LAYER_NAMES == tuple(NORM_LAYERS)
     assert set(DATASET_NAMES) == set(DATASETS)
+    from ablations.choices import OPTIMIZERS
+    from lit_modules.classifier import OPTIMIZER_CLASSES
+
+    assert OPTIMIZERS == tuple(OPTIMIZER_CLASSES)
     for residual, option in INIT_VALUE_OPTIONS.items():
         assert option in RESIDUALS[residual].options(), (residual, option)
     for name, cls in RESIDUALS.items():  # variant ``name`` lives in residual/<name>.py

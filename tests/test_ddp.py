@@ -52,6 +52,7 @@ DDP_CONFIG = RunConfig(
     dataset="synthetic", dataset_options={"num_samples": 122, "img_size": 8}, embed_dim=8, num_heads=2, depth=1,
     patch_size=4, batch_size=8, lr=5e-3, warmup_epochs=0.0, max_epochs=2, threads=1, accelerator="cpu",
     devices=WORLD_SIZE, strategy="ddp_spawn",
+    precision="32-true",  # the checks re-score checkpoints in fp32 to 1e-6: train in the same precision
 )
 
 

@@ -597,3 +597,21 @@ def test_search_tables_handle_few_trials():
     assert "| layerscale" in text and "layerscale.init_value" in text  # 9 trials: computed
     assert any("highway: too few completed trials (3" in n for n in imp.notes)
 
+
+
+def test_each_run_reports_the_mode_it_trained_in_and_mixed_modes_are_counted():
+    """Runs from before ``precision: auto`` recorded only their config; later runs record the mode they resolved."""
+    from ablations.report.load import Run, StudyData, run_mode
+
+    def make(number: int, **kw) -> Run:
+        return Run(number=number, state="complete", variant="standard", depth=4, seed=number, row="standard", **kw)
+
+    old = make(0, config={"precision": "32-true", "fused_attn": None})
+    new = make(1, summary={"precision": "bf16-mixed", "fused_attn": False}, config={"precision": "auto"})
+    forced = make(2, summary={"precision": "32-true", "fused_attn": True}, config={"precision": "auto"})
+    assert run_mode(old) == "32-true + fused attention"
+    assert run_mode(new) == "bf16-mixed + explicit attention"
+    data = StudyData(name="s", kind="grid", runs=[old, new, forced], rows=["standard"],
+                     row_variant={"standard": "standard"}, row_extras={"standard": ()}, depths=[4])
+    assert data.modes() == {"32-true + fused attention": 2, "bf16-mixed + explicit attention": 1}
+    assert list(data.frame()["mode"]) == [run_mode(r) for r in (old, new, forced)]

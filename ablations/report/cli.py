@@ -102,6 +102,10 @@ def _main(args: argparse.Namespace) -> int:
     data.frame().to_csv(out / "runs.csv", index=False)
     written.append(out / "runs.csv")
     notes = [f"{t.name}: {n}" for t in tables for n in t.notes]
+    modes = data.modes()
+    if len(modes) > 1:  # e.g. a study continued after precision auto: its pairs mix numerics (runs.csv: 'mode')
+        notes.append("runs trained in different modes (" + "; ".join(f"{m}: {n}" for m, n in modes.items())
+                     + "): paired differences mix numerics; fix precision and fused_attn in the study base to compare alike")
     if not args.no_figures:
         from ..figures import report_figures
 

@@ -94,14 +94,31 @@ class StudyData:
         values = {(r.config or {}).get(key, default) for r in self.runs}
         return values.pop() if len(values) == 1 else (default if not values else None)
 
+    def modes(self) -> dict[str, int]:
+        """How many result runs trained in each mode (precision + attention kernel, from the run summary; runs from
+        before ``precision: auto`` recorded only their config's precision)."""
+        counts: dict[str, int] = {}
+        for run in self.runs:
+            counts[run_mode(run)] = counts.get(run_mode(run), 0) + 1
+        return counts
+
     def frame(self):
         """One row per result trial: number, its TensorBoard run name, state, variant, row, depth, seed, acc,
         diverged, ok (pandas)."""
         import pandas as pd
 
-        columns = ["number", "run_name", "state", "variant", "row", "depth", "seed", "acc", "diverged", "ok"]
+        columns = ["number", "run_name", "state", "variant", "row", "depth", "seed", "acc", "diverged", "ok", "mode"]
         return pd.DataFrame([[r.number, r.run_name, r.state, r.variant, r.row, r.depth, r.seed, r.acc, r.diverged,
-                              r.ok] for r in self.runs], columns=columns)
+                              r.ok, run_mode(r)] for r in self.runs], columns=columns)
+
+
+def run_mode(run: Run) -> str:
+    """``<precision> + <fused|explicit> attention`` of one run, as its summary recorded what it trained in."""
+    precision = run.summary.get("precision") or (run.config or {}).get("precision") or "32-true"
+    fused = run.summary.get("fused_attn")
+    if fused is None:  # before precision auto: the config's flag, None meaning timm's fused default
+        fused = (run.config or {}).get("fused_attn") is not False
+    return f"{precision} + {'fused' if fused else 'explicit'} attention"
 
 
 def open_study(url: str, study_name: str, spec=None):
