@@ -709,11 +709,23 @@ def _dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = 
     seconds = [estimate_seconds(config) for config in configs]
     per_trial = sum(seconds) / len(seconds)
     total = per_trial * spec.size
-    print(f"estimated time on this machine: {total / 60:.1f} min ({per_trial:.1f} s per trial; one worker using "
-          f"all cores; a rough FLOP-based estimate at {EFFECTIVE_GFLOPS:.0f} GFLOP/s + {TRIAL_OVERHEAD_S:.0f} s per trial)")
+    print(f"estimated time on this machine: {_duration(total)} ({_duration(per_trial)} per trial; one worker using "
+          f"all cores; a rough FLOP-based estimate at {EFFECTIVE_GFLOPS:.0f} GFLOP/s + {TRIAL_OVERHEAD_S:.0f} s "
+          "per trial)")
     for line in describe_estimate(estimate(configs, spec.size, gpu, results_dir)):
         print(line)
     return 0
+
+
+def _duration(seconds: float) -> str:
+    """``42.0 s``, ``12.5 min``, ``3.2 h`` or ``1,540 days``: the unit a reader takes in at a glance."""
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.1f} min"
+    if seconds < 3 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:,.0f} days"
 
 
 def estimate_seconds(config) -> float:

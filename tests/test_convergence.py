@@ -110,3 +110,22 @@ def test_summarize_diverged_mid_run_keeps_measured_epochs():
     assert s["best_val_acc"] == 0.7 and s["final_val_acc"] == 0.7 and s["epochs_completed"] == 2
     assert s["val_acc_auc"] == pytest.approx(1.1 / 4)
     assert s["final_train_loss"] == 0.9
+
+
+def test_step_timer_compile_time_is_the_first_batch_beyond_the_median_of_the_next(monkeypatch):
+    """``--compile``'s reported compile time: the first timed batch (which traces and generates code) minus the
+    median of the following ones; at most ``batches`` are timed; None before two batches."""
+    import lit_modules.convergence as convergence
+    from lit_modules.convergence import StepTimer
+
+    timer = StepTimer(batches=4)
+    assert timer.compile_time_s() is None
+    clock = iter([0.0, 30.0, 30.0, 30.5, 31.0, 31.4, 32.0, 32.7, 40.0, 99.0])  # start/end pairs of 5 batches
+
+    monkeypatch.setattr(convergence.time, "perf_counter", lambda: next(clock))
+    for i in range(5):
+        timer.on_train_batch_start(None, None, None, i)
+        timer.on_train_batch_end(None, None, None, None, i)
+    monkeypatch.undo()
+    assert timer.times == pytest.approx([30.0, 0.5, 0.4, 0.7])  # the fifth batch is not timed
+    assert timer.compile_time_s() == pytest.approx(30.0 - 0.5)

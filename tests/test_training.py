@@ -198,7 +198,7 @@ def test_diagnostics_callback_is_wired_in(tmp_path):
     assert summary["diverged"] is False
 
 
-@pytest.mark.parametrize("best", ["bf16-mixed/explicit", "32-true/fused"])
+@pytest.mark.parametrize("best", ["bf16-mixed/explicit", "32-true/fused", "bf16-mixed/fused", "32-true/explicit"])
 def test_precision_auto_trains_in_the_measured_fastest_mode_with_diagnostics_working(tmp_path, monkeypatch, best):
     """``precision: auto`` (the default) asks ``ablations.modes`` for the device's fastest mode: here a measured
     table whose winner for the nearest cell is ``best``; the run trains in it (read back from the trained model)
