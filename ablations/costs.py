@@ -116,7 +116,10 @@ def bench_step_times(path: Path, size: dict) -> tuple[dict[str, dict], str]:
     load = load[0] if isinstance(load, (list, tuple)) else load
     note = (f"Step time: `python -m ablations.bench` ({meta['mode']} mode, {meta['started']}, "
             f"{meta['machine']['threads']} threads, 1-min load average {load:.2f} at the start), batch "
-            f"{settings['batch']}, fp32 train step (forward, backward, AdamW) on the CPU; the median over rounds of "
+            f"{settings['batch']}, "
+            + ("bf16-autocast train step (forward, backward, AdamW) on CUDA" if settings.get("device") == "cuda"
+               else "fp32 train step (forward, backward, AdamW) on the CPU")
+            + "; the median over rounds of "
             f"the paired in-round ratio to standard, [smallest–largest round].")
     return section["data"]["variants"], note
 
