@@ -120,7 +120,7 @@ def bench_step_times(path: Path, size: dict) -> tuple[dict[str, dict], str]:
             + ("bf16-autocast train step (forward, backward, AdamW) on CUDA" if settings.get("device") == "cuda"
                else "fp32 train step (forward, backward, AdamW) on the CPU")
             + "; the median over rounds of "
-            f"the paired in-round ratio to standard, [smallest–largest round].")
+            "the paired in-round ratio to standard, [smallest–largest round].")
     return section["data"]["variants"], note
 
 
