@@ -32,12 +32,9 @@ the random *streams* do not (torchvision draws per image from the global RNG), e
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from typing import NamedTuple
 
-import numpy as np
 import torch
 from timm.data.mixup import Mixup, mixup_target
 from torchvision.transforms.v2 import InterpolationMode, RandAugment
@@ -45,6 +42,8 @@ from torchvision.transforms.v2 import functional as TF
 
 # Private torchvision helpers: the RGB <-> HSV conversions of F.adjust_hue (tests/test_augment.py guards them).
 from torchvision.transforms.v2.functional._color import _hsv_to_rgb, _rgb_to_hsv
+
+from data.common import seeded_global_rngs
 
 PADDING_MODES = ("constant", "edge", "reflect", "symmetric")
 
@@ -383,23 +382,6 @@ class BatchRandomErasing:
         """Draw per-sample boxes from ``generator`` and erase them."""
         boxes = self.draw(len(images), images.shape[-2], images.shape[-1], generator)
         return self.apply(images, boxes, generator)
-
-
-@contextmanager
-def seeded_global_rngs(seed: int) -> Iterator[None]:
-    """Seed numpy's and Python's global RNGs with ``seed`` inside the block; restore their previous states after.
-
-    For third-party code that draws from the global RNGs (timm's Mixup). Not thread-safe: another thread drawing
-    from them meanwhile would see (and shift) the seeded stream.
-    """
-    numpy_state, python_state = np.random.get_state(), random.getstate()
-    np.random.seed(seed)
-    random.seed(seed)
-    try:
-        yield
-    finally:
-        np.random.set_state(numpy_state)
-        random.setstate(python_state)
 
 
 class SeededMixup:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import pickle
+import random
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,6 +40,24 @@ def seeded_generator(*keys: int) -> torch.Generator:
     """
     state = np.random.SeedSequence([int(k) for k in keys]).generate_state(1, dtype=np.uint64)[0]
     return torch.Generator().manual_seed(int(state))
+
+
+@contextmanager
+def seeded_global_rngs(seed: int) -> Iterator[None]:
+    """Seed the global RNGs that third-party transforms draw from — Python's ``random``, numpy's and torch's CPU
+    generator — with ``seed`` inside the block, and restore their previous states after (timm's Mixup draws from
+    numpy and ``random``, torchvision's and timm's per-image transforms from ``random`` and torch). Not
+    thread-safe: another thread drawing from them meanwhile would see, and shift, the seeded streams."""
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)
+        try:
+            yield
+        finally:
+            random.setstate(python_state)
+            np.random.set_state(numpy_state)
 
 
 def stratified_split(labels: torch.Tensor, val_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,9 +7,7 @@ transform runs with Python's and torch's global RNGs seeded from it (their previ
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,7 +17,15 @@ from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from data.base import DataModuleBase
-from data.common import channel_mean_std, data_error, reading, require_data_dir, seeded_generator, stratified_split
+from data.common import (
+    channel_mean_std,
+    data_error,
+    reading,
+    require_data_dir,
+    seeded_generator,
+    seeded_global_rngs,
+    stratified_split,
+)
 from data.loader import EpochSampler
 
 if TYPE_CHECKING:
@@ -42,19 +48,6 @@ def find_classes(data_dir: str, split_dir: Path) -> list[str]:
         if not any(path.suffix.lower() in IMG_EXTENSIONS for path in (split_dir / cls).rglob("*")):
             raise data_error(data_dir, "imagefolder", f"has no images in {split}/{cls}/", LAYOUT)
     return classes
-
-
-@contextmanager
-def seeded_global_rngs(seed: int) -> Iterator[None]:
-    """Seed Python's ``random`` and torch's CPU RNG (what timm/torchvision transforms draw from), then restore."""
-    python_state = random.getstate()
-    with torch.random.fork_rng(devices=[]):
-        random.seed(seed)
-        torch.manual_seed(seed)
-        try:
-            yield
-        finally:
-            random.setstate(python_state)
 
 
 class ItemSeedSampler(EpochSampler):
