@@ -28,22 +28,21 @@ table), ``bench/bench.json`` and ``bench/bench.md`` (the benchmark's own report)
 output), ``train/`` (the run's TensorBoard folder) and ``train_summary.json``. The JSON is rewritten after every
 stage, so a killed check keeps what ran::
 
-    {"format": 1, "device": "cuda", "short": false, "date": "2026-12-01T10:00:00+00:00", "wall_s": 312.4,
-     "passed": true, "budget_s": {"cuda_tests": 60, "bench": 240, "train": 150, "total": 450},
-     "machine": {"gpu": "NVIDIA H200", "gpu_class": "h200", "gpu_count": 1, "gpu_memory_gib": 139.8,
-                 "compute_capability": "9.0", "driver": "570.x", "torch": "2.x", "cuda": "12.x", "cudnn": 90100,
-                 "python": "3.11.x", "cpu_count": 16},
-     "stages": {"cuda_tests": {"status": "passed", "seconds": 21.0, "timeout_s": 60, "returncode": 0,
-                               "command": "...", "log": "logs/cuda_tests.log", "error": null,
-                               "figures": {"passed": 1, "skipped": 0, "failed": 0, "errors": 0, ...}},
-                "bench": {..., "figures": {"ours_vs_timm": 1.01, "step_time_vs_standard": {"dca (default)": 1.42},
-                                           "mfu": 0.21, "step_flops_per_s": ..., "data_images_per_s": {...},
-                                           "goals_met": "9/12", "section_errors": {}}},
-                "train": {..., "figures": {"train_images_per_s": 31000.0, "wall_time_s": 40.1,
-                                           "time_per_epoch_s": 15.2, "best_val_acc": 0.41, "diverged": false,
-                                           "epochs_completed": 2, "precision": "bf16-mixed",
-                                           "forward_flops_per_image": 2.8e9, "dataset_note": "...",
-                                           "config": {RunConfig.to_dict()}}}}}
+    {"format": 1, "device": "cuda", "short": false, "date": <ISO time>, "wall_s": <s>, "passed": <bool>,
+     "budget_s": {"cuda_tests": 60, "bench": 240, "train": 150, "total": 450},
+     "machine": {"gpu", "gpu_class", "gpu_count", "gpu_memory_gib", "compute_capability", "driver", "torch",
+                 "cuda", "cudnn", "python", "cpu_count"},
+     "stages": {"cuda_tests": {"status", "seconds", "timeout_s", "returncode", "command", "log", "error",
+                               "figures": {"passed", "skipped", "failed", "errors"}},
+                "bench": {..., "figures": {"ours_vs_timm", "step_time_vs_standard": {<label>: <ratio>}, "mfu",
+                                           "step_flops_per_s", "peak_flops_per_s", "data_images_per_s": {...},
+                                           "goals_met": "<met>/<all>", "section_errors": {}}},
+                "train": {..., "figures": {"train_images_per_s", "wall_time_s", "time_per_epoch_s",
+                                           "best_val_acc", "final_val_acc", "diverged", "epochs_completed",
+                                           "param_count", "precision", "forward_flops_per_image",
+                                           "dataset_note", "config": {RunConfig.to_dict()}}}}}
+
+(a schema, not a measurement: no GPU has run this check yet).
 
 ``status`` is ``passed``, ``failed`` or ``timeout`` (a timed-out train stage has ``figures.progress``: epoch,
 images, seconds, images/s so far). The train stage's ``precision`` is what the run trained at (``auto``
