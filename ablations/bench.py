@@ -96,7 +96,7 @@ class Settings:
     memory_batch: int = 16  # batch 64 at depth 24 OOM-killed the 24 GiB machine (full DCA saves ~9 GiB)
     compile_variants: tuple[str, ...] = ("standard", "dca (default)")
     data_samples: int = 2560  # section 7: synthetic CIFAR-shaped pool (train split: 80%)
-    modes_widths: tuple[int, ...] = (64, 128, 192, 384)  # section 8: the grid (heads = max(2, width // 64)) ...
+    modes_widths: tuple[int, ...] = (16, 32, 64, 128, 192, 384)  # section 8: the grid (heads = max(2, width // 64)) ...
     modes_patches: tuple[int, ...] = (16, 8, 4)  # ... x patch sizes on img_size 32: 5, 17, 65 tokens
     modes_depth: int = 4
 

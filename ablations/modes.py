@@ -19,14 +19,13 @@ small grid, interleaved and paired (``ablations.bench``'s method), and writes ``
 What was known of that machine's CPU (AMD EPYC, 2 cores, avx512_bf16, no AMX) before the table: bf16 autocast is
 1.3-4x *slower* with fused attention (the CPU SDPA kernel in bf16), but 1.25-2x *faster* with explicit attention
 at width >= 128; in fp32, explicit attention is 1.19-1.31x faster than fused SDPA at 17-50 tokens and equal at 5.
-The packaged table (ViT depth 4, batch 64, 2 threads, torch 2.14; step time vs fp32 + fused, paired) agrees on
-bf16 + explicit attention: 1.29-1.99x faster at width >= 128 (the more tokens and the wider, the more), and it
-also wins at width 64 (1.16-1.82x). It differs on the other two: bf16 + fused attention was *not* slower at
-width >= 128 (1.09-1.57x faster; at width 64 from 1.27x slower to 1.12x faster), and fp32 explicit attention was
-no faster than fused SDPA at any token count (step-time ratio 0.89-1.02x, within this machine's round-to-round
-noise). So the table picks bf16-mixed + explicit attention in 11 of 12 cells; the 12th (width 128, 5 tokens) is a
-tie of the two bf16 modes (0.775x vs 0.776x). Its ``machine`` key has the load average it was measured under
-(other people's tests were running). A CPU with AMX (Sapphire Rapids and later) or without avx512_bf16 can differ completely: measure it.
+The packaged table (ViT depth 4, batch 64, 2 threads, torch 2.14; widths 16-384 x 5/17/65 tokens; step time vs
+fp32 + fused, paired) agrees on bf16 + explicit attention where the model is big enough: 1.25-2.1x faster at width
+>= 128, and from 17 tokens at width >= 32. It differs elsewhere: the smallest models (5 tokens up to width 64;
+width 16 at 17 tokens) are fastest in fp32 (bf16 is 1.2-1.4x slower at width 16-32: its casts cost more than its
+matmuls save), bf16 + fused attention was not slower at width >= 128, and fp32 explicit attention was 0.85-1.11x
+of fused SDPA, not 1.19-1.31x faster. Its ``machine`` key has the load average it was measured under.
+A CPU with AMX (Sapphire Rapids and later) or without avx512_bf16 can differ completely: measure it.
 
 Torch-free at import: a training run's configuration step can call ``auto_mode`` cheaply.
 """
