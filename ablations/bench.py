@@ -843,12 +843,14 @@ MODES = (("32-true", True), ("32-true", False), ("bf16-mixed", True), ("bf16-mix
 
 def modes_grid(s: Settings) -> list[dict]:
     """The (width, heads, patch, tokens) cells of section 8."""
-    return [{"embed_dim": w, "num_heads": max(2, w // 64), "patch_size": p, "tokens": (s.img_size // p) ** 2 + 1}
+    from ablations.modes import tokens
+
+    return [{"embed_dim": w, "num_heads": max(2, w // 64), "patch_size": p, "tokens": tokens(s.img_size, p)}
             for w in s.modes_widths for p in s.modes_patches]
 
 
 def bench_modes(s: Settings) -> Section:
-    from ablations.modes import mode_key
+    from ablations.modes import mode_key, tokens
 
     keys = [mode_key(p, f) for p, f in MODES]
     ref = keys[0]
@@ -887,7 +889,7 @@ def bench_modes(s: Settings) -> Section:
                   "choice from it.",
                   f"Tokens = (img / patch)² patches + the class token (patch "
                   f"{', '.join(map(str, s.modes_patches))} on {s.img_size}x{s.img_size}: "
-                  f"{', '.join(str((s.img_size // p) ** 2 + 1) for p in s.modes_patches)})."]
+                  f"{', '.join(str(tokens(s.img_size, p)) for p in s.modes_patches)})."]
     sec.data = {"device": s.device, "depth": s.modes_depth, "batch": s.batch, "img_size": s.img_size,
                 "cells": cells}
     return sec

@@ -91,15 +91,15 @@ def precision_kind(precision: str) -> str:
 def resolve_precision(config: Any, accelerator: str = "cuda", results_dir: str | Path = layout.RESULTS_DIR) -> str:
     """The Lightning precision a run of ``config`` trains at on ``accelerator``: its own, or for ``auto`` what the
     training run would pick (``ablations.modes.auto_mode``: a measured ``<results_dir>/device/modes-cuda.json``, else
-    bf16 autocast on CUDA); ``bf16-mixed`` when that module is absent or cannot answer."""
+    bf16 autocast on CUDA)."""
     if config.precision != "auto":
         return config.precision
-    from .modes import auto_mode
+    from .modes import auto_mode, tokens
     from .run import dataset_shape
 
     shape = dataset_shape(config)
-    tokens = (shape["img_size"] // (config.patch_size or shape["patch_size"])) ** 2 + 1
-    return auto_mode(accelerator, config.embed_dim, tokens, results_dir=results_dir).precision
+    count = tokens(shape["img_size"], config.patch_size or shape["patch_size"])
+    return auto_mode(accelerator, config.embed_dim, count, results_dir=results_dir).precision
 
 
 def peak_flops(gpu: str, kind: str) -> float:

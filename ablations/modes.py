@@ -67,6 +67,12 @@ MODE_KEYS = {mode_key(p, f): (p, f) for p in PRECISIONS for f in (True, False)} 
 CUDA_RULE = Mode("bf16-mixed", True, "rule: CUDA -> bf16 autocast + fused attention")
 
 
+def tokens(img_size: int, patch_size: int) -> int:
+    """The token count of a ViT on ``img_size``² images cut into ``patch_size``² patches: the patches plus the
+    class token (what a table cell's ``tokens`` counts, and what a run is looked up by)."""
+    return (img_size // patch_size) ** 2 + 1
+
+
 def measured_path(device_type: str, results_dir: str | Path = layout.RESULTS_DIR) -> Path:
     """``<results_dir>/device/modes-<device>.json``: where the user's own measurement is looked for."""
     return Path(results_dir) / "device" / f"modes-{device_type}.json"

@@ -201,7 +201,7 @@ def run_training(
     model = build_model(config, datamodule)
     if config.compile:
         model.model.compile()  # in place: state_dict keys stay model.* (torch.compile(m) would add _orig_mod)
-        compile_timer = StepTimer()
+    compile_timer = StepTimer() if config.compile else None  # times the first batches: the compile time
 
     logger = tensorboard_logger(log_dir, run_name)
     more_loggers = extra_loggers(loggers, run_dir=Path(logger.log_dir), run_name=run_name, experiment=experiment,
@@ -223,7 +223,7 @@ def run_training(
         # killed trial resumed from its best epoch and trained the epochs after it again.)
         callbacks.append(ModelCheckpoint(dirpath=dirpath, filename=LAST_CHECKPOINT, enable_version_counter=False))
     callbacks.append(LambdaCallback(on_fit_end=functools.partial(_hand_back_summary, tracker)))
-    if config.compile:
+    if compile_timer is not None:
         callbacks.append(compile_timer)
     callbacks.extend(extra_callbacks)
     steps_per_epoch = len(datamodule.train_dataloader())
@@ -251,7 +251,7 @@ def run_training(
                                   status="failed")
         raise
     summary = trainer.callback_metrics.pop(_SUMMARY_KEY, None) or tracker.summary()
-    if config.compile:
+    if compile_timer is not None:
         facts["compile_time_s"] = compile_timer.compile_time_s()
     return _finish(trainer, [logger, *more_loggers], summary | facts, run_name, status="success")
 
@@ -262,10 +262,10 @@ def resolve_mode(config: RunConfig, accelerator: str, datamodule: Any) -> tuple[
     trains with and the facts for its summary: ``precision``, ``fused_attn`` and, when chosen, ``mode_source``."""
     facts: dict[str, Any] = {}
     if config.precision == "auto":
-        from ablations.modes import auto_mode
+        from ablations.modes import auto_mode, tokens
 
-        tokens = (datamodule.img_size // (config.patch_size or datamodule.default_patch_size)) ** 2 + 1
-        mode = auto_mode(accelerator, config.embed_dim, tokens)
+        count = tokens(datamodule.img_size, config.patch_size or datamodule.default_patch_size)
+        mode = auto_mode(accelerator, config.embed_dim, count)
         config = config.replace(precision=mode.precision,
                                 fused_attn=mode.fused_attn if config.fused_attn is None else config.fused_attn)
         facts["mode_source"] = mode.source

@@ -103,6 +103,7 @@ class BatchTransform:
         self.pixel_max = pixel_max
         self.mean = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
         self.std = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
+        self._stats_on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}  # mean, std per device
         self.max_shift = max_shift
         self.hflip = hflip
         self.padding_mode = augment.crop_padding_mode
@@ -135,7 +136,10 @@ class BatchTransform:
                 x = self.erasing(x, generator)
         else:
             x = x.float() / self.pixel_max
-        return x.sub_(self.mean.to(x.device)).div_(self.std.to(x.device))
+        if x.device not in self._stats_on:  # copied once per device, not once per batch
+            self._stats_on[x.device] = (self.mean.to(x.device), self.std.to(x.device))
+        mean, std = self._stats_on[x.device]
+        return x.sub_(mean).div_(std)
 
 
 class TensorBatchLoader:
