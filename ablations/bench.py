@@ -41,12 +41,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import gc
 import json
 import logging
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -55,15 +53,14 @@ import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from . import layout
 from .cli import OneLineParser
+from .timing import interleave, median, paired_ratio, round_ratios, synchronised, train_step
 
-SECTIONS = ("timm", "variants", "lightning", "mfu", "study", "memory", "data", "modes", "compile")
-DEFAULT_SECTIONS = SECTIONS[:-1]  # compile is opt-in
+SECTIONS = ("timm", "variants", "lightning", "mfu", "study", "memory", "data", "modes", "compile", "auto")
+DEFAULT_SECTIONS = tuple(name for name in SECTIONS if name != "compile")  # compile is opt-in
 STUDY = "residual_variants"
-LR, WEIGHT_DECAY = 1e-3, 0.05
 
 
 @dataclass(frozen=True)
@@ -131,57 +128,7 @@ TINY = replace(FULL, mode="tiny", embed_dim=32, num_heads=2, patch_size=8, depth
                modes_widths=(32,), modes_patches=(8,), modes_depth=1)
 
 
-# --- timing --------------------------------------------------------------------------------------------------------
-def interleave(fns: dict[str, Callable[[], Any]], *, reps: int, steps: int, warmup: int,
-               device: str = "cpu") -> dict[str, list[float]]:
-    """Seconds per call of each function in each round: all warmed up first, then timed in interleaved rounds.
-    On ``device="cuda"`` every call ends with ``torch.cuda.synchronize()``: a time covers the kernels it queued."""
-    if device == "cuda":
-        fns = {name: synchronised(fn) for name, fn in fns.items()}
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    names = list(fns)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    gc_was_enabled = gc.isenabled()
-    gc.disable()  # as timeit does: a full collection of a torch + Lightning process takes ~1 s
-    try:
-        for r in range(reps):
-            for name in names[r % len(names):] + names[: r % len(names)]:
-                fn = fns[name]
-                t0 = time.perf_counter()
-                for _ in range(steps):
-                    fn()
-                times[name].append((time.perf_counter() - t0) / steps)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-    return times
-
-
-def synchronised(fn: Callable[[], Any]) -> Callable[[], None]:
-    """``fn`` followed by ``torch.cuda.synchronize()``."""
-    import torch
-
-    def call() -> None:
-        fn()
-        torch.cuda.synchronize()
-
-    return call
-
-
-def median(values: list[float]) -> float:
-    return statistics.median(values)
-
-
-def round_ratios(times: dict[str, list[float]], a: str, b: str) -> list[float]:
-    """time(a) / time(b) within each round."""
-    return [ta / tb for ta, tb in zip(times[a], times[b], strict=True)]
-
-
-def paired_ratio(times: dict[str, list[float]], a: str, b: str) -> float:
-    """Median over rounds of time(a) / time(b) within the round."""
-    return median(round_ratios(times, a, b))
+# --- timing: ablations.timing (shared with precision auto's measurement) -------------------------------------------
 
 
 def ratio_cell(ratios: list[float], percent: bool = False) -> str:
@@ -189,34 +136,6 @@ def ratio_cell(ratios: list[float], percent: bool = False) -> str:
     if percent:
         return f"{100 * (median(ratios) - 1):+.1f}% [{100 * (min(ratios) - 1):+.0f}, {100 * (max(ratios) - 1):+.0f}]"
     return f"{median(ratios):.3f}x [{min(ratios):.2f}-{max(ratios):.2f}]"
-
-
-def train_step(model, batch, precision: str = "32-true") -> Callable[[], None]:
-    """One training step (forward, cross-entropy, backward, AdamW step) on a fixed batch, on the batch's device:
-    fp32 (``32-true``), or forward and loss under bf16 autocast (``bf16-mixed``, as Lightning does)."""
-    import torch
-    import torch.nn.functional as F
-    from timm.optim import param_groups_weight_decay
-
-    if hasattr(model, "param_groups"):  # ours: timm's rule plus each variant's own no-decay parameters
-        groups = model.param_groups(WEIGHT_DECAY)
-    else:
-        groups = param_groups_weight_decay(model, WEIGHT_DECAY, model.no_weight_decay())
-    optimizer = torch.optim.AdamW(groups, lr=LR)
-    x, y = batch
-    model.train()
-    if precision not in ("32-true", "bf16-mixed"):
-        raise ValueError(f"precision must be 32-true or bf16-mixed, got {precision!r}")
-    bf16 = precision == "bf16-mixed"
-
-    def step() -> None:
-        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
-            loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    return step
 
 
 # --- models and data -----------------------------------------------------------------------------------------------
@@ -838,7 +757,6 @@ def bench_data(s: Settings) -> Section:
 
 
 # --- 8. the fastest mode per width and token count -----------------------------------------------------------------
-MODES = (("32-true", True), ("32-true", False), ("bf16-mixed", True), ("bf16-mixed", False))  # the first: reference
 
 
 def modes_grid(s: Settings) -> list[dict]:
@@ -850,11 +768,10 @@ def modes_grid(s: Settings) -> list[dict]:
 
 
 def bench_modes(s: Settings) -> Section:
-    from ablations.modes import mode_key, tokens
+    from ablations.modes import MODE_KEYS, fastest, measure_cell, tokens
 
-    keys = [mode_key(p, f) for p, f in MODES]
+    keys = list(MODE_KEYS)
     ref = keys[0]
-    batch = random_batch(s)
     sec = Section("modes", "8. Fastest train-step mode per width and token count",
                   f"ours standard, depth {s.modes_depth}, mlp 4, {s.img_size}x{s.img_size}, 10 classes, batch "
                   f"{s.batch}, heads = max(2, width / 64), on the {s.device.upper()}; each cell times one train "
@@ -866,32 +783,80 @@ def bench_modes(s: Settings) -> Section:
     for cell in modes_grid(s):
         size = dict(img_size=s.img_size, patch_size=cell["patch_size"], in_chans=3, num_classes=10,
                     embed_dim=cell["embed_dim"], depth=s.modes_depth, num_heads=cell["num_heads"], mlp_ratio=4.0)
-        fns = {mode_key(p, f): train_step(ours("standard", {}, size, fused=f).to(s.device), batch, p)
-               for p, f in MODES}
-        times = interleave(fns, reps=s.reps, steps=s.steps, warmup=s.warmup, device=s.device)
-        medians = {k: median(times[k]) for k in keys}
-        ratios = {k: round_ratios(times, k, ref) for k in keys[1:]}
         # each mode's time as the bench trusts it: the reference's median x the mode's paired ratio (a machine
         # whose load changes from round to round moves a raw median much more than an in-round ratio)
-        paired = {ref: medians[ref]} | {k: medians[ref] * median(r) for k, r in ratios.items()}
-        best = min(keys, key=paired.__getitem__)  # as ablations.modes.fastest reads it: the smallest times_s
-        precision, fused = dict(zip(keys, MODES, strict=True))[best]
-        cells.append({**cell, "times_s": paired, "median_s": medians,
-                      "ratios": {k: median(r) for k, r in ratios.items()},
-                      "best": {"precision": precision, "fused_attn": fused}, "rounds_s": times})
-        sec.rows.append([str(cell["embed_dim"]), str(cell["num_heads"]), str(cell["tokens"]), ms(medians[ref]),
-                         *(ratio_cell(ratios[k]) for k in keys[1:]), best])
-        del fns
+        measured = measure_cell(size, s.batch, device=s.device, reps=s.reps, steps=s.steps, warmup=s.warmup)
+        times = measured["rounds_s"]
+        precision, fused = fastest(measured)  # what ablations.modes.choose_mode answers for this cell
+        best = f"{precision}/{'fused' if fused else 'explicit'}"
+        cells.append({**cell, **measured, "best": {"precision": precision, "fused_attn": fused}})
+        sec.rows.append([str(cell["embed_dim"]), str(cell["num_heads"]), str(cell["tokens"]),
+                         ms(measured["median_s"][ref]),
+                         *(ratio_cell(round_ratios(times, k, ref)) for k in keys[1:]), best])
     sec.notes += ["A ratio below 1 is faster than fp32 with fused attention (the bench's and timm's default). "
-                  "'fastest' has the smallest paired ratio, i.e. the smallest 'times_s' in the table this section "
-                  "writes, <out>/modes-<device>.json, where each mode's time is the reference's median times the "
-                  "mode's paired ratio ('median_s': the raw medians); ablations.modes.choose_mode reads the same "
-                  "choice from it.",
+                  "'fastest' is what ablations.modes.choose_mode answers for the cell: the smallest 'times_s' in "
+                  "the table this section writes, <out>/modes-<device>.json (each mode's time is the reference's "
+                  "median times the mode's paired ratio; 'median_s': the raw medians), except that a bf16 mode must "
+                  "be at least 5% faster than the fastest fp32 mode (ablations.modes.BF16_MARGIN).",
                   f"Tokens = (img / patch)² patches + the class token (patch "
                   f"{', '.join(map(str, s.modes_patches))} on {s.img_size}x{s.img_size}: "
                   f"{', '.join(str(tokens(s.img_size, p)) for p in s.modes_patches)})."]
     sec.data = {"device": s.device, "depth": s.modes_depth, "batch": s.batch, "img_size": s.img_size,
                 "cells": cells}
+    return sec
+
+
+#: Section 10's models: the study sizes precision auto decides most often (RunConfig fields; batch of the study).
+AUTO_SIZES = (
+    ("residual_variants default (mnist5k 28x28, patch 7)",
+     dict(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=64, depth=4, num_heads=4, mlp_ratio=2.0),
+     64),
+    ("ViT-Tiny width (32x32, patch 4)",
+     dict(img_size=32, patch_size=4, in_chans=3, num_classes=10, embed_dim=192, depth=6, num_heads=3, mlp_ratio=4.0),
+     32),
+)
+
+
+def bench_auto(s: Settings) -> Section:
+    """Precision ``auto`` against both fixed precisions, on this machine, at the study sizes: the mode auto picks
+    here (a table matching this machine's signature, else measured on the spot as a training run would) timed
+    interleaved with ``32-true`` and ``bf16-mixed`` (both with timm's fused attention, the fixed modes' kernel)."""
+    import torch
+
+    from ablations.modes import auto_mode, probe, tokens
+
+    sizes = AUTO_SIZES if s.mode != "tiny" else (("tiny", dict(AUTO_SIZES[0][1], embed_dim=16, depth=1), 8),)
+    sec = Section("auto", "10. precision auto vs the fixed precisions",
+                  f"ours standard at each size, on the {s.device.upper()}, {torch.get_num_threads()} threads; one "
+                  f"train step (forward, cross-entropy, backward, AdamW), {s.reps} rounds x {s.steps} steps "
+                  "interleaved; auto = the mode ablations.modes chooses here (its source in the last column)",
+                  ["model", "32-true ms/step", "bf16-mixed vs 32-true", "auto's mode", "auto vs 32-true", "goal",
+                   "mark", "auto's source"])
+    data = []
+    with tempfile.TemporaryDirectory() as tmp:  # a measurement made here is this section's alone
+        for label, size, batch in sizes:
+            count = tokens(size["img_size"], size["patch_size"])
+            mode = auto_mode(s.device, size["embed_dim"], count, results_dir=tmp,
+                             threads=torch.get_num_threads(), measure=probe(size, batch))
+            g = torch.Generator().manual_seed(0)
+            x = torch.randn(batch, size["in_chans"], size["img_size"], size["img_size"], generator=g).to(s.device)
+            y = torch.randint(0, size["num_classes"], (batch,), generator=g).to(s.device)
+            fns = {"32-true": train_step(ours("standard", {}, size).to(s.device), (x, y), "32-true"),
+                   "bf16-mixed": train_step(ours("standard", {}, size).to(s.device), (x, y), "bf16-mixed"),
+                   "auto": train_step(ours("standard", {}, size, fused=mode.fused_attn).to(s.device), (x, y),
+                                      mode.precision)}
+            times = interleave(fns, reps=s.reps, steps=s.steps, warmup=s.warmup, device=s.device)
+            bf16, auto = round_ratios(times, "bf16-mixed", "32-true"), round_ratios(times, "auto", "32-true")
+            ratio = median(auto)
+            sec.rows.append([f"{label}: width {size['embed_dim']}, {count} tokens, depth {size['depth']}, batch "
+                             f"{batch}", ms(median(times["32-true"])), ratio_cell(bf16), mode.key, ratio_cell(auto),
+                             *sec.goal(f"auto / 32-true, {label}", ratio, 1.05, "≤ 1.05x", f"{ratio:.3f}x",
+                                       rounds=auto), mode.source.replace(tmp, "<measured here>")])
+            data.append({"model": label, "size": size, "batch": batch, "mode": mode.key, "source": mode.source,
+                         "times_s": times})
+    sec.notes.append("auto never trains in bf16 on a CPU unless a table measured on this CPU signature (model, "
+                     "avx512_bf16/AMX flags, threads, torch) says bf16 is at least 5% faster (ablations.modes).")
+    sec.data = {"models": data}
     return sec
 
 
@@ -939,7 +904,7 @@ def bench_compile(s: Settings) -> Section:
 
 BENCHES = {"timm": bench_timm, "variants": bench_variants, "lightning": bench_lightning, "mfu": bench_mfu,
            "study": bench_study, "memory": bench_memory, "data": bench_data, "modes": bench_modes,
-           "compile": bench_compile}
+           "compile": bench_compile, "auto": bench_auto}
 
 
 # --- report --------------------------------------------------------------------------------------------------------
@@ -948,12 +913,9 @@ def machine_facts(threads: int) -> dict:
     import timm
     import torch
 
-    cpu, flags = platform.processor() or "unknown", []
-    with contextlib.suppress(OSError):
-        info = Path("/proc/cpuinfo").read_text()
-        cpu = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), cpu)
-        words = next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), [])
-        flags = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16") if f in words]
+    from ablations.modes import cpu_facts
+
+    cpu, flags = cpu_facts()
     return {"cpu": cpu, "cpu_flags": flags, "logical_cores": os.cpu_count(), "threads": threads,
             "torch": torch.__version__, "timm": timm.__version__, "lightning": lightning.__version__,
             "python": platform.python_version(),

@@ -15,6 +15,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from . import layout
 from .spec import SPAWN_STRATEGIES, StudySpec
 from .storage import retried_trial_number
 
@@ -85,8 +86,10 @@ class Objective:
     """Callable for ``study.optimize``: trains one configuration and returns ``summary[spec.metric]``."""
 
     def __init__(self, spec: StudySpec, *, log_root: Path, overrides: dict[str, Any] | None = None,
-                 keep_checkpoints: bool = False, loggers: tuple[str, ...] = ()) -> None:
+                 keep_checkpoints: bool = False, loggers: tuple[str, ...] = (),
+                 results_dir: str | Path = layout.RESULTS_DIR) -> None:
         self.spec = spec
+        self.results_dir = Path(results_dir)
         self.log_root = Path(log_root)
         self.overrides = dict(overrides or {})
         self.keep_checkpoints = keep_checkpoints
@@ -144,7 +147,7 @@ class Objective:
             summary = run_training(config, log_dir=self.log_root, run_name=run_name, extra_callbacks=callbacks,
                                    enable_progress_bar=False, enable_model_summary=False, checkpoint_dir=ckpt_dir,
                                    ckpt_path=ckpt_path, hparams=self.hparams(params), loggers=self.loggers,
-                                   experiment=self.spec.study_name)
+                                   experiment=self.spec.study_name, results_dir=self.results_dir)
             _check_pruned(callbacks[0], summary)
         except optuna.TrialPruned as exc:  # a finished trial too: keep the epochs it ran, drop its checkpoints
             for key, value in _jsonable(getattr(exc, "run_summary", None) or {}).items():

@@ -279,12 +279,48 @@ def _main(args: argparse.Namespace) -> int:
     total = spec.size if spec.kind == "grid" else (args.n_trials or spec.n_trials)
     print(f"study '{study_name}' ({spec.kind}, {total} trials) in {_redact(args.storage)}; "
           f"TensorBoard: tensorboard --logdir {layout.runs_dir(args.results_dir, study_name)}", file=sys.stderr)
+    _measure_modes(spec, overrides, Path(args.results_dir))
     started = time.time()
     if args.workers == 1:
         _work(spec, storage, study_name, args, overrides, progress_total=None if args.no_progress else total)
     else:
         _spawn_workers(args, storage, study_name, total, _grid_keys(spec))
     return _finish(study_name, storage, spec, time.time() - started)
+
+
+def _measure_modes(spec, overrides: dict, results_dir: Path) -> None:
+    """Precision ``auto`` on a CPU whose signature no modes table matches: measure the cells the study's points need
+    once, here, before any worker starts (``ablations.modes``; cached under ``<results_dir>/device/``), so that the
+    workers find them instead of each measuring while the others train. One line per cell measured."""
+    import torch
+
+    from .modes import auto_mode, probe, tokens
+
+    threads = overrides.get("threads") or os.cpu_count() or 1
+    points = spec.grid() if spec.kind == "grid" else [{"variant": v.label} for v in spec.variants]
+    seen = set()
+    for params in points:
+        config = spec.run_config(params, overrides)
+        if config.precision != "auto" or config.accelerator not in ("auto", "cpu") or torch.cuda.is_available():
+            continue
+        shape = dataset_shape(config)
+        patch = config.patch_size or shape["patch_size"]
+        size = dict(img_size=shape["img_size"], patch_size=patch, in_chans=shape["in_chans"],
+                    num_classes=shape["num_classes"], embed_dim=config.embed_dim, depth=config.depth,
+                    num_heads=config.num_heads, mlp_ratio=config.mlp_ratio)
+        key = (tuple(sorted(size.items())), config.batch_size)
+        if key in seen:
+            continue
+        seen.add(key)
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            mode = auto_mode("cpu", config.embed_dim, tokens(shape["img_size"], patch), results_dir=results_dir,
+                             threads=threads, measure=probe(size, config.batch_size))
+        finally:
+            torch.set_num_threads(before)
+        print(f"precision auto, width {config.embed_dim}, {tokens(shape['img_size'], patch)} tokens, {threads} "
+              f"thread(s): {mode.key} ({mode.source})", file=sys.stderr)
 
 
 def _retry_failed_points(study, spec, storage, *, only_stopped: bool = False) -> None:
@@ -567,7 +603,7 @@ def _work(spec, storage, study_name: str, args, overrides: dict, progress_total:
     study = _create_study(spec, storage, study_name, seed=index)  # a distinct sampler seed per worker
     log_root = layout.runs_dir(args.results_dir, study_name)
     objective = Objective(spec, log_root=log_root, overrides=overrides, keep_checkpoints=args.keep_checkpoints,
-                          loggers=tuple(args.loggers))
+                          loggers=tuple(args.loggers), results_dir=args.results_dir)
     objective = _guarded(objective, log_root)
     grid = _grid_keys(spec)
     bar = _progress(study, progress_total, grid)
@@ -706,6 +742,7 @@ def _dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = 
     names = sorted({c.recipe for c in configs})
     print(recipe_line(configs[0]) + (f" (first point; the points use recipes {', '.join(names)})"
                                      if len(names) > 1 else ""))
+    print(_auto_line(configs[0], overrides, results_dir))
     seconds = [estimate_seconds(config) for config in configs]
     per_trial = sum(seconds) / len(seconds)
     total = per_trial * spec.size
@@ -715,6 +752,24 @@ def _dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = 
     for line in describe_estimate(estimate(configs, spec.size, gpu, results_dir)):
         print(line)
     return 0
+
+
+def _auto_line(config, overrides: dict, results_dir: Path) -> str:
+    """What precision ``auto`` will train the (first) point in on this machine's CPU: a table or cache that matches
+    this CPU's signature, or a measurement the study makes before its first trial."""
+    if config.precision != "auto":
+        return f"precision: {config.precision} (fixed by the study)"
+    from .modes import choose_mode, tokens
+
+    shape = dataset_shape(config)
+    count = tokens(shape["img_size"], config.patch_size or shape["patch_size"])
+    threads = overrides.get("threads") or os.cpu_count() or 1
+    mode = choose_mode("cpu", config.embed_dim, count, results_dir=results_dir, threads=threads)
+    if mode.source.startswith("rule:"):
+        return (f"precision auto on this CPU ({threads} thread(s)): no table matches this CPU; the run measures the "
+                "four modes of each model size first (seconds) and caches them under "
+                f"{results_dir / 'device'}")
+    return f"precision auto on this CPU ({threads} thread(s)): {mode.key} ({mode.source})"
 
 
 def _duration(seconds: float) -> str:

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ablations import layout
 from ablations.config import RunConfig
 
 #: Summary keys mirrored to TensorBoard's HParams plugin as ``hp/<key>``: the same tuple for every run.
@@ -163,6 +164,7 @@ def run_training(
     hparams: Mapping[str, Any] | None = None,
     loggers: Sequence[str] = (),
     experiment: str = "ablations",
+    results_dir: str | Path = layout.RESULTS_DIR,
 ) -> dict[str, Any]:
     """Train one run and return its summary (:func:`lit_modules.convergence.summarize`) plus ``run_name``,
     ``log_dir`` (the run's TensorBoard folder) and ``param_count``.
@@ -176,7 +178,8 @@ def run_training(
     TensorBoard tags are grouped for reading (:mod:`ablations.dashboard`). ``hparams``: the run's values of its
     study's HParams columns (the study writes the columns once at its log root); None: a run on its own, whose
     HParams entry lists the whole config. ``loggers``: extra Lightning loggers (``csv``, ``mlflow``; MLflow's
-    store is ``<log_dir>/mlflow.db``, SQLite, experiment ``experiment``).
+    store is ``<log_dir>/mlflow.db``, SQLite, experiment ``experiment``). ``results_dir``: where precision ``auto``
+    looks for (and caches) this machine's mode measurements (``<results_dir>/device/``).
 
     Raises SetupError (a ValueError, one line) when the model or data cannot be built. If ``fit`` raises
     (e.g. ``optuna.TrialPruned`` from a pruning callback, or KeyboardInterrupt), the summary of the epochs run so
@@ -197,7 +200,7 @@ def run_training(
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     pl.seed_everything(config.seed, workers=True, verbose=False)
     datamodule = build_datamodule(config)
-    config, facts = resolve_mode(config, accelerator, datamodule)
+    config, facts = resolve_mode(config, accelerator, datamodule, results_dir)
     model = build_model(config, datamodule)
     if config.compile:
         model.model.compile()  # in place: state_dict keys stay model.* (torch.compile(m) would add _orig_mod)
@@ -256,22 +259,30 @@ def run_training(
     return _finish(trainer, [logger, *more_loggers], summary | facts, run_name, status="success")
 
 
-def resolve_mode(config: RunConfig, accelerator: str, datamodule: Any) -> tuple[RunConfig, dict[str, Any]]:
-    """``precision="auto"``: the fastest mode measured for this device and model size (:mod:`ablations.modes`),
-    precision and attention kernel together (an explicit ``fused_attn`` is kept). Returns the config the run
-    trains with and the facts for its summary: ``precision``, ``fused_attn`` and, when chosen, ``mode_source``."""
+def resolve_mode(config: RunConfig, accelerator: str, datamodule: Any,
+                 results_dir: str | Path = layout.RESULTS_DIR) -> tuple[RunConfig, dict[str, Any]]:
+    """``precision="auto"``: the fastest mode for this device, this CPU's signature and thread count, and this model
+    size (:mod:`ablations.modes`: a table measured on this machine, else a cell measured now and cached under
+    ``<results_dir>/device/``), precision and attention kernel together (an explicit ``fused_attn`` is kept).
+    Returns the config the run trains with and the facts for its summary: ``precision``, ``fused_attn`` and, when
+    chosen, ``mode_source``."""
     facts: dict[str, Any] = {}
     if config.precision == "auto":
-        from ablations.modes import auto_mode, tokens
+        import torch
 
-        count = tokens(datamodule.img_size, config.patch_size or datamodule.default_patch_size)
-        mode = auto_mode(accelerator, config.embed_dim, count)
+        from ablations.modes import auto_mode, probe, tokens
+
+        patch = config.patch_size or datamodule.default_patch_size
+        size = dict(img_size=datamodule.img_size, patch_size=patch, in_chans=datamodule.in_chans,
+                    num_classes=datamodule.num_classes, embed_dim=config.embed_dim, depth=config.depth,
+                    num_heads=config.num_heads, mlp_ratio=config.mlp_ratio)
+        mode = auto_mode(accelerator, config.embed_dim, tokens(datamodule.img_size, patch), results_dir=results_dir,
+                         threads=torch.get_num_threads(), measure=probe(size, config.batch_size))
         config = config.replace(precision=mode.precision,
                                 fused_attn=mode.fused_attn if config.fused_attn is None else config.fused_attn)
         facts["mode_source"] = mode.source
     facts |= {"precision": config.precision, "fused_attn": config.fused_attn is not False}  # None: timm's fused
     return config, facts
-
 
 
 def _record_resume(tracker: Any, trainer: Any, pl_module: Any) -> None:

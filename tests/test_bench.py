@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from ablations import bench
+from ablations import bench, modes
 from ablations.costs import all_configs
 from lit_modules import RESIDUALS
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADERS = {"timm": "## 1. ", "variants": "## 2. ", "lightning": "## 3. ", "mfu": "## 4. ", "study": "## 5. ",
-           "memory": "## 6. ", "data": "## 7. ", "modes": "## 8. ", "compile": "## 9. "}
+           "memory": "## 6. ", "data": "## 7. ", "modes": "## 8. ", "compile": "## 9. ", "auto": "## 10. "}
 DATA_KEYS = {
     "timm": {"times_s"},
     "variants": {"variants", "times_s"},
@@ -29,6 +29,7 @@ DATA_KEYS = {
     "data": {"recipes", "images_per_epoch", "images_per_s", "times_s"},
     "modes": {"device", "depth", "batch", "cells"},
     "compile": {"times_s", "first_compiled_step_s"},
+    "auto": {"models"},
 }
 
 
@@ -78,7 +79,17 @@ def test_tiny_run_writes_every_section(tmp_path):
     assert report["meta"]["device"] == "cpu" and "fp32, fused attention" in sections["timm"]["setup"]
     check_data_section(sections["data"])
     check_modes_table(tmp_path / "modes-cpu.json", sections["modes"])
+    check_auto_section(sections["auto"])
     check_costs_read_the_step_times(tmp_path / "bench.json", report)
+
+
+def check_auto_section(sec: dict) -> None:
+    """Section 10: auto's mode at each size, timed beside both fixed precisions, with the goal auto / 32-true."""
+    (model,) = sec["data"]["models"]
+    assert set(model["times_s"]) == {"32-true", "bf16-mixed", "auto"}
+    assert model["mode"] in modes.MODE_KEYS and model["source"]
+    (goal,) = sec["goals"]
+    assert goal["limit"] == 1.05 and goal["what"].startswith("auto / 32-true")
 
 
 def check_data_section(sec: dict) -> None:
@@ -101,8 +112,12 @@ def check_modes_table(path: Path, sec: dict) -> None:
     assert [(c["embed_dim"], c["tokens"]) for c in table["cells"]] == grid
     for c in table["cells"]:
         assert set(c["times_s"]) == {"32-true/fused", "32-true/explicit", "bf16-mixed/fused", "bf16-mixed/explicit"}
+        fp32 = min(("32-true/fused", "32-true/explicit"), key=c["times_s"].get)
         best = min(c["times_s"], key=c["times_s"].get)
+        if best.startswith("bf16") and c["times_s"][best] > modes.BF16_MARGIN * c["times_s"][fp32]:
+            best = fp32  # bf16 must win by the margin
         assert best == f"{c['best']['precision']}/{'fused' if c['best']['fused_attn'] else 'explicit'}"
+    assert modes.table_signature(table) == modes.cpu_signature(1)  # measured with --threads 1
     assert len(sec["data"]["cells"]) == len(grid)
 
 

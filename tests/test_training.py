@@ -207,7 +207,8 @@ def test_precision_auto_trains_in_the_measured_fastest_mode_with_diagnostics_wor
 
     times = {key: 1.0 for key in modes.MODE_KEYS}
     times[best] = 0.5
-    table = {"device": "cpu", "cells": [{"embed_dim": 16, "tokens": 5, "times_s": times},
+    table = {"device": "cpu", "machine": modes.cpu_signature(TINY.threads),  # measured "here", at the run's threads
+             "cells": [{"embed_dim": 16, "tokens": 5, "times_s": times},
                                         {"embed_dim": 512, "tokens": 65, "times_s": {k: 1.0 for k in times}}]}
     table_path = tmp_path / "modes-cpu.json"
     table_path.write_text(json.dumps(table))
