@@ -80,7 +80,11 @@ class RunConfig:
     dataset: str = _f("digits", "data", "str", "dataset: " + ", ".join(DATASET_NAMES))
     data_dir: str | None = _f(None, "data", "optional_str", "data folder (needed by mnist, cifar10/100, imagefolder)")
     batch_size: int = _f(128, "data", "int", "batch size per device")
-    val_fraction: float = _f(0.2, "data", "float", "val share of datasets without an official val split")
+    val_fraction: float = _f(0.2, "data", "float",
+                             "val share of a pool (or of an official train split), drawn with the run's seed")
+    test_fraction: float = _f(0.2, "data", "float",
+                              "held-out test share of a pool, the same images for every seed (datasets with an "
+                              "official test split use it); 0: no test split, val as before the test split")
     augment: bool = _f(True, "data", "bool",
                        "training augmentation: the dataset's own crop/flip plus the recipe's (off: none, no Mixup)")
     recipe: str = _f("basic", "data", "str", "training recipe, the default of every field marked 'recipe': "
@@ -186,6 +190,10 @@ class RunConfig:
             raise ValueError("class_attention_blocks > 0 needs global_pool='token' (the head reads the class token)")
         _in_range("drop_path_rate", self.drop_path_rate, 0.0, 1.0)
         _in_range("val_fraction", self.val_fraction, 0.0, 1.0, low_open=True, high_open=True)
+        _in_range("test_fraction", self.test_fraction, 0.0, 1.0, high_open=True)
+        if self.val_fraction + self.test_fraction >= 1.0:
+            raise ValueError(f"val_fraction + test_fraction must be below 1, got {self.val_fraction:g} + "
+                             f"{self.test_fraction:g}")
         _in_range("lr", self.lr, 0.0, math.inf, low_open=True)
         _in_range("weight_decay", self.weight_decay, 0.0, math.inf)
         _in_range("warmup_epochs", self.warmup_epochs, 0.0, math.inf)

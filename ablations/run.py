@@ -793,23 +793,22 @@ def estimate_seconds(config) -> float:
 
 
 def dataset_shape(config) -> dict:
-    """What the dataset class knows before loading: img_size, in_chans, num_classes, default patch size and
-    (train, val) sizes (``known_sizes``; a generated dataset: its ``num_samples`` split by ``val_fraction``;
-    otherwise :data:`UNKNOWN_SIZES`). From the constructed DataModule (cheap), else the class attributes."""
+    """What the dataset class knows before loading: img_size, in_chans, num_classes, default patch size and the
+    (train, val + test) images a trial trains on and evaluates per epoch (:func:`data.base.split_sizes` of its pool
+    or official splits, at the config's fractions; otherwise :data:`UNKNOWN_SIZES`). From the constructed
+    DataModule (cheap), else the class attributes."""
     import data
+    from data.base import split_sizes
 
     try:
         dm = data.build_datamodule(config.dataset, data_dir=config.data_dir, **config.dataset_options)
     except Exception:  # noqa: BLE001 - e.g. a folder dataset not on this machine: the class still knows its shape
         dm = data.DATASETS.get(config.dataset)
-    sizes = getattr(dm, "known_sizes", None)
-    samples = getattr(dm, "num_samples", None)
-    if sizes is None and isinstance(samples, int):
-        val = round(samples * getattr(dm, "val_fraction", 0.2))
-        sizes = (samples - val, val)
+    sizes = split_sizes(getattr(dm, "pool_size", None), getattr(dm, "official_sizes", None), config.val_fraction,
+                        config.test_fraction)
     return {"img_size": getattr(dm, "img_size", 32), "in_chans": getattr(dm, "in_chans", 3),
             "num_classes": getattr(dm, "num_classes", 10), "patch_size": getattr(dm, "default_patch_size", 4),
-            "sizes": tuple(sizes or UNKNOWN_SIZES)}
+            "sizes": (sizes[0], sizes[1] + sizes[2]) if sizes else UNKNOWN_SIZES}
 
 
 def _redact(url: str) -> str:

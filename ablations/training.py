@@ -25,7 +25,7 @@ from ablations.config import RunConfig
 
 #: Summary keys mirrored to TensorBoard's HParams plugin as ``hp/<key>``: the same tuple for every run.
 HP_SUMMARY_KEYS: tuple[str, ...] = (
-    "best_val_acc", "final_val_acc", "best_epoch", "val_acc_auc",
+    "test_acc", "test_acc_at_best_val", "best_val_acc", "final_val_acc", "best_epoch", "val_acc_auc",
     "epochs_to_90pct_of_best", "epochs_to_95pct_of_best", "epochs_to_99pct_of_best", "steps_to_95pct_of_best",
     "final_train_loss", "wall_time_s", "time_per_epoch_s", "train_images_per_s",
     "epochs_completed", "diverged", "param_count",
@@ -91,7 +91,7 @@ def build_datamodule(config: RunConfig):
     try:
         dm = data.build_datamodule(
             config.dataset, data_dir=config.data_dir, batch_size=config.batch_size,
-            val_fraction=config.val_fraction, seed=config.seed, augment=config.augment,
+            val_fraction=config.val_fraction, test_fraction=config.test_fraction, seed=config.seed, augment=config.augment,
             num_workers=config.num_workers, train_augment=train_augment(config), **config.dataset_options,
         )
         dm.setup("fit")

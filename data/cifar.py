@@ -43,17 +43,18 @@ class _FilesExistCIFAR100(_FilesExistCIFAR10, CIFAR100):
 
 
 class CIFAR10DataModule(InMemoryDataModule):
-    """CIFAR-10 under ``data_dir/cifar-10-batches-py``; val = the official test split.
+    """CIFAR-10 under ``data_dir/cifar-10-batches-py``; test = the official test split, val = a seeded
+    ``val_fraction`` of the official train split (``test_fraction=0``: val = the official test split, no test).
 
     Held in memory as uint8 (N, 3, 32, 32); augmentation: random crop with 4-px zero padding + horizontal flip.
-    ``val_fraction`` is unused. ``CIFAR100DataModule`` differs only in its class attributes.
+    ``CIFAR100DataModule`` differs only in its class attributes.
     """
 
     name = "cifar10"
     num_classes = 10
     in_chans = 3
     img_size = 32
-    known_sizes = (50000, 10000)  # official train / test splits
+    official_sizes = (50000, 10000)  # official train / test splits
     default_patch_size = 4
     max_shift = 4
     hflip = True
@@ -83,11 +84,11 @@ class CIFAR10DataModule(InMemoryDataModule):
             images = torch.from_numpy(split.data).permute(0, 3, 1, 2).contiguous()  # torchvision keeps NHWC
             return images, torch.tensor(split.targets, dtype=torch.int64)
 
-        return Splits(*to_tensors(train), *to_tensors(test))
+        return self.split_official(*to_tensors(train), *to_tensors(test))
 
 
 class CIFAR100DataModule(CIFAR10DataModule):
-    """CIFAR-100 (fine labels) under ``data_dir/cifar-100-python``; val = the official test split."""
+    """CIFAR-100 (fine labels) under ``data_dir/cifar-100-python``; splits as CIFAR-10's."""
 
     name = "cifar100"
     num_classes = 100

@@ -86,6 +86,28 @@ def stratified_split(labels: torch.Tensor, val_fraction: float, seed: int) -> tu
     return torch.cat(train_parts).sort().values, torch.cat(val_parts).sort().values
 
 
+#: Seed of the held-out test split of a pool: the same test images for every run seed and variant.
+TEST_SPLIT_SEED = 0x7E57
+
+
+def three_way_split(labels: torch.Tensor, val_fraction: float, test_fraction: float,
+                    seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sorted (train, val, test) indices of one pool. The test split (``ceil(n * test_fraction)`` items,
+    stratified) is drawn with :data:`TEST_SPLIT_SEED`, never with ``seed``: it is the same for every run. The val
+    split (``ceil(n * val_fraction)`` items of the whole pool, stratified) is drawn from the rest with ``seed``.
+    ``test_fraction`` 0: no test split (empty), train/val exactly as :func:`stratified_split` of the whole pool."""
+    if test_fraction == 0:
+        train, val = stratified_split(labels, val_fraction, seed)
+        return train, val, torch.empty(0, dtype=torch.long)
+    if not 0.0 < test_fraction < 1.0 or val_fraction + test_fraction >= 1.0:
+        raise ValueError(f"val_fraction + test_fraction must be below 1 (and each in (0, 1)), got {val_fraction} + "
+                         f"{test_fraction}")
+    rest, test = stratified_split(labels, test_fraction, TEST_SPLIT_SEED)
+    n_val = math.ceil(len(labels) * val_fraction)
+    train, val = stratified_split(labels[rest], n_val / len(rest) - 1e-12, seed)
+    return rest[train], rest[val], test
+
+
 def channel_mean_std(
     images: torch.Tensor, pixel_max: float, chunk: int = 4096
 ) -> tuple[tuple[float, ...], tuple[float, ...]]:

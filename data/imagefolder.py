@@ -1,4 +1,5 @@
-"""Any image classification folder (``train/<class>/*.png``, optional ``val/<class>/*``) via torchvision + timm.
+"""Any image classification folder (``train/<class>/*.png``, optional ``val/<class>/*`` and ``test/<class>/*``)
+via torchvision + timm.
 
 Images are decoded per item, so this family uses a regular DataLoader (with ``num_workers``) and timm's
 transforms. Augmentation stays reproducible: the sampler hands every item a seed drawn from (seed, epoch), and the
@@ -25,6 +26,7 @@ from data.common import (
     seeded_generator,
     seeded_global_rngs,
     stratified_split,
+    three_way_split,
 )
 from data.loader import EpochSampler
 
@@ -33,7 +35,8 @@ if TYPE_CHECKING:
 
     from data.base import DataArgs
 
-LAYOUT = "train/<class>/<images> and optionally val/<class>/<images> (torchvision ImageFolder layout)"
+LAYOUT = ("train/<class>/<images> and optionally val/<class>/<images> and test/<class>/<images> (torchvision "
+          "ImageFolder layout)")
 
 
 def find_classes(data_dir: str, split_dir: Path) -> list[str]:
@@ -81,7 +84,7 @@ class FolderSubset(Dataset):
 
 
 class ImageFolderDataModule(DataModuleBase):
-    """An ImageFolder tree; val = ``val/`` if present, else a seeded stratified split of ``train/``.
+    """An ImageFolder tree; splits as :meth:`setup` says (a test split always, unless ``test_fraction`` is 0).
 
     Images are loaded as RGB and resized to ``img_size``. Train mean/std are measured on up to ``stats_samples``
     train images (a seeded sample) with the eval geometry. Transforms: timm's ``create_transform`` (training:
@@ -113,12 +116,18 @@ class ImageFolderDataModule(DataModuleBase):
         self.classes = find_classes(self.data_dir, self.root / "train")
         self.num_classes = len(self.classes)
         self.has_val_folder = (self.root / "val").exists()
+        self.has_test_folder = (self.root / "test").exists()
+        for split in ("test",) if self.has_test_folder else ():
+            if find_classes(self.data_dir, self.root / split) != self.classes:
+                raise data_error(self.data_dir, self.name, f"has {split}/ class folders that differ from train/'s",
+                                 LAYOUT)
         if self.has_val_folder:
             val_classes = find_classes(self.data_dir, self.root / "val")
             if val_classes != self.classes:
                 raise data_error(self.data_dir, self.name, "has val/ class folders that differ from train/'s", LAYOUT)
         self.train_set: FolderSubset | None = None
         self.val_set: FolderSubset | None = None
+        self.test_set: FolderSubset | None = None
 
     def make_transform(self, training: bool, mean: tuple[float, ...], std: tuple[float, ...]) -> Callable:
         from timm.data import create_transform
@@ -134,23 +143,42 @@ class ImageFolderDataModule(DataModuleBase):
             color_jitter=aug.color_jitter or None, re_prob=aug.random_erasing, re_mode="pixel")
 
     def setup(self, stage: str | None = None) -> None:
-        """Index the folders once, split if needed, measure the train statistics and build the transforms."""
+        """Index the folders once, split if needed, measure the train statistics and build the transforms.
+
+        Splits: ``test/`` is the test split when present, else ``val/`` (the held-out folder, as CIFAR's official
+        test split), else a fixed stratified ``test_fraction`` of ``train/``; val is ``val/`` when both folders are
+        there, else a seeded stratified ``val_fraction`` of what is left of ``train/``. ``test_fraction`` 0: the
+        older layout (val = ``val/`` or a split of ``train/``; no test)."""
         if self.train_set is not None:
             return
         with reading(self.data_dir, self.name, LAYOUT):
             train_folder = ImageFolder(str(self.root / "train"))
-            if self.has_val_folder:
+            labels = torch.tensor(train_folder.targets)
+            test_folder = val_folder = None
+            test_indices: list[int] = []
+            if self.test_fraction and self.has_test_folder:
+                test_folder = ImageFolder(str(self.root / "test"))
+            elif self.test_fraction and self.has_val_folder:
+                test_folder = ImageFolder(str(self.root / "val"))
+            if self.has_val_folder and (self.has_test_folder or not self.test_fraction):
                 val_folder = ImageFolder(str(self.root / "val"))
                 train_indices, val_indices = list(range(len(train_folder))), list(range(len(val_folder)))
-            else:
+            elif test_folder is not None or not self.test_fraction:
                 val_folder = train_folder
-                split = stratified_split(torch.tensor(train_folder.targets), self.val_fraction, self.seed)
-                train_indices, val_indices = (part.tolist() for part in split)
+                train_indices, val_indices = (p.tolist() for p in stratified_split(labels, self.val_fraction, self.seed))
+            else:
+                val_folder = test_folder = train_folder
+                split = three_way_split(labels, self.val_fraction, self.test_fraction, self.seed)
+                train_indices, val_indices, test_indices = (part.tolist() for part in split)
+            if test_folder is not None and test_folder is not train_folder:
+                test_indices = list(range(len(test_folder)))
             self.mean, self.std = self.measure_mean_std(train_folder, train_indices)
         train_transform = self.make_transform(self.augment, self.mean, self.std)
+        eval_transform = self.make_transform(False, self.mean, self.std)
         self.train_set = FolderSubset(train_folder, train_indices, train_transform)
-        self.val_set = FolderSubset(val_folder, val_indices, self.make_transform(False, self.mean, self.std))
-        self.train_size, self.val_size = len(train_indices), len(val_indices)
+        self.val_set = FolderSubset(val_folder, val_indices, eval_transform)
+        self.test_set = FolderSubset(test_folder, test_indices, eval_transform) if test_indices else None
+        self.train_size, self.val_size, self.test_size = len(train_indices), len(val_indices), len(test_indices)
 
     def measure_mean_std(self, folder: ImageFolder, indices: list[int]) -> tuple[tuple[float, ...], tuple[float, ...]]:
         """Per-channel mean/std of a seeded sample of at most ``stats_samples`` train images, in [0, 1] units."""
@@ -169,6 +197,10 @@ class ImageFolderDataModule(DataModuleBase):
     def val_dataloader(self) -> DataLoader:
         self.setup()
         return self._loader(self.val_set, shuffle=False)
+
+    def test_dataloader(self) -> DataLoader | None:
+        self.setup()
+        return None if self.test_set is None else self._loader(self.test_set, shuffle=False)
 
     def _loader(self, dataset: FolderSubset, **kwargs) -> DataLoader:
         workers = self.num_workers

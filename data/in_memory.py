@@ -11,7 +11,7 @@ from typing import NamedTuple
 import torch
 
 from data.base import DataModuleBase
-from data.common import channel_mean_std, stratified_split
+from data.common import channel_mean_std, stratified_split, three_way_split
 from data.loader import BatchTransform, TensorBatchLoader
 
 
@@ -22,13 +22,16 @@ class Splits(NamedTuple):
     train_labels: torch.Tensor
     val_images: torch.Tensor
     val_labels: torch.Tensor
+    test_images: torch.Tensor
+    test_labels: torch.Tensor
 
 
 class InMemoryDataModule(DataModuleBase):
     """Both splits held as uint8 tensors, scaled, augmented and normalised batch-wise on the fly.
 
-    ``num_workers`` is ignored: in-memory batches need no worker processes. ``train_indices`` / ``val_indices``
-    record the stratified split of datasets split from one pool (None for those with an official test split).
+    ``num_workers`` is ignored: in-memory batches need no worker processes. ``train_indices`` / ``val_indices`` /
+    ``test_indices`` record the stratified split of datasets split from one pool (for datasets with an official
+    test split, ``train_indices`` / ``val_indices`` index the official train split).
     """
 
     pixel_max: float = 255.0  # stored value of a white pixel: images are divided by it before normalising
@@ -40,16 +43,30 @@ class InMemoryDataModule(DataModuleBase):
     device: torch.device = torch.device("cpu")  # where batches are made when no Trainer is attached (e.g. a bench)
     train_indices: torch.Tensor | None = None
     val_indices: torch.Tensor | None = None
+    test_indices: torch.Tensor | None = None
 
     def load_splits(self) -> Splits:
         """Load the data as uint8 tensors; called once, by ``setup()``."""
         raise NotImplementedError
 
     def split_pool(self, images: torch.Tensor, labels: torch.Tensor) -> Splits:
-        """Split one pool of images by the seeded stratified split, remembering the indices."""
-        self.train_indices, self.val_indices = stratified_split(labels, self.val_fraction, self.seed)
+        """Split one pool: a fixed test split, then train/val by the run's seed (:func:`data.common.three_way_split`),
+        remembering the indices."""
+        split = three_way_split(labels, self.val_fraction, self.test_fraction, self.seed)
+        self.train_indices, self.val_indices, self.test_indices = split
+        return Splits(*(t for part in split for t in (images[part], labels[part])))
+
+    def split_official(self, train_images: torch.Tensor, train_labels: torch.Tensor, test_images: torch.Tensor,
+                       test_labels: torch.Tensor) -> Splits:
+        """A dataset with an official test split: test = it; val = a seeded stratified ``val_fraction`` of the
+        official train split. With ``test_fraction`` 0 the older layout: val = the official test split, no test."""
+        if self.test_fraction == 0:
+            empty = test_images[:0], test_labels[:0]
+            return Splits(train_images, train_labels, test_images, test_labels, *empty)
+        self.train_indices, self.val_indices = stratified_split(train_labels, self.val_fraction, self.seed)
         train, val = self.train_indices, self.val_indices
-        return Splits(images[train], labels[train], images[val], labels[val])
+        return Splits(train_images[train], train_labels[train], train_images[val], train_labels[val], test_images,
+                      test_labels)
 
     def setup(self, stage: str | None = None) -> None:
         """Load the data once (later calls, e.g. one per Lightning stage, do nothing) and compute train statistics."""
@@ -57,6 +74,7 @@ class InMemoryDataModule(DataModuleBase):
             return
         splits = self.load_splits()
         self.train_size, self.val_size = len(splits.train_images), len(splits.val_images)
+        self.test_size = len(splits.test_images)
         self.mean, self.std = channel_mean_std(splits.train_images, self.pixel_max)
         self.transform = BatchTransform(self.pixel_max, self.mean, self.std, self.max_shift, self.hflip,
                                         self.train_augment)
@@ -84,6 +102,12 @@ class InMemoryDataModule(DataModuleBase):
     def val_dataloader(self) -> TensorBatchLoader:
         s = self.device_splits()
         return TensorBatchLoader(s.val_images, s.val_labels, self.transform, self.batch_size, self.seed, train=False)
+
+    def test_dataloader(self) -> TensorBatchLoader | None:
+        s = self.device_splits()
+        if not len(s.test_images):
+            return None
+        return TensorBatchLoader(s.test_images, s.test_labels, self.transform, self.batch_size, self.seed, train=False)
 
     def fixed_batch(self, n: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
         self.setup()

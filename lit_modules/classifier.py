@@ -152,6 +152,8 @@ class ViTClassifier(pl.LightningModule):
         self.val_acc = MulticlassAccuracy(num_classes, top_k=1, average="micro")
         self.train_acc5 = MulticlassAccuracy(num_classes, top_k=5, average="micro") if top5 else None
         self.val_acc5 = MulticlassAccuracy(num_classes, top_k=5, average="micro") if top5 else None
+        self.test_acc = MulticlassAccuracy(num_classes, top_k=1, average="micro")
+        self._test_loader: Any = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
@@ -231,6 +233,24 @@ class ViTClassifier(pl.LightningModule):
         if self.val_acc5 is not None:
             self.val_acc5(logits, y)
             self.log("val/acc_top5", self.val_acc5, on_step=False, on_epoch=True, batch_size=n)
+
+    def on_validation_epoch_end(self) -> None:
+        """Score the test split after every validation, as ``test/acc`` (the datamodule's ``test_dataloader``; none:
+        nothing). It is recorded, never selected on: the best epoch, early stopping and a study's tuned learning
+        rate read ``val/acc`` only. The test split is the same for every seed and variant (:mod:`data.base`)."""
+        trainer = self.trainer
+        if self.diverged or trainer.sanity_checking:
+            return
+        if self._test_loader is None:
+            datamodule = getattr(trainer, "datamodule", None)
+            self._test_loader = getattr(datamodule, "test_dataloader", lambda: None)() or False
+        if self._test_loader is False:
+            return
+        with trainer.precision_plugin.val_step_context(), torch.no_grad():
+            for x, y in self._test_loader:
+                self.test_acc.update(self(x.to(self.device)), y.to(self.device))
+        self.log("test/acc", self.test_acc.compute(), on_step=False, on_epoch=True)  # compute() syncs across ranks
+        self.test_acc.reset()
 
     # --- optimisation --------------------------------------------------------------------------------------------
     def schedule_steps(self) -> tuple[int, int]:

@@ -81,6 +81,13 @@ def val_acc_auc(curve: Sequence[float | None], max_epochs: int) -> float:
     return float(c.sum() / max_epochs)
 
 
+def _at(values: Sequence[float | None], epoch: int | None) -> float | None:
+    """The finite value of ``epoch`` (1-based), else None."""
+    if epoch is None or epoch > len(values) or values[epoch - 1] is None or not math.isfinite(values[epoch - 1]):
+        return None
+    return float(values[epoch - 1])
+
+
 def last_finite(values: Sequence[float | None]) -> float | None:
     """The last finite value (None when there is none)."""
     for v in reversed(list(values)):
@@ -103,6 +110,7 @@ def fraction_keys(fraction: float) -> tuple[str, str]:
 def summarize(
     *,
     val_acc: Sequence[float | None],
+    test_acc: Sequence[float | None] = (),
     train_loss: Sequence[float | None],
     steps: Sequence[int | None],
     epoch_times: Sequence[float],
@@ -117,6 +125,9 @@ def summarize(
     """The end-of-run summary from per-epoch records (item ``i`` = epoch ``i + 1``).
 
     ``val_acc`` / ``steps``: val accuracy and cumulative optimizer steps after each validated epoch;
+    ``test_acc``: test accuracy after each validated epoch (empty without a test split): ``test_acc`` is the last
+    measured one (the final epoch's, the reported metric), ``test_acc_at_best_val`` the one of the epoch chosen on
+    validation (``best_epoch``);
     ``train_loss``: mean train loss per epoch (NaN/None entries are skipped by ``final_train_loss``);
     ``epoch_times``: wall time per epoch incl. validation; ``train_times``: the training part only.
     ``final_val_acc`` is the last measured val accuracy (of a diverged run: the last epoch validated before it
@@ -128,6 +139,8 @@ def summarize(
         "best_val_acc": None if best is None else float(curve[best - 1]),
         "final_val_acc": last_finite(val_acc),
         "best_epoch": best,
+        "test_acc": last_finite(test_acc),
+        "test_acc_at_best_val": _at(test_acc, best),
     }
     for fraction in FRACTIONS_OF_BEST:
         e_key, s_key = fraction_keys(fraction)
@@ -148,6 +161,7 @@ def summarize(
         diverged=bool(diverged),
         param_count=None if param_count is None else int(param_count),
         val_acc_curve=[None if math.isnan(v) else float(v) for v in curve],
+        test_acc_curve=[None if v is None or not math.isfinite(v) else float(v) for v in test_acc],
         train_loss_curve=[None if v is None or not math.isfinite(v) else float(v) for v in train_loss],
     )
     return summary
@@ -175,11 +189,12 @@ class ConvergenceTracker(pl.Callback):
     """
 
     def __init__(self, thresholds: Sequence[float] = (0.5, 0.8, 0.9, 0.95), val_metric: str = "val/acc",
-                 train_metric: str = "train/loss") -> None:
+                 train_metric: str = "train/loss", test_metric: str = "test/acc") -> None:
         super().__init__()
         self.thresholds = tuple(thresholds)
-        self.val_metric, self.train_metric = val_metric, train_metric
+        self.val_metric, self.train_metric, self.test_metric = val_metric, train_metric, test_metric
         self.val_acc: dict[int, float] = {}  # epoch (1-based) -> value
+        self.test_acc: dict[int, float] = {}
         self.val_steps: dict[int, int] = {}
         self.train_loss: dict[int, float | None] = {}
         self.epoch_times: dict[int, float] = {}
@@ -235,6 +250,9 @@ class ConvergenceTracker(pl.Callback):
             epoch = trainer.current_epoch + 1
             self.val_acc[epoch] = value
             self.val_steps[epoch] = trainer.global_step
+            test = _metric(trainer.callback_metrics, self.test_metric)
+            if test is not None:
+                self.test_acc[epoch] = test
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         epoch = trainer.current_epoch + 1
@@ -251,13 +269,15 @@ class ConvergenceTracker(pl.Callback):
 
     # checkpointing
     def state_dict(self) -> dict[str, Any]:
-        return {"val_acc": self.val_acc, "val_steps": self.val_steps, "train_loss": self.train_loss,
+        return {"val_acc": self.val_acc, "test_acc": self.test_acc, "val_steps": self.val_steps,
+                "train_loss": self.train_loss,
                 "epoch_times": self.epoch_times, "train_times": self.train_times, "images_seen": self.images_seen,
                 "elapsed": self.wall_time_s()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         for key in ("val_acc", "val_steps", "train_loss", "epoch_times", "train_times"):
             setattr(self, key, dict(state_dict[key]))
+        self.test_acc = dict(state_dict.get("test_acc", {}))  # checkpoints from before the test split have none
         self.images_seen = int(state_dict["images_seen"])
         self.elapsed_before = float(state_dict["elapsed"])
 
@@ -298,6 +318,7 @@ class ConvergenceTracker(pl.Callback):
         val_epochs = range(1, max([*self.val_acc, 0]) + 1)
         return summarize(
             val_acc=[self.val_acc.get(e) for e in val_epochs],
+            test_acc=[self.test_acc.get(e) for e in val_epochs] if self.test_acc else [],
             train_loss=[self.train_loss.get(e) for e in epochs],
             steps=[self.val_steps.get(e) for e in val_epochs],
             epoch_times=[self.epoch_times[e] for e in epochs if e in self.epoch_times],
