@@ -20,6 +20,7 @@ from PIL import Image
 import data.loader
 from data import DATASETS, DataError, build_datamodule
 from data.augment import random_crop
+from data.common import stratified_split
 from data.loader import TensorBatchLoader
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -164,14 +165,49 @@ def digits():
 
 
 def test_digits_split_is_sized_and_stratified(digits):
-    assert (digits.train_size, digits.val_size) == (1437, 360)
-    train, val = digits.train_indices, digits.val_indices
-    assert len(set(train.tolist()) | set(val.tolist())) == 1797 and not set(train.tolist()) & set(val.tolist())
-    labels = torch.cat([digits.splits.train_labels, digits.splits.val_labels])
-    val_counts = torch.bincount(digits.splits.val_labels, minlength=10)
-    expected = torch.bincount(labels, minlength=10) * 360 / 1797
-    assert (val_counts > 0).all()  # every class is in val ...
-    assert ((val_counts - expected).abs() < 1).all()  # ... in proportion to its size
+    assert (digits.train_size, digits.val_size, digits.test_size) == (1077, 360, 360) == digits.sizes()
+    train, val, test = (set(i.tolist()) for i in (digits.train_indices, digits.val_indices, digits.test_indices))
+    assert len(train | val | test) == 1797 and not train & val and not train & test and not val & test
+    labels = torch.cat([digits.splits.train_labels, digits.splits.val_labels, digits.splits.test_labels])
+    for split in (digits.splits.val_labels, digits.splits.test_labels):
+        counts = torch.bincount(split, minlength=10)
+        expected = torch.bincount(labels, minlength=10) * 360 / 1797
+        assert (counts > 0).all()  # every class is in val and test ...
+        assert ((counts - expected).abs() < 1).all()  # ... in proportion to its size
+
+
+def test_the_test_split_is_the_same_for_every_seed_and_disjoint_from_train_and_val(digits):
+    """The protocol's reported split: fixed across seeds (and so across the variants a seed pairs), never seen in
+    training or selection; val and train move with the seed."""
+    others = [build_datamodule("digits", seed=s) for s in (1, 7)]
+    for dm in others:
+        dm.setup()
+        assert torch.equal(dm.test_indices, digits.test_indices)
+        assert torch.equal(dm.splits.test_images, digits.splits.test_images)
+        assert not set(dm.test_indices.tolist()) & (set(dm.train_indices.tolist()) | set(dm.val_indices.tolist()))
+    assert not torch.equal(others[0].val_indices, digits.val_indices)
+    # mnist5k, the studies' dataset: 3,000 / 1,000 / 1,000, the test images fixed
+    a, b = build_datamodule("mnist5k", seed=0), build_datamodule("mnist5k", seed=3)
+    a.setup()
+    b.setup()
+    assert (a.train_size, a.val_size, a.test_size) == (3000, 1000, 1000) == b.sizes()
+    assert torch.equal(a.test_indices, b.test_indices) and not torch.equal(a.val_indices, b.val_indices)
+    assert torch.equal(torch.bincount(a.splits.test_labels), torch.bincount(b.splits.test_labels))
+    # the test loader serves every test image once, in stored order, never augmented
+    images, labels = concat(a.test_dataloader())
+    assert torch.equal(labels, a.splits.test_labels) and torch.equal(images, a.transform(a.splits.test_images))
+
+
+def test_test_fraction_zero_is_the_two_split_layout_of_older_studies(digits):
+    old = build_datamodule("digits", seed=0, test_fraction=0.0)
+    old.setup()
+    assert (old.train_size, old.val_size, old.test_size) == (1437, 360, 0) and old.test_dataloader() is None
+    from sklearn.datasets import load_digits
+
+    train, val = stratified_split(torch.from_numpy(load_digits().target), 0.2, 0)
+    assert torch.equal(old.val_indices, val) and torch.equal(old.train_indices, train)
+    with pytest.raises(ValueError, match="test_fraction must be in"):
+        build_datamodule("digits", val_fraction=0.5, test_fraction=0.5)
 
 
 def test_same_seed_same_split_and_batches_other_seed_differs(digits):
@@ -209,7 +245,7 @@ def test_normalisation_uses_train_statistics_only(digits):
 
     plain = build_datamodule("digits", augment=False)
     images, _ = concat(plain.train_dataloader())
-    assert len(images) == 1437
+    assert len(images) == 1077
     assert images.mean().item() == pytest.approx(0, abs=1e-5)
     assert images.std(unbiased=False).item() == pytest.approx(1, abs=1e-5)
 
@@ -267,7 +303,7 @@ def test_train_loader_drops_only_a_single_image_last_batch():
 
 def test_loader_shards_itself_under_torch_distributed(monkeypatch):
     dm = build_datamodule("synthetic", num_samples=205, num_classes=5, augment=False)
-    dm.setup()  # 164 train / 41 val
+    dm.setup()  # 123 train / 41 val / 41 test
     shards = {}
     for rank in (0, 1):
         monkeypatch.setattr(data.loader, "rank_and_world_size", lambda rank=rank: (rank, 2))
@@ -278,7 +314,7 @@ def test_loader_shards_itself_under_torch_distributed(monkeypatch):
         return {tuple(r.tolist()) for r in x}
 
     (train0, val0, len0), (train1, val1, len1) = shards[0], shards[1]
-    assert len(train0) == len(train1) == 82 and len0 == len1
+    assert len(train0) == len(train1) == 61 and len0 == len1
     assert not rows(train0) & rows(train1)
     assert len(val0) + len(val1) == 41 and not rows(val0) & rows(val1)
 
@@ -291,10 +327,11 @@ def test_synthetic_options_and_seed():
     dm = build_datamodule("synthetic", num_samples=200, img_size=8, in_chans=1, num_classes=5, seed=3)
     assert (dm.num_classes, dm.in_chans, dm.img_size) == (5, 1, 8)
     dm.setup()
-    assert (dm.train_size, dm.val_size) == (160, 40)
+    assert (dm.train_size, dm.val_size, dm.test_size) == (120, 40, 40)
     assert torch.equal(torch.bincount(dm.splits.val_labels), torch.full((5,), 8))
+    assert torch.equal(torch.bincount(dm.splits.test_labels), torch.full((5,), 8))
     x, _ = first_batch(dm)
-    assert x.shape == (128, 1, 8, 8)
+    assert x.shape == (120, 1, 8, 8)  # the whole train split in one batch of up to 128
     options = dict(num_samples=200, img_size=8, in_chans=1, num_classes=5)
     same, other = (build_datamodule("synthetic", seed=seed, **options) for seed in (3, 4))
     assert torch.equal(same.fixed_batch()[0], dm.fixed_batch()[0])
@@ -311,11 +348,14 @@ def test_cifar_folder_is_parsed_by_torchvision(tmp_path, num_classes):
     dm = build_datamodule(f"cifar{num_classes}", data_dir=str(tmp_path), batch_size=8)
     assert (dm.num_classes, dm.in_chans, dm.img_size, dm.default_patch_size) == (num_classes, 3, 32, 4)
     dm.setup()
-    assert (dm.train_size, dm.val_size) == (20, 10)
-    for split, (images, labels) in zip(("train", "val"), (written["train"], written["test"]), strict=True):
-        assert torch.equal(getattr(dm.splits, f"{split}_images"), images)
-        assert getattr(dm.splits, f"{split}_labels").tolist() == labels
-    expected_mean = (written["train"][0].double() / 255).mean(dim=(0, 2, 3))
+    assert (dm.train_size, dm.val_size, dm.test_size) == (16, 4, 10)  # sizes() knows the official 50,000 / 10,000
+    assert torch.equal(dm.splits.test_images, written["test"][0])  # test = the official test split
+    assert dm.splits.test_labels.tolist() == written["test"][1]
+    train, val = dm.train_indices, dm.val_indices  # val = a seeded share of the official train split
+    assert sorted(train.tolist() + val.tolist()) == list(range(20))
+    assert torch.equal(dm.splits.train_images, written["train"][0][train])
+    assert torch.equal(dm.splits.val_images, written["train"][0][val])
+    expected_mean = (written["train"][0][train].double() / 255).mean(dim=(0, 2, 3))
     assert dm.mean == pytest.approx(expected_mean.tolist(), abs=1e-9)  # train split only
 
     x, y = first_batch(dm)
@@ -364,8 +404,12 @@ def test_full_mnist_folder(tmp_path):
         write_idx(raw / f"{prefix}-labels-idx1-ubyte", np.arange(len(pixels)) % 10)
     dm = build_datamodule("mnist", data_dir=str(tmp_path), batch_size=8)
     dm.setup()
-    assert (dm.train_size, dm.val_size, dm.img_size) == (20, 10, 28)
-    assert torch.equal(dm.splits.val_images[:, 0], torch.from_numpy(images["t10k"].astype(np.uint8)))
+    assert (dm.train_size, dm.val_size, dm.test_size, dm.img_size) == (16, 4, 10, 28)
+    assert torch.equal(dm.splits.test_images[:, 0], torch.from_numpy(images["t10k"].astype(np.uint8)))
+    old = build_datamodule("mnist", data_dir=str(tmp_path), test_fraction=0.0)  # the two-split layout
+    old.setup()
+    assert (old.train_size, old.val_size, old.test_size) == (20, 10, 0)
+    assert torch.equal(old.splits.val_images, dm.splits.test_images)
     assert first_batch(dm)[0].shape == (8, 1, 28, 28)
 
     (raw / "t10k-labels-idx1-ubyte").unlink()
@@ -379,8 +423,10 @@ def test_imagefolder_without_val_folder_splits_train(tmp_path):
     dm = build_datamodule("imagefolder", data_dir=str(tmp_path), batch_size=4, img_size=16)
     assert (dm.num_classes, dm.in_chans, dm.img_size, dm.default_patch_size) == (3, 3, 16, 4)
     dm.setup()
-    assert (dm.train_size, dm.val_size) == (12, 3)
+    assert (dm.train_size, dm.val_size, dm.test_size) == (9, 3, 3)
     assert sorted(dm.val_set.folder.targets[i] for i in dm.val_set.indices) == [0, 1, 2]  # stratified
+    assert sorted(dm.test_set.folder.targets[i] for i in dm.test_set.indices) == [0, 1, 2]
+    assert not set(dm.test_set.indices) & (set(dm.val_set.indices) | set(dm.train_set.indices))
     assert len(dm.mean) == len(dm.std) == 3 and all(0 < s < 1 for s in dm.std)
 
     x, y = first_batch(dm)
@@ -402,8 +448,13 @@ def test_imagefolder_with_val_folder(tmp_path):
     dm = build_datamodule("imagefolder", data_dir=str(tmp_path), img_size=8, patch_size=2)
     assert (dm.num_classes, dm.default_patch_size) == (2, 2)
     dm.setup()
-    assert (dm.train_size, dm.val_size) == (8, 6)
-    assert sorted(next(iter(dm.val_dataloader()))[1].tolist()) == [0, 0, 0, 1, 1, 1]
+    assert (dm.train_size, dm.val_size, dm.test_size) == (6, 2, 6)  # val/ is held out as the test split
+    assert sorted(next(iter(dm.test_dataloader()))[1].tolist()) == [0, 0, 0, 1, 1, 1]
+    assert sorted(next(iter(dm.val_dataloader()))[1].tolist()) == [0, 1]  # a seeded share of train/
+    write_png_tree(tmp_path / "test", ["ant", "bee"], per_class=2, seed=2)  # all three folders: used as they are
+    three = build_datamodule("imagefolder", data_dir=str(tmp_path), img_size=8, patch_size=2)
+    three.setup()
+    assert (three.train_size, three.val_size, three.test_size) == (8, 6, 4)
 
 
 def test_imagefolder_errors_are_one_line_and_name_the_folder(tmp_path):
