@@ -87,9 +87,10 @@ class Objective:
 
     def __init__(self, spec: StudySpec, *, log_root: Path, overrides: dict[str, Any] | None = None,
                  keep_checkpoints: bool = False, loggers: tuple[str, ...] = (),
-                 results_dir: str | Path = layout.RESULTS_DIR) -> None:
+                 results_dir: str | Path = layout.RESULTS_DIR, tuned: dict[str, float] | None = None) -> None:
         self.spec = spec
         self.results_dir = Path(results_dir)
+        self.tuned = tuned  # the tuning stage's learning rate per cell (StudySpec.tune_key); None: the study's own
         self.log_root = Path(log_root)
         self.overrides = dict(overrides or {})
         self.keep_checkpoints = keep_checkpoints
@@ -97,8 +98,13 @@ class Objective:
         self._categorical: frozenset[str] | None = None  # read from the study at the first trial
 
     def config(self, params: dict[str, Any]):
-        """The point's RunConfig with this objective's overrides (:meth:`StudySpec.run_config`)."""
-        return self.spec.run_config(params, self.overrides)
+        """The point's RunConfig with this objective's overrides (:meth:`StudySpec.run_config`) and, in a study with
+        a tuning stage, its variant's chosen learning rate."""
+        if self.spec.tune is None or self.spec.stage == "tune":
+            return self.spec.run_config(params, self.overrides)
+        if self.tuned is None:
+            raise ValueError(f"study '{self.spec.study_name}' has a tuning stage but no chosen learning rates")
+        return self.spec.run_config(params, {"lr": self.tuned[self.spec.tune_key(params)]} | self.overrides)
 
     def __call__(self, trial) -> float:
         import optuna
@@ -131,6 +137,7 @@ class Objective:
                 log.warning("%s is left from an earlier run under this study name (was the storage reset?); "
                             "not resuming it: trial %d starts from scratch", ckpt_dir / "last.ckpt", trial.number)
         trial.set_user_attr("run_name", run_name)
+        trial.set_user_attr("phase", self.spec.stage)  # tune | report: the report tables read report trials only
         trial.set_user_attr("worker", worker_id())
         trial.set_user_attr("config", _jsonable(config.to_dict()))
         trial.set_user_attr("log_dir", str(self.log_root / run_name))

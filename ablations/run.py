@@ -20,8 +20,11 @@ command retries them from there. See docs/reliability.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import errno
+import json
 import logging
+import math
 import os
 import re
 import signal
@@ -99,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "else assumed")
     p.add_argument("--no-progress", action="store_true", help="no study-level progress bar")
     p.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--stage", default="report", choices=("tune", "report"), help=argparse.SUPPRESS)
     return p
 
 
@@ -242,7 +246,7 @@ class _QuietStops(logging.Filter):
 
 
 def _main(args: argparse.Namespace) -> int:
-    from .spec import BUDGETS, available_studies, load_spec
+    from .spec import BUDGETS, available_studies, load_spec, tune_name
 
     if args.list:
         return _list(available_studies(), BUDGETS, load_spec)
@@ -257,9 +261,7 @@ def _main(args: argparse.Namespace) -> int:
     if args.dry_run:
         return _dry_run(spec, overrides, gpu=args.gpu, results_dir=Path(args.results_dir))
 
-    from .dashboard import write_study_hparams
     from .storage import exit_when_heartbeat_fails, open_storage
-    from .training import HP_METRICS
 
     _quiet()
     storage = open_storage(args.storage, heartbeat_s=args.heartbeat, grace_s=args.grace)
@@ -267,9 +269,43 @@ def _main(args: argparse.Namespace) -> int:
     _no_thread_traceback_for_write_errors(Path(args.results_dir))
     study_name = args.study_name or spec.study_name
     if args.worker_index is not None:
-        return _work(spec, storage, study_name, args, overrides)
+        if args.stage == "tune":
+            return _work(spec.tune_stage(), storage, study_name, args, overrides)
+        return _work(spec, storage, study_name, args, overrides, tuned=_stored_choice(storage, study_name))
 
     study = _create_study(spec, storage, study_name, seed=0)
+    if spec.tune is not None:
+        stored = study.user_attrs.get(TUNE_GRID)
+        if stored is not None and stored != spec.tune.as_dict():
+            raise ValueError(f"study '{study_name}' chose its learning rates with the tuning grid {stored}; the study "
+                             f"file now has {spec.tune.as_dict()}: its reported trials would mix two choices. Pass "
+                             "--study-name NEW_NAME for a new study, or restore the file's tune section")
+        if stored is None:
+            tune = spec.tune_stage()
+            code = _run_grid(tune, storage, tune_name(study_name), args, overrides, stage="tune")
+            if code:
+                print(f"study '{study_name}': the tuning stage is not complete; the reported grid waits for it "
+                      "(rerun the same command)", file=sys.stderr)
+                return code
+            choice, means = choose_lrs(spec, _load(storage, tune_name(study_name)))
+            study.set_user_attr(TUNED_LR, choice)
+            study.set_user_attr(TUNE_MEANS, means)
+            study.set_user_attr(TUNE_GRID, spec.tune.as_dict())
+        print(f"study '{study_name}': learning rate per variant, chosen on tuning seeds {list(spec.tune.seeds)} by "
+              f"mean {spec.tune.metric}: " + "; ".join(f"{_cell_text(k)} {v:g}" for k, v in
+                                                        study.user_attrs[TUNED_LR].items()), file=sys.stderr)
+    return _run_grid(spec, storage, study_name, args, overrides, study=study)
+
+
+TUNED_LR, TUNE_MEANS, TUNE_GRID = "tuned_lr", "tune_means", "tune_grid"  # study user attrs of the tuning stage
+
+
+def _run_grid(spec, storage, study_name: str, args, overrides: dict, *, stage: str = "report", study=None) -> int:
+    """One stage of a study: create (or continue) it, enqueue its grid, and train it with ``--workers`` workers."""
+    from .dashboard import write_study_hparams
+    from .training import HP_METRICS
+
+    study = study or _create_study(spec, storage, study_name, seed=0)
     write_study_hparams(layout.runs_dir(args.results_dir, study_name), spec, HP_METRICS)
     if spec.kind == "grid":
         for params in spec.grid():
@@ -277,15 +313,65 @@ def _main(args: argparse.Namespace) -> int:
         _follow_study_file(study, spec, storage)
         _retry_failed_points(study, spec, storage)
     total = spec.size if spec.kind == "grid" else (args.n_trials or spec.n_trials)
-    print(f"study '{study_name}' ({spec.kind}, {total} trials) in {_redact(args.storage)}; "
-          f"TensorBoard: tensorboard --logdir {layout.runs_dir(args.results_dir, study_name)}", file=sys.stderr)
+    print(f"study '{study_name}' ({spec.kind}{', tuning stage' if stage == 'tune' else ''}, {total} trials) in "
+          f"{_redact(args.storage)}; TensorBoard: tensorboard --logdir {layout.runs_dir(args.results_dir, study_name)}",
+          file=sys.stderr)
     _measure_modes(spec, overrides, Path(args.results_dir))
     started = time.time()
+    tuned = None if stage == "tune" else _stored_choice(storage, study_name)
     if args.workers == 1:
-        _work(spec, storage, study_name, args, overrides, progress_total=None if args.no_progress else total)
+        _work(spec, storage, study_name, args, overrides, progress_total=None if args.no_progress else total,
+              tuned=tuned)
     else:
-        _spawn_workers(args, storage, study_name, total, _grid_keys(spec))
+        _spawn_workers(args, storage, study_name, total, _grid_keys(spec), stage=stage)
     return _finish(study_name, storage, spec, time.time() - started)
+
+
+def _load(storage, study_name: str):
+    import optuna
+
+    return optuna.load_study(study_name=study_name, storage=storage)
+
+
+def _stored_choice(storage, study_name: str) -> dict[str, float] | None:
+    """The learning rates the tuning stage chose, as stored with the study (None: the study has no tuning stage)."""
+    return _load(storage, study_name).user_attrs.get(TUNED_LR)
+
+
+def _cell_text(key: str) -> str:
+    variant, cell = json.loads(key)
+    return variant + "".join(f" {axis}={value}" for axis, value in cell) + ":"
+
+
+def choose_lrs(spec, study) -> tuple[dict[str, float], dict[str, dict[str, float | None]]]:
+    """Each cell's learning rate (:meth:`StudySpec.tune_key`: the variant and its other axes) from the tuning stage's
+    ``study``: the one whose tuning trials have the highest mean ``spec.tune.metric`` (a validation metric) over
+    the tuning seeds; a diverged run counts as 0; ties go to the rate listed first. Returns (choice,
+    cell -> {lr: mean}); a point of the tuning grid without a completed trial is a ValueError."""
+    from optuna.trial import TrialState
+
+    tune_spec, metric = spec.tune_stage(), spec.tune.metric
+
+    values: dict[tuple[str, float], list[float]] = {}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if t.user_attrs.get("surplus") or "duplicate_of" in t.user_attrs:
+            continue
+        params = t.system_attrs.get("fixed_params", t.params)
+        value = t.user_attrs.get(metric)
+        ok = value is not None and math.isfinite(value) and not t.user_attrs.get("diverged")
+        values.setdefault((spec.tune_key(params), float(params["lr"])), []).append(float(value) if ok else 0.0)
+    means: dict[str, dict[str, float | None]] = {}
+    for params in tune_spec.grid():
+        key, lr = spec.tune_key(params), float(params["lr"])
+        runs = values.get((key, lr), [])
+        means.setdefault(key, {})[repr(lr)] = sum(runs) / len(runs) if runs else None
+    choice = {}
+    for key, by_lr in means.items():
+        missing = [lr for lr, mean in by_lr.items() if mean is None]
+        if missing:
+            raise ValueError(f"tuning stage incomplete: {_cell_text(key)} no result at lr {', '.join(missing)}")
+        choice[key] = float(max(by_lr, key=lambda lr: (by_lr[lr], -list(by_lr).index(lr))))
+    return choice, means
 
 
 def _measure_modes(spec, overrides: dict, results_dir: Path) -> None:
@@ -308,7 +394,7 @@ def _measure_modes(spec, overrides: dict, results_dir: Path) -> None:
         size = dict(img_size=shape["img_size"], patch_size=patch, in_chans=shape["in_chans"],
                     num_classes=shape["num_classes"], embed_dim=config.embed_dim, depth=config.depth,
                     num_heads=config.num_heads, mlp_ratio=config.mlp_ratio)
-        key = (tuple(sorted(size.items())), config.batch_size)
+        key = (config.embed_dim, tokens(shape["img_size"], patch))  # a modes cell
         if key in seen:
             continue
         seen.add(key)
@@ -444,7 +530,10 @@ def _overrides(args: argparse.Namespace) -> dict:
 
 def _validate_points(spec, overrides: dict, check_data: bool = True) -> None:
     """Build every grid point's config (and check its residual options and, with ``check_data``, its data
-    folder) before anything is stored."""
+    folder) before anything is stored; the tuning stage's points too."""
+    if spec.tune is not None:
+        _validate_points(spec.tune_stage(), overrides, check_data)
+        spec = dataclasses.replace(spec, tune=None)  # its points' lr comes from the tuning stage
     _make_pruner(spec)
     points = spec.grid() if spec.kind == "grid" else [{"variant": v.label} for v in spec.variants]
     seen, datasets = set(), set()
@@ -592,7 +681,8 @@ def _describe(dist) -> str:
     return f"{kind} in [{dist.low}, {dist.high}]" + (" on a log scale" if dist.log else "")
 
 
-def _work(spec, storage, study_name: str, args, overrides: dict, progress_total: int | None = None) -> int:
+def _work(spec, storage, study_name: str, args, overrides: dict, progress_total: int | None = None,
+          tuned: dict[str, float] | None = None) -> int:
     """One worker: take enqueued grid points (or sample search points) until none are left."""
     import optuna
     from optuna.trial import TrialState
@@ -603,7 +693,7 @@ def _work(spec, storage, study_name: str, args, overrides: dict, progress_total:
     study = _create_study(spec, storage, study_name, seed=index)  # a distinct sampler seed per worker
     log_root = layout.runs_dir(args.results_dir, study_name)
     objective = Objective(spec, log_root=log_root, overrides=overrides, keep_checkpoints=args.keep_checkpoints,
-                          loggers=tuple(args.loggers), results_dir=args.results_dir)
+                          loggers=tuple(args.loggers), results_dir=args.results_dir, tuned=tuned)
     objective = _guarded(objective, log_root)
     grid = _grid_keys(spec)
     bar = _progress(study, progress_total, grid)
@@ -651,7 +741,8 @@ def _progress(study, total: int | None, grid: set[str] | None = None):
     return tqdm(total=total, initial=_done(study, grid), desc=study.study_name, unit="trial", dynamic_ncols=True)
 
 
-def _spawn_workers(args, storage, study_name: str, total: int, grid: set[str] | None = None) -> None:
+def _spawn_workers(args, storage, study_name: str, total: int, grid: set[str] | None = None,
+                   stage: str = "report") -> None:
     """N local processes on the same study, each with its share of the cores and its own sampler seed. On Ctrl-C
     or SIGTERM the workers are stopped the same way (:func:`_stop_workers`) before this process exits."""
     import optuna
@@ -661,7 +752,7 @@ def _spawn_workers(args, storage, study_name: str, total: int, grid: set[str] | 
     try:
         for i in range(args.workers):
             procs.append(subprocess.Popen([sys.executable, "-m", "ablations.run", *argv, "--worker-index", str(i),
-                                           "--no-progress", "--study-name", study_name]))
+                                           "--no-progress", "--study-name", study_name, "--stage", stage]))
         if not args.no_progress:
             bar = _progress(optuna.load_study(study_name=study_name, storage=storage), total, grid)
         while any(p.poll() is None for p in procs):
@@ -728,6 +819,14 @@ def _dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = 
     ``gpu`` (:mod:`ablations.gpu_hours`; measurements read from ``<results_dir>/device``). Trains nothing."""
     from .gpu_hours import describe_estimate, estimate, recipe_line
 
+    tune_size = 0
+    if spec.tune is not None:
+        tune = spec.tune_stage()
+        tune_size = tune.size
+        print(f"tuning stage {tune.study_name}: {tune.size} trials first (each variant x "
+              + "".join(f"{a} {v} x " for a, v in tune.axes.items() if a not in ("seed", "lr"))
+              + f"lr {list(spec.tune.lr)} x tuning seeds {list(spec.tune.seeds)}); each variant's lr = the highest "
+              f"mean {spec.tune.metric}; the reported grid below then trains at it")
     print(f"study {spec.study_name}: {spec.kind}, {spec.size} trials, metric {spec.metric} ({spec.direction})")
     if spec.kind == "grid":
         points = spec.grid()
@@ -745,11 +844,12 @@ def _dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = 
     print(_auto_line(configs[0], overrides, results_dir))
     seconds = [estimate_seconds(config) for config in configs]
     per_trial = sum(seconds) / len(seconds)
-    total = per_trial * spec.size
-    print(f"estimated time on this machine: {_duration(total)} ({_duration(per_trial)} per trial; one worker using "
+    total = per_trial * (spec.size + tune_size)
+    print(f"estimated time on this machine: {_duration(total)} ({_duration(per_trial)} per trial"
+          + (f", {spec.size + tune_size} trials with the tuning stage" if tune_size else "") + "; one worker using "
           f"all cores; a rough FLOP-based estimate at {EFFECTIVE_GFLOPS:.0f} GFLOP/s + {TRIAL_OVERHEAD_S:.0f} s "
           "per trial)")
-    for line in describe_estimate(estimate(configs, spec.size, gpu, results_dir)):
+    for line in describe_estimate(estimate(configs, spec.size + tune_size, gpu, results_dir)):
         print(line)
     return 0
 

@@ -12,6 +12,11 @@ A study file (see ``ablations/studies/*.yaml``) says what to run, never how::
       - {label: standard, residual: standard}
       - {label: layerscale, residual: layerscale, options: {init_value: auto}}
     axes: {depth: [2, 6, 12], seed: [0, 1, 2]}                # grid axes: RunConfig fields × values
+    tune:                          # optional: each variant's learning rate chosen on tuning seeds first
+      lr: [5.0e-4, 1.0e-3, 2.0e-3, 4.0e-3]
+      seeds: [100, 101]            # disjoint from the reported seeds
+      metric: best_val_acc         # the validation metric the choice maximises (mean over the tuning seeds)
+      axes: {depth: [4]}           # optional: tune at these values of an axis only (one value: used for all)
     search:                        # kind: search only
       n_trials: 40
       pruner: {type: median, n_startup_trials: 5, n_warmup_steps: 3}
@@ -24,6 +29,12 @@ A ``recipe`` (``basic``, ``paper``: :mod:`ablations.recipes`) set by a budget's 
 axis replaces the recipe fields of the layers before it (the study's base), unless it sets them itself.
 
 Every unknown key is a one-line ``ValueError`` naming the key, where it is, and the valid keys.
+
+**The tuning stage** (``tune:``, grid studies): before the reported grid runs, a grid of its own — every variant
+× the study's other axes (or ``tune.axes``) × ``tune.lr`` × ``tune.seeds`` — trains as the study
+``<study name>-tune``; each variant's learning rate (per cell of the other axes) is the one with the highest mean
+``tune.metric`` (a validation metric: nothing is chosen on the test split) over the tuning seeds, which never
+appear among the reported seeds. The reported grid then trains every point at its variant's chosen rate.
 """
 
 from __future__ import annotations
@@ -32,6 +43,7 @@ import copy
 import dataclasses
 import functools
 import itertools
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,8 +53,11 @@ from .recipes import with_recipe
 
 STUDY_DIR = Path(__file__).parent / "studies"
 BUDGETS = ("smoke", "quick", "default", "paper")
-_TOP_KEYS = ("name", "description", "kind", "metric", "direction", "base", "variants", "axes", "search", "budgets")
-_BUDGET_KEYS = ("base", "variants", "axes", "search", "description")
+_TOP_KEYS = ("name", "description", "kind", "metric", "direction", "base", "variants", "axes", "search", "tune",
+             "budgets")
+_BUDGET_KEYS = ("base", "variants", "axes", "search", "tune", "description")
+_TUNE_KEYS = ("lr", "seeds", "metric", "axes")
+TUNE_METRICS = ("best_val_acc", "final_val_acc")  # validation metrics: the tuning stage never reads the test split
 _VARIANT_KEYS = ("label", "residual", "options", "overrides")
 _SEARCH_KEYS = ("n_trials", "pruner", "space", "sampler")
 _PRUNERS = ("none", "median", "hyperband")
@@ -66,6 +81,22 @@ class Variant:
 
 
 @dataclass(frozen=True)
+class TuneSpec:
+    """The tuning stage of a grid study (module docstring): learning rates, tuning seeds, the validation metric
+    maximised, and the axis values tuned at (an axis not named: all of the study's values)."""
+
+    lr: tuple[float, ...]
+    seeds: tuple[int, ...]
+    metric: str = "best_val_acc"
+    axes: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        """The stored form (the study's ``tune_grid`` attribute): a changed grid invalidates a stored choice."""
+        return {"lr": list(self.lr), "seeds": list(self.seeds), "metric": self.metric,
+                "axes": {k: list(v) for k, v in sorted(self.axes.items())}}
+
+
+@dataclass(frozen=True)
 class StudySpec:
     name: str
     budget: str
@@ -80,11 +111,42 @@ class StudySpec:
     pruner: dict = field(default_factory=lambda: {"type": "none"})
     space: dict = field(default_factory=dict)
     source: str = ""
+    tune: TuneSpec | None = None
+    stage: str = "report"  # "tune": the tuning stage's own grid (tune_stage)
 
     @property
     def study_name(self) -> str:
-        """The name in the Optuna storage: budgets never share a study."""
-        return self.name if self.budget == "default" else f"{self.name}-{self.budget}"
+        """The name in the Optuna storage: budgets never share a study; the tuning stage is ``<name>-tune``."""
+        name = self.name if self.budget == "default" else f"{self.name}-{self.budget}"
+        return tune_name(name) if self.stage == "tune" else name
+
+    def tune_stage(self) -> StudySpec:
+        """The tuning stage as a grid of its own: the study's other axes (or ``tune.axes``) × ``lr`` × tuning seeds."""
+        assert self.tune is not None
+        axes = {a: list(self.tune.axes.get(a, v)) for a, v in self.axes.items() if a != "seed"}
+        axes |= {"seed": list(self.tune.seeds), "lr": list(self.tune.lr)}
+        return dataclasses.replace(self, axes=axes, tune=None, stage="tune", metric=self.tune.metric,
+                                   direction="maximize")
+
+    def tune_axes(self) -> list[str]:
+        """The axes a learning rate is chosen per (besides the variant): every axis but the seed."""
+        return [a for a in self.axes if a != "seed"]
+
+    def tune_key(self, params: dict) -> str:
+        """The cell of a point whose learning rate is chosen together: its variant and its other axes' values, an
+        axis tuned at a single value standing for all of its values (``tune.axes``)."""
+        assert self.tune is not None
+        cell = []
+        for axis in self.tune_axes():
+            tuned = self.tune.axes.get(axis)
+            value = params[axis]
+            if tuned is not None and value not in tuned:
+                if len(tuned) != 1:
+                    raise ValueError(f"{axis}={value} was not tuned (tune.axes.{axis}: {tuned}); tune it, or tune "
+                                     "a single value that stands for all")
+                value = tuned[0]
+            cell.append([axis, value])
+        return json.dumps([params["variant"], cell])
 
     def variant(self, label: str) -> Variant:
         return next(v for v in self.variants if v.label == label)
@@ -134,6 +196,11 @@ def _warn_spawn(devices: int | str, strategy: str) -> None:
                 "trial)", devices, strategy)
 
 
+def tune_name(study_name: str) -> str:
+    """The storage name of a study's tuning stage."""
+    return f"{study_name}-tune"
+
+
 def available_studies() -> dict[str, Path]:
     return {p.stem: p for p in sorted(STUDY_DIR.glob("*.yaml"))}
 
@@ -176,7 +243,7 @@ def _build(raw: dict, budget: str, source: str) -> StudySpec:
     for key, value in override.items():
         if key == "base" and isinstance(value, dict):  # a budget's recipe replaces the study's recipe fields
             merged[key] = with_recipe(merged.get(key) or {}, value)
-        elif key in ("axes", "search") and isinstance(value, dict):
+        elif key in ("axes", "search", "tune") and isinstance(value, dict) and isinstance(merged.get(key), dict):
             merged[key] = (merged.get(key) or {}) | value
         else:
             merged[key] = value
@@ -216,9 +283,50 @@ def _build(raw: dict, budget: str, source: str) -> StudySpec:
     n_trials = int(search.get("n_trials", 0))
     if kind == "search" and n_trials <= 0:
         raise ValueError(f"{where}: a search study needs search.n_trials > 0")
+    tune = _tune(merged.get("tune"), kind, axes, where)
     return StudySpec(name=str(merged["name"]), budget=budget, kind=kind, description=str(merged.get("description", "")),
                      metric=str(merged.get("metric", "best_val_acc")), direction=direction, base=base,
-                     variants=variants, axes=axes, n_trials=n_trials, pruner=pruner, space=space, source=source)
+                     variants=variants, axes=axes, n_trials=n_trials, pruner=pruner, space=space, source=source,
+                     tune=tune)
+
+
+def _tune(raw: Any, kind: str, axes: dict, where: str) -> TuneSpec | None:
+    """The ``tune:`` section checked (one-line ValueErrors), or None when the study has none."""
+    if raw is None:
+        return None
+    where = f"{where} tune"
+    _check_keys(raw, _TUNE_KEYS, where)
+    if kind != "grid":
+        raise ValueError(f"{where}: a tuning stage needs kind: grid (a search study searches its own options)")
+    for key in ("lr", "seeds"):
+        if not isinstance(raw.get(key), list) or not raw[key]:
+            raise ValueError(f"{where}: '{key}' must be a non-empty list")
+    try:
+        lrs = tuple(float(v) for v in raw["lr"])
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: 'lr' must list numbers, got {raw['lr']}") from None
+    if any(not lr > 0 for lr in lrs) or len(set(lrs)) != len(lrs):
+        raise ValueError(f"{where}: 'lr' must list distinct positive numbers, got {list(raw['lr'])}")
+    seeds = raw["seeds"]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in seeds) or len(set(seeds)) != len(seeds):
+        raise ValueError(f"{where}: 'seeds' must list distinct integers >= 0, got {seeds}")
+    shared = sorted(set(seeds) & set(axes.get("seed", [])))
+    if shared:
+        raise ValueError(f"{where}: tuning seeds {shared} are also reported seeds (axes.seed); the seeds an LR is "
+                         "chosen on must never be reported")
+    if "lr" in axes:
+        raise ValueError(f"{where}: the study has an 'lr' axis; a tuning stage chooses the learning rate itself")
+    metric = str(raw.get("metric", "best_val_acc"))
+    if metric not in TUNE_METRICS:
+        raise ValueError(f"{where}: metric '{metric}' is not a validation metric; valid choices: "
+                         f"{', '.join(TUNE_METRICS)}")
+    tune_axes = raw.get("axes") or {}
+    _check_keys(tune_axes, tuple(a for a in axes if a != "seed"), f"{where} axes")
+    for axis, values in tune_axes.items():
+        if not isinstance(values, list) or not values or any(v not in axes[axis] for v in values):
+            raise ValueError(f"{where}: axes.{axis} must list values of the study's axis {axis} {axes[axis]}, "
+                             f"got {values}")
+    return TuneSpec(lr=lrs, seeds=tuple(seeds), metric=metric, axes={k: list(v) for k, v in tune_axes.items()})
 
 
 def _variant(raw: Any, where: str) -> Variant:
