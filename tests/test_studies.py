@@ -111,11 +111,22 @@ def test_smoke_study_completes_every_grid_point_once_and_rerun_adds_nothing(tmp_
     assert "Traceback" not in first.stderr
     complete = assert_grid_complete_once(db, spec)
     trials = trials_of(db, spec.study_name)
-    assert len(trials) == len(spec.grid()) == 8
+    assert len(trials) == len(spec.grid()) == 10
+    # the tuning stage ran first, on its own seeds, and each reported point trained at its variant's chosen lr
+    tune = spec.tune_stage()
+    tuned = assert_grid_complete_once(db, tune)
+    assert {t.params["seed"] for t in tuned.values()} == {100} and {t.user_attrs["phase"] for t in tuned.values()} \
+        == {"tune"}
+    stored = optuna.load_study(study_name=spec.study_name, storage=url_of(db)).user_attrs
+    chosen = stored["tuned_lr"]
     for t in complete.values():
         attrs = t.user_attrs
+        assert attrs["phase"] == "report" and attrs["config"]["lr"] == chosen[spec.tune_key(t.params)]
+        means = {float(lr): m for lr, m in stored["tune_means"][spec.tune_key(t.params)].items()}
+        assert means[attrs["config"]["lr"]] == max(means.values())
         assert all(key in attrs for key in SUMMARY_ATTRS), sorted(attrs)
-        assert t.value == pytest.approx(attrs["best_val_acc"])
+        assert t.value == pytest.approx(attrs["test_acc"])
+        assert attrs["test_acc_at_best_val"] is not None and len(attrs["test_acc_curve"]) == 1
         assert 0.0 <= attrs["final_val_acc"] <= 1.0 and attrs["diverged"] is False
         assert attrs["param_count"] > 0 and attrs["wall_time_s"] > 0 and attrs["epochs_completed"] == 1
         log_dir = tmp_path / attrs["log_dir"]
@@ -124,8 +135,8 @@ def test_smoke_study_completes_every_grid_point_once_and_rerun_adds_nothing(tmp_
         assert attrs["run_name"] == name and attrs["log_dir"].endswith(name)
         assert not (log_dir / "checkpoints").exists()
         expected = spec.config_for(t.params)
-        assert {k: attrs["config"][k] for k in ("residual", "depth", "seed", "embed_dim", "max_epochs", "dataset")} \
-            == {k: expected[k] for k in ("residual", "depth", "seed", "embed_dim", "max_epochs", "dataset")}
+        keys = ("residual", "depth", "seed", "embed_dim", "max_epochs", "dataset", "mlp_ratio")
+        assert {k: attrs["config"][k] for k in keys} == {k: expected.get(k, attrs["config"][k]) for k in keys}
         assert attrs["resumed_from_checkpoint"] is False and "retry_of" not in attrs
 
     second = run_cli(*args, cwd=tmp_path)
@@ -344,7 +355,8 @@ def test_dry_run_prints_points_and_estimate_and_touches_no_storage(quick_calls):
     assert result.returncode == 0, result.stderr
     spec = load_spec("residual_variants", "smoke")
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("study residual_variants-smoke: grid, 8 trials")
+    assert lines[0].startswith("tuning stage residual_variants-smoke-tune: 20 trials first")
+    assert lines[1].startswith("study residual_variants-smoke: grid, 10 trials")
     points = [line.strip() for line in lines if line.startswith("  variant=")]
     assert points == [", ".join(f"{k}={v}" for k, v in p.items()) for p in spec.grid()]
     (estimate,) = [line for line in lines if line.startswith("estimated time on this machine: ")]
