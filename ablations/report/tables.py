@@ -323,7 +323,7 @@ def _method(data: StudyData, cells: Sequence[Cell]) -> str:
     return method_text(cells, f"{BASELINE} at the same depth", "of the table")
 
 
-def method_text(cells: Sequence[Cell], against: str, family: str) -> str:
+def method_text(cells: Sequence[Cell], against: str, family: str, wilcoxon: bool = True) -> str:
     """Test, correction, family size m for each test, interval, MDE and how diverged, tied and small-n comparisons
     are treated, for the comparisons of ``cells`` (one Holm family)."""
     m = family_size(cells)
@@ -334,15 +334,16 @@ def method_text(cells: Sequence[Cell], against: str, family: str) -> str:
     equal = [c for c in compared if c.comparison.all_equal]
     small = [c for c in compared if c.comparison.wilcoxon_too_small]
     diverged = sum(c.n_diverged_pairs for c in compared)
+    check = (f"; Wilcoxon signed-rank test (two-sided, scipy.stats.wilcoxon) as a check, Holm-adjusted over the "
+             f"same m = {m} comparisons; {MARK} = Holm-adjusted paired t-test p < {ALPHA}; {found}. The exact "
+             f"Wilcoxon test cannot reject at n ≤ 5 pairs (its smallest two-sided p is 2/2^n = {2 / 2 ** 5:.4g} at "
+             f"n = 5): such cells read 'n too small' ({len(small)} here)." if wilcoxon else f"; {found}.")
     text = (f"Δ = mean paired difference to {against} in percentage points (pp), paired by seed (common random "
             f"numbers: the same seed gives every variant the same initial weights, data split, batch order and "
-            f"augmentation), with its {CI_LABEL} t-based confidence interval (not adjusted for the m comparisons). "
-            f"Tests: paired two-sided t-test over seeds (scipy.stats.ttest_rel), Holm–Bonferroni over the m = {m} "
-            f"comparisons {family} with a defined test at α = {ALPHA}; Wilcoxon signed-rank test (two-sided, "
-            f"scipy.stats.wilcoxon) as a check, Holm-adjusted over the same m = {m} comparisons; {MARK} = "
-            f"Holm-adjusted paired t-test p < {ALPHA}; {found}. The exact Wilcoxon test cannot reject at "
-            f"n ≤ 5 pairs (its smallest two-sided p is 2/2^n = {2 / 2 ** 5:.4g} at n = 5): such cells read "
-            f"'n too small' ({len(small)} here). MDE = minimum detectable effect: the true Δ the paired t-test at "
+            f"augmentation), with its {100 * CONFIDENCE:.0f}% t-based confidence interval, unadjusted for the m comparisons. "
+            f"Test: paired two-sided t-test over seeds (scipy.stats.ttest_rel), Holm–Bonferroni over the m = {m} "
+            f"comparisons {family} with a defined test at α = {ALPHA}{check} MDE = minimum detectable effect: the "
+            f"true Δ the paired t-test at "
             f"the Bonferroni level α′ = α/m = {ALPHA / max(1, m):.4g} (Holm's first, strictest step) detects with "
             f"power {POWER}, from the noncentral t distribution (df = n−1, noncentrality Δ·√n/s_d; s_d = sample sd "
             f"of the n paired differences); {_mde_range(cells)}. Diverged runs stay in the pairs as failures at "
