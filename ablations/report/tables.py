@@ -379,13 +379,14 @@ def main_table(data: StudyData, cells: Sequence[Cell]) -> Table:
                 ("delta", "delta_vs_standard", ".6f"), ("ci_low", "ci_low", ".6f"), ("ci_high", "ci_high", ".6f"),
                 ("p_t_holm", "p_ttest_rel_holm", ".6g"), ("significant", "significant", ""),
                 ("best", "best_in_depth", ""), ("seeds", "seeds", "")]
-    caption = (f"Top-1 accuracy (%) of study {data.name}: {data.metric} ({METRIC_TEXT.get(data.metric, data.metric)}"
+    caption = (f"Top-1 {'test' if data.metric.startswith('test') else 'validation'} accuracy (%) of study {data.name}: {data.metric} ({METRIC_TEXT.get(data.metric, data.metric)}"
                f" of each run), mean ± sample sd (ddof=1) over {_seeds_text(data)}, n = ok runs (completed, not "
                f"diverged). LR = the peak learning rate the variant's reported runs trained at. Bold: best mean per "
                f"depth. {_method(data, cells)} Raw and adjusted p-values of both tests and the MDE of every cell are "
                f"in table 'paired'. Diverged runs (non-finite loss) are shown as 'k/n diverged' and excluded from "
                f"mean and sd (not from the pairs); failed or pruned runs as '(k failed)' and drop their seed's pair.")
-    return Table("main", f"{data.name}: top-1 accuracy (%) by depth", caption, frame(records, MAIN_KEYS),
+    split = "test" if data.metric.startswith("test") else "val"
+    return Table("main", f"{data.name}: top-1 {split} accuracy (%) by depth", caption, frame(records, MAIN_KEYS),
                  columns, csv_cols, status_notes(data))
 
 
