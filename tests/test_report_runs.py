@@ -72,7 +72,8 @@ def _summary(acc: float, diverged: bool, seed: int) -> dict:
     return summary
 
 
-def _trial(variant: str, seed: int, acc: float, lr: float, phase: str | None, diverged: bool = False):
+def _trial(variant: str, seed: int, acc: float, lr: float, phase: str | None, diverged: bool = False,
+           lr_axis: bool = False):
     import optuna
     from optuna.distributions import CategoricalDistribution
 
@@ -84,29 +85,33 @@ def _trial(variant: str, seed: int, acc: float, lr: float, phase: str | None, di
         "run_name": f"{variant}/depth=2/seed={seed}"}
     if phase is not None:
         attrs["phase"] = phase
+    lr_param = {"lr": lr} if lr_axis else {}  # the tuning stage's grid has the LR as an axis
     return optuna.trial.create_trial(
         state=optuna.trial.TrialState.COMPLETE, value=0.0 if math.isnan(acc) else acc,
-        params={"variant": variant, "depth": 2, "seed": seed},
+        params={"variant": variant, "depth": 2, "seed": seed, **lr_param},
         distributions={"variant": CategoricalDistribution(labels), "depth": CategoricalDistribution([2]),
-                       "seed": CategoricalDistribution(SEEDS + TUNE_SEEDS)},
+                       "seed": CategoricalDistribution(SEEDS + TUNE_SEEDS),
+                       **({"lr": CategoricalDistribution(LRS)} if lr_axis else {})},
         user_attrs=attrs, intermediate_values={0: acc - 0.05, 1: acc})
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    """A storage with hand-made trials (report phase for every variant × seed, tune phase on two other seeds)."""
+    """A storage with hand-made trials: the study (report phase, every variant × seed) and its tuning stage as the
+    study '<name>-tune' (LR × two other seeds), as ablations.run stores them."""
     import optuna
 
     root = tmp_path_factory.mktemp("claims")
     (root / "claims_tiny.yaml").write_text(YAML)
     storage = f"sqlite:///{root / 'o.db'}"
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(study_name="claims_tiny", storage=storage, direction="maximize")
-    for seed in TUNE_SEEDS:  # tuning trials first (lower trial numbers, as a study runs them)
+    tune = optuna.create_study(study_name="claims_tiny-tune", storage=storage, direction="maximize")
+    for seed in TUNE_SEEDS:
         for variant in ("standard", "layerscale", "rezero"):
             for lr in LRS:
-                study.add_trial(_trial(variant, seed, 0.7 + 0.01 * LRS.index(lr) + 0.001 * seed / 100
-                                       + (0.05 if lr == CHOSEN[variant] else 0.0), lr, "tune"))
+                tune.add_trial(_trial(variant, seed, 0.7 + 0.01 * LRS.index(lr) + 0.001 * seed / 100
+                                      + (0.05 if lr == CHOSEN[variant] else 0.0), lr, "tune", lr_axis=True))
+    study = optuna.create_study(study_name="claims_tiny", storage=storage, direction="maximize")
     for variant, accs in ACC.items():
         for seed, acc in zip(SEEDS, accs, strict=True):
             div = (variant, seed) in DIVERGED
@@ -173,7 +178,7 @@ def test_runs_csv_columns_and_phases(reports):
     for key in ("residual", "residual_options", "lr", "num_classes", "acc", *HP_SUMMARY_KEYS, "test_acc",
                 "test_acc_at_best_val", "ok", "mode"):
         assert key in header
-    assert len(rows) == 2 * 3 * 3 + 4 * 6 and [int(r["number"]) for r in rows] == list(range(len(rows)))
+    assert [int(r["number"]) for r in rows] == list(range(2 * 3 * 3)) + list(range(4 * 6))  # tune study first
     assert {r["phase"] for r in rows[:18]} == {"tune"} and {r["phase"] for r in rows[18:]} == {"report"}
     flat = [r for r in rows if r["variant"] == "flat"]
     assert flat[0]["residual"] == "standard" and flat[0]["phase"] == "report"  # no phase attr: report
@@ -193,12 +198,13 @@ def test_main_table_uses_report_phase_metric_and_lr(reports):
     mean = np.mean(ACC["layerscale"])
     assert f"{100 * mean:.2f}" in line
     tuning = (root / "storage" / "tuning.csv").read_text().splitlines()
-    assert tuning[0] == "variant,lr,n,mean,std,n_diverged,n_failed,seeds,chosen"
-    chosen = [ln for ln in tuning[1:] if ln.endswith(",1")]
-    assert [ln.split(",")[:2] for ln in chosen] == [["standard", "0.002"], ["layerscale", "0.004"], ["rezero", "0.001"]]
-    std = [ln for ln in tuning[1:] if ln.startswith("standard,0.002,")][0].split(",")
+    assert tuning[0] == "variant,depth,lr,n,mean,std,n_diverged,n_failed,seeds,chosen"
+    chosen = [ln.split(",") for ln in tuning[1:] if ln.endswith(",1")]
+    assert [(c[0], c[2]) for c in chosen] == [("standard", "0.002"), ("layerscale", "0.004"), ("rezero", "0.001")]
+    std = [ln for ln in tuning[1:] if ln.startswith("standard,2,0.002,")][0].split(",")
     vals = [0.7 + 0.01 + 0.001 * s / 100 + 0.05 for s in TUNE_SEEDS]
-    assert float(std[3]) == pytest.approx(np.mean(vals) + 0.01, abs=1e-6)  # best_val_acc = acc + 0.01
+    assert float(std[4]) == pytest.approx(np.mean(vals) + 0.01, abs=1e-6)  # best_val_acc = acc + 0.01
+    assert std[3] == "2" and std[8] == "100 101"
 
 
 def test_claim_verdicts_are_computed(reports):
@@ -435,3 +441,28 @@ def test_value_round_trip():
     for v in (0.1, 1e-05, 3, True, False, None, "rw", 0.30000000000000004):
         assert runs_mod.value(runs_mod.text(v)) == v and type(runs_mod.value(runs_mod.text(v))) is type(v)
     assert runs_mod.text(np.float64(0.25)) == "0.25"
+
+
+def test_tune_phase_trials_are_set_apart_and_a_diverged_tuning_run_counts_zero():
+    """Tune-phase trials (the '<study>-tune' stage, or a 'phase: tune' attribute) never enter main/paired; the
+    tuning table averages the tuning metric with a diverged run as 0, the stage's choice rule."""
+    from ablations.report.load import assemble
+    from ablations.report.tuning import tuning_records
+
+    spec = load_spec_from_text(YAML)
+
+    def run(number, variant, seed, acc, lr, phase, diverged=False):
+        return report.Run(number=number, state="complete", variant=variant, depth=2, seed=seed, row="", acc=acc,
+                          diverged=diverged, phase=phase, config={"lr": lr},
+                          summary={"best_val_acc": acc, "diverged": diverged})
+
+    runs = [run(0, "standard", 100, 0.6, 0.001, "tune"), run(1, "standard", 101, None, 0.001, "tune", True),
+            run(2, "standard", 100, 0.5, 0.002, "tune"), run(3, "standard", 101, 0.5, 0.002, "tune"),
+            run(0, "standard", 0, 0.8, 0.002, "report"), run(1, "standard", 1, 0.7, 0.002, "report")]
+    data = assemble("t", spec, runs)
+    assert [r.seed for r in data.runs] == [0, 1] and [r.seed for r in data.tune_runs] == [100, 101, 100, 101]
+    records = tuning_records(data)
+    assert [(r["lr"], r["mean"], r["n_diverged"], r["chosen"]) for r in records] == \
+        [(0.001, pytest.approx(0.3), 1, False), (0.002, pytest.approx(0.5), 0, True)]
+    cells = report.main_cells(data)
+    assert next(c for c in cells if c.row == "standard").n == 2  # the tuning runs are not in the main table

@@ -66,7 +66,7 @@ def _main(args: argparse.Namespace) -> int:
     from ..spec import load_spec
     from . import runs as runs_csv
     from . import tables as tb
-    from .load import collect, open_study
+    from .load import collect, open_study, open_tune_study
 
     spec = load_spec(args.study, args.budget)
     study_name = args.study_name or spec.study_name
@@ -79,7 +79,7 @@ def _main(args: argparse.Namespace) -> int:
 
         check_sqlite_file(args.storage)  # garbage or a truncated file: one line, and the file is never written
         study = open_study(args.storage, study_name, spec)
-        data = collect(study, spec, results_dir)
+        data = collect(study, spec, results_dir, tune_study=open_tune_study(study))
     if not any(r.state == "complete" for r in data.runs):
         raise ReportError(f"study '{study_name}' has no completed report-phase trials ({_states(study, data)}); "
                           f"nothing to report")

@@ -8,6 +8,7 @@ variant order, metric and grid axes.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -93,6 +94,7 @@ class StudyData:
     skipped: int = 0  # surplus / duplicate / retried trials
     metric: str = ACC_KEY  # the accuracy key of Run.acc (the study's metric when it is one of ACC_KEYS)
     tune_runs: list[Run] = field(default_factory=list)  # phase "tune": only the tuning table and figure use them
+    tune_metric: str = ACC_KEY  # the validation metric the tuning stage chose by (spec.tune.metric)
 
     def by_row_depth(self, row: str, depth: int | None) -> list[Run]:
         return [r for r in self.runs if r.row == row and r.depth == depth]
@@ -222,11 +224,35 @@ def accuracy_key(metric: str) -> str:
     return metric if metric in ACC_KEYS else ACC_KEY
 
 
-def collect(study, spec, results_dir: Path | None = None) -> StudyData:
-    """The study's results as Runs, in a deterministic order (spec variant order, depth, seed, trial number)."""
+def tune_study_name(study_name: str) -> str:
+    """The storage name of a study's tuning stage (``ablations.spec.tune_name``: ``<study>-tune``)."""
+    return f"{study_name}-tune"
+
+
+def open_tune_study(study):
+    """The study's tuning stage (``<study>-tune`` in the same storage), None when it has none."""
+    import optuna
+
+    try:
+        return optuna.load_study(study_name=tune_study_name(study.study_name), storage=study._storage)
+    except KeyError:
+        return None
+
+
+def collect(study, spec, results_dir: Path | None = None, tune_study=None) -> StudyData:
+    """The study's results as Runs, in a deterministic order (spec variant order, depth, seed, trial number); the
+    trials of ``tune_study`` (its tuning stage) join as phase ``tune``."""
+    trials, pending, skipped = result_trials(study)
+    runs = _runs(trials, spec, results_dir, study.study_name)
+    if tune_study is not None:
+        tune_runs = _runs(result_trials(tune_study)[0], spec, results_dir, tune_study.study_name)
+        runs += [dataclasses.replace(r, phase="tune") for r in tune_runs]
+    return assemble(study.study_name, spec, runs, pending=pending, skipped=skipped)
+
+
+def _runs(trials: list, spec, results_dir: Path | None, study_name: str) -> list[Run]:
     from optuna.trial import TrialState
 
-    trials, pending, skipped = result_trials(study)
     extra_axes = [a for a in spec.axes if a not in ("depth", "seed")]
     metric = accuracy_key(spec.metric)
     runs = []
@@ -247,10 +273,10 @@ def collect(study, spec, results_dir: Path | None = None) -> StudyData:
             searched={k[len(prefix):]: v for k, v in sorted(t.params.items()) if k.startswith(prefix)},
             summary=attrs, config=config, phase=str(attrs.get("phase", "report")),
             curve={int(step) + 1: float(v) for step, v in sorted(t.intermediate_values.items()) if finite(v)},
-            log_dir=_resolve_log_dir(attrs.get("log_dir"), results_dir, study.study_name),
+            log_dir=_resolve_log_dir(attrs.get("log_dir"), results_dir, study_name),
             run_name=attrs.get("run_name") or (Path(attrs["log_dir"]).name if attrs.get("log_dir") else None),
         ))
-    return assemble(study.study_name, spec, runs, pending=pending, skipped=skipped)
+    return runs
 
 
 def row_label(variant: str, extras: tuple) -> str:
@@ -286,6 +312,7 @@ def assemble(name: str, spec, runs: list[Run], pending: int = 0, skipped: int = 
         name=name, kind=spec.kind, runs=runs, rows=rows, row_variant=row_variant, row_extras=row_extras,
         depths=sorted({r.depth for r in runs if r.depth is not None}), pending=pending, skipped=skipped,
         metric=accuracy_key(spec.metric), tune_runs=tune,
+        tune_metric=getattr(getattr(spec, "tune", None), "metric", None) or ACC_KEY,
     )
 
 

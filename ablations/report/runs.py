@@ -37,8 +37,8 @@ def columns(data: StudyData, axes: list[str]) -> list[str]:
 
 
 def all_runs(data: StudyData) -> list[Run]:
-    """Both phases' runs, by trial number."""
-    return sorted([*data.runs, *data.tune_runs], key=lambda r: r.number)
+    """Both phases' runs: the tuning stage's (its own study: numbers from 0) first, each phase by trial number."""
+    return sorted([*data.runs, *data.tune_runs], key=lambda r: (r.phase != "tune", r.number))
 
 
 def _axes(data: StudyData) -> list[str]:
