@@ -460,7 +460,7 @@ def test_tune_phase_trials_are_set_apart_and_a_diverged_tuning_run_counts_zero()
             run(2, "standard", 100, 0.5, 0.002, "tune"), run(3, "standard", 101, 0.5, 0.002, "tune"),
             run(0, "standard", 0, 0.8, 0.002, "report"), run(1, "standard", 1, 0.7, 0.002, "report")]
     data = assemble("t", spec, runs)
-    assert [r.seed for r in data.runs] == [0, 1] and [r.seed for r in data.tune_runs] == [100, 101, 100, 101]
+    assert [r.seed for r in data.runs] == [0, 1] and [r.seed for r in data.tune_runs] == [100, 100, 101, 101]
     records = tuning_records(data)
     assert [(r["lr"], r["mean"], r["n_diverged"], r["chosen"]) for r in records] == \
         [(0.001, pytest.approx(0.3), 1, False), (0.002, pytest.approx(0.5), 0, True)]
