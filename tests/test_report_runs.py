@@ -20,7 +20,7 @@ from ablations import report
 from ablations.report import claims as claims_mod
 from ablations.report import runs as runs_mod
 from ablations.report.stats import chance_level, t_power
-from ablations.spec import _build
+from ablations.spec import _build, load_spec
 from ablations.training import HP_SUMMARY_KEYS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -466,3 +466,17 @@ def test_tune_phase_trials_are_set_apart_and_a_diverged_tuning_run_counts_zero()
         [(0.001, pytest.approx(0.3), 1, False), (0.002, pytest.approx(0.5), 0, True)]
     cells = report.main_cells(data)
     assert next(c for c in cells if c.row == "standard").n == 2  # the tuning runs are not in the main table
+
+
+def test_every_study_file_lists_claims_that_load_under_every_budget():
+    from ablations.spec import BUDGETS, available_studies
+
+    for name in available_studies():
+        specs = [load_spec(name, budget) for budget in BUDGETS]
+        labels = {v.label for v in specs[0].variants}
+        for claim in specs[0].claims:
+            assert not claim.testable or {claim.variant, claim.baseline} <= labels
+        if specs[0].kind == "grid":
+            assert specs[0].claims, name
+    untestable = [c for c in load_spec("attention_collapse").claims if not c.testable]
+    assert [c.id for c in untestable] == ["reattention_similar_blocks"] and "BatchNorm" in untestable[0].reason

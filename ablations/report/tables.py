@@ -22,7 +22,6 @@ from typing import Any
 
 from ..events import ATTN_ENTROPY_MEAN, ATTN_SIM_ADJ_MEAN, SIMILAR_BLOCKS, RunEvents, read_run
 from .load import (
-    ACC_KEY,
     AUC_KEY,
     BASELINE,
     EPOCH_TIME_KEY,
@@ -739,17 +738,18 @@ def search_table(data: StudyData) -> Table:
         b = best.get(row)
         records.append({"variant": row, **{s: sum(1 for r in runs if r.state == s)
                                             for s in ("complete", "pruned", "failed")},
-                        ACC_KEY: b.acc if b else None, "trial": b.number if b else None,
+                        data.metric: b.acc if b else None, "trial": b.number if b else None,
                         "searched_values": ", ".join(f"{k}={fmt_param(v)}" for k, v in sorted(b.searched.items()))
                         if b else ""})
     columns = [Column("variant", "variant"), *(Column(s, s, fmt="d") for s in ("complete", "pruned", "failed")),
-               Column(ACC_KEY, "best top-1 (%)", fmt=".2f", scale=100.0), Column("trial", "trial", fmt="d"),
+               Column(data.metric, "best top-1 (%)", fmt=".2f", scale=100.0), Column("trial", "trial", fmt="d"),
                Column("searched_values", "searched values")]
-    keys = ["variant", "complete", "pruned", "failed", ACC_KEY, "trial", "searched_values"]
-    caption = (f"Search study {data.name}: best trial per variant by {ACC_KEY} (the best epoch's top-1 val "
-               "accuracy), its searched values, and trial counts (pruned trials stopped early by the pruner).")
+    keys = ["variant", "complete", "pruned", "failed", data.metric, "trial", "searched_values"]
+    caption = (f"Search study {data.name}: best trial per variant by {data.metric} "
+               f"({METRIC_TEXT.get(data.metric, data.metric)}), its searched values, and trial counts (pruned "
+               "trials stopped early by the pruner).")
     return Table("search_best", f"{data.name}: best trial per variant", caption, frame(records, keys), columns,
-                 [(k, k, ".6f" if k == ACC_KEY else "") for k in keys], status_notes(data))
+                 [(k, k, ".6f" if k == data.metric else "") for k in keys], status_notes(data))
 
 
 def importance_table(study, data: StudyData) -> Table:
@@ -799,7 +799,7 @@ def importance_table(study, data: StudyData) -> Table:
     columns = [Column("scope", "scope"), Column("parameter", "parameter"), Column("trials", "trials", fmt="d"),
                Column("importance", f"importance ({evaluator_name})", fmt=".4f")]
     keys = ["scope", "parameter", "trials", "importance"]
-    caption = (f"Parameter importances of study {data.name} for {ACC_KEY}, from optuna.importance."
+    caption = (f"Parameter importances of study {data.name} for {data.metric}, from optuna.importance."
                f"get_param_importances with evaluator {evaluator_name} (default settings, normalised to sum 1 "
                "per scope), over completed trials: 'all variants' for the parameters every trial has, then each "
                "variant over its own conditional search space.")
