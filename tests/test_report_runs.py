@@ -314,7 +314,7 @@ def test_unknown_claim_variant_exits_2_with_one_line(tmp_path):
 
 @pytest.mark.parametrize(("content", "message"), [
     (None, "does not exist"),
-    ("number,run_name\n0,x\n", "lacks column(s) state, phase"),
+    ("number,run_name\n0,x\n", "lacks column(s) state, variant, depth, seed, acc, diverged; a runs.csv written"),
     ("", "lacks column(s) number"),
 ])
 def test_missing_or_malformed_runs_csv_exits_2_with_one_line(tmp_path, content, message):
@@ -480,3 +480,23 @@ def test_every_study_file_lists_claims_that_load_under_every_budget():
             assert specs[0].claims, name
     untestable = [c for c in load_spec("attention_collapse").claims if not c.testable]
     assert [c.id for c in untestable] == ["reattention_similar_blocks"] and "BatchNorm" in untestable[0].reason
+
+
+@pytest.mark.parametrize("study", ["modern_residuals", "hyper_connections"])
+def test_committed_earlier_runs_csv_gives_the_committed_differences(study, tmp_path):
+    """The two runs.csv files committed before this format (no phase, LR or summary columns) still load: the
+    paired Δ, CI and raw t p recomputed from them equal the committed paired.csv (no run diverged there); the new
+    statistics change only the MDE (noncentral t, larger) and the Wilcoxon columns (n ≤ 5: 'n too small')."""
+    code, out, err = _report("--study", study, "--runs", str(REPO / "results" / study / "runs.csv"), "--out",
+                             str(tmp_path))
+    assert code == 0, err
+    assert "convergence: no run has the summary metrics" in out
+    old = {(r["variant"], r["depth"]): r for r in csv.DictReader(open(REPO / "results" / study / "paired.csv"))}
+    new = {(r["variant"], r["depth"]): r for r in csv.DictReader(open(tmp_path / "paired.csv"))}
+    assert sorted(old) == sorted(new)
+    for key, row in new.items():
+        for col in ("n_pairs", "delta", "ci_low", "ci_high", "p_ttest_rel", "pair_seeds"):
+            assert row[col] == old[key][col], (key, col)
+        assert row["n_diverged_pairs"] == "0" and row["wilcoxon_n_too_small"] == "1"  # 3 or 5 seeds
+        assert float(row["mde"]) > float(old[key]["mde"])  # the central-t formula understated it
+    assert "n too small" in (tmp_path / "paired.md").read_text()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .. import layout
 from ..cli import OneLineParser
-from .load import ReportError, StudyData, first_line
+from .load import AUC_KEY, EPOCH_TIME_KEY, FRACTION_KEYS, WALL_TIME_KEY, ReportError, StudyData, first_line
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -124,6 +124,9 @@ def _main(args: argparse.Namespace) -> int:
     return 0
 
 
+CONVERGENCE_INPUTS = (*FRACTION_KEYS, AUC_KEY, EPOCH_TIME_KEY, WALL_TIME_KEY)
+
+
 def build_tables(data: StudyData, spec, study=None) -> tuple[list, list | None, list[str]]:
     """(tables, the main table's cells (grid studies), notes). Without a ``study`` (from runs.csv) the tables whose
     inputs are not in runs.csv are skipped with a note."""
@@ -143,8 +146,10 @@ def build_tables(data: StudyData, spec, study=None) -> tuple[list, list | None, 
         tables = [tb.search_table(data)]
     if data.tune_runs:
         tables.append(tuning_table(data, tuning_records(data)))
-    if spec.kind == "grid":
+    if spec.kind == "grid" and any(key in r.summary for r in data.runs for key in CONVERGENCE_INPUTS):
         tables.append(tb.convergence_table(data))
+    elif spec.kind == "grid":
+        notes.append("convergence: no run has the summary metrics it needs (an earlier report's runs.csv?); not written.")
     if study is None:
         notes.append("from runs.csv: the cost, collapse, mixing and importance tables and the figures but 'tuning' "
                      "need the storage's configurations or the TensorBoard event files and were not regenerated.")

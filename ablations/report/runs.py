@@ -9,6 +9,10 @@ from; empty when not recorded), ``acc`` (the report's accuracy metric, :attr:`St
 key of :data:`ablations.training.HP_SUMMARY_KEYS` but ``diverged``, then ``test_acc`` and ``test_acc_at_best_val``
 when any trial has them, ``diverged, ok, mode``. Numbers are written so that they read back exactly (``repr`` of
 a float); an empty cell is a missing value.
+
+Reading also accepts the shorter files of earlier reports (``number, run_name, state, variant, row, depth, seed,
+acc, diverged, ok[, mode]``): only :data:`REQUIRED` columns must be there; a missing ``phase`` is ``report``, a
+missing summary column leaves the tables that need it out (convergence), a missing ``lr`` shows as "—".
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ SUMMARY_COLUMNS = tuple(k for k in HP_SUMMARY_KEYS if k != DIVERGED_KEY)
 OPTIONAL_COLUMNS = ("test_acc", "test_acc_at_best_val")  # written when any trial has them
 TAIL = ("diverged", "ok", "mode")
 STATES = ("complete", "pruned", "failed")
+REQUIRED = ("number", "state", "variant", "depth", "seed", "acc", "diverged")  # what main and paired need
 
 
 def columns(data: StudyData, axes: list[str]) -> list[str]:
@@ -121,11 +126,11 @@ def read(path: Path, spec, name: str) -> StudyData:
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise ReportError(f"runs file '{path}' is not a readable CSV file ({exc})") from None
     axes = [a for a in spec.axes if a not in ("depth", "seed")]
-    required = [*HEAD, *axes, *CONFIG_COLUMNS, *SUMMARY_COLUMNS, *TAIL]
-    missing = [c for c in dict.fromkeys(required) if c not in header]
+    missing = [c for c in (*REQUIRED, *axes) if c not in header]
     if missing:
+        full = dict.fromkeys([*HEAD, *axes, *CONFIG_COLUMNS, *SUMMARY_COLUMNS, *TAIL])
         raise ReportError(f"runs file '{path}' lacks column(s) {', '.join(missing)}; a runs.csv written by "
-                          f"python -m ablations.report has: {', '.join(dict.fromkeys(required))}")
+                          f"python -m ablations.report has: {', '.join(full)}")
     if not lines:
         raise ReportError(f"runs file '{path}' has no trials")
     summary_keys = [k for k in (*SUMMARY_COLUMNS, *OPTIONAL_COLUMNS) if k in header]
@@ -137,6 +142,8 @@ def _run(line: dict[str, str], lineno: int, path: Path, axes: list[str], summary
     where = f"runs file '{path}' line {lineno}"
     if None in line or any(v is None for v in line.values()):
         raise ReportError(f"{where}: wrong number of fields")
+    line = {"run_name": "", "phase": "report", "residual": line["variant"], "residual_options": "", "lr": "",
+            "num_classes": "", "mode": ""} | line  # the columns an earlier report's runs.csv did not have
     cells = {k: value(v) for k, v in line.items()}
     for key in ("number", "depth", "seed", "num_classes"):
         if cells[key] is not None and not isinstance(cells[key], int):
