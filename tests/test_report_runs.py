@@ -500,3 +500,31 @@ def test_committed_earlier_runs_csv_gives_the_committed_differences(study, tmp_p
         assert row["n_diverged_pairs"] == "0" and row["wilcoxon_n_too_small"] == "1"  # 3 or 5 seeds
         assert float(row["mde"]) > float(old[key]["mde"])  # the central-t formula understated it
     assert "n too small" in (tmp_path / "paired.md").read_text()
+
+
+def test_extra_grid_axes_round_trip_through_runs_csv(tmp_path):
+    """Rows labelled by an extra axis (floats, strings) come back from runs.csv as the same rows and
+    the same tables."""
+    from ablations.report.load import assemble
+    from ablations.report.tables import main_table, paired_table
+
+    text = YAML.replace("axes: {depth: [2], seed: [0, 1, 2, 3, 4, 5]}",
+                        "axes: {depth: [2], seed: [0, 1, 2], drop_path_rate: [0.0, 0.1], global_pool: [token, avg]}")
+    spec = load_spec_from_text(text)
+    runs, number = [], 0
+    for variant in ("standard", "layerscale"):
+        for dpr in (0.0, 0.1):
+            for bias in ("token", "avg"):
+                for seed in (0, 1, 2):
+                    acc = 0.8 + 0.01 * seed + (0.02 if variant == "layerscale" else 0.0) + 0.003 * seed * dpr
+                    runs.append(report.Run(number=number, state="complete", variant=variant, depth=2, seed=seed,
+                                           row="", extras=(("drop_path_rate", dpr), ("global_pool", bias)), acc=acc,
+                                           config={"lr": 0.002}, summary={"diverged": False}))
+                    number += 1
+    data = assemble("x", spec, runs)
+    path = runs_mod.write(data, tmp_path / "runs.csv")
+    back = runs_mod.read(path, spec, "x")
+    assert back.rows == data.rows and "layerscale [drop_path_rate=0.1, global_pool=avg]" in back.rows
+    for build in (main_table, paired_table):
+        assert build(back, report.main_cells(back)).markdown() == build(data, report.main_cells(data)).markdown()
+    assert runs_mod.to_csv(back) == path.read_text()
