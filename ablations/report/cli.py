@@ -81,8 +81,8 @@ def _main(args: argparse.Namespace) -> int:
         study = open_study(args.storage, study_name, spec)
         data = collect(study, spec, results_dir, tune_study=open_tune_study(study))
     if not any(r.state == "complete" for r in data.runs):
-        raise ReportError(f"study '{study_name}' has no completed report-phase trials ({_states(study, data)}); "
-                          f"nothing to report")
+        raise ReportError(f"study '{study_name}' has no completed trials in its report phase "
+                          f"({_states(study, data)}); nothing to report")
     out = Path(args.out) if args.out else layout.report_dir(results_dir, study_name)
     tables, cells, notes = build_tables(data, spec, study)
 
