@@ -23,7 +23,7 @@ from typing import Any
 
 from .load import StudyData
 from .stats import ALPHA, POWER, Cell, adjust, compare, make_cell
-from .tables import CI_LABEL, Column, Table, ci_text, equal_text, frame, latex_escape, p_text, signed
+from .tables import CI_LABEL, Column, Table, all_equal, ci_text, equal_text, frame, latex_escape, p_text, signed
 
 VERDICTS = ("held", "not held", "not resolved", "untestable")
 CLAIM_KEYS = ["id", "claim", "source", "counts", "variant", "baseline", "depth", "metric", "direction", "n_pairs",
@@ -95,7 +95,7 @@ def line_text(rec: Mapping[str, Any]) -> str:
     comparison = f"{rec['variant']} vs {rec['baseline']}{depth}, {rec['metric']} (paper: {rec['direction']})"
     if rec["delta"] is None:
         numbers = "no pairs"
-    elif rec["n_pairs"] >= 2 and rec["sd"] is not None and rec["ci_low"] is None:
+    elif all_equal(rec):
         numbers = equal_text(rec, "md")
     else:
         ci = f" {ci_text(rec, 'md')} ({CI_LABEL})" if rec["ci_low"] is not None else ""
@@ -119,6 +119,15 @@ class ClaimsTable(Table):
         return "\n".join(parts + [f"\nNote: {n}" for n in self.notes]) + "\n"
 
 
+def delta_ci(rec: Mapping[str, Any], style: str) -> str:
+    """``Δ [CI]`` of a claim line; the no-interval text when its differences are all equal; ``—`` without pairs."""
+    if rec["delta"] is None:
+        return "—" if style == "md" else "---"
+    if all_equal(rec):
+        return equal_text(rec, style)
+    return f"{signed(rec['delta'], style)} {ci_text(rec, style)}"
+
+
 def claims_table(data: StudyData, claims: Sequence, alpha: float = ALPHA, power: float = POWER) -> ClaimsTable:
     from .tables import method_text
 
@@ -137,8 +146,7 @@ def claims_table(data: StudyData, claims: Sequence, alpha: float = ALPHA, power:
 
     columns = [Column("id", "claim"), Column("variant", "variant"), Column("baseline", "baseline"),
                Column("depth", "depth", fmt="d"),
-               Column("delta", f"Δ (pp) [{CI_LABEL}]", render=lambda rec, style: (
-                   "—" if rec["delta"] is None else f"{signed(rec['delta'], style)} {ci_text(rec, style)}")),
+               Column("delta", f"Δ (pp) [{CI_LABEL}]", render=delta_ci),
                Column("p_t_holm", "p (t, Holm)", render=lambda rec, style: latex_escape(p_text(rec["p_t_holm"]))),
                Column("mde", "MDE (pp)", fmt=".2f", scale=100.0), Column("verdict", "verdict", render=verdict,
                                                                         align="l")]
