@@ -528,3 +528,17 @@ def test_extra_grid_axes_round_trip_through_runs_csv(tmp_path):
     for build in (main_table, paired_table):
         assert build(back, report.main_cells(back)).markdown() == build(data, report.main_cells(data)).markdown()
     assert runs_mod.to_csv(back) == path.read_text()
+
+
+def test_readme_quotes_claim_verdicts_verbatim():
+    """Any README line that quotes a claim of a committed results/<study>/claims.md is that file's line, verbatim
+    (the verdicts are computed; a hand edit of a quoted verdict fails here)."""
+    files = {str(p): p.read_text() for p in sorted((REPO / "results").glob("*/claims.md"))}
+    assert claims_mod.misquoted((REPO / "README.md").read_text(), files) == []
+    line = ("- **dca_accuracy**: DCA improves accuracy (x). dca vs standard, test_acc (paper: higher): Δ = +1.00 pp "
+            "[+0.10, +1.90] (95% CI, unadjusted), n = 10 pairs, Holm p = 0.030 (m = 6), MDE 0.90 pp: **held** "
+            "(significant in the paper's direction).")
+    made = {"claims.md": f"### x\n\n{line}\n"}
+    assert claims_mod.misquoted(f"intro\n{line}\n", made) == []
+    edited = line.replace("**held**", "**held, strongly**")
+    assert claims_mod.misquoted(f"intro\n{edited}\n- **other**: text\n", made) == [edited]

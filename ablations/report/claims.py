@@ -158,3 +158,15 @@ def claims_table(data: StudyData, claims: Sequence, alpha: float = ALPHA, power:
 
 def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def misquoted(text: str, claims_files: Mapping[str, str]) -> list[str]:
+    """The lines of ``text`` (e.g. the README) that quote a claim — start with ``- **<id>**:`` for an id of one of
+    ``claims_files`` (path -> claims.md text) — without being a verbatim line of that file."""
+    lines: dict[str, set[str]] = {}
+    for content in claims_files.values():
+        for line in content.splitlines():
+            if line.startswith("- **"):
+                lines.setdefault(line.split("**")[1], set()).add(line)
+    return [line for line in text.splitlines()
+            if line.startswith("- **") and line.split("**")[1] in lines and line not in lines[line.split("**")[1]]]
