@@ -369,7 +369,7 @@ def report_figures(study, data, cells, out: Path) -> tuple[list[Path], list[str]
         cell_rows = [{"variant": c.row, "depth": c.depth if c.depth is not None else 0, "n": c.n,
                       "mean": None if c.mean is None else 100 * c.mean,
                       "std": None if c.std is None else 100 * c.std} for c in cells or []]
-        keep(accuracy_vs_depth(cell_rows, variants, ylabel=f"top-1 val accuracy (%) [{ACC_KEY}]"), "acc_vs_depth")
+        keep(accuracy_vs_depth(cell_rows, variants, ylabel=f"top-1 accuracy (%) [{data.metric}]"), "acc_vs_depth")
         selected = {row: [r for r in data.runs if r.row == row and r.depth == top and r.state == "complete"]
                     for row in variants}
         curves = {d if d is not None else 0: {row: [{e: 100 * v for e, v in r.curve.items()}

@@ -24,6 +24,10 @@ A study file (see ``ablations/studies/*.yaml``) says what to run, never how::
         layerscale: {init_value: {low: 1.0e-6, high: 0.5, log: true}}
     budgets:                       # sizes: smoke (CI), quick, default, paper (GPU); each may override the above
       smoke: {base: {max_epochs: 2}, axes: {depth: [1], seed: [0]}}
+    claims:                        # the papers' claims the report gives a computed verdict for (claims.md)
+      - {id: layerscale_vs_standard, claim: "LayerScale improves accuracy", source: "CaiT, Table 1",
+         variant: layerscale, baseline: standard, direction: higher, depth: 12}
+      - {id: reattn_similarity, claim: "...", source: "...", testable: false, reason: "..."}
 
 A ``recipe`` (``basic``, ``paper``: :mod:`ablations.recipes`) set by a budget's base, a variant's overrides or an
 axis replaces the recipe fields of the layers before it (the study's base), unless it sets them itself.
@@ -54,7 +58,7 @@ from .recipes import with_recipe
 STUDY_DIR = Path(__file__).parent / "studies"
 BUDGETS = ("smoke", "quick", "default", "paper")
 _TOP_KEYS = ("name", "description", "kind", "metric", "direction", "base", "variants", "axes", "search", "tune",
-             "budgets")
+             "budgets", "claims")
 _BUDGET_KEYS = ("base", "variants", "axes", "search", "tune", "description")
 _TUNE_KEYS = ("lr", "seeds", "metric", "axes")
 TUNE_METRICS = ("best_val_acc", "final_val_acc")  # validation metrics: the tuning stage never reads the test split
@@ -62,6 +66,11 @@ _VARIANT_KEYS = ("label", "residual", "options", "overrides")
 _SEARCH_KEYS = ("n_trials", "pruner", "space", "sampler")
 _PRUNERS = ("none", "median", "hyperband")
 _DIST_KEYS = ("low", "high", "log", "choices")
+_CLAIM_KEYS = ("id", "claim", "source", "variant", "baseline", "depth", "direction", "counts", "metric", "testable",
+               "reason")
+CLAIM_DIRECTIONS = ("higher", "lower")
+#: Metrics a claim may compare (fractions, so a diverged run counts at chance level): the accuracies and the AUC.
+CLAIM_METRICS = ("best_val_acc", "final_val_acc", "test_acc", "test_acc_at_best_val", "val_acc_auc")
 #: Strategies that train a multi-device trial in fresh processes started by ``fit`` itself, so the trial stays in
 #: this process: one Optuna trial per trial. ``ddp`` (and Lightning's default for several devices) re-runs the
 #: whole script per rank, and each rank would ask the study for a trial of its own (ecosystem notes §2, §7); the
@@ -97,6 +106,25 @@ class TuneSpec:
 
 
 @dataclass(frozen=True)
+class Claim:
+    """A paper's claim the study tests: ``variant`` vs ``baseline`` (at ``depth``, or every depth when None) in
+    ``direction`` on ``metric`` (None: the study's metric); or, with ``testable`` False, a claim the study's
+    measure cannot test, with the ``reason``. The verdict is computed by the report, never written here."""
+
+    id: str
+    claim: str
+    source: str
+    variant: str | None = None
+    baseline: str | None = None
+    depth: int | None = None
+    direction: str = "higher"
+    counts: str = ""
+    metric: str | None = None
+    testable: bool = True
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class StudySpec:
     name: str
     budget: str
@@ -113,6 +141,7 @@ class StudySpec:
     source: str = ""
     tune: TuneSpec | None = None
     stage: str = "report"  # "tune": the tuning stage's own grid (tune_stage)
+    claims: tuple[Claim, ...] = ()
 
     @property
     def study_name(self) -> str:
@@ -287,7 +316,7 @@ def _build(raw: dict, budget: str, source: str) -> StudySpec:
     return StudySpec(name=str(merged["name"]), budget=budget, kind=kind, description=str(merged.get("description", "")),
                      metric=str(merged.get("metric", "best_val_acc")), direction=direction, base=base,
                      variants=variants, axes=axes, n_trials=n_trials, pruner=pruner, space=space, source=source,
-                     tune=tune)
+                     tune=tune, claims=_claims(merged.get("claims"), labels, where))
 
 
 def _tune(raw: Any, kind: str, axes: dict, where: str) -> TuneSpec | None:
@@ -336,6 +365,56 @@ def _variant(raw: Any, where: str) -> Variant:
     _check_config_keys(raw.get("overrides") or {}, f"{where} variant overrides")
     return Variant(label=str(raw.get("label", raw["residual"])), residual=str(raw["residual"]),
                    options=dict(raw.get("options") or {}), overrides=dict(raw.get("overrides") or {}))
+
+
+def _claims(raw: Any, labels: list[str], where: str) -> tuple[Claim, ...]:
+    """The ``claims:`` list: each a mapping of :data:`_CLAIM_KEYS`; ids unique; a testable claim names two variant
+    labels and a direction, an untestable one (``testable: false``) its reason."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ValueError(f"{where}: 'claims' must be a list of mappings with keys: {', '.join(_CLAIM_KEYS)}")
+    claims = [_claim(item, index, labels, where) for index, item in enumerate(raw)]
+    ids = [c.id for c in claims]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{where}: claim ids must be unique, got {', '.join(ids)}")
+    return tuple(claims)
+
+
+def _claim(raw: Any, index: int, labels: list[str], where: str) -> Claim:
+    at = f"{where} claims[{index}]"
+    _check_keys(raw, _CLAIM_KEYS, at)
+    for key in ("id", "claim", "source"):
+        if not isinstance(raw.get(key), str) or not raw[key].strip():
+            raise ValueError(f"{at}: '{key}' must be a non-empty string")
+    at = f"{where} claim '{raw['id']}'"
+    testable = raw.get("testable", True)
+    if not isinstance(testable, bool):
+        raise ValueError(f"{at}: 'testable' must be true or false, got '{testable}'")
+    if not testable:
+        if not isinstance(raw.get("reason"), str) or not raw["reason"].strip():
+            raise ValueError(f"{at}: an untestable claim ('testable: false') needs a 'reason'")
+        return Claim(id=raw["id"], claim=raw["claim"], source=raw["source"], testable=False, reason=raw["reason"])
+    for key in ("variant", "baseline"):
+        if raw.get(key) not in labels:
+            raise ValueError(f"{at}: {key} '{raw.get(key)}' is not a variant label of the study; valid labels: "
+                             f"{', '.join(labels)}")
+    if raw["variant"] == raw["baseline"]:
+        raise ValueError(f"{at}: variant and baseline are both '{raw['variant']}'")
+    if raw.get("direction") not in CLAIM_DIRECTIONS:
+        raise ValueError(f"{at}: direction '{raw.get('direction')}' is not valid; valid choices: "
+                         f"{', '.join(CLAIM_DIRECTIONS)}")
+    depth = raw.get("depth")
+    if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 1):
+        raise ValueError(f"{at}: depth must be a positive integer (or left out: every depth), got '{depth}'")
+    metric = raw.get("metric")
+    if metric is not None and metric not in CLAIM_METRICS:
+        raise ValueError(f"{at}: metric '{metric}' is not valid; valid choices: {', '.join(CLAIM_METRICS)}")
+    if "reason" in raw:
+        raise ValueError(f"{at}: 'reason' is for untestable claims ('testable: false') only")
+    return Claim(id=raw["id"], claim=raw["claim"], source=raw["source"], variant=raw["variant"],
+                 baseline=raw["baseline"], depth=depth, direction=raw["direction"], counts=str(raw.get("counts", "")),
+                 metric=metric)
 
 
 def _check_keys(mapping: Any, valid: tuple, where: str) -> None:

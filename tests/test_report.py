@@ -205,18 +205,18 @@ def test_paired_table_matches_storage(study):
             assert float(row["ci_high"]) == pytest.approx(d.mean() + half, abs=1e-6)
             raw_t[depth] = stats.ttest_rel([own[s] for s in seeds], [base[s] for s in seeds]).pvalue
             assert float(row["p_ttest_rel"]) == pytest.approx(raw_t[depth], rel=1e-5)
-        else:  # all paired differences equal: no t-test (t = ±inf)
-            assert row["p_ttest_rel"] == "" and row["significant"] == ""
-        if np.any(d != 0):
-            raw_w[depth] = stats.wilcoxon(d).pvalue
+            raw_w[depth] = stats.wilcoxon(d).pvalue  # the same family as the t-test's
+        else:  # all paired differences equal: no interval, no test (t = ±inf), never significant
+            assert row["p_ttest_rel"] == row["p_wilcoxon"] == row["ci_low"] == row["significant"] == ""
+        if depth in raw_w:
             assert float(row["p_wilcoxon"]) == pytest.approx(raw_w[depth], rel=1e-5)
-        assert main["standard", f"Δ vs standard (pp) [95% CI], depth {depth}"] == "baseline"
+        assert main["standard", f"Δ vs standard (pp) [95% CI, unadjusted], depth {depth}"] == "baseline"
     holm_t, holm_w = report.holm(list(raw_t.values())), report.holm(list(raw_w.values()))
     for depth, p in zip(raw_t, holm_t, strict=True):
         row = paired["layerscale", depth]
         assert float(row["p_ttest_rel_holm"]) == pytest.approx(p, rel=1e-5)
         assert row["significant"] == str(int(p < 0.05))
-        assert main["layerscale", f"Δ vs standard (pp) [95% CI], depth {depth}"].endswith("*") == (p < 0.05)
+        assert main["layerscale", f"Δ vs standard (pp) [95% CI, unadjusted], depth {depth}"].endswith("*") == (p < 0.05)
     for depth, p in zip(raw_w, holm_w, strict=True):
         assert float(paired["layerscale", depth]["p_wilcoxon_holm"]) == pytest.approx(p, rel=1e-5)
     text = (study.out / "paired.md").read_text()
@@ -375,9 +375,10 @@ def test_cells_bold_divergence_and_small_n():
     md = {row: report.cell_text(c, "md") for row, c in cells.items()}
     assert md["layerscale"] == "71.33 ± 1.53 (n=3)"
     assert md["standard"] == "51.00 ± 1.00 (n=3)"
-    assert md["dca"] == "**90.00** (n=1) (1/2 diverged)"  # n < 2: no sd; the diverged run is counted, not paired
-    assert cells["dca"].comparison.n == 1 and cells["dca"].comparison.p_t is None and cells["dca"].best
-    assert cells["dca"].mde is None and not cells["dca"].significant
+    assert md["dca"] == "**90.00** (n=1) (1/2 diverged)"  # n < 2: no sd; the diverged run is not in the mean
+    # ... but it stays in the pairs at chance level (0.1 without a recorded number of classes): 0.40, 0.1 − 0.52
+    assert cells["dca"].comparison.n == 2 and cells["dca"].n_diverged_pairs == 1 and cells["dca"].best
+    assert cells["dca"].comparison.delta == pytest.approx((0.40 + 0.1 - 0.52) / 2) and not cells["dca"].significant
     assert cells["standard"].baseline and cells["standard"].comparison is None
     assert report.cell_text(cells["layerscale"], "tex") == r"71.33 $\pm$ 1.53 (n=3)"
     table = report.main_table(data, list(cells.values()))
@@ -404,8 +405,8 @@ def test_paired_statistics_agree_with_scipy():
         raw[row] = stats.ttest_rel(own, base).pvalue
         assert c.comparison.p_t == pytest.approx(raw[row])
         assert c.comparison.p_wilcoxon == pytest.approx(stats.wilcoxon(own, base).pvalue)
-        assert c.mde == pytest.approx((stats.t.ppf(1 - 0.05 / 3 / 2, 4) + stats.t.ppf(0.8, 4)) * d.std(ddof=1)
-                                      / np.sqrt(5))
+        crit, nc = stats.t.ppf(1 - 0.05 / 3 / 2, 4), c.mde * np.sqrt(5) / d.std(ddof=1)  # noncentral t at α/m
+        assert stats.nct.sf(crit, 4, nc) + stats.nct.cdf(-crit, 4, nc) == pytest.approx(0.8, abs=1e-9)
     order = sorted(raw, key=raw.get)  # Holm by hand: m = 3
     adjusted, running = {}, 0.0
     for k, row in enumerate(order):
@@ -428,14 +429,15 @@ def test_holm_hand_example():
 def test_mde_hand_computation():
     from scipy import stats
 
-    # n = 4, s_d = 0.02, alpha' = 0.05 / 2: (t_{0.9875, 3} + t_{0.8, 3}) * 0.02 / 2
-    expected = (stats.t.ppf(1 - 0.025 / 2, 3) + stats.t.ppf(0.8, 3)) * 0.02 / 2
-    assert report.mde(0.02, 4, 0.025) == pytest.approx(expected)
-    assert 0.05 < expected < 0.07  # t_{0.9875,3} = 4.177, t_{0.8,3} = 0.978: 5.155 * 0.01
+    # n = 4, s_d = 0.02, alpha' = 0.05 / 2: the central-t formula (t_{0.9875, 3} + t_{0.8, 3}) * 0.02 / 2 = 5.155 *
+    # 0.01 understates the effect the test detects with power 0.8; the noncentral t gives 5.43 pp
+    central = (stats.t.ppf(1 - 0.025 / 2, 3) + stats.t.ppf(0.8, 3)) * 0.02 / 2
+    assert central == pytest.approx(0.05155, abs=1e-5)
+    assert report.mde(0.02, 4, 0.025) == pytest.approx(0.054321, abs=1e-6)
     assert report.mde(0.02, 1, 0.05) is None and report.mde(0.0, 5, 0.05) is None
 
 
-def test_pairs_drop_seeds_missing_on_either_side():
+def test_pairs_drop_seeds_missing_on_either_side_and_keep_diverged_runs_at_chance():
     from scipy import stats
 
     data = _data({("standard", 1): [0.50, 0.60, None, 0.55, 0.52], ("layerscale", 1): [0.58, None, 0.7, 0.61, 0.60]},
@@ -443,17 +445,22 @@ def test_pairs_drop_seeds_missing_on_either_side():
     data.runs = [r for r in data.runs if r.acc is not None or r.diverged]  # seed 2 of standard: never ran
     cells = {c.row: c for c in report.main_cells(data)}
     c = cells["layerscale"]
-    assert c.pair_seeds == [0, 3, 4] and c.comparison.n == 3  # seed 1 diverged, seed 2 has no baseline
-    own, base = [0.58, 0.61, 0.60], [0.50, 0.55, 0.52]
+    # seed 1 diverged: kept as a failure at chance level (0.1); seed 2 has no baseline: dropped
+    assert c.pair_seeds == [0, 1, 3, 4] and c.comparison.n == 4 and c.n_diverged_pairs == 1
+    own, base = [0.58, 0.1, 0.61, 0.60], [0.50, 0.60, 0.55, 0.52]
     assert c.comparison.delta == pytest.approx(np.mean(np.subtract(own, base)))
     assert c.comparison.p_t == pytest.approx(stats.ttest_rel(own, base).pvalue)
     assert c.n == 4 and c.n_diverged == 1 and c.n_runs == 5
     paired = report.paired_table(data, list(cells.values()))
     row = next(iter(csv.DictReader(io.StringIO(paired.to_csv()))))
-    assert row["variant"] == "layerscale" and row["n_pairs"] == "3" and row["pair_seeds"] == "0 3 4"
+    assert row["variant"] == "layerscale" and row["n_pairs"] == "4" and row["pair_seeds"] == "0 1 3 4"
+    assert row["n_diverged_pairs"] == "1"
     md = _md_cells_from_text(report.main_table(data, list(cells.values())).markdown())
     assert md["layerscale", "depth 1"].endswith("(1/5 diverged)")
-    assert md["layerscale", "Δ vs standard (pp) [95% CI], depth 1"].endswith("(3 pairs)")
+    data.runs = [r for r in data.runs if not (r.variant == "standard" and r.seed == 4)]  # seed 4: no baseline
+    cells = {c.row: c for c in report.main_cells(data)}
+    md = _md_cells_from_text(report.main_table(data, list(cells.values())).markdown())
+    assert md["layerscale", "Δ vs standard (pp) [95% CI, unadjusted], depth 1"].endswith("(3 pairs)")
 
 
 def test_undefined_tests_are_none():

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .. import layout
 from ..cli import OneLineParser
-from .load import ReportError, StudyData, first_line
+from .load import AUC_KEY, EPOCH_TIME_KEY, FRACTION_KEYS, WALL_TIME_KEY, ReportError, StudyData, first_line
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,6 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"results folder: tables go to <dir>/<study name>/, TensorBoard runs are in "
                         f"<dir>/{layout.RUNS}/")
     p.add_argument("--out", help="folder for tables and figures (default: <results-dir>/<study name>)")
+    p.add_argument("--runs", metavar="CSV",
+                   help="regenerate the tables from a runs.csv alone (no storage): main, paired, convergence, claims, "
+                        "tuning (byte-identical to the report from the storage); tables that need the storage or the "
+                        "event files (cost, collapse, mixing, importance) and the figures but tuning are skipped")
     p.add_argument("--no-figures", action="store_true", help="tables only")
     p.add_argument("--no-tensorboard", action="store_true", help="do not write the tables to TensorBoard")
     p.add_argument("--no-note", action="store_true", help="do not attach the tables to the study (dashboard note)")
@@ -60,61 +64,51 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(args: argparse.Namespace) -> int:
     from ..spec import load_spec
-    from ..storage import check_sqlite_file
+    from . import runs as runs_csv
     from . import tables as tb
-    from .load import best_per_row, collect, open_study
-    from .stats import main_cells
+    from .load import collect, open_study, open_tune_study
 
     spec = load_spec(args.study, args.budget)
     study_name = args.study_name or spec.study_name
-    check_sqlite_file(args.storage)  # garbage or a truncated file: one line, and the file is never written
-    study = open_study(args.storage, study_name, spec)
     results_dir = Path(args.results_dir)
-    data = collect(study, spec, results_dir)
-    if not any(r.state == "complete" for r in data.runs):
-        states: dict[str, int] = {}
-        for t in study.get_trials(deepcopy=False):
-            states[t.state.name.lower()] = states.get(t.state.name.lower(), 0) + 1
-        detail = ", ".join(f"{n} {s}" for s, n in sorted(states.items())) or "no trials"
-        raise ReportError(f"study '{study_name}' has no completed trials ({detail}); nothing to report")
-    out = Path(args.out) if args.out else layout.report_dir(results_dir, study_name)
-
-    cells = None
-    if spec.kind == "grid":
-        cells = main_cells(data)
-        top_depth = max([*data.depths, *[int(d) for d in spec.axes.get("depth", [])]], default=None)
-        tables = [tb.main_table(data, cells), tb.paired_table(data, cells), tb.convergence_table(data),
-                  tb.cost_table(data, tb.representatives(data, top_depth), depth_note=f"at depth {top_depth}")]
-        collapse = tb.collapse_records(data)  # trials that logged diag/similar_blocks (diagnostics on)
-        if collapse:
-            tables.append(tb.collapse_table(data, collapse))
-        gains = tb.gain_records(data)  # trials of multi-stream variants with diagnostics on
-        if gains:
-            tables.append(tb.gain_table(data, gains))
+    study = None
+    if args.runs:
+        data = runs_csv.read(Path(args.runs), spec, study_name)
     else:
-        tables = [tb.search_table(data), tb.importance_table(study, data),
-                  tb.cost_table(data, best_per_row(data), depth_note="for its best trial's configuration")]
+        from ..storage import check_sqlite_file
+
+        check_sqlite_file(args.storage)  # garbage or a truncated file: one line, and the file is never written
+        study = open_study(args.storage, study_name, spec)
+        data = collect(study, spec, results_dir, tune_study=open_tune_study(study))
+    if not any(r.state == "complete" for r in data.runs):
+        raise ReportError(f"study '{study_name}' has no completed trials in its report phase "
+                          f"({_states(study, data)}); nothing to report")
+    out = Path(args.out) if args.out else layout.report_dir(results_dir, study_name)
+    tables, cells, notes = build_tables(data, spec, study)
 
     written: list[Path] = []
     for table in tables:
         written += tb.write_table(table, out, study_name)
-    out.mkdir(parents=True, exist_ok=True)  # every result trial with its TensorBoard run name, to go from a cell to a run
-    data.frame().to_csv(out / "runs.csv", index=False)
-    written.append(out / "runs.csv")
-    notes = [f"{t.name}: {n}" for t in tables for n in t.notes]
+    written.append(runs_csv.write(data, out / "runs.csv"))  # every result trial: the tables' one input
+    notes = [f"{t.name}: {n}" for t in tables for n in t.notes] + notes
     modes = data.modes()
     if len(modes) > 1:  # e.g. a study continued after precision auto: its pairs mix numerics (runs.csv: 'mode')
         notes.append("runs trained in different modes (" + "; ".join(f"{m}: {n}" for m, n in modes.items())
                      + "): paired differences mix numerics; fix precision and fused_attn in the study base to compare alike")
     if not args.no_figures:
-        from ..figures import report_figures
+        from .tuning import tuning_figure, tuning_records
 
-        figs, fig_notes = report_figures(study, data, cells, out)
-        written += figs
-        notes += fig_notes
-    if not args.no_tensorboard:
+        if data.tune_runs:
+            written += tuning_figure(data, tuning_records(data), out)
+        if study is not None:
+            from ..figures import report_figures
+
+            figs, fig_notes = report_figures(study, data, cells, out)
+            written += figs
+            notes += fig_notes
+    if study is not None and not args.no_tensorboard:
         written.append(write_tensorboard(tensorboard_dir(data, results_dir, study_name), tables))
-    if not args.no_note:
+    if study is not None and not args.no_note:
         try:
             save_dashboard_note(study, f"## Report: {study_name}\n\n" + "\n".join(t.markdown() for t in tables))
             notes.append(f"optuna-dashboard note saved on study '{study_name}'.")
@@ -128,6 +122,60 @@ def _main(args: argparse.Namespace) -> int:
     for path in written:
         print(f"  {path}")
     return 0
+
+
+CONVERGENCE_INPUTS = (*FRACTION_KEYS, AUC_KEY, EPOCH_TIME_KEY, WALL_TIME_KEY)
+
+
+def build_tables(data: StudyData, spec, study=None) -> tuple[list, list | None, list[str]]:
+    """(tables, the main table's cells (grid studies), notes). Without a ``study`` (from runs.csv) the tables whose
+    inputs are not in runs.csv are skipped with a note."""
+    from . import tables as tb
+    from .claims import claims_table
+    from .load import best_per_row
+    from .stats import main_cells
+    from .tuning import tuning_records, tuning_table
+
+    cells, notes = None, []
+    if spec.kind == "grid":
+        cells = main_cells(data)
+        tables = [tb.main_table(data, cells), tb.paired_table(data, cells)]
+        if spec.claims:
+            tables.append(claims_table(data, spec.claims))
+    else:
+        tables = [tb.search_table(data)]
+    if data.tune_runs:
+        tables.append(tuning_table(data, tuning_records(data)))
+    if spec.kind == "grid" and any(key in r.summary for r in data.runs for key in CONVERGENCE_INPUTS):
+        tables.append(tb.convergence_table(data))
+    elif spec.kind == "grid":
+        notes.append("convergence: no run has the summary metrics it needs (an earlier report's runs.csv?); not written.")
+    if study is None:
+        notes.append("from runs.csv: the cost, collapse, mixing and importance tables and the figures but 'tuning' "
+                     "need the storage's configurations or the TensorBoard event files and were not regenerated.")
+    elif spec.kind == "grid":
+        top_depth = max([*data.depths, *[int(d) for d in spec.axes.get("depth", [])]], default=None)
+        tables.append(tb.cost_table(data, tb.representatives(data, top_depth), depth_note=f"at depth {top_depth}"))
+        collapse = tb.collapse_records(data)  # trials that logged diag/similar_blocks (diagnostics on)
+        if collapse:
+            tables.append(tb.collapse_table(data, collapse))
+        gains = tb.gain_records(data)  # trials of multi-stream variants with diagnostics on
+        if gains:
+            tables.append(tb.gain_table(data, gains))
+    else:
+        tables += [tb.importance_table(study, data),
+                   tb.cost_table(data, best_per_row(data), depth_note="for its best trial's configuration")]
+    return tables, cells, notes
+
+
+def _states(study, data: StudyData) -> str:
+    """'k complete, j failed, …' of the study's trials (or of the runs file's rows)."""
+    states: dict[str, int] = {}
+    names = ([t.state.name.lower() for t in study.get_trials(deepcopy=False)] if study is not None
+             else [f"{r.state} ({r.phase})" for r in [*data.runs, *data.tune_runs]])
+    for name in names:
+        states[name] = states.get(name, 0) + 1
+    return ", ".join(f"{n} {s}" for s, n in sorted(states.items())) or "no trials"
 
 
 def tensorboard_dir(data: StudyData, results_dir: Path, study_name: str) -> Path:

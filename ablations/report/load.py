@@ -8,6 +8,7 @@ variant order, metric and grid axes.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import layout
+from ..spec import tune_name
 from ..training import HP_SUMMARY_KEYS
 
 BASELINE = "standard"  # the variant every other one is compared with
@@ -28,7 +30,11 @@ def summary_key(name: str) -> str:
     return name
 
 
-ACC_KEY = summary_key("best_val_acc")
+ACC_KEY = summary_key("best_val_acc")  # the accuracy of studies whose metric is not an accuracy (and old ones)
+#: Accuracy keys a study's ``metric`` may name; the report's accuracy column follows it (test_acc and
+#: test_acc_at_best_val: the test split's accuracy at the final epoch / at the epoch chosen on validation).
+ACC_KEYS = (ACC_KEY, summary_key("final_val_acc"), "test_acc", "test_acc_at_best_val")
+PHASES = ("tune", "report")  # a trial's user attr "phase"; absent (older studies) = "report"
 DIVERGED_KEY = summary_key("diverged")
 FRACTION_KEYS = tuple(summary_key(f"epochs_to_{p}pct_of_best") for p in (90, 95, 99))
 AUC_KEY = summary_key("val_acc_auc")
@@ -53,7 +59,7 @@ class Run:
     seed: int | None
     row: str  # the table row: the variant label (+ any extra grid axes)
     extras: tuple = ()  # ((axis, value), ...) of grid axes other than variant/depth/seed
-    acc: float | None = None  # best_val_acc (fraction)
+    acc: float | None = None  # the study's accuracy metric (StudyData.metric; fraction)
     diverged: bool = False
     searched: dict[str, Any] = field(default_factory=dict)  # searched residual options: option -> value
     summary: dict[str, Any] = field(default_factory=dict)  # user attrs (the run summary)
@@ -61,6 +67,14 @@ class Run:
     config: dict[str, Any] = field(default_factory=dict)  # the trial's stored RunConfig.to_dict()
     log_dir: Path | None = None
     run_name: str | None = None  # the TensorBoard run (``<variant>/depth=<d>/seed=<s>``; older studies: trial_NNNN)
+    phase: str = "report"  # tune (LR tuning seeds) | report (the reported seeds)
+    mode: str | None = None  # precision + attention kernel as runs.csv recorded it (None: from summary / config)
+
+    @property
+    def lr(self) -> float | None:
+        """The peak learning rate the run trained at (its stored config), None if not stored."""
+        value = (self.config or {}).get("lr")
+        return float(value) if finite(value) else None
 
     @property
     def ok(self) -> bool:
@@ -79,6 +93,9 @@ class StudyData:
     depths: list[int]
     pending: int = 0  # RUNNING + WAITING trials
     skipped: int = 0  # surplus / duplicate / retried trials
+    metric: str = ACC_KEY  # the accuracy key of Run.acc (the study's metric when it is one of ACC_KEYS)
+    tune_runs: list[Run] = field(default_factory=list)  # phase "tune": only the tuning table and figure use them
+    tune_metric: str = ACC_KEY  # the validation metric the tuning stage chose by (spec.tune.metric)
 
     def by_row_depth(self, row: str, depth: int | None) -> list[Run]:
         return [r for r in self.runs if r.row == row and r.depth == depth]
@@ -103,17 +120,16 @@ class StudyData:
         return counts
 
     def frame(self):
-        """One row per result trial: number, its TensorBoard run name, state, variant, row, depth, seed, acc,
-        diverged, ok (pandas)."""
-        import pandas as pd
+        """runs.csv as a DataFrame: one row per result trial of either phase (:func:`ablations.report.runs.frame`)."""
+        from .runs import frame
 
-        columns = ["number", "run_name", "state", "variant", "row", "depth", "seed", "acc", "diverged", "ok", "mode"]
-        return pd.DataFrame([[r.number, r.run_name, r.state, r.variant, r.row, r.depth, r.seed, r.acc, r.diverged,
-                              r.ok, run_mode(r)] for r in self.runs], columns=columns)
+        return frame(self)
 
 
 def run_mode(run: Run) -> str:
     """``<precision> + <fused|explicit> attention`` of one run, as its summary recorded what it trained in."""
+    if run.mode is not None:
+        return run.mode
     precision = run.summary.get("precision") or (run.config or {}).get("precision") or "32-true"
     fused = run.summary.get("fused_attn")
     if fused is None:  # before precision auto: the config's flag, None meaning timm's fused default
@@ -204,43 +220,82 @@ def result_trials(study) -> tuple[list, int, int]:
     return results, pending, skipped
 
 
-def collect(study, spec, results_dir: Path | None = None) -> StudyData:
-    """The study's results as Runs, in a deterministic order (spec variant order, depth, seed, trial number)."""
+def accuracy_key(metric: str) -> str:
+    """The report's accuracy column for a study metric: the metric itself when it is an accuracy, else best_val_acc."""
+    return metric if metric in ACC_KEYS else ACC_KEY
+
+
+def open_tune_study(study):
+    """The study's tuning stage (``<study>-tune`` in the same storage), None when it has none."""
+    import optuna
+
+    try:
+        return optuna.load_study(study_name=tune_name(study.study_name), storage=study._storage)
+    except KeyError:
+        return None
+
+
+def collect(study, spec, results_dir: Path | None = None, tune_study=None) -> StudyData:
+    """The study's results as Runs, in a deterministic order (spec variant order, depth, seed, trial number); the
+    trials of ``tune_study`` (its tuning stage) join as phase ``tune``."""
+    trials, pending, skipped = result_trials(study)
+    runs = _runs(trials, spec, results_dir, study.study_name)
+    if tune_study is not None:
+        tune_runs = _runs(result_trials(tune_study)[0], spec, results_dir, tune_study.study_name)
+        runs += [dataclasses.replace(r, phase="tune") for r in tune_runs]
+    return assemble(study.study_name, spec, runs, pending=pending, skipped=skipped)
+
+
+def _runs(trials: list, spec, results_dir: Path | None, study_name: str) -> list[Run]:
     from optuna.trial import TrialState
 
-    trials, pending, skipped = result_trials(study)
-    labels = [v.label for v in spec.variants]
     extra_axes = [a for a in spec.axes if a not in ("depth", "seed")]
+    metric = accuracy_key(spec.metric)
     runs = []
     for t in trials:
         state = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned"}.get(t.state, "failed")
         attrs = dict(t.user_attrs)
         config = attrs.get("config") or {}
         variant = str(t.params.get("variant", config.get("residual", "?")))
-        depth = _int(t.params.get("depth", config.get("depth")))
-        seed = _int(t.params.get("seed", config.get("seed")))
-        extras = tuple((a, t.params.get(a, config.get(a))) for a in extra_axes)
-        row = variant if not extras else f"{variant} [" + ", ".join(f"{a}={v}" for a, v in extras) + "]"
-        acc = attrs.get(ACC_KEY)
-        if acc is None and state == "complete" and spec.metric == ACC_KEY and DIVERGED_KEY not in attrs:
+        acc = attrs.get(metric)
+        if acc is None and state == "complete" and spec.metric == metric and DIVERGED_KEY not in attrs:
             acc = t.value
         prefix = f"{variant}."
         runs.append(Run(
-            number=t.number, state=state, variant=variant, depth=depth, seed=seed, row=row, extras=extras,
+            number=t.number, state=state, variant=variant, depth=_int(t.params.get("depth", config.get("depth"))),
+            seed=_int(t.params.get("seed", config.get("seed"))), row="",
+            extras=tuple((a, t.params.get(a, config.get(a))) for a in extra_axes),
             acc=None if acc is None else float(acc), diverged=bool(attrs.get(DIVERGED_KEY, False)),
             searched={k[len(prefix):]: v for k, v in sorted(t.params.items()) if k.startswith(prefix)},
-            summary=attrs, config=config,
+            summary=attrs, config=config, phase=str(attrs.get("phase", "report")),
             curve={int(step) + 1: float(v) for step, v in sorted(t.intermediate_values.items()) if finite(v)},
-            log_dir=_resolve_log_dir(attrs.get("log_dir"), results_dir, study.study_name),
+            log_dir=_resolve_log_dir(attrs.get("log_dir"), results_dir, study_name),
             run_name=attrs.get("run_name") or (Path(attrs["log_dir"]).name if attrs.get("log_dir") else None),
         ))
+    return runs
+
+
+def row_label(variant: str, extras: tuple) -> str:
+    """The table row of a variant with extra grid axes: ``variant [axis=value, ...]``."""
+    return variant if not extras else f"{variant} [" + ", ".join(f"{a}={v}" for a, v in extras) + "]"
+
+
+def assemble(name: str, spec, runs: list[Run], pending: int = 0, skipped: int = 0) -> StudyData:
+    """StudyData of ``runs`` (from a storage or from runs.csv: both paths share this): rows labelled, runs sorted
+    (spec variant order, extra axes, depth, seed, trial number), tuning-phase runs set apart."""
+    labels = [v.label for v in spec.variants]
+    extra_axes = [a for a in spec.axes if a not in ("depth", "seed")]
+    for run in runs:
+        run.row = row_label(run.variant, run.extras)
 
     def row_key(run: Run):
         index = labels.index(run.variant) if run.variant in labels else len(labels)
         return (index, run.variant, tuple(str(v) for _, v in run.extras))
 
-    runs.sort(key=lambda r: (row_key(r), r.depth if r.depth is not None else -1,
-                             r.seed if r.seed is not None else -1, r.number))
+    runs = sorted(runs, key=lambda r: (row_key(r), r.depth if r.depth is not None else -1,
+                                       r.seed if r.seed is not None else -1, r.number))
+    tune = [r for r in runs if r.phase == "tune"]
+    runs = [r for r in runs if r.phase != "tune"]
     rows = list(dict.fromkeys(r.row for r in runs))
     row_variant = {r.row: r.variant for r in runs}
     row_extras = {r.row: r.extras for r in runs}
@@ -250,8 +305,10 @@ def collect(study, spec, results_dir: Path | None = None) -> StudyData:
             row_variant.setdefault(label, label)
             row_extras.setdefault(label, ())
     return StudyData(
-        name=study.study_name, kind=spec.kind, runs=runs, rows=rows, row_variant=row_variant, row_extras=row_extras,
+        name=name, kind=spec.kind, runs=runs, rows=rows, row_variant=row_variant, row_extras=row_extras,
         depths=sorted({r.depth for r in runs if r.depth is not None}), pending=pending, skipped=skipped,
+        metric=accuracy_key(spec.metric), tune_runs=tune,
+        tune_metric=getattr(getattr(spec, "tune", None), "metric", None) or ACC_KEY,
     )
 
 

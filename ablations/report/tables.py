@@ -22,7 +22,6 @@ from typing import Any
 
 from ..events import ATTN_ENTROPY_MEAN, ATTN_SIM_ADJ_MEAN, SIMILAR_BLOCKS, RunEvents, read_run
 from .load import (
-    ACC_KEY,
     AUC_KEY,
     BASELINE,
     EPOCH_TIME_KEY,
@@ -37,7 +36,7 @@ from .load import (
     first_line,
     mean_of,
 )
-from .stats import ALPHA, CONFIDENCE, POWER, Cell, family_size
+from .stats import ALPHA, CONFIDENCE, POWER, ZERO_SD, Cell, family_size
 
 MARK = "*"  # Holm-significant paired difference
 MIN_IMPORTANCE_TRIALS = 4  # fewer completed trials in a scope: a note instead of importances
@@ -165,7 +164,7 @@ def write_table(table: Table, out: Path, study_name: str) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     label = "tab:" + re.sub(r"[^A-Za-z0-9]+", "-", f"{study_name}-{table.name}")
     paths = []
-    for ext, text in (("md", render(table, "md")), ("tex", render(table, "tex", label)), ("csv", render(table, "csv"))):
+    for ext, text in (("md", table.markdown()), ("tex", table.latex(label)), ("csv", table.to_csv())):
         path = out / f"{table.name}.{ext}"
         with open(path, "w", encoding="utf-8", newline="\n") as fh:
             fh.write(text)
@@ -215,9 +214,10 @@ def status_notes(data: StudyData) -> list[str]:
 
 
 # --- main table (grid studies) -------------------------------------------------------------------------------------
-MAIN_KEYS = ["variant", "depth", "n", "n_runs", "mean", "std", "n_diverged", "n_failed", "best", "baseline",
-             "seeds", "n_pairs", "delta", "ci_low", "ci_high", "p_t", "p_t_holm", "p_wilcoxon", "p_wilcoxon_holm",
-             "mde", "significant", "pair_seeds"]
+MAIN_KEYS = ["variant", "depth", "lr", "n", "n_runs", "mean", "std", "n_diverged", "n_failed", "best", "baseline",
+             "seeds", "n_pairs", "delta", "sd", "ci_low", "ci_high", "p_t", "p_t_holm", "p_wilcoxon",
+             "p_wilcoxon_holm", "wilcoxon_too_small", "mde", "significant", "n_diverged_pairs", "pair_seeds"]
+CI_LABEL = f"{100 * CONFIDENCE:.0f}% CI, unadjusted"
 
 
 def cell_records(cells: Sequence[Cell]) -> list[dict[str, Any]]:
@@ -229,11 +229,12 @@ def cell_records(cells: Sequence[Cell]) -> list[dict[str, Any]]:
             "variant": c.row, "depth": c.depth, "n": c.n, "n_runs": c.n_runs, "mean": c.mean, "std": c.std,
             "n_diverged": c.n_diverged, "n_failed": c.n_failed, "best": c.best, "baseline": c.baseline,
             "seeds": list(c.seeds), "n_pairs": cmp.n if cmp else None, "delta": cmp.delta if cmp else None,
-            "ci_low": cmp.ci_low if cmp else None, "ci_high": cmp.ci_high if cmp else None,
-            "p_t": cmp.p_t if cmp else None, "p_t_holm": c.p_t_holm, "p_wilcoxon": cmp.p_wilcoxon if cmp else None,
-            "p_wilcoxon_holm": c.p_wilcoxon_holm, "mde": c.mde,
+            "sd": cmp.sd if cmp else None, "ci_low": cmp.ci_low if cmp else None,
+            "ci_high": cmp.ci_high if cmp else None, "p_t": cmp.p_t if cmp else None, "p_t_holm": c.p_t_holm,
+            "p_wilcoxon": cmp.p_wilcoxon if cmp else None, "p_wilcoxon_holm": c.p_wilcoxon_holm,
+            "wilcoxon_too_small": cmp.wilcoxon_too_small if cmp else None, "mde": c.mde,
             "significant": c.significant if c.p_t_holm is not None else None,  # None: no test
-            "pair_seeds": list(c.pair_seeds),
+            "n_diverged_pairs": c.n_diverged_pairs if cmp else None, "pair_seeds": list(c.pair_seeds),
         })
     return records
 
@@ -264,15 +265,36 @@ def signed(x: float | None, style: str, digits: int = 2) -> str:
     return text if style == "md" else latex_escape(text)
 
 
+def all_equal(rec: Mapping[str, Any]) -> bool:
+    """n ≥ 2 paired differences, all equal (s_d = 0): no interval, no test."""
+    return rec["n_pairs"] is not None and rec["n_pairs"] >= 2 and rec["sd"] is not None and rec["sd"] <= ZERO_SD
+
+
+def equal_text(rec: Mapping[str, Any], style: str) -> str:
+    """The text of a comparison without variance: ``all n differences equal: Δ = x, no interval``."""
+    return f"all {rec['n_pairs']} differences equal: Δ = {signed(rec['delta'], 'md')} pp, no interval" \
+        if style == "md" else latex_escape(equal_text(rec, "md"))
+
+
+def ci_text(rec: Mapping[str, Any], style: str) -> str:
+    """``[CI low, CI high]`` in pp; the no-interval text for differences without variance; ``—``."""
+    if all_equal(rec):
+        return equal_text(rec, style)
+    if rec["ci_low"] is None:
+        return "—" if style == "md" else "---"
+    return f"[{signed(rec['ci_low'], style)}, {signed(rec['ci_high'], style)}]"
+
+
 def delta_text(rec: Mapping[str, Any], style: str) -> str:
     """``Δ [CI low, CI high]`` in percentage points, ``*`` when Holm-significant; ``baseline`` / ``—``."""
     if rec["baseline"]:
         return "baseline"
     if rec["n_pairs"] is None or rec["delta"] is None:
         return "—" if style == "md" else "---"
-    text = signed(rec["delta"], style)
-    if rec["ci_low"] is not None:
-        text += f" [{signed(rec['ci_low'], style)}, {signed(rec['ci_high'], style)}]"
+    if all_equal(rec):
+        text = equal_text(rec, style)
+    else:
+        text = signed(rec["delta"], style) + (f" {ci_text(rec, style)}" if rec["ci_low"] is not None else "")
     if rec["significant"]:
         text += MARK if style == "md" else r"$^{*}$"
     if rec["n_pairs"] != rec["n"]:
@@ -294,79 +316,121 @@ def _seeds_text(data: StudyData) -> str:
 
 
 def _method(data: StudyData, cells: Sequence[Cell]) -> str:
-    """The statistics sentence shared by the main and the paired table's captions."""
-    m = family_size(cells)
+    """The statistics sentences shared by the main and the paired table's captions (and the claims')."""
     if not any(c.comparison is not None for c in cells):
         return f"No paired comparison: the study has no '{BASELINE}' variant (or no results for it)."
-    significant = [c for c in cells if c.significant]
+    return method_text(cells, f"{BASELINE} at the same depth", "of the table")
+
+
+def method_text(cells: Sequence[Cell], against: str, family: str, wilcoxon: bool = True) -> str:
+    """Test, correction, family size m for each test, interval, MDE and how diverged, tied and small-n comparisons
+    are treated, for the comparisons of ``cells`` (one Holm family)."""
+    m = family_size(cells)
+    compared = [c for c in cells if c.comparison is not None]
+    significant = [c for c in compared if c.significant]
     found = (f"{len(significant)} of the {m} comparisons significant after Holm" if m
              else "no comparison has a test")
-    return (f"Δ = mean paired difference to {BASELINE} at the same depth in percentage points (pp), paired by seed "
-            f"(common random numbers: the same seed gives every variant the same initial weights, data split, batch "
-            f"order and augmentation) over the seeds where both runs are ok, with its {100 * CONFIDENCE:.0f}% "
-            f"t-based confidence interval. Test: paired two-sided t-test over seeds (scipy.stats.ttest_rel); "
-            f"Wilcoxon signed-rank test (two-sided, scipy.stats.wilcoxon) as a check; p-values adjusted by "
-            f"Holm–Bonferroni over the m = {m} comparisons of the table at α = {ALPHA} (each test separately); "
-            f"{MARK} = Holm-adjusted paired t-test p < {ALPHA}; {found}. MDE = minimum detectable effect = "
-            f"(t(1−α′/2, n−1) + t({POWER}, n−1)) · s_d / √n with power {POWER} at the Bonferroni level "
-            f"α′ = α/m = {ALPHA / max(1, m):.4g} (the conservative bound of Holm's first step), s_d = sample sd of "
-            f"the n paired differences; {_mde_range(cells)}. A cell with fewer than 2 pairs or with all paired "
-            f"differences equal has no test and no MDE.")
+    equal = [c for c in compared if c.comparison.all_equal]
+    small = [c for c in compared if c.comparison.wilcoxon_too_small]
+    diverged = sum(c.n_diverged_pairs for c in compared)
+    check = (f"; Wilcoxon signed-rank test (two-sided, scipy.stats.wilcoxon) as a check, Holm-adjusted over the "
+             f"same m = {m} comparisons; {MARK} = Holm-adjusted paired t-test p < {ALPHA}; {found}. The exact "
+             f"Wilcoxon test cannot reject at n ≤ 5 pairs (its smallest two-sided p is 2/2^n = {2 / 2 ** 5:.4g} at "
+             f"n = 5): such cells read 'n too small' ({len(small)} here)." if wilcoxon else f"; {found}.")
+    text = (f"Δ = mean paired difference to {against} in percentage points (pp), paired by seed (common random "
+            f"numbers: the same seed gives every variant the same initial weights, data split, batch order and "
+            f"augmentation), with its {100 * CONFIDENCE:.0f}% t-based confidence interval, unadjusted for the m comparisons. "
+            f"Test: paired two-sided t-test over seeds (scipy.stats.ttest_rel), Holm–Bonferroni over the m = {m} "
+            f"comparisons {family} with a defined test at α = {ALPHA}{check} MDE = minimum detectable effect: the "
+            f"true Δ the paired t-test at "
+            f"the Bonferroni level α′ = α/m = {ALPHA / max(1, m):.4g} (Holm's first, strictest step) detects with "
+            f"power {POWER}, from the noncentral t distribution (df = n−1, noncentrality Δ·√n/s_d; s_d = sample sd "
+            f"of the n paired differences); {_mde_range(cells)}. Diverged runs stay in the pairs as failures at "
+            f"chance-level accuracy (1/number of classes): {diverged} pair{'s' if diverged != 1 else ''} "
+            f"counted that way. A comparison with fewer than 2 pairs has no test and no MDE")
+    if equal:
+        text += (f"; {len(equal)} comparison{'s' if len(equal) != 1 else ''} with all paired differences equal "
+                 f"(s_d = 0) {'have' if len(equal) != 1 else 'has'} no interval, no test and no MDE and never "
+                 f"count{'' if len(equal) != 1 else 's'} as significant")
+    return text + "."
+
+
+def lr_text(data: StudyData, row: str) -> str:
+    """The learning rate(s) the row's report-phase runs trained at: one value, 'mixed: a, b' when they disagree,
+    '—' when no run stored it."""
+    lrs = sorted({r.lr for r in data.runs if r.row == row and r.lr is not None})
+    if not lrs:
+        return "—"
+    return fmt_param(lrs[0]) if len(lrs) == 1 else "mixed: " + ", ".join(fmt_param(v) for v in lrs)
 
 
 def main_table(data: StudyData, cells: Sequence[Cell]) -> Table:
-    """Wide: one line per variant; per depth the accuracy (mean ± sd) and Δ [95% CI] vs the baseline."""
-    records = cell_records(cells)
+    """Wide: one line per variant with its LR; per depth the accuracy (mean ± sd) and Δ [95% CI] vs the baseline."""
+    records = [rec | {"lr": lr_text(data, rec["variant"])} for rec in cell_records(cells)]
     acc_header = "depth {depth}" if data.depths else "accuracy"
-    columns = [Column("variant", "variant"),
+    columns = [Column("variant", "variant"), Column("lr", "LR", align="r"),
                Column("mean", acc_header, render=acc_text, per_depth=True, sub="acc. (%)"),
-               Column("delta", "Δ vs " + BASELINE + " (pp) [95% CI], depth {depth}", render=delta_text,
-                      per_depth=True, sub=f"Δ vs {BASELINE} (pp) [95% CI]")]
-    csv_cols = [("variant", "variant", ""), ("depth", "depth", ""), ("n", "n", ""), ("n_runs", "n_runs", ""),
-                ("mean", "mean_best_val_acc", ".6f"), ("std", "std_best_val_acc", ".6f"),
+               Column("delta", f"Δ vs {BASELINE} (pp) [{CI_LABEL}], depth {{depth}}", render=delta_text,
+                      per_depth=True, sub=f"Δ vs {BASELINE} (pp) [{CI_LABEL}]")]
+    csv_cols = [("variant", "variant", ""), ("depth", "depth", ""), ("lr", "lr", ""), ("n", "n", ""),
+                ("n_runs", "n_runs", ""), ("mean", f"mean_{data.metric}", ".6f"), ("std", f"std_{data.metric}", ".6f"),
                 ("n_diverged", "n_diverged", ""), ("n_failed", "n_failed", ""), ("n_pairs", "n_pairs", ""),
                 ("delta", "delta_vs_standard", ".6f"), ("ci_low", "ci_low", ".6f"), ("ci_high", "ci_high", ".6f"),
                 ("p_t_holm", "p_ttest_rel_holm", ".6g"), ("significant", "significant", ""),
                 ("best", "best_in_depth", ""), ("seeds", "seeds", "")]
-    caption = (f"Top-1 validation accuracy (%) of study {data.name}: {ACC_KEY} (the best epoch's val accuracy of each "
-               f"run), mean ± sample sd (ddof=1) over {_seeds_text(data)}, n = ok runs (completed, not diverged). "
-               f"Bold: best mean per depth. {_method(data, cells)} Raw and adjusted p-values of both tests and the MDE "
-               f"of every cell are in table 'paired'. Diverged runs (non-finite loss) are shown as 'k/n diverged' and "
-               f"excluded from mean, sd and pairs; failed or pruned runs as '(k failed)'.")
-    return Table("main", f"{data.name}: top-1 val accuracy (%) by depth", caption, frame(records, MAIN_KEYS), columns,
-                 csv_cols, status_notes(data))
+    caption = (f"Top-1 {'test' if data.metric.startswith('test') else 'validation'} accuracy (%) of study {data.name}: {data.metric} ({METRIC_TEXT.get(data.metric, data.metric)}"
+               f" of each run), mean ± sample sd (ddof=1) over {_seeds_text(data)}, n = ok runs (completed, not "
+               f"diverged). LR = the peak learning rate the variant's reported runs trained at. Bold: best mean per "
+               f"depth. {_method(data, cells)} Raw and adjusted p-values of both tests and the MDE of every cell are "
+               f"in table 'paired'. Diverged runs (non-finite loss) are shown as 'k/n diverged' and excluded from "
+               f"mean and sd (not from the pairs); failed or pruned runs as '(k failed)' and drop their seed's pair.")
+    split = "test" if data.metric.startswith("test") else "val"
+    return Table("main", f"{data.name}: top-1 {split} accuracy (%) by depth", caption, frame(records, MAIN_KEYS),
+                 columns, csv_cols, status_notes(data))
+
+
+METRIC_TEXT = {"best_val_acc": "the best epoch's val accuracy", "final_val_acc": "the final epoch's val accuracy",
+               "test_acc": "the test split's accuracy at the final epoch",
+               "test_acc_at_best_val": "the test split's accuracy at the epoch chosen on validation"}
+
+
+def wilcoxon_text(key: str) -> Callable[[Mapping[str, Any], str], str]:
+    """A Wilcoxon p cell: ``n too small`` when the exact test can never reject at this n."""
+    def render(rec: Mapping[str, Any], style: str) -> str:
+        text = "n too small" if rec["wilcoxon_too_small"] else p_text(rec[key])
+        return latex_escape(text) if style == "tex" else text
+    return render
 
 
 def paired_table(data: StudyData, cells: Sequence[Cell]) -> Table:
     """Long: one line per compared variant × depth with n, Δ, CI, both tests raw and Holm-adjusted, MDE."""
     records = [rec for rec, c in zip(cell_records(cells), cells, strict=True) if c.comparison is not None]
 
-    def ci(rec, style):
-        if rec["ci_low"] is None:
-            return "—" if style == "md" else "---"
-        return f"[{signed(rec['ci_low'], style)}, {signed(rec['ci_high'], style)}]"
-
     def p(key):
         return lambda rec, style: latex_escape(p_text(rec[key])) if style == "tex" else p_text(rec[key])
 
     columns = [Column("variant", "variant"), Column("depth", "depth", fmt="d"), Column("n_pairs", "pairs", fmt="d"),
                Column("delta", "Δ (pp)", render=lambda rec, style: signed(rec["delta"], style)),
-               Column("ci_low", f"{100 * CONFIDENCE:.0f}% CI (pp)", render=ci),
+               Column("ci_low", f"{CI_LABEL} (pp)", render=ci_text),
                Column("p_t", "p (t)", render=p("p_t")), Column("p_t_holm", "p (t, Holm)", render=p("p_t_holm")),
-               Column("p_wilcoxon", "p (Wilcoxon)", render=p("p_wilcoxon")),
-               Column("p_wilcoxon_holm", "p (Wilcoxon, Holm)", render=p("p_wilcoxon_holm")),
+               Column("p_wilcoxon", "p (Wilcoxon)", render=wilcoxon_text("p_wilcoxon")),
+               Column("p_wilcoxon_holm", "p (Wilcoxon, Holm)", render=wilcoxon_text("p_wilcoxon_holm")),
                Column("mde", "MDE (pp)", fmt=".2f", scale=100.0),
+               Column("n_diverged_pairs", "diverged in pairs", fmt="d"),
                Column("significant", "significant",
                       render=lambda rec, style: {True: "yes", False: "no"}.get(rec["significant"], "—" if style == "md" else "---"),
                       align="l")]
     csv_cols = [("variant", "variant", ""), ("depth", "depth", ""), ("n_pairs", "n_pairs", ""),
-                ("delta", "delta", ".6f"), ("ci_low", "ci_low", ".6f"), ("ci_high", "ci_high", ".6f"),
-                ("p_t", "p_ttest_rel", ".6g"), ("p_t_holm", "p_ttest_rel_holm", ".6g"),
+                ("delta", "delta", ".6f"), ("sd", "sd_differences", ".6f"), ("ci_low", "ci_low", ".6f"),
+                ("ci_high", "ci_high", ".6f"), ("p_t", "p_ttest_rel", ".6g"), ("p_t_holm", "p_ttest_rel_holm", ".6g"),
                 ("p_wilcoxon", "p_wilcoxon", ".6g"), ("p_wilcoxon_holm", "p_wilcoxon_holm", ".6g"),
-                ("mde", "mde", ".6f"), ("significant", "significant", ""), ("pair_seeds", "pair_seeds", "")]
-    caption = (f"Paired comparisons with {BASELINE} in study {data.name} ({ACC_KEY}; differences in percentage "
-               f"points, CSV in fractions), over {_seeds_text(data)}; pairs = seeds where both runs are ok (diverged, "
-               f"failed or missing runs drop their seed). {_method(data, cells)}")
+                ("wilcoxon_too_small", "wilcoxon_n_too_small", ""), ("mde", "mde", ".6f"),
+                ("n_diverged_pairs", "n_diverged_pairs", ""), ("significant", "significant", ""),
+                ("pair_seeds", "pair_seeds", "")]
+    caption = (f"Paired comparisons with {BASELINE} in study {data.name} ({data.metric}; differences in percentage "
+               f"points, CSV in fractions), over {_seeds_text(data)}; pairs = seeds where both runs have a result "
+               f"(a diverged run counts at chance level; failed or missing runs drop their seed). "
+               f"{_method(data, cells)}")
     return Table("paired", f"{data.name}: paired differences vs {BASELINE}", caption,
                  frame(records, MAIN_KEYS), columns, csv_cols, status_notes(data))
 
@@ -674,17 +738,18 @@ def search_table(data: StudyData) -> Table:
         b = best.get(row)
         records.append({"variant": row, **{s: sum(1 for r in runs if r.state == s)
                                             for s in ("complete", "pruned", "failed")},
-                        ACC_KEY: b.acc if b else None, "trial": b.number if b else None,
+                        data.metric: b.acc if b else None, "trial": b.number if b else None,
                         "searched_values": ", ".join(f"{k}={fmt_param(v)}" for k, v in sorted(b.searched.items()))
                         if b else ""})
     columns = [Column("variant", "variant"), *(Column(s, s, fmt="d") for s in ("complete", "pruned", "failed")),
-               Column(ACC_KEY, "best top-1 (%)", fmt=".2f", scale=100.0), Column("trial", "trial", fmt="d"),
+               Column(data.metric, "best top-1 (%)", fmt=".2f", scale=100.0), Column("trial", "trial", fmt="d"),
                Column("searched_values", "searched values")]
-    keys = ["variant", "complete", "pruned", "failed", ACC_KEY, "trial", "searched_values"]
-    caption = (f"Search study {data.name}: best trial per variant by {ACC_KEY} (the best epoch's top-1 val "
-               "accuracy), its searched values, and trial counts (pruned trials stopped early by the pruner).")
+    keys = ["variant", "complete", "pruned", "failed", data.metric, "trial", "searched_values"]
+    caption = (f"Search study {data.name}: best trial per variant by {data.metric} "
+               f"({METRIC_TEXT.get(data.metric, data.metric)}), its searched values, and trial counts (pruned "
+               "trials stopped early by the pruner).")
     return Table("search_best", f"{data.name}: best trial per variant", caption, frame(records, keys), columns,
-                 [(k, k, ".6f" if k == ACC_KEY else "") for k in keys], status_notes(data))
+                 [(k, k, ".6f" if k == data.metric else "") for k in keys], status_notes(data))
 
 
 def importance_table(study, data: StudyData) -> Table:
@@ -734,7 +799,7 @@ def importance_table(study, data: StudyData) -> Table:
     columns = [Column("scope", "scope"), Column("parameter", "parameter"), Column("trials", "trials", fmt="d"),
                Column("importance", f"importance ({evaluator_name})", fmt=".4f")]
     keys = ["scope", "parameter", "trials", "importance"]
-    caption = (f"Parameter importances of study {data.name} for {ACC_KEY}, from optuna.importance."
+    caption = (f"Parameter importances of study {data.name} for {data.metric}, from optuna.importance."
                f"get_param_importances with evaluator {evaluator_name} (default settings, normalised to sum 1 "
                "per scope), over completed trials: 'all variants' for the parameters every trial has, then each "
                "variant over its own conditional search space.")

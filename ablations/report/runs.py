@@ -1,0 +1,174 @@
+"""``runs.csv``: every result trial of a study as one CSV row, and the way back from that file to the same
+:class:`~ablations.report.load.Run` / :class:`~ablations.report.load.StudyData` objects a storage gives, so that
+``python -m ablations.report --study NAME --runs results/NAME/runs.csv`` regenerates the tables whose inputs it
+holds (main, paired, convergence, claims, tuning) byte-identical to the report made from the storage.
+
+Columns, in this order: ``number, run_name, state, phase, variant, row, depth, seed``, the study's other grid axes,
+``residual, residual_options`` (JSON), ``lr``, ``num_classes`` (what a diverged run's chance level is computed
+from; empty when not recorded), ``acc`` (the report's accuracy metric, :attr:`StudyData.metric`), every run-summary
+key of :data:`ablations.training.HP_SUMMARY_KEYS` but ``diverged``, then ``test_acc`` and ``test_acc_at_best_val``
+when any trial has them, ``diverged, ok, mode``. Numbers are written so that they read back exactly (``repr`` of
+a float); an empty cell is a missing value.
+
+Reading also accepts the shorter files of earlier reports (``number, run_name, state, variant, row, depth, seed,
+acc, diverged, ok[, mode]``): only :data:`REQUIRED` columns must be there; a missing ``phase`` is ``report``, a
+missing summary column leaves the tables that need it out (convergence), a missing ``lr`` shows as "—".
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from ..training import HP_SUMMARY_KEYS
+from .load import DIVERGED_KEY, ReportError, Run, StudyData, assemble, run_mode
+from .stats import num_classes
+
+HEAD = ("number", "run_name", "state", "phase", "variant", "row", "depth", "seed")
+CONFIG_COLUMNS = ("residual", "residual_options", "lr", "num_classes", "acc")
+SUMMARY_COLUMNS = tuple(k for k in HP_SUMMARY_KEYS if k != DIVERGED_KEY)
+OPTIONAL_COLUMNS = ("test_acc", "test_acc_at_best_val")  # written when any trial has them
+TAIL = ("diverged", "ok", "mode")
+STATES = ("complete", "pruned", "failed")
+REQUIRED = ("number", "state", "variant", "depth", "seed", "acc", "diverged")  # what main and paired need
+
+
+def columns(data: StudyData, axes: list[str]) -> list[str]:
+    optional = [k for k in OPTIONAL_COLUMNS if any(k in r.summary for r in all_runs(data))]
+    return list(dict.fromkeys([*HEAD, *axes, *CONFIG_COLUMNS, *SUMMARY_COLUMNS, *optional, *TAIL]))
+
+
+def all_runs(data: StudyData) -> list[Run]:
+    """Both phases' runs: the tuning stage's (its own study: numbers from 0) first, each phase by trial number."""
+    return sorted([*data.runs, *data.tune_runs], key=lambda r: (r.phase != "tune", r.number))
+
+
+def _axes(data: StudyData) -> list[str]:
+    return list(dict.fromkeys(a for r in all_runs(data) for a, _ in r.extras))
+
+
+def record(run: Run) -> dict[str, Any]:
+    config = run.config or {}
+    rec = {"number": run.number, "run_name": run.run_name, "state": run.state, "phase": run.phase,
+           "variant": run.variant, "row": run.row, "depth": run.depth, "seed": run.seed, **dict(run.extras),
+           "residual": config.get("residual", run.variant),
+           "residual_options": json.dumps(config.get("residual_options") or {}, sort_keys=True),
+           "lr": run.lr, "num_classes": num_classes(run), "acc": run.acc,
+           "diverged": run.diverged, "ok": run.ok, "mode": run_mode(run)}
+    for key in (*SUMMARY_COLUMNS, *OPTIONAL_COLUMNS):
+        rec[key] = run.summary.get(key)
+    return rec
+
+
+def frame(data: StudyData):
+    """runs.csv as a pandas DataFrame (dtype object: values as :func:`text` writes them)."""
+    import pandas as pd
+
+    cols = columns(data, _axes(data))
+    return pd.DataFrame([[text(record(r).get(c)) for c in cols] for r in all_runs(data)], columns=cols, dtype=object)
+
+
+def to_csv(data: StudyData) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    cols = columns(data, _axes(data))
+    writer.writerow(cols)
+    for run in all_runs(data):
+        rec = record(run)
+        writer.writerow([text(rec.get(c)) for c in cols])
+    return out.getvalue()
+
+
+def write(data: StudyData, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8", newline="\n") as fh:
+        fh.write(to_csv(data))
+    return path
+
+
+def text(value: Any) -> str:
+    """A cell: '' for None, True/False, repr of a float (reads back exactly), str otherwise."""
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return repr(float(value))  # float(): a numpy scalar's repr names its type
+    return str(value)
+
+
+def value(cell: str) -> Any:
+    """The inverse of :func:`text` for numbers, booleans and missing values; other text stays text."""
+    if cell == "":
+        return None
+    if cell in ("True", "False"):
+        return cell == "True"
+    for kind in (int, float):
+        try:
+            return kind(cell)
+        except ValueError:
+            continue
+    return cell
+
+
+def read(path: Path, spec, name: str) -> StudyData:
+    """StudyData from a runs.csv (``spec`` gives the variant order, the grid axes and the metric); ReportError
+    (one line) for a missing, empty or malformed file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ReportError(f"runs file '{path}' does not exist")
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            header = list(reader.fieldnames or [])
+            lines = list(reader)
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise ReportError(f"runs file '{path}' is not a readable CSV file ({exc})") from None
+    axes = [a for a in spec.axes if a not in ("depth", "seed")]
+    missing = [c for c in (*REQUIRED, *axes) if c not in header]
+    if missing:
+        full = dict.fromkeys([*HEAD, *axes, *CONFIG_COLUMNS, *SUMMARY_COLUMNS, *TAIL])
+        raise ReportError(f"runs file '{path}' lacks column(s) {', '.join(missing)}; a runs.csv written by "
+                          f"python -m ablations.report has: {', '.join(full)}")
+    if not lines:
+        raise ReportError(f"runs file '{path}' has no trials")
+    summary_keys = [k for k in (*SUMMARY_COLUMNS, *OPTIONAL_COLUMNS) if k in header]
+    runs = [_run(line, index + 2, path, axes, summary_keys) for index, line in enumerate(lines)]
+    return assemble(name, spec, runs)
+
+
+def _run(line: dict[str, str], lineno: int, path: Path, axes: list[str], summary_keys: list[str]) -> Run:
+    where = f"runs file '{path}' line {lineno}"
+    if None in line or any(v is None for v in line.values()):
+        raise ReportError(f"{where}: wrong number of fields")
+    line = {"run_name": "", "phase": "report", "residual": line["variant"], "residual_options": "", "lr": "",
+            "num_classes": "", "mode": ""} | line  # the columns an earlier report's runs.csv did not have
+    cells = {k: value(v) for k, v in line.items()}
+    for key in ("number", "depth", "seed", "num_classes"):
+        if cells[key] is not None and not isinstance(cells[key], int):
+            raise ReportError(f"{where}: column '{key}' must be an integer, got '{line[key]}'")
+    if cells["number"] is None:
+        raise ReportError(f"{where}: column 'number' is empty")
+    for key in ("lr", "acc", *summary_keys):
+        if cells[key] is not None and not isinstance(cells[key], (int, float)):
+            raise ReportError(f"{where}: column '{key}' must be a number, got '{line[key]}'")
+    if line["state"] not in STATES:
+        raise ReportError(f"{where}: state '{line['state']}' is not valid; valid choices: {', '.join(STATES)}")
+    if line["phase"] not in ("tune", "report"):
+        raise ReportError(f"{where}: phase '{line['phase']}' is not valid; valid choices: tune, report")
+    if not isinstance(cells["diverged"], bool):
+        raise ReportError(f"{where}: column 'diverged' must be True or False, got '{line['diverged']}'")
+    try:
+        options = json.loads(line["residual_options"] or "{}")
+    except json.JSONDecodeError:
+        raise ReportError(f"{where}: column 'residual_options' is not JSON: '{line['residual_options']}'") from None
+    config = {"residual": line["residual"], "residual_options": options, "lr": cells["lr"],
+              "num_classes": cells["num_classes"]}
+    summary = {k: cells[k] for k in summary_keys if cells[k] is not None}
+    summary[DIVERGED_KEY] = cells["diverged"]
+    return Run(number=cells["number"], state=line["state"], variant=line["variant"], depth=cells["depth"],
+               seed=cells["seed"], row="", extras=tuple((a, cells[a]) for a in axes),
+               acc=None if cells["acc"] is None else float(cells["acc"]), diverged=cells["diverged"],
+               summary=summary, config={k: v for k, v in config.items() if v is not None},
+               run_name=line["run_name"] or None, phase=line["phase"], mode=line["mode"] or None)

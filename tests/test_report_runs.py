@@ -1,0 +1,544 @@
+"""The report side of issue #22 without training: claims as data (spec + verdicts), runs.csv as the tables' one
+input (byte-identical to the report from the storage, under two PYTHONHASHSEEDs), the tuning table, and the
+statistics fixes pinned against scipy on hand-made data."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ablations import report
+from ablations.report import claims as claims_mod
+from ablations.report import runs as runs_mod
+from ablations.report.stats import chance_level, t_power
+from ablations.spec import _build, load_spec
+from ablations.training import HP_SUMMARY_KEYS
+
+REPO = Path(__file__).resolve().parents[1]
+SEEDS = [0, 1, 2, 3, 4, 5]
+TUNE_SEEDS = [100, 101]
+LRS = [0.001, 0.002, 0.004]
+CHOSEN = {"standard": 0.002, "layerscale": 0.004, "rezero": 0.001}
+# test_acc per seed: layerscale clearly above standard, rezero clearly below (one diverged run), flat = standard
+# plus exactly 1 pp everywhere (all paired differences equal)
+STANDARD = [0.800, 0.810, 0.790, 0.805, 0.795, 0.802]
+ACC = {"standard": STANDARD, "layerscale": [v + d for v, d in zip(STANDARD, [0.03, 0.025, 0.035, 0.028, 0.031, 0.027],
+                                                                   strict=True)],
+       "rezero": [v - d for v, d in zip(STANDARD, [0.05, 0.04, 0.06, 0.045, 0.055, 0.05], strict=True)],
+       "flat": [v + 0.01 for v in STANDARD]}
+DIVERGED = {("rezero", 3)}
+YAML = """\
+name: claims_tiny
+description: hand-made trials for tests/test_report_runs.py
+kind: grid
+metric: test_acc
+direction: maximize
+base: {dataset: synthetic, dataset_options: {num_classes: 4}, max_epochs: 2}
+variants:
+  - {label: standard, residual: standard}
+  - {label: layerscale, residual: layerscale, options: {init_value: 0.1}}
+  - {label: rezero, residual: rezero}
+  - {label: flat, residual: standard}
+axes: {depth: [2], seed: [0, 1, 2, 3, 4, 5]}
+claims:
+  - {id: layerscale_better, claim: "LayerScale improves accuracy", variant: layerscale, baseline: standard,
+     depth: 2, direction: higher, source: "Touvron et al. 2021 (CaiT), Table 1",
+     counts: "Holm-significant paired difference in test_acc in the paper's direction"}
+  - {id: rezero_better, claim: "ReZero improves accuracy", variant: rezero, baseline: standard,
+     direction: higher, source: "Bachlechner et al. 2020"}
+  - {id: flat_better, claim: "Flat is better", variant: flat, baseline: standard, direction: higher, source: "none"}
+  - {id: auc_claim, claim: "LayerScale converges faster", variant: layerscale, baseline: standard,
+     direction: higher, source: "CaiT", metric: val_acc_auc}
+  - {id: layerscale_worse, claim: "LayerScale costs accuracy", variant: layerscale, baseline: standard,
+     depth: 2, direction: lower, source: "a made-up claim"}
+  - {id: reattn_similarity, claim: "Re-attention removes similar blocks", source: "Zhou et al. 2021 (DeepViT)",
+     testable: false, reason: "similarity ≈ 0 by construction on BatchNorm-normalised maps"}
+"""
+
+
+def _summary(acc: float, diverged: bool, seed: int) -> dict:
+    summary = {k: float(0.5 + 0.01 * i + 0.001 * seed) for i, k in enumerate(HP_SUMMARY_KEYS)}
+    summary |= {"best_epoch": 2, "epochs_completed": 2, "param_count": 1234, "diverged": diverged,
+                "best_val_acc": acc + 0.01, "val_acc_auc": acc - 0.1, "test_acc": acc, "test_acc_at_best_val": acc}
+    return summary
+
+
+def _trial(variant: str, seed: int, acc: float, lr: float, phase: str | None, diverged: bool = False,
+           lr_axis: bool = False):
+    import optuna
+    from optuna.distributions import CategoricalDistribution
+
+    labels = list(ACC)
+    attrs = _summary(acc, diverged, seed) | {
+        "config": {"residual": "standard" if variant == "flat" else variant, "lr": lr, "depth": 2, "seed": seed,
+                   "dataset": "synthetic", "dataset_options": {"num_classes": 4},
+                   "residual_options": {"init_value": 0.1} if variant == "layerscale" else {}},
+        "run_name": f"{variant}/depth=2/seed={seed}"}
+    if phase is not None:
+        attrs["phase"] = phase
+    lr_param = {"lr": lr} if lr_axis else {}  # the tuning stage's grid has the LR as an axis
+    return optuna.trial.create_trial(
+        state=optuna.trial.TrialState.COMPLETE, value=0.0 if math.isnan(acc) else acc,
+        params={"variant": variant, "depth": 2, "seed": seed, **lr_param},
+        distributions={"variant": CategoricalDistribution(labels), "depth": CategoricalDistribution([2]),
+                       "seed": CategoricalDistribution(SEEDS + TUNE_SEEDS),
+                       **({"lr": CategoricalDistribution(LRS)} if lr_axis else {})},
+        user_attrs=attrs, intermediate_values={0: acc - 0.05, 1: acc})
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A storage with hand-made trials: the study (report phase, every variant × seed) and its tuning stage as the
+    study '<name>-tune' (LR × two other seeds), as ablations.run stores them."""
+    import optuna
+
+    root = tmp_path_factory.mktemp("claims")
+    (root / "claims_tiny.yaml").write_text(YAML)
+    storage = f"sqlite:///{root / 'o.db'}"
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    tune = optuna.create_study(study_name="claims_tiny-tune", storage=storage, direction="maximize")
+    for seed in TUNE_SEEDS:
+        for variant in ("standard", "layerscale", "rezero"):
+            for lr in LRS:
+                tune.add_trial(_trial(variant, seed, 0.7 + 0.01 * LRS.index(lr) + 0.001 * seed / 100
+                                      + (0.05 if lr == CHOSEN[variant] else 0.0), lr, "tune", lr_axis=True))
+    study = optuna.create_study(study_name="claims_tiny", storage=storage, direction="maximize")
+    for variant, accs in ACC.items():
+        for seed, acc in zip(SEEDS, accs, strict=True):
+            div = (variant, seed) in DIVERGED
+            study.add_trial(_trial(variant, seed, math.nan if div else acc, CHOSEN.get(variant, 0.002),
+                                   "report" if variant != "flat" else None, diverged=div))
+    return root, storage
+
+
+def _report(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = report.main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+REGENERATED = ("main", "paired", "claims", "tuning", "convergence")
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    names = [f"{t}.{e}" for t in REGENERATED for e in ("md", "tex", "csv")] + ["runs.csv"]
+    return {n: (folder / n).read_bytes() for n in names}
+
+
+@pytest.fixture(scope="module")
+def reports(tiny):
+    root, storage = tiny
+    spec = str(root / "claims_tiny.yaml")
+    code, out, err = _report("--study", spec, "--storage", storage, "--out", str(root / "storage"), "--no-figures",
+                             "--no-tensorboard", "--no-note")
+    assert code == 0, err
+    code, out2, err = _report("--study", spec, "--runs", str(root / "storage" / "runs.csv"), "--out",
+                              str(root / "from_runs"))
+    assert code == 0, err
+    return root, out, out2
+
+
+def test_runs_csv_regenerates_every_table_byte_identical(reports):
+    root, _, printed = reports
+    assert _files(root / "storage") == _files(root / "from_runs")
+    assert "were not regenerated" in printed  # cost / collapse / figures: said, not silently missing
+    assert (root / "from_runs" / "tuning.png").is_file()  # the tuning figure is drawn from runs.csv alone
+
+
+def test_runs_csv_is_identical_under_two_hash_seeds(reports):
+    root, _, _ = reports
+    outs = []
+    for seed in ("0", "1"):
+        out = root / f"hash{seed}"
+        proc = subprocess.run(
+            [sys.executable, "-m", "ablations.report", "--study", str(root / "claims_tiny.yaml"), "--runs",
+             str(root / "storage" / "runs.csv"), "--out", str(out), "--no-figures"],
+            cwd=REPO, env={**os.environ, "PYTHONHASHSEED": seed}, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        outs.append(_files(out))
+    assert outs[0] == outs[1] == _files(root / "storage")
+
+
+def test_runs_csv_columns_and_phases(reports):
+    root, _, _ = reports
+    with open(root / "storage" / "runs.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    header = list(rows[0])
+    assert header[:8] == ["number", "run_name", "state", "phase", "variant", "row", "depth", "seed"]
+    for key in ("residual", "residual_options", "lr", "num_classes", "acc", *HP_SUMMARY_KEYS, "test_acc",
+                "test_acc_at_best_val", "ok", "mode"):
+        assert key in header
+    assert [int(r["number"]) for r in rows] == list(range(2 * 3 * 3)) + list(range(4 * 6))  # tune study first
+    assert {r["phase"] for r in rows[:18]} == {"tune"} and {r["phase"] for r in rows[18:]} == {"report"}
+    flat = [r for r in rows if r["variant"] == "flat"]
+    assert flat[0]["residual"] == "standard" and flat[0]["phase"] == "report"  # no phase attr: report
+    ls = next(r for r in rows if r["variant"] == "layerscale" and r["phase"] == "report")
+    assert ls["residual_options"] == '{"init_value": 0.1}' and ls["lr"] == "0.004" and ls["num_classes"] == "4"
+    assert float(ls["acc"]) == ACC["layerscale"][0] == float(ls["test_acc"])  # metric test_acc: acc follows it
+    div = next(r for r in rows if r["variant"] == "rezero" and r["seed"] == "3" and r["phase"] == "report")
+    assert div["diverged"] == "True" and div["ok"] == "False"
+
+
+def test_main_table_uses_report_phase_metric_and_lr(reports):
+    root, _, _ = reports
+    main = (root / "storage" / "main.md").read_text()
+    assert "test_acc (the test split's accuracy at the final epoch" in main
+    line = next(ln for ln in main.splitlines() if ln.startswith("| layerscale"))
+    assert "| 0.004 |" in line and "(n=6)" in line  # the chosen LR; 6 report seeds, the tuning runs are not in it
+    mean = np.mean(ACC["layerscale"])
+    assert f"{100 * mean:.2f}" in line
+    tuning = (root / "storage" / "tuning.csv").read_text().splitlines()
+    assert tuning[0] == "variant,depth,lr,n,mean,std,n_diverged,n_failed,seeds,chosen"
+    chosen = [ln.split(",") for ln in tuning[1:] if ln.endswith(",1")]
+    assert [(c[0], c[2]) for c in chosen] == [("standard", "0.002"), ("layerscale", "0.004"), ("rezero", "0.001")]
+    std = [ln for ln in tuning[1:] if ln.startswith("standard,2,0.002,")][0].split(",")
+    vals = [0.7 + 0.01 + 0.001 * s / 100 + 0.05 for s in TUNE_SEEDS]
+    assert float(std[4]) == pytest.approx(np.mean(vals) + 0.01, abs=1e-6)  # best_val_acc = acc + 0.01
+    assert std[3] == "2" and std[8] == "100 101"
+
+
+def test_claim_verdicts_are_computed(reports):
+    """held / not held / not resolved (all differences equal) / untestable, with scipy's numbers; the diverged
+    rezero run counts at chance level 1/4 in the pairs."""
+    from scipy import stats
+
+    root, _, _ = reports
+    lines = [ln for ln in (root / "storage" / "claims.md").read_text().splitlines() if ln.startswith("- **")]
+    assert len(lines) == 6
+    verdicts = {ln.split("**")[1]: ln.rsplit("**", 2)[1] for ln in lines}
+    assert verdicts == {"layerscale_better": "held", "rezero_better": "not resolved", "flat_better": "not resolved",
+                        "auc_claim": "held", "layerscale_worse": "not held", "reattn_similarity": "untestable"}
+    assert lines[5] == ("- **reattn_similarity**: Re-attention removes similar blocks (Zhou et al. 2021 (DeepViT)). "
+                        "**untestable**: similarity ≈ 0 by construction on BatchNorm-normalised maps")
+    assert "all 6 differences equal: Δ = +1.00 pp, no interval" in lines[2] and "MDE —" in lines[2]
+    rows = {r["id"]: r for r in csv.DictReader(open(root / "storage" / "claims.csv", newline=""))}
+    own = np.array(ACC["rezero"])
+    own[3] = 0.25  # diverged: chance level of 4 classes
+    d = own - np.array(STANDARD)
+    p = {"rezero": stats.ttest_rel(own, STANDARD).pvalue,
+         "layerscale": stats.ttest_rel(ACC["layerscale"], STANDARD).pvalue}
+    # AUC claim: val_acc_auc = acc − 0.1 on both sides: the same differences as test_acc
+    holm = report.holm([p["layerscale"], p["rezero"], p["layerscale"], p["layerscale"]])
+    assert float(rows["rezero_better"]["delta"]) == pytest.approx(d.mean(), abs=1e-6)
+    assert float(rows["rezero_better"]["p_t_holm"]) == pytest.approx(holm[1], rel=1e-5)
+    assert float(rows["layerscale_better"]["p_t_holm"]) == pytest.approx(holm[0], rel=1e-5)
+    assert rows["rezero_better"]["n_diverged_pairs"] == "1" and rows["layerscale_better"]["m"] == "4"
+    assert "(1 with a diverged run at chance level)" in lines[1] and "(the CI includes 0)" in lines[1]
+    assert lines[0] == (
+        "- **layerscale_better**: LayerScale improves accuracy (Touvron et al. 2021 (CaiT), Table 1). Counts as held: "
+        "Holm-significant paired difference in test_acc in the paper's direction. layerscale vs standard, depth 2, "
+        "test_acc (paper: higher): Δ = +2.93 pp [+2.57, +3.30] (95% CI, unadjusted), n = 6 pairs, Holm p < 0.001 "
+        f"(m = 4), MDE {100 * report.mde(np.std(np.subtract(ACC['layerscale'], STANDARD), ddof=1), 6, 0.05 / 4):.2f} "
+        "pp: **held** (significant in the paper's direction).")
+    half = stats.t.ppf(0.975, 5) * d.std(ddof=1) / math.sqrt(6)
+    assert f"[{100 * (d.mean() - half):+.2f}, {100 * (d.mean() + half):+.2f}]".replace("-", "−") in lines[1]
+
+
+def test_claims_from_runs_csv_equal_the_storage_lines(reports):
+    root, _, _ = reports
+    assert (root / "storage" / "claims.md").read_text() == (root / "from_runs" / "claims.md").read_text()
+
+
+# --- claims: the YAML format -------------------------------------------------------------------------------------
+def _spec(claims: str):
+    import yaml
+
+    raw = yaml.safe_load(YAML.split("claims:")[0] + "claims:\n" + claims)
+    return _build(raw, "default", "x.yaml")
+
+
+def test_claims_parse_into_the_spec():
+    spec = load_spec_from_text(YAML)
+    assert [c.id for c in spec.claims] == ["layerscale_better", "rezero_better", "flat_better", "auc_claim",
+                                          "layerscale_worse", "reattn_similarity"]
+    c = spec.claims[0]
+    assert (c.variant, c.baseline, c.depth, c.direction, c.metric, c.testable) == \
+        ("layerscale", "standard", 2, "higher", None, True)
+    assert spec.claims[3].metric == "val_acc_auc" and spec.claims[1].depth is None
+    assert spec.claims[4].direction == "lower"
+    assert not spec.claims[5].testable and spec.claims[5].reason.startswith("similarity")
+
+
+def load_spec_from_text(text: str):
+    import yaml
+
+    return _build(yaml.safe_load(text), "default", "x.yaml")
+
+
+@pytest.mark.parametrize(("claims", "message"), [
+    ("  - {id: a, claim: c, source: s, variant: nope, baseline: standard, direction: higher}",
+     "claim 'a': variant 'nope' is not a variant label of the study; valid labels: standard, layerscale, rezero, flat"),
+    ("  - {id: a, claim: c, source: s, variant: rezero, baseline: standard, direction: up}",
+     "claim 'a': direction 'up' is not valid; valid choices: higher, lower"),
+    ("  - {id: a, claim: c, source: s, variant: rezero, baseline: standard, direction: higher, color: red}",
+     "claims[0]: unknown key 'color'; valid keys: id, claim, source, variant, baseline, depth, direction, counts, "
+     "metric, testable, reason"),
+    ("  - {id: a, claim: c, source: s, testable: false}",
+     "claim 'a': an untestable claim ('testable: false') needs a 'reason'"),
+    ("  - {id: a, claim: c, source: s, variant: rezero, baseline: standard, direction: higher, metric: loss}",
+     "claim 'a': metric 'loss' is not valid; valid choices: best_val_acc, final_val_acc, test_acc, "
+     "test_acc_at_best_val, val_acc_auc"),
+    ("  - {id: a, claim: c, source: s, variant: rezero, baseline: standard, direction: higher, depth: 0}",
+     "claim 'a': depth must be a positive integer (or left out: every depth), got '0'"),
+    ("  - {id: a, claim: c, variant: rezero, baseline: standard, direction: higher}",
+     "claims[0]: 'source' must be a non-empty string"),
+    ("  - {id: a, claim: c, source: s, testable: false, reason: r}\n  - {id: a, claim: d, source: s, testable: false,"
+     " reason: r}", "claim ids must be unique, got a, a"),
+    ("  {id: a}", "'claims' must be a list of mappings"),
+])
+def test_bad_claims_are_one_line_errors(claims, message):
+    with pytest.raises(ValueError) as info:
+        _spec(claims)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_unknown_claim_variant_exits_2_with_one_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(YAML.replace("variant: layerscale, baseline: standard,\n     depth: 2",
+                                "variant: layerscal, baseline: standard,\n     depth: 2"))
+    proc = subprocess.run([sys.executable, "-m", "ablations.report", "--study", str(bad), "--runs",
+                           str(tmp_path / "runs.csv")], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert "variant 'layerscal' is not a variant label" in proc.stderr
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (None, "does not exist"),
+    ("number,run_name\n0,x\n", "lacks column(s) state, variant, depth, seed, acc, diverged; a runs.csv written"),
+    ("", "lacks column(s) number"),
+])
+def test_missing_or_malformed_runs_csv_exits_2_with_one_line(tmp_path, content, message):
+    path = tmp_path / "runs.csv"
+    if content is not None:
+        path.write_text(content)
+    proc = subprocess.run([sys.executable, "-m", "ablations.report", "--study", "residual_variants", "--runs",
+                           str(path), "--out", str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert message in proc.stderr and not (tmp_path / "out").exists()
+
+
+def test_bad_cell_in_runs_csv_names_line_and_column(reports, tmp_path):
+    root, _, _ = reports
+    text = (root / "storage" / "runs.csv").read_text().splitlines()
+    cells = text[3].split(",")
+    cells[6] = "deep"  # depth
+    path = tmp_path / "runs.csv"
+    path.write_text("\n".join([*text[:3], ",".join(cells), *text[4:]]) + "\n")
+    code, _, err = _report("--study", str(root / "claims_tiny.yaml"), "--runs", str(path), "--out", str(tmp_path))
+    assert code == 2 and err == f"error: runs file '{path}' line 4: column 'depth' must be an integer, got 'deep'\n"
+
+
+# --- statistics fixes against scipy on hand-made data ------------------------------------------------------------
+def _data(values: dict, diverged: set = frozenset(), config: dict | None = None) -> report.StudyData:
+    runs, number = [], 0
+    for (variant, depth), accs in values.items():
+        for seed, acc in enumerate(accs):
+            runs.append(report.Run(number=number, state="complete", variant=variant, depth=depth, seed=seed,
+                                   row=variant, acc=acc, diverged=(variant, seed) in diverged,
+                                   config=dict(config or {})))
+            number += 1
+    rows = list(dict.fromkeys(v for v, _ in values))
+    return report.StudyData(name="hand", kind="grid", runs=runs, rows=rows, row_variant={r: r for r in rows},
+                            row_extras={r: () for r in rows}, depths=sorted({d for _, d in values}))
+
+
+def test_zero_variance_differences_have_no_interval_and_are_never_significant():
+    """depth_scaling's ReZero at depth 24: three differences of exactly −40/360 were printed as [−11.11, −11.11]*."""
+    base = [0.90, 0.85, 0.88]
+    data = _data({("standard", 24): base, ("rezero", 24): [b - 40 / 360 for b in base],
+                  ("layerscale", 24): [0.91, 0.86, 0.90]})
+    cells = {c.row: c for c in report.main_cells(data)}
+    c = cells["rezero"]
+    assert c.comparison.all_equal and c.comparison.ci_low is None and c.comparison.p_t is None
+    assert c.comparison.p_wilcoxon is None and c.mde is None and not c.significant and c.p_t_holm is None
+    assert report.family_size(list(cells.values())) == 1  # only layerscale has a test
+    main = report.main_table(data, list(cells.values())).markdown()
+    assert "all 3 differences equal: Δ = −11.11 pp, no interval" in main
+    assert "1 comparison with all paired differences equal (s_d = 0) has no interval" in main
+    paired = report.paired_table(data, list(cells.values()))
+    row = next(r for r in csv.DictReader(io.StringIO(paired.to_csv())) if r["variant"] == "rezero")
+    assert row["ci_low"] == row["ci_high"] == "" and row["significant"] == ""
+
+
+def test_one_holm_family_for_both_tests_and_wilcoxon_n_too_small():
+    from scipy import stats
+
+    base = [0.50, 0.52, 0.51, 0.55, 0.48, 0.53, 0.50]
+    values = {("standard", 2): base, ("a", 2): [0.56, 0.55, 0.58, 0.57, 0.53, 0.60, 0.57],
+              ("b", 2): [0.49, 0.55, 0.60, 0.50, 0.47, 0.52, 0.55], ("c", 2): [0.52, 0.50, 0.50, 0.58, 0.50]}
+    cells = {c.row: c for c in report.main_cells(_data(values))}
+    rows = ("a", "b", "c")
+    p_t = [stats.ttest_rel(values[r, 2], base[:len(values[r, 2])]).pvalue for r in rows]
+    p_w = [stats.wilcoxon(np.subtract(values[r, 2], base[:len(values[r, 2])])).pvalue for r in rows]
+    for r, pt, pw in zip(rows, report.holm(p_t), report.holm(p_w), strict=True):
+        assert cells[r].p_t_holm == pytest.approx(pt) and cells[r].p_wilcoxon_holm == pytest.approx(pw)
+    assert cells["c"].comparison.n == 5 and cells["c"].comparison.wilcoxon_too_small
+    assert cells["c"].comparison.wilcoxon_min_p == pytest.approx(2 / 2 ** 5)  # 0.0625 > 0.05: can never reject
+    assert not cells["a"].comparison.wilcoxon_too_small  # n = 7: 2/128 < 0.05
+    table = report.paired_table(_data(values), list(cells.values()))
+    md = table.markdown()
+    c_line = next(ln for ln in md.splitlines() if ln.startswith("| c "))
+    assert c_line.count("n too small") == 2
+    assert "Holm–Bonferroni over the m = 3 comparisons" in md and "over the same m = 3 comparisons" in md
+    assert "95% CI, unadjusted" in md
+
+
+def test_mde_from_the_noncentral_t():
+    """The MDE δ solves power(δ) = 0.8 for the two-sided paired t-test; G*Power's reference: a paired t-test with
+    n = 10, α = 0.05 has power 0.80 at d_z ≈ 0.996 (power 0.8031 at d_z = 1)."""
+    from scipy import stats
+
+    assert t_power(1.0, 1.0, 10, 0.05) == pytest.approx(0.8031, abs=1e-4)
+    assert report.mde(1.0, 10, 0.05) == pytest.approx(0.996, abs=5e-4)
+    sd, n, alpha = 0.02, 4, 0.025
+    delta = report.mde(sd, n, alpha)
+    crit = stats.t.ppf(1 - alpha / 2, n - 1)
+    nc = delta * math.sqrt(n) / sd
+    assert stats.nct.sf(crit, n - 1, nc) + stats.nct.cdf(-crit, n - 1, nc) == pytest.approx(0.8, abs=1e-9)
+    central = (crit + stats.t.ppf(0.8, n - 1)) * sd / math.sqrt(n)
+    assert delta > central * 1.04  # the central-t formula understates it
+    assert report.mde(sd, 1, alpha) is None and report.mde(0.0, 5, alpha) is None
+
+
+def test_diverged_run_counts_at_chance_level_in_the_pairs():
+    from scipy import stats
+
+    base = [0.80, 0.82, 0.81, 0.79]
+    own = [0.85, 0.86, None, 0.84]
+    data = _data({("standard", 4): base, ("highway", 4): own}, diverged={("highway", 2)},
+                 config={"dataset_options": {"num_classes": 4}})
+    cells = {c.row: c for c in report.main_cells(data)}
+    c = cells["highway"]
+    filled = [0.85, 0.86, 0.25, 0.84]
+    assert c.pair_seeds == [0, 1, 2, 3] and c.n_diverged_pairs == 1 and c.n == 3  # mean/sd over ok runs only
+    assert c.comparison.delta == pytest.approx(np.mean(np.subtract(filled, base)))
+    assert c.comparison.p_t == pytest.approx(stats.ttest_rel(filled, base).pvalue)
+    text = report.paired_table(data, list(cells.values())).markdown()
+    assert "1 pair counted that way" in text
+    assert chance_level(data.runs[0]) == 0.25
+    assert chance_level(report.Run(number=0, state="complete", variant="x", depth=1, seed=0, row="x")) == 0.1
+
+
+def test_claims_table_without_runs_is_not_resolved():
+    spec = load_spec_from_text(YAML)
+    data = _data({("standard", 2): [0.5, 0.6], ("layerscale", 2): [0.6]})
+    records, _ = claims_mod.claim_records(data, spec.claims[:1])
+    assert records[0]["verdict"] == "not resolved" and records[0]["detail"] == "1 pair: no test"
+
+
+def test_value_round_trip():
+    for v in (0.1, 1e-05, 3, True, False, None, "rw", 0.30000000000000004):
+        assert runs_mod.value(runs_mod.text(v)) == v and type(runs_mod.value(runs_mod.text(v))) is type(v)
+    assert runs_mod.text(np.float64(0.25)) == "0.25"
+
+
+def test_tune_phase_trials_are_set_apart_and_a_diverged_tuning_run_counts_zero():
+    """Tune-phase trials (the '<study>-tune' stage, or a 'phase: tune' attribute) never enter main/paired; the
+    tuning table averages the tuning metric with a diverged run as 0, the stage's choice rule."""
+    from ablations.report.load import assemble
+    from ablations.report.tuning import tuning_records
+
+    spec = load_spec_from_text(YAML)
+
+    def run(number, variant, seed, acc, lr, phase, diverged=False):
+        return report.Run(number=number, state="complete", variant=variant, depth=2, seed=seed, row="", acc=acc,
+                          diverged=diverged, phase=phase, config={"lr": lr},
+                          summary={"best_val_acc": acc, "diverged": diverged})
+
+    runs = [run(0, "standard", 100, 0.6, 0.001, "tune"), run(1, "standard", 101, None, 0.001, "tune", True),
+            run(2, "standard", 100, 0.5, 0.002, "tune"), run(3, "standard", 101, 0.5, 0.002, "tune"),
+            run(0, "standard", 0, 0.8, 0.002, "report"), run(1, "standard", 1, 0.7, 0.002, "report")]
+    data = assemble("t", spec, runs)
+    assert [r.seed for r in data.runs] == [0, 1] and [r.seed for r in data.tune_runs] == [100, 100, 101, 101]
+    records = tuning_records(data)
+    assert [(r["lr"], r["mean"], r["n_diverged"], r["chosen"]) for r in records] == \
+        [(0.001, pytest.approx(0.3), 1, False), (0.002, pytest.approx(0.5), 0, True)]
+    cells = report.main_cells(data)
+    assert next(c for c in cells if c.row == "standard").n == 2  # the tuning runs are not in the main table
+
+
+def test_every_study_file_lists_claims_that_load_under_every_budget():
+    from ablations.spec import BUDGETS, available_studies
+
+    for name in available_studies():
+        specs = [load_spec(name, budget) for budget in BUDGETS]
+        labels = {v.label for v in specs[0].variants}
+        for claim in specs[0].claims:
+            assert not claim.testable or {claim.variant, claim.baseline} <= labels
+        if specs[0].kind == "grid":
+            assert specs[0].claims, name
+    untestable = [c for c in load_spec("attention_collapse").claims if not c.testable]
+    assert [c.id for c in untestable] == ["reattention_similar_blocks"] and "BatchNorm" in untestable[0].reason
+
+
+@pytest.mark.parametrize("study", ["modern_residuals", "hyper_connections"])
+def test_committed_earlier_runs_csv_gives_the_committed_differences(study, tmp_path):
+    """The two runs.csv files committed before this format (no phase, LR or summary columns) still load: the
+    paired Δ, CI and raw t p recomputed from them equal the committed paired.csv (no run diverged there); the new
+    statistics change only the MDE (noncentral t, larger) and the Wilcoxon columns (n ≤ 5: 'n too small')."""
+    code, out, err = _report("--study", study, "--runs", str(REPO / "results" / study / "runs.csv"), "--out",
+                             str(tmp_path))
+    assert code == 0, err
+    assert "convergence: no run has the summary metrics" in out
+    old = {(r["variant"], r["depth"]): r for r in csv.DictReader(open(REPO / "results" / study / "paired.csv"))}
+    new = {(r["variant"], r["depth"]): r for r in csv.DictReader(open(tmp_path / "paired.csv"))}
+    assert sorted(old) == sorted(new)
+    for key, row in new.items():
+        for col in ("n_pairs", "delta", "ci_low", "ci_high", "p_ttest_rel", "pair_seeds"):
+            assert row[col] == old[key][col], (key, col)
+        assert row["n_diverged_pairs"] == "0" and row["wilcoxon_n_too_small"] == "1"  # 3 or 5 seeds
+        assert float(row["mde"]) > float(old[key]["mde"])  # the central-t formula understated it
+    assert "n too small" in (tmp_path / "paired.md").read_text()
+
+
+def test_extra_grid_axes_round_trip_through_runs_csv(tmp_path):
+    """Rows labelled by an extra axis (floats, strings) come back from runs.csv as the same rows and
+    the same tables."""
+    from ablations.report.load import assemble
+    from ablations.report.tables import main_table, paired_table
+
+    text = YAML.replace("axes: {depth: [2], seed: [0, 1, 2, 3, 4, 5]}",
+                        "axes: {depth: [2], seed: [0, 1, 2], drop_path_rate: [0.0, 0.1], global_pool: [token, avg]}")
+    spec = load_spec_from_text(text)
+    runs, number = [], 0
+    for variant in ("standard", "layerscale"):
+        for dpr in (0.0, 0.1):
+            for bias in ("token", "avg"):
+                for seed in (0, 1, 2):
+                    acc = 0.8 + 0.01 * seed + (0.02 if variant == "layerscale" else 0.0) + 0.003 * seed * dpr
+                    runs.append(report.Run(number=number, state="complete", variant=variant, depth=2, seed=seed,
+                                           row="", extras=(("drop_path_rate", dpr), ("global_pool", bias)), acc=acc,
+                                           config={"lr": 0.002}, summary={"diverged": False}))
+                    number += 1
+    data = assemble("x", spec, runs)
+    path = runs_mod.write(data, tmp_path / "runs.csv")
+    back = runs_mod.read(path, spec, "x")
+    assert back.rows == data.rows and "layerscale [drop_path_rate=0.1, global_pool=avg]" in back.rows
+    for build in (main_table, paired_table):
+        assert build(back, report.main_cells(back)).markdown() == build(data, report.main_cells(data)).markdown()
+    assert runs_mod.to_csv(back) == path.read_text()
+
+
+def test_readme_quotes_claim_verdicts_verbatim():
+    """Any README line that quotes a claim of a committed results/<study>/claims.md is that file's line, verbatim
+    (the verdicts are computed; a hand edit of a quoted verdict fails here)."""
+    files = {str(p): p.read_text() for p in sorted((REPO / "results").glob("*/claims.md"))}
+    assert claims_mod.misquoted((REPO / "README.md").read_text(), files) == []
+    line = ("- **dca_accuracy**: DCA improves accuracy (x). dca vs standard, test_acc (paper: higher): Δ = +1.00 pp "
+            "[+0.10, +1.90] (95% CI, unadjusted), n = 10 pairs, Holm p = 0.030 (m = 6), MDE 0.90 pp: **held** "
+            "(significant in the paper's direction).")
+    made = {"claims.md": f"### x\n\n{line}\n"}
+    assert claims_mod.misquoted(f"intro\n{line}\n", made) == []
+    edited = line.replace("**held**", "**held, strongly**")
+    assert claims_mod.misquoted(f"intro\n{edited}\n- **other**: text\n", made) == [edited]
