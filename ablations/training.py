@@ -201,6 +201,7 @@ def run_training(
     pl.seed_everything(config.seed, workers=True, verbose=False)
     datamodule = build_datamodule(config)
     config, facts = resolve_mode(config, accelerator, datamodule, results_dir)
+    facts["num_classes"] = datamodule.num_classes  # the chance level a diverged run counts at in the report
     model = build_model(config, datamodule)
     if config.compile:
         model.model.compile()  # in place: state_dict keys stay model.* (torch.compile(m) would add _orig_mod)
