@@ -12,7 +12,7 @@ from helpers import run_cli, url_of, write_study
 from optuna.trial import TrialState, create_trial
 
 from ablations.run import TUNE_GRID, choose_lrs
-from ablations.spec import load_spec
+from ablations.spec import available_studies, load_spec
 
 VARIANTS = [{"label": "standard", "residual": "standard"}, {"label": "rezero", "residual": "rezero"}]
 
@@ -102,3 +102,40 @@ def test_a_changed_tuning_grid_is_refused_before_anything_runs(tmp_path):
     assert "chose its learning rates with the tuning grid" in line and "--study-name NEW_NAME" in line
     assert [s.study_name for s in optuna.get_all_study_summaries(url_of(db))] == ["tuned"]
     assert not (tmp_path / "results" / "runs").exists()
+
+
+# --- parameter-matched controls ----------------------------------------------------------------------------------
+def param_count(config) -> int:
+    from ablations.run import dataset_shape
+    from lit_modules import VisionTransformer
+
+    shape = dataset_shape(config)
+    model = VisionTransformer(config.residual, config.residual_options, img_size=shape["img_size"],
+                              patch_size=config.patch_size or shape["patch_size"], in_chans=shape["in_chans"],
+                              num_classes=shape["num_classes"], embed_dim=config.embed_dim, depth=config.depth,
+                              num_heads=config.num_heads, mlp_ratio=config.mlp_ratio, attention=config.attention,
+                              class_attention_blocks=config.class_attention_blocks, norm_layer=config.norm_layer,
+                              value_residual=config.value_residual)
+    return sum(p.numel() for p in model.parameters())
+
+
+PROTOCOL_STUDIES = [name for name in available_studies() if load_spec(name).tune is not None]
+
+
+@pytest.mark.parametrize("name", PROTOCOL_STUDIES)
+def test_a_variant_with_5_percent_more_parameters_has_a_matched_standard_row(name):
+    """The fair protocol's control: in a study under it (one with a tuning stage), every variant that adds >= 5%
+    parameters over standard (same depth) has a row ``standard_params_matched_<label>`` (standard, wider MLP)
+    whose parameter count is within 1% of the variant's."""
+    spec = load_spec(name)
+    labels = [v.label for v in spec.variants]
+    for depth in spec.axes.get("depth", [None]):
+        point = {"seed": spec.axes.get("seed", [0])[0]} | ({"depth": depth} if depth is not None else {})
+        counts = {label: param_count(spec.run_config({"variant": label} | point)) for label in labels}
+        for label in labels:
+            if label.startswith("standard") or counts[label] < 1.05 * counts["standard"]:
+                continue
+            control = f"standard_params_matched_{label}"
+            assert control in counts, f"{name}: {label} has {counts[label] / counts['standard'] - 1:+.1%} " \
+                                      f"parameters at depth {depth} but no row {control}"
+            assert abs(counts[control] / counts[label] - 1) <= 0.01, (control, counts[control], counts[label])
