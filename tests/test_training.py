@@ -37,7 +37,9 @@ def run(config: RunConfig, log_dir: Path, name: str, **kwargs) -> dict:
 
 def comparable(summary: dict) -> dict:
     """Without the wall-clock measurements (they differ between identical runs, more so on a loaded machine)."""
-    return {k: v for k, v in summary.items() if k not in (*TIMING_KEYS, "run_name", "log_dir")}
+    # mode_source says where precision auto's choice came from: "(measured now)" for the run that measured its cell,
+    # the cache for the runs after it; the mode itself (precision, fused_attn) is compared
+    return {k: v for k, v in summary.items() if k not in (*TIMING_KEYS, "run_name", "log_dir", "mode_source")}
 
 
 def events(run_dir: str | Path) -> EventAccumulator:
