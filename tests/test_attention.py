@@ -11,7 +11,7 @@ import math
 
 import pytest
 import torch
-from backbone import TINY, _float64_one_thread, build, perturb  # noqa: F401 (autouse fixture)
+from backbone import LAUREL, TINY, _float64_one_thread, build, perturb  # noqa: F401 (autouse fixture)
 from timm.layers import Attention, LayerNorm, RmsNorm
 from timm.models.cait import ClassAttn, LayerScaleBlockClassAttn
 from torch import nn
@@ -21,7 +21,6 @@ from lit_modules import RESIDUALS, VisionTransformer
 from lit_modules.attention import ATTENTIONS, ReAttention, SelfAttention
 from lit_modules.residual import cait_init_value
 
-LAUREL = {"rank": 2, "k": 2}  # embed_dim 8: the default rank 16 is larger than the width
 NO_NORM = {"head_norm": "none"}
 
 

@@ -380,7 +380,7 @@ def test_value_residual_attention_output_by_hand():
     ("layerscale", {"init_value": 0.1}, [1, 1, 1]),
     ("ortho", {}, [1, 1, 1]),
     ("deepnorm", {}, [1, 1, 1]),
-    ("laurel", {"rank": 2, "k": 2}, [1, 1, 1]),
+    ("laurel", {"rank": 2}, [1, 1, 1]),
     ("dca", {}, [1, 1, 1]),            # DCA's cross-attention: layer 0 records the values of its composed v input
     ("skipdense", {}, [1, 2, 3]),      # block l runs its attention l + 1 times: every call mixes the same V_1
 ])
@@ -403,7 +403,7 @@ def test_first_layer_values_reach_every_layer(residual, options, calls, attentio
 def test_value_residual_combines_with_every_residual(residual):
     """Every registered variant builds its attentions through ``BlockArgs.attention()``: with the learned value
     residual, layer 0 records V_1 once per forward and every later layer mixes that V_1 into each of its calls."""
-    options = {"rank": 2, "k": 2} if residual == "laurel" else {}
+    options = {"rank": 2} if residual == "laurel" else {}
     model = perturb(build(residual, options, value_residual="learned"), scale=0.05)
     own, used = _capture_values(model)
     out = model.train()(images())

@@ -123,7 +123,9 @@ class ResidualSite(nn.Module):
 
     @classmethod
     def validate_options(cls, options: dict[str, Any]) -> dict[str, Any]:
-        """Reject options that belong to another variant; return the options with defaults filled in."""
+        """Reject options that belong to another variant, and options given explicitly that the chosen form does
+        not use (``inapplicable_options``: two labels must never be the same model); return the options with
+        defaults filled in."""
         valid = cls.options()
         for key in options:
             if key not in valid:
@@ -132,7 +134,19 @@ class ResidualSite(nn.Module):
                 choices = ", ".join(sorted(valid)) or "none"
                 raise ValueError(f"option '{key}' is not valid for residual '{cls.name}'{where}; "
                                  f"valid options: {choices}")
-        return {n: options.get(n, p.default) for n, p in valid.items()}
+        filled = {n: options.get(n, p.default) for n, p in valid.items()}
+        unused = cls.inapplicable_options(filled)
+        for key in options:
+            if key in unused:
+                raise ValueError(f"option '{key}' does not apply to residual '{cls.name}' with {unused[key]}")
+        return filled
+
+    @classmethod
+    def inapplicable_options(cls, options: dict[str, Any]) -> dict[str, str]:
+        """The options the model built from ``options`` (defaults filled in) would ignore, each with the rest of a
+        one-line error: the setting that makes it unused and where it applies (``"form='rw'; it applies to
+        form lr, rw_lr"``). Default: every option always applies."""
+        return {}
 
     @classmethod
     def check_options(cls, options: dict[str, Any], dim: int, depth: int) -> None:
@@ -167,6 +181,16 @@ def _registry() -> dict[str, type[ResidualSite]]:
     from . import RESIDUALS
 
     return RESIDUALS
+
+
+def unused_by_form(options: dict[str, Any], applies: dict[str, tuple[str, ...]], forms: tuple[str, ...],
+                   key: str = "form") -> dict[str, str]:
+    """``inapplicable_options`` from a table {option: the values of ``key`` (the form) under which it applies};
+    an unknown form is reported first (``check_choice`` against ``forms``)."""
+    form = options[key]
+    check_choice(key, form, forms)
+    return {name: f"{key}={form!r}; it applies to {key} {', '.join(forms)}"
+            for name, forms in applies.items() if form not in forms}
 
 
 def check_choice(name: str, value: Any, choices: tuple) -> None:

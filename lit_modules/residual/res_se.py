@@ -7,9 +7,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from .base import BlockArgs, ResidualSite, check_choice
+from .base import BlockArgs, ResidualSite, check_choice, unused_by_form
 
 FORMS = ("skip_gate", "seed")
+#: the forms under which each option changes the model; given under any other form an option is rejected
+APPLIES = {"gate": ("skip_gate",)}
 
 
 class ResSE(ResidualSite):
@@ -27,6 +29,17 @@ class ResSE(ResidualSite):
       (PyTorch's default Linear init), so ``Δ = s ⊙ x + f`` — the skip is scaled by 1 + s ≈ 1.5 at init.
 
     ``pool="patch_only"`` leaves the class token out of the squeeze. Reduction 16 as in the paper.
+
+    Which options each form uses (✓); ``gate`` given with ``form="seed"`` (whose gate is always the SE layer's σ)
+    is rejected with a one-line ValueError, so two labels are never the same model:
+
+    ========= ========= ====
+    option    skip_gate seed
+    ========= ========= ====
+    gate      ✓
+    reduction ✓         ✓
+    pool      ✓         ✓
+    ========= ========= ====
     """
 
     name = "res_se"
@@ -50,6 +63,10 @@ class ResSE(ResidualSite):
         check_choice("pool", options["pool"], ("all", "patch_only"))
         if not isinstance(options["reduction"], int) or options["reduction"] < 1:
             raise ValueError(f"reduction must be a positive integer, got {options['reduction']!r}")
+
+    @classmethod
+    def inapplicable_options(cls, options: dict[str, Any]) -> dict[str, str]:
+        return unused_by_form(options, APPLIES, FORMS)
 
     def init_weights(self) -> None:
         if self.gate_kind == "two_sigmoid":
