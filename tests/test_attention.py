@@ -173,16 +173,62 @@ def test_re_attention_theta_init_and_per_name_seeding():
     assert torch.equal(build(attention="re_attention").blocks[0].attn.reattn_weights, torch.eye(2))
 
 
+def test_re_attention_official_theta_init():
+    """theta_init='official': the official code's 1×1 Conv2d(H, H) at PyTorch's default init, Kaiming-uniform with
+    a = √5, i.e. Θ ~ U(−1/√H, 1/√H) — the same draws as uniform_(−1/√H, 1/√H) from the same generator state."""
+    ra = ReAttention(8, num_heads=4, theta_init="official")
+    torch.manual_seed(11)
+    ra.init_weights()
+    torch.manual_seed(11)
+    want = torch.empty(4, 4).uniform_(-0.5, 0.5)  # 1/√4 = 0.5 (Kaiming's bound √(1/3)·√(3/4) up to rounding)
+    assert torch.allclose(ra.reattn_weights, want, atol=1e-15, rtol=0) and not torch.equal(want, torch.zeros(4, 4))
+    model = build(attention="re_attention", attention_options={"theta_init": "official"}, depth=2, num_heads=4,
+                  embed_dim=16)
+    thetas = [blk.attn.reattn_weights for blk in model.blocks]
+    assert all(t.abs().max() <= 0.5 and not torch.equal(t, torch.eye(4)) for t in thetas)
+    assert not torch.equal(thetas[0], thetas[1])
+
+
+def test_re_attention_blocks_top_k():
+    """blocks='top:k': only the last k blocks re-attend (DeepViT-S: top 5 of 16; DeepViT-L: top 12 of 32); the
+    others are plain self-attention with the same parameter names, so a top-k model loads the all-blocks
+    checkpoint's shared weights and differs from it only in the lower blocks' attention."""
+    top = build(attention="re_attention", attention_options={"blocks": "top:1"})
+    assert [type(blk.attn) for blk in top.blocks] == [SelfAttention, SelfAttention, ReAttention]
+    assert [k for k in top.state_dict() if "reattn" in k] == [
+        "blocks.2.attn.reattn_weights", "blocks.2.attn.reattn_norm.weight", "blocks.2.attn.reattn_norm.bias",
+        "blocks.2.attn.reattn_norm.running_mean", "blocks.2.attn.reattn_norm.running_var",
+        "blocks.2.attn.reattn_norm.num_batches_tracked"]
+    every = build(attention="re_attention", attention_options={"blocks": "all"})
+    assert all(type(blk.attn) is ReAttention for blk in every.blocks)
+    assert top.attention_options["blocks"] == "top:1" and every.attention_options == build(
+        attention="re_attention").attention_options  # "all" is the default
+    # top:3 at depth 3 is every block: the same model as "all"
+    assert sorted(build(attention="re_attention", attention_options={"blocks": "top:3"}).state_dict()) == sorted(
+        every.state_dict())
+    # with theta = I and no head norm, re-attention is self-attention: top:1 equals the plain model's function
+    plain, top_id = build().eval(), build(attention="re_attention", attention_options={"blocks": "top:1", **NO_NORM})
+    top_id.load_state_dict(plain.state_dict(), strict=False)
+    with torch.no_grad():
+        assert torch.allclose(top_id.eval()(images()), plain(images()), atol=1e-12, rtol=0)
+
+
 @pytest.mark.parametrize(("kw", "words"), [
     ({"attention": "talking_heads"}, "unknown attention 'talking_heads'; valid choices: self, re_attention"),
     ({"attention": "re_attention", "attention_options": {"theta": "eye"}},
-     "option 'theta' is not valid for attention 're_attention'; valid options: head_norm, theta_init"),
+     "option 'theta' is not valid for attention 're_attention'; valid options: blocks, head_norm, theta_init"),
     ({"attention": "self", "attention_options": {"head_norm": "batch"}},
      "option 'head_norm' is not valid for attention 'self'; valid options: none"),
     ({"attention": "re_attention", "attention_options": {"head_norm": "group"}},
      "head_norm='group' is not valid; valid choices: batch, layer, none"),
     ({"attention": "re_attention", "attention_options": {"theta_init": "zeros"}},
-     "theta_init='zeros' is not valid; valid choices: identity, randn"),
+     "theta_init='zeros' is not valid; valid choices: identity, randn, official"),
+    ({"attention": "re_attention", "attention_options": {"blocks": "top:4"}},
+     "blocks='top:4' asks for more blocks than depth=3; valid: 'all' or 'top:k' with 1 <= k <= 3"),
+    ({"attention": "re_attention", "attention_options": {"blocks": "bottom:2"}},
+     "blocks='bottom:2' is not valid; valid: 'all' or 'top:k' (the last k blocks, k >= 1)"),
+    ({"attention": "re_attention", "attention_options": {"blocks": "top:0"}},
+     "blocks='top:0' is not valid; valid: 'all' or 'top:k' (the last k blocks, k >= 1)"),
     ({"attention": "re_attention", "attention_options": {"head_norm": "layer"}, "num_heads": 1},
      "head_norm='layer' normalises over the heads and needs num_heads >= 2"),
     ({"norm_layer": "batchnorm"}, "unknown norm_layer 'batchnorm'; valid choices: layernorm, rmsnorm"),
