@@ -84,6 +84,11 @@ class SelfAttention(Attention):
         block unless a kind chooses its blocks (Re-attention's ``blocks``)."""
         return partial(cls, **options) if options else cls
 
+    def map_tap(self) -> tuple[nn.Module, bool]:
+        """Where the diagnostics read this attention's maps (explicit path): (module, True = its input / False =
+        its output). Self-attention: the output of ``attn_drop``, the post-softmax maps that weight the values."""
+        return self.attn_drop, False
+
 
 class ReAttention(SelfAttention):
     """Re-attention (DeepViT, Zhou et al., arXiv 2103.11886, eq. 4): the heads' attention maps are mixed by a
@@ -143,6 +148,12 @@ class ReAttention(SelfAttention):
     def layer_for(cls, layer: int, depth: int, options: dict[str, Any]) -> Any:
         top = top_blocks(options["blocks"])
         return SelfAttention if top is not None and layer < depth - top else partial(cls, **options)
+
+    def map_tap(self) -> tuple[nn.Module, bool]:
+        """The regenerated maps Θᵀ·softmax **before** the head norm (the input of ``reattn_norm``): the BatchNorm
+        standardises each head's map over batch and tokens, so the cosine similarity of its output's columns across
+        layers is ≈ 0 by construction and says nothing about collapse."""
+        return self.reattn_norm, True
 
     def init_weights(self) -> None:
         """Θ = I, Θ ~ U(−1/√H, 1/√H) (``official``: a 1×1 conv's default init) or Θ ~ N(0, 1) (called by timm's
