@@ -371,14 +371,15 @@ def _captured_maps(monkeypatch, model: VisionTransformer) -> list[torch.Tensor]:
     return captured
 
 
-def test_diagnostics_record_the_regenerated_maps(monkeypatch):
+def test_diagnostics_record_the_regenerated_maps_before_the_head_norm(monkeypatch):
     model = perturb(build(attention="re_attention", attention_options={"theta_init": "randn"}), scale=0.1)
     model.train()(images(8, seed=5))  # non-trivial BatchNorm running statistics
     maps = _captured_maps(monkeypatch, model)
     assert model.training  # restored
     assert len(maps) == 3 and maps[0].shape == (4, 2, 5, 5)
     model.eval()
-    with torch.no_grad():  # block 0's map by hand: the standard tokens, norm1, qkv, softmax, Θ, BatchNorm (eval)
+    with torch.no_grad():  # block 0's map by hand: the standard tokens, norm1, qkv, softmax, Θ — before the
+        # BatchNorm over heads (after it the column similarity is ≈ 0 by construction: ReAttention.map_tap)
         imgs = images()
         x = model.patch_embed(imgs)
         x = torch.cat([model.cls_token.expand(len(imgs), -1, -1), x], dim=1) + model.pos_embed
@@ -386,9 +387,11 @@ def test_diagnostics_record_the_regenerated_maps(monkeypatch):
         u = blk.norm1(x)
         q, k, _ = (u @ blk.attn.qkv.weight.T + blk.attn.qkv.bias).reshape(4, 5, 3, 2, 4).permute(2, 0, 3, 1, 4)
         a = torch.softmax(q @ k.transpose(-1, -2) / 2.0, dim=-1)
-        regenerated = blk.attn.reattn_norm(torch.einsum("bhij,hg->bgij", a, blk.attn.reattn_weights))
+        regenerated = torch.einsum("bhij,hg->bgij", a, blk.attn.reattn_weights)
+        normalised = blk.attn.reattn_norm(regenerated)
     assert torch.allclose(maps[0], regenerated, atol=1e-12, rtol=0)
     assert not torch.allclose(maps[0], a, atol=1e-3)  # not the plain softmax
+    assert not torch.allclose(maps[0], normalised, atol=1e-3)  # nor the maps after the head norm
 
 
 def test_diagnostics_run_on_class_attention_and_skipdense(monkeypatch):
