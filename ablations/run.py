@@ -438,7 +438,8 @@ def _check_residual(config) -> None:
     from lit_modules import RESIDUALS
 
     variant = RESIDUALS[config.residual]
-    options = variant.validate_options(dict(config.residual_options))
+    options = variant.validate_options(dict(config.residual_options),
+                                       backbone={"class_attention_blocks": config.class_attention_blocks})
     variant.check_options(options, dim=config.embed_dim, depth=config.depth)
 
 

@@ -258,6 +258,12 @@ def test_deepnorm_final_norm_injection():
     assert isinstance(build("deepnorm", global_pool="avg").fc_norm, nn.Identity)
     assert isinstance(build("deepnorm", {"final_norm": True}).norm, nn.LayerNorm)
     assert isinstance(build("deepnorm", class_attention_blocks=1).norm, nn.LayerNorm)
+    for value in (True, False):  # so final_norm cannot change that model: given with the head, it is rejected
+        with pytest.raises(ValueError) as err:
+            build("deepnorm", {"final_norm": value}, class_attention_blocks=1)
+        assert str(err.value) == ("option 'final_norm' does not apply to residual 'deepnorm' with "
+                                  "class_attention_blocks=1 (the class-attention head always keeps the final norm); "
+                                  "it applies with class_attention_blocks=0")
     assert isinstance(build("standard").norm, nn.LayerNorm) and isinstance(build("ortho").norm, nn.LayerNorm)
     model = perturb(build("deepnorm"), scale=0.1).eval()
     with torch.no_grad():  # the head reads the last block's post-LN output directly
