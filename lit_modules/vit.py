@@ -128,7 +128,8 @@ class VisionTransformer(nn.Module):
                       drop_path_rate=drop_path_rate, in_chans=in_chans, num_classes=num_classes, norm_eps=norm_eps,
                       class_attention_blocks=class_attention_blocks)
         options = variant.validate_options(dict(residual_options or {}),
-                                           backbone={"class_attention_blocks": class_attention_blocks})
+                                           backbone={"class_attention_blocks": class_attention_blocks,
+                                                     "class_token": class_token})
         variant.check_options(options, dim=embed_dim, depth=depth)
         attn_options = attn_kind.validate_options(dict(attention_options or {}), num_heads=num_heads, depth=depth)
         self.value_state = ValueState()  # the first layer's values of the forward in progress (ResFormer)

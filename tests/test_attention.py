@@ -294,9 +294,12 @@ def test_class_attention_structure_and_init():
     assert len(model.blocks_token_only) == 2
     assert all(isinstance(b, LayerScaleBlockClassAttn) for b in model.blocks_token_only)
     assert model.pos_embed.shape == (1, 4, 8)  # CaiT: positions for the patches only
-    # the self-attention blocks see no prefix token (Res-SE's patch-only pooling then pools every token)
-    res_se = build("res_se", {"pool": "patch_only"}, class_attention_blocks=2)
+    # the self-attention blocks see no prefix token: Res-SE pools every token, and pool='patch_only' (which would
+    # be the same model) is rejected
+    res_se = build("res_se", {}, class_attention_blocks=2)
     assert all(site.skip_tokens == 0 for blk in res_se.blocks for site in blk.sites().values())
+    with pytest.raises(ValueError, match="option 'pool' does not apply to residual 'res_se'"):
+        build("res_se", {"pool": "patch_only"}, class_attention_blocks=2)
     assert build("res_se", {"pool": "patch_only"}).blocks[0].ls1.skip_tokens == 1
     gamma = cait_init_value(3)
     assert all(torch.equal(b.gamma_1, torch.full((8,), gamma)) for b in model.blocks_token_only)

@@ -767,6 +767,21 @@ def test_inapplicable_options_raise(residual, options, message):
     assert str(err.value) == message
 
 
+@pytest.mark.parametrize("backbone, message", [
+    ({"class_attention_blocks": 1}, "option 'pool' does not apply to residual 'res_se' with class_attention_blocks=1 "
+     "(the class token joins after the blocks, so every token pooled is a patch); it applies with a class token in "
+     "the blocks"),
+    ({"class_token": False, "global_pool": "avg"}, "option 'pool' does not apply to residual 'res_se' with "
+     "class_token=False (every token pooled is a patch); it applies with a class token in the blocks"),
+])
+def test_res_se_pool_needs_a_class_token_in_the_blocks(backbone, message):
+    """Without a class token in the blocks, pool='all' and 'patch_only' squeeze the same tokens: the same model."""
+    with pytest.raises(ValueError) as err:
+        build("res_se", {"pool": "patch_only"}, **backbone)
+    assert str(err.value) == message
+    build("res_se", {}, **backbone)  # the default (pool not given) builds
+
+
 @pytest.mark.parametrize("residual, options", [
     ("laurel", {"form": "pa", "pa_h": "lowrank", "rank": 2, "a_init": "col_orth", "k": 2}),
     ("laurel", {"form": "rw_lr_pa", "rank": 2, "k": 2, "rw_norm": "softmax", "alpha_init": 0.2, "beta_init": 0.8}),
