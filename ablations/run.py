@@ -414,7 +414,8 @@ def _validate_points(spec, overrides: dict, check_data: bool = True) -> None:
     seen, datasets = set(), set()
     for params in points:
         config = spec.run_config(params, overrides)
-        key = (config.residual, repr(sorted(config.residual_options.items())), config.depth, config.embed_dim)
+        key = (config.residual, repr(sorted(config.residual_options.items())), config.depth, config.embed_dim,
+               config.class_attention_blocks)
         if key not in seen:
             seen.add(key)
             _check_residual(config)
