@@ -196,8 +196,8 @@ def unused_by_form(options: dict[str, Any], applies: dict[str, tuple[str, ...]],
     an unknown form is reported first (``check_choice`` against ``forms``)."""
     form = options[key]
     check_choice(key, form, forms)
-    return {name: f"{key}={form!r}; it applies to {key} {', '.join(forms)}"
-            for name, forms in applies.items() if form not in forms}
+    return {name: f"{key}={form!r}; it applies to {key} {', '.join(where)}"
+            for name, where in applies.items() if form not in where}
 
 
 def check_choice(name: str, value: Any, choices: tuple) -> None:
