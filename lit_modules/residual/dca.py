@@ -38,9 +38,9 @@ class DCA(ResidualSite, DepthWeights):
     - ``seed``: the seed notes' per-token two-way mix (see ``TokenMix``), not the paper's method.
 
     b = 1 + b' with b' = 0 at init and excluded from weight decay (decay would pull b to 0, not 1), as is w (a
-    vector per output, which the project's rule for variants' vectors leaves undecayed; no source decays it:
-    lucidrains' code trains with plain Adam, no official code was found); w = 0 at init, so the model equals the
-    standard ViT (R-exact). Pitfall: under text_A, ReLU'(0) = 0 leaves w with zero
+    vector per output, which the project's rule for variants' vectors leaves undecayed; no source we could read
+    decays it: lucidrains' code trains with plain Adam, no official code or paper rule was found); w = 0 at init,
+    so the model equals the standard ViT (R-exact). Pitfall: under text_A, ReLU'(0) = 0 leaves w with zero
     gradient forever (GRN-v3 degenerates to v2); fig10_B is R-exact *and* trains w, hence the default;
     ``w_init_std > 0`` is the other fix. ``k`` selects k-DCA (model input + Σ intermediates + last k).
 
