@@ -200,7 +200,7 @@ class VisionTransformer(nn.Module):
 
     def no_weight_decay(self) -> set[str]:
         """Full names of parameters excluded from weight decay: embeddings plus every variant's own scalars,
-        per-channel scales, gate biases and DCA's b (2-D, so timm's ndim rule alone would decay it)."""
+        per-channel scales, gate biases and DCA's b and w (2-D, so timm's ndim rule alone would decay them)."""
         names = {"pos_embed", "cls_token"}
         for prefix, module in self.named_modules():
             if module is not self and hasattr(module, "no_weight_decay"):
