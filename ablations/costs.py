@@ -35,8 +35,8 @@ EXTRA_FORMS: tuple[tuple[str, str, dict], ...] = (
     ("dca seed (per-token mix)", "dca", {"form": "seed"}),
     ("denseformer 2x2 (dilation 2, period 2)", "denseformer", {"dilation": 2, "period": 2}),
     ("attn_res num_blocks=4 (Block AttnRes)", "attn_res", {"num_blocks": 4}),  # divides 2·depth at even depths
-    ("hyper_connections static (SHC, n=4)", "hyper_connections", {"dynamic": False}),
-    ("hyper_connections n=2 (DHC)", "hyper_connections", {"n": 2}),
+    ("hyper_connections static (SHC, n=4)", "hyper_connections", {"dynamic": False, "n": 4}),
+    ("hyper_connections n=4 (DHC, the paper's LM rate)", "hyper_connections", {"n": 4}),  # the default is n = 2
     ("mhc n=2", "mhc", {"n": 2}),
 )
 

@@ -539,7 +539,8 @@ def _validate_points(spec, overrides: dict, check_data: bool = True) -> None:
     seen, datasets = set(), set()
     for params in points:
         config = spec.run_config(params, overrides)
-        key = (config.residual, repr(sorted(config.residual_options.items())), config.depth, config.embed_dim)
+        key = (config.residual, repr(sorted(config.residual_options.items())), config.depth, config.embed_dim,
+               config.class_attention_blocks)
         if key not in seen:
             seen.add(key)
             _check_residual(config)
@@ -563,7 +564,8 @@ def _check_residual(config) -> None:
     from lit_modules import RESIDUALS
 
     variant = RESIDUALS[config.residual]
-    options = variant.validate_options(dict(config.residual_options))
+    options = variant.validate_options(dict(config.residual_options),
+                                       backbone={"class_attention_blocks": config.class_attention_blocks})
     variant.check_options(options, dim=config.embed_dim, depth=config.depth)
 
 

@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n"
                "  python -m ablations.train --residual layerscale --depth 12 --init-value auto --dataset digits\n"
-               "  python -m ablations.train --residual laurel --residual-option form=rw --residual-option rank=8\n"
+               "  python -m ablations.train --residual laurel --residual-option form=rw_lr --residual-option rank=8\n"
                "  python -m ablations.train --dataset cifar10 --data-dir ~/data --embed-dim 192 --num-heads 3",
     )
     groups = {g: parser.add_argument_group(f"{g} options") for g in GROUPS}

@@ -9,6 +9,9 @@ the values are mixed with through ``attn_drop`` — where the diagnostics' forwa
 from __future__ import annotations
 
 import inspect
+import math
+import re
+from functools import partial
 from typing import Any, ClassVar
 
 import torch
@@ -19,7 +22,7 @@ from torch import nn
 from .names import ATTENTION_CLASSES
 from .value_residual import NoValueResidual
 
-THETA_INITS = ("identity", "randn")
+THETA_INITS = ("identity", "randn", "official")
 HEAD_NORMS = ("batch", "layer", "none")
 
 
@@ -65,14 +68,26 @@ class SelfAttention(Attention):
         return {n: p for n, p in params.items() if p.kind is p.KEYWORD_ONLY}
 
     @classmethod
-    def validate_options(cls, options: dict[str, Any], num_heads: int) -> dict[str, Any]:
-        """One-line ValueErrors for unknown options or values; the options with defaults filled in."""
+    def validate_options(cls, options: dict[str, Any], num_heads: int, depth: int | None = None) -> dict[str, Any]:
+        """One-line ValueErrors for unknown options or values; the options with defaults filled in. ``depth``: the
+        number of self-attention blocks, for options that choose blocks (checked when given)."""
         valid = cls.options()
         for key in options:
             if key not in valid:
                 raise ValueError(f"option '{key}' is not valid for attention '{cls.name}'; "
                                  f"valid options: {', '.join(sorted(valid)) or 'none'}")
         return {n: options.get(n, p.default) for n, p in valid.items()}
+
+    @classmethod
+    def layer_for(cls, layer: int, depth: int, options: dict[str, Any]) -> Any:
+        """The attention class (with its options bound) that block ``layer`` of ``depth`` uses: this kind in every
+        block unless a kind chooses its blocks (Re-attention's ``blocks``)."""
+        return partial(cls, **options) if options else cls
+
+    def map_tap(self) -> tuple[nn.Module, bool]:
+        """Where the diagnostics read this attention's maps (explicit path): (module, True = its input / False =
+        its output). Self-attention: the output of ``attn_drop``, the post-softmax maps that weight the values."""
+        return self.attn_drop, False
 
 
 class ReAttention(SelfAttention):
@@ -86,8 +101,16 @@ class ReAttention(SelfAttention):
     ``head_norm``: ``"batch"`` (the paper: BatchNorm over the head dimension, statistics over batch and both
     token axes, running averages in eval mode; default), ``"layer"`` (lucidrains/vit-pytorch: LayerNorm over the
     H heads of each (query, key) entry; needs H ≥ 2) or ``"none"``. ``theta_init``: ``"identity"`` (default; with
-    ``head_norm="none"`` the layer equals self-attention at init) or ``"randn"`` (lucidrains draws Θ from a
-    standard normal). The paper's own Θ init was not determined from the sources at hand.
+    ``head_norm="none"`` the layer equals self-attention at init; the paper states no init), ``"official"`` (the
+    official code, zhoudaquan/dvit_repo ``models/layers.py``: Θ is a 1×1 ``nn.Conv2d(H, H)`` left at PyTorch's
+    default init, which its ``_init_weights`` (Linear and LayerNorm only) never touches — Kaiming-uniform with
+    a = √5, i.e. Θ ~ U(−1/√H, 1/√H); the conv's bias, also U(−1/√H, 1/√H), is not kept: the BatchNorm over heads
+    removes any per-head constant) or ``"randn"`` (lucidrains draws Θ from a standard normal).
+
+    ``blocks``: which self-attention blocks use Re-attention, the others keeping plain self-attention:
+    ``"all"`` (default: the paper's depth study, the official ``deepvit_patch16_224_re_attn_{16,24,32}b``) or
+    ``"top:k"``, the last k blocks (the official DeepViT-S applies it to the top 5 of 16 blocks, ``"top:5"``, and
+    DeepViT-L to the top 12 of 32, ``"top:12"``).
 
     The regenerated maps go through ``attn_drop`` (what the diagnostics record) and the maps are always computed
     explicitly (Θ must mix them): ``fused_attn`` has no effect here.
@@ -98,7 +121,7 @@ class ReAttention(SelfAttention):
 
     def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, qk_norm: bool = False,
                  attn_drop: float = 0.0, proj_drop: float = 0.0, norm_layer: Any = None, *,
-                 theta_init: str = "identity", head_norm: str = "batch") -> None:
+                 theta_init: str = "identity", head_norm: str = "batch", blocks: str = "all") -> None:
         super().__init__(dim, num_heads=num_heads, qkv_bias=qkv_bias, qk_norm=qk_norm, attn_drop=attn_drop,
                          proj_drop=proj_drop, norm_layer=norm_layer)
         self.theta_init = theta_init
@@ -107,21 +130,39 @@ class ReAttention(SelfAttention):
         self.init_weights()
 
     @classmethod
-    def validate_options(cls, options: dict[str, Any], num_heads: int) -> dict[str, Any]:
-        options = super().validate_options(options, num_heads)
+    def validate_options(cls, options: dict[str, Any], num_heads: int, depth: int | None = None) -> dict[str, Any]:
+        options = super().validate_options(options, num_heads, depth)
         for key, choices in (("theta_init", THETA_INITS), ("head_norm", HEAD_NORMS)):
             if options[key] not in choices:
                 raise ValueError(f"{key}={options[key]!r} is not valid; valid choices: {', '.join(choices)}")
         if options["head_norm"] == "layer" and num_heads < 2:
             raise ValueError("head_norm='layer' normalises over the heads and needs num_heads >= 2 "
                              f"(got {num_heads}); use head_norm='batch' or 'none'")
+        top = top_blocks(options["blocks"])
+        if depth is not None and top is not None and top > depth:
+            raise ValueError(f"blocks={options['blocks']!r} asks for more blocks than depth={depth}; valid: 'all' "
+                             f"or 'top:k' with 1 <= k <= {depth}")
         return options
 
+    @classmethod
+    def layer_for(cls, layer: int, depth: int, options: dict[str, Any]) -> Any:
+        top = top_blocks(options["blocks"])
+        return SelfAttention if top is not None and layer < depth - top else partial(cls, **options)
+
+    def map_tap(self) -> tuple[nn.Module, bool]:
+        """The regenerated maps Θᵀ·softmax **before** the head norm (the input of ``reattn_norm``): the BatchNorm
+        standardises each head's map over batch and tokens, so the cosine similarity of its output's columns across
+        layers is ≈ 0 by construction and says nothing about collapse."""
+        return self.reattn_norm, True
+
     def init_weights(self) -> None:
-        """Θ = I or Θ ~ N(0, 1) (called by timm's init under this module's seeded generator)."""
+        """Θ = I, Θ ~ U(−1/√H, 1/√H) (``official``: a 1×1 conv's default init) or Θ ~ N(0, 1) (called by timm's
+        init under this module's seeded generator)."""
         with torch.no_grad():
             if self.theta_init == "identity":
                 self.reattn_weights.copy_(torch.eye(self.num_heads))
+            elif self.theta_init == "official":  # Conv2d.reset_parameters: fan_in = H·1·1, bound 1/√H
+                nn.init.kaiming_uniform_(self.reattn_weights, a=math.sqrt(5))
             else:
                 self.reattn_weights.normal_()
 
@@ -129,6 +170,16 @@ class ReAttention(SelfAttention):
         attn = (q * self.scale @ k.transpose(-2, -1)).softmax(dim=-1)
         attn = torch.einsum("bhij,hg->bgij", attn, self.reattn_weights)
         return self.attn_drop(self.reattn_norm(attn)) @ v
+
+
+def top_blocks(blocks: Any) -> int | None:
+    """k of Re-attention's ``blocks="top:k"``, None for ``"all"``; one-line ValueError otherwise."""
+    if blocks == "all":
+        return None
+    match = re.fullmatch(r"top:([0-9]+)", blocks) if isinstance(blocks, str) else None
+    if match is None or int(match.group(1)) < 1:
+        raise ValueError(f"blocks={blocks!r} is not valid; valid: 'all' or 'top:k' (the last k blocks, k >= 1)")
+    return int(match.group(1))
 
 
 class HeadLayerNorm(nn.LayerNorm):

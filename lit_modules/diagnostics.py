@@ -6,7 +6,9 @@ Project definitions (written to TensorBoard as ``diag/definitions`` at fit start
 - Attention maps ``A^l[b, h, i, t]`` (post-softmax; rows i = output/query tokens, columns t = input/key tokens)
   come from one eval-mode, no-grad, fp32 forward on a fixed batch with timm's explicit-softmax path: the maps that
   weight the values, read at ``attn.attn_drop`` of each self-attention block (Re-attention: the regenerated maps
-  Norm(Θᵀ·softmax); SkipDense: the map of the block's own input; class-attention blocks are not included).
+  Θᵀ·softmax **before** the norm over heads, ``ReAttention.map_tap`` — after the BatchNorm every head's map is
+  standardised over batch and tokens, which makes the column similarity ≈ 0 by construction; SkipDense: the map
+  of the block's own input; class-attention blocks are not included).
 - ``M^{p,q}[b, h, t]`` = cosine similarity of **column** t of layer p and of layer q (heads matched by index).
   ``sim_full[p, q] = mean_{b,h,t} M^{p,q}``, ``sim_adj[l] = sim_full[l, l+1]``,
   ``sim_ratio[l] = mean_{b,h,t} 1[M^{l,l+1} > τ]`` with the **project default τ = 0.9** (DeepViT-style; the
@@ -135,7 +137,8 @@ DEFINITIONS = f"""\
 
 - `attn_sim_*`: cosine similarity M of attention **columns** (input token t's contribution to every output token)
   between layers, heads matched by index; `attn_sim_adj/l` = mean M between blocks l and l+1;
-  `attn_sim_ratio/l` = share of (b, h, t) with M > τ; `attn_sim_full` = L×L matrix of mean M.
+  `attn_sim_ratio/l` = share of (b, h, t) with M > τ; `attn_sim_full` = L×L matrix of mean M. Re-attention:
+  the maps Θᵀ·softmax before the norm over heads (after a BatchNorm, M is ≈ 0 by construction).
 - `attn_entropy/l` = mean over rows of −Σ A log A / log T (1 = uniform, 0 = one-hot).
 - `attn_sim_k/l` = mean M between block l and each of the K = {{k}} following blocks; `attn_sim_k_ratio/l` = share
   of those (b, h, t, q) with M > τ (K is the project's choice; the paper's K was not retrieved).
@@ -343,9 +346,9 @@ def collect_diagnostics(model: nn.Module, images: Tensor, tau: float = DEFAULT_T
                 param_stats[layer, sublayer] = params
         return hook
 
-    def attn_hook(layer: int):
+    def attn_hook(layer: int, read_input: bool):
         def hook(module: nn.Module, args: tuple, output: Tensor) -> None:
-            maps[layer].append(output.detach())
+            maps[layer].append((args[0] if read_input else output).detach())
         return hook
 
     def out_hook(module: nn.Module, args: tuple, output: Tensor) -> None:
@@ -362,8 +365,9 @@ def collect_diagnostics(model: nn.Module, images: Tensor, tau: float = DEFAULT_T
         model.set_fused_attn(False)
         for layer, sublayer, site in sites:
             handles.append(site.register_forward_hook(site_hook(layer, sublayer, site)))
-        for layer, attn in enumerate(attentions):
-            handles.append(attn.attn_drop.register_forward_hook(attn_hook(layer)))
+        for layer, attn in enumerate(attentions):  # the attention kind says where its maps are (``map_tap``)
+            tap, read_input = attn.map_tap() if hasattr(attn, "map_tap") else (attn.attn_drop, False)
+            handles.append(tap.register_forward_hook(attn_hook(layer, read_input)))
         final_grn = getattr(getattr(model, "stream", None), "out", None)
         if isinstance(final_grn, ResidualSite):
             handles.append(final_grn.register_forward_hook(out_hook))
@@ -388,7 +392,7 @@ def collect_diagnostics(model: nn.Module, images: Tensor, tau: float = DEFAULT_T
     if missing:
         raise RuntimeError(f"attention maps of blocks {missing} were captured {[len(maps[i]) for i in missing]} "
                            f"times instead of {[calls[i] for i in missing]}: does the attention route through "
-                           f"attn.attn_drop?")
+                           f"its map_tap (attn.attn_drop)?")
     sim = attention_similarity([m[0] for m in maps], tau=tau, k=k)
 
     sublayers = list(dict.fromkeys(s for _, s, _ in sites))

@@ -127,9 +127,11 @@ class VisionTransformer(nn.Module):
                       num_heads=num_heads, global_pool=global_pool, class_token=class_token,
                       drop_path_rate=drop_path_rate, in_chans=in_chans, num_classes=num_classes, norm_eps=norm_eps,
                       class_attention_blocks=class_attention_blocks)
-        options = variant.validate_options(dict(residual_options or {}))
+        options = variant.validate_options(dict(residual_options or {}),
+                                           backbone={"class_attention_blocks": class_attention_blocks,
+                                                     "class_token": class_token})
         variant.check_options(options, dim=embed_dim, depth=depth)
-        attn_options = attn_kind.validate_options(dict(attention_options or {}), num_heads=num_heads)
+        attn_options = attn_kind.validate_options(dict(attention_options or {}), num_heads=num_heads, depth=depth)
         self.value_state = ValueState()  # the first layer's values of the forward in progress (ResFormer)
         values = value_residual_factory(value_residual, self.value_state)  # ValueError naming the valid choices
         self.residual = residual
@@ -144,7 +146,6 @@ class VisionTransformer(nn.Module):
         block_prefix_tokens = 0 if class_attention_blocks else self.num_prefix_tokens
         self.embed_dim = self.num_features = embed_dim
         norm_layer = partial(norm_cls, eps=norm_eps)
-        attn_layer = partial(attn_kind, **attn_options) if attn_options else attn_kind
 
         self.patch_embed = PatchEmbed(img_size=img_size, patch_size=patch_size, in_chans=in_chans,
                                       embed_dim=embed_dim)
@@ -157,7 +158,7 @@ class VisionTransformer(nn.Module):
             BlockArgs(dim=embed_dim, num_heads=num_heads, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, qk_norm=qk_norm,
                       proj_drop=proj_drop_rate, attn_drop=attn_drop_rate, drop_path=dpr[i], norm_layer=norm_layer,
                       act_layer=nn.GELU, layer=i, depth=depth, num_prefix_tokens=block_prefix_tokens,
-                      attn_layer=attn_layer, value_residual=values)
+                      attn_layer=attn_kind.layer_for(i, depth, attn_options), value_residual=values)
             for i in range(depth)
         ]
         self.blocks = nn.ModuleList(variant.build_block(a, **options) for a in block_args)
@@ -199,7 +200,7 @@ class VisionTransformer(nn.Module):
 
     def no_weight_decay(self) -> set[str]:
         """Full names of parameters excluded from weight decay: embeddings plus every variant's own scalars,
-        per-channel scales, gate biases and DCA's b (2-D, so timm's ndim rule alone would decay it)."""
+        per-channel scales, gate biases and DCA's b and w (2-D, so timm's ndim rule alone would decay them)."""
         names = {"pos_embed", "cls_token"}
         for prefix, module in self.named_modules():
             if module is not self and hasattr(module, "no_weight_decay"):

@@ -23,6 +23,20 @@ def _float64_one_thread():
     torch.set_num_threads(threads)
 
 
+def tiny_laurel(options: dict) -> dict:
+    """LAuReL ``options`` for TINY's width 8 (the default rank 16 exceeds it): rank 2 and k 2 added where the form
+    uses them (an option the form ignores is rejected, ``LAuReL.inapplicable_options``); given keys are kept."""
+    from lit_modules.residual import LAuReL
+
+    merged = {"rank": 2, "k": 2} | options
+    filled = {n: merged.get(n, p.default) for n, p in LAuReL.options().items()}
+    unused = LAuReL.inapplicable_options(filled)
+    return {k: v for k, v in merged.items() if k in options or k not in unused}
+
+
+LAUREL = tiny_laurel({})  # the default form (rw_lr) at TINY's width: {"rank": 2}
+
+
 def build(residual: str = "standard", options: dict | None = None, seed: int = 0, **kw) -> VisionTransformer:
     torch.manual_seed(seed)
     return VisionTransformer(residual, options, **(TINY | kw))

@@ -11,7 +11,7 @@ import math
 
 import pytest
 import torch
-from backbone import TINY, _float64_one_thread, build, perturb  # noqa: F401 (autouse fixture)
+from backbone import LAUREL, TINY, _float64_one_thread, build, perturb  # noqa: F401 (autouse fixture)
 from timm.layers import Attention, LayerNorm, RmsNorm
 from timm.models.cait import ClassAttn, LayerScaleBlockClassAttn
 from torch import nn
@@ -21,7 +21,6 @@ from lit_modules import RESIDUALS, VisionTransformer
 from lit_modules.attention import ATTENTIONS, ReAttention, SelfAttention
 from lit_modules.residual import cait_init_value
 
-LAUREL = {"rank": 2, "k": 2}  # embed_dim 8: the default rank 16 is larger than the width
 NO_NORM = {"head_norm": "none"}
 
 
@@ -174,16 +173,62 @@ def test_re_attention_theta_init_and_per_name_seeding():
     assert torch.equal(build(attention="re_attention").blocks[0].attn.reattn_weights, torch.eye(2))
 
 
+def test_re_attention_official_theta_init():
+    """theta_init='official': the official code's 1×1 Conv2d(H, H) at PyTorch's default init, Kaiming-uniform with
+    a = √5, i.e. Θ ~ U(−1/√H, 1/√H) — the same draws as uniform_(−1/√H, 1/√H) from the same generator state."""
+    ra = ReAttention(8, num_heads=4, theta_init="official")
+    torch.manual_seed(11)
+    ra.init_weights()
+    torch.manual_seed(11)
+    want = torch.empty(4, 4).uniform_(-0.5, 0.5)  # 1/√4 = 0.5 (Kaiming's bound √(1/3)·√(3/4) up to rounding)
+    assert torch.allclose(ra.reattn_weights, want, atol=1e-15, rtol=0) and not torch.equal(want, torch.zeros(4, 4))
+    model = build(attention="re_attention", attention_options={"theta_init": "official"}, depth=2, num_heads=4,
+                  embed_dim=16)
+    thetas = [blk.attn.reattn_weights for blk in model.blocks]
+    assert all(t.abs().max() <= 0.5 and not torch.equal(t, torch.eye(4)) for t in thetas)
+    assert not torch.equal(thetas[0], thetas[1])
+
+
+def test_re_attention_blocks_top_k():
+    """blocks='top:k': only the last k blocks re-attend (DeepViT-S: top 5 of 16; DeepViT-L: top 12 of 32); the
+    others are plain self-attention with the same parameter names, so a top-k model loads the all-blocks
+    checkpoint's shared weights and differs from it only in the lower blocks' attention."""
+    top = build(attention="re_attention", attention_options={"blocks": "top:1"})
+    assert [type(blk.attn) for blk in top.blocks] == [SelfAttention, SelfAttention, ReAttention]
+    assert [k for k in top.state_dict() if "reattn" in k] == [
+        "blocks.2.attn.reattn_weights", "blocks.2.attn.reattn_norm.weight", "blocks.2.attn.reattn_norm.bias",
+        "blocks.2.attn.reattn_norm.running_mean", "blocks.2.attn.reattn_norm.running_var",
+        "blocks.2.attn.reattn_norm.num_batches_tracked"]
+    every = build(attention="re_attention", attention_options={"blocks": "all"})
+    assert all(type(blk.attn) is ReAttention for blk in every.blocks)
+    assert top.attention_options["blocks"] == "top:1" and every.attention_options == build(
+        attention="re_attention").attention_options  # "all" is the default
+    # top:3 at depth 3 is every block: the same model as "all"
+    assert sorted(build(attention="re_attention", attention_options={"blocks": "top:3"}).state_dict()) == sorted(
+        every.state_dict())
+    # with theta = I and no head norm, re-attention is self-attention: top:1 equals the plain model's function
+    plain, top_id = build().eval(), build(attention="re_attention", attention_options={"blocks": "top:1", **NO_NORM})
+    top_id.load_state_dict(plain.state_dict(), strict=False)
+    with torch.no_grad():
+        assert torch.allclose(top_id.eval()(images()), plain(images()), atol=1e-12, rtol=0)
+
+
 @pytest.mark.parametrize(("kw", "words"), [
     ({"attention": "talking_heads"}, "unknown attention 'talking_heads'; valid choices: self, re_attention"),
     ({"attention": "re_attention", "attention_options": {"theta": "eye"}},
-     "option 'theta' is not valid for attention 're_attention'; valid options: head_norm, theta_init"),
+     "option 'theta' is not valid for attention 're_attention'; valid options: blocks, head_norm, theta_init"),
     ({"attention": "self", "attention_options": {"head_norm": "batch"}},
      "option 'head_norm' is not valid for attention 'self'; valid options: none"),
     ({"attention": "re_attention", "attention_options": {"head_norm": "group"}},
      "head_norm='group' is not valid; valid choices: batch, layer, none"),
     ({"attention": "re_attention", "attention_options": {"theta_init": "zeros"}},
-     "theta_init='zeros' is not valid; valid choices: identity, randn"),
+     "theta_init='zeros' is not valid; valid choices: identity, randn, official"),
+    ({"attention": "re_attention", "attention_options": {"blocks": "top:4"}},
+     "blocks='top:4' asks for more blocks than depth=3; valid: 'all' or 'top:k' with 1 <= k <= 3"),
+    ({"attention": "re_attention", "attention_options": {"blocks": "bottom:2"}},
+     "blocks='bottom:2' is not valid; valid: 'all' or 'top:k' (the last k blocks, k >= 1)"),
+    ({"attention": "re_attention", "attention_options": {"blocks": "top:0"}},
+     "blocks='top:0' is not valid; valid: 'all' or 'top:k' (the last k blocks, k >= 1)"),
     ({"attention": "re_attention", "attention_options": {"head_norm": "layer"}, "num_heads": 1},
      "head_norm='layer' normalises over the heads and needs num_heads >= 2"),
     ({"norm_layer": "batchnorm"}, "unknown norm_layer 'batchnorm'; valid choices: layernorm, rmsnorm"),
@@ -249,9 +294,12 @@ def test_class_attention_structure_and_init():
     assert len(model.blocks_token_only) == 2
     assert all(isinstance(b, LayerScaleBlockClassAttn) for b in model.blocks_token_only)
     assert model.pos_embed.shape == (1, 4, 8)  # CaiT: positions for the patches only
-    # the self-attention blocks see no prefix token (Res-SE's patch-only pooling then pools every token)
-    res_se = build("res_se", {"pool": "patch_only"}, class_attention_blocks=2)
+    # the self-attention blocks see no prefix token: Res-SE pools every token, and pool='patch_only' (which would
+    # be the same model) is rejected
+    res_se = build("res_se", {}, class_attention_blocks=2)
     assert all(site.skip_tokens == 0 for blk in res_se.blocks for site in blk.sites().values())
+    with pytest.raises(ValueError, match="option 'pool' does not apply to residual 'res_se'"):
+        build("res_se", {"pool": "patch_only"}, class_attention_blocks=2)
     assert build("res_se", {"pool": "patch_only"}).blocks[0].ls1.skip_tokens == 1
     gamma = cait_init_value(3)
     assert all(torch.equal(b.gamma_1, torch.full((8,), gamma)) for b in model.blocks_token_only)
@@ -326,14 +374,15 @@ def _captured_maps(monkeypatch, model: VisionTransformer) -> list[torch.Tensor]:
     return captured
 
 
-def test_diagnostics_record_the_regenerated_maps(monkeypatch):
+def test_diagnostics_record_the_regenerated_maps_before_the_head_norm(monkeypatch):
     model = perturb(build(attention="re_attention", attention_options={"theta_init": "randn"}), scale=0.1)
     model.train()(images(8, seed=5))  # non-trivial BatchNorm running statistics
     maps = _captured_maps(monkeypatch, model)
     assert model.training  # restored
     assert len(maps) == 3 and maps[0].shape == (4, 2, 5, 5)
     model.eval()
-    with torch.no_grad():  # block 0's map by hand: the standard tokens, norm1, qkv, softmax, Θ, BatchNorm (eval)
+    with torch.no_grad():  # block 0's map by hand: the standard tokens, norm1, qkv, softmax, Θ — before the
+        # BatchNorm over heads (after it the column similarity is ≈ 0 by construction: ReAttention.map_tap)
         imgs = images()
         x = model.patch_embed(imgs)
         x = torch.cat([model.cls_token.expand(len(imgs), -1, -1), x], dim=1) + model.pos_embed
@@ -341,9 +390,11 @@ def test_diagnostics_record_the_regenerated_maps(monkeypatch):
         u = blk.norm1(x)
         q, k, _ = (u @ blk.attn.qkv.weight.T + blk.attn.qkv.bias).reshape(4, 5, 3, 2, 4).permute(2, 0, 3, 1, 4)
         a = torch.softmax(q @ k.transpose(-1, -2) / 2.0, dim=-1)
-        regenerated = blk.attn.reattn_norm(torch.einsum("bhij,hg->bgij", a, blk.attn.reattn_weights))
+        regenerated = torch.einsum("bhij,hg->bgij", a, blk.attn.reattn_weights)
+        normalised = blk.attn.reattn_norm(regenerated)
     assert torch.allclose(maps[0], regenerated, atol=1e-12, rtol=0)
     assert not torch.allclose(maps[0], a, atol=1e-3)  # not the plain softmax
+    assert not torch.allclose(maps[0], normalised, atol=1e-3)  # nor the maps after the head norm
 
 
 def test_diagnostics_run_on_class_attention_and_skipdense(monkeypatch):

@@ -168,8 +168,8 @@ def test_cli_options_map_to_config():
     assert parse("--residual", "layerscale", "--init-value", "None").residual_options == {"init_value": None}
     assert parse("--residual", "rezero", "--init-value", "0.1").residual_options == {"init_value": 0.1}
     assert parse("--residual", "highway", "--init-value", "-2").residual_options == {"gate_bias": -2}
-    c = parse("--residual", "laurel", "--residual-option", "form=rw", "--residual-option", "rank=8")
-    assert c.residual_options == {"form": "rw", "rank": 8}
+    c = parse("--residual", "laurel", "--residual-option", "form=lr", "--residual-option", "rank=8")
+    assert c.residual_options == {"form": "lr", "rank": 8}
     c = parse("--attention", "re_attention", "--attention-option", "head_norm=layer", "--class-attention-blocks", "2",
               "--norm-layer", "rmsnorm", "--norm-eps", "1e-5")
     assert (c.attention, c.attention_options, c.class_attention_blocks) == ("re_attention", {"head_norm": "layer"}, 2)

@@ -338,8 +338,10 @@ def test_weight_decay_groups(residual, options, no_decay, decay):
     ("denseformer", {"period": "2"}, ["period='2'", "1..3"]),
     ("denseformer", {"period": True}, ["period=True"]),
     ("denseformer", {"k": 2}, ["'k'", "belongs to dca", "dilation, period"]),
-    ("attn_res", {"num_blocks": 4}, ["num_blocks=4", "6 layers", "valid choices: None (full AttnRes), 1, 2, 3, 6"]),
-    ("attn_res", {"num_blocks": 0}, ["num_blocks=0", "1, 2, 3, 6"]),
+    ("attn_res", {"num_blocks": 4}, ["num_blocks=4", "6 layers", "valid choices: None (full AttnRes), 1, 2, 3"]),
+    ("attn_res", {"num_blocks": 0}, ["num_blocks=0", "1, 2, 3"]),
+    ("attn_res", {"num_blocks": 6}, ["num_blocks=6 (one layer per block) is full AttnRes at depth 3: give "
+                                     "num_blocks=None; Block AttnRes: 1, 2, 3"]),
     ("attn_res", {"num_blocks": 2.0}, ["num_blocks=2.0"]),
     ("attn_res", {"dilation": 2}, ["'dilation'", "belongs to denseformer", "valid options: num_blocks"]),
 ])

@@ -175,6 +175,37 @@ def test_similar_blocks_scalars_logged_for_two_or_more_blocks():
 
 
 # --- branch/stream ratio -----------------------------------------------------------------------------------------------
+def test_re_attention_similarity_is_measured_before_the_head_norm():
+    """After Re-attention's BatchNorm over heads every head's map is standardised over batch and tokens, so the
+    column similarity of the normalised maps is ≈ 0 by construction; the diagnostics read the maps Θᵀ·softmax
+    before the norm (``ReAttention.map_tap``), whose similarity is that of the regenerated maps (≈ 1 here: nearly
+    uniform attention at init, Θ = I)."""
+    torch.manual_seed(0)
+    model = VisionTransformer("standard", attention="re_attention", img_size=16, patch_size=4, in_chans=3,
+                              num_classes=3, embed_dim=32, depth=4, num_heads=4)
+    images = torch.randn(8, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    norms = [blk.attn.reattn_norm for blk in model.blocks]
+    for bn in norms:  # running statistics = this batch's (cumulative average over one batch): a trained BatchNorm
+        bn.momentum = None
+        bn.reset_running_stats()
+    model.train()
+    model.set_fused_attn(False)
+    with torch.no_grad():
+        model(images)
+    model.eval()
+    normed = []
+    handles = [blk.attn.attn_drop.register_forward_hook(lambda m, a, out: normed.append(out)) for blk in model.blocks]
+    with torch.no_grad():
+        model(images)
+    for h in handles:
+        h.remove()
+    old = attention_similarity(normed)["sim_adj"]  # the former measure: on the normalised maps
+    assert old.abs().max() < 0.05
+    new = collect_diagnostics(model, images)["attn_sim_adj"]
+    assert new.min() > 0.99
+    assert all(bn.running_mean.abs().sum() > 0 for bn in norms)  # the statistics were kept, not reset
+
+
 def test_branch_ratio_and_stream_rms_hand_computed():
     x = torch.tensor([[[3.0, 4.0], [0.0, 1.0]]])  # token norms 5, 1
     delta = torch.tensor([[[0.0, 0.5], [2.0, 0.0]]])  # token norms 0.5, 2

@@ -87,7 +87,7 @@ def test_n1_static_is_exactly_standard_with_the_default_eps():
         model.load_state_dict(std.state_dict(), strict=False)
         with torch.no_grad():
             assert (model(images()) - std(images())).abs().max().item() < 1e-14
-    # n = 4 with the default ε: n× the stream reaches the final norm, a relative change of order ε/Var(x)
+    # n = 2 (the default) with the default ε: n× the stream reaches the final norm, a change of order ε/Var(x)
     model = build("hyper_connections", seed=1).eval()
     model.load_state_dict(std.state_dict(), strict=False)
     with torch.no_grad():
@@ -95,17 +95,19 @@ def test_n1_static_is_exactly_standard_with_the_default_eps():
 
 
 def test_default_options_and_init():
-    hc = build("hyper_connections")
-    assert hc.residual_options == {"n": 4, "dynamic": True}
+    hc = build("hyper_connections")  # n = 2: the paper's ViT rate (Appendix E.2); 4 is its language-model rate
+    assert hc.residual_options == {"n": 2, "dynamic": True}
     site = hc.blocks[1].ls2  # layer k = 2·1 + 1 = 3
-    assert site.index == 3 and site.a_m[:, 0].tolist() == [0.0, 0.0, 0.0, 1.0]
-    assert [s.a_m.argmax().item() for blk in hc.blocks for s in (blk.ls1, blk.ls2)] == [0, 1, 2, 3, 0, 1]
-    assert torch.equal(site.a_r, torch.eye(4)) and site.b.tolist() == [[1.0] * 4]
+    assert site.index == 3 and site.a_m[:, 0].tolist() == [0.0, 1.0]
+    assert [s.a_m.argmax().item() for blk in hc.blocks for s in (blk.ls1, blk.ls2)] == [0, 1, 0, 1, 0, 1]
+    assert torch.equal(site.a_r, torch.eye(2)) and site.b.tolist() == [[1.0] * 2]
     assert site.s_alpha.item() == site.s_beta.item() == 0.01
     assert all(torch.equal(w, torch.zeros_like(w)) for w in (site.w_m, site.w_r, site.w_b))
-    assert (site.w_m.shape, site.w_r.shape, site.w_b.shape) == ((8, 1), (8, 4), (8, 1))  # the paper's W shapes
+    assert (site.w_m.shape, site.w_r.shape, site.w_b.shape) == ((8, 1), (8, 2), (8, 1))  # the paper's W shapes
+    lm = build("hyper_connections", {"n": 4}).blocks[1].ls2  # the language-model rate, by name
+    assert lm.a_m[:, 0].tolist() == [0.0, 0.0, 0.0, 1.0] and torch.equal(lm.a_r, torch.eye(4))
     mhc = build("mhc")
-    assert mhc.residual_options == {"n": 4, "sinkhorn_iters": 20, "alpha_init": 0.01, "res_init": "paper"}
+    assert mhc.residual_options == {"n": 4, "sinkhorn_iters": 20, "alpha_init": 0.01, "res_init": "paddlefleet_pr1849"}
     site = mhc.blocks[0].ls2
     assert site.b_pre.tolist() == [[-3.0, 3.0, -3.0, -3.0]] and site.b_post.tolist() == [[0.0] * 4]
     assert torch.equal(site.b_res, 6 * torch.eye(4) - 3)
@@ -293,7 +295,7 @@ def test_h_res_is_doubly_stochastic_for_random_parameters_and_inputs():
 
 
 def test_sinkhorn_converges_slowly_near_a_permutation():
-    """Pitfall (docs): H_res near the identity (res_init='paper' once its logits move) converges slowly; after
+    """Pitfall (docs): H_res near the identity (res_init='paddlefleet_pr1849' once its logits move) converges slowly; after
     the paper's 20 iterations the columns are exact (normalised last) but the rows can be off by ~1e-2."""
     logits = 6 * torch.eye(4) - 3 + 0.3 * torch.randn(8, 4, 4, generator=torch.Generator().manual_seed(0))
     errors = [(sinkhorn_knopp(logits, t).sum(-1) - 1).abs().max().item() for t in (20, 200)]
@@ -310,11 +312,11 @@ def test_identity_init_gives_h_res_identity(n):
         assert (site.mixing(x).res - torch.eye(n)).abs().max() < 1e-4
 
 
-def test_paper_and_hc_inits_as_documented():
-    """'paper': b_res = 6I − 3 → diag e⁶/(e⁶ + n − 1) ≈ 0.9926 at n = 4; 'hc' (b_res = I, the trap) → diag
-    e/(e + n − 1) ≈ 0.4754: not the identity. H_pre = σ(±3) (home stream k mod n), H_post = 2σ(0) = 1."""
+def test_paddlefleet_and_hc_inits_as_documented():
+    """'paddlefleet_pr1849' (the default): b_res = 6I − 3 → diag e⁶/(e⁶ + n − 1) ≈ 0.9926 at n = 4; 'hc' (b_res = I,
+    the trap) → diag e/(e + n − 1) ≈ 0.4754: not the identity. H_pre = σ(±3) (home stream k mod n), H_post = 2σ(0) = 1."""
     x = torch.randn(2, 5, 4, 8, generator=torch.Generator().manual_seed(0))
-    for res_init, diag in (("paper", math.exp(6) / (math.exp(6) + 3)), ("hc", math.e / (math.e + 3))):
+    for res_init, diag in (("paddlefleet_pr1849", math.exp(6) / (math.exp(6) + 3)), ("hc", math.e / (math.e + 3))):
         site = build("mhc", {"res_init": res_init}).blocks[0].ls2
         mixing = site.mixing(x)
         want = torch.full((4, 4), (1 - diag) / 3).fill_diagonal_(diag)
@@ -390,15 +392,15 @@ def test_drop_path_drops_the_layer_output_and_keeps_the_mixing(residual):
     model = perturb(build(residual, drop_path_rate=1.0))
     for blk in model.blocks:
         blk.drop_path1, blk.drop_path2 = DropPath(1.0), DropPath(1.0)
-    x0 = tokens(model, images())
+    x0, n = tokens(model, images()), model.residual_options["n"]
     with torch.no_grad():
-        h = x0.unsqueeze(-2).expand(*x0.shape[:-1], 4, 8)
+        h = x0.unsqueeze(-2).expand(*x0.shape[:-1], n, 8)
         for blk in model.blocks:
             for site in (blk.ls1, blk.ls2):
                 h = torch.matmul(site.mixing(h).res, h)
         got = model.train().stream(x0, model.blocks)
         assert torch.allclose(got, h.sum(-2), atol=1e-12, rtol=0)
-        copies = x0.unsqueeze(-2).expand(*x0.shape[:-1], 4, 8).sum(-2)
+        copies = x0.unsqueeze(-2).expand(*x0.shape[:-1], n, 8).sum(-2)
         if residual == "hyper_connections":  # the (perturbed) A_r really applies under DropPath
             assert not torch.allclose(got, copies)
         else:  # H_res's rows sum to 1 (to Sinkhorn's precision): equal streams stay equal, whatever H_res is
@@ -416,7 +418,8 @@ def test_drop_path_drops_the_layer_output_and_keeps_the_mixing(residual):
     ("hyper_connections", {"dynamic": "yes"}, ["dynamic='yes'", "True", "False"]),
     ("hyper_connections", {"sinkhorn_iters": 5}, ["'sinkhorn_iters'", "belongs to mhc", "dynamic, n"]),
     ("mhc", {"dynamic": False}, ["'dynamic'", "belongs to hyper_connections", "res_init", "sinkhorn_iters"]),
-    ("mhc", {"res_init": "eye"}, ["res_init='eye'", "paper", "identity", "hc"]),
+    ("mhc", {"res_init": "eye"}, ["res_init='eye'", "paddlefleet_pr1849", "identity", "hc"]),
+    ("mhc", {"res_init": "paper"}, ["res_init='paper' was renamed 'paddlefleet_pr1849'", "gives no bias init"]),
     ("mhc", {"sinkhorn_iters": 0}, ["sinkhorn_iters=0", "positive integer"]),
     ("mhc", {"n": -1}, ["n=-1"]),
     ("mhc", {"alpha_init": "big"}, ["alpha_init='big'"]),
@@ -483,7 +486,7 @@ def test_collect_diagnostics_on_both_variants():
         assert scalars["diag/param/attn/00/res_diag_mean"] == pytest.approx(
             1.0 if residual == "hyper_connections" else math.exp(6) / (math.exp(6) + 3), abs=1e-6)  # float32
         assert scalars["diag/param/mlp/02/post_mean"] == pytest.approx(1.0, abs=1e-6)
-    hc = collect_diagnostics(perturb(build("hyper_connections"), scale=0.3), images())["composite_gain"]
+    hc = collect_diagnostics(perturb(build("hyper_connections", {"n": 4}), scale=0.3), images())["composite_gain"]
     assert hc["forward"] > 1.5 and hc["backward"] > 1.5  # unconstrained A_r: the product drifts from 1
     model = perturb(build("mhc"), scale=0.1)
     g = torch.Generator().manual_seed(5)
@@ -501,7 +504,7 @@ def test_collect_diagnostics_on_both_variants():
 def test_decompose_reassembles_the_update_in_the_stream_view(residual):
     """In the diagnostics' view (mean over streams), Δ = branch + (skip − 1) ⊙ H, skip_j = Σ_i M_ij."""
     model = perturb(build(residual), scale=0.2)
-    x, f = torch.randn(2, 5, 4, 8), torch.randn(2, 5, 8)
+    x, f = torch.randn(2, 5, model.residual_options["n"], 8), torch.randn(2, 5, 8)
     for _, _, site in model.residual_sites():
         branch, skip = site.decompose(x, None, f)
         want = site.stream_view(branch) + site.stream_view((skip - 1) * x)

@@ -258,6 +258,12 @@ def test_deepnorm_final_norm_injection():
     assert isinstance(build("deepnorm", global_pool="avg").fc_norm, nn.Identity)
     assert isinstance(build("deepnorm", {"final_norm": True}).norm, nn.LayerNorm)
     assert isinstance(build("deepnorm", class_attention_blocks=1).norm, nn.LayerNorm)
+    for value in (True, False):  # so final_norm cannot change that model: given with the head, it is rejected
+        with pytest.raises(ValueError) as err:
+            build("deepnorm", {"final_norm": value}, class_attention_blocks=1)
+        assert str(err.value) == ("option 'final_norm' does not apply to residual 'deepnorm' with "
+                                  "class_attention_blocks=1 (the class-attention head always keeps the final norm); "
+                                  "it applies with class_attention_blocks=0")
     assert isinstance(build("standard").norm, nn.LayerNorm) and isinstance(build("ortho").norm, nn.LayerNorm)
     model = perturb(build("deepnorm"), scale=0.1).eval()
     with torch.no_grad():  # the head reads the last block's post-LN output directly
@@ -380,7 +386,7 @@ def test_value_residual_attention_output_by_hand():
     ("layerscale", {"init_value": 0.1}, [1, 1, 1]),
     ("ortho", {}, [1, 1, 1]),
     ("deepnorm", {}, [1, 1, 1]),
-    ("laurel", {"rank": 2, "k": 2}, [1, 1, 1]),
+    ("laurel", {"rank": 2}, [1, 1, 1]),
     ("dca", {}, [1, 1, 1]),            # DCA's cross-attention: layer 0 records the values of its composed v input
     ("skipdense", {}, [1, 2, 3]),      # block l runs its attention l + 1 times: every call mixes the same V_1
 ])
@@ -403,7 +409,7 @@ def test_first_layer_values_reach_every_layer(residual, options, calls, attentio
 def test_value_residual_combines_with_every_residual(residual):
     """Every registered variant builds its attentions through ``BlockArgs.attention()``: with the learned value
     residual, layer 0 records V_1 once per forward and every later layer mixes that V_1 into each of its calls."""
-    options = {"rank": 2, "k": 2} if residual == "laurel" else {}
+    options = {"rank": 2} if residual == "laurel" else {}
     model = perturb(build(residual, options, value_residual="learned"), scale=0.05)
     own, used = _capture_values(model)
     out = model.train()(images())

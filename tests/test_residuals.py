@@ -14,7 +14,15 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-from backbone import TINY, _float64_one_thread, assert_bad_options, build, perturb  # noqa: F401 (autouse fixture)
+from backbone import (  # noqa: F401 (autouse fixture)
+    LAUREL,
+    TINY,
+    _float64_one_thread,
+    assert_bad_options,
+    build,
+    perturb,
+    tiny_laurel,
+)
 from timm.layers import DropPath
 from torch import nn
 
@@ -39,7 +47,6 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
 
 
-LAUREL = {"rank": 2, "k": 2}  # embed_dim 8: the default rank 16 is larger than the width
 RAW = {"rw_norm": "none"}  # LAuReL's unbounded α = β = 1: the R-exact form (the default bounds them by a sigmoid)
 
 # ================================================================================================================
@@ -86,11 +93,11 @@ def _r_exact_cases():
     cases = []
     for form in ("rw", "lr", "pa", "rw_lr", "rw_pa", "rw_lr_pa"):
         for gran in ("block", "sublayer"):
-            cases.append(("laurel", {"form": form, "granularity": gran} | RAW | LAUREL, 3))
+            cases.append(("laurel", tiny_laurel({"form": form, "granularity": gran} | (RAW if "rw" in form else {})), 3))
     cases += [
-        ("laurel", {"form": "pa", "pa_h": "lowrank"} | LAUREL, 3),
-        ("laurel", {"form": "rw_pa", "pa_h": "lowrank", "granularity": "sublayer"} | RAW | LAUREL, 3),
-        ("laurel", {"form": "rw_lr", "a_init": "col_orth"} | RAW | LAUREL, 3),
+        ("laurel", tiny_laurel({"form": "pa", "pa_h": "lowrank"}), 3),
+        ("laurel", tiny_laurel({"form": "rw_pa", "pa_h": "lowrank", "granularity": "sublayer"} | RAW), 3),
+        ("laurel", tiny_laurel({"form": "rw_lr", "a_init": "col_orth"} | RAW), 3),
         ("res_se", {"reduction": 2}, 3),
         ("res_se", {"form": "skip_gate", "gate": "two_sigmoid", "reduction": 2}, 3),
         ("res_se", {"gate": "two_sigmoid", "reduction": 2, "pool": "patch_only"}, 3),
@@ -119,12 +126,12 @@ def test_r_exact_equals_standard(residual, options, depth):
 
 
 @pytest.mark.parametrize("residual, options", [
-    ("laurel", {"form": "seed"} | LAUREL),         # g ≈ 0.5 halves the skip
+    ("laurel", tiny_laurel({"form": "seed"})),         # g ≈ 0.5 halves the skip
     ("res_se", {"gate": "sigmoid", "reduction": 2}),  # s ≈ 0.5
     ("res_se", {"form": "seed", "reduction": 2}),  # skip × (1 + s) ≈ 1.5
     ("dca", {"form": "seed"}),                     # per-token softmax ≈ (0.5, 0.5)
-    ("laurel", {"form": "rw", "rw_norm": "softmax"} | LAUREL),  # (0.01, 0.99): near-standard, not exact
-    ("laurel", {"form": "rw_lr"} | LAUREL),        # the default: sigmoid-bounded (0.99, 0.99)
+    ("laurel", tiny_laurel({"form": "rw", "rw_norm": "softmax"})),  # (0.01, 0.99): near-standard, not exact
+    ("laurel", tiny_laurel({"form": "rw_lr"})),        # the default: sigmoid-bounded (0.99, 0.99)
 ])
 def test_not_standard_at_init(residual, options):
     out, ref = _logits_vs_standard(residual, options, 3)
@@ -134,7 +141,7 @@ def test_not_standard_at_init(residual, options):
 def test_seed_forms_start_near_half():
     """laurel seed (per-channel gate) and dca seed (per-token softmax): both weights ≈ 0.5 at init, input-dependent."""
     x = torch.randn(2, 5, 8)
-    laurel = build("laurel", {"form": "seed"} | LAUREL).blocks[0].ls1.gate_value(x)
+    laurel = build("laurel", tiny_laurel({"form": "seed"})).blocks[0].ls1.gate_value(x)
     dca = build("dca", {"form": "seed"}).blocks[0].ls1.weights(x)
     for w in (laurel, dca):
         assert (w - 0.5).abs().max() < 0.05 and w.std() > 0
@@ -174,24 +181,24 @@ LIVENESS = {
                      {"global_pool": "avg"}),
     "highway": ("highway", {}, {}),
     "highway_zeros": ("highway", {"gate_weight_init": "zeros"}, {}),
-    "laurel_rw": ("laurel", {"form": "rw"} | LAUREL, {}),
-    "laurel_rw_softmax": ("laurel", {"form": "rw", "rw_norm": "softmax"} | LAUREL, {}),
-    "laurel_rw_sigmoid": ("laurel", {"form": "rw", "rw_norm": "sigmoid", "granularity": "sublayer"} | LAUREL, {}),
-    "laurel_rw_coupled": ("laurel", {"form": "rw", "rw_norm": "coupled"} | LAUREL, {}),
-    "laurel_rw_raw": ("laurel", {"form": "rw"} | RAW | LAUREL, {}),
-    "laurel_lr": ("laurel", {"form": "lr"} | LAUREL, {r"\.lr_up$": ...}),  # A(Bx) with B = 0: A dead, B live
-    "laurel_rw_lr": ("laurel", {"form": "rw_lr", "granularity": "sublayer"} | LAUREL, {r"\.lr_up$": ...}),
-    "laurel_pa": ("laurel", {"form": "pa", "rank": 2, "k": 3}, {r"\.pa_gamma$": _pa_dead(3)}),
-    "laurel_pa_sub": ("laurel", {"form": "pa", "granularity": "sublayer", "rank": 2, "k": 3},
+    "laurel_rw": ("laurel", tiny_laurel({"form": "rw"}), {}),
+    "laurel_rw_softmax": ("laurel", tiny_laurel({"form": "rw", "rw_norm": "softmax"}), {}),
+    "laurel_rw_sigmoid": ("laurel", tiny_laurel({"form": "rw", "rw_norm": "sigmoid", "granularity": "sublayer"}), {}),
+    "laurel_rw_coupled": ("laurel", tiny_laurel({"form": "rw", "rw_norm": "coupled"}), {}),
+    "laurel_rw_raw": ("laurel", tiny_laurel({"form": "rw"} | RAW), {}),
+    "laurel_lr": ("laurel", tiny_laurel({"form": "lr"}), {r"\.lr_up$": ...}),  # A(Bx) with B = 0: A dead, B live
+    "laurel_rw_lr": ("laurel", tiny_laurel({"form": "rw_lr", "granularity": "sublayer"}), {r"\.lr_up$": ...}),
+    "laurel_pa": ("laurel", {"form": "pa", "k": 3}, {r"\.pa_gamma$": _pa_dead(3)}),
+    "laurel_pa_sub": ("laurel", {"form": "pa", "granularity": "sublayer", "k": 3},
                       {r"\.pa_gamma$": _pa_dead(3)}),
     # h = I + AB with B = 0 and γ = 0: γ live through I; A, B reach the loss only through γ·A·B: both dead at step 0
     "laurel_pa_lowrank": ("laurel", {"form": "pa", "pa_h": "lowrank", "rank": 2, "k": 3},
                           {r"\.pa_gamma$": _pa_dead(3), r"\.lr_up$": ..., r"\.lr_down$": ...}),
-    "laurel_rw_pa": ("laurel", {"form": "rw_pa", "rank": 2, "k": 3}, {r"\.pa_gamma$": _pa_dead(3)}),
+    "laurel_rw_pa": ("laurel", {"form": "rw_pa", "k": 3}, {r"\.pa_gamma$": _pa_dead(3)}),
     # γ = (1, 0, 0): only B_0 sees a non-zero γ; every A is dead because every B is zero
     "laurel_rw_lr_pa": ("laurel", {"form": "rw_lr_pa", "rank": 2, "k": 3},
                         {r"\.pa_gamma$": _pa_dead(3), r"\.lr_up$": ..., r"\.lr_down$": (slice(1, None),)}),
-    "laurel_seed": ("laurel", {"form": "seed"} | LAUREL, {}),
+    "laurel_seed": ("laurel", tiny_laurel({"form": "seed"}), {}),
     "res_se": ("res_se", {"reduction": 2}, {r"\.ls\d\.fc1\.": ...}),  # fc2 = 0 blocks fc1; fc2 itself is live
     "res_se_sigmoid": ("res_se", {"reduction": 2, "gate": "sigmoid"}, {}),
     "res_se_seed": ("res_se", {"reduction": 2, "form": "seed"}, {}),
@@ -240,8 +247,8 @@ DROP_CASES = [
     ("standard", {}), ("layerscale", {"init_value": 0.1}), ("rezero", {}), ("rezero", {"norm": False}),
     ("skipinit", {}), ("skipinit", {"norm": True}), ("highway", {}), ("res_se", {"reduction": 2}),
     ("res_se", {"gate": "sigmoid", "reduction": 2}), ("res_se", {"form": "seed", "reduction": 2}),
-    ("laurel", {"form": "rw_lr"} | LAUREL), ("laurel", {"form": "rw_lr_pa", "granularity": "sublayer"} | LAUREL),
-    ("laurel", {"form": "pa", "pa_h": "lowrank"} | LAUREL), ("laurel", {"form": "seed"} | LAUREL),
+    ("laurel", tiny_laurel({"form": "rw_lr"})), ("laurel", tiny_laurel({"form": "rw_lr_pa", "granularity": "sublayer"})),
+    ("laurel", tiny_laurel({"form": "pa", "pa_h": "lowrank"})), ("laurel", tiny_laurel({"form": "seed"})),
     ("dca", {"form": "seed"}), ("skipdense", {}),
 ]
 DCA_DROP_CASES = [{"form": "grn_v1"}, {"form": "grn_v2", "k": 1}, {"form": "grn_v3", "grn_v3_form": "text_A"},
@@ -472,7 +479,7 @@ BG = [-1.0, 0.5, 0.0, 2.0]
 
 def test_formula_laurel_seed():
     """The seed notes' gate: g = σ(W_g LN_g(x) + b_g) per channel, y = g ⊙ F + (1 − g) ⊙ x."""
-    site = LAuReL.build_block(block_args(), **LAuReL.validate_options({"form": "seed", "rank": 2})).ls1
+    site = LAuReL.build_block(block_args(), **LAuReL.validate_options({"form": "seed"})).ls1
     ln_w, ln_b = [1.5, 0.5, -1.0, 2.0], [0.1, 0.0, -0.2, 0.3]
     for p, v in ((site.gate.weight, WG), (site.gate.bias, BG), (site.gate_norm.weight, ln_w),
                  (site.gate_norm.bias, ln_b)):
@@ -644,15 +651,16 @@ WD_CASES = {  # residual, options, names that must not decay, names that must de
     "rezero": ("rezero", {}, ["blocks.0.ls1.alpha"], []),
     "skipinit": ("skipinit", {}, ["blocks.0.ls1.alpha", "blocks.1.ls2.alpha"], []),
     "highway": ("highway", {}, ["blocks.0.ls1.gate.bias"], ["blocks.0.ls1.gate.weight", "blocks.2.ls2.gate.weight"]),
-    "laurel": ("laurel", {"form": "rw_lr_pa"} | LAUREL, ["blocks.0.res.mix.logits", "blocks.1.res.pa_gamma"],
+    "laurel": ("laurel", tiny_laurel({"form": "rw_lr_pa"}), ["blocks.0.res.mix.logits", "blocks.1.res.pa_gamma"],
                ["blocks.0.res.lr_down", "blocks.0.res.lr_up"]),
-    "laurel_sub": ("laurel", {"form": "rw", "granularity": "sublayer"} | LAUREL, ["blocks.0.ls2.mix.logits"], []),
-    "laurel_seed": ("laurel", {"form": "seed"} | LAUREL, ["blocks.0.ls1.gate.bias", "blocks.1.ls2.gate_norm.weight"],
+    "laurel_sub": ("laurel", tiny_laurel({"form": "rw", "granularity": "sublayer"}), ["blocks.0.ls2.mix.logits"], []),
+    "laurel_seed": ("laurel", tiny_laurel({"form": "seed"}), ["blocks.0.ls1.gate.bias", "blocks.1.ls2.gate_norm.weight"],
                     ["blocks.0.ls1.gate.weight"]),
     "res_se": ("res_se", {"reduction": 2}, ["blocks.0.ls1.fc1.bias", "blocks.0.ls1.fc2.bias"],
                ["blocks.0.ls1.fc1.weight", "blocks.0.ls1.fc2.weight"]),
     "dca": ("dca", {"form": "dca"}, ["blocks.0.grn.b_delta", "blocks.2.grn.b_delta", "stream.out.b_delta",
-                                     "blocks.0.norm1_k.weight"], []),
+                                     "blocks.0.norm1_k.weight", "blocks.0.grn.w", "stream.out.w"], []),
+    "grn_v3": ("dca", {"form": "grn_v3"}, ["blocks.1.grn.w", "blocks.1.grn.b_delta", "stream.out.w"], []),
     "grn_v1": ("dca", {"form": "grn_v1", "k": 1}, ["blocks.1.grn.b_delta", "stream.out.b_delta"], []),
     "dca_seed": ("dca", {"form": "seed"}, ["blocks.0.ls1.predictor.0.bias", "blocks.0.ls2.predictor.2.bias"],
                  ["blocks.0.ls1.predictor.0.weight", "blocks.0.ls1.predictor.2.weight"]),
@@ -684,6 +692,9 @@ def test_weight_decay_groups(case):
     if residual == "dca" and options["form"] != "seed":
         assert params["blocks.1.grn.b_delta"].ndim >= 2  # so timm's ndim rule alone would have decayed it
         assert all(n in model.no_weight_decay() for n in params if n.endswith("b_delta"))
+    if residual == "dca" and options["form"] in ("dca", "grn_v3"):
+        assert params["blocks.1.grn.w"].ndim == 2  # (outputs, D): timm's ndim rule alone would have decayed it
+        assert all(n in model.no_weight_decay() for n in params if n.endswith(".w"))
 
 
 # ================================================================================================================
@@ -700,9 +711,9 @@ def test_weight_decay_groups(case):
     ("laurel", {"form": "bogus", "rank": 2}, ["form='bogus'", "rw_lr_pa", "seed"]),
     ("laurel", {"granularity": "layer", "rank": 2}, ["granularity", "block", "sublayer"]),
     ("laurel", {"rw_norm": "tanh", "rank": 2}, ["rw_norm", "softmax", "sigmoid"]),
-    ("laurel", {"pa_h": "full", "rank": 2}, ["pa_h", "identity", "lowrank"]),
+    ("laurel", {"form": "pa", "pa_h": "full"}, ["pa_h", "identity", "lowrank"]),
     ("laurel", {"a_init": "kaiming", "rank": 2}, ["a_init", "xavier", "col_orth"]),
-    ("laurel", {"k": 0, "rank": 2}, ["k=0"]),
+    ("laurel", {"form": "rw_pa", "k": 0}, ["k=0"]),
     ("laurel", {"rw_norm": "softmax", "alpha_init": 1.0, "beta_init": 1.0, "rank": 2}, ["softmax"]),
     ("dca", {"form": "grn_v4"}, ["form='grn_v4'", "grn_v1", "grn_v3", "dca"]),
     ("dca", {"grn_v3_form": "C"}, ["grn_v3_form", "text_A", "fig10_B"]),
@@ -720,6 +731,69 @@ def test_weight_decay_groups(case):
 ])
 def test_bad_options_raise(residual, options, words):
     assert_bad_options(residual, options, words)
+
+
+@pytest.mark.parametrize("residual, options, message", [
+    ("laurel", {"form": "rw", "rank": 8}, "option 'rank' does not apply to residual 'laurel' with form='rw'; it "
+     "applies to form lr, rw_lr, rw_lr_pa, and pa, rw_pa with pa_h='lowrank'"),
+    ("laurel", {"form": "pa", "a_init": "col_orth"}, "option 'a_init' does not apply to residual 'laurel' with "
+     "form='pa', pa_h='identity'; it applies to form lr, rw_lr, rw_lr_pa, and pa, rw_pa with pa_h='lowrank'"),
+    ("laurel", {"form": "rw_lr", "k": 2}, "option 'k' does not apply to residual 'laurel' with form='rw_lr'; it "
+     "applies to form pa, rw_pa, rw_lr_pa"),
+    ("laurel", {"form": "rw_lr_pa", "pa_h": "lowrank"}, "option 'pa_h' does not apply to residual 'laurel' with "
+     "form='rw_lr_pa'; it applies to form pa, rw_pa"),
+    ("laurel", {"form": "lr", "rw_norm": "none"}, "option 'rw_norm' does not apply to residual 'laurel' with "
+     "form='lr'; it applies to form rw, rw_lr, rw_pa, rw_lr_pa"),
+    ("laurel", {"form": "pa", "alpha_init": 0.5}, "option 'alpha_init' does not apply to residual 'laurel' with "
+     "form='pa'; it applies to form rw, rw_lr, rw_pa, rw_lr_pa"),
+    ("laurel", {"form": "rw", "rw_norm": "coupled", "beta_init": 0.5}, "option 'beta_init' does not apply to "
+     "residual 'laurel' with rw_norm='coupled' (beta = 1 - alpha); it applies to rw_norm none, softmax, sigmoid"),
+    ("laurel", {"form": "seed", "granularity": "block"}, "option 'granularity' does not apply to residual 'laurel' "
+     "with form='seed'; it applies to form rw, lr, pa, rw_lr, rw_pa, rw_lr_pa"),
+    ("dca", {"form": "grn_v1", "grn_v3_form": "text_A"}, "option 'grn_v3_form' does not apply to residual 'dca' with "
+     "form='grn_v1'; it applies to form dca, grn_v3"),
+    ("dca", {"form": "grn_v2", "w_init_std": 0.01}, "option 'w_init_std' does not apply to residual 'dca' with "
+     "form='grn_v2'; it applies to form dca, grn_v3"),
+    ("dca", {"form": "seed", "k": 2}, "option 'k' does not apply to residual 'dca' with form='seed'; it applies to "
+     "form dca, grn_v1, grn_v2, grn_v3"),
+    ("res_se", {"form": "seed", "gate": "two_sigmoid"}, "option 'gate' does not apply to residual 'res_se' with "
+     "form='seed'; it applies to form skip_gate"),
+])
+def test_inapplicable_options_raise(residual, options, message):
+    """An option the chosen form ignores is rejected at validation (even at its default value), with one line
+    naming the option, the form and where it applies: two labels are never the same model."""
+    with pytest.raises(ValueError) as err:
+        RESIDUALS[residual].validate_options(options)
+    assert str(err.value) == message
+
+
+@pytest.mark.parametrize("backbone, message", [
+    ({"class_attention_blocks": 1}, "option 'pool' does not apply to residual 'res_se' with class_attention_blocks=1 "
+     "(the class token joins after the blocks, so every token pooled is a patch); it applies with a class token in "
+     "the blocks"),
+    ({"class_token": False, "global_pool": "avg"}, "option 'pool' does not apply to residual 'res_se' with "
+     "class_token=False (every token pooled is a patch); it applies with a class token in the blocks"),
+])
+def test_res_se_pool_needs_a_class_token_in_the_blocks(backbone, message):
+    """Without a class token in the blocks, pool='all' and 'patch_only' squeeze the same tokens: the same model."""
+    with pytest.raises(ValueError) as err:
+        build("res_se", {"pool": "patch_only"}, **backbone)
+    assert str(err.value) == message
+    build("res_se", {}, **backbone)  # the default (pool not given) builds
+
+
+@pytest.mark.parametrize("residual, options", [
+    ("laurel", {"form": "pa", "pa_h": "lowrank", "rank": 2, "a_init": "col_orth", "k": 2}),
+    ("laurel", {"form": "rw_lr_pa", "rank": 2, "k": 2, "rw_norm": "softmax", "alpha_init": 0.2, "beta_init": 0.8}),
+    ("laurel", {"form": "rw", "rw_norm": "coupled", "alpha_init": 0.3, "granularity": "sublayer"}),
+    ("dca", {"k": 2, "grn_v3_form": "text_A", "w_init_std": 0.01}),
+    ("dca", {"form": "grn_v3", "grn_v3_form": "text_A"}),
+    ("dca", {"form": "grn_v1", "k": 1}),
+    ("res_se", {"form": "seed", "reduction": 4, "pool": "patch_only"}),
+])
+def test_applicable_options_accepted(residual, options):
+    """Every option of the applicability tables is accepted where the table says it applies."""
+    assert RESIDUALS[residual].validate_options(options).items() >= options.items()
 
 
 # ================================================================================================================
@@ -783,10 +857,10 @@ def test_default_inits():
     assert torch.equal(lr.blocks[0].res.lr_down, torch.zeros(1, 2, 8))
     assert torch.allclose(torch.stack(lr.blocks[0].res.mix()), torch.tensor([0.99, 0.99]), atol=1e-12, rtol=0)
     assert lr.blocks[0].res.mix.norm == "sigmoid"  # bounded α, β by default (the paper's advice)
-    rwpa = build("laurel", {"form": "rw_pa", "rank": 2, "k": 3})
+    rwpa = build("laurel", {"form": "rw_pa", "k": 3})
     assert rwpa.blocks[0].res.pa_gamma.tolist() == [1.0, 0.0, 0.0]
-    assert build("laurel", {"form": "pa", "rank": 2, "k": 3}).blocks[0].res.pa_gamma.tolist() == [0.0, 0.0, 0.0]
-    soft = build("laurel", {"form": "rw", "rw_norm": "softmax", "rank": 2}).blocks[0].res.mix
+    assert build("laurel", {"form": "pa", "k": 3}).blocks[0].res.pa_gamma.tolist() == [0.0, 0.0, 0.0]
+    soft = build("laurel", {"form": "rw", "rw_norm": "softmax"}).blocks[0].res.mix
     assert torch.allclose(torch.stack(soft()), torch.tensor([0.01, 0.99]), atol=1e-15, rtol=0)
     dca = build("dca", {"w_init_std": 0.01})
     assert torch.equal(dca.blocks[2].grn.b_delta, torch.zeros(3, 3, 8))
@@ -797,7 +871,7 @@ def test_default_inits():
 def test_site_counts():
     assert len(build("standard").residual_sites()) == 6
     assert [s[1] for s in build("laurel", LAUREL).residual_sites()] == ["block"] * 3
-    assert len(build("laurel", {"granularity": "sublayer"} | LAUREL).residual_sites()) == 6
+    assert len(build("laurel", tiny_laurel({"granularity": "sublayer"})).residual_sites()) == 6
     assert len(build("dca").residual_sites()) == 3
     assert [s[1] for s in build("skipdense").residual_sites()] == ["block"] * 3
 
@@ -823,8 +897,8 @@ def test_rezero_skipinit_default_is_normalisation_free(residual):
 
 @pytest.mark.parametrize("residual, options", [
     ("layerscale", {"init_value": 0.5}), ("rezero", {"init_value": 0.3}), ("highway", {}),
-    ("laurel", {"form": "rw_lr", "granularity": "sublayer"} | LAUREL), ("res_se", {"reduction": 2}),
-    ("res_se", {"form": "seed", "reduction": 2}), ("laurel", {"form": "seed"} | LAUREL), ("dca", {"form": "seed"}),
+    ("laurel", tiny_laurel({"form": "rw_lr", "granularity": "sublayer"})), ("res_se", {"reduction": 2}),
+    ("res_se", {"form": "seed", "reduction": 2}), ("laurel", tiny_laurel({"form": "seed"})), ("dca", {"form": "seed"}),
 ])
 def test_decompose_reassembles_the_update(residual, options):
     """Diagnostics split the update into branch term b and skip scale c: Δ = b + (c − 1)·x (LAuReL-LR's low-rank

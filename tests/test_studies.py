@@ -51,6 +51,27 @@ SUMMARY_ATTRS = ("best_val_acc", "final_val_acc", "diverged", "param_count", "wa
 DONE = (TrialState.COMPLETE, TrialState.PRUNED)
 
 
+# --- the committed study files -------------------------------------------------------------------------------------
+def test_every_committed_study_point_has_valid_residual_options():
+    """Every grid point of every committed study and budget, and every combination of a search space's categorical
+    choices, passes the residual's validation: no study runs an option its form ignores (the same model under two
+    labels) or a value its model size does not allow."""
+    import itertools
+
+    import yaml
+
+    from ablations.run import _check_residual, _validate_points
+
+    for name, path in available_studies().items():
+        for budget in ["default", *(yaml.safe_load(path.read_text()).get("budgets") or {})]:
+            spec = load_spec(name, budget)
+            _validate_points(spec, {}, check_data=False)
+            for label, space in spec.space.items():
+                keys = [f"{label}.{option}" for option, dist in space.items() if "choices" in dist]
+                for values in itertools.product(*(space[k.split(".", 1)[1]]["choices"] for k in keys)):
+                    _check_residual(spec.run_config({"variant": label, **dict(zip(keys, values, strict=True))}))
+
+
 # --- shared runs -------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_study(tmp_path_factory):

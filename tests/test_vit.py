@@ -8,7 +8,7 @@ import re
 import pytest
 import timm.models.vision_transformer as timm_vit
 import torch
-from backbone import TINY, _float64_one_thread, build  # noqa: F401 (autouse fixture)
+from backbone import LAUREL, TINY, _float64_one_thread, build, tiny_laurel  # noqa: F401 (autouse fixture)
 
 from lit_modules import RESIDUALS, LoadReport, VisionTransformer
 
@@ -66,7 +66,6 @@ def _blocks(depth, *suffixes):
     return {f"blocks.{i}.{s}" for i in range(depth) for s in suffixes}
 
 
-LAUREL = {"rank": 2, "k": 2}
 # residual, options, the keys the variant adds to the timm ViT (left at init when retrofitting), R-exact?
 RETROFIT = {
     "standard": ("standard", {}, set(), True),
@@ -76,9 +75,9 @@ RETROFIT = {
     "skipinit": ("skipinit", {"norm": True}, _blocks(3, "ls1.alpha", "ls2.alpha"), False),
     "highway": ("highway", {}, _blocks(3, *(f"ls{s}.gate.{p}" for s in (1, 2) for p in ("weight", "bias"))), False),
     "laurel": ("laurel", LAUREL, _blocks(3, "res.mix.logits", "res.lr_down", "res.lr_up"), False),  # α, β = 0.99
-    "laurel_raw": ("laurel", {"rw_norm": "none"} | LAUREL, _blocks(3, "res.mix.logits", "res.lr_down", "res.lr_up"),
+    "laurel_raw": ("laurel", tiny_laurel({"rw_norm": "none"}), _blocks(3, "res.mix.logits", "res.lr_down", "res.lr_up"),
                    True),
-    "laurel_pa_sub": ("laurel", {"form": "rw_lr_pa", "granularity": "sublayer", "rw_norm": "none"} | LAUREL,
+    "laurel_pa_sub": ("laurel", tiny_laurel({"form": "rw_lr_pa", "granularity": "sublayer", "rw_norm": "none"}),
                       _blocks(3, *(f"ls{s}.{p}" for s in (1, 2) for p in ("mix.logits", "lr_down", "lr_up",
                                                                           "pa_gamma"))), True),
     "res_se": ("res_se", {"reduction": 2},

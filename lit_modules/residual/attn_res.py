@@ -28,7 +28,8 @@ class AttnRes(ResidualSite, DepthWeights):
     ``num_blocks`` = N selects **Block AttnRes**: the L layers form N blocks of S = L/N consecutive layers; a block's
     summary b_n is the sum of its layers' outputs (b_0 = the embeddings), and layer i of block n attends over
     [b_0, …, b_{n−1}] plus, from its second layer on, the partial sum b_n^{i−1} of its own block (Eq. 6, Fig. 2);
-    the final aggregation reads [b_0, …, b_N]. N = L is the full form (the default, ``None``).
+    the final aggregation reads [b_0, …, b_N]. N = L would be the full form, which is only ``None`` (the default):
+    ``num_blocks=L`` is rejected, so two labels are never the same model.
 
     An instance is one aggregation (``forward(sources) → h``): ``attn_res`` and ``mlp_res`` of each block,
     ``stream.out`` before the head. Level at init: not standard — each input is the *mean* of the sources, i.e. the
@@ -48,10 +49,13 @@ class AttnRes(ResidualSite, DepthWeights):
     @classmethod
     def check_options(cls, options: dict[str, Any], dim: int, depth: int) -> None:
         n, layers = options["num_blocks"], 2 * depth
+        valid = ", ".join(str(d) for d in range(1, layers) if layers % d == 0)
         if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1 or layers % n):
-            valid = ", ".join(str(d) for d in range(1, layers + 1) if layers % d == 0)
             raise ValueError(f"num_blocks={n!r} must divide the 2·depth = {layers} layers (attention and MLP); "
                              f"valid choices: None (full AttnRes), {valid}")
+        if n == layers:  # one layer per block is the full form: two labels would be the same model
+            raise ValueError(f"num_blocks={n} (one layer per block) is full AttnRes at depth {depth}: give "
+                             f"num_blocks=None; Block AttnRes: {valid}")
 
     @classmethod
     def block_size(cls, depth: int, num_blocks: int | None) -> int:

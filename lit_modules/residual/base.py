@@ -122,8 +122,11 @@ class ResidualSite(nn.Module):
         return {n: p for n, p in params.items() if p.kind is p.KEYWORD_ONLY and n != "args"}
 
     @classmethod
-    def validate_options(cls, options: dict[str, Any]) -> dict[str, Any]:
-        """Reject options that belong to another variant; return the options with defaults filled in."""
+    def validate_options(cls, options: dict[str, Any], backbone: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Reject options that belong to another variant, and options given explicitly that the chosen form does
+        not use (``inapplicable_options``; given ``backbone``, the other backbone fields such as
+        ``class_attention_blocks``: ``inapplicable_with_backbone``): two labels must never be the same model.
+        Return the options with defaults filled in."""
         valid = cls.options()
         for key in options:
             if key not in valid:
@@ -132,7 +135,25 @@ class ResidualSite(nn.Module):
                 choices = ", ".join(sorted(valid)) or "none"
                 raise ValueError(f"option '{key}' is not valid for residual '{cls.name}'{where}; "
                                  f"valid options: {choices}")
-        return {n: options.get(n, p.default) for n, p in valid.items()}
+        filled = {n: options.get(n, p.default) for n, p in valid.items()}
+        unused = cls.inapplicable_options(filled) | cls.inapplicable_with_backbone(filled, backbone or {})
+        for key in options:
+            if key in unused:
+                raise ValueError(f"option '{key}' does not apply to residual '{cls.name}' with {unused[key]}")
+        return filled
+
+    @classmethod
+    def inapplicable_options(cls, options: dict[str, Any]) -> dict[str, str]:
+        """The options the model built from ``options`` (defaults filled in) would ignore, each with the rest of a
+        one-line error: the setting that makes it unused and where it applies (``"form='rw'; it applies to
+        form lr, rw_lr"``). Default: every option always applies."""
+        return {}
+
+    @classmethod
+    def inapplicable_with_backbone(cls, options: dict[str, Any], backbone: dict[str, Any]) -> dict[str, str]:
+        """As ``inapplicable_options``, for options the rest of the backbone (``backbone``: RunConfig /
+        ``VisionTransformer`` fields, e.g. ``class_attention_blocks``) makes unused. Default: none."""
+        return {}
 
     @classmethod
     def check_options(cls, options: dict[str, Any], dim: int, depth: int) -> None:
@@ -167,6 +188,16 @@ def _registry() -> dict[str, type[ResidualSite]]:
     from . import RESIDUALS
 
     return RESIDUALS
+
+
+def unused_by_form(options: dict[str, Any], applies: dict[str, tuple[str, ...]], forms: tuple[str, ...],
+                   key: str = "form") -> dict[str, str]:
+    """``inapplicable_options`` from a table {option: the values of ``key`` (the form) under which it applies};
+    an unknown form is reported first (``check_choice`` against ``forms``)."""
+    form = options[key]
+    check_choice(key, form, forms)
+    return {name: f"{key}={form!r}; it applies to {key} {', '.join(where)}"
+            for name, where in applies.items() if form not in where}
 
 
 def check_choice(name: str, value: Any, choices: tuple) -> None:

@@ -10,10 +10,13 @@ from timm.layers import DropPath, Mlp, trunc_normal_
 from torch import nn
 
 from ..attention import SelfAttention
-from .base import BlockArgs, ResidualSite, check_choice
+from .base import BlockArgs, ResidualSite, check_choice, unused_by_form
 from .depth import DepthWeights, depth_row, final_args, stack_sources
 
 FORMS = ("dca", "grn_v1", "grn_v2", "grn_v3", "seed")
+#: the forms under which each option changes the model (the class docstring's table); given under any other form
+#: an option is rejected (``validate_options``)
+APPLIES = {"k": FORMS[:-1], "grn_v3_form": ("dca", "grn_v3"), "w_init_std": ("dca", "grn_v3")}
 
 
 def stack_size(t: int, k: int | None) -> int:
@@ -34,10 +37,24 @@ class DCA(ResidualSite, DepthWeights):
       f_t = a + MLP(LN(a + q_in)) excludes its input (lucidrains' reading of Fig. 4).
     - ``seed``: the seed notes' per-token two-way mix (see ``TokenMix``), not the paper's method.
 
-    b = 1 + b' with b' = 0 at init and excluded from weight decay (decay would pull b to 0, not 1); w = 0 at init,
+    b = 1 + b' with b' = 0 at init and excluded from weight decay (decay would pull b to 0, not 1), as is w (a
+    vector per output, which the project's rule for variants' vectors leaves undecayed; no source we could read
+    decays it: lucidrains' code trains with plain Adam, no official code or paper rule was found); w = 0 at init,
     so the model equals the standard ViT (R-exact). Pitfall: under text_A, ReLU'(0) = 0 leaves w with zero
     gradient forever (GRN-v3 degenerates to v2); fig10_B is R-exact *and* trains w, hence the default;
     ``w_init_std > 0`` is the other fix. ``k`` selects k-DCA (model input + Σ intermediates + last k).
+
+    Which options each form uses (✓); any other option given explicitly is rejected with a one-line ValueError,
+    so two labels are never the same model (``grn_v3_form`` and ``w_init_std`` concern w, which only GRN-v3 has;
+    ``dca`` is three GRN-v3 per block and a GRN-v3 before the head):
+
+    =========== === ====== ====== ====== ====
+    option      dca grn_v1 grn_v2 grn_v3 seed
+    =========== === ====== ====== ====== ====
+    k           ✓   ✓      ✓      ✓
+    grn_v3_form ✓                 ✓
+    w_init_std  ✓                 ✓
+    =========== === ====== ====== ====== ====
 
     An instance is the GRN of one block (three outputs for ``dca``) or the final GRN before the head; as a
     ``DepthWeights`` it reports its row of the depth-weight heat map (row t = block t, row L = the final GRN;
@@ -71,6 +88,10 @@ class DCA(ResidualSite, DepthWeights):
             raise ValueError(f"w_init_std must be >= 0, got {options['w_init_std']}")
 
     @classmethod
+    def inapplicable_options(cls, options: dict[str, Any]) -> dict[str, str]:
+        return unused_by_form(options, APPLIES, FORMS)
+
+    @classmethod
     def build_block(cls, args: BlockArgs, **options: Any) -> nn.Module:
         if options["form"] == "seed":
             from ..blocks import Block
@@ -95,7 +116,9 @@ class DCA(ResidualSite, DepthWeights):
                 nn.init.zeros_(self.w)
 
     def no_weight_decay(self) -> set[str]:
-        return {"b_delta"}
+        """b (decay would pull b = 1 + b' towards 0, not 1) and GRN-v3's w: per-channel vectors, which the project
+        never decays; stored as (outputs, ·) matrices, so timm's 1-D rule alone would decay them."""
+        return {"b_delta"} | ({"w"} if self.w is not None else set())
 
     def weights(self, stack: torch.Tensor) -> torch.Tensor | None:
         """The input-dependent part of GRN-v3, ReLU(wᵀG_j) or ReLU(b_j + wᵀG_j): (outputs, B, N, t[, D])."""

@@ -43,8 +43,9 @@ class DeepNorm(ResidualSite):
     ``"timm_scaled"`` (timm's trunc_normal(0.02) kept and those weights multiplied by β — torchscale's "divide
     by (8N)^{1/4} after init", on timm's init). ``final_norm``: False (default) drops the backbone's final norm
     before the head — a post-LN encoder's last block already ends in a LN (torchscale has no final LN with
-    DeepNorm); True keeps timm's final norm (an adaptation). With a class-attention head the final norm is kept
-    whatever this says (the CA blocks are pre-norm residual updates).
+    DeepNorm); True keeps timm's final norm (an adaptation). With a class-attention head the final norm is always
+    kept (the CA blocks are pre-norm residual updates), so ``final_norm`` given with ``class_attention_blocks > 0``
+    is rejected: it would not change the model.
 
     ``decompose``: with z = α·x + G and σ the norm's per-token scale of z (√(var z + ε) for LayerNorm,
     √(mean z² + ε) for RMSNorm), the skip scale is c = α/σ (what the post-LN multiplies the skip by) and the
@@ -67,6 +68,15 @@ class DeepNorm(ResidualSite):
     @property
     def pre_norm(self) -> bool:
         return False
+
+    @classmethod
+    def inapplicable_with_backbone(cls, options: dict[str, Any], backbone: dict[str, Any]) -> dict[str, str]:
+        """``final_norm`` with a class-attention head: the head's final norm is kept whatever it says."""
+        blocks = backbone.get("class_attention_blocks", 0)
+        if blocks:
+            return {"final_norm": f"class_attention_blocks={blocks} (the class-attention head always keeps the "
+                                  f"final norm); it applies with class_attention_blocks=0"}
+        return {}
 
     @classmethod
     def check_options(cls, options: dict[str, Any], dim: int, depth: int) -> None:

@@ -182,15 +182,17 @@ class HyperConnections(MultiStreamSite):
     Init (the paper's): ``A_m = e_{k mod n}`` for layer k (k = 2·block + sublayer), ``A_r = I``, ``B = 1``: every
     stream stays a copy of the standard pre-norm residual stream, and the sum of the n streams before the final
     norm is n× it, so the model equals the standard ViT up to the final norm's ε (exactly for n = 1).
-    ``n``: the expansion rate (default 4, the paper's recommended rate). Weight decay: none on the static
-    A_m, A_r, B and the scales s_α, s_β (dynamic HC in a ViT diverged to NaN when they were decayed: the paper's
-    first author's advice in lucidrains/hyper-connections issue 4); the W matrices are decayed like any matrix.
+    ``n``: the expansion rate, default 2: the paper's ViT experiments (Appendix E.2: "using an expansion rate of
+    n = 2", ViT-B/16 and ViT-L/16 on ImageNet); n = 4 is its language-model rate (OLMo/OLMoE-DHC×4, and mHC's).
+    Weight decay: none on the static A_m, A_r, B and the scales s_α, s_β (dynamic HC in a ViT diverged to NaN when
+    they were decayed: the paper's first author's advice in lucidrains/hyper-connections issue 4); the W matrices
+    are decayed like any matrix.
     """
 
     name = "hyper_connections"
     paper = "Zhu et al. 2025, arXiv 2409.19606"
 
-    def __init__(self, dim: int, sublayer: int = 0, *, args: BlockArgs, n: int = 4, dynamic: bool = True) -> None:
+    def __init__(self, dim: int, sublayer: int = 0, *, args: BlockArgs, n: int = 2, dynamic: bool = True) -> None:
         super().__init__(dim, sublayer, args=args)
         self.n, self.dynamic = n, dynamic
         self.a_m = nn.Parameter(torch.zeros(n, 1))

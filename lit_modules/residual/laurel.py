@@ -9,10 +9,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import BlockArgs, ResidualSite, check_choice
+from .base import BlockArgs, ResidualSite, check_choice, unused_by_form
 from .mix import MIX_NORMS, MixWeights
 
 FORMS = ("rw", "lr", "pa", "rw_lr", "rw_pa", "rw_lr_pa", "seed")
+PA_H = ("identity", "lowrank")
+RW_FORMS = ("rw", "rw_lr", "rw_pa", "rw_lr_pa")
+LR_FORMS = ("lr", "rw_lr", "rw_lr_pa")  # and pa, rw_pa with pa_h="lowrank"
+#: the forms under which each option changes the model (the class docstring's table); given under any other form
+#: an option is rejected (``validate_options``)
+APPLIES = {"granularity": FORMS[:-1], "rank": LR_FORMS, "a_init": LR_FORMS, "k": ("pa", "rw_pa", "rw_lr_pa"),
+           "pa_h": ("pa", "rw_pa"), "rw_norm": RW_FORMS, "alpha_init": RW_FORMS, "beta_init": RW_FORMS}
 
 
 class LAuReL(ResidualSite):
@@ -40,6 +47,23 @@ class LAuReL(ResidualSite):
     residual path — an interpretation). ``granularity="block"`` (default, the paper's LLM parameter counts: one
     LAuReL per transformer layer, f = Block(x) − x) or ``"sublayer"``. ``k`` previous stream states feed PA. A is
     Xavier-uniform or column-orthogonal (``a_init="col_orth"``, footnote 2); B = 0 (LoRA-style).
+
+    Which options each form uses (✓); any other option given explicitly is rejected with a one-line ValueError,
+    so two labels are never the same model:
+
+    =========== ==== ==== ==== ===== ===== ======== ====
+    option      rw   lr   pa   rw_lr rw_pa rw_lr_pa seed
+    =========== ==== ==== ==== ===== ===== ======== ====
+    granularity ✓    ✓    ✓    ✓     ✓     ✓
+    rank,a_init      ✓    (1)  ✓     (1)   ✓
+    k                     ✓          ✓     ✓
+    pa_h                  ✓          ✓
+    rw_norm     ✓              ✓     ✓     ✓
+    alpha_init  ✓              ✓     ✓     ✓
+    beta_init   (2)            (2)   (2)   (2)
+    =========== ==== ==== ==== ===== ===== ======== ====
+
+    (1) only with ``pa_h="lowrank"``; (2) not with ``rw_norm="coupled"`` (β = 1 − α).
     """
 
     name = "laurel"
@@ -66,16 +90,32 @@ class LAuReL(ResidualSite):
     def check_options(cls, options: dict[str, Any], dim: int, depth: int) -> None:
         check_choice("form", options["form"], FORMS)
         check_choice("granularity", options["granularity"], ("block", "sublayer"))
-        check_choice("pa_h", options["pa_h"], ("identity", "lowrank"))
-        check_choice("rw_norm", options["rw_norm"], MIX_NORMS)
         check_choice("a_init", options["a_init"], ("xavier", "col_orth"))
-        rank, k = options["rank"], options["k"]
-        if not isinstance(rank, int) or rank < 1 or rank > dim:
+        rank, k, unused = options["rank"], options["k"], cls.inapplicable_options(options)  # unused: not checked
+        if "rank" not in unused and (not isinstance(rank, int) or rank < 1 or rank > dim):
             raise ValueError(f"rank={rank!r} must be an integer in 1..{dim} (the width embed_dim={dim})")
-        if not isinstance(k, int) or k < 1:
+        if "k" not in unused and (not isinstance(k, int) or k < 1):
             raise ValueError(f"k={k!r} must be a positive integer (number of previous activations)")
-        MixWeights.check(*_mix_defaults(options["form"], options["rw_norm"], options["alpha_init"],
-                                        options["beta_init"]))
+        if "rw_norm" not in unused:
+            MixWeights.check(*_mix_defaults(options["form"], options["rw_norm"], options["alpha_init"],
+                                            options["beta_init"]))
+
+    @classmethod
+    def inapplicable_options(cls, options: dict[str, Any]) -> dict[str, str]:
+        check_choice("pa_h", options["pa_h"], PA_H)
+        check_choice("rw_norm", options["rw_norm"], MIX_NORMS)
+        unused = unused_by_form(options, APPLIES, FORMS)
+        form, pa_forms = options["form"], ("pa", "rw_pa")
+        for key in ("rank", "a_init"):
+            if form in pa_forms and options["pa_h"] == "lowrank":
+                unused.pop(key)
+            elif key in unused:
+                setting = f"form={form!r}" + (", pa_h='identity'" if form in pa_forms else "")
+                unused[key] = f"{setting}; it applies to form {', '.join(LR_FORMS)}, and pa, rw_pa with pa_h='lowrank'"
+        if "beta_init" not in unused and options["rw_norm"] == "coupled":
+            unused["beta_init"] = ("rw_norm='coupled' (beta = 1 - alpha); it applies to rw_norm "
+                                   + ", ".join(n for n in MIX_NORMS if n != "coupled"))
+        return unused
 
     @classmethod
     def build_block(cls, args: BlockArgs, **options: Any) -> nn.Module:

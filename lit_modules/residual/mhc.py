@@ -13,7 +13,7 @@ from torch import nn
 from .base import BlockArgs, check_choice
 from .hyper_connections import Mixing, MultiStreamSite, check_positive_int, mixing_stats
 
-RES_INITS = ("paper", "identity", "hc")
+RES_INITS = ("paddlefleet_pr1849", "identity", "hc")
 RMS_EPS = 1e-6  # ε of the parameter-free RMSNorm of the flattened streams
 IDENTITY_TOLERANCE = 1e-5  # res_init="identity": the off-diagonal mass of each row of H_res at init
 
@@ -50,13 +50,15 @@ class MHC(MultiStreamSite):
     is off at init), b_pre, b_post ∈ R^{1×n}, b_res ∈ R^{n×n}, and three scalar gates α (``alpha_init``, 0.01 as in
     the paper). Defaults n = 4 and 20 Sinkhorn iterations are the paper's.
 
-    **Init of the biases** (``res_init``; b_pre, b_post are the same for all three): ``b_pre = +3`` on the layer's
+    **Init of the biases.** The paper gives none: its only init value is α = 0.01 (Appendix A.1, Table 5, which
+    lists n = 4, α = 0.01 and t_max = 20 and nothing on b or φ). ``res_init`` chooses b_res (b_pre and b_post are the
+    same for all three; their values share the default's source): ``b_pre = +3`` on the layer's
     home stream k mod n and −3 elsewhere (H_pre ≈ (0.95, 0.05, …), HC's A_m = e_k softened), ``b_post = 0``
     (H_post = 1, HC's B = 1 exactly) and
 
-    - ``"paper"`` (default): ``b_res = 6I − 3``, so H_res has diagonal e⁶/(e⁶ + n − 1) ≈ 0.9926 at n = 4 — the
-      static values a public implementation (PaddleFleet) cites from the paper's appendix; not checked against
-      the paper's text here;
+    - ``"paddlefleet_pr1849"`` (default): ``b_res = 6I − 3``, so H_res has diagonal e⁶/(e⁶ + n − 1) ≈ 0.9926 at
+      n = 4 — the static values of PaddlePaddle/PaddleFleet PR #1849 ("the paper's A.6 static values"), which the
+      paper's text does not contain (named for that source; this was ``"paper"`` before the paper was checked);
     - ``"identity"``: ``b_res = L·I`` with L = ln((n − 1)/10⁻⁵), so H_res = I to within 10⁻⁵; the projection is
       then saturated: ∂H_res/∂H̃_res ~ 10⁻⁵, so b_res and φ_res barely learn (a deliberate trade);
     - ``"hc"``: ``b_res = I`` (HC's A_r = I copied into the logits, as a public port does): **not** the identity
@@ -72,7 +74,7 @@ class MHC(MultiStreamSite):
     paper = "Xie et al. 2025, arXiv 2512.24880"
 
     def __init__(self, dim: int, sublayer: int = 0, *, args: BlockArgs, n: int = 4, sinkhorn_iters: int = 20,
-                 alpha_init: float = 0.01, res_init: str = "paper") -> None:
+                 alpha_init: float = 0.01, res_init: str = "paddlefleet_pr1849") -> None:
         super().__init__(dim, sublayer, args=args)
         self.n, self.sinkhorn_iters = n, sinkhorn_iters
         self.alpha_init, self.res_init = float(alpha_init), res_init
@@ -91,6 +93,9 @@ class MHC(MultiStreamSite):
     def check_options(cls, options: dict[str, Any], dim: int, depth: int) -> None:
         super().check_options(options, dim, depth)
         check_positive_int("sinkhorn_iters", options["sinkhorn_iters"], "Sinkhorn-Knopp iterations t_max")
+        if options["res_init"] == "paper":
+            raise ValueError("res_init='paper' was renamed 'paddlefleet_pr1849' (b_res = 6I - 3): the mHC paper "
+                             "(arXiv 2512.24880) gives no bias init; valid choices: " + ", ".join(RES_INITS))
         check_choice("res_init", options["res_init"], RES_INITS)
         alpha = options["alpha_init"]
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
@@ -104,7 +109,7 @@ class MHC(MultiStreamSite):
             self.b_pre.fill_(-3.0)[0, self.index % n] = 3.0
             self.b_post.zero_()
             eye = torch.eye(n, dtype=self.b_res.dtype)
-            self.b_res.copy_({"paper": 6.0 * eye - 3.0, "identity": identity_logit(n) * eye, "hc": eye}[self.res_init])
+            self.b_res.copy_({"paddlefleet_pr1849": 6.0 * eye - 3.0, "identity": identity_logit(n) * eye, "hc": eye}[self.res_init])
             for alpha in (self.alpha_pre, self.alpha_post, self.alpha_res):
                 alpha.fill_(self.alpha_init)
 

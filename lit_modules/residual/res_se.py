@@ -7,9 +7,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from .base import BlockArgs, ResidualSite, check_choice
+from .base import BlockArgs, ResidualSite, check_choice, unused_by_form
 
 FORMS = ("skip_gate", "seed")
+#: the forms under which each option changes the model; given under any other form an option is rejected
+APPLIES = {"gate": ("skip_gate",)}
 
 
 class ResSE(ResidualSite):
@@ -26,7 +28,19 @@ class ResSE(ResidualSite):
     - ``form="seed"``: the seed notes' ``y = x + SE(x) + F(Norm(x))`` with ``SE(x) = σ(FC₂ ReLU(FC₁ GAP(x))) ⊙ x``
       (PyTorch's default Linear init), so ``Δ = s ⊙ x + f`` — the skip is scaled by 1 + s ≈ 1.5 at init.
 
-    ``pool="patch_only"`` leaves the class token out of the squeeze. Reduction 16 as in the paper.
+    ``pool="patch_only"`` leaves the class token out of the squeeze (rejected when the blocks have no class token:
+    with a class-attention head or ``class_token=False``). Reduction 16 as in the paper.
+
+    Which options each form uses (✓); ``gate`` given with ``form="seed"`` (whose gate is always the SE layer's σ)
+    is rejected with a one-line ValueError, so two labels are never the same model:
+
+    ========= ========= ====
+    option    skip_gate seed
+    ========= ========= ====
+    gate      ✓
+    reduction ✓         ✓
+    pool      ✓         ✓
+    ========= ========= ====
     """
 
     name = "res_se"
@@ -50,6 +64,23 @@ class ResSE(ResidualSite):
         check_choice("pool", options["pool"], ("all", "patch_only"))
         if not isinstance(options["reduction"], int) or options["reduction"] < 1:
             raise ValueError(f"reduction must be a positive integer, got {options['reduction']!r}")
+
+    @classmethod
+    def inapplicable_options(cls, options: dict[str, Any]) -> dict[str, str]:
+        return unused_by_form(options, APPLIES, FORMS)
+
+    @classmethod
+    def inapplicable_with_backbone(cls, options: dict[str, Any], backbone: dict[str, Any]) -> dict[str, str]:
+        """``pool`` when the blocks see no class token (a class-attention head adds it after them, or there is
+        none): "all" and "patch_only" pool the same tokens."""
+        if backbone.get("class_attention_blocks", 0):
+            return {"pool": f"class_attention_blocks={backbone['class_attention_blocks']} (the class token joins "
+                            f"after the blocks, so every token pooled is a patch); it applies with a class token "
+                            f"in the blocks"}
+        if not backbone.get("class_token", True):
+            return {"pool": "class_token=False (every token pooled is a patch); it applies with a class token in "
+                            "the blocks"}
+        return {}
 
     def init_weights(self) -> None:
         if self.gate_kind == "two_sigmoid":
