@@ -147,7 +147,7 @@ def test_study_hparams_list_what_varies_then_the_metrics(tmp_path):
     assert "batch_size" not in infos and "lr" not in infos  # constants are not columns
     assert all(infos[name].differs == (len(values) > 1) for name, values in columns.items())
     assert [m.name.tag for m in experiment.metric_infos] == [display_tag(m) for m in HP_METRICS]
-    assert experiment.metric_infos[0].display_name == "best_val_acc"
+    assert experiment.metric_infos[0].display_name == "test_acc"  # the primary metric first
     text = ea.Tensors("study/constants/text_summary")[-1].tensor_proto.string_val[0].decode()
     assert "| embed_dim |" in text and "| residual |" not in text
 

@@ -15,11 +15,12 @@ from ablations.config import RunConfig
 from ablations.costs import measure
 from ablations.run import main as run_main
 
-#: A tiny trial: 100 synthetic 8x8 images (80 train / 20 val at val_fraction 0.2), 2 epochs.
+#: A tiny trial: 100 synthetic 8x8 images (60 train / 20 val / 20 test at val and test fractions 0.2), 2 epochs;
+#: every epoch trains on the train split and scores val and test (VAL: the images evaluated per epoch).
 TINY = {"dataset": "synthetic", "dataset_options": {"num_samples": 100, "img_size": 8, "num_classes": 4},
         "embed_dim": 8, "num_heads": 2, "depth": 1, "mlp_ratio": 2.0, "patch_size": 4, "max_epochs": 2,
         "precision": "bf16-mixed"}
-TRAIN, VAL = 80, 20
+TRAIN, VAL = 60, 40
 
 
 def tiny_flops(depth: int = 1) -> float:
@@ -135,7 +136,7 @@ def test_dry_run_prints_gpu_hours_for_the_chosen_class(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0
     (line,) = [ln for ln in out.splitlines() if ln.startswith("estimated GPU-hours on rtx4090 ")]
-    assert "GPU-hours for 8 trials" in line
+    assert "GPU-hours for 30 trials" in line  # 20 tuning trials, then 10 reported ones
     assert "MFU 0.25 assumed" in out
     assert not (tmp_path / "device").exists()  # read only
 

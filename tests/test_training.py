@@ -146,7 +146,7 @@ def test_epoch_train_metrics_are_image_weighted_means_of_the_steps(monkeypatch, 
     from lit_modules.classifier import ViTClassifier
 
     monkeypatch.setattr(ViTClassifier, "TRAIN_METRIC_ROWS", rows)
-    config = TINY.replace(dataset_options=TINY.dataset_options | {"num_samples": 150}, batch_size=32, max_epochs=2)
+    config = TINY.replace(dataset_options=TINY.dataset_options | {"num_samples": 200}, batch_size=32, max_epochs=2)
     dm = build_datamodule(config)
     module, recorder = build_model(config, dm), BatchRecorder()
     pl.seed_everything(0)
@@ -216,6 +216,7 @@ def test_precision_auto_trains_in_the_measured_fastest_mode_with_diagnostics_wor
     table_path.write_text(json.dumps(table))
     monkeypatch.setattr(modes, "PACKAGED", {"cpu": table_path})
     monkeypatch.setattr(modes, "measured_path", lambda device_type, results_dir=None: tmp_path / "absent.json")
+    monkeypatch.setattr(modes, "cache_path", lambda signature, results_dir=None: tmp_path / "no-cache.json")
     seen = {}
 
     class Spy(pl.Callback):
