@@ -187,7 +187,7 @@ def test_tensorboard_and_optuna_dashboard_show_names_columns_and_numeric_axes(tm
         assert set(columns[:2]) == {"variant", "depth"}  # what varies comes first (seed has one value here)
         metrics = [m["name"]["tag"] for m in experiment["metricInfos"]]
         assert metrics == [display_tag(m) for m in HP_METRICS]
-        assert experiment["metricInfos"][0]["displayName"] == "best_val_acc"
+        assert experiment["metricInfos"][0]["displayName"] == "test_acc"  # the primary metric first
         tags = wait_until_answers(f"{base}/data/plugin/scalars/tags", tb, ready=lambda t: _tags_loaded(t, names),
                                   what="TensorBoard's scalar tags of every run")
         some_run = sorted(names)[0]
