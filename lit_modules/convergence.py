@@ -81,6 +81,23 @@ def val_acc_auc(curve: Sequence[float | None], max_epochs: int) -> float:
     return float(c.sum() / max_epochs)
 
 
+#: The share of the last epochs over which a run's plateau is judged (``late_change``).
+PLATEAU_FRACTION = 0.2
+
+
+def late_change(curve: Sequence[float | None], fraction: float = PLATEAU_FRACTION) -> float | None:
+    """How much the curve still moves over its last ``fraction`` of epochs: the least-squares line through those
+    epochs' values, its rise from the first of them to the last (robust to one noisy epoch, unlike the endpoints).
+    None with fewer than 3 such epochs or a missing value among them. A schedule long enough to plateau keeps it
+    below a quarter of the study's minimum detectable effect on the run's validation accuracy."""
+    c = as_curve(curve)
+    k = int(round(fraction * len(c)))
+    if k < 3 or np.isnan(c[-k:]).any():
+        return None
+    slope = np.polyfit(np.arange(k, dtype=np.float64), c[-k:], 1)[0]
+    return float(slope * (k - 1))
+
+
 def _at(values: Sequence[float | None], epoch: int | None) -> float | None:
     """The finite value of ``epoch`` (1-based), else None."""
     if epoch is None or epoch > len(values) or values[epoch - 1] is None or not math.isfinite(values[epoch - 1]):
@@ -152,6 +169,7 @@ def summarize(
     total_train = float(sum(train_times))
     summary.update(
         val_acc_auc=val_acc_auc(curve, max_epochs),
+        val_acc_late_change=late_change(curve),
         final_train_loss=last_finite(train_loss),
         wall_time_s=float(wall_time_s) if wall_time_s is not None else float(sum(epoch_times)),
         time_per_epoch_s=float(np.mean(epoch_times)) if len(epoch_times) else None,

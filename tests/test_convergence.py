@@ -129,3 +129,17 @@ def test_step_timer_compile_time_is_the_first_batch_beyond_the_median_of_the_nex
     monkeypatch.undo()
     assert timer.times == pytest.approx([30.0, 0.5, 0.4, 0.7])  # the fifth batch is not timed
     assert timer.compile_time_s() == pytest.approx(30.0 - 0.5)
+
+
+def test_late_change_is_the_fitted_rise_over_the_last_fifth():
+    """10 epochs: the last 2 are too few; 20 epochs: the last 4, a line through them (hand-computed)."""
+    from lit_modules.convergence import late_change
+
+    assert late_change([0.5] * 10) is None  # 2 epochs
+    flat = [0.1 * i for i in range(16)] + [0.9, 0.9, 0.9, 0.9]
+    assert late_change(flat) == pytest.approx(0.0, abs=1e-12)
+    rising = [0.0] * 16 + [0.90, 0.91, 0.92, 0.93]  # slope 0.01 per epoch over 3 steps
+    assert late_change(rising) == pytest.approx(0.03, abs=1e-12)
+    noisy = [0.0] * 16 + [0.90, 0.95, 0.90, 0.95]  # least squares: slope 0.01 -> 0.03 (endpoints say 0.05)
+    assert late_change(noisy) == pytest.approx(0.03, abs=1e-12)
+    assert late_change([0.0] * 16 + [0.9, None, 0.9, 0.9]) is None
