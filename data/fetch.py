@@ -128,18 +128,23 @@ def fetch(name: str, data_dir: str | Path | None, *, log=print) -> bool:
     if present:
         raise FetchError(f"{name}: {', '.join(str(target / e) for e in present)} exists but is incomplete; move it "
                          "away (or delete it) and rerun, or complete it by hand")
+    created = not target.exists()
     try:
         target.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".fetch-{name}-", dir=target))
     except OSError as exc:
         raise FetchError(f"cannot write the data folder '{target}' for {name}: {exc.strerror or exc}") from None
+    done = False
     try:
         log(f"{name}: downloading {spec.size} from {', '.join(hosts(name))} into {target}")
         _download(name, spec, staging, target)
         for entry in spec.entries:
             (staging / entry).rename(target / entry)  # same file system: each move is atomic
+        done = True
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        if created and not done and not any(target.iterdir()):
+            target.rmdir()  # a failed download leaves no trace, not even the folder it made
     log(f"{name}: verified and in place: " + ", ".join(str(target / e) for e in spec.entries))
     return True
 
@@ -158,8 +163,11 @@ def _download(name: str, spec: Fetchable, staging: Path, target: Path) -> None:
 
 def _failure(name: str, spec: Fetchable, target: Path, exc: BaseException) -> FetchError:
     """Offline / unreachable, or a download that failed its checks, as one line."""
-    by_hand = (f"copy the files to {target} by hand ({' and '.join(spec.entries)} as torchvision's "
-               f"{spec.torchvision_name} leaves them)")
+    import data
+
+    module = data.DATASETS[name]
+    layout = module.layout_text() if hasattr(module, "layout_text") else module.layout
+    by_hand = f"copy the files to {target} by hand: {layout}"
     reason = _network_reason(exc)
     if reason is not None:
         return FetchError(f"cannot download {name} from {', '.join(hosts(name))} ({reason}): the machine is offline "
