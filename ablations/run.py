@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results-dir", default=layout.RESULTS_DIR,
                    help=f"where TensorBoard runs go (<dir>/{layout.RUNS}/<study>/)")
     p.add_argument("--data-dir", help="data folder for folder datasets (cifar10, imagefolder, ...)")
+    p.add_argument("--download", action="store_true",
+                   help="download the study's datasets into --data-dir first where they are not there (cifar10, "
+                        "cifar100, mnist, fashion_mnist, svhn; md5-checked; with --dry-run: say what would be fetched)")
     p.add_argument("--threads", type=int, help="torch threads per worker (default: cores // workers)")
     p.add_argument("--n-trials", type=int, help="search studies: trials to run (default: the study's n_trials)")
     p.add_argument("--heartbeat", type=int, default=HEARTBEAT_S, help="trial heartbeat interval, seconds")
@@ -257,9 +260,12 @@ def _main(args: argparse.Namespace) -> int:
     spec = load_spec(args.study, args.budget)
     check_loggers(args.loggers)
     overrides = _overrides(args)
-    _validate_points(spec, overrides, check_data=not args.dry_run)  # a dry run plans: no data folder needed
-    if args.dry_run:
+    _validate_points(spec, overrides, check_data=False)
+    if args.download and args.worker_index is None:
+        _download(spec, overrides, dry_run=args.dry_run)
+    if args.dry_run:  # a dry run plans: no data folder needed
         return _dry_run(spec, overrides, gpu=args.gpu, results_dir=Path(args.results_dir))
+    _validate_points(spec, overrides, check_data=True)
 
     from .storage import exit_when_heartbeat_fails, open_storage
 
@@ -548,6 +554,33 @@ def _validate_points(spec, overrides: dict, check_data: bool = True) -> None:
         if check_data and data_key not in datasets:
             datasets.add(data_key)
             _check_data(config)
+
+
+def _datasets(spec, overrides: dict) -> list[tuple[str, str | None]]:
+    """The (dataset, data_dir) pairs the study's points (and its tuning stage's) train on."""
+    specs = [spec] + ([spec.tune_stage()] if spec.tune is not None else [])
+    found = {}
+    for stage in specs:
+        points = stage.grid() if stage.kind == "grid" else [{"variant": v.label} for v in stage.variants]
+        for params in points:
+            config = stage.run_config(params, overrides)
+            found[(config.dataset, config.data_dir)] = None
+    return list(found)
+
+
+def _download(spec, overrides: dict, *, dry_run: bool) -> None:
+    """``--download``: fetch the study's datasets that are not in their folders (:mod:`data.fetch`); with
+    ``dry_run``, one line each saying what would be fetched, and nothing fetched."""
+    from data.fetch import FETCHABLE, ensure, plan
+
+    for dataset, data_dir in _datasets(spec, overrides):
+        if dry_run:
+            if dataset in FETCHABLE or dataset == "imagefolder":
+                print(f"--download: {plan(dataset, data_dir)}")
+            else:
+                print(f"--download: {dataset}: nothing to download (embedded or generated)")
+        else:
+            ensure(dataset, data_dir, log=lambda line: print(line, file=sys.stderr))
 
 
 def _check_data(config) -> None:

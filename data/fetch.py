@@ -113,6 +113,15 @@ def _why_not(name: str) -> str:
     return "unknown dataset"
 
 
+def ensure(name: str, data_dir: str | Path | None, *, log=print) -> None:
+    """``--download`` of a run's dataset: :func:`fetch` it when torchvision can download it; a dataset that needs no
+    files (embedded, generated) is skipped silently, a folder of one's own (imagefolder) with a line saying so."""
+    if name in FETCHABLE:
+        fetch(name, data_dir, log=log)
+    elif name == "imagefolder":
+        log(f"{name}: nothing to download ({_why_not(name)})")
+
+
 def fetch(name: str, data_dir: str | Path | None, *, log=print) -> bool:
     """Make ``data_dir`` hold dataset ``name`` (see the module's guarantees). Returns False when it was already
     there (nothing downloaded), True after a download. Raises :class:`FetchError` with one line."""

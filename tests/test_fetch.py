@@ -271,3 +271,46 @@ def test_pickle_helper_matches_torchvision_keys(tmp_path):
         member = tar.extractfile("cifar-10-batches-py/test_batch")
         entry = pickle.load(member, encoding="latin1")
     assert set(entry) >= {"data", "labels"} and entry["data"].shape == (10, 3072)
+
+
+# --- --download in ablations.train and ablations.run -----------------------------------------------------------------
+def test_train_download_fetches_then_trains(monkeypatch, server, tmp_path, capsys):
+    from ablations.train import main as train_main
+
+    serve_mnist_family(monkeypatch, server, tmp_path, tvd.FashionMNIST)
+    data_dir = tmp_path / "data"
+    code = train_main(["--dataset", "fashion_mnist", "--data-dir", str(data_dir), "--download", "--max-epochs", "1",
+                       "--depth", "1", "--embed-dim", "8", "--num-heads", "2", "--batch-size", "16", "--precision",
+                       "32-true", "--no-progress-bar", "--log-dir", str(tmp_path / "runs"), "--json"])
+    assert code == 0
+    out = capsys.readouterr()
+    assert "fashion_mnist: verified and in place" in out.err
+    assert (data_dir / "FashionMNIST" / "raw" / "train-images-idx3-ubyte").is_file()
+    assert '"best_val_acc"' in out.out.strip().splitlines()[-1]
+
+
+def test_run_download_dry_run_explains_and_fetches_nothing(tmp_path, capsys):
+    from ablations.run import main as run_main
+
+    code = run_main(["--study", "residual_variants", "--budget", "paper", "--data-dir", str(tmp_path / "d"),
+                     "--download", "--dry-run", "--results-dir", str(tmp_path / "results")])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert (f"--download: cifar10: would download 163 MiB from www.cs.toronto.edu (torchvision's CIFAR10, "
+            f"md5-checked) into {tmp_path / 'd' / 'cifar-10-batches-py'}") in out
+    assert not (tmp_path / "d").exists()
+
+
+def test_run_download_offline_is_one_line_and_exit_2(monkeypatch, tmp_path, capsys):
+    from helpers import write_study
+
+    from ablations.run import main as run_main
+
+    monkeypatch.setattr(tvd.MNIST, "mirrors", [closed_port_url()])
+    study = write_study(tmp_path / "needs_mnist.yaml", base={"dataset": "mnist", "patch_size": 7})
+    code = run_main(["--study", str(study), "--data-dir", str(tmp_path / "d"), "--download", "--storage",
+                     f"sqlite:///{tmp_path / 's.db'}", "--results-dir", str(tmp_path / "results")])
+    assert code == 2
+    err = error_line(capsys.readouterr().err)
+    assert "cannot download mnist from 127.0.0.1:" in err and "offline" in err
+    assert not (tmp_path / "s.db").exists()  # refused before anything was stored
