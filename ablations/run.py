@@ -38,6 +38,7 @@ from . import layout
 from .cli import OneLineParser
 from .dashboard import check_loggers
 from .gpu_hours import DEFAULT_GPU, DEVICE_RESULTS, GPU_CLASSES
+from .overrides import RUN_ONLY, apply_sets, check_stored, describe, parse_sets, value_text
 from .stopping import check_stopping, interrupted, stop_on_signals, stop_signal
 from .storage import (
     DEFAULT_STORAGE,
@@ -80,7 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", default="default", help="study size: smoke (CI, < 1 min), quick (minutes), default, paper (GPU)")
     p.add_argument("--storage", default=os.environ.get("ABLATIONS_STORAGE", DEFAULT_STORAGE),
                    help=f"Optuna storage URL (default {DEFAULT_STORAGE}, or $ABLATIONS_STORAGE)")
-    p.add_argument("--study-name", help="name in the storage (default: the study's name, suffixed by the budget)")
+    p.add_argument("--study-name", help="name in the storage (default: the study's name, suffixed by the budget "
+                                        "and the --set overrides)")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="sets",
+                   help="override a RunConfig field of the study's base (repeatable; the value read as YAML, e.g. "
+                        "--set precision=32-true --set max_epochs=30); a field that changes results runs as its own "
+                        "stored study, <study>+FIELD=VALUE+... (fields sorted; threads and data_dir exempt)")
     p.add_argument("--workers", type=int, default=1, help="local worker processes sharing the study (cores split)")
     p.add_argument("--results-dir", default=layout.RESULTS_DIR,
                    help=f"where TensorBoard runs go (<dir>/{layout.RUNS}/<study>/)")
@@ -257,13 +263,18 @@ def _main(args: argparse.Namespace) -> int:
         raise ValueError("--study is required (or --list); valid studies: " + ", ".join(available_studies()))
     if args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
-    spec = load_spec(args.study, args.budget)
+    sets = parse_sets(args.sets)
+    spec = apply_sets(load_spec(args.study, args.budget), sets)
     check_loggers(args.loggers)
-    overrides = _overrides(args)
+    overrides = {k: v for k, v in sets.items() if k in RUN_ONLY} | _overrides(args)
     _validate_points(spec, overrides, check_data=False)
     if args.download and args.worker_index is None:
         _download(spec, overrides, dry_run=args.dry_run)
     if args.dry_run:  # a dry run plans: no data folder needed
+        if sets:
+            print(f"--set {describe({k: value_text(k, v) for k, v in sets.items()})}: over the study's base (and "
+                  f"its tuning stage's); stored as its own study '{args.study_name or spec.study_name}'"
+                  + (" (threads, data_dir: run-only, not in the name)" if set(sets) & set(RUN_ONLY) else ""))
         return _dry_run(spec, overrides, gpu=args.gpu, results_dir=Path(args.results_dir))
     _validate_points(spec, overrides, check_data=True)
 
@@ -279,7 +290,10 @@ def _main(args: argparse.Namespace) -> int:
             return _work(spec.tune_stage(), storage, study_name, args, overrides)
         return _work(spec, storage, study_name, args, overrides, tuned=_stored_choice(storage, study_name))
 
-    study = _create_study(spec, storage, study_name, seed=0)
+    study = _create_study(spec, storage, study_name, seed=0)  # refuses a stored study of other overrides
+    if spec.overrides:
+        print(f"--set {describe(spec.overrides)}: its own stored study '{study_name}' (a study never mixes two "
+              "configurations)", file=sys.stderr)
     if spec.tune is not None:
         stored = study.user_attrs.get(TUNE_GRID)
         if stored is not None and stored != spec.tune.as_dict():
@@ -609,6 +623,7 @@ def _create_study(spec, storage, study_name: str, seed: int):
     study = optuna.create_study(storage=storage, study_name=study_name, direction=spec.direction, sampler=sampler,
                                 pruner=_make_pruner(spec), load_if_exists=True)
     _check_same_choices(study, spec)
+    check_stored(study, spec)
     if study.metric_names is None:
         study.set_metric_names([spec.metric])
     for key, value in (("spec_source", spec.source), ("budget", spec.budget), ("kind", spec.kind),
