@@ -267,16 +267,17 @@ def _main(args: argparse.Namespace) -> int:
     spec = apply_sets(load_spec(args.study, args.budget), sets)
     check_loggers(args.loggers)
     overrides = {k: v for k, v in sets.items() if k in RUN_ONLY} | _overrides(args)
-    _validate_points(spec, overrides, check_data=False)
+    _validate_points(spec, overrides, check_data=False)  # the data folders after --download, and not in a dry run
     if args.download and args.worker_index is None:
         _download(spec, overrides, dry_run=args.dry_run)
-    if args.dry_run:  # a dry run plans: no data folder needed
+    if args.dry_run:
         if sets:
             print(f"--set {describe({k: value_text(k, v) for k, v in sets.items()})}: over the study's base (and "
                   f"its tuning stage's); stored as its own study '{args.study_name or spec.study_name}'"
                   + (" (threads, data_dir: run-only, not in the name)" if set(sets) & set(RUN_ONLY) else ""))
         return _dry_run(spec, overrides, gpu=args.gpu, results_dir=Path(args.results_dir))
-    _validate_points(spec, overrides, check_data=True)
+    for config in _data_configs(spec, overrides):
+        _check_data(config)  # before anything is stored: a missing or malformed folder is one line
 
     from .storage import exit_when_heartbeat_fails, open_storage
 
@@ -551,12 +552,15 @@ def _overrides(args: argparse.Namespace) -> dict:
 def _validate_points(spec, overrides: dict, check_data: bool = True) -> None:
     """Build every grid point's config (and check its residual options and, with ``check_data``, its data
     folder) before anything is stored; the tuning stage's points too."""
+    if check_data:
+        for config in _data_configs(spec, overrides):
+            _check_data(config)
     if spec.tune is not None:
-        _validate_points(spec.tune_stage(), overrides, check_data)
+        _validate_points(spec.tune_stage(), overrides, check_data=False)
         spec = dataclasses.replace(spec, tune=None)  # its points' lr comes from the tuning stage
     _make_pruner(spec)
     points = spec.grid() if spec.kind == "grid" else [{"variant": v.label} for v in spec.variants]
-    seen, datasets = set(), set()
+    seen = set()
     for params in points:
         config = spec.run_config(params, overrides)
         key = (config.residual, repr(sorted(config.residual_options.items())), config.depth, config.embed_dim,
@@ -564,22 +568,19 @@ def _validate_points(spec, overrides: dict, check_data: bool = True) -> None:
         if key not in seen:
             seen.add(key)
             _check_residual(config)
-        data_key = (config.dataset, config.data_dir, repr(sorted(config.dataset_options.items())))
-        if check_data and data_key not in datasets:
-            datasets.add(data_key)
-            _check_data(config)
 
 
-def _datasets(spec, overrides: dict) -> list[tuple[str, str | None]]:
-    """The (dataset, data_dir) pairs the study's points (and its tuning stage's) train on."""
+def _data_configs(spec, overrides: dict) -> list:
+    """One config per distinct (dataset, data_dir, dataset_options) the study's points (and its tuning stage's)
+    train on."""
     specs = [spec] + ([spec.tune_stage()] if spec.tune is not None else [])
     found = {}
     for stage in specs:
         points = stage.grid() if stage.kind == "grid" else [{"variant": v.label} for v in stage.variants]
         for params in points:
             config = stage.run_config(params, overrides)
-            found[(config.dataset, config.data_dir)] = None
-    return list(found)
+            found.setdefault((config.dataset, config.data_dir, repr(sorted(config.dataset_options.items()))), config)
+    return list(found.values())
 
 
 def _download(spec, overrides: dict, *, dry_run: bool) -> None:
@@ -587,7 +588,7 @@ def _download(spec, overrides: dict, *, dry_run: bool) -> None:
     ``dry_run``, one line each saying what would be fetched, and nothing fetched."""
     from data.fetch import FETCHABLE, ensure, plan
 
-    for dataset, data_dir in _datasets(spec, overrides):
+    for dataset, data_dir in dict.fromkeys((c.dataset, c.data_dir) for c in _data_configs(spec, overrides)):
         if dry_run:
             if dataset in FETCHABLE or dataset == "imagefolder":
                 print(f"--download: {plan(dataset, data_dir)}")
