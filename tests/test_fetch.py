@@ -314,3 +314,12 @@ def test_run_download_offline_is_one_line_and_exit_2(monkeypatch, tmp_path, caps
     err = error_line(capsys.readouterr().err)
     assert "cannot download mnist from 127.0.0.1:" in err and "offline" in err
     assert not (tmp_path / "s.db").exists()  # refused before anything was stored
+
+
+def test_missing_files_of_the_new_datasets_are_one_line(tmp_path):
+    from data.common import DataError
+
+    with pytest.raises(DataError, match=r"missing train_32x32\.mat, test_32x32\.mat; expected .*SVHN format"):
+        build_datamodule("svhn", data_dir=str(tmp_path))
+    with pytest.raises(DataError, match=r"missing FashionMNIST/raw/train-images-idx3-ubyte, .*FashionMNIST raw"):
+        build_datamodule("fashion_mnist", data_dir=str(tmp_path))
