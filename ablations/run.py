@@ -272,8 +272,9 @@ def _main(args: argparse.Namespace) -> int:
         _download(spec, overrides, dry_run=args.dry_run)
     if args.dry_run:
         if sets:
+            where = "its own study" if spec.overrides else "the study"
             print(f"--set {describe({k: value_text(k, v) for k, v in sets.items()})}: over the study's base (and "
-                  f"its tuning stage's); stored as its own study '{args.study_name or spec.study_name}'"
+                  f"its tuning stage's); stored as {where} '{args.study_name or spec.study_name}'"
                   + (" (threads, data_dir: run-only, not in the name)" if set(sets) & set(RUN_ONLY) else ""))
         return _dry_run(spec, overrides, gpu=args.gpu, results_dir=Path(args.results_dir))
     for config in _data_configs(spec, overrides):
