@@ -111,3 +111,7 @@ def test_overrides_never_mix_and_the_report_finds_the_study(tmp_path, capsys):
     assert report_main(["--study", str(study), "--storage", storage, "--results-dir", str(tmp_path / "results"),
                         "--out", str(tmp_path / "plain"), "--no-figures", "--no-tensorboard", "--no-note"]) == 0
     assert "overrides" not in (tmp_path / "plain" / "main.md").read_text()
+    capsys.readouterr()
+    assert report_main(["--study", str(study), "--storage", storage, "--set", "max_epochs=3", "--no-figures"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "study 'tiny+max_epochs=3' not found" in line and "tiny+max_epochs=2+precision=32-true" in line
