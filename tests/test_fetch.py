@@ -323,3 +323,12 @@ def test_missing_files_of_the_new_datasets_are_one_line(tmp_path):
         build_datamodule("svhn", data_dir=str(tmp_path))
     with pytest.raises(DataError, match=r"missing FashionMNIST/raw/train-images-idx3-ubyte, .*FashionMNIST raw"):
         build_datamodule("fashion_mnist", data_dir=str(tmp_path))
+
+
+def test_download_help_names_every_fetchable_dataset():
+    from ablations.run import build_parser as run_parser
+    from ablations.train import build_parser as train_parser
+
+    for parser in (run_parser(), train_parser()):
+        text = " ".join(next(a.help for a in parser._actions if a.dest == "download").split())
+        assert all(name in text for name in FETCHABLE), text
