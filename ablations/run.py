@@ -268,8 +268,10 @@ def _main(args: argparse.Namespace) -> int:
     check_loggers(args.loggers)
     overrides = {k: v for k, v in sets.items() if k in RUN_ONLY} | _overrides(args)
     _validate_points(spec, overrides, check_data=False)  # the data folders after --download, and not in a dry run
-    if args.download and args.worker_index is None:
-        _download(spec, overrides, dry_run=args.dry_run)
+    if args.download and args.worker_index is None:  # a dry run says what it would fetch
+        from data.fetch import ensure_all
+
+        ensure_all([(c.dataset, c.data_dir) for c in _data_configs(spec, overrides)], dry_run=args.dry_run)
     if args.dry_run:
         if sets:
             where = "its own study" if spec.overrides else "the study"
@@ -582,21 +584,6 @@ def _data_configs(spec, overrides: dict) -> list:
             config = stage.run_config(params, overrides)
             found.setdefault((config.dataset, config.data_dir, repr(sorted(config.dataset_options.items()))), config)
     return list(found.values())
-
-
-def _download(spec, overrides: dict, *, dry_run: bool) -> None:
-    """``--download``: fetch the study's datasets that are not in their folders (:mod:`data.fetch`); with
-    ``dry_run``, one line each saying what would be fetched, and nothing fetched."""
-    from data.fetch import FETCHABLE, ensure, plan
-
-    for dataset, data_dir in dict.fromkeys((c.dataset, c.data_dir) for c in _data_configs(spec, overrides)):
-        if dry_run:
-            if dataset in FETCHABLE or dataset == "imagefolder":
-                print(f"--download: {plan(dataset, data_dir)}")
-            else:
-                print(f"--download: {dataset}: nothing to download (embedded or generated)")
-        else:
-            ensure(dataset, data_dir, log=lambda line: print(line, file=sys.stderr))
 
 
 def _check_data(config) -> None:

@@ -122,6 +122,16 @@ def ensure(name: str, data_dir: str | Path | None, *, log=print) -> None:
         log(f"{name}: nothing to download ({_why_not(name)})")
 
 
+def ensure_all(datasets: Sequence[tuple[str, str | Path | None]], *, dry_run: bool = False) -> None:
+    """``--download`` of a study: :func:`ensure` each (dataset, data_dir) once, progress on stderr; with
+    ``dry_run``, one ``--download: ...`` line each on stdout (:func:`plan`) and nothing fetched."""
+    for name, data_dir in dict.fromkeys(datasets):
+        if dry_run:
+            print(f"--download: {plan(name, data_dir)}")
+        else:
+            ensure(name, data_dir, log=lambda line: print(line, file=sys.stderr))
+
+
 def fetch(name: str, data_dir: str | Path | None, *, log=print) -> bool:
     """Make ``data_dir`` hold dataset ``name`` (see the module's guarantees). Returns False when it was already
     there (nothing downloaded), True after a download. Raises :class:`FetchError` with one line."""
