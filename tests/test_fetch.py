@@ -290,15 +290,26 @@ def test_train_download_fetches_then_trains(monkeypatch, server, tmp_path, capsy
 
 
 def test_run_download_dry_run_explains_and_fetches_nothing(tmp_path, capsys):
+    """What ``--study residual_variants --budget paper --data-dir DIR --download --dry-run`` prints, on a tiny study
+    of the same dataset (the paper budget's dry run prices 30 ViT-S models: minutes here)."""
+    from helpers import write_study
+
     from ablations.run import main as run_main
 
-    code = run_main(["--study", "residual_variants", "--budget", "paper", "--data-dir", str(tmp_path / "d"),
-                     "--download", "--dry-run", "--results-dir", str(tmp_path / "results")])
-    assert code == 0
+    study = write_study(tmp_path / "on_cifar.yaml", base={"dataset": "cifar10", "patch_size": 4})
+    args = ["--study", str(study), "--download", "--dry-run", "--results-dir", str(tmp_path / "results")]
+    assert run_main([*args, "--data-dir", str(tmp_path / "d")]) == 0
     out = capsys.readouterr().out
     assert (f"--download: cifar10: would download 163 MiB from www.cs.toronto.edu (torchvision's CIFAR10, "
             f"md5-checked) into {tmp_path / 'd' / 'cifar-10-batches-py'}") in out
     assert not (tmp_path / "d").exists()
+
+    write_cifar(tmp_path / "full", 10)  # a complete folder: nothing to fetch
+    assert run_main([*args, "--data-dir", str(tmp_path / "full")]) == 0
+    assert f"--download: cifar10: already in {tmp_path / 'full' / 'cifar-10-batches-py'}; nothing to download" in (
+        capsys.readouterr().out)
+    assert run_main([*args]) == 0  # no --data-dir: said, not guessed
+    assert "--download: cifar10: cannot download without --data-dir" in capsys.readouterr().out
 
 
 def test_run_download_offline_is_one_line_and_exit_2(monkeypatch, tmp_path, capsys):
