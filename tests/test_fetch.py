@@ -296,7 +296,7 @@ def test_run_download_dry_run_explains_and_fetches_nothing(tmp_path, capsys):
 
     from ablations.run import main as run_main
 
-    study = write_study(tmp_path / "on_cifar.yaml", base={"dataset": "cifar10", "patch_size": 4})
+    study = write_study(tmp_path / "on_cifar.yaml", base={"dataset": "cifar10", "dataset_options": {}, "patch_size": 4})
     args = ["--study", str(study), "--download", "--dry-run", "--results-dir", str(tmp_path / "results")]
     assert run_main([*args, "--data-dir", str(tmp_path / "d")]) == 0
     out = capsys.readouterr().out
@@ -318,7 +318,8 @@ def test_run_download_offline_is_one_line_and_exit_2(monkeypatch, tmp_path, caps
     from ablations.run import main as run_main
 
     monkeypatch.setattr(tvd.MNIST, "mirrors", [closed_port_url()])
-    study = write_study(tmp_path / "needs_mnist.yaml", base={"dataset": "mnist", "patch_size": 7})
+    study = write_study(tmp_path / "needs_mnist.yaml", base={"dataset": "mnist", "dataset_options": {},
+                                                                  "patch_size": 7})
     code = run_main(["--study", str(study), "--data-dir", str(tmp_path / "d"), "--download", "--storage",
                      f"sqlite:///{tmp_path / 's.db'}", "--results-dir", str(tmp_path / "results")])
     assert code == 2
@@ -343,3 +344,22 @@ def test_download_help_names_every_fetchable_dataset():
     for parser in (run_parser(), train_parser()):
         text = " ".join(next(a.help for a in parser._actions if a.dest == "download").split())
         assert all(name in text for name in FETCHABLE), text
+
+
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")
+def test_run_download_fetches_then_runs_the_study(monkeypatch, server, tmp_path, capsys):
+    from helpers import trials_of, write_study
+
+    from ablations.run import main as run_main
+
+    serve_mnist_family(monkeypatch, server, tmp_path, tvd.MNIST)
+    study = write_study(tmp_path / "on_mnist.yaml", base={"dataset": "mnist", "dataset_options": {}, "patch_size": 7})
+    data_dir = tmp_path / "d"
+    code = run_main(["--study", str(study), "--data-dir", str(data_dir), "--download", "--storage",
+                     f"sqlite:///{tmp_path / 's.db'}", "--results-dir", str(tmp_path / "results"), "--no-progress"])
+    assert code == 0
+    assert "mnist: verified and in place" in capsys.readouterr().err
+    assert sorted(p.name for p in data_dir.iterdir()) == ["MNIST"]
+    trials = trials_of(tmp_path / "s.db", "on_mnist")
+    assert len(trials) == 2 and all(t.state.name == "COMPLETE" for t in trials)
