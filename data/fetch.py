@@ -99,6 +99,9 @@ def plan(name: str, data_dir: str | Path | None) -> str:
     entries = ", ".join(str(target / e) for e in FETCHABLE[name].entries)
     if is_complete(name, target):
         return f"{name}: already in {entries}; nothing to download"
+    present = [str(target / e) for e in FETCHABLE[name].entries if (target / e).exists()]
+    if present:
+        return f"{name}: {', '.join(present)} exists but is incomplete: the download would refuse (move it away)"
     return (f"{name}: would download {FETCHABLE[name].size} from {', '.join(hosts(name))} (torchvision's "
             f"{FETCHABLE[name].torchvision_name}, md5-checked) into {entries}")
 

@@ -244,6 +244,7 @@ def test_incomplete_existing_folder_is_not_overwritten(tmp_path, capsys):
     err = error_line(capsys.readouterr().err)
     assert "exists but is incomplete" in err
     assert (folder / "data_batch_1").read_bytes() == b"mine"
+    assert "exists but is incomplete: the download would refuse" in plan("cifar10", tmp_path)
 
 
 def test_plan_and_dry_run_download_nothing(tmp_path, capsys):
