@@ -26,6 +26,8 @@ from test_data import write_cifar, write_idx
 from data import build_datamodule
 from data.fetch import FETCHABLE, fetch, hosts, main, plan
 
+SERVER_LIFETIME_S = 600  # the longest a test's server may live (a hung test cannot leave it serving)
+
 
 def md5(data: bytes) -> str:
     return hashlib.md5(data).hexdigest()
@@ -34,7 +36,7 @@ def md5(data: bytes) -> str:
 @pytest.fixture
 def server(tmp_path):
     """An HTTP server on 127.0.0.1 serving ``files`` (name -> bytes; a test fills it), in a daemon thread, stopped
-    after the test. Each request is logged in ``served`` (torchvision requests a URL twice: once to follow
+    after the test or after :data:`SERVER_LIFETIME_S`, whichever comes first. Each request is logged in ``served`` (torchvision requests a URL twice: once to follow
     redirects, once to download)."""
     files: dict[str, bytes] = {}
     served: list[str] = []
@@ -59,9 +61,13 @@ def server(tmp_path):
     httpd.timeout = 5
     thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
+    deadline = threading.Timer(SERVER_LIFETIME_S, httpd.shutdown)  # bounded: it stops by itself, whatever happens
+    deadline.daemon = True
+    deadline.start()
     try:
         yield {"url": f"http://127.0.0.1:{httpd.server_address[1]}/", "files": files, "served": served}
     finally:
+        deadline.cancel()
         httpd.shutdown()
         httpd.server_close()
         thread.join(timeout=10)
