@@ -177,8 +177,6 @@ def _download(name: str, spec: Fetchable, staging: Path, target: Path) -> None:
     try:
         for split in spec.splits:
             tv(str(staging), download=True, **split)  # downloads, checks the md5s, then parses the split
-    except FetchError:
-        raise
     except Exception as exc:  # noqa: BLE001 - torchvision raises RuntimeError, URLError, OSError, tarfile errors...
         raise _failure(name, spec, target, exc) from None
 
@@ -191,9 +189,15 @@ def _failure(name: str, spec: Fetchable, target: Path, exc: BaseException) -> Fe
     layout = module.layout_text() if hasattr(module, "layout_text") else module.layout
     by_hand = f"copy the files to {target} by hand: {layout}"
     reason = _network_reason(exc)
+    if reason is not None and reason.startswith("HTTP "):  # the host answered, but not with the file
+        return FetchError(f"cannot download {name} from {', '.join(hosts(name))}: the server answered {reason}; "
+                          f"torchvision's URL may have moved (a newer torchvision may know the new one), or {by_hand}")
     if reason is not None:
         return FetchError(f"cannot download {name} from {', '.join(hosts(name))} ({reason}): the machine is offline "
                           f"or the host is unreachable; rerun where the internet is reachable, or {by_hand}")
+    if isinstance(exc, OSError) and exc.errno is not None and exc.filename is not None:  # e.g. a full disk
+        return FetchError(f"cannot write the download of {name} into {target}: [Errno {exc.errno}] {exc.strerror}; "
+                          "nothing was left there: free space or make the folder writable, then rerun")
     detail = " ".join(str(exc).split()) or type(exc).__name__
     return FetchError(f"the download of {name} from {', '.join(hosts(name))} is corrupt or incomplete ({detail}): "
                       f"it failed torchvision's checksum check and was discarded, nothing was written to {target}; "

@@ -370,3 +370,12 @@ def test_run_download_fetches_then_runs_the_study(monkeypatch, server, tmp_path,
     assert sorted(p.name for p in data_dir.iterdir()) == ["MNIST"]
     trials = trials_of(tmp_path / "s.db", "on_mnist")
     assert len(trials) == 2 and all(t.state.name == "COMPLETE" for t in trials)
+
+
+def test_a_missing_file_on_the_server_is_one_line(monkeypatch, server, tmp_path, capsys):
+    serve_cifar10(monkeypatch, server, tmp_path)
+    del server["files"]["cifar-10-python.tar.gz"]  # HTTP 404: the host answers, the file is not there
+    assert main(["cifar10", "--data-dir", str(tmp_path / "d")]) == 2
+    err = error_line(capsys.readouterr().err)
+    assert "the server answered HTTP 404" in err and "by hand" in err
+    assert not (tmp_path / "d").exists()
