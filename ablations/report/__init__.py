@@ -4,6 +4,10 @@
     python -m ablations.report --study residual_variants --budget smoke --storage sqlite:///runs/o.db
     python -m ablations.report --study init_values --study-name my-search --out paper/tables
     python -m ablations.report --study residual_variants --runs results/residual_variants/runs.csv --out /tmp/x
+    python -m ablations.report --study residual_variants --budget smoke --set max_epochs=2   # a --set study
+
+``--set FIELD=VALUE`` (as given to ``ablations.run``) finds the study those overrides ran as
+(:mod:`ablations.overrides`); the main table's notes say which overrides the study ran with.
 
 Writes to ``<results-dir>/<study name>/`` (or ``--out``):
 

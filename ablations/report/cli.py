@@ -25,7 +25,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", default="default", help="study size the study was run at: smoke, default, paper")
     p.add_argument("--storage", default=os.environ.get("ABLATIONS_STORAGE", DEFAULT_STORAGE),
                    help=f"Optuna storage URL (default {DEFAULT_STORAGE}, or $ABLATIONS_STORAGE)")
-    p.add_argument("--study-name", help="name in the storage (default: the study's name, suffixed by the budget)")
+    p.add_argument("--study-name", help="name in the storage (default: the study's name, suffixed by the budget "
+                                        "and the --set overrides)")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="sets",
+                   help="the --set overrides the study was run with (python -m ablations.run ... --set ...): they "
+                        "name its stored study")
     p.add_argument("--results-dir", default=layout.RESULTS_DIR,
                    help=f"results folder: tables go to <dir>/<study name>/, TensorBoard runs are in "
                         f"<dir>/{layout.RUNS}/")
@@ -63,12 +67,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
+    from ..overrides import OVERRIDES_ATTR, apply_sets, describe, parse_sets
     from ..spec import load_spec
     from . import runs as runs_csv
     from . import tables as tb
     from .load import collect, open_study, open_tune_study
 
-    spec = load_spec(args.study, args.budget)
+    spec = apply_sets(load_spec(args.study, args.budget), parse_sets(args.sets))
     study_name = args.study_name or spec.study_name
     results_dir = Path(args.results_dir)
     study = None
@@ -85,6 +90,9 @@ def _main(args: argparse.Namespace) -> int:
                           f"({_states(study, data)}); nothing to report")
     out = Path(args.out) if args.out else layout.report_dir(results_dir, study_name)
     tables, cells, notes = build_tables(data, spec, study)
+    overrides = spec.overrides if study is None else study.user_attrs.get(OVERRIDES_ATTR, {})
+    if overrides:  # in main.md (the first table's notes) and on stdout
+        tables[0].notes.append(f"run with overrides of the study's base (--set): {describe(overrides)}")
 
     written: list[Path] = []
     for table in tables:

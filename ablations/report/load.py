@@ -172,6 +172,8 @@ def open_study(url: str, study_name: str, spec=None):
                       if (spec.name if b == "default" else f"{spec.name}-{b}") in names and b != spec.budget]
             if others:
                 hint = f" (run with --budget {others[0]}?)"
+            elif any(n.startswith(f"{study_name}+") for n in names):  # ablations.overrides' naming rule
+                hint = " (a study run with --set: pass the same --set arguments)"
         raise ReportError(f"study '{study_name}' not found in {_redact(url)}; studies there: "
                           f"{', '.join(sorted(names)) or 'none'}{hint}")
     return optuna.load_study(study_name=study_name, storage=storage)
