@@ -16,17 +16,25 @@ from .hyper_connections import Mixing, MultiStreamSite, check_positive_int, mixi
 RES_INITS = ("paper", "identity", "hc")
 RMS_EPS = 1e-6  # ε of the parameter-free RMSNorm of the flattened streams
 IDENTITY_TOLERANCE = 1e-5  # res_init="identity": the off-diagonal mass of each row of H_res at init
+SINKHORN_FLOOR = -80.0  # logits below their row's maximum by more count as this far (exp stays a normal float32)
 
 
 def sinkhorn_knopp(logits: torch.Tensor, iters: int) -> torch.Tensor:
     """The paper's Sinkhorn-Knopp projection of ``exp(logits)`` (..., n, n): ``iters`` alternating row and column
     normalisations, rows first (so the columns of the result sum to 1 exactly, the rows to within the method's
-    convergence). Computed in the log domain (logsumexp), the same iterates without overflow."""
-    log_m = logits
+    convergence).
+
+    Computed with the tokens last, (n, n, ...): each normalisation is a few vector operations over all tokens, not
+    a reduction over n = 4 values per token (5x faster forward and backward on a CPU). In the exp domain after
+    subtracting each row's maximum (Sinkhorn's first row normalisation removes any row scaling, so the iterates
+    are the same); a logit more than ``SINKHORN_FLOOR`` below its row's maximum counts as that far (exp(−80) is
+    still a normal float32), so that no column can underflow to zero."""
+    m = logits.movedim((-2, -1), (0, 1))
+    m = torch.exp((m - m.amax(dim=1, keepdim=True)).clamp(min=SINKHORN_FLOOR)).contiguous()
     for _ in range(iters):
-        log_m = log_m - torch.logsumexp(log_m, dim=-1, keepdim=True)
-        log_m = log_m - torch.logsumexp(log_m, dim=-2, keepdim=True)
-    return log_m.exp()
+        m = m / m.sum(dim=1, keepdim=True)
+        m = m / m.sum(dim=0, keepdim=True)
+    return m.movedim((0, 1), (-2, -1))
 
 
 def identity_logit(n: int, tolerance: float = IDENTITY_TOLERANCE) -> float:
@@ -114,9 +122,12 @@ class MHC(MultiStreamSite):
     def logits(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(H̃_pre, H̃_post, H̃_res) for the streams x (..., n, D): (..., n), (..., n), (..., n, n)."""
         v = F.rms_norm(x.flatten(-2), (self.n * self.dim,), eps=RMS_EPS)
-        pre = self.alpha_pre * torch.matmul(v, self.phi_pre) + self.b_pre[0]
-        post = self.alpha_post * torch.matmul(v, self.phi_post) + self.b_post[0]
-        res = self.alpha_res * torch.matmul(v, self.phi_res).unflatten(-1, (self.n, self.n)) + self.b_res
+        n = self.n
+        # one F.linear for the three projections ((n + n + n², nD) weight: x @ φ with a skinny φ is slower on a CPU)
+        proj = F.linear(v, torch.cat([self.phi_pre, self.phi_post, self.phi_res], dim=1).t().contiguous())
+        pre = self.alpha_pre * proj[..., :n] + self.b_pre[0]
+        post = self.alpha_post * proj[..., n:2 * n] + self.b_post[0]
+        res = self.alpha_res * proj[..., 2 * n:].unflatten(-1, (n, n)) + self.b_res
         return pre, post, res
 
     def mixing(self, x: torch.Tensor) -> Mixing:
