@@ -8,7 +8,7 @@ import torch
 from timm.layers import DropPath, RmsNorm
 from torch import nn
 
-from .base import BlockArgs, ResidualSite
+from .base import BlockArgs, ResidualSite, inverse_rms
 from .depth import DepthWeights, depth_row, final_args, norm_eps, weighted_sum
 from .standard import Standard
 
@@ -105,11 +105,6 @@ class AttnRes(ResidualSite, DepthWeights):
     def depth_weights(self, sources: list[torch.Tensor], inv_rms: torch.Tensor | None = None) -> torch.Tensor:
         """This aggregation's row of the depth-weight matrix: α averaged over the batch and tokens."""
         return depth_row(self.weights(sources, inv_rms).mean(dim=(0, 1)), self.depth_extent[1])
-
-
-def inverse_rms(v: torch.Tensor, eps: float) -> torch.Tensor:
-    """1 / sqrt(mean(v²) + ε) over the last dimension, as timm's ``RmsNorm`` scales: (..., D) -> (...)."""
-    return torch.rsqrt(v.square().mean(dim=-1) + eps)
 
 
 class BlockSources:

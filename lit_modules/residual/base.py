@@ -173,3 +173,9 @@ def check_choice(name: str, value: Any, choices: tuple) -> None:
     """One-line ValueError for a value outside a fixed set of choices."""
     if value not in choices:
         raise ValueError(f"{name}={value!r} is not valid; valid choices: {', '.join(map(str, choices))}")
+
+
+def inverse_rms(v: torch.Tensor, eps: float) -> torch.Tensor:
+    """1 / sqrt(mean(v²) + ε) over the last dimension, the factor RMSNorm scales by: (..., D) -> (...). A variant
+    whose normalised input only feeds a linear map applies it to the map's (small) output instead."""
+    return torch.rsqrt(v.square().mean(dim=-1) + eps)

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import BlockArgs, check_choice
+from .base import BlockArgs, check_choice, inverse_rms
 from .hyper_connections import Mixing, MultiStreamSite, check_positive_int, mixing_stats
 
 RES_INITS = ("paper", "identity", "hc")
@@ -34,7 +34,7 @@ def sinkhorn_knopp(logits: torch.Tensor, iters: int) -> torch.Tensor:
     for _ in range(iters):
         m = m / m.sum(dim=1, keepdim=True)
         m = m / m.sum(dim=0, keepdim=True)
-    return m.movedim((0, 1), (-2, -1))
+    return m.movedim((0, 1), (-2, -1)).contiguous()  # back to (..., n, n) in memory too: bmm's fast layout
 
 
 def identity_logit(n: int, tolerance: float = IDENTITY_TOLERANCE) -> float:
@@ -121,10 +121,11 @@ class MHC(MultiStreamSite):
 
     def logits(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(H̃_pre, H̃_post, H̃_res) for the streams x (..., n, D): (..., n), (..., n), (..., n, n)."""
-        v = F.rms_norm(x.flatten(-2), (self.n * self.dim,), eps=RMS_EPS)
-        n = self.n
-        # one F.linear for the three projections ((n + n + n², nD) weight: x @ φ with a skinny φ is slower on a CPU)
-        proj = F.linear(v, torch.cat([self.phi_pre, self.phi_post, self.phi_res], dim=1).t().contiguous())
+        v, n = x.flatten(-2), self.n
+        # x̃φ = (x⃗φ) / rms(x⃗): the norm scales the (…, n + n + n²) projection, not the (…, nD) input; one F.linear
+        # for the three φ (x @ φ with a skinny φ is slower on a CPU)
+        weight = torch.cat([self.phi_pre, self.phi_post, self.phi_res], dim=1).t().contiguous()
+        proj = F.linear(v, weight) * inverse_rms(v, RMS_EPS).unsqueeze(-1)
         pre = self.alpha_pre * proj[..., :n] + self.b_pre[0]
         post = self.alpha_post * proj[..., n:2 * n] + self.b_post[0]
         res = self.alpha_res * proj[..., 2 * n:].unflatten(-1, (n, n)) + self.b_res
