@@ -9,7 +9,7 @@
 
 Writes ``<out>/bench.md`` (each figure beside its goal with a pass/miss mark, plus the machine facts) and
 ``<out>/bench.json`` (the raw timings). Sections: 1 timm, 2 variants, 3 lightning, 4 mfu, 5 study, 6 memory,
-7 data, 8 modes, 9 compile (only with ``--compile``). Section 8 also writes ``<out>/modes-<device>.json``, the
+7 data, 8 modes, 9 compile (only with ``--compile``), 10 overhead. Section 8 also writes ``<out>/modes-<device>.json``, the
 table ``ablations.modes`` chooses a training run's precision and attention kernel from: it looks for the user's own
 at ``results/device/modes-<device>.json`` (hence ``--out results/device`` above).
 
@@ -60,8 +60,8 @@ from typing import Any
 from . import layout
 from .cli import OneLineParser
 
-SECTIONS = ("timm", "variants", "lightning", "mfu", "study", "memory", "data", "modes", "compile")
-DEFAULT_SECTIONS = SECTIONS[:-1]  # compile is opt-in
+SECTIONS = ("timm", "variants", "lightning", "mfu", "study", "memory", "data", "modes", "compile", "overhead")
+DEFAULT_SECTIONS = tuple(name for name in SECTIONS if name != "compile")  # compile is opt-in
 STUDY = "residual_variants"
 LR, WEIGHT_DECAY = 1e-3, 0.05
 
@@ -99,6 +99,9 @@ class Settings:
     modes_widths: tuple[int, ...] = (16, 32, 64, 128, 192, 384)  # section 8: the grid (heads = max(2, width // 64)) ...
     modes_patches: tuple[int, ...] = (16, 8, 4)  # ... x patch sizes on img_size 32: 5, 17, 65 tokens
     modes_depth: int = 4
+    overhead_depth: int = 6  # section 10: the new designs at issue 27's size (depth 6, batch 32) ...
+    overhead_batch: int = 32
+    overhead_reps: int = 9  # ... in more rounds than section 2: the goals are tight, the rounds cheap
 
     @property
     def precision(self) -> str:
@@ -128,7 +131,8 @@ TINY = replace(FULL, mode="tiny", embed_dim=32, num_heads=2, patch_size=8, depth
                trial_overrides={"embed_dim": 16, "num_heads": 2, "diagnostics_every": 0}, study_epochs=1,
                study_depths=1, run_estimate=False,
                memory_depth=4, memory_batch=2, compile_variants=("standard",), data_samples=40,
-               modes_widths=(32,), modes_patches=(8,), modes_depth=1)
+               modes_widths=(32,), modes_patches=(8,), modes_depth=1, overhead_depth=2, overhead_batch=4,
+               overhead_reps=2)
 
 
 # --- timing --------------------------------------------------------------------------------------------------------
@@ -936,10 +940,46 @@ def bench_compile(s: Settings) -> Section:
     sec.data = {"times_s": times, "first_compiled_step_s": compile_s}
     return sec
 
+# --- 10. the new designs' overhead ---------------------------------------------------------------------------------
+#: issue 27's goals: train-step time vs standard of the designs whose extra work is depth aggregation or n streams
+OVERHEAD_GOALS = {"attn_res": 1.3, "hyper_connections": 1.3, "dca": 1.3, "mhc": 1.5, "denseformer": 1.1}
+
+
+def bench_overhead(s: Settings) -> Section:
+    """Each of ``OVERHEAD_GOALS``' variants at its defaults vs standard, interleaved in one run (section 2's
+    method at depth ``overhead_depth``, batch ``overhead_batch``): the cost of their implementation, not of their
+    FLOPs (each adds ≤ 10 % FLOPs)."""
+    from ablations.costs import measure
+
+    size = s.vit(s.overhead_depth)
+    labels = ["standard", *OVERHEAD_GOALS]
+    models = {label: ours(label, {}, size) for label in labels}
+    costs = {label: measure(label, {}, **size) for label in labels}
+    batch = random_batch(s, s.overhead_batch)
+    times = interleave({k: train_step(m.to(s.device), batch, s.precision) for k, m in models.items()},
+                       reps=s.overhead_reps, steps=s.steps, warmup=s.warmup, device=s.device)
+    sec = Section("overhead", "10. The new designs' step time vs standard (issue 27)",
+                  f"{s.describe(s.overhead_depth, s.overhead_batch)}; {s.mode_text()}, AdamW; {s.overhead_reps} "
+                  f"rounds x {s.steps} steps; each variant at its defaults",
+                  ["variant", "+FLOPs", "ms/step", "time vs standard [round min-max]", "goal", "mark"])
+    base = costs["standard"]["flops"]
+    for label in labels:
+        row = [label, f"{100.0 * (costs[label]['flops'] - base) / base:+.2f}%", ms(median(times[label]))]
+        if label == "standard":
+            sec.rows.append(row + ["reference", "", ""])
+            continue
+        ratios = round_ratios(times, label, "standard")
+        ratio, limit = median(ratios), OVERHEAD_GOALS[label]
+        sec.rows.append(row + [ratio_cell(ratios), *sec.goal(f"{label} / standard", ratio, limit, f"≤ {limit:.2f}x",
+                                                             f"{ratio:.3f}x", rounds=ratios)])
+    sec.data = {"ratios": {label: round_ratios(times, label, "standard") for label in OVERHEAD_GOALS},
+                "times_s": times, "flops": {label: c["flops"] for label, c in costs.items()}}
+    return sec
+
 
 BENCHES = {"timm": bench_timm, "variants": bench_variants, "lightning": bench_lightning, "mfu": bench_mfu,
            "study": bench_study, "memory": bench_memory, "data": bench_data, "modes": bench_modes,
-           "compile": bench_compile}
+           "compile": bench_compile, "overhead": bench_overhead}
 
 
 # --- report --------------------------------------------------------------------------------------------------------
