@@ -453,7 +453,8 @@ def bench_lightning(s: Settings) -> Section:
               "Lightning, bare module": lambda n: lightning_loop(bare_module(copy.deepcopy(classifier)), loader, n,
                                                                  dev, precision)}
     loops = {f"{name} x{n}": make(n) for name, make in makers.items() for n in (s.loop_steps, 0)}
-    times = interleave(loops, reps=s.loop_reps, steps=1, warmup=1, device=s.device)
+    with preserved_torch_state():  # the Trainer turns deterministic algorithms on: both loops run under them
+        times = interleave(loops, reps=s.loop_reps, steps=1, warmup=1, device=s.device)
     per_step = {name: [(a - b) / s.loop_steps for a, b in zip(times[f"{name} x{s.loop_steps}"], times[f"{name} x0"],
                                                               strict=True)] for name in makers}
     sec = Section("lightning", "3. Lightning training loop vs a plain PyTorch loop",
@@ -461,7 +462,8 @@ def bench_lightning(s: Settings) -> Section:
                   f"{config.num_heads} heads, patch {config.patch_size}, batch {config.batch_size}); "
                   f"{s.mode_text('attention as in the trial config')}; AdamW + "
                   f"warmup-cosine LambdaLR from ViTClassifier.configure_optimizers, label smoothing "
-                  f"{config.label_smoothing}; no logger, progress bar, checkpointing or validation; each loop run "
+                  f"{config.label_smoothing}; Lightning deterministic as in a trial (without the NaN fill of new tensors); "
+                  f"no logger, progress bar, checkpointing or validation; each loop run "
                   f"for {s.loop_steps} and for 0 optimizer steps, {s.loop_reps} rounds",
                   ["loop", "set-up ms", "ms/step", "per step vs plain [round min-max]", "goal", "mark"])
     for name in makers:
@@ -516,13 +518,16 @@ def plain_loop(classifier, loader, steps: int, device: str = "cpu",
 
 def lightning_loop(module, loader, steps: int, device: str = "cpu",
                    precision: str = "32-true") -> Callable[[], None]:
+    """Lightning's fit loop over ``steps`` optimizer steps, deterministic as a trial's (``run_training``)."""
     import lightning.pytorch as pl
+
+    from ablations.training import deterministic_without_nan_fill
 
     def fit() -> None:
         trainer = pl.Trainer(accelerator="gpu" if device == "cuda" else "cpu", devices=1, precision=precision,
                              max_steps=steps, logger=False, enable_progress_bar=False,
                              enable_checkpointing=False, enable_model_summary=False, limit_val_batches=0,
-                             num_sanity_val_steps=0)
+                             num_sanity_val_steps=0, **deterministic_without_nan_fill())
         trainer.fit(module, train_dataloaders=loader)
 
     return fit
@@ -667,16 +672,20 @@ def bench_study(s: Settings) -> Section:
 
 @contextlib.contextmanager
 def preserved_torch_state():
-    """run_training sets the thread count, seeds and deterministic algorithms for the process: undo it after."""
+    """run_training (and a deterministic Trainer) set the thread count, seeds, deterministic algorithms and their
+    NaN fill for the process: undo it after."""
     import torch
+    import torch.utils.deterministic
 
     threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    fill = torch.utils.deterministic.fill_uninitialized_memory
     try:
         yield
     finally:
         torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+        torch.utils.deterministic.fill_uninitialized_memory = fill
 
 
 def _threads() -> int:
