@@ -3,7 +3,8 @@
 
 A plain copy of the computations as they were before the speed-up (commit 9dc0958), as subclasses of today's
 classes: parameters, options and construction are inherited (so state_dict keys and shapes are the production
-ones by construction), only the forward computation is the old one. ``REFERENCES`` maps a registry name to its
+ones by construction), only the forward computation is the old one — the methods and classes the speed-up
+changed (the blocks and streams it left alone, DWAStream, HyperBlock and MultiStream, are today's). ``REFERENCES`` maps a registry name to its
 reference class; ``tests/test_fast_paths.py`` swaps it into the registry to build the reference model.
 """
 
@@ -15,9 +16,9 @@ import torch
 from torch import nn
 
 from lit_modules.residual.attn_res import AttnRes, AttnResBlock, AttnResStream
-from lit_modules.residual.denseformer import DWA, DenseFormer, DWAStream
+from lit_modules.residual.denseformer import DWA, DenseFormer
 from lit_modules.residual.depth import final_args
-from lit_modules.residual.hyper_connections import HyperBlock, HyperConnections, Mixing, MultiStream
+from lit_modules.residual.hyper_connections import HyperConnections, Mixing
 from lit_modules.residual.mhc import MHC
 
 
@@ -91,22 +92,10 @@ class RefDWA(DWA):
         return torch.einsum("bntd,t->bnd", stack, self.alpha[0].to(stack.dtype))
 
 
-class RefDWAStream(DWAStream):
-    def forward(self, x: torch.Tensor, blocks: nn.ModuleList) -> torch.Tensor:
-        reps = [x]
-        for i, blk in enumerate(blocks):
-            x = blk(x)
-            reps.append(x)
-            if str(i) in self.dwa:
-                x = self.dwa[str(i)](reps)
-        return x
-
-
 class RefDenseFormer(DenseFormer):
     @classmethod
     def build_stream(cls, dim: int, depth: int, norm_layer: Any, **options: Any) -> nn.Module:
         stream = super().build_stream(dim, depth, norm_layer, **options)
-        stream.__class__ = RefDWAStream
         for dwa in stream.dwa.values():
             dwa.__class__ = RefDWA
         return stream
@@ -134,34 +123,6 @@ class RefMultiStreamSite:
                 mixing: Mixing | None = None) -> torch.Tensor:
         mixing = self.mixing(x) if mixing is None else mixing
         return self.write(x, f, mixing) - x
-
-    @classmethod
-    def build_block(cls, args: Any, **options: Any) -> nn.Module:
-        return RefHyperBlock(args, sites=cls.build_sites(args, **options))
-
-    @classmethod
-    def build_stream(cls, dim: int, depth: int, norm_layer: Any, **options: Any) -> nn.Module:
-        return RefMultiStream(options["n"])
-
-
-class RefHyperBlock(HyperBlock):
-    def forward(self, x: torch.Tensor, history: list | None = None) -> torch.Tensor:
-        x = x + self._update(self.ls1, self.norm1, self.attn, self.drop_path1, x)
-        return x + self._update(self.ls2, self.norm2, self.mlp, self.drop_path2, x)
-
-    @staticmethod
-    def _update(site: Any, norm: nn.Module, branch: nn.Module, drop_path: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        mixing = site.mixing(x)
-        u = norm(site.read(x, mixing))
-        return site(x, u, drop_path(branch(u)), mixing=mixing)
-
-
-class RefMultiStream(MultiStream):
-    def forward(self, x: torch.Tensor, blocks: nn.ModuleList) -> torch.Tensor:
-        h = x.unsqueeze(-2).expand(*x.shape[:-1], self.n, x.shape[-1])
-        for blk in blocks:
-            h = blk(h)
-        return h.sum(dim=-2)
 
 
 class RefHyperConnections(RefMultiStreamSite, HyperConnections):
