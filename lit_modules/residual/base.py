@@ -177,5 +177,6 @@ def check_choice(name: str, value: Any, choices: tuple) -> None:
 
 def inverse_rms(v: torch.Tensor, eps: float) -> torch.Tensor:
     """1 / sqrt(mean(v²) + ε) over the last dimension, the factor RMSNorm scales by: (..., D) -> (...). A variant
-    whose normalised input only feeds a linear map applies it to the map's (small) output instead."""
-    return torch.rsqrt(v.square().mean(dim=-1) + eps)
+    whose normalised input only feeds a linear map applies it to the map's (small) output instead. Σv² as
+    ``vecdot(v, v)``: one pass forward and backward (square-then-mean takes 2-3x as long on a CPU)."""
+    return torch.rsqrt(torch.linalg.vecdot(v, v) / v.shape[-1] + eps)
