@@ -246,7 +246,8 @@ class HyperConnections(MultiStreamSite):
 
     def mixing(self, x: torch.Tensor) -> Mixing:
         a_m, a_r, b = self.coefficients(x)
-        return Mixing(read=a_m, res=a_r.transpose(-1, -2), write=b)
+        # contiguous: a transposed view of per-token matrices sends bmm to a per-token copy
+        return Mixing(read=a_m, res=a_r.transpose(-1, -2).contiguous(), write=b)
 
     def diagnostics(self, x: torch.Tensor | None = None, u: torch.Tensor | None = None,
                     f: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
