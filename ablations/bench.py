@@ -9,7 +9,7 @@
 
 Writes ``<out>/bench.md`` (each figure beside its goal with a pass/miss mark, plus the machine facts) and
 ``<out>/bench.json`` (the raw timings). Sections: 1 timm, 2 variants, 3 lightning, 4 mfu, 5 study, 6 memory,
-7 data, 8 modes, 9 compile (only with ``--compile``). Section 8 also writes ``<out>/modes-<device>.json``, the
+7 data, 8 modes, 9 compile (only with ``--compile``), 10 auto (precision auto vs both fixed precisions), 11 overhead. Section 8 also writes ``<out>/modes-<device>.json``, the
 table ``ablations.modes`` chooses a training run's precision and attention kernel from: it looks for the user's own
 at ``results/device/modes-<device>.json`` (hence ``--out results/device`` above).
 
@@ -58,7 +58,8 @@ from . import layout
 from .cli import OneLineParser
 from .timing import interleave, median, paired_ratio, round_ratios, synchronised, train_step
 
-SECTIONS = ("timm", "variants", "lightning", "mfu", "study", "memory", "data", "modes", "compile", "auto")
+SECTIONS = ("timm", "variants", "lightning", "mfu", "study", "memory", "data", "modes", "compile", "auto",
+            "overhead")
 DEFAULT_SECTIONS = tuple(name for name in SECTIONS if name != "compile")  # compile is opt-in
 STUDY = "residual_variants"
 
@@ -96,6 +97,9 @@ class Settings:
     modes_widths: tuple[int, ...] = (16, 32, 64, 128, 192, 384)  # section 8: the grid (heads = max(2, width // 64)) ...
     modes_patches: tuple[int, ...] = (16, 8, 4)  # ... x patch sizes on img_size 32: 5, 17, 65 tokens
     modes_depth: int = 4
+    overhead_depth: int = 6  # section 11: the new designs at issue 27's size (depth 6, batch 32) ...
+    overhead_batch: int = 32
+    overhead_reps: int = 9  # ... in more rounds than section 2: the goals are tight, the rounds cheap
 
     @property
     def precision(self) -> str:
@@ -125,7 +129,8 @@ TINY = replace(FULL, mode="tiny", embed_dim=32, num_heads=2, patch_size=8, depth
                trial_overrides={"embed_dim": 16, "num_heads": 2, "diagnostics_every": 0}, study_epochs=1,
                study_depths=1, run_estimate=False,
                memory_depth=4, memory_batch=2, compile_variants=("standard",), data_samples=40,
-               modes_widths=(32,), modes_patches=(8,), modes_depth=1)
+               modes_widths=(32,), modes_patches=(8,), modes_depth=1, overhead_depth=2, overhead_batch=4,
+               overhead_reps=2)
 
 
 # --- timing: ablations.timing (shared with precision auto's measurement) -------------------------------------------
@@ -368,7 +373,8 @@ def bench_lightning(s: Settings) -> Section:
               "Lightning, bare module": lambda n: lightning_loop(bare_module(copy.deepcopy(classifier)), loader, n,
                                                                  dev, precision)}
     loops = {f"{name} x{n}": make(n) for name, make in makers.items() for n in (s.loop_steps, 0)}
-    times = interleave(loops, reps=s.loop_reps, steps=1, warmup=1, device=s.device)
+    with preserved_torch_state():  # the Trainer turns deterministic algorithms on: both loops run under them
+        times = interleave(loops, reps=s.loop_reps, steps=1, warmup=1, device=s.device)
     per_step = {name: [(a - b) / s.loop_steps for a, b in zip(times[f"{name} x{s.loop_steps}"], times[f"{name} x0"],
                                                               strict=True)] for name in makers}
     sec = Section("lightning", "3. Lightning training loop vs a plain PyTorch loop",
@@ -376,7 +382,8 @@ def bench_lightning(s: Settings) -> Section:
                   f"{config.num_heads} heads, patch {config.patch_size}, batch {config.batch_size}); "
                   f"{s.mode_text('attention as in the trial config')}; AdamW + "
                   f"warmup-cosine LambdaLR from ViTClassifier.configure_optimizers, label smoothing "
-                  f"{config.label_smoothing}; no logger, progress bar, checkpointing or validation; each loop run "
+                  f"{config.label_smoothing}; Lightning deterministic as in a trial (without the NaN fill of new tensors); "
+                  f"no logger, progress bar, checkpointing or validation; each loop run "
                   f"for {s.loop_steps} and for 0 optimizer steps, {s.loop_reps} rounds",
                   ["loop", "set-up ms", "ms/step", "per step vs plain [round min-max]", "goal", "mark"])
     for name in makers:
@@ -431,13 +438,16 @@ def plain_loop(classifier, loader, steps: int, device: str = "cpu",
 
 def lightning_loop(module, loader, steps: int, device: str = "cpu",
                    precision: str = "32-true") -> Callable[[], None]:
+    """Lightning's fit loop over ``steps`` optimizer steps, deterministic as a trial's (``run_training``)."""
     import lightning.pytorch as pl
+
+    from ablations.training import deterministic_without_nan_fill
 
     def fit() -> None:
         trainer = pl.Trainer(accelerator="gpu" if device == "cuda" else "cpu", devices=1, precision=precision,
                              max_steps=steps, logger=False, enable_progress_bar=False,
                              enable_checkpointing=False, enable_model_summary=False, limit_val_batches=0,
-                             num_sanity_val_steps=0)
+                             num_sanity_val_steps=0, **deterministic_without_nan_fill())
         trainer.fit(module, train_dataloaders=loader)
 
     return fit
@@ -582,16 +592,20 @@ def bench_study(s: Settings) -> Section:
 
 @contextlib.contextmanager
 def preserved_torch_state():
-    """run_training sets the thread count, seeds and deterministic algorithms for the process: undo it after."""
+    """run_training (and a deterministic Trainer) set the thread count, seeds, deterministic algorithms and their
+    NaN fill for the process: undo it after."""
     import torch
+    import torch.utils.deterministic
 
     threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    fill = torch.utils.deterministic.fill_uninitialized_memory
     try:
         yield
     finally:
         torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+        torch.utils.deterministic.fill_uninitialized_memory = fill
 
 
 def _threads() -> int:
@@ -901,10 +915,46 @@ def bench_compile(s: Settings) -> Section:
     sec.data = {"times_s": times, "first_compiled_step_s": compile_s}
     return sec
 
+# --- 10. the new designs' overhead ---------------------------------------------------------------------------------
+#: issue 27's goals: train-step time vs standard of the designs whose extra work is depth aggregation or n streams
+OVERHEAD_GOALS = {"attn_res": 1.3, "hyper_connections": 1.3, "dca": 1.3, "mhc": 1.5, "denseformer": 1.1}
+
+
+def bench_overhead(s: Settings) -> Section:
+    """Each of ``OVERHEAD_GOALS``' variants at its defaults vs standard, interleaved in one run (section 2's
+    method at depth ``overhead_depth``, batch ``overhead_batch``): the cost of their implementation, not of their
+    FLOPs (each adds ≤ 10 % FLOPs)."""
+    from ablations.costs import measure
+
+    size = s.vit(s.overhead_depth)
+    labels = ["standard", *OVERHEAD_GOALS]
+    models = {label: ours(label, {}, size) for label in labels}
+    costs = {label: measure(label, {}, **size) for label in labels}
+    batch = random_batch(s, s.overhead_batch)
+    times = interleave({k: train_step(m.to(s.device), batch, s.precision) for k, m in models.items()},
+                       reps=s.overhead_reps, steps=s.steps, warmup=s.warmup, device=s.device)
+    sec = Section("overhead", "11. The new designs' step time vs standard (issue 27)",
+                  f"{s.describe(s.overhead_depth, s.overhead_batch)}; {s.mode_text()}, AdamW; {s.overhead_reps} "
+                  f"rounds x {s.steps} steps; each variant at its defaults",
+                  ["variant", "+FLOPs", "ms/step", "time vs standard [round min-max]", "goal", "mark"])
+    base = costs["standard"]["flops"]
+    for label in labels:
+        row = [label, f"{100.0 * (costs[label]['flops'] - base) / base:+.2f}%", ms(median(times[label]))]
+        if label == "standard":
+            sec.rows.append(row + ["reference", "", ""])
+            continue
+        ratios = round_ratios(times, label, "standard")
+        ratio, limit = median(ratios), OVERHEAD_GOALS[label]
+        sec.rows.append(row + [ratio_cell(ratios), *sec.goal(f"{label} / standard", ratio, limit, f"≤ {limit:.2f}x",
+                                                             f"{ratio:.3f}x", rounds=ratios)])
+    sec.data = {"ratios": {label: round_ratios(times, label, "standard") for label in OVERHEAD_GOALS},
+                "times_s": times, "flops": {label: c["flops"] for label, c in costs.items()}}
+    return sec
+
 
 BENCHES = {"timm": bench_timm, "variants": bench_variants, "lightning": bench_lightning, "mfu": bench_mfu,
            "study": bench_study, "memory": bench_memory, "data": bench_data, "modes": bench_modes,
-           "compile": bench_compile, "auto": bench_auto}
+           "compile": bench_compile, "auto": bench_auto, "overhead": bench_overhead}
 
 
 # --- report --------------------------------------------------------------------------------------------------------

@@ -7,6 +7,12 @@ FLOPs are counted by ``torch.utils.flop_counter.FlopCounterMode`` on one forward
 (the counter has no formula for the CPU SDPA kernel and would silently leave attention out). The counter
 counts matrix products (mm/bmm/addmm/einsum/SDPA) only: elementwise work — LayerScale's γ⊙f, ReZero's α·f,
 the gates' sigmoids — is not counted, so such variants show 0 FLOPs overhead although they cost memory traffic.
+One exception: ``addcmul`` counts 2 FLOPs per output element, because DenseFormer's and Attention Residuals'
+weighted sums over depth are written as chains of it (``lit_modules.residual.depth.weighted_sum``) where they were
+einsums, which the counter counted; without it those variants' sums would vanish from the count. (A sum of t
+terms is t multiplies and t − 1 adds: 2ND per sum less than the einsum's count, attn_res +1.03% instead of +1.11%
+at the default size; Hyper-Connections' and mHC's outer product write ⊗ f became a matmul and is now counted,
++0.3 pp.)
 Besides the residual variants, ``BACKBONE_FORMS`` prices the mechanisms orthogonal to them (attention kind,
 CaiT's class-attention head, norm layer, value residual) on the standard residual.
 
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -75,10 +82,15 @@ def measure(residual: str, options: dict, *, embed_dim: int, depth: int, num_hea
     model = VisionTransformer(residual, options, embed_dim=embed_dim, depth=depth, num_heads=num_heads,
                               img_size=img_size, patch_size=patch_size, num_classes=num_classes,
                               in_chans=in_chans, mlp_ratio=mlp_ratio, fused_attn=False, **backbone).eval()
-    counter = FlopCounterMode(display=False)
+    counter = FlopCounterMode(display=False, custom_mapping={torch.ops.aten.addcmul: _multiply_add_flops})
     with counter:  # (not under no_grad: the counter's module tracker needs grad_fns)
         model(torch.zeros(1, in_chans, img_size, img_size))
     return {"params": sum(p.numel() for p in model.parameters()), "flops": counter.get_total_flops()}
+
+
+def _multiply_add_flops(*shapes: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    """``addcmul`` (out = a + b·c): one multiply and one add per output element, as a matrix product counts them."""
+    return 2 * math.prod(out_shape)
 
 
 def cost_table(*, embed_dim: int = 192, depth: int = 12, num_heads: int = 3, img_size: int = 32,

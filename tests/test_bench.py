@@ -18,7 +18,8 @@ from lit_modules import RESIDUALS
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADERS = {"timm": "## 1. ", "variants": "## 2. ", "lightning": "## 3. ", "mfu": "## 4. ", "study": "## 5. ",
-           "memory": "## 6. ", "data": "## 7. ", "modes": "## 8. ", "compile": "## 9. ", "auto": "## 10. "}
+           "memory": "## 6. ", "data": "## 7. ", "modes": "## 8. ", "compile": "## 9. ", "auto": "## 10. ",
+           "overhead": "## 11. "}
 DATA_KEYS = {
     "timm": {"times_s"},
     "variants": {"variants", "times_s"},
@@ -30,6 +31,7 @@ DATA_KEYS = {
     "modes": {"device", "depth", "batch", "cells"},
     "compile": {"times_s", "first_compiled_step_s"},
     "auto": {"models"},
+    "overhead": {"ratios", "times_s", "flops"},
 }
 
 
@@ -187,6 +189,22 @@ def test_quick_run_at_its_own_sizes(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get("ABLATIONS_TEST_COMPILE"),
                     reason="a cold torch.compile costs ~85 s on 2 CPU cores; set ABLATIONS_TEST_COMPILE=1 to run it")
+def test_overhead_section_has_one_goal_per_new_design(tmp_path):
+    """Section 11: the five designs of issue 27 at their defaults, each against standard with its own goal."""
+    md, report = run_bench(tmp_path, "--tiny", "--threads", "1", "--sections", "overhead")
+    check_report(md, report, ["overhead"])
+    sec = report["sections"]["overhead"]
+    assert set(sec["data"]["times_s"]) == {"standard", *bench.OVERHEAD_GOALS}
+    assert {g["what"]: g["limit"] for g in sec["goals"]} == {f"{k} / standard": v for k, v in bench.OVERHEAD_GOALS.items()}
+    assert bench.OVERHEAD_GOALS == {"attn_res": 1.3, "hyper_connections": 1.3, "dca": 1.3, "mhc": 1.5, "denseformer": 1.1}
+    for goal in sec["goals"]:
+        label = goal["what"].split(" / ")[0]
+        assert goal["value"] == pytest.approx(bench.median(sec["data"]["ratios"][label]))
+        assert goal["passed"] == (goal["value"] <= goal["limit"]) and len(goal["rounds"]) == 2
+    assert sec["data"]["flops"]["mhc"] > sec["data"]["flops"]["standard"]
+    assert "depth 2" in sec["setup"] and "batch 4" in sec["setup"]  # the tiny mode's overhead_depth, _batch
+
+
 def test_compile_section(tmp_path):
     md, report = run_bench(tmp_path, "--tiny", "--threads", "1", "--sections", "mfu", "--compile")
     check_report(md, report, ["mfu", "compile"])
@@ -196,10 +214,11 @@ def test_sections_by_name_or_number():
     assert bench.parse_sections("mfu,1, memory") == ["mfu", "timm", "memory"]
     assert bench.parse_sections("7,8") == ["data", "modes"]
     assert bench.parse_sections("9") == ["compile"]
+    assert bench.parse_sections("10") == ["overhead"]
     assert "compile" not in bench.DEFAULT_SECTIONS and {"data", "modes"} <= set(bench.DEFAULT_SECTIONS)
 
 
-@pytest.mark.parametrize("argv", [["--sections", "nope"], ["--sections", "10"], ["--threads", "0"],
+@pytest.mark.parametrize("argv", [["--sections", "nope"], ["--sections", "11"], ["--threads", "0"],
                                   ["--device", "tpu"], ["--variants", "standard,nope"]])
 def test_bad_arguments_exit_2_with_one_line(argv, capsys):
     with pytest.raises(SystemExit) as exc:

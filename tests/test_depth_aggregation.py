@@ -152,9 +152,9 @@ def test_attn_res_weights_by_hand():
         site.key_norm.weight.copy_(torch.tensor(gamma))
     sources = [[1.0, -2.0, 0.5, 3.0], [0.5, 1.0, -1.0, 2.0], [-3.0, 0.25, 0.0, 1.0]]
     alpha, h = hand_attn_res(w, gamma, sources)
-    stack = torch.tensor([sources]).unsqueeze(0)  # (B=1, N=1, t=3, D=4)
-    torch.testing.assert_close(site.weights(stack), torch.tensor([[alpha]]), rtol=0, atol=1e-14)
-    got = site([torch.tensor([[v]]) for v in sources])
+    listed = [torch.tensor([[v]]) for v in sources]  # each (B=1, N=1, D=4)
+    torch.testing.assert_close(site.weights(listed), torch.tensor([[alpha]]), rtol=0, atol=1e-14)
+    got = site(listed)
     torch.testing.assert_close(got, torch.tensor([[h]]), rtol=0, atol=1e-14)
     # w = 0 (the paper's init): uniform weights, h = the mean of the sources
     site.init_weights()

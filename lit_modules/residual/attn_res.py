@@ -8,8 +8,8 @@ import torch
 from timm.layers import DropPath, RmsNorm
 from torch import nn
 
-from .base import BlockArgs, ResidualSite
-from .depth import DepthWeights, depth_row, final_args, norm_eps, stack_sources
+from .base import BlockArgs, ResidualSite, inverse_rms
+from .depth import DepthWeights, depth_row, final_args, norm_eps, weighted_sum
 from .standard import Standard
 
 
@@ -87,27 +87,42 @@ class AttnRes(ResidualSite, DepthWeights):
     def init_weights(self) -> None:
         nn.init.zeros_(self.query)
 
-    def weights(self, stack: torch.Tensor) -> torch.Tensor:
-        """α over the stack (B, N, t, D) of sources: softmax_t(w_lᵀ RMSNorm(v_t)), shape (B, N, t)."""
-        return torch.softmax(self.key_norm(stack) @ self.query.to(stack.dtype), dim=-1)
+    def weights(self, sources: list[torch.Tensor], inv_rms: torch.Tensor | None = None) -> torch.Tensor:
+        """α over the sources [v_0, …] (each (B, N, D)): softmax_t(w_lᵀ RMSNorm(v_t)), shape (B, N, t).
+        RMSNorm(v)·w = (v·(g ⊙ w)) / rms(v) (g: the norm's weight), so no source is normalised: one
+        matrix-vector product each, scaled by ``inv_rms`` (B, N, t) = 1 / rms(v_t), which the caller passes when it
+        has it (``BlockSources`` computes each source's once)."""
+        if inv_rms is None:
+            inv_rms = torch.stack([self.inv_rms(v) for v in sources], dim=-1)
+        query = (self.key_norm.weight * self.query).to(sources[0].dtype)
+        logits = torch.stack([torch.matmul(v, query) for v in sources], dim=-1)
+        return torch.softmax(logits * inv_rms, dim=-1)
 
-    def forward(self, sources: list[torch.Tensor]) -> torch.Tensor:
-        """h = Σ_t α_t v_t over the sources [v_0, …] (each (B, N, D))."""
-        stack = stack_sources(sources)
-        return torch.einsum("bnt,bntd->bnd", self.weights(stack), stack)
+    def inv_rms(self, v: torch.Tensor) -> torch.Tensor:
+        """1 / rms(v) over the last dimension (the key norm's ε): (..., D) -> (...)."""
+        return inverse_rms(v, self.key_norm.eps)
 
-    def depth_weights(self, sources: list[torch.Tensor]) -> torch.Tensor:
+    def forward(self, sources: list[torch.Tensor], inv_rms: torch.Tensor | None = None) -> torch.Tensor:
+        """h = Σ_t α_t v_t over the sources [v_0, …] (each (B, N, D)); ``inv_rms``: their 1 / rms (B, N, t)."""
+        return weighted_sum(sources, self.weights(sources, inv_rms).unsqueeze(-1).unbind(dim=-2))
+
+    def depth_weights(self, sources: list[torch.Tensor], inv_rms: torch.Tensor | None = None) -> torch.Tensor:
         """This aggregation's row of the depth-weight matrix: α averaged over the batch and tokens."""
-        return depth_row(self.weights(stack_sources(sources)).mean(dim=(0, 1)), self.depth_extent[1])
+        return depth_row(self.weights(sources, inv_rms).mean(dim=(0, 1)), self.depth_extent[1])
 
 
 class BlockSources:
     """The sources of (Block) AttnRes during one forward: the completed block summaries [b_0 = x_0, b_1, …] and
     the current block's partial sum b_n^i of its layers' outputs. With block size S = 1 every layer output is its
-    own summary (the full form: the sources are x_0 and every earlier layer output)."""
+    own summary (the full form: the sources are x_0 and every earlier layer output).
 
-    def __init__(self, x0: torch.Tensor, block_size: int) -> None:
+    Each completed summary's 1 / rms (the keys' RMSNorm scale, ``eps``) is computed once, when it completes; the
+    partial sum's when it is read."""
+
+    def __init__(self, x0: torch.Tensor, block_size: int, eps: float = 1e-6) -> None:
+        self.eps = eps
         self.blocks: list[torch.Tensor] = [x0]
+        self.block_inv_rms: list[torch.Tensor] = [inverse_rms(x0, eps)]
         self.partial: torch.Tensor | None = None
         self.block_size = block_size
         self.layers = 0  # layer outputs added so far
@@ -117,8 +132,19 @@ class BlockSources:
         b_{n−1}, so V = [b_0, …, b_{n−1}]; later layers of the block also see the partial sum b_n^{i−1}."""
         if self.layers % self.block_size == 0 and self.partial is not None:
             self.blocks.append(self.partial)
+            self.block_inv_rms.append(inverse_rms(self.partial, self.eps))
             self.partial = None
         return [*self.blocks] if self.partial is None else [*self.blocks, self.partial]  # a new list
+
+    def inv_rms(self) -> torch.Tensor:
+        """1 / rms of each of ``sources()`` (call it after ``sources()``), stacked: (B, N, t)."""
+        partial = [] if self.partial is None else [inverse_rms(self.partial, self.eps)]
+        return torch.stack([*self.block_inv_rms, *partial], dim=-1)
+
+    def aggregate(self, site: AttnRes) -> torch.Tensor:
+        """``site``'s aggregation of the current sources."""
+        sources = self.sources()
+        return site(sources, self.inv_rms())
 
     def add(self, f: torch.Tensor) -> None:
         """A layer's output f_l joins the current block's partial sum."""
@@ -151,10 +177,10 @@ class AttnResBlock(nn.Module):
         return {"attn": self.ls1, "mlp": self.ls2}
 
     def forward(self, state: BlockSources) -> BlockSources:
-        h = self.attn_res(state.sources())
+        h = state.aggregate(self.attn_res)
         u = self.norm1(h)
         state.add(self.drop_path1(self.ls1(h, u, self.attn(u))))
-        h = self.mlp_res(state.sources())
+        h = state.aggregate(self.mlp_res)
         u = self.norm2(h)
         state.add(self.drop_path2(self.ls2(h, u, self.mlp(u))))
         return state
@@ -170,7 +196,7 @@ class AttnResStream(nn.Module):
         self.out = out
 
     def forward(self, x: torch.Tensor, blocks: nn.ModuleList) -> torch.Tensor:
-        state = BlockSources(x, self.block_size)
+        state = BlockSources(x, self.block_size, self.out.key_norm.eps)
         for blk in blocks:
             state = blk(state)
-        return self.out(state.sources())
+        return state.aggregate(self.out)

@@ -204,3 +204,10 @@ def check_choice(name: str, value: Any, choices: tuple) -> None:
     """One-line ValueError for a value outside a fixed set of choices."""
     if value not in choices:
         raise ValueError(f"{name}={value!r} is not valid; valid choices: {', '.join(map(str, choices))}")
+
+
+def inverse_rms(v: torch.Tensor, eps: float) -> torch.Tensor:
+    """1 / sqrt(mean(v²) + ε) over the last dimension, the factor RMSNorm scales by: (..., D) -> (...). A variant
+    whose normalised input only feeds a linear map applies it to the map's (small) output instead. Σv² as
+    ``vecdot(v, v)``: one pass forward and backward (square-then-mean takes 2-3x as long on a CPU)."""
+    return torch.rsqrt(torch.linalg.vecdot(v, v) / v.shape[-1] + eps)

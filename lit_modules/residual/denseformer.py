@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from .base import BlockArgs
-from .depth import DepthWeights, depth_row, stack_sources
+from .depth import DepthWeights, depth_row, weighted_sum
 from .standard import Standard
 
 
@@ -69,8 +69,7 @@ class DWA(nn.Module, DepthWeights):
             self.alpha[0, -1] = 1.0
 
     def forward(self, reps: list[torch.Tensor]) -> torch.Tensor:
-        stack = stack_sources([reps[j] for j in self.columns])
-        return torch.einsum("bntd,t->bnd", stack, self.alpha[0].to(stack.dtype))
+        return weighted_sum([reps[j] for j in self.columns], self.alpha[0].to(reps[0].dtype).unbind())
 
     def depth_weights(self, reps: list[torch.Tensor] | None = None) -> torch.Tensor:
         """α as a row of the (L, L + 1) matrix: column j = representation x_j, NaN off the dilation's residues."""

@@ -3,6 +3,7 @@ Residuals (``attn_res``): each feeds a consumer (a block, a sublayer, the head) 
 **earlier representations** [v_0 = the embeddings, v_1, …] instead of the running residual stream.
 
 - ``stack_sources``: the list of earlier representations as one (B, N, t, D) stack (DCA's layout);
+- ``weighted_sum``: Σ_t w_t v_t over the list itself (DenseFormer's and Attention Residuals' combination);
 - ``final_args``: the ``BlockArgs`` of the consumer after the last block (the combination the head reads);
 - ``DepthWeights``: the mixin of a module that combines earlier representations and reports, per consumer, the
   mean weight it gives each of them — one row of the depth × depth heat map the diagnostics draw
@@ -23,6 +24,16 @@ from .base import BlockArgs
 def stack_sources(sources: Sequence[Tensor]) -> Tensor:
     """[v_0, …, v_{t−1}], each (B, N, D) → the stack (B, N, t, D)."""
     return torch.stack(list(sources), dim=2)
+
+
+def weighted_sum(sources: Sequence[Tensor], weights: Sequence[Tensor]) -> Tensor:
+    """Σ_t w_t · v_t, each weight broadcast against its source (a scalar, or (B, N, 1) per token). A chain of
+    fused multiply-adds over the list, not an einsum over ``stack_sources``: the stack's copy and its backward's
+    scatter into the sources cost as much as the sum itself (2-3x the time on a CPU, forward and backward)."""
+    h = sources[0] * weights[0]
+    for v, w in zip(sources[1:], weights[1:], strict=True):
+        h = torch.addcmul(h, v, w)
+    return h
 
 
 def final_args(dim: int, depth: int, norm_layer: Any) -> BlockArgs:
