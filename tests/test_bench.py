@@ -214,11 +214,11 @@ def test_sections_by_name_or_number():
     assert bench.parse_sections("mfu,1, memory") == ["mfu", "timm", "memory"]
     assert bench.parse_sections("7,8") == ["data", "modes"]
     assert bench.parse_sections("9") == ["compile"]
-    assert bench.parse_sections("10") == ["overhead"]
+    assert bench.parse_sections("10") == ["auto"] and bench.parse_sections("11") == ["overhead"]
     assert "compile" not in bench.DEFAULT_SECTIONS and {"data", "modes"} <= set(bench.DEFAULT_SECTIONS)
 
 
-@pytest.mark.parametrize("argv", [["--sections", "nope"], ["--sections", "11"], ["--threads", "0"],
+@pytest.mark.parametrize("argv", [["--sections", "nope"], ["--sections", "12"], ["--threads", "0"],
                                   ["--device", "tpu"], ["--variants", "standard,nope"]])
 def test_bad_arguments_exit_2_with_one_line(argv, capsys):
     with pytest.raises(SystemExit) as exc:
