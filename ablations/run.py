@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what the worker processes are started with
     restore_signals = stop_on_signals()
+    excepthook = threading.excepthook  # _main installs its own (lost storage, write errors): undone on return
     try:
         return _main(args)
     except ValueError as exc:
@@ -149,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         restore_signals()
+        threading.excepthook = excepthook  # a caller's process (a test, a notebook) keeps its own hook
 
 
 def write_error(exc: BaseException, results_dir: Path | None = None) -> OSError | None:

@@ -115,3 +115,17 @@ def test_overrides_never_mix_and_the_report_finds_the_study(tmp_path, capsys):
     assert report_main(["--study", str(study), "--storage", storage, "--set", "max_epochs=3", "--no-figures"]) == 2
     line = one_error_line(capsys.readouterr().err)
     assert "study 'tiny+max_epochs=3' not found" in line and "tiny+max_epochs=2+precision=32-true" in line
+
+
+def test_an_in_process_study_leaves_the_callers_thread_excepthook_alone(tmp_path):
+    """``ablations.run.main`` installs thread hooks for its study (a lost storage exits the worker at once): they
+    must not outlive the call, or a later storage error in the caller's own threads would end its process."""
+    import threading
+
+    from helpers import url_of, write_study
+
+    before = threading.excepthook
+    study = write_study(tmp_path / "hooks.yaml")
+    assert run_main(["--study", str(study), "--storage", url_of(tmp_path / "h.db"), "--results-dir",
+                     str(tmp_path / "results"), "--no-progress"]) == 0
+    assert threading.excepthook is before
