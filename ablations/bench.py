@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import dataclasses
 import json
 import logging
 import os
@@ -124,7 +125,7 @@ FULL = Settings()
 QUICK = replace(FULL, mode="quick", batch=32, variant_depth=6, warmup=1, reps=3, steps=2, loop_steps=24,
                 loop_reps=3, study_epochs=2, memory_batch=8, compile_variants=("standard",), defaults_only=True,
                 data_samples=1280, modes_widths=(64, 192), modes_patches=(8, 4))
-TINY = replace(FULL, mode="tiny", embed_dim=32, num_heads=2, patch_size=8, depth=2, variant_depth=2, batch=4,
+TINY = replace(FULL, mode="tiny", embed_dim=32, num_heads=2, patch_size=8, depth=2, variant_depth=4, batch=4,
                warmup=1, reps=2, steps=1, mm_size=256, loop_steps=3, loop_reps=2,
                trial_overrides={"embed_dim": 16, "num_heads": 2, "diagnostics_every": 0}, study_epochs=1,
                study_depths=1, run_estimate=False,
@@ -533,7 +534,11 @@ def bench_study(s: Settings) -> Section:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     spec = load_spec(STUDY)
-    grid = spec.grid()
+    # a tuning stage's trials are grid points too (priced like the reported ones); the timed trial runs at the
+    # study's own learning rate: a step costs the same at any rate
+    tune_grid = spec.tune_stage().grid() if spec.tune is not None else []
+    spec = dataclasses.replace(spec, tune=None)
+    grid = spec.grid() + [{k: v for k, v in p.items() if k != "lr"} for p in tune_grid]
     depths = sorted({p["depth"] for p in grid})
     epochs = s.study_epochs or spec.base["max_epochs"]
     scale = spec.base["max_epochs"] / epochs
@@ -563,7 +568,8 @@ def bench_study(s: Settings) -> Section:
         estimate = {i: estimate_seconds(spec.run_config(p)) for i, p in enumerate(grid)}
     sec = Section("study", f"5. Study throughput: {STUDY} at its default size",
                   f"{len(grid)} trials ({len(spec.variants)} variants x depths {depths} x seeds "
-                  f"{spec.axes.get('seed')}); one '{variant}' trial (seed 0) per depth timed end to end through "
+                  f"{spec.axes.get('seed')}" + (f", plus {len(tune_grid)} of its tuning stage" if tune_grid else "")
+                  + f"); one '{variant}' trial (seed 0) per depth timed end to end through "
                   f"ablations.objective.Objective ({epochs} epochs"
                   + (f", scaled linearly to the study's {spec.base['max_epochs']}" if scale != 1 else "")
                   + f"); one worker, {_threads()} threads, on the {s.device.upper()}, precision as the study "
