@@ -53,6 +53,7 @@ DDP_CONFIG = RunConfig(
     patch_size=4, batch_size=8, lr=5e-3, warmup_epochs=0.0, max_epochs=2, threads=1, accelerator="cpu",
     devices=WORLD_SIZE, strategy="ddp_spawn",
     precision="32-true",  # the checks re-score checkpoints in fp32 to 1e-6: train in the same precision
+    test_fraction=0.0,  # the two-split layout: the shard arithmetic above (the test split is sharded like val)
 )
 
 

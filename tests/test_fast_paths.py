@@ -13,9 +13,10 @@ from reference_residuals import REFERENCES, RefAttnRes, ref_sinkhorn_knopp
 from lit_modules import RESIDUALS, VisionTransformer
 from lit_modules.residual.mhc import sinkhorn_knopp
 
-DEPTH = 4  # 8 AttnRes layers: num_blocks 1, 2, 4, 8 and the full form; DenseFormer dilation/period up to 4
+DEPTH = 4  # 8 AttnRes layers: num_blocks 1, 2, 4 and the full form (8 blocks of one layer is the full form,
+#           rejected as a second label for it); DenseFormer dilation/period up to 4
 CASES = [
-    *[("attn_res", {"num_blocks": nb}) for nb in (None, 1, 2, 4, 8)],
+    *[("attn_res", {"num_blocks": nb}) for nb in (None, 1, 2, 4)],
     *[("denseformer", {"dilation": d, "period": p}) for d in (1, 2, 3) for p in (1, 2, 4)],
     *[("hyper_connections", {"n": n, "dynamic": dyn}) for n in (1, 2, 4) for dyn in (True, False)],
     *[("mhc", {"n": n, "res_init": init}) for n in (1, 2, 4) for init in ("paper", "identity", "hc")],
