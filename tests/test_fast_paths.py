@@ -19,7 +19,7 @@ CASES = [
     *[("attn_res", {"num_blocks": nb}) for nb in (None, 1, 2, 4)],
     *[("denseformer", {"dilation": d, "period": p}) for d in (1, 2, 3) for p in (1, 2, 4)],
     *[("hyper_connections", {"n": n, "dynamic": dyn}) for n in (1, 2, 4) for dyn in (True, False)],
-    *[("mhc", {"n": n, "res_init": init}) for n in (1, 2, 4) for init in ("paper", "identity", "hc")],
+    *[("mhc", {"n": n, "res_init": init}) for n in (1, 2, 4) for init in ("paddlefleet_pr1849", "identity", "hc")],
     ("mhc", {"sinkhorn_iters": 1}),
     ("mhc", {"sinkhorn_iters": 7, "alpha_init": 0.5}),
 ]
