@@ -431,8 +431,9 @@ def _measure_modes(spec, overrides: dict, results_dir: Path) -> None:
                              threads=threads, measure=probe(size, config.batch_size))
         finally:
             torch.set_num_threads(before)
-        print(f"precision auto, width {config.embed_dim}, {tokens(shape['img_size'], patch)} tokens, {threads} "
-              f"thread(s): {mode.key} ({mode.source})", file=sys.stderr)
+        if "(measured now)" in mode.source:  # a table or the cache answered: nothing new to say
+            print(f"precision auto, width {config.embed_dim}, {tokens(shape['img_size'], patch)} tokens, {threads} "
+                  f"thread(s): measured the four modes here, {mode.key} ({mode.source})", file=sys.stderr)
 
 
 def _retry_failed_points(study, spec, storage, *, only_stopped: bool = False) -> None:

@@ -241,7 +241,10 @@ def test_sigterm_with_two_workers_fails_the_running_trials_with_their_checkpoint
       workers, and the same follows;
     - one worker only (one of many machines preempted): its trial FAILs, the other worker finishes its own trial,
       then takes over the stopped one from its checkpoint, and the study completes (exit 0) without a rerun."""
-    max_epochs = 2 * LONG_TRIAL_EPOCHS  # the workers start their long trials a second or so apart
+    # the workers start their long trials a second or so apart, and the signal must land while both still train:
+    # 2 x LONG_TRIAL_EPOCHS tiny epochs took ~2 s here, within reach of the main process's storage calls (a
+    # signal that lands in one is held until it returns), so the long trials are twice that long
+    max_epochs = 4 * LONG_TRIAL_EPOCHS
     write_study(tmp_path / "workers.yaml", base={"max_epochs": max_epochs}, variants=[
         {"label": "short_a", "residual": "standard", "overrides": {"max_epochs": 1}},
         {"label": "short_b", "residual": "rezero", "overrides": {"max_epochs": 1}},
