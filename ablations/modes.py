@@ -366,6 +366,14 @@ def measure_cell(size: dict[str, Any], batch: int, *, device: str = "cpu", reps:
             "ratios": {k: median(r) for k, r in ratios.items()}, "rounds_s": times}
 
 
+def model_size(config: Any, img_size: int, patch_size: int, in_chans: int, num_classes: int) -> dict[str, Any]:
+    """``VisionTransformer``'s size arguments of a run's model: its ``RunConfig`` (width, depth, heads, MLP ratio)
+    on its dataset's geometry (what :func:`probe` measures a smaller copy of)."""
+    return dict(img_size=img_size, patch_size=patch_size, in_chans=in_chans, num_classes=num_classes,
+                embed_dim=config.embed_dim, depth=config.depth, num_heads=config.num_heads,
+                mlp_ratio=config.mlp_ratio)
+
+
 def probe(size: dict[str, Any], batch: int) -> Measure:
     """The ``measure`` of a training run: :func:`measure_cell` of a depth-:data:`PROBE_DEPTH` model with the run's
     other sizes and ``embed_dim`` (heads kept from ``size``), at the run's batch capped at :data:`PROBE_MAX_BATCH`."""

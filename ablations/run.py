@@ -403,37 +403,39 @@ def choose_lrs(spec, study) -> tuple[dict[str, float], dict[str, dict[str, float
 def _measure_modes(spec, overrides: dict, results_dir: Path) -> None:
     """Precision ``auto`` on a CPU whose signature no modes table matches: measure the cells the study's points need
     once, here, before any worker starts (``ablations.modes``; cached under ``<results_dir>/device/``), so that the
-    workers find them instead of each measuring while the others train. One line per cell measured."""
-    import torch
-
-    from .modes import auto_mode, probe, tokens
+    workers find them instead of each measuring while the others train. One line per cell measured. Torch is
+    imported only when a cell has to be measured (a matching table or the cache answers without it)."""
+    from .modes import choose_mode, model_size, probe, tokens
 
     threads = overrides.get("threads") or os.cpu_count() or 1
     points = spec.grid() if spec.kind == "grid" else [{"variant": v.label} for v in spec.variants]
     seen = set()
     for params in points:
         config = spec.run_config(params, overrides)
-        if config.precision != "auto" or config.accelerator not in ("auto", "cpu") or torch.cuda.is_available():
+        if config.precision != "auto" or config.accelerator not in ("auto", "cpu"):
             continue
         shape = dataset_shape(config)
         patch = config.patch_size or shape["patch_size"]
-        size = dict(img_size=shape["img_size"], patch_size=patch, in_chans=shape["in_chans"],
-                    num_classes=shape["num_classes"], embed_dim=config.embed_dim, depth=config.depth,
-                    num_heads=config.num_heads, mlp_ratio=config.mlp_ratio)
-        key = (config.embed_dim, tokens(shape["img_size"], patch))  # a modes cell
-        if key in seen:
+        cell = (config.embed_dim, tokens(shape["img_size"], patch))
+        if cell in seen or not choose_mode("cpu", *cell, results_dir=results_dir, threads=threads).source.startswith(
+                "rule:"):
             continue
-        seen.add(key)
+        seen.add(cell)
+        import torch
+
+        if torch.cuda.is_available():  # accelerator auto trains on the GPU: its rule needs no measurement
+            return
+        size = model_size(config, shape["img_size"], patch, shape["in_chans"], shape["num_classes"])
         before = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
-            mode = auto_mode("cpu", config.embed_dim, tokens(shape["img_size"], patch), results_dir=results_dir,
-                             threads=threads, measure=probe(size, config.batch_size))
+            mode = choose_mode("cpu", *cell, results_dir=results_dir, threads=threads,
+                               measure=probe(size, config.batch_size))
         finally:
             torch.set_num_threads(before)
-        if "(measured now)" in mode.source:  # a table or the cache answered: nothing new to say
-            print(f"precision auto, width {config.embed_dim}, {tokens(shape['img_size'], patch)} tokens, {threads} "
-                  f"thread(s): measured the four modes here, {mode.key} ({mode.source})", file=sys.stderr)
+        if "(measured now)" in mode.source:  # not when another process measured it while this one waited
+            print(f"precision auto, width {cell[0]}, {cell[1]} tokens, {threads} thread(s): measured the four "
+                  f"modes here, {mode.key} ({mode.source})", file=sys.stderr)
 
 
 def _retry_failed_points(study, spec, storage, *, only_stopped: bool = False) -> None:

@@ -288,12 +288,10 @@ def resolve_mode(config: RunConfig, accelerator: str, datamodule: Any,
     if config.precision == "auto":
         import torch
 
-        from ablations.modes import auto_mode, probe, tokens
+        from ablations.modes import auto_mode, model_size, probe, tokens
 
         patch = config.patch_size or datamodule.default_patch_size
-        size = dict(img_size=datamodule.img_size, patch_size=patch, in_chans=datamodule.in_chans,
-                    num_classes=datamodule.num_classes, embed_dim=config.embed_dim, depth=config.depth,
-                    num_heads=config.num_heads, mlp_ratio=config.mlp_ratio)
+        size = model_size(config, datamodule.img_size, patch, datamodule.in_chans, datamodule.num_classes)
         mode = auto_mode(accelerator, config.embed_dim, tokens(datamodule.img_size, patch), results_dir=results_dir,
                          threads=torch.get_num_threads(), measure=probe(size, config.batch_size))
         config = config.replace(precision=mode.precision,
