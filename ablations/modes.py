@@ -295,6 +295,7 @@ def choose_mode(device_type: str, embed_dim: int, tokens: int, table: dict | str
         cell = exact_cell(found, embed_dim, tokens) if found else None
         if cell is None:
             cell = {"embed_dim": embed_dim, "tokens": tokens, "times_s": measure(embed_dim, tokens)}
+            cell |= getattr(measure, "probe", {})  # the probe model's depth and batch: what a time estimate scales
             check_table({"device": "cpu", "cells": [cell]}, "measured cell")
             table = found or {"device": "cpu", "machine": dict(signature), "cells": []}
             table["cells"].append(cell)
@@ -382,4 +383,25 @@ def probe(size: dict[str, Any], batch: int) -> Measure:
         model = size | {"embed_dim": embed_dim, "depth": min(size.get("depth", PROBE_DEPTH), PROBE_DEPTH)}
         return measure_cell(model, min(batch, PROBE_MAX_BATCH))["times_s"]
 
+    measure.probe = {"probe_depth": min(size.get("depth", PROBE_DEPTH), PROBE_DEPTH),
+                     "probe_batch": min(batch, PROBE_MAX_BATCH), "probe_mlp_ratio": size.get("mlp_ratio", 4.0)}
     return measure
+
+
+def measured_step(embed_dim: int, tokens: int, *, threads: int | None = None,
+                  results_dir: str | Path = layout.RESULTS_DIR) -> dict[str, Any] | None:
+    """This machine's own measurement of a train step for (embed_dim, tokens) on ``threads`` threads: the cached
+    probe cell (:func:`probe`) as ``{"seconds", "mode", "depth", "batch", "mlp_ratio", "path"}`` — the step time
+    of the mode ``auto`` picks, of a ``depth``-block ``standard`` model at ``batch`` images — or None where this
+    CPU's cache
+    has no such cell (or one measured before the cells recorded the probe's size). What a dry run prices its
+    trials with."""
+    signature = cpu_signature(threads)
+    path = cache_path(signature, results_dir)
+    found = _matching(path, signature)
+    cell = exact_cell(found, embed_dim, tokens) if found else None
+    if cell is None or not {"probe_depth", "probe_batch", "probe_mlp_ratio"} <= cell.keys():
+        return None
+    key = mode_key(*fastest(cell))
+    return {"seconds": cell["times_s"][key], "mode": key, "depth": cell["probe_depth"], "batch": cell["probe_batch"],
+            "mlp_ratio": cell["probe_mlp_ratio"], "path": str(path)}

@@ -280,7 +280,7 @@ def _main(args: argparse.Namespace) -> int:
             print(f"--set {describe({k: value_text(k, v) for k, v in sets.items()})}: over the study's base (and "
                   f"its tuning stage's); stored as {where} '{args.study_name or spec.study_name}'"
                   + (" (threads, data_dir: run-only, not in the name)" if set(sets) & set(RUN_ONLY) else ""))
-        return _dry_run(spec, overrides, gpu=args.gpu, results_dir=Path(args.results_dir))
+        return _dry_run(spec, overrides, gpu=args.gpu, results_dir=Path(args.results_dir), workers=args.workers)
     for config in _data_configs(spec, overrides):
         _check_data(config)  # before anything is stored: a missing or malformed folder is one line
 
@@ -858,9 +858,11 @@ def _list(studies: dict, budgets: tuple, load_spec) -> int:
     return 0
 
 
-def _dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = Path(layout.RESULTS_DIR)) -> int:
-    """Print the grid (or search space), the recipe, the estimated time on this machine and the GPU-hours on class
-    ``gpu`` (:mod:`ablations.gpu_hours`; measurements read from ``<results_dir>/device``). Trains nothing."""
+def _dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = Path(layout.RESULTS_DIR),
+             workers: int = 1) -> int:
+    """Print the grid (or search space), the recipe, the estimated time on this machine with ``workers`` workers
+    (:func:`estimate_seconds`) and the GPU-hours on class ``gpu`` (:mod:`ablations.gpu_hours`; measurements read
+    from ``<results_dir>/device``). Trains nothing."""
     from .gpu_hours import describe_estimate, estimate, recipe_line
 
     tune_size = 0
@@ -886,13 +888,19 @@ def _dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = 
     print(recipe_line(configs[0]) + (f" (first point; the points use recipes {', '.join(names)})"
                                      if len(names) > 1 else ""))
     print(_auto_line(configs[0], overrides, results_dir))
-    seconds = [estimate_seconds(config) for config in configs]
+    threads = overrides.get("threads") or max(1, (os.cpu_count() or 1) // workers)
+    rates = [measured_rate(config, threads, results_dir) for config in configs]
+    seconds = [estimate_seconds(config, rate[0] if rate else None) for config, rate in zip(configs, rates, strict=True)]
     per_trial = sum(seconds) / len(seconds)
-    total = per_trial * (spec.size + tune_size)
+    total = per_trial * (spec.size + tune_size) / workers
+    measured = [rate for rate in rates if rate]
+    basis = (f"this CPU's measured train step ({measured[0][1]}) at {measured[0][0] / 1e9:.3g} GFLOP/s"
+             if len(measured) == len(rates) else
+             f"a rough FLOP-based estimate at {EFFECTIVE_GFLOPS:.0f} GFLOP/s (no measured train step of this CPU "
+             "for every cell yet: a run measures them first)")
     print(f"estimated time on this machine: {_duration(total)} ({_duration(per_trial)} per trial"
-          + (f", {spec.size + tune_size} trials with the tuning stage" if tune_size else "") + "; one worker using "
-          f"all cores; a rough FLOP-based estimate at {EFFECTIVE_GFLOPS:.0f} GFLOP/s + {TRIAL_OVERHEAD_S:.0f} s "
-          "per trial)")
+          + (f", {spec.size + tune_size} trials with the tuning stage" if tune_size else "")
+          + f"; {workers} worker(s) x {threads} thread(s); {basis}, + {TRIAL_OVERHEAD_S:.0f} s per trial)")
     for line in describe_estimate(estimate(configs, spec.size + tune_size, gpu, results_dir)):
         print(line)
     return 0
@@ -927,13 +935,33 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 86400:,.0f} days"
 
 
-def estimate_seconds(config) -> float:
-    """Rough wall time of one trial on this machine: its training FLOPs (3× forward per training image, 1× per val
-    image, × epochs: :func:`ablations.gpu_hours.training_flops`) at the calibrated effective rate, plus a fixed
-    per-trial overhead."""
+def estimate_seconds(config, flops_per_s: float | None = None) -> float:
+    """Wall time of one trial on this machine: its training FLOPs (3× forward per training image, 1× per val and
+    test image, × epochs: :func:`ablations.gpu_hours.training_flops`) at ``flops_per_s`` (:func:`measured_rate`;
+    default the rough calibrated :data:`EFFECTIVE_GFLOPS`), plus a fixed per-trial overhead."""
     from .gpu_hours import training_flops
 
-    return TRIAL_OVERHEAD_S + training_flops(config) / (EFFECTIVE_GFLOPS * 1e9)
+    return TRIAL_OVERHEAD_S + training_flops(config) / (flops_per_s or EFFECTIVE_GFLOPS * 1e9)
+
+
+def measured_rate(config, threads: int, results_dir: Path) -> tuple[float, str] | None:
+    """(training FLOP/s, where) of this CPU for ``config``'s cell on ``threads`` threads, from the train step that
+    precision ``auto`` measured and cached (:func:`ablations.modes.measured_step`: a ``standard`` model of the
+    probe's depth, MLP ratio and batch, 3× its forward FLOPs per image); None for a GPU run, a fixed precision, or
+    a cell not measured yet."""
+    if config.precision != "auto" or config.accelerator not in ("auto", "cpu"):
+        return None
+    from .gpu_hours import forward_flops
+    from .modes import measured_step, tokens
+
+    shape = dataset_shape(config)
+    step = measured_step(config.embed_dim, tokens(shape["img_size"], config.patch_size or shape["patch_size"]),
+                         threads=threads, results_dir=results_dir)
+    if step is None:
+        return None
+    probe = dataclasses.replace(config, residual="standard", residual_options={}, depth=step["depth"],
+                                mlp_ratio=step["mlp_ratio"])
+    return 3 * forward_flops(probe, shape) * step["batch"] / step["seconds"], f"{step['mode']}, {step['path']}"
 
 
 def dataset_shape(config) -> dict:

@@ -172,6 +172,38 @@ def test_a_study_measures_its_cells_once_before_the_workers_start(tmp_path, monk
     assert len(calls) == 1
 
 
+def test_a_dry_run_prices_trials_from_this_cpus_measured_step(tmp_path, monkeypatch, capsys):
+    """The cached probe cell records the probe's depth and batch; the dry run turns its step time into a FLOP
+    rate (3 x the probe's forward FLOPs x batch / seconds) and divides the study's time by its workers."""
+    import dataclasses
+
+    import ablations.run as run_cli
+    from ablations.gpu_hours import forward_flops, training_flops
+    from ablations.spec import load_spec
+
+    monkeypatch.setattr(modes, "PACKAGED", {"cpu": write(tmp_path / "packaged.json", elsewhere(TABLE))})
+    monkeypatch.setattr(modes, "measure_cell", lambda size, batch, **kw: {
+        "times_s": dict.fromkeys(modes.MODE_KEYS, 0.5) | {"32-true/explicit": 0.02}})
+    spec = load_spec("residual_variants", "smoke")
+    config = spec.run_config(spec.grid()[0], {"threads": 1})
+    assert run_cli.measured_rate(config, 1, tmp_path) is None  # nothing measured yet: the rough FLOP rate
+    run_cli._measure_modes(spec, {"threads": 1}, tmp_path)
+    (stored,) = load_table(modes.cache_path(modes.cpu_signature(1), tmp_path))["cells"]
+    assert (stored["probe_depth"], stored["probe_batch"]) == (1, 64)  # the smoke grid: depth 1, batch 128 -> 64
+    rate, where = run_cli.measured_rate(config, 1, tmp_path)
+    probe = dataclasses.replace(config, depth=1)
+    assert rate == pytest.approx(3 * forward_flops(probe) * 64 / 0.02) and where.startswith("32-true/explicit, ")
+    # every smoke point has this cell; its variants' FLOPs differ: the mean over the points
+    configs = [spec.run_config(p, {"threads": 1}) for p in spec.grid()]
+    per_trial = sum(run_cli.TRIAL_OVERHEAD_S + training_flops(c) / rate for c in configs) / len(configs)
+    run_cli._dry_run(spec, {"threads": 1}, results_dir=tmp_path, workers=2)
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("estimated time on this machine")]
+    trials = spec.size + spec.tune_stage().size
+    assert line.startswith(f"estimated time on this machine: {run_cli._duration(per_trial * trials / 2)} "
+                           f"({run_cli._duration(per_trial)} per trial, {trials} trials with the tuning stage; "
+                           "2 worker(s) x 1 thread(s); this CPU's measured train step"), line
+
+
 @pytest.mark.parametrize(("content", "fault"), [
     ("{not json", "is not JSON"),
     ("[]", "expected a JSON object"),

@@ -447,7 +447,7 @@ def test_tune_phase_trials_are_set_apart_and_a_diverged_tuning_run_counts_zero()
     """Tune-phase trials (the '<study>-tune' stage, or a 'phase: tune' attribute) never enter main/paired; the
     tuning table averages the tuning metric with a diverged run as 0, the stage's choice rule."""
     from ablations.report.load import assemble
-    from ablations.report.tuning import tuning_records
+    from ablations.report.tuning import edge_note, grid_edge, tuning_records
 
     spec = load_spec_from_text(YAML)
 
@@ -464,6 +464,12 @@ def test_tune_phase_trials_are_set_apart_and_a_diverged_tuning_run_counts_zero()
     records = tuning_records(data)
     assert [(r["lr"], r["mean"], r["n_diverged"], r["chosen"]) for r in records] == \
         [(0.001, pytest.approx(0.3), 1, False), (0.002, pytest.approx(0.5), 0, True)]
+    # 0.002 is the grid's largest LR: the caption warns that the row's best LR may lie beyond it
+    assert grid_edge(records) == [("standard", 2, 0.002)]
+    assert "At the edge of the tuning grid: standard (depth 2) at 0.002" in edge_note(records)
+    inside = [r | {"lr": lr} for r, lr in zip(records + records[:1], (0.001, 0.002, 0.004), strict=True)]
+    inside[2]["chosen"] = False
+    assert grid_edge(inside) == [] and edge_note(inside) == ""
     cells = report.main_cells(data)
     assert next(c for c in cells if c.row == "standard").n == 2  # the tuning runs are not in the main table
 
@@ -493,8 +499,13 @@ def test_committed_earlier_runs_csv_gives_the_committed_differences(study, tmp_p
     assert "convergence: no run has the summary metrics" in out
     old = {(r["variant"], r["depth"]): r for r in csv.DictReader(open(REPO / "results" / study / "paired.csv"))}
     new = {(r["variant"], r["depth"]): r for r in csv.DictReader(open(tmp_path / "paired.csv"))}
-    assert sorted(old) == sorted(new)
+    # the study files' later rows (parameter-matched controls) have no runs in these files: no pairs, no test
+    added = {key: row for key, row in new.items() if key not in old}
+    assert set(old) <= set(new) and all("params_matched" in variant for variant, _ in added)
+    assert all(row["n_pairs"] in ("", "0") and row["p_ttest_rel"] == "" for row in added.values()), added
     for key, row in new.items():
+        if key in added:
+            continue
         for col in ("n_pairs", "delta", "ci_low", "ci_high", "p_ttest_rel", "pair_seeds"):
             assert row[col] == old[key][col], (key, col)
         assert row["n_diverged_pairs"] == "0" and row["wilcoxon_n_too_small"] == "1"  # 3 or 5 seeds

@@ -44,6 +44,29 @@ def tuning_records(data: StudyData) -> list[dict]:
     return records
 
 
+def grid_edge(records: list[dict]) -> list[tuple[str, object, float]]:
+    """(variant, depth, lr) of each row whose chosen LR is the smallest or largest it was tuned at: its best
+    learning rate may lie beyond the tuning grid."""
+    edges = []
+    for row, depth in dict.fromkeys((rec["variant"], rec["depth"]) for rec in records):
+        lrs = sorted(rec["lr"] for rec in records if (rec["variant"], rec["depth"]) == (row, depth))
+        chosen = [rec["lr"] for rec in records if (rec["variant"], rec["depth"]) == (row, depth) and rec["chosen"]]
+        if len(lrs) >= 2 and chosen and chosen[0] in (lrs[0], lrs[-1]):
+            edges.append((row, depth, chosen[0]))
+    return edges
+
+
+def edge_note(records: list[dict]) -> str:
+    """The caption's warning about :func:`grid_edge` rows ('' when every chosen LR is inside the grid)."""
+    edges = grid_edge(records)
+    if not edges:
+        return ""
+    where = ", ".join(f"{row}{f' (depth {depth})' if depth is not None else ''} at {fmt_param(lr)}"
+                      for row, depth, lr in edges)
+    return (f" At the edge of the tuning grid: {where} — the best learning rate of these rows may lie beyond the "
+            "grid, so their rows may understate them.")
+
+
 def tuning_table(data: StudyData, records: list[dict]) -> Table:
     columns = [Column("variant", "variant"), Column("depth", "depth", fmt="d"),
                Column("lr", "LR", render=lambda rec, style: fmt_param(rec["lr"])),
@@ -56,7 +79,7 @@ def tuning_table(data: StudyData, records: list[dict]) -> Table:
                f"never used to choose), mean and sample sd over the tuning runs (n) on seeds "
                f"{', '.join(map(str, seeds))}, disjoint from the reported seeds; a diverged or failed tuning run counts "
                f"as 0, as in the stage's choice. chosen = the LR the variant's reported runs trained at (the main "
-               f"table's LR column).")
+               f"table's LR column).{edge_note(records)}")
     return Table("tuning", f"{data.name}: learning-rate tuning", caption, frame(records, TUNING_KEYS), columns,
                  [(k, k, fmts.get(k, "")) for k in TUNING_KEYS])
 
