@@ -553,3 +553,14 @@ def test_readme_quotes_claim_verdicts_verbatim():
     assert claims_mod.misquoted(f"intro\n{line}\n", made) == []
     edited = line.replace("**held**", "**held, strongly**")
     assert claims_mod.misquoted(f"intro\n{edited}\n- **other**: text\n", made) == [edited]
+
+
+def test_readme_quotes_every_verdict_of_the_headline_and_links_every_claims_file():
+    """The README's findings are the computed verdicts: every verdict line of results/residual_variants/claims.md
+    appears in it verbatim, and every committed claims.md is linked."""
+    readme = (REPO / "README.md").read_text()
+    headline = REPO / "results" / "residual_variants" / "claims.md"
+    verdicts = [line for line in headline.read_text().splitlines() if line.startswith("- **")]
+    assert verdicts and [line for line in verdicts if line not in readme.splitlines()] == []
+    for path in sorted((REPO / "results").glob("*/claims.md")):
+        assert f"(results/{path.parent.name}/claims.md)" in readme, path
