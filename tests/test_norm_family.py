@@ -18,6 +18,7 @@ Formulas are checked against values computed by hand on 2- and 4-wide vectors (t
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import lightning.pytorch as pl
 import pytest
@@ -227,7 +228,7 @@ def test_res_post_norm_site_by_hand_and_timm_parity():
     assert isinstance(blk, ResPostBlock) and isinstance(model.norm, nn.LayerNorm)
     assert close(blk.ls1(torch.full((1, 1, 4), 7.0), None, torch.tensor([[[1.0, 2.0, 3.0, 4.0]]])), LN_1234)
     ours = perturb(build("res_post_norm"), scale=0.2).blocks[1].eval()
-    ref = TimmResPostBlock(8, 2, qkv_bias=True, norm_layer=lambda d: nn.LayerNorm(d, eps=1e-6)).eval()
+    ref = TimmResPostBlock(8, 2, qkv_bias=True, norm_layer=partial(nn.LayerNorm, eps=1e-6)).eval()
     ref.load_state_dict({k: v for k, v in ours.state_dict().items()}, strict=True)
     x = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
