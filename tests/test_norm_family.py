@@ -402,6 +402,7 @@ def _tiny_config(residual: str, norm_layer: str = "layernorm"):
 def _fit_steps(config, steps: int):
     from ablations.training import build_datamodule, build_model
 
+    torch.set_default_dtype(torch.float32)  # the real training path: float32 data (the autouse fixture restores)
     dm = build_datamodule(config)
     module = build_model(config, dm)
     pl.seed_everything(0)
