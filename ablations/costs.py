@@ -52,6 +52,8 @@ BACKBONE_FORMS: tuple[tuple[str, dict], ...] = (
     ("re_attention (head_norm=batch)", {"attention": "re_attention"}),
     ("class_attention_blocks=2 (CaiT head)", {"class_attention_blocks": 2}),
     ("norm_layer=rmsnorm", {"norm_layer": "rmsnorm"}),
+    ("norm_layer=dyt (Dynamic Tanh)", {"norm_layer": "dyt"}),
+    ("norm_layer=derf (Dynamic erf)", {"norm_layer": "derf"}),
     ("value_residual=fixed (ResFormer, 0.5/0.5)", {"value_residual": "fixed"}),
     ("value_residual=learned (ResFormer)", {"value_residual": "learned"}),
 )

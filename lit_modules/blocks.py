@@ -69,6 +69,63 @@ class PostNormBlock(Block):
         self.ls2.init_sublayer(self.mlp)
 
 
+class ResPostBlock(Block):
+    """Res-post-norm block (Swin-V2; timm's ``ResPostBlock``): no input norm, the norm sits on the branch output,
+
+        x ← x + DropPath(norm1(Attn(x))),   x ← x + DropPath(norm2(MLP(x))),
+
+    so the site's update is Δ = norm(F(x)) and DropPath drops Δ (timm's placement). ``norm1``/``norm2`` keep timm's
+    names (a timm ``ResPostBlock`` checkpoint loads by name) and are handed to the sites through ``bind_norm``.
+    """
+
+    def __init__(self, args: BlockArgs, sites: tuple[nn.Module, nn.Module]) -> None:
+        super().__init__(args, sites)
+        self.norm1 = args.norm_layer(args.dim)  # replaces the Identity of a pre_norm=False block, same position
+        self.norm2 = args.norm_layer(args.dim)
+        self.ls1.bind_norm(self.norm1)
+        self.ls2.bind_norm(self.norm2)
+
+    def forward(self, x: torch.Tensor, history: list | None = None) -> torch.Tensor:
+        x = x + self.drop_path1(self.ls1(x, x, self.attn(x), history))
+        x = x + self.drop_path2(self.ls2(x, x, self.mlp(x), history))
+        return x
+
+    def init_weights(self) -> None:
+        self.ls1.init_norm()
+        self.ls2.init_norm()
+
+
+class InnerDropBlock(Block):
+    """Pre-norm block whose sites apply a norm *after* the sum (Keel's ``LN_out(α·x + F(LN_in x))``): DropPath drops
+    the branch F inside that norm, as ``PostNormBlock`` does, so a dropped site is LN_out(α·x), not x."""
+
+    def forward(self, x: torch.Tensor, history: list | None = None) -> torch.Tensor:
+        u = self.norm1(x)
+        x = x + self.ls1(x, u, self.drop_path1(self.attn(u)), history)
+        u = self.norm2(x)
+        x = x + self.ls2(x, u, self.drop_path2(self.mlp(u)), history)
+        return x
+
+
+class ScaledNormBlock(Block):
+    """Pre-norm block whose normalised input is scaled by a constant before each branch (LayerNorm Scaling:
+    u = LN(x)·``scale``); the sites see the scaled u."""
+
+    def __init__(self, args: BlockArgs, sites: tuple[nn.Module, nn.Module], scale: float) -> None:
+        super().__init__(args, sites)
+        self.scale = float(scale)
+
+    def forward(self, x: torch.Tensor, history: list | None = None) -> torch.Tensor:
+        u = self.norm1(x) * self.scale
+        x = x + self.drop_path1(self.ls1(x, u, self.attn(u), history))
+        u = self.norm2(x) * self.scale
+        x = x + self.drop_path2(self.ls2(x, u, self.mlp(u), history))
+        return x
+
+    def extra_repr(self) -> str:
+        return f"scale={self.scale:.6g}"
+
+
 class WholeBlock(nn.Module):
     """A block with one residual site around the whole pre-norm block (LAuReL at block granularity).
 
@@ -123,6 +180,22 @@ def _add_sublayers(block: nn.Module, args: BlockArgs, pre_norm: bool) -> None:
     block.norm2 = args.norm_layer(dim) if pre_norm else nn.Identity()
     block.mlp = Mlp(in_features=dim, hidden_features=int(dim * args.mlp_ratio), act_layer=args.act_layer,
                     drop=args.proj_drop)
+
+
+class DualStream(nn.Module):
+    """ResiDual's two streams (arXiv 2304.14802): the blocks run the post-LN stream x_a while their sites add each
+    branch output into the dual stream x_d, kept as ``history[0]`` (x_d starts at the embeddings x_0); the output
+    is x_a + norm(x_d), the dual stream normalised once at the end."""
+
+    def __init__(self, dim: int, norm_layer) -> None:
+        super().__init__()
+        self.norm = norm_layer(dim)
+
+    def forward(self, x: torch.Tensor, blocks: nn.ModuleList) -> torch.Tensor:
+        history = [x]
+        for blk in blocks:
+            x = blk(x, history)
+        return x + self.norm(history[0])
 
 
 class ResidualStream(nn.Module):

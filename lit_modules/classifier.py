@@ -181,6 +181,12 @@ class ViTClassifier(pl.LightningModule):
             self._update_train_metrics()
         return loss
 
+    def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
+        """Lightning's step, then the backbone's parameter constraint (nGPT's unit-norm matrices; a no-op for every
+        other variant): part of every training step, so a checkpoint always holds projected weights."""
+        super().optimizer_step(*args, **kwargs)
+        self.model.project_parameters()
+
     def batch_generator(self, batch_idx: int) -> torch.Generator:
         """The generator of one training batch's Mixup/CutMix draws: seeded by (seed, epoch, batch, rank), so every
         variant of a study mixes the same images with the same λ, and a resumed run mixes as the first attempt did."""

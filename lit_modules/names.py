@@ -25,6 +25,14 @@ RESIDUAL_CLASSES: dict[str, str] = {
     "attn_res": "AttnRes",
     "ortho": "Ortho",
     "deepnorm": "DeepNorm",
+    "post_ln": "PostLN",
+    "res_post_norm": "ResPostNorm",
+    "peri_ln": "PeriLN",
+    "mix_ln": "MixLN",
+    "ln_scaling": "LNScaling",
+    "keel": "Keel",
+    "resi_dual": "ResiDual",
+    "ngpt": "NGPT",
 }
 
 #: attention kind -> its class in ``lit_modules/attention.py``
@@ -33,10 +41,13 @@ ATTENTION_CLASSES: dict[str, str] = {
     "re_attention": "ReAttention",
 }
 
-#: norm layer name -> its class in ``timm.layers``
+#: norm layer name -> its class, ``module:Class`` (timm's norms, or the normalisation-free maps of
+#: ``lit_modules/norms.py``)
 NORM_LAYER_CLASSES: dict[str, str] = {
-    "layernorm": "LayerNorm",
-    "rmsnorm": "RmsNorm",
+    "layernorm": "timm.layers:LayerNorm",
+    "rmsnorm": "timm.layers:RmsNorm",
+    "dyt": "lit_modules.norms:DynamicTanh",
+    "derf": "lit_modules.norms:DynamicErf",
 }
 
 RESIDUAL_NAMES: tuple[str, ...] = tuple(RESIDUAL_CLASSES)

@@ -17,10 +17,10 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
+from importlib import import_module
 from pathlib import Path
 from typing import Any
 
-import timm.layers
 import torch
 from timm.layers import PatchEmbed, calculate_drop_path_rates, trunc_normal_
 from timm.layers.pool1d import global_pool_nlc
@@ -35,8 +35,9 @@ from .names import NORM_LAYER_CLASSES
 from .residual import RESIDUALS, BlockArgs, cait_init_value
 from .value_residual import ValueState, value_residual_factory
 
-#: norm layer name -> timm class, called as ``cls(dim, eps=norm_eps)`` (names: ``lit_modules.names``)
-NORM_LAYERS: dict[str, type[nn.Module]] = {name: getattr(timm.layers, cls) for name, cls in NORM_LAYER_CLASSES.items()}
+#: norm layer name -> class, called as ``cls(dim, eps=norm_eps)`` (names: ``lit_modules.names``)
+NORM_LAYERS: dict[str, type[nn.Module]] = {
+    name: getattr(import_module(path.split(":")[0]), path.split(":")[1]) for name, path in NORM_LAYER_CLASSES.items()}
 
 
 @dataclass
@@ -68,8 +69,10 @@ class VisionTransformer(nn.Module):
       (``blocks_token_only``) update only the class token — ``x_cls += γ₁ ⊙ CA(LN[x_cls; x_patches])``,
       ``x_cls += γ₂ ⊙ MLP(LN x_cls)`` with the query from the class token alone, γ at CaiT's depth rule
       ``cait_init_value(depth)``, no stochastic depth (as timm's CaiT) — before the final norm and the head;
-    - ``norm_layer``: ``"layernorm"`` (timm's ``LayerNorm``) or ``"rmsnorm"`` (timm's ``RmsNorm``), ε ``norm_eps``,
-      used by every norm of the model (pre-norms, final norm, qk-norm, the variants' own norms);
+    - ``norm_layer``: ``"layernorm"`` (timm's ``LayerNorm``), ``"rmsnorm"`` (timm's ``RmsNorm``), ε ``norm_eps``,
+      or a normalisation-free map (``lit_modules.norms``): ``"dyt"`` (Dynamic Tanh, arXiv 2503.10622) or ``"derf"``
+      (Derf, arXiv 2512.10938), which ignore ``norm_eps``; used by every norm of the model (pre-norms, final
+      norm, qk-norm, the variants' own norms);
     - ``value_residual``: ResFormer (Zhou et al., arXiv 2410.17897) — ``"none"`` (default), ``"fixed"``
       (every self-attention layer after the first uses V_n ← ½V_1 + ½V_n, V_1 = the first layer's values in this
       forward) or ``"learned"`` (λ₁V_1 + λ₂V_n, two learned scalars per layer from 0.5); see
@@ -173,9 +176,10 @@ class VisionTransformer(nn.Module):
         self.norm = norm_layer(embed_dim) if final_norm and not use_fc_norm else nn.Identity()
         self.fc_norm = norm_layer(embed_dim) if final_norm and use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(drop_rate)
-        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.head = variant.build_head(embed_dim, num_classes, **options) if num_classes > 0 else nn.Identity()
 
         self.init_weights()
+        self.project_parameters()
         if fused_attn is not None:
             self.set_fused_attn(fused_attn)
 
@@ -197,6 +201,12 @@ class VisionTransformer(nn.Module):
                 init_weights_vit_timm(module, name)
 
         named_apply(init, self)
+
+    def project_parameters(self) -> None:
+        """The variant's parameter constraint (``ResidualSite.project_parameters``; nGPT: every matrix unit-norm
+        along the embedding dimension), applied after init and, by ``ViTClassifier.optimizer_step``, after every
+        optimiser step. A no-op for every other variant."""
+        RESIDUALS[self.residual].project_parameters(self, **self.residual_options)
 
     def no_weight_decay(self) -> set[str]:
         """Full names of parameters excluded from weight decay: embeddings plus every variant's own scalars,

@@ -364,7 +364,7 @@ def test_list_shows_every_study_with_its_sizes(quick_calls):
     result = quick_calls.results["list"]
     assert result.returncode == 0, result.stderr
     rows = {line.split()[0]: line.split() for line in result.stdout.splitlines()[1:]}
-    assert sorted(rows) == sorted(available_studies()) and len(rows) == 9
+    assert sorted(rows) == sorted(available_studies()) and len(rows) == 10
     for name, row in rows.items():
         specs = [load_spec(name, budget) for budget in BUDGETS]
         assert row[1] == specs[0].kind

@@ -40,6 +40,14 @@ PARAMS = {  # (sublayer, key) the variant must log for every layer
     "attn_res": (),  # its softmax weights are in diag/depth_weights
     "ortho": (("attn", "parallel_ratio"), ("mlp", "removed_energy"), ("mlp", "cos_mean")),
     "deepnorm": (("attn", "branch_skip_ratio"), ("mlp", "branch_skip_ratio")),
+    "post_ln": (("attn", "branch_skip_ratio"), ("mlp", "branch_skip_ratio")),
+    "res_post_norm": (),
+    "peri_ln": (),
+    "mix_ln": (),  # post-LN blocks log branch_skip_ratio, pre-LN blocks nothing: no key in every layer
+    "ln_scaling": (),
+    "keel": (("mlp", "branch_skip_ratio"),),
+    "resi_dual": (("attn", "branch_skip_ratio"), ("mlp", "branch_skip_ratio")),
+    "ngpt": (("attn", "alpha_mean"), ("mlp", "alpha_std")),
 }
 
 

@@ -103,6 +103,22 @@ RETROFIT = {
     # post-LN: timm's pre-norm weights load into the post-norms norm1/norm2 by name (the function differs); the
     # default drops the final norm, so a timm checkpoint's norm.* loads only with final_norm=True
     "deepnorm": ("deepnorm", {"final_norm": True}, set(), False),
+    # the normalisation family (issue 26): every layout with timm's norm1/norm2 keys loads by name
+    "post_ln": ("post_ln", {"final_norm": True}, set(), False),  # pre-norm weights into the post-norms
+    "res_post_norm": ("res_post_norm", {}, set(), False),  # into the output norms (timm's ResPostBlock names)
+    "peri_ln": ("peri_ln", {}, _blocks(3, *(f"ls{s}.norm.{p}" for s in (1, 2) for p in ("weight", "bias"))), False),
+    "mix_ln": ("mix_ln", {}, set(), True),  # ⌊0.25·3⌋ = 0 post-LN blocks: the pre-LN ViT itself
+    "mix_ln_post": ("mix_ln", {"alpha": 0.34}, set(), False),  # block 0 post-LN
+    "ln_scaling": ("ln_scaling", {}, set(), False),
+    "keel": ("keel", {"final_norm": True}, _blocks(3, *(f"ls{s}.post_norm.{p}" for s in (1, 2)
+                                                        for p in ("weight", "bias")))
+             - {"blocks.0.ls1.post_norm.weight", "blocks.0.ls1.post_norm.bias"}, False),
+}
+
+# variants whose layout cannot hold a timm ViT checkpoint: the keys the error names first
+NO_RETROFIT = {
+    "resi_dual": "norm.bias",  # no final norm (the output ends in LN(x_d)), no option keeps one
+    "ngpt": "blocks.0.attn.proj.bias",  # no norms and no biases anywhere
 }
 
 
@@ -114,7 +130,14 @@ def test_retrofit_into_normalisation_free_default_names_the_norm_keys(residual):
 
 
 def test_retrofit_covers_every_variant():
-    assert {v[0] for v in RETROFIT.values()} == set(RESIDUALS)
+    assert {v[0] for v in RETROFIT.values()} | set(NO_RETROFIT) == set(RESIDUALS)
+
+
+@pytest.mark.parametrize("residual", list(NO_RETROFIT))
+def test_retrofit_into_layouts_without_timm_keys_names_them(residual):
+    with pytest.raises(ValueError, match=rf"checkpoint keys not in residual '{residual}' model: .*"
+                                         rf"{re.escape(NO_RETROFIT[residual])}"):
+        build(residual).load_pretrained(timm_model(**TINY).state_dict())
 
 
 @pytest.mark.parametrize("case", list(RETROFIT))

@@ -178,6 +178,17 @@ class ResidualSite(nn.Module):
         return ResidualStream()
 
     @classmethod
+    def build_head(cls, dim: int, num_classes: int, **options: Any) -> nn.Module:
+        """The classifier head (``num_classes > 0``): timm's ``nn.Linear``; nGPT's scaled unit-row head overrides."""
+        return nn.Linear(dim, num_classes)
+
+    @classmethod
+    def project_parameters(cls, model: nn.Module, **options: Any) -> None:
+        """Put the model's parameters back on the variant's constraint set (nGPT: unit-norm matrices). Called by the
+        backbone after its init (``VisionTransformer.project_parameters``) and by the LightningModule after every
+        optimiser step. Default: no constraint."""
+
+    @classmethod
     def uses_final_norm(cls, **options: Any) -> bool:
         """Whether the backbone normalises the stream before the head (timm's ``norm``/``fc_norm``). True for
         pre-norm streams; a post-LN variant whose last block already ends in a norm (DeepNorm) may say False."""

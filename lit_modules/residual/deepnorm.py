@@ -129,7 +129,7 @@ class DeepNorm(ResidualSite):
         norm = self._norm[0]
         z = self.alpha * x + f
         centred = z - z.mean(dim=-1, keepdim=True) if isinstance(norm, nn.LayerNorm) else z
-        skip = self.alpha * torch.rsqrt(centred.square().mean(dim=-1, keepdim=True) + norm.eps)
+        skip = self.alpha * torch.rsqrt(centred.square().mean(dim=-1, keepdim=True) + getattr(norm, "eps", 0.0))
         return norm(z) - skip * x, skip
 
     def diagnostics(self, x: torch.Tensor | None = None, u: torch.Tensor | None = None,

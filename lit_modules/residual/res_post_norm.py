@@ -1,0 +1,69 @@
+"""Res-post-norm (Liu et al., "Swin Transformer V2", arXiv 2111.09883; timm's ``ResPostBlock``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from .base import BlockArgs, ResidualSite
+
+
+class ResPostNorm(ResidualSite):
+    """Swin-V2's residual post-normalisation: the norm moves from the branch input to the branch output,
+
+        x ← x + LN(F(x)),   Δ = LN(F(x))   (no input norm: the branch reads the stream itself)
+
+    The block is ``blocks.ResPostBlock``: its ``norm1``/``norm2`` (timm's names, as timm's ``ResPostBlock``) are
+    the output norms, bound to the sites; DropPath drops Δ (timm's placement). The backbone's final norm is kept
+    (Swin-V2 and timm's res-post-norm ViT both normalise before the head).
+
+    ``init_value``: None (default) leaves the output norms' gain at 1 (the paper states no other init); a float
+    sets every output norm's gain to it at init (timm's ``ResPostBlock(init_values=...)``, an option of timm's, not
+    of the paper). Swin-V2's other changes (scaled cosine attention, log-spaced position bias, the extra main-branch
+    norm every 6 blocks of its largest models) are attention/architecture changes outside the residual and are
+    not made here.
+
+    ``decompose``: the update is all branch (LN(F)), the skip is the identity.
+    """
+
+    name = "res_post_norm"
+    paper = "Liu et al. 2022 (Swin Transformer V2), arXiv 2111.09883"
+
+    def __init__(self, dim: int, *, args: BlockArgs, init_value: float | None = None) -> None:
+        super().__init__(dim, args=args)
+        self.init_value = init_value
+        self._norm: tuple[nn.Module, ...] = ()  # the block's output norm, bound by ResPostBlock (owned there)
+
+    @property
+    def pre_norm(self) -> bool:
+        return False
+
+    @classmethod
+    def check_options(cls, options: dict[str, Any], dim: int, depth: int) -> None:
+        value = options["init_value"]
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ValueError(f"init_value={value!r} is not valid for res_post_norm; valid: None or a float")
+
+    @classmethod
+    def build_block(cls, args: BlockArgs, **options: Any) -> nn.Module:
+        from ..blocks import ResPostBlock
+
+        return ResPostBlock(args, sites=cls.build_sites(args, **options))
+
+    def bind_norm(self, norm: nn.Module) -> None:
+        self._norm = (norm,)
+
+    @torch.no_grad()
+    def init_norm(self) -> None:
+        """timm's ``init_values``: the output norm's gain (called by ``ResPostBlock.init_weights``, after the norm's
+        own reset: timm's init is depth-first)."""
+        if self.init_value is not None and self._norm and getattr(self._norm[0], "weight", None) is not None:
+            self._norm[0].weight.fill_(float(self.init_value))
+
+    def forward(self, x: torch.Tensor, u: torch.Tensor, f: torch.Tensor, history: list | None = None) -> torch.Tensor:
+        return self._norm[0](f)
+
+    def extra_repr(self) -> str:
+        return f"init_value={self.init_value}"
