@@ -4,7 +4,6 @@ structure. The numbers are not checked (they are timings); the hidden ``--tiny``
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -186,9 +185,7 @@ def test_quick_run_at_its_own_sizes(tmp_path):
     assert 0 < report["sections"]["mfu"]["data"]["mfu"] < 1
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("ABLATIONS_TEST_COMPILE"),
-                    reason="a cold torch.compile costs ~85 s on 2 CPU cores; set ABLATIONS_TEST_COMPILE=1 to run it")
+@pytest.mark.slow  # a cold torch.compile costs ~85 s on 2 CPU cores
 def test_overhead_section_has_one_goal_per_new_design(tmp_path):
     """Section 11: the five designs of issue 27 at their defaults, each against standard with its own goal."""
     md, report = run_bench(tmp_path, "--tiny", "--threads", "1", "--sections", "overhead")

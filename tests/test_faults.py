@@ -48,6 +48,7 @@ from helpers import (
     write_study,
 )
 from optuna.trial import TrialState
+from prerequisites import missing
 
 from ablations.spec import load_spec
 
@@ -100,7 +101,7 @@ class SmallDisk:
 
     def __init__(self, mount_point: Path, size_mb: int = 16) -> None:
         if shutil.which("unshare") is None or shutil.which("nsenter") is None:
-            pytest.skip("util-linux unshare/nsenter are not installed")
+            missing("util-linux's unshare and nsenter are not installed", "apt-get install util-linux")
         mount_point.mkdir(parents=True, exist_ok=True)
         self.mount_point, self.size = mount_point, size_mb * 2**20
         self.holder = subprocess.Popen(
@@ -109,9 +110,11 @@ class SmallDisk:
              str(size_mb)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         if self.holder.stdout.readline().strip() != "mounted":
             self.holder.kill()
-            reason = self.holder.stderr.read().strip()
+            reason = (self.holder.stderr.read().strip().splitlines() or ["no output"])[-1]
             self.holder.wait()
-            pytest.skip(f"cannot mount a tmpfs in a user + mount namespace here: {reason}")
+            missing(f"cannot mount a tmpfs in a user + mount namespace here ({reason})",
+                    "a kernel that allows unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, "
+                    "user.max_user_namespaces > 0; a container needs them allowed by its runtime)")
         stats = os.statvfs(self.outside(mount_point))
         assert stats.f_blocks * stats.f_frsize <= self.size, "not the small tmpfs"  # never fill a real disk
 

@@ -58,8 +58,6 @@ def test_fp32_trials_are_priced_at_the_fp32_peak(tmp_path):
 
 
 def test_precision_auto_is_priced_as_the_training_run_would_resolve_it_on_cuda(tmp_path):
-    if "auto" not in __import__("ablations.choices", fromlist=["PRECISIONS"]).PRECISIONS:
-        pytest.skip("RunConfig has no precision 'auto' yet")
     est = gpu_hours.estimate([RunConfig.from_dict(TINY | {"precision": "auto"})], trials=1, gpu="h100",
                              results_dir=tmp_path)  # no measured modes-cuda.json there: bf16 autocast on CUDA
     assert list(est.bases) == ["auto (bf16-mixed)"]

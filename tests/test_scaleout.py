@@ -128,16 +128,26 @@ def test_same_study_name_in_two_storages_are_independent_studies(postgres, tmp_p
     (lambda pg: f"postgresql://nobody@127.0.0.1:{pg.port}/postgres", ('role "nobody" does not exist',)),
     (lambda pg: f"postgresql://postgres:s3cret@127.0.0.1:{pg.port}/no_such_db",
      ("'postgresql://postgres:***@127.0.0.1:",)),
-    (lambda pg: "postgresql://postgres@127.0.0.1:notaport/db", ("is not valid", "notaport")),
-    (lambda pg: "postgresql://postgres@no-such-host.invalid/db", ("cannot reach storage", "no-such-host.invalid")),
-    (lambda pg: "mysql://user@127.0.0.1/db", ("needs a database driver that is not installed",)),
-    (lambda pg: "nosuchdb://user@127.0.0.1/db", ("unknown database kind", "nosuchdb")),
-    (lambda pg: "results/optuna.db", ("is not a URL", "sqlite:///")),
-], ids=["missing-database", "unknown-role", "password-redacted", "bad-port", "unknown-host", "missing-driver",
-        "unknown-scheme", "not-a-url"])
-def test_bad_storage_url_is_one_line_value_error(postgres, url_of_cluster, fragments):
+], ids=["missing-database", "unknown-role", "password-redacted"])
+def test_bad_storage_url_on_a_live_server_is_one_line_value_error(postgres, url_of_cluster, fragments):
+    _assert_one_line_value_error(url_of_cluster(postgres), fragments)
+
+
+@pytest.mark.parametrize("url, fragments", [
+    ("postgresql://postgres@127.0.0.1:notaport/db", ("is not valid", "notaport")),
+    ("postgresql://postgres@no-such-host.invalid/db", ("cannot reach storage", "no-such-host.invalid")),
+    ("mysql://user@127.0.0.1/db", ("needs a database driver that is not installed",)),
+    ("nosuchdb://user@127.0.0.1/db", ("unknown database kind", "nosuchdb")),
+    ("results/optuna.db", ("is not a URL", "sqlite:///")),
+], ids=["bad-port", "unknown-host", "missing-driver", "unknown-scheme", "not-a-url"])
+def test_bad_storage_url_is_one_line_value_error(url, fragments):
+    """URLs that fail before any server is asked: no PostgreSQL needed (never skipped)."""
+    _assert_one_line_value_error(url, fragments)
+
+
+def _assert_one_line_value_error(url: str, fragments: tuple) -> None:
     with pytest.raises(ValueError) as info:
-        open_storage(url_of_cluster(postgres))
+        open_storage(url)
     message = str(info.value)
     assert "\n" not in message and "s3cret" not in message
     for fragment in fragments:
