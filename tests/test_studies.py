@@ -381,5 +381,11 @@ def test_dry_run_prints_points_and_estimate_and_touches_no_storage(quick_calls):
     points = [line.strip() for line in lines if line.startswith("  variant=")]
     assert points == [", ".join(f"{k}={v}" for k, v in p.items()) for p in spec.grid()]
     (estimate,) = [line for line in lines if line.startswith("estimated time on this machine: ")]
-    assert float(estimate.split(": ")[1].split()[0]) > 0
+    # the estimator's value: the mean of the points' estimates, x (10 reported + 20 tuning trials)
+    from ablations.run import _duration, estimate_seconds
+
+    per_trial = sum(estimate_seconds(spec.run_config(p)) for p in spec.grid()) / len(spec.grid())
+    assert per_trial > 0
+    assert estimate.startswith(f"estimated time on this machine: {_duration(30 * per_trial)} "
+                               f"({_duration(per_trial)} per trial, 30 trials with the tuning stage;"), estimate
     assert not (quick_calls.root / "dry_run.db").exists() and not (quick_calls.root / "results").exists()
