@@ -225,6 +225,45 @@ def test_two_workers_complete_every_grid_point_exactly_once(tmp_path):
     check_two_workers_complete_each_point_once(tmp_path, tmp_path / "o.db")
 
 
+def test_a_duplicate_grid_point_is_pruned_before_training_and_a_surplus_ask_too(tmp_path):
+    """The duplicate-point check on an in-memory storage (test_workers.py proves it with real processes, in the slow
+    tier): a grid enqueued twice, as two machines enqueueing it at the same instant leave it. A copy whose point
+    an earlier trial is running, or a trial has completed, is pruned as ``duplicate_of`` it before anything trains
+    (no run folder, no ``run_name``); the earlier of two running copies is the one that trains. A trial asked for
+    once the grid is exhausted is pruned as ``surplus``."""
+    from ablations.objective import Objective, suggest
+
+    write_study(tmp_path / "dup.yaml")
+    spec = load_spec(str(tmp_path / "dup.yaml"))
+    study = optuna.create_study(storage=optuna.storages.InMemoryStorage(), study_name=spec.study_name,
+                                direction=spec.direction)
+    for _ in range(2):
+        for params in spec.grid():
+            study.enqueue_trial(params)
+    objective = Objective(spec, log_root=tmp_path / "runs")
+    trials = [study.ask() for _ in range(4)]  # 0, 1: the two points; 2, 3: their copies
+    for trial in trials[:3]:
+        suggest(trial, spec)  # taken by a worker: RUNNING with its point
+    a, b = spec.grid()
+    assert [t.params for t in trials[:3]] == [a, b, a]
+    assert objective._duplicate_of(trials[0], a) is None  # the earlier running copy trains
+    assert objective._duplicate_of(trials[2], a) == 0
+
+    with pytest.raises(optuna.TrialPruned, match="already run by trial 0"):
+        objective(trials[2])  # trial 0 (same point) is RUNNING
+    study.tell(trials[2], state=TrialState.PRUNED)
+    study.tell(trials[1], 0.5)
+    with pytest.raises(optuna.TrialPruned, match="already run by trial 1"):
+        objective(trials[3])  # trial 1 (same point) is COMPLETE
+    study.tell(trials[3], state=TrialState.PRUNED)
+    surplus = study.ask()  # nothing left in the queue
+    with pytest.raises(optuna.TrialPruned, match="surplus"):
+        objective(surplus)
+    attrs = {t.number: t.user_attrs for t in study.get_trials(deepcopy=False)}
+    assert attrs[2] == {"duplicate_of": 0} and attrs[3] == {"duplicate_of": 1} and attrs[4] == {"surplus": True}
+    assert not (tmp_path / "runs").exists()  # nothing trained
+
+
 # --- 5. search studies -------------------------------------------------------------------------------------------
 def test_search_study_runs_its_trial_budget_and_prunes(tmp_path):
     """3 TPE trials under the median rule. rezero (avg pooling, lr 0.01) learns the synthetic task in one epoch;
