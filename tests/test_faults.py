@@ -407,7 +407,6 @@ def damaged_storages(tmp_path_factory):
     return SimpleNamespace(root=root, contents=contents, results=results)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("tool", ["run", "report"])
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
 def test_damaged_sqlite_storage_is_one_line_exit_2_and_left_byte_for_byte(damaged_storages, damage, tool):
