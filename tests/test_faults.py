@@ -233,6 +233,56 @@ def test_a_stop_signal_that_lands_in_a_finalizer_still_stops_the_process():
     assert result.stderr.strip() == SIGTERM_LINE and result.stdout == ""
 
 
+WORKER_SCRIPT = """
+import signal, sys, time
+from ablations import stopping
+
+if sys.argv[1] == "ignores":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+else:
+    stopping.stop_on_signals()
+print("ready", flush=True)
+try:
+    time.sleep(3600)
+except KeyboardInterrupt:
+    print("stopped by", signal.Signals(stopping.stop_signal()).name, flush=True)
+    sys.exit(stopping.interrupted())
+"""
+
+
+def test_the_main_process_passes_a_stop_signal_on_to_its_workers_and_kills_one_that_ignores_it(monkeypatch):
+    """The fast check of the ``--workers N`` stop (the end-to-end runs below are in the slow tier): the main
+    process's ``_stop_workers`` sends SIGTERM to every worker still running and waits for them; each stops with its
+    one line and status 143. A worker that ignores the signal is killed once ``WORKER_STOP_S`` has passed (it can
+    end no other way: it sleeps for an hour)."""
+    from ablations import run
+
+    def start(kind: str) -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-c", WORKER_SCRIPT, kind], text=True, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+        assert proc.stdout.readline().strip() == "ready"  # its handlers are installed
+        return proc
+
+    workers = [start("stops"), start("stops")]
+    try:
+        run._stop_workers(workers)
+        outputs = [(p.returncode, p.stdout.read().strip(), p.stderr.read().strip()) for p in workers]
+    finally:
+        for p in workers:
+            p.kill()
+            p.wait()
+    assert outputs == [(143, "stopped by SIGTERM", SIGTERM_LINE)] * 2, outputs
+
+    monkeypatch.setattr(run, "WORKER_STOP_S", 0.1)
+    stubborn = start("ignores")
+    try:
+        run._stop_workers([stubborn])
+        assert stubborn.returncode == -signal.SIGKILL
+    finally:
+        stubborn.kill()
+        stubborn.wait()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("to", ["process group", "main process", "one worker"])
 def test_sigterm_with_two_workers_fails_the_running_trials_with_their_checkpoints_and_they_resume(tmp_path, to):
