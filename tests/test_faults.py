@@ -415,6 +415,45 @@ def test_results_folder_full_or_read_only_mid_trial_fails_it_with_one_line_and_t
     _assert_resumed(complete[(("variant", "long"),)], 1, max_epochs)
 
 
+@pytest.mark.parametrize("error, expected", [
+    (OSError(errno.ENOSPC, "No space left on device", "runs/x/checkpoints/last.ckpt.tmp"),
+     "[Errno 28] No space left on device: 'runs/x/checkpoints/last.ckpt.tmp'"),
+    (OSError(errno.EROFS, "Read-only file system", "runs/x/events"), "[Errno 30] Read-only file system: 'runs/x/events'"),
+    (OSError(errno.EACCES, "Permission denied", "runs/x/events"), "[Errno 13] Permission denied: 'runs/x/events'"),
+    (OSError(errno.EACCES, "Permission denied", "/elsewhere/data.npz"), None),  # not the results folder
+    (ValueError("a bug of the trial's own"), None),
+], ids=["disk full", "read-only", "no permission inside", "no permission elsewhere", "other error"])
+def test_a_results_folder_that_takes_no_more_writes_fails_the_trial_with_one_line(tmp_path, monkeypatch, error,
+                                                                                 expected):
+    """The fast check of the disk faults (the real full and read-only tmpfs runs are in the slow tier): an OS
+    error that says the results folder takes no more writes, wherever it is in the exception chain, becomes the
+    trial's one-line ``ResultsWriteError`` naming its folder; any other error is the trial's own and is raised as
+    it is."""
+    from ablations import run
+
+    monkeypatch.chdir(tmp_path)
+    log_root = Path("runs")
+    trial = SimpleNamespace(number=7, user_attrs={"log_dir": "runs/x"}, set_user_attr=lambda *a: None)
+
+    def objective(_trial):
+        try:
+            raise error
+        except Exception as exc:
+            raise RuntimeError("Lightning wrapped it") from exc
+
+    guarded = run._guarded(objective, log_root)
+    if expected is None:
+        with pytest.raises(RuntimeError, match="Lightning wrapped it"):
+            guarded(trial)
+        return
+    with pytest.raises(run.ResultsWriteError) as info:
+        guarded(trial)
+    assert str(info.value) == (
+        f"trial 7 cannot write its files in 'runs/x': {expected}; the trial is marked failed and completed trials "
+        "are kept: free space or make the folder writable, then rerun the same command (the trial resumes from its "
+        "last checkpoint)")
+
+
 # --- (c) a damaged SQLite storage file ---------------------------------------------------------------------------
 def _real_storage(path: Path) -> None:
     """A SQLite storage holding a study with 40 finished trials (a few hundred KB, many pages)."""
