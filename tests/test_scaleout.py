@@ -7,6 +7,8 @@ scenarios are the SQLite ones of test_studies.py (tests/helpers.py), run here ag
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import optuna
@@ -99,6 +101,39 @@ def test_server_stopped_mid_study_worker_exits_with_one_line_and_rerun_finishes(
     retry = complete[tuple(sorted(trials[0].params.items()))]
     assert retry.user_attrs["retry_of"] == 0
     assert_resumed_from(retry, saved, max_epochs, tmp_path)
+
+
+LOST_HEARTBEAT_SCRIPT = """
+import threading, time
+import sqlalchemy.exc
+from ablations.storage import exit_when_heartbeat_fails
+
+exit_when_heartbeat_fails("postgresql://postgres:s3cret@db.example:5432/study")
+
+def heartbeat():
+    try:
+        raise sqlalchemy.exc.OperationalError("UPDATE trial_heartbeats ...", {}, Exception(
+            "server closed the connection unexpectedly\\n\\tThis probably means the server terminated abnormally"))
+    except Exception as exc:
+        raise RuntimeError("the heartbeat thread failed") from exc
+
+threading.Thread(target=heartbeat).start()
+time.sleep(3600)  # training on: the hook must end the process at once
+print("trained on without heartbeats")
+"""
+
+
+def test_a_heartbeat_that_loses_the_storage_ends_the_worker_with_one_line():
+    """The fast check of the outage (the real server stopped mid-study is in the slow tier): a heartbeat that fails
+    on a database error ends the worker at once with exit status 1 and the lost-storage line, the password hidden,
+    instead of a thread traceback and a trial that trains on without heartbeats."""
+    result = subprocess.run([sys.executable, "-c", LOST_HEARTBEAT_SCRIPT], capture_output=True, text=True,
+                            timeout=600)  # a hang limit only
+    assert result.returncode == 1 and result.stdout == "", result.stderr
+    assert result.stderr.strip() == (
+        "error: lost storage 'postgresql://postgres:***@db.example:5432/study': server closed the connection "
+        "unexpectedly; completed trials are kept and a trial that was running is retried from its last checkpoint: "
+        "rerun the same command once the database is reachable again")
 
 
 def test_same_study_name_in_two_storages_are_independent_studies(postgres, tmp_path):
