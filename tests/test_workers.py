@@ -119,7 +119,7 @@ def assert_duplicates_resolved(storage, spec) -> None:
 def test_independent_processes_run_every_point_once_and_each_trains(tmp_path, storage):
     """3 separate CLIs on one grid of 6 points enqueued twice: every point COMPLETE exactly once, every process
     trained at least one point (its ``worker``), every duplicate copy pruned, and all three exit 0."""
-    write_study(tmp_path / "shared.yaml", variants=THREE_VARIANTS, axes={"seed": SEEDS}, base={"max_epochs": 3})
+    write_study(tmp_path / "shared.yaml", variants=THREE_VARIANTS, axes={"seed": SEEDS})  # 1 epoch (TINY_BASE)
     spec = load_spec(str(tmp_path / "shared.yaml"))
     assert spec.size == 6
     enqueue_grid_twice(storage, spec)
@@ -152,7 +152,7 @@ def test_independent_processes_survive_a_kill_9_of_one_of_them(tmp_path, storage
     find the dead trial at once, each queues a retry: the later copy is pruned as a duplicate, never trained.)"""
     max_epochs = 30
     variants = [{**THREE_VARIANTS[0], "overrides": {"max_epochs": max_epochs}}, *THREE_VARIANTS[1:]]
-    write_study(tmp_path / "shared.yaml", variants=variants, axes={"seed": SEEDS}, base={"max_epochs": 3})
+    write_study(tmp_path / "shared.yaml", variants=variants, axes={"seed": SEEDS})  # 1 epoch (TINY_BASE)
     spec = load_spec(str(tmp_path / "shared.yaml"))
     args = ("--study", "shared.yaml", "--storage", url_of(storage), "--results-dir", "results", "--no-progress",
             "--threads", "1", *LIVE_WORKERS)  # the survivors judge each other's live trials: see LIVE_GRACE_S
