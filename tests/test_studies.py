@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import shutil
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -84,10 +85,33 @@ def tiny_study(tmp_path_factory):
     return SimpleNamespace(root=root, db=db, name="tiny", spec=load_spec(str(root / "tiny.yaml")), result=result)
 
 
+def _main_in_process(args: tuple, cwd: Path) -> subprocess.CompletedProcess:
+    """``ablations.run.main(args)`` in this process, in ``cwd``, its stdout and stderr captured: what the CLI prints
+    and returns, without a process's ~5 s of imports."""
+    import contextlib
+    import io
+
+    from ablations.run import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        mp.chdir(cwd)
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as exc:  # argparse's own errors
+            code = exc.code
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+
+#: The quick cases that run as real CLI processes (side by side); the others call ``main`` in this process.
+QUICK_SUBPROCESS = ("bad_yaml", "unreachable_storage")
+
+
 @pytest.fixture(scope="module")
 def quick_calls(tmp_path_factory):
-    """The CLI calls that train nothing (--list, --dry-run, bad input), run side by side; each case has its own
-    SQLite path so a test can check that no storage was created."""
+    """The CLI calls that train nothing (--list, --dry-run, bad input); each case has its own SQLite path so a test
+    can check that no storage was created. Two run as real CLI processes side by side (``QUICK_SUBPROCESS``), the
+    rest in this process."""
     root = tmp_path_factory.mktemp("quick")
     (root / "bad_yaml.yaml").write_text("name: bad\nkind: grid\nvariants: [\n  - {label: a\n")
     write_study(root / "unknown_key.yaml", colour="blue")
@@ -117,7 +141,9 @@ def quick_calls(tmp_path_factory):
         ("unreachable_storage", ("--study", "tiny.yaml", "--storage", "postgresql://nobody@127.0.0.1:1/none")),
         ("missing_sqlite_folder", ("--study", "tiny.yaml", "--storage", url_of(root / "no_such_dir" / "o.db"))),
     ])
-    return SimpleNamespace(root=root, results=run_cli_many(calls, cwd=root))
+    results = run_cli_many({k: v for k, v in calls.items() if k in QUICK_SUBPROCESS}, cwd=root)
+    results |= {k: _main_in_process(v, root) for k, v in calls.items() if k not in QUICK_SUBPROCESS}
+    return SimpleNamespace(root=root, results=results)
 
 
 # --- 1. the issue's end-to-end run -------------------------------------------------------------------------------
