@@ -12,6 +12,10 @@ from .stopping import held_during
 
 HEARTBEAT_S = 20
 GRACE_S = 60
+#: How long a SQLite connection waits for another connection's write lock before "database is locked". A heartbeat
+#: waits behind other processes' writes for as long: a worker whose heartbeat fails so exits (lost storage), so a
+#: live worker's heartbeats are at most this plus one interval apart on SQLite.
+SQLITE_LOCK_TIMEOUT_S = 60
 MAX_RETRY = 3
 
 
@@ -37,7 +41,8 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_s: int = HEARTBEAT_S, 
             raise ValueError(f"storage '{url}': folder '{path.parent}' does not exist")
     check_sqlite_file(url)
     target = _with_installed_driver(url)
-    engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    engine_kwargs = ({"connect_args": {"timeout": SQLITE_LOCK_TIMEOUT_S}} if url.startswith("sqlite")
+                     else {"pool_pre_ping": True})
     if target.startswith("postgresql"):
         engine_kwargs["connect_args"] = {"connect_timeout": 10}
     try:
@@ -160,7 +165,7 @@ def _sqlite_damage(path: Path) -> str | None:
     import sqlite3
 
     try:
-        con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=60)
+        con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=SQLITE_LOCK_TIMEOUT_S)
         try:
             rows = con.execute("PRAGMA quick_check(1)").fetchall()
         finally:

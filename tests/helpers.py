@@ -22,7 +22,7 @@ from optuna.trial import TrialState
 
 from ablations.objective import suggest
 from ablations.spec import load_spec
-from ablations.storage import open_storage
+from ablations.storage import SQLITE_LOCK_TIMEOUT_S, open_storage
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 #: ``pytestmark`` of the study test modules: Optuna's experimental-feature and heartbeat warnings are expected there.
@@ -34,6 +34,13 @@ STUDY_TEST_MARKS = [pytest.mark.filterwarnings("ignore::optuna.exceptions.Experi
 #: machine is: the epochs only have to outlast one 0.1 s poll.
 LONG_TRIAL_EPOCHS = 30
 CLI_TIMEOUT_S = 900  # generous: the CPU cores are shared; the timeout only stops a hung run
+#: ``--heartbeat`` / ``--grace`` of runs in which live workers judge each other's trials (stale heartbeat = dead).
+#: A live worker's heartbeat can wait SQLite's whole lock timeout behind other processes' writes (a longer wait
+#: ends the worker: lost storage), or be starved of the CPU as long: the grace outlasts that by five heartbeats, so
+#: a loaded machine never makes a live trial look dead. (A run alone on its storage may use a short grace.)
+HEARTBEAT_S = 1
+LIVE_GRACE_S = SQLITE_LOCK_TIMEOUT_S + 5 * HEARTBEAT_S
+LIVE_WORKERS = ("--heartbeat", str(HEARTBEAT_S), "--grace", str(LIVE_GRACE_S))
 TINY_BASE = {"dataset": "synthetic", "dataset_options": {"num_samples": 128, "img_size": 8}, "embed_dim": 8,
              "num_heads": 2, "depth": 1, "max_epochs": 1, "patch_size": 4, "batch_size": 32}
 TWO_VARIANTS = ({"label": "standard", "residual": "standard"}, {"label": "rezero", "residual": "rezero"})
@@ -368,7 +375,7 @@ def check_two_workers_complete_each_point_once(tmp_path: Path, storage: Path | s
         write_study(tmp_path / study, variants=THREE_VARIANTS)
     spec = load_spec(str(tmp_path / study) if study.endswith(".yaml") else study, budget)
     result = run_cli("--study", study, "--budget", budget, "--workers", "2", "--storage", url_of(storage),
-                     "--results-dir", "results", "--no-progress", cwd=tmp_path)
+                     "--results-dir", "results", "--no-progress", *LIVE_WORKERS, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert_grid_complete_once(storage, spec)
     for t in trials_of(storage, spec.study_name):

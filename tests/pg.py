@@ -26,10 +26,14 @@ def server_bin() -> Path | None:
     return Path(initdb).parent if initdb and (Path(initdb).parent / "postgres").is_file() else None
 
 
+#: What to install for the PostgreSQL tests (Debian / Ubuntu; .ci/run does it).
+INSTALL = "apt-get install postgresql (the server binaries initdb and postgres, and the 'postgres' user)"
+
+
 def unavailable_reason() -> str | None:
     """Why a cluster cannot be started here (None: it can)."""
     if server_bin() is None:
-        return "PostgreSQL server binaries (initdb, postgres) not found; install them: apt-get install postgresql"
+        return "PostgreSQL server binaries (initdb, postgres) not found"
     if os.geteuid() == 0 and (shutil.which("runuser") is None or _uid("postgres") is None):
         return "running as root needs the 'postgres' user and runuser to start PostgreSQL (initdb refuses root)"
     return None

@@ -4,7 +4,6 @@ structure. The numbers are not checked (they are timings); the hidden ``--tiny``
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ablations import bench, modes
-from ablations.costs import all_configs
+from ablations.costs import all_configs, bench_step_times
 from lit_modules import RESIDUALS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,6 +63,7 @@ def check_report(md: str, report: dict, sections: list[str]) -> None:
             assert goal["what"] in md
 
 
+@pytest.mark.slow  # every section, then ablations.costs three times over every form (~55 s on 2 quiet cores)
 def test_tiny_run_writes_every_section(tmp_path):
     md, report = run_bench(tmp_path, "--tiny", "--threads", "1")
     check_report(md, report, list(bench.DEFAULT_SECTIONS))
@@ -133,6 +133,13 @@ def test_variants_restrict_sections_2_and_6(tmp_path):
     for name in ("variants", "memory"):
         assert list(report["sections"][name]["data"]["variants"]) == ["standard", *chosen]
     assert not (tmp_path / "modes-cpu.json").exists()
+    # ablations.costs reads these step times at the bench's size (the fast check; the slow tier runs its CLI)
+    s = bench.TINY
+    size = {"embed_dim": s.embed_dim, "depth": s.variant_depth, "num_heads": s.num_heads, "img_size": s.img_size,
+            "patch_size": s.patch_size}
+    step_times, note = bench_step_times(tmp_path / "bench.json", size)
+    assert step_times == report["sections"]["variants"]["data"]["variants"] and "tiny mode" in note
+    assert bench_step_times(tmp_path / "bench.json", size | {"depth": s.variant_depth + 1})[0] == {}  # another size
 
 
 def test_parse_variants():
@@ -186,9 +193,7 @@ def test_quick_run_at_its_own_sizes(tmp_path):
     assert 0 < report["sections"]["mfu"]["data"]["mfu"] < 1
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("ABLATIONS_TEST_COMPILE"),
-                    reason="a cold torch.compile costs ~85 s on 2 CPU cores; set ABLATIONS_TEST_COMPILE=1 to run it")
+@pytest.mark.slow  # a cold torch.compile costs ~85 s on 2 CPU cores
 def test_overhead_section_has_one_goal_per_new_design(tmp_path):
     """Section 11: the five designs of issue 27 at their defaults, each against standard with its own goal."""
     md, report = run_bench(tmp_path, "--tiny", "--threads", "1", "--sections", "overhead")
@@ -205,6 +210,7 @@ def test_overhead_section_has_one_goal_per_new_design(tmp_path):
     assert "depth 2" in sec["setup"] and "batch 4" in sec["setup"]  # the tiny mode's overhead_depth, _batch
 
 
+@pytest.mark.slow  # a cold torch.compile (inductor) on the CPU
 def test_compile_section(tmp_path):
     md, report = run_bench(tmp_path, "--tiny", "--threads", "1", "--sections", "mfu", "--compile")
     check_report(md, report, ["mfu", "compile"])

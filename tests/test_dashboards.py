@@ -219,7 +219,8 @@ def test_tensorboard_and_optuna_dashboard_show_names_columns_and_numeric_axes(tm
     for name in names:
         frame = pd.read_csv(runs_dir / name / "csv" / "metrics.csv")
         assert frame["val/acc"].notna().sum() == 2 and frame["hp/best_val_acc"].notna().sum() == 1
-    mlflow = pytest.importorskip("mlflow")
+    import mlflow  # the dev extra installs it (pyproject.toml: vit-residual-ablations[mlflow])
+
     from ablations.dashboard import mlflow_uri
 
     client = mlflow.tracking.MlflowClient(mlflow_uri(runs_dir / "mlflow.db"))

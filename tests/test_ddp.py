@@ -124,7 +124,6 @@ def spawned(tmp_path_factory):
     return summary, root / "runs" / "spawn", checkpoints, read_probes(root / "probe", WORLD_SIZE)
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(CLI_TIMEOUT_S)  # generous: fails a hung run only
 def test_ddp_spawn_ranks_train_disjoint_shards_covering_the_training_set_each_epoch(spawned):
     """Each rank's loader sees the real process group (rank r of 2) and is fed, every epoch, ``len(train) // 2``
@@ -164,7 +163,6 @@ def test_ddp_spawn_ranks_train_disjoint_shards_covering_the_training_set_each_ep
         assert scored["weights"] == probes[0]["weights"][scored["epoch"]], checkpoint.name
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(CLI_TIMEOUT_S)
 def test_ddp_spawn_val_metrics_are_those_of_the_whole_val_set(spawned):
     """Rank 0's logged ``val/acc`` and ``val/loss`` (TensorBoard event files; the accuracy also in the returned

@@ -74,13 +74,50 @@ def test_pytest_counts_read_the_summary_line():
     assert dc.pytest_counts("nothing ran") == {"passed": 0, "skipped": 0, "failed": 0, "errors": 0, "deselected": 0}
 
 
-def test_a_stage_over_its_limit_is_killed_and_recorded(tmp_path):
-    start = time.perf_counter()
-    result = dc.run_stage("slow", [sys.executable, "-c", "print('working', flush=True); import time; time.sleep(60)"],
-                          1.0, tmp_path)
-    assert time.perf_counter() - start < 20
+STAGE_THAT_HANGS = """
+import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+print("working", os.getpid(), child.pid, flush=True)
+time.sleep(3600)
+"""
+
+
+def _gone(pid: int) -> bool:
+    """The process has ended (a zombie waiting for its reaper counts as ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+def test_a_stage_over_its_limit_is_killed_and_recorded(tmp_path, monkeypatch):
+    """A stage that never ends (it and a child of its own sleep for an hour) is killed at its limit, with its
+    whole process group, and recorded as a timeout with its last output. No duration is asserted: the limit is
+    counted from the moment the stage has printed its first line (an event, however slowly a loaded machine
+    starts Python), and the stage can only end by being killed."""
+    log = tmp_path / "logs" / "slow.log"
+
+    class StartedPopen(subprocess.Popen):
+        def wait(self, timeout=None):
+            if timeout == 1.0 and not getattr(self, "started", False):  # the stage's limit: wait for its first line
+                self.started = True
+                while "\nworking " not in (log.read_text() if log.is_file() else ""):
+                    assert self.poll() is None, log.read_text()
+                    time.sleep(0.05)
+            return super().wait(timeout)
+
+    monkeypatch.setattr(dc.subprocess, "Popen", StartedPopen)
+    result = dc.run_stage("slow", [sys.executable, "-c", STAGE_THAT_HANGS], 1.0, tmp_path)
     assert result.status == "timeout" and result.returncode is None
     assert "1 s limit" in result.error and "working" in result.error
+    (printed,) = [line for line in log.read_text().splitlines() if line.startswith("working ")]
+    stage_pid, child_pid = map(int, printed.split()[1:])
+    assert _gone(stage_pid)  # reaped by run_stage
+    deadline = time.monotonic() + 600  # a hang limit only: the child was signalled with its group, it ends
+    while not _gone(child_pid):
+        assert time.monotonic() < deadline, "the stage's child outlived the stage's process group"
+        time.sleep(0.05)
+    monkeypatch.undo()
     failed = dc.run_stage("bad", [sys.executable, "-c", "raise SystemExit('error: broken')"], 30, tmp_path)
     assert failed.status == "failed" and failed.returncode == 1 and "error: broken" in failed.error
 

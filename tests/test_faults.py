@@ -26,6 +26,7 @@ from types import SimpleNamespace
 import optuna
 import pytest
 from helpers import (
+    LIVE_WORKERS,
     LONG_TRIAL_EPOCHS,
     STUDY_TEST_MARKS,
     TWO_VARIANTS,
@@ -48,6 +49,7 @@ from helpers import (
     write_study,
 )
 from optuna.trial import TrialState
+from prerequisites import missing
 
 from ablations.spec import load_spec
 
@@ -100,7 +102,7 @@ class SmallDisk:
 
     def __init__(self, mount_point: Path, size_mb: int = 16) -> None:
         if shutil.which("unshare") is None or shutil.which("nsenter") is None:
-            pytest.skip("util-linux unshare/nsenter are not installed")
+            missing("util-linux's unshare and nsenter are not installed", "apt-get install util-linux")
         mount_point.mkdir(parents=True, exist_ok=True)
         self.mount_point, self.size = mount_point, size_mb * 2**20
         self.holder = subprocess.Popen(
@@ -109,9 +111,11 @@ class SmallDisk:
              str(size_mb)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         if self.holder.stdout.readline().strip() != "mounted":
             self.holder.kill()
-            reason = self.holder.stderr.read().strip()
+            reason = (self.holder.stderr.read().strip().splitlines() or ["no output"])[-1]
             self.holder.wait()
-            pytest.skip(f"cannot mount a tmpfs in a user + mount namespace here: {reason}")
+            missing(f"cannot mount a tmpfs in a user + mount namespace here ({reason})",
+                    "a kernel that allows unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, "
+                    "user.max_user_namespaces > 0; a container needs them allowed by its runtime)")
         stats = os.statvfs(self.outside(mount_point))
         assert stats.f_blocks * stats.f_frsize <= self.size, "not the small tmpfs"  # never fill a real disk
 
@@ -211,7 +215,7 @@ class Finalized:
 
 try:
     Finalized()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 300  # a hang limit: the signal is delivered again 0.05 s after the finalizer
     while time.monotonic() < deadline:
         pass
 except KeyboardInterrupt:
@@ -224,9 +228,59 @@ def test_a_stop_signal_that_lands_in_a_finalizer_still_stops_the_process():
     """A KeyboardInterrupt raised inside a ``__del__`` is only printed by Python ("Exception ignored in ..."), and
     the process runs on (seen with Lightning's ``Profiler.__del__`` in a worker). The CLI delivers the signal again
     once the finalizer is done: the process stops with its one line and status 143."""
-    result = subprocess.run([sys.executable, "-c", FINALIZER_SCRIPT], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", FINALIZER_SCRIPT], capture_output=True, text=True, timeout=600)
     assert result.returncode == 143, result.stdout + result.stderr
     assert result.stderr.strip() == SIGTERM_LINE and result.stdout == ""
+
+
+WORKER_SCRIPT = """
+import signal, sys, time
+from ablations import stopping
+
+if sys.argv[1] == "ignores":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+else:
+    stopping.stop_on_signals()
+print("ready", flush=True)
+try:
+    time.sleep(3600)
+except KeyboardInterrupt:
+    print("stopped by", signal.Signals(stopping.stop_signal()).name, flush=True)
+    sys.exit(stopping.interrupted())
+"""
+
+
+def test_the_main_process_passes_a_stop_signal_on_to_its_workers_and_kills_one_that_ignores_it(monkeypatch):
+    """The fast check of the ``--workers N`` stop (the end-to-end runs below are in the slow tier): the main
+    process's ``_stop_workers`` sends SIGTERM to every worker still running and waits for them; each stops with its
+    one line and status 143. A worker that ignores the signal is killed once ``WORKER_STOP_S`` has passed (it can
+    end no other way: it sleeps for an hour)."""
+    from ablations import run
+
+    def start(kind: str) -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-c", WORKER_SCRIPT, kind], text=True, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+        assert proc.stdout.readline().strip() == "ready"  # its handlers are installed
+        return proc
+
+    workers = [start("stops"), start("stops")]
+    try:
+        run._stop_workers(workers)
+        outputs = [(p.returncode, p.stdout.read().strip(), p.stderr.read().strip()) for p in workers]
+    finally:
+        for p in workers:
+            p.kill()
+            p.wait()
+    assert outputs == [(143, "stopped by SIGTERM", SIGTERM_LINE)] * 2, outputs
+
+    monkeypatch.setattr(run, "WORKER_STOP_S", 0.1)
+    stubborn = start("ignores")
+    try:
+        run._stop_workers([stubborn])
+        assert stubborn.returncode == -signal.SIGKILL
+    finally:
+        stubborn.kill()
+        stubborn.wait()
 
 
 @pytest.mark.slow
@@ -253,7 +307,7 @@ def test_sigterm_with_two_workers_fails_the_running_trials_with_their_checkpoint
     spec = load_spec(str(tmp_path / "workers.yaml"))
     db = tmp_path / "o.db"
     args = ("--study", "workers.yaml", "--workers", "2", "--storage", url_of(db), "--results-dir", "results",
-            "--no-progress")
+            "--no-progress", *LIVE_WORKERS)
     runs = tmp_path / "results" / "runs" / "workers"
     ckpts = [runs / run_dir_name(spec, label) / "checkpoints" / "last.ckpt" for label in ("long_a", "long_b")]
     expected = {0: TrialState.COMPLETE, 1: TrialState.COMPLETE, 2: TrialState.RUNNING, 3: TrialState.RUNNING}
@@ -361,6 +415,45 @@ def test_results_folder_full_or_read_only_mid_trial_fails_it_with_one_line_and_t
     _assert_resumed(complete[(("variant", "long"),)], 1, max_epochs)
 
 
+@pytest.mark.parametrize("error, expected", [
+    (OSError(errno.ENOSPC, "No space left on device", "runs/x/checkpoints/last.ckpt.tmp"),
+     "[Errno 28] No space left on device: 'runs/x/checkpoints/last.ckpt.tmp'"),
+    (OSError(errno.EROFS, "Read-only file system", "runs/x/events"), "[Errno 30] Read-only file system: 'runs/x/events'"),
+    (OSError(errno.EACCES, "Permission denied", "runs/x/events"), "[Errno 13] Permission denied: 'runs/x/events'"),
+    (OSError(errno.EACCES, "Permission denied", "/elsewhere/data.npz"), None),  # not the results folder
+    (ValueError("a bug of the trial's own"), None),
+], ids=["disk full", "read-only", "no permission inside", "no permission elsewhere", "other error"])
+def test_a_results_folder_that_takes_no_more_writes_fails_the_trial_with_one_line(tmp_path, monkeypatch, error,
+                                                                                 expected):
+    """The fast check of the disk faults (the real full and read-only tmpfs runs are in the slow tier): an OS
+    error that says the results folder takes no more writes, wherever it is in the exception chain, becomes the
+    trial's one-line ``ResultsWriteError`` naming its folder; any other error is the trial's own and is raised as
+    it is."""
+    from ablations import run
+
+    monkeypatch.chdir(tmp_path)
+    log_root = Path("runs")
+    trial = SimpleNamespace(number=7, user_attrs={"log_dir": "runs/x"}, set_user_attr=lambda *a: None)
+
+    def objective(_trial):
+        try:
+            raise error
+        except Exception as exc:
+            raise RuntimeError("Lightning wrapped it") from exc
+
+    guarded = run._guarded(objective, log_root)
+    if expected is None:
+        with pytest.raises(RuntimeError, match="Lightning wrapped it"):
+            guarded(trial)
+        return
+    with pytest.raises(run.ResultsWriteError) as info:
+        guarded(trial)
+    assert str(info.value) == (
+        f"trial 7 cannot write its files in 'runs/x': {expected}; the trial is marked failed and completed trials "
+        "are kept: free space or make the folder writable, then rerun the same command (the trial resumes from its "
+        "last checkpoint)")
+
+
 # --- (c) a damaged SQLite storage file ---------------------------------------------------------------------------
 def _real_storage(path: Path) -> None:
     """A SQLite storage holding a study with 40 finished trials (a few hundred KB, many pages)."""
@@ -403,7 +496,6 @@ def damaged_storages(tmp_path_factory):
     return SimpleNamespace(root=root, contents=contents, results=results)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("tool", ["run", "report"])
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
 def test_damaged_sqlite_storage_is_one_line_exit_2_and_left_byte_for_byte(damaged_storages, damage, tool):

@@ -14,6 +14,7 @@ from ablations import gpu_hours
 from ablations.config import RunConfig
 from ablations.costs import measure
 from ablations.run import main as run_main
+from ablations.spec import load_spec
 
 #: A tiny trial: 100 synthetic 8x8 images (60 train / 20 val / 20 test at val and test fractions 0.2), 2 epochs;
 #: every epoch trains on the train split and scores val and test (VAL: the images evaluated per epoch).
@@ -24,9 +25,23 @@ TRAIN, VAL = 60, 40
 
 
 def tiny_flops(depth: int = 1) -> float:
-    """Forward FLOPs of one image of the tiny trial, counted by hand through ablations.costs.measure."""
-    return measure("standard", {}, embed_dim=8, depth=depth, num_heads=2, img_size=8, patch_size=4, num_classes=4,
-                   in_chans=3, mlp_ratio=2.0)["flops"]
+    """Forward FLOPs of one image of the tiny trial (standard residual), counted by hand: 2 FLOPs per
+    multiply-accumulate of the matrix products (what ablations.costs counts). An 8x8 image in 4x4 patches: 4 patch
+    tokens + the CLS token = 5 tokens of width 8; 2 heads of width 4; MLP hidden width 16; 4 classes."""
+    patch_embed = 4 * 8 * (3 * 4 * 4)  # a 4x4x3 -> 8 convolution at each of the 4 patches
+    block = (5 * 8 * 24  # qkv projection, 8 -> 3 x 8
+             + 2 * 5 * 5 * 4  # q k^T, per head
+             + 2 * 5 * 5 * 4  # attention x v, per head
+             + 5 * 8 * 8  # output projection
+             + 5 * 8 * 16 + 5 * 16 * 8)  # MLP fc1, fc2
+    head = 8 * 4  # the CLS token -> 4 logits
+    return 2.0 * (patch_embed + depth * block + head)
+
+
+@pytest.mark.parametrize("depth", [1, 3])
+def test_the_hand_count_is_what_ablations_costs_measures(depth):
+    assert tiny_flops(depth) == measure("standard", {}, embed_dim=8, depth=depth, num_heads=2, img_size=8,
+                                        patch_size=4, num_classes=4, in_chans=3, mlp_ratio=2.0)["flops"]
 
 
 def write_device_check(results: Path, *, gpu: str | None, images_per_s: float, config: RunConfig,
@@ -58,8 +73,6 @@ def test_fp32_trials_are_priced_at_the_fp32_peak(tmp_path):
 
 
 def test_precision_auto_is_priced_as_the_training_run_would_resolve_it_on_cuda(tmp_path):
-    if "auto" not in __import__("ablations.choices", fromlist=["PRECISIONS"]).PRECISIONS:
-        pytest.skip("RunConfig has no precision 'auto' yet")
     est = gpu_hours.estimate([RunConfig.from_dict(TINY | {"precision": "auto"})], trials=1, gpu="h100",
                              results_dir=tmp_path)  # no measured modes-cuda.json there: bf16 autocast on CUDA
     assert list(est.bases) == ["auto (bf16-mixed)"]
@@ -136,7 +149,11 @@ def test_dry_run_prints_gpu_hours_for_the_chosen_class(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0
     (line,) = [ln for ln in out.splitlines() if ln.startswith("estimated GPU-hours on rtx4090 ")]
-    assert "GPU-hours for 30 trials" in line  # 20 tuning trials, then 10 reported ones
+    # the estimator's own value for the study's points, 20 tuning trials then 10 reported ones
+    spec = load_spec("residual_variants", "smoke")
+    est = gpu_hours.estimate([spec.run_config(p) for p in spec.grid()], 30, "rtx4090", tmp_path)
+    assert est.gpu_hours > 0
+    assert f": {est.gpu_hours:.3g} GPU-hours for 30 trials ({est.per_trial_s / 60:.3g} min per trial" in line, line
     assert "MFU 0.25 assumed" in out
     assert not (tmp_path / "device").exists()  # read only
 

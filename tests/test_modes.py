@@ -242,6 +242,7 @@ def test_importing_modes_does_not_import_torch():
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
 
 
+@pytest.mark.slow  # the bench's modes section in a subprocess; the rule itself is checked above on fixed tables
 def test_the_mode_chosen_is_the_one_the_tiny_bench_measured_fastest(tmp_path):
     """The done-when of precision auto-selection: it picks what the bench measured."""
     cmd = [sys.executable, "-m", "ablations.bench", "--tiny", "--threads", "1", "--device", "cpu", "--sections",

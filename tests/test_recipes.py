@@ -13,18 +13,38 @@ import yaml
 
 from ablations.config import RunConfig
 from ablations.recipes import RECIPE_FIELDS, RECIPES, describe, with_recipe
-from ablations.spec import load_spec
+from ablations.spec import available_studies, load_spec
 
 # The settings every run had before recipes existed: ``basic`` must keep them, so stored studies reproduce.
 PRE_RECIPE_DEFAULTS = {"label_smoothing": 0.1, "lr": 1e-3, "weight_decay": 0.05, "betas": (0.9, 0.999),
                        "warmup_epochs": 2.0, "min_lr": 0.0, "optimizer": "adamw", "crop_padding_mode": "constant",
                        "rand_augment_ops": 0, "color_jitter": (), "random_erasing": 0.0, "mixup_alpha": 0.0,
                        "cutmix_alpha": 0.0}
-# The orthogonal-residual paper's ViT-S CIFAR-10 recipe (its recipes/vit_s_cifar10.yaml and data_utils.py).
-PAPER = {"crop_padding_mode": "reflect", "rand_augment_ops": 9, "rand_augment_magnitude": 5,
-         "color_jitter": (0.4, 0.4, 0.4, 0.1), "random_erasing": 0.25, "mixup_alpha": 0.8, "cutmix_alpha": 1.0,
-         "mixup_prob": 1.0, "mixup_switch_prob": 0.5, "label_smoothing": 0.1, "optimizer": "adam", "lr": 1e-3,
-         "weight_decay": 1e-4, "betas": (0.9, 0.999), "warmup_epochs": 10.0, "min_lr": 0.0}
+# The orthogonal-residual paper's ViT-S CIFAR-10 recipe, transcribed from its reference code as written there
+# (github.com/BootsofLagrangian/ortho-residual at commit 511805e), not from ablations/recipes.py:
+# - recipes/vit_s_cifar10.yaml, its keys and values verbatim:
+REFERENCE_YAML = {"optimizer": "adam", "lr": 1.0e-3, "weight_decay": 0.0001, "warmup_epoch": 10,
+                  "lr_scheduler_type": "cos", "use_mixup": True, "mixup_alpha": 0.8, "cutmix_alpha": 1.0,
+                  "mixup_prob": 1.0, "label_smoothing": 0.1, "random_erase": 0.25, "randaugment_N": 9,
+                  "randaugment_M": 5}
+# - train_classifier.py's argparse defaults for what the YAML leaves unset (--cutmix_switch_prob, --adam_beta1/2);
+#   its "cos" schedule is 0.5 * (1 + cos(pi * pct)) after warm-up, which ends at 0:
+REFERENCE_ARG_DEFAULTS = {"cutmix_switch_prob": 0.5, "adam_beta1": 0.9, "adam_beta2": 0.999}
+REFERENCE_FINAL_LR = 0.0
+# - data_utils.py, cifar10 with a ViT: RandomCrop(32, padding=4, padding_mode="reflect"), RandomHorizontalFlip(),
+#   RandAugment(num_ops=randaugment_N, magnitude=randaugment_M), ColorJitter(0.4, 0.4, 0.4, 0.1), ToTensor(),
+#   RandomErasing(p=random_erase, ...):
+REFERENCE_TRANSFORMS = {"padding_mode": "reflect", "color_jitter": (0.4, 0.4, 0.4, 0.1)}
+# Our field for each of them (the names differ; the numbers must not):
+PAPER = {"crop_padding_mode": REFERENCE_TRANSFORMS["padding_mode"],
+         "rand_augment_ops": REFERENCE_YAML["randaugment_N"], "rand_augment_magnitude": REFERENCE_YAML["randaugment_M"],
+         "color_jitter": REFERENCE_TRANSFORMS["color_jitter"], "random_erasing": REFERENCE_YAML["random_erase"],
+         "mixup_alpha": REFERENCE_YAML["mixup_alpha"], "cutmix_alpha": REFERENCE_YAML["cutmix_alpha"],
+         "mixup_prob": REFERENCE_YAML["mixup_prob"], "mixup_switch_prob": REFERENCE_ARG_DEFAULTS["cutmix_switch_prob"],
+         "label_smoothing": REFERENCE_YAML["label_smoothing"], "optimizer": REFERENCE_YAML["optimizer"],
+         "lr": REFERENCE_YAML["lr"], "weight_decay": REFERENCE_YAML["weight_decay"],
+         "betas": (REFERENCE_ARG_DEFAULTS["adam_beta1"], REFERENCE_ARG_DEFAULTS["adam_beta2"]),
+         "warmup_epochs": float(REFERENCE_YAML["warmup_epoch"]), "min_lr": REFERENCE_FINAL_LR}
 
 
 def test_basic_recipe_is_the_pre_recipe_default_and_paper_is_the_published_recipe():
@@ -75,7 +95,8 @@ def test_a_budget_recipe_replaces_the_study_base_recipe_fields():
     paper = load_spec("residual_variants", "paper")
     point = paper.grid()[0]
     config = paper.run_config(point)
-    assert default.run_config(default.grid()[0]).lr == 0.002  # the study's default base sets its own lr ...
+    base_lr = yaml.safe_load(available_studies()["residual_variants"].read_text())["base"]["lr"]
+    assert base_lr != PAPER["lr"] and default.run_config(default.grid()[0]).lr == base_lr  # its base's own lr ...
     assert config.recipe_values() == PAPER  # ... which the paper budget's recipe replaces
     assert (config.embed_dim, config.num_heads, config.max_epochs, config.batch_size) == (384, 6, 300, 1024)
     assert 6 in paper.axes["depth"]  # the published ViT-S depth: the baseline can be checked against 89.82

@@ -7,6 +7,8 @@ scenarios are the SQLite ones of test_studies.py (tests/helpers.py), run here ag
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import optuna
@@ -101,6 +103,39 @@ def test_server_stopped_mid_study_worker_exits_with_one_line_and_rerun_finishes(
     assert_resumed_from(retry, saved, max_epochs, tmp_path)
 
 
+LOST_HEARTBEAT_SCRIPT = """
+import threading, time
+import sqlalchemy.exc
+from ablations.storage import exit_when_heartbeat_fails
+
+exit_when_heartbeat_fails("postgresql://postgres:s3cret@db.example:5432/study")
+
+def heartbeat():
+    try:
+        raise sqlalchemy.exc.OperationalError("UPDATE trial_heartbeats ...", {}, Exception(
+            "server closed the connection unexpectedly\\n\\tThis probably means the server terminated abnormally"))
+    except Exception as exc:
+        raise RuntimeError("the heartbeat thread failed") from exc
+
+threading.Thread(target=heartbeat).start()
+time.sleep(3600)  # training on: the hook must end the process at once
+print("trained on without heartbeats")
+"""
+
+
+def test_a_heartbeat_that_loses_the_storage_ends_the_worker_with_one_line():
+    """The fast check of the outage (the real server stopped mid-study is in the slow tier): a heartbeat that fails
+    on a database error ends the worker at once with exit status 1 and the lost-storage line, the password hidden,
+    instead of a thread traceback and a trial that trains on without heartbeats."""
+    result = subprocess.run([sys.executable, "-c", LOST_HEARTBEAT_SCRIPT], capture_output=True, text=True,
+                            timeout=600)  # a hang limit only
+    assert result.returncode == 1 and result.stdout == "", result.stderr
+    assert result.stderr.strip() == (
+        "error: lost storage 'postgresql://postgres:***@db.example:5432/study': server closed the connection "
+        "unexpectedly; completed trials are kept and a trial that was running is retried from its last checkpoint: "
+        "rerun the same command once the database is reachable again")
+
+
 def test_same_study_name_in_two_storages_are_independent_studies(postgres, tmp_path):
     """A study named 'twin' already holds a finished trial in a SQLite file; running 'twin' against a PostgreSQL
     database creates a study of its own there (own trial numbers, own grid) and leaves the SQLite one as it was."""
@@ -128,16 +163,26 @@ def test_same_study_name_in_two_storages_are_independent_studies(postgres, tmp_p
     (lambda pg: f"postgresql://nobody@127.0.0.1:{pg.port}/postgres", ('role "nobody" does not exist',)),
     (lambda pg: f"postgresql://postgres:s3cret@127.0.0.1:{pg.port}/no_such_db",
      ("'postgresql://postgres:***@127.0.0.1:",)),
-    (lambda pg: "postgresql://postgres@127.0.0.1:notaport/db", ("is not valid", "notaport")),
-    (lambda pg: "postgresql://postgres@no-such-host.invalid/db", ("cannot reach storage", "no-such-host.invalid")),
-    (lambda pg: "mysql://user@127.0.0.1/db", ("needs a database driver that is not installed",)),
-    (lambda pg: "nosuchdb://user@127.0.0.1/db", ("unknown database kind", "nosuchdb")),
-    (lambda pg: "results/optuna.db", ("is not a URL", "sqlite:///")),
-], ids=["missing-database", "unknown-role", "password-redacted", "bad-port", "unknown-host", "missing-driver",
-        "unknown-scheme", "not-a-url"])
-def test_bad_storage_url_is_one_line_value_error(postgres, url_of_cluster, fragments):
+], ids=["missing-database", "unknown-role", "password-redacted"])
+def test_bad_storage_url_on_a_live_server_is_one_line_value_error(postgres, url_of_cluster, fragments):
+    _assert_one_line_value_error(url_of_cluster(postgres), fragments)
+
+
+@pytest.mark.parametrize("url, fragments", [
+    ("postgresql://postgres@127.0.0.1:notaport/db", ("is not valid", "notaport")),
+    ("postgresql://postgres@no-such-host.invalid/db", ("cannot reach storage", "no-such-host.invalid")),
+    ("mysql://user@127.0.0.1/db", ("needs a database driver that is not installed",)),
+    ("nosuchdb://user@127.0.0.1/db", ("unknown database kind", "nosuchdb")),
+    ("results/optuna.db", ("is not a URL", "sqlite:///")),
+], ids=["bad-port", "unknown-host", "missing-driver", "unknown-scheme", "not-a-url"])
+def test_bad_storage_url_is_one_line_value_error(url, fragments):
+    """URLs that fail before any server is asked: no PostgreSQL needed (never skipped)."""
+    _assert_one_line_value_error(url, fragments)
+
+
+def _assert_one_line_value_error(url: str, fragments: tuple) -> None:
     with pytest.raises(ValueError) as info:
-        open_storage(url_of_cluster(postgres))
+        open_storage(url)
     message = str(info.value)
     assert "\n" not in message and "s3cret" not in message
     for fragment in fragments:

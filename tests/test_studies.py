@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import shutil
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -84,10 +85,33 @@ def tiny_study(tmp_path_factory):
     return SimpleNamespace(root=root, db=db, name="tiny", spec=load_spec(str(root / "tiny.yaml")), result=result)
 
 
+def _main_in_process(args: tuple, cwd: Path) -> subprocess.CompletedProcess:
+    """``ablations.run.main(args)`` in this process, in ``cwd``, its stdout and stderr captured: what the CLI prints
+    and returns, without a process's ~5 s of imports."""
+    import contextlib
+    import io
+
+    from ablations.run import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        mp.chdir(cwd)
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as exc:  # argparse's own errors
+            code = exc.code
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+
+#: The quick cases that run as real CLI processes (side by side); the others call ``main`` in this process.
+QUICK_SUBPROCESS = ("bad_yaml", "unreachable_storage")
+
+
 @pytest.fixture(scope="module")
 def quick_calls(tmp_path_factory):
-    """The CLI calls that train nothing (--list, --dry-run, bad input), run side by side; each case has its own
-    SQLite path so a test can check that no storage was created."""
+    """The CLI calls that train nothing (--list, --dry-run, bad input); each case has its own SQLite path so a test
+    can check that no storage was created. Two run as real CLI processes side by side (``QUICK_SUBPROCESS``), the
+    rest in this process."""
     root = tmp_path_factory.mktemp("quick")
     (root / "bad_yaml.yaml").write_text("name: bad\nkind: grid\nvariants: [\n  - {label: a\n")
     write_study(root / "unknown_key.yaml", colour="blue")
@@ -117,7 +141,9 @@ def quick_calls(tmp_path_factory):
         ("unreachable_storage", ("--study", "tiny.yaml", "--storage", "postgresql://nobody@127.0.0.1:1/none")),
         ("missing_sqlite_folder", ("--study", "tiny.yaml", "--storage", url_of(root / "no_such_dir" / "o.db"))),
     ])
-    return SimpleNamespace(root=root, results=run_cli_many(calls, cwd=root))
+    results = run_cli_many({k: v for k, v in calls.items() if k in QUICK_SUBPROCESS}, cwd=root)
+    results |= {k: _main_in_process(v, root) for k, v in calls.items() if k not in QUICK_SUBPROCESS}
+    return SimpleNamespace(root=root, results=results)
 
 
 # --- 1. the issue's end-to-end run -------------------------------------------------------------------------------
@@ -189,7 +215,6 @@ def test_corrupt_or_missing_checkpoint_of_a_dead_trial_restarts_it_and_stale_che
     check_bad_checkpoints_restart_their_trials(tmp_path, tmp_path / "o.db")
 
 
-@pytest.mark.slow
 def test_interrupted_run_exits_130_and_the_rerun_resumes_the_interrupted_trial(tmp_path):
     """Ctrl-C (SIGINT to the process group) during training: exit 130 with the CLI's message, the trial FAILs and
     keeps its checkpoint. A FAIL trial used to block its grid point for good (enqueue(skip_if_exists=True) counts
@@ -223,6 +248,45 @@ def test_interrupted_run_exits_130_and_the_rerun_resumes_the_interrupted_trial(t
 @pytest.mark.slow
 def test_two_workers_complete_every_grid_point_exactly_once(tmp_path):
     check_two_workers_complete_each_point_once(tmp_path, tmp_path / "o.db")
+
+
+def test_a_duplicate_grid_point_is_pruned_before_training_and_a_surplus_ask_too(tmp_path):
+    """The duplicate-point check on an in-memory storage (test_workers.py proves it with real processes, in the slow
+    tier): a grid enqueued twice, as two machines enqueueing it at the same instant leave it. A copy whose point
+    an earlier trial is running, or a trial has completed, is pruned as ``duplicate_of`` it before anything trains
+    (no run folder, no ``run_name``); the earlier of two running copies is the one that trains. A trial asked for
+    once the grid is exhausted is pruned as ``surplus``."""
+    from ablations.objective import Objective, suggest
+
+    write_study(tmp_path / "dup.yaml")
+    spec = load_spec(str(tmp_path / "dup.yaml"))
+    study = optuna.create_study(storage=optuna.storages.InMemoryStorage(), study_name=spec.study_name,
+                                direction=spec.direction)
+    for _ in range(2):
+        for params in spec.grid():
+            study.enqueue_trial(params)
+    objective = Objective(spec, log_root=tmp_path / "runs")
+    trials = [study.ask() for _ in range(4)]  # 0, 1: the two points; 2, 3: their copies
+    for trial in trials[:3]:
+        suggest(trial, spec)  # taken by a worker: RUNNING with its point
+    a, b = spec.grid()
+    assert [t.params for t in trials[:3]] == [a, b, a]
+    assert objective._duplicate_of(trials[0], a) is None  # the earlier running copy trains
+    assert objective._duplicate_of(trials[2], a) == 0
+
+    with pytest.raises(optuna.TrialPruned, match="already run by trial 0"):
+        objective(trials[2])  # trial 0 (same point) is RUNNING
+    study.tell(trials[2], state=TrialState.PRUNED)
+    study.tell(trials[1], 0.5)
+    with pytest.raises(optuna.TrialPruned, match="already run by trial 1"):
+        objective(trials[3])  # trial 1 (same point) is COMPLETE
+    study.tell(trials[3], state=TrialState.PRUNED)
+    surplus = study.ask()  # nothing left in the queue
+    with pytest.raises(optuna.TrialPruned, match="surplus"):
+        objective(surplus)
+    attrs = {t.number: t.user_attrs for t in study.get_trials(deepcopy=False)}
+    assert attrs[2] == {"duplicate_of": 0} and attrs[3] == {"duplicate_of": 1} and attrs[4] == {"surplus": True}
+    assert not (tmp_path / "runs").exists()  # nothing trained
 
 
 # --- 5. search studies -------------------------------------------------------------------------------------------
@@ -381,5 +445,11 @@ def test_dry_run_prints_points_and_estimate_and_touches_no_storage(quick_calls):
     points = [line.strip() for line in lines if line.startswith("  variant=")]
     assert points == [", ".join(f"{k}={v}" for k, v in p.items()) for p in spec.grid()]
     (estimate,) = [line for line in lines if line.startswith("estimated time on this machine: ")]
-    assert float(estimate.split(": ")[1].split()[0]) > 0
+    # the estimator's value: the mean of the points' estimates, x (10 reported + 20 tuning trials)
+    from ablations.run import _duration, estimate_seconds
+
+    per_trial = sum(estimate_seconds(spec.run_config(p)) for p in spec.grid()) / len(spec.grid())
+    assert per_trial > 0
+    assert estimate.startswith(f"estimated time on this machine: {_duration(30 * per_trial)} "
+                               f"({_duration(per_trial)} per trial, 30 trials with the tuning stage;"), estimate
     assert not (quick_calls.root / "dry_run.db").exists() and not (quick_calls.root / "results").exists()

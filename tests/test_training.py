@@ -191,7 +191,6 @@ def test_divergence_at_first_step_still_returns_a_summary(tmp_path):
 
 # --- diagnostics ---------------------------------------------------------------------------------------------
 def test_diagnostics_callback_is_wired_in(tmp_path):
-    pytest.importorskip("lit_modules.diagnostics")
     config = TINY.replace(residual="layerscale", max_epochs=1, diagnostics_every=1, diagnostics_batch_size=8)
     summary = run(config, tmp_path, "diag")
     tags = events(summary["log_dir"]).Tags()["scalars"]
