@@ -280,7 +280,8 @@ def _main(args: argparse.Namespace) -> int:
             print(f"--set {describe({k: value_text(k, v) for k, v in sets.items()})}: over the study's base (and "
                   f"its tuning stage's); stored as {where} '{args.study_name or spec.study_name}'"
                   + (" (threads, data_dir: run-only, not in the name)" if set(sets) & set(RUN_ONLY) else ""))
-        return _dry_run(spec, overrides, gpu=args.gpu, results_dir=Path(args.results_dir), workers=args.workers)
+        return _dry_run(spec, overrides, gpu=args.gpu, results_dir=Path(args.results_dir), workers=args.workers,
+                        stored=_stored_done(args.storage, args.study_name or spec.study_name, spec))
     for config in _data_configs(spec, overrides):
         _check_data(config)  # before anything is stored: a missing or malformed folder is one line
 
@@ -858,11 +859,39 @@ def _list(studies: dict, budgets: tuple, load_spec) -> int:
     return 0
 
 
+def _stored_done(url: str, study_name: str, spec) -> tuple[int, int, str] | None:
+    """(tuning trials done, reported trials done, where) of the study as stored at ``url``, for a dry run's "what is
+    left": None when nothing is stored yet (a SQLite file that does not exist is not created) or the storage cannot
+    be read (the dry run then prices the whole study)."""
+    import optuna
+
+    from .spec import tune_name
+    from .storage import sqlite_path
+
+    path = sqlite_path(url)
+    if path is not None and not path.is_file():
+        return None
+    _quiet()
+    counts = []
+    try:
+        stages = [(tune_name(study_name), spec.tune_stage())] if spec.tune is not None else []
+        for name, stage in stages + [(study_name, spec)]:
+            try:
+                counts.append(_done(optuna.load_study(study_name=name, storage=url), _grid_keys(stage)))
+            except KeyError:  # no such study stored yet
+                counts.append(0)
+    except Exception:  # noqa: BLE001 - a dry run never fails on the storage: it just cannot say what is done
+        return None
+    tune_done = counts[0] if spec.tune is not None else 0
+    return (tune_done, counts[-1], _redact(url)) if any(counts) else None
+
+
 def _dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = Path(layout.RESULTS_DIR),
-             workers: int = 1) -> int:
+             workers: int = 1, stored: tuple[int, int, str] | None = None) -> int:
     """Print the grid (or search space), the recipe, the estimated time on this machine with ``workers`` workers
     (:func:`estimate_seconds`) and the GPU-hours on class ``gpu`` (:mod:`ablations.gpu_hours`; measurements read
-    from ``<results_dir>/device``). Trains nothing."""
+    from ``<results_dir>/device``). ``stored`` (:func:`_stored_done`): the trials a stored study has done, which
+    the estimate leaves out (a run resumes with the rest). Trains nothing."""
     from .gpu_hours import describe_estimate, estimate, recipe_line
 
     tune_size = 0
@@ -874,6 +903,11 @@ def _dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = 
               + f"lr {list(spec.tune.lr)} x tuning seeds {list(spec.tune.seeds)}); each variant's lr = the highest "
               f"mean {spec.tune.metric}; the reported grid below then trains at it")
     print(f"study {spec.study_name}: {spec.kind}, {spec.size} trials, metric {spec.metric} ({spec.direction})")
+    tune_done, report_done = stored[:2] if stored else (0, 0)
+    if stored:
+        print(f"stored in {stored[2]}: {report_done} of the {spec.size} reported trials done"
+              + (f" and {tune_done} of the {tune_size} tuning trials" if tune_size else "")
+              + "; a run continues with the rest")
     if spec.kind == "grid":
         points = spec.grid()
         for params in points:
@@ -892,14 +926,17 @@ def _dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = 
     rates = [measured_rate(config, threads, results_dir) for config in configs]
     seconds = [estimate_seconds(config, rate[0] if rate else None) for config, rate in zip(configs, rates, strict=True)]
     per_trial = sum(seconds) / len(seconds)
-    total = per_trial * (spec.size + tune_size) / workers
+    left = spec.size + tune_size - report_done - tune_done
+    total = per_trial * left / workers
     measured = [rate for rate in rates if rate]
     basis = (f"this CPU's measured train step ({measured[0][1]}) at {measured[0][0] / 1e9:.3g} GFLOP/s"
              if len(measured) == len(rates) else
              f"a rough FLOP-based estimate at {EFFECTIVE_GFLOPS:.0f} GFLOP/s (no measured train step of this CPU "
              "for every cell yet: a run measures them first)")
     print(f"estimated time on this machine: {_duration(total)} ({_duration(per_trial)} per trial"
-          + (f", {spec.size + tune_size} trials with the tuning stage" if tune_size else "")
+          + (f", {left} of {spec.size + tune_size} trials left" if stored else "")
+          + (" with the tuning stage" if tune_size and stored else
+             f", {spec.size + tune_size} trials with the tuning stage" if tune_size else "")
           + f"; {workers} worker(s) x {threads} thread(s); {basis}, + {TRIAL_OVERHEAD_S:.0f} s per trial)")
     for line in describe_estimate(estimate(configs, spec.size + tune_size, gpu, results_dir)):
         print(line)

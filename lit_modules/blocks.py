@@ -38,7 +38,19 @@ class Block(nn.Module):
         return x
 
 
-class PostNormBlock(Block):
+class SiteNormBlock(Block):
+    """A block whose norms are applied by its sites (``pre_norm`` False): ``norm1``/``norm2`` keep timm's names
+    and position (a timm checkpoint's norms load into them) and are handed to the sites through ``bind_norm``."""
+
+    def __init__(self, args: BlockArgs, sites: tuple[nn.Module, nn.Module]) -> None:
+        super().__init__(args, sites)
+        self.norm1 = args.norm_layer(args.dim)  # replaces the Identity of a pre_norm=False block, same position
+        self.norm2 = args.norm_layer(args.dim)
+        self.ls1.bind_norm(self.norm1)
+        self.ls2.bind_norm(self.norm2)
+
+
+class PostNormBlock(SiteNormBlock):
     """Post-norm block (DeepNorm): the norm comes after each sum, and each site applies it itself,
 
         x ← x + Δ₁,  Δ₁ = site₁(x, x, DropPath(Attn(x))) = norm1(α·x + DropPath(Attn(x))) − x,   then norm2, MLP
@@ -52,13 +64,6 @@ class PostNormBlock(Block):
     (``init_sublayer``: DeepNet's β-scaled init).
     """
 
-    def __init__(self, args: BlockArgs, sites: tuple[nn.Module, nn.Module]) -> None:
-        super().__init__(args, sites)
-        self.norm1 = args.norm_layer(args.dim)  # replaces the Identity of a pre_norm=False block, same position
-        self.norm2 = args.norm_layer(args.dim)
-        self.ls1.bind_norm(self.norm1)
-        self.ls2.bind_norm(self.norm2)
-
     def forward(self, x: torch.Tensor, history: list | None = None) -> torch.Tensor:
         x = x + self.ls1(x, x, self.drop_path1(self.attn(x)), history)  # DropPath on G, inside the norm (DeepNet)
         x = x + self.ls2(x, x, self.drop_path2(self.mlp(x)), history)
@@ -69,7 +74,7 @@ class PostNormBlock(Block):
         self.ls2.init_sublayer(self.mlp)
 
 
-class ResPostBlock(Block):
+class ResPostBlock(SiteNormBlock):
     """Res-post-norm block (Swin-V2; timm's ``ResPostBlock``): no input norm, the norm sits on the branch output,
 
         x ← x + DropPath(norm1(Attn(x))),   x ← x + DropPath(norm2(MLP(x))),
@@ -77,13 +82,6 @@ class ResPostBlock(Block):
     so the site's update is Δ = norm(F(x)) and DropPath drops Δ (timm's placement). ``norm1``/``norm2`` keep timm's
     names (a timm ``ResPostBlock`` checkpoint loads by name) and are handed to the sites through ``bind_norm``.
     """
-
-    def __init__(self, args: BlockArgs, sites: tuple[nn.Module, nn.Module]) -> None:
-        super().__init__(args, sites)
-        self.norm1 = args.norm_layer(args.dim)  # replaces the Identity of a pre_norm=False block, same position
-        self.norm2 = args.norm_layer(args.dim)
-        self.ls1.bind_norm(self.norm1)
-        self.ls2.bind_norm(self.norm2)
 
     def forward(self, x: torch.Tensor, history: list | None = None) -> torch.Tensor:
         x = x + self.drop_path1(self.ls1(x, x, self.attn(x), history))

@@ -453,3 +453,31 @@ def test_dry_run_prints_points_and_estimate_and_touches_no_storage(quick_calls):
     assert estimate.startswith(f"estimated time on this machine: {_duration(30 * per_trial)} "
                                f"({_duration(per_trial)} per trial, 30 trials with the tuning stage;"), estimate
     assert not (quick_calls.root / "dry_run.db").exists() and not (quick_calls.root / "results").exists()
+
+
+def test_dry_run_of_a_stored_study_prices_only_the_trials_left(tmp_path, capsys):
+    """A dry run reads what a stored study has done (complete trials of its grid points; a point outside the grid
+    does not count) and prices only the rest; a SQLite file that does not exist is not created."""
+    import ablations.run as run
+
+    spec = load_spec("residual_variants", "smoke")
+    missing = tmp_path / "missing.db"
+    assert run._stored_done(f"sqlite:///{missing}", spec.study_name, spec) is None and not missing.exists()
+    url = f"sqlite:///{tmp_path / 'stored.db'}"
+    dist = optuna.distributions.CategoricalDistribution
+    for name, points in ((f"{spec.study_name}-tune", spec.tune_stage().grid()[:3]),
+                         (spec.study_name, spec.grid()[:4] + [{"variant": "standard", "depth": 9, "seed": 0}])):
+        study = optuna.create_study(study_name=name, storage=url)
+        choices = {k: dist(sorted({p[k] for p in points}, key=str)) for k in points[0]}
+        for params in points:
+            study.add_trial(optuna.trial.create_trial(params=params, distributions=choices, value=0.5))
+    stored = run._stored_done(url, spec.study_name, spec)
+    assert stored[:2] == (3, 4), stored
+    run._dry_run(spec, {"threads": 1}, workers=1, stored=stored, results_dir=tmp_path)
+    out = capsys.readouterr().out.splitlines()
+    assert f"stored in {url}: 4 of the 10 reported trials done and 3 of the 20 tuning trials; a run continues " \
+           "with the rest" in out
+    (line,) = [x for x in out if x.startswith("estimated time on this machine")]
+    per_trial = sum(run.estimate_seconds(spec.run_config(p, {"threads": 1})) for p in spec.grid()) / len(spec.grid())
+    assert line.startswith(f"estimated time on this machine: {run._duration(23 * per_trial)} "
+                           f"({run._duration(per_trial)} per trial, 23 of 30 trials left with the tuning stage;"), line

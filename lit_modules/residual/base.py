@@ -18,6 +18,7 @@ branches to the backbone.
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -195,6 +196,32 @@ class ResidualSite(nn.Module):
         return True
 
 
+class OptionalFinalNorm:
+    """Mixin for a site whose network's last sublayer already ends in a norm (post-LN forms): the ``final_norm``
+    option (False: the backbone's final norm before the head is dropped; True: timm's is kept, an adaptation),
+    rejected with a class-attention head, whose pre-norm CA blocks always keep it. Put it before ``ResidualSite``
+    in the bases; ``check_options`` calls ``check_final_norm``."""
+
+    name: str
+
+    @classmethod
+    def check_final_norm(cls, options: dict[str, Any]) -> None:
+        if not isinstance(options["final_norm"], bool):
+            raise ValueError(f"final_norm={options['final_norm']!r} is not valid for {cls.name}; valid: True, False")
+
+    @classmethod
+    def inapplicable_with_backbone(cls, options: dict[str, Any], backbone: dict[str, Any]) -> dict[str, str]:
+        blocks = backbone.get("class_attention_blocks", 0)
+        if blocks:
+            return {"final_norm": f"class_attention_blocks={blocks} (the class-attention head always keeps the "
+                                  f"final norm); it applies with class_attention_blocks=0"}
+        return {}
+
+    @classmethod
+    def uses_final_norm(cls, **options: Any) -> bool:
+        return options["final_norm"]
+
+
 def _registry() -> dict[str, type[ResidualSite]]:
     from . import RESIDUALS
 
@@ -215,6 +242,14 @@ def check_choice(name: str, value: Any, choices: tuple) -> None:
     """One-line ValueError for a value outside a fixed set of choices."""
     if value not in choices:
         raise ValueError(f"{name}={value!r} is not valid; valid choices: {', '.join(map(str, choices))}")
+
+
+def check_auto_or_positive(name: str, value: Any, variant: str) -> None:
+    """One-line ValueError unless ``value`` is ``"auto"`` or a finite float > 0 (a constant the paper derives from
+    the depth, or an override)."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (value == "auto" or (number and value > 0 and math.isfinite(value))):
+        raise ValueError(f"{name}={value!r} is not valid for {variant}; valid: 'auto' or a float > 0")
 
 
 def inverse_rms(v: torch.Tensor, eps: float) -> torch.Tensor:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 from torch import nn
 
-from .base import BlockArgs, ResidualSite, check_choice
+from .base import BlockArgs, OptionalFinalNorm, ResidualSite, check_auto_or_positive, check_choice
 
 INITS = ("xavier_normal", "timm_scaled")
 
@@ -23,7 +22,7 @@ def deepnorm_beta(depth: int) -> float:
     return (8.0 * depth) ** -0.25
 
 
-class DeepNorm(ResidualSite):
+class DeepNorm(OptionalFinalNorm, ResidualSite):
     """Post-LN residual with an up-weighted skip (DeepNet, Fig. 2; encoder-only constants, Table 1):
 
         x ← LN(α·x + G(x)),   α = (2N)^{1/4},   G = attention or MLP applied to x itself (no pre-norm)
@@ -70,34 +69,17 @@ class DeepNorm(ResidualSite):
         return False
 
     @classmethod
-    def inapplicable_with_backbone(cls, options: dict[str, Any], backbone: dict[str, Any]) -> dict[str, str]:
-        """``final_norm`` with a class-attention head: the head's final norm is kept whatever it says."""
-        blocks = backbone.get("class_attention_blocks", 0)
-        if blocks:
-            return {"final_norm": f"class_attention_blocks={blocks} (the class-attention head always keeps the "
-                                  f"final norm); it applies with class_attention_blocks=0"}
-        return {}
-
-    @classmethod
     def check_options(cls, options: dict[str, Any], dim: int, depth: int) -> None:
         for key in ("alpha", "beta"):
-            value = options[key]
-            number = isinstance(value, (int, float)) and not isinstance(value, bool)
-            if not (value == "auto" or (number and value > 0 and math.isfinite(value))):
-                raise ValueError(f"{key}={value!r} is not valid for deepnorm; valid: 'auto' or a float > 0")
+            check_auto_or_positive(key, options[key], cls.name)
         check_choice("init", options["init"], INITS)
-        if not isinstance(options["final_norm"], bool):
-            raise ValueError(f"final_norm={options['final_norm']!r} is not valid for deepnorm; valid: True, False")
+        cls.check_final_norm(options)
 
     @classmethod
     def build_block(cls, args: BlockArgs, **options: Any) -> nn.Module:
         from ..blocks import PostNormBlock
 
         return PostNormBlock(args, sites=cls.build_sites(args, **options))
-
-    @classmethod
-    def uses_final_norm(cls, **options: Any) -> bool:
-        return options["final_norm"]
 
     def bind_norm(self, norm: nn.Module) -> None:
         """The post-norm this site applies (``PostNormBlock``'s norm1/norm2)."""

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 from torch import nn
 
-from .base import BlockArgs, ResidualSite
+from .base import BlockArgs, OptionalFinalNorm, ResidualSite, check_auto_or_positive
 
 
 def keel_alpha(depth: int) -> float:
@@ -16,7 +15,7 @@ def keel_alpha(depth: int) -> float:
     return 2.0 * depth
 
 
-class Keel(ResidualSite):
+class Keel(OptionalFinalNorm, ResidualSite):
     """Keel: a post-LN residual whose skip is up-weighted (a Highway-style path) and whose branch keeps an input
     norm,
 
@@ -49,24 +48,8 @@ class Keel(ResidualSite):
 
     @classmethod
     def check_options(cls, options: dict[str, Any], dim: int, depth: int) -> None:
-        value = options["alpha"]
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if not (value == "auto" or (number and value > 0 and math.isfinite(value))):
-            raise ValueError(f"alpha={value!r} is not valid for keel; valid: 'auto' or a float > 0")
-        if not isinstance(options["final_norm"], bool):
-            raise ValueError(f"final_norm={options['final_norm']!r} is not valid for keel; valid: True, False")
-
-    @classmethod
-    def inapplicable_with_backbone(cls, options: dict[str, Any], backbone: dict[str, Any]) -> dict[str, str]:
-        blocks = backbone.get("class_attention_blocks", 0)
-        if blocks:
-            return {"final_norm": f"class_attention_blocks={blocks} (the class-attention head always keeps the "
-                                  f"final norm); it applies with class_attention_blocks=0"}
-        return {}
-
-    @classmethod
-    def uses_final_norm(cls, **options: Any) -> bool:
-        return options["final_norm"]
+        check_auto_or_positive("alpha", options["alpha"], cls.name)
+        cls.check_final_norm(options)
 
     @classmethod
     def build_sites(cls, args: BlockArgs, **options: Any) -> tuple[nn.Module, nn.Module]:

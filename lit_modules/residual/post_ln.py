@@ -32,8 +32,7 @@ class PostLN(DeepNorm):
 
     @classmethod
     def check_options(cls, options: dict[str, Any], dim: int, depth: int) -> None:
-        if not isinstance(options["final_norm"], bool):
-            raise ValueError(f"final_norm={options['final_norm']!r} is not valid for {cls.name}; valid: True, False")
+        cls.check_final_norm(options)
 
     def init_sublayer(self, sublayer: nn.Module) -> None:
         """timm's init is kept (post-LN has no init rule of its own)."""
