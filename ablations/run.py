@@ -871,19 +871,19 @@ def _stored_done(url: str, study_name: str, spec) -> tuple[int, int, str] | None
     path = sqlite_path(url)
     if path is not None and not path.is_file():
         return None
+    def done(name: str, stage) -> int:
+        try:
+            return _done(optuna.load_study(study_name=name, storage=url), _grid_keys(stage))
+        except KeyError:  # no such study stored yet
+            return 0
+
     _quiet()
-    counts = []
     try:
-        stages = [(tune_name(study_name), spec.tune_stage())] if spec.tune is not None else []
-        for name, stage in stages + [(study_name, spec)]:
-            try:
-                counts.append(_done(optuna.load_study(study_name=name, storage=url), _grid_keys(stage)))
-            except KeyError:  # no such study stored yet
-                counts.append(0)
+        tune_done = done(tune_name(study_name), spec.tune_stage()) if spec.tune is not None else 0
+        report_done = done(study_name, spec)
     except Exception:  # noqa: BLE001 - a dry run never fails on the storage: it just cannot say what is done
         return None
-    tune_done = counts[0] if spec.tune is not None else 0
-    return (tune_done, counts[-1], _redact(url)) if any(counts) else None
+    return (tune_done, report_done, _redact(url)) if tune_done or report_done else None
 
 
 def _dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = Path(layout.RESULTS_DIR),
@@ -926,19 +926,20 @@ def _dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = 
     rates = [measured_rate(config, threads, results_dir) for config in configs]
     seconds = [estimate_seconds(config, rate[0] if rate else None) for config, rate in zip(configs, rates, strict=True)]
     per_trial = sum(seconds) / len(seconds)
-    left = spec.size + tune_size - report_done - tune_done
+    trials = spec.size + tune_size
+    left = trials - report_done - tune_done
     total = per_trial * left / workers
+    count = f"{left} of {trials} trials left" if stored else f"{trials} trials" if tune_size else ""
+    count += " with the tuning stage" if count and tune_size else ""
     measured = [rate for rate in rates if rate]
     basis = (f"this CPU's measured train step ({measured[0][1]}) at {measured[0][0] / 1e9:.3g} GFLOP/s"
              if len(measured) == len(rates) else
              f"a rough FLOP-based estimate at {EFFECTIVE_GFLOPS:.0f} GFLOP/s (no measured train step of this CPU "
              "for every cell yet: a run measures them first)")
     print(f"estimated time on this machine: {_duration(total)} ({_duration(per_trial)} per trial"
-          + (f", {left} of {spec.size + tune_size} trials left" if stored else "")
-          + (" with the tuning stage" if tune_size and stored else
-             f", {spec.size + tune_size} trials with the tuning stage" if tune_size else "")
+          + (f", {count}" if count else "")
           + f"; {workers} worker(s) x {threads} thread(s); {basis}, + {TRIAL_OVERHEAD_S:.0f} s per trial)")
-    for line in describe_estimate(estimate(configs, spec.size + tune_size, gpu, results_dir)):
+    for line in describe_estimate(estimate(configs, trials, gpu, results_dir)):
         print(line)
     return 0
 
