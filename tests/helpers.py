@@ -32,6 +32,7 @@ STUDY_TEST_MARKS = [pytest.mark.filterwarnings("ignore::optuna.exceptions.Experi
 #: Epochs of a trial that a test interrupts after a checkpoint. The test freezes the worker (SIGSTOP) as soon as it
 #: sees the checkpoint (:func:`freeze_when`), so the signal, kill or outage lands mid-trial however loaded the
 #: machine is: the epochs only have to outlast one 0.1 s poll.
+EXAMPLE_SEARCH = str(Path(__file__).resolve().parents[1] / "examples" / "init_search.yaml")  # the search study
 LONG_TRIAL_EPOCHS = 30
 CLI_TIMEOUT_S = 900  # generous: the CPU cores are shared; the timeout only stops a hung run
 #: ``--heartbeat`` / ``--grace`` of runs in which live workers judge each other's trials (stale heartbeat = dead).

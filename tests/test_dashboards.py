@@ -10,7 +10,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from helpers import STUDY_TEST_MARKS, run_cli, url_of, write_study
+from helpers import EXAMPLE_SEARCH, STUDY_TEST_MARKS, run_cli, url_of, write_study
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from pg import free_port
 from polling import HANG_LIMIT_S, get_json, serving, study_experiment_loaded, wait_until_answers
@@ -65,7 +65,7 @@ def test_tensorboard_opens_train_and_val_first():
 
 # --- run names ------------------------------------------------------------------------------------------------------
 def test_run_name_says_variant_depth_seed_and_other_axes():
-    spec = load_spec("init_values")
+    spec = load_spec(EXAMPLE_SEARCH)
     params = {"variant": "layerscale", "depth": 12, "seed": 2}
     config = spec.run_config({"variant": "layerscale"} | {k: v for k, v in params.items() if k in spec.axes})
     assert run_name(params, config, spec.axes).startswith(f"layerscale/depth={config.depth}/seed={config.seed}")
@@ -128,7 +128,7 @@ def test_study_hparams_list_what_varies_then_the_metrics(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import TENSORS, EventAccumulator
     from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
-    spec = load_spec("init_values")
+    spec = load_spec(EXAMPLE_SEARCH)
     columns = study_columns(spec)
     assert list(columns)[0] == "variant" and list(columns)[1:1 + len(spec.axes)] == list(spec.axes)
     searched = [f"{label}.{o}" for label, opts in spec.space.items() for o in opts]

@@ -19,6 +19,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from helpers import EXAMPLE_SEARCH
 from pg import free_port
 from polling import HANG_LIMIT_S, serving, study_experiment_loaded, wait_until_answers
 
@@ -580,7 +581,7 @@ def test_search_tables_handle_few_trials():
 
     from ablations.spec import load_spec
 
-    spec = load_spec("init_values", "smoke")
+    spec = load_spec(EXAMPLE_SEARCH, "smoke")
     study = optuna.create_study(direction="maximize")
     variant = CategoricalDistribution([v.label for v in spec.variants])
     rng = np.random.default_rng(0)
