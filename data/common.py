@@ -52,7 +52,7 @@ def seeded_global_rngs(seed: int) -> Iterator[None]:
     with torch.random.fork_rng(devices=[]):
         random.seed(seed)
         np.random.seed(seed % 2**32)
-        torch.manual_seed(seed)
+        torch.random.default_generator.manual_seed(seed)  # the CPU generator only: see lit_modules.vit._seeded
         try:
             yield
         finally:

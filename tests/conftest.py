@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from pg import INSTALL, PostgresCluster, unavailable_reason
 from prerequisites import missing
 
@@ -20,3 +21,14 @@ def postgres():
         yield cluster
     finally:
         cluster.remove()
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a module of tiny models or small ops: there torch's threads only add overhead, and two
+    threads on two shared cores oversubscribe badly (10x on a busy machine). Use: ``pytestmark =
+    pytest.mark.usefixtures("one_thread")``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -23,6 +23,8 @@ from data.augment import (
     random_hflip,
 )
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 NEAREST = InterpolationMode.NEAREST
 RANDAUGMENT_OPS = (
     "Identity",
@@ -58,15 +60,6 @@ def random_shift(images: torch.Tensor, max_shift: int, generator: torch.Generato
 def loader_random_hflip(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     flip = torch.rand(len(images), generator=generator) < 0.5
     return torch.where(flip[:, None, None, None], images.flip(-1), images)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """These tests run many small ops, where torch's intra-op threads only add overhead (seconds on a busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def gen(seed: int) -> torch.Generator:

@@ -26,6 +26,8 @@ from lit_modules.diagnostics import (
     stream_rms,
 )
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 TINY = dict(img_size=8, patch_size=2, in_chans=1, num_classes=10, embed_dim=16, depth=3, num_heads=2, mlp_ratio=2.0)
 VARIANTS = [(name, {}) for name in RESIDUALS] + [
     ("dca", {"form": "grn_v1", "k": 1}),
@@ -33,15 +35,6 @@ VARIANTS = [(name, {}) for name in RESIDUALS] + [
     ("laurel", {"form": "rw_lr_pa", "granularity": "sublayer"}),
     ("layerscale", {"init_value": None}),
 ]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one thread is as fast, and two threads on two shared cores oversubscribe badly (10x here)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def tiny(residual: str = "standard", options: dict | None = None, seed: int = 0, **kw) -> VisionTransformer:
