@@ -24,11 +24,12 @@ of another model size, shows "—" and a note says why.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from pathlib import Path
 from typing import Any
+
+from .cli import OneLineParser, fail
 
 #: (label, residual, options) of the alternatives worth pricing besides every registered variant's default.
 EXTRA_FORMS: tuple[tuple[str, str, dict], ...] = (
@@ -157,7 +158,7 @@ def to_markdown(rows: list[dict], step_times: dict[str, dict] | None = None) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ablations.costs", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m ablations.costs", description=__doc__.splitlines()[0])
     parser.add_argument("--embed-dim", type=int, default=192)
     parser.add_argument("--depth", type=int, default=12)
     parser.add_argument("--num-heads", type=int, default=3)
@@ -172,11 +173,12 @@ def main(argv: list[str] | None = None) -> int:
                 patch_size=args.patch_size)
     try:
         rows = cost_table(**size)
-        step_times, note = bench_step_times(args.bench, size)
     except ValueError as exc:
-        parser.exit(2, f"error: {exc}\n")
-    except (OSError, KeyError, json.JSONDecodeError) as exc:
-        parser.exit(2, f"error: cannot read the benchmark report {args.bench}: {exc!r}\n")
+        fail(str(exc))
+    try:
+        step_times, note = bench_step_times(args.bench, size)
+    except (OSError, KeyError, TypeError, AttributeError, ValueError) as exc:  # ValueError: not JSON
+        fail(f"cannot read the benchmark report {args.bench}: {exc!r}")
     for r in rows:
         entry = step_times.get(r["variant"])
         r["step_time_ratio"] = entry["time_ratio"] if entry else None

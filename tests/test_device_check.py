@@ -193,3 +193,23 @@ def test_short_cpu_check_writes_its_report(tmp_path):
     assert proc.returncode == (0 if report["passed"] else 1)
     assert "stages passed in" in proc.stderr.splitlines()[-1]
     assert "| train | passed |" in (out / "device_check.md").read_text()
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--device", "tpu"], ["invalid choice: 'tpu'", "'cuda', 'cpu'"]),
+    (["--device", "cpu", "--data-dir", "NOPE"], ["--data-dir", "is not a folder"]),
+    (["--device", "cuda"], ["--device cuda", "no CUDA device"]),
+])
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(argv, words, capsys, monkeypatch, tmp_path):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exc:
+        dc.main([str(tmp_path / "nope") if a == "NOPE" else a for a in argv] + ["--out", str(out)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    for word in words:
+        assert word in err, (word, err)
+    assert not out.exists()

@@ -165,3 +165,24 @@ def test_dry_run_unknown_gpu_class_is_one_line_and_exit_2(capsys):
     assert exc.value.code == 2
     assert err.count("\n") == 1 and "invalid choice: 'v100'" in err
     assert all(name in err for name in gpu_hours.GPU_CLASSES)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--depth", "0"], ["depth must be a positive integer"]),
+    (["--embed-dim", "10", "--num-heads", "3"], ["not divisible by num_heads=3", "valid num_heads"]),
+    (["--patch-size", "5"], ["not divisible by patch_size=5"]),
+    (["--depth", "x"], ["--depth", "invalid int value"]),
+    (["--bench", "CORRUPT"], ["cannot read the benchmark report"]),
+])
+def test_costs_bad_input_exits_2_with_one_line(argv, words, capsys, tmp_path):
+    from ablations.costs import main
+
+    corrupt = tmp_path / "bench.json"
+    corrupt.write_text("{not json")
+    with pytest.raises(SystemExit) as exc:
+        main([str(corrupt) if a == "CORRUPT" else a for a in argv])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    for word in words:
+        assert word in err, (word, err)
