@@ -623,3 +623,15 @@ def test_each_run_reports_the_mode_it_trained_in_and_mixed_modes_are_counted():
                      row_variant={"standard": "standard"}, row_extras={"standard": ()}, depths=[4])
     assert data.modes() == {"32-true + fused attention": 2, "bf16-mixed + explicit attention": 1}
     assert list(data.frame()["mode"]) == [run_mode(r) for r in (old, new, forced)]
+
+
+def test_a_postgresql_url_is_read_with_the_installed_driver():
+    """``postgresql://`` without a driver name reaches the server through psycopg2 (the project's dependency), as
+    ablations.run's storage does: the error is the refused connection, not SQLAlchemy's missing psycopg 3."""
+    from ablations.report.load import ReportError, open_study
+
+    with pytest.raises(ReportError) as err:
+        open_study(f"postgresql://postgres@127.0.0.1:{free_port()}/nowhere", "some_study")
+    message = str(err.value)
+    assert "cannot read storage" in message and "refused" in message.lower(), message
+    assert "DB access module" not in message

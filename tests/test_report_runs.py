@@ -169,6 +169,27 @@ def test_runs_csv_is_identical_under_two_hash_seeds(reports):
     assert outs[0] == outs[1] == _files(root / "storage")
 
 
+@pytest.mark.slow  # a PostgreSQL server and a report process
+def test_a_report_from_postgresql_under_another_hash_seed_is_byte_identical(reports, postgres):
+    """The same trials copied into PostgreSQL (Optuna's copy_study: same order, numbers and attributes) give every
+    table and runs.csv byte for byte, from a process with another PYTHONHASHSEED than the SQLite report's."""
+    import optuna
+
+    from ablations.storage import open_storage
+
+    root, _, _ = reports
+    url = postgres.create_database("report_copy")
+    for name in ("claims_tiny-tune", "claims_tiny"):
+        optuna.copy_study(from_study_name=name, from_storage=f"sqlite:///{root / 'o.db'}", to_storage=open_storage(url))
+    out = root / "postgresql"
+    proc = subprocess.run(
+        [sys.executable, "-m", "ablations.report", "--study", str(root / "claims_tiny.yaml"), "--storage", url,
+         "--out", str(out), "--no-figures", "--no-tensorboard", "--no-note"],
+        cwd=REPO, env={**os.environ, "PYTHONHASHSEED": "1"}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert _files(out) == _files(root / "storage")
+
+
 def test_runs_csv_columns_and_phases(reports):
     root, _, _ = reports
     with open(root / "storage" / "runs.csv", newline="") as fh:

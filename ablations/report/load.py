@@ -142,7 +142,7 @@ def open_study(url: str, study_name: str, spec=None):
     of them is missing."""
     if "://" not in url:
         raise ReportError(f"storage '{url}' is not a URL; e.g. {layout.DEFAULT_STORAGE}")
-    from ..storage import _redact
+    from ..storage import _redact, _with_installed_driver
 
     names: list[str] | None = None
     if url.startswith("sqlite:"):
@@ -159,11 +159,13 @@ def open_study(url: str, study_name: str, spec=None):
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        storage = optuna.storages.RDBStorage(url, skip_table_creation=True, skip_compatibility_check=True)
+        storage = optuna.storages.RDBStorage(_with_installed_driver(url), skip_table_creation=True,
+                                             skip_compatibility_check=True)  # postgresql:// with psycopg2 too
         if names is None:
             names = [s.study_name for s in storage.get_all_studies()]
-    except (sqlalchemy.exc.SQLAlchemyError, ImportError) as exc:
-        raise ReportError(f"cannot read storage '{_redact(url)}': {first_line(getattr(exc, 'orig', None) or exc)}"
+    except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError, ImportError) as exc:
+        cause = getattr(exc, "orig", None) or exc.__cause__ or exc  # Optuna wraps a failed connection
+        raise ReportError(f"cannot read storage '{_redact(url)}': {first_line(getattr(cause, 'orig', None) or cause)}"
                           ) from None
     if study_name not in names:
         hint = ""
