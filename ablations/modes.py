@@ -247,6 +247,13 @@ def _matching(path: Path, signature: dict[str, Any]) -> dict | None:
     return table if table["device"] == "cpu" and table_signature(table) == signature else None
 
 
+def _cached_cell(path: Path, signature: dict[str, Any], embed_dim: int, tokens: int) -> tuple[dict | None, dict | None]:
+    """(the table at ``path`` if measured under ``signature``, its cell for exactly (embed_dim, tokens)); None where
+    either is missing."""
+    found = _matching(path, signature)
+    return found, exact_cell(found, embed_dim, tokens) if found else None
+
+
 #: ``measure(embed_dim, tokens) -> times_s`` of one cell (:func:`measure_cell` bound to a model's other sizes).
 Measure = Callable[[int, int], dict[str, float]]
 
@@ -282,7 +289,7 @@ def choose_mode(device_type: str, embed_dim: int, tokens: int, table: dict | str
     if (found := _matching(own, signature)) is not None:
         return _from_cell(nearest_cell(found, embed_dim, tokens), str(own))
     cache = cache_path(signature, results_dir)
-    if (found := _matching(cache, signature)) is not None and (cell := exact_cell(found, embed_dim, tokens)):
+    if (cell := _cached_cell(cache, signature, embed_dim, tokens)[1]) is not None:
         return _from_cell(cell, str(cache), "cell")
     if (found := _matching(PACKAGED["cpu"], signature)) is not None:
         return _from_cell(nearest_cell(found, embed_dim, tokens), str(PACKAGED["cpu"]))
@@ -291,8 +298,7 @@ def choose_mode(device_type: str, embed_dim: int, tokens: int, table: dict | str
         return Mode(precision, fused, f"rule: no modes table for this CPU ({describe_signature(signature)}) -> fp32 "
                                       "+ fused attention")
     with _locked(cache):  # parallel workers: the first measures, the others find its cell
-        found = _matching(cache, signature)
-        cell = exact_cell(found, embed_dim, tokens) if found else None
+        found, cell = _cached_cell(cache, signature, embed_dim, tokens)
         if cell is None:
             cell = {"embed_dim": embed_dim, "tokens": tokens, "times_s": measure(embed_dim, tokens)}
             cell |= getattr(measure, "probe", {})  # the probe model's depth and batch: what a time estimate scales
@@ -398,8 +404,7 @@ def measured_step(embed_dim: int, tokens: int, *, threads: int | None = None,
     trials with."""
     signature = cpu_signature(threads)
     path = cache_path(signature, results_dir)
-    found = _matching(path, signature)
-    cell = exact_cell(found, embed_dim, tokens) if found else None
+    cell = _cached_cell(path, signature, embed_dim, tokens)[1]
     if cell is None or not {"probe_depth", "probe_batch", "probe_mlp_ratio"} <= cell.keys():
         return None
     key = mode_key(*fastest(cell))
