@@ -742,7 +742,6 @@ def _work(spec, storage, study_name: str, args, overrides: dict, progress_total:
     objective = _guarded(objective, log_root)
     grid = _grid_keys(spec)
     bar = _progress(study, progress_total, grid)
-    done_states = (TrialState.COMPLETE, TrialState.PRUNED)
     try:
         while True:
             check_stopping()
@@ -751,11 +750,8 @@ def _work(spec, storage, study_name: str, args, overrides: dict, progress_total:
                 _retry_failed_points(study, spec, storage, only_stopped=True)  # e.g. a preempted worker's trial
                 if not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
                     break
-            else:
-                target = args.n_trials or spec.n_trials
-                counted = (*done_states, TrialState.RUNNING, TrialState.FAIL)  # FAIL too: never loop on failures
-                if len(study.get_trials(deepcopy=False, states=counted)) >= target:
-                    break
+            elif _search_budget_spent(study, args.n_trials or spec.n_trials):
+                break
             study.optimize(objective, n_trials=1, gc_after_trial=True, catch=(RuntimeError,))
             if bar is not None:
                 bar.n = _done(study, grid)
@@ -764,6 +760,22 @@ def _work(spec, storage, study_name: str, args, overrides: dict, progress_total:
         if bar is not None:
             bar.close()
     return 0
+
+
+def _search_budget_spent(study, n_trials: int) -> bool:
+    """A search has its ``n_trials`` once that many trials are done, running, or failed for good, and no retry waits.
+    A failed trial whose parameters were re-enqueued (a killed worker's, :func:`ablations.storage.open_storage`'s
+    retry callback) is replaced by its retry, so it does not use up a trial; one that failed by itself and was not
+    retried does (never loop on failures)."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    if any(t.state == TrialState.WAITING for t in trials):
+        return False
+    retried = {t.system_attrs.get("failed_trial") for t in trials}
+    counted = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+    return sum(t.state in counted or (t.state == TrialState.FAIL and t.number not in retried)
+               for t in trials) >= n_trials
 
 
 def _done(study, grid: set[str] | None = None) -> int:

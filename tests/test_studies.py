@@ -10,16 +10,19 @@ Every CLI process starts in its own session; a test that fails or times out kill
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import optuna
 import pytest
 from helpers import (
+    CLI_TIMEOUT_S,
     LONG_TRIAL_EPOCHS,
     STUDY_TEST_MARKS,
     TWO_VARIANTS,
@@ -29,12 +32,16 @@ from helpers import (
     check_bad_checkpoints_restart_their_trials,
     check_killed_trial_is_retried_and_resumes,
     check_two_workers_complete_each_point_once,
+    freeze_when,
     run_cli,
     run_cli_many,
     run_dir_name,
     saved_checkpoint,
     signal_mid_trial,
     snapshot,
+    start_cli,
+    stop_group,
+    trial_states,
     trials_of,
     url_of,
     write_study,
@@ -323,6 +330,52 @@ def test_search_study_runs_its_trial_budget_and_prunes(tmp_path):
         if t.state == TrialState.COMPLETE:
             assert t.value == pytest.approx(attrs["best_val_acc"])
         assert not (tmp_path / attrs["log_dir"] / "checkpoints").exists()  # pruned trials' checkpoints too
+
+
+@pytest.mark.slow
+def test_a_search_killed_mid_trial_retries_it_from_its_checkpoint_and_still_runs_its_trial_budget(tmp_path):
+    """kill -9 of a TPE search's worker after trial 0's first checkpoint: the rerun fails the dead trial, retries
+    its parameters from the checkpoint, and samples on until n_trials trials are done - the killed attempt, now
+    replaced by its retry, does not use up a trial of the budget."""
+    max_epochs = LONG_TRIAL_EPOCHS
+    write_study(tmp_path / "search_kill.yaml", kind="search", variants=[{"label": "long", "residual": "layerscale"}],
+                base={"max_epochs": max_epochs},
+        search={"n_trials": 2, "pruner": {"type": "median", "n_startup_trials": 5, "n_warmup_steps": 0},
+                "space": {"long": {"init_value": {"choices": [0.1, 0.2]}}}})
+    db = tmp_path / "o.db"
+    args = ("--study", "search_kill.yaml", "--storage", url_of(db), "--results-dir", "results", "--heartbeat", "1",
+            "--grace", "2", "--no-progress")
+    runs = tmp_path / "results" / "runs" / "search_kill"
+    log = tmp_path / "killed_run.log"
+    with open(log, "w") as log_file:
+        proc = start_cli(*args, cwd=tmp_path, log=log_file)
+        try:
+            freeze_when(lambda: _first_checkpoint(runs) and trial_states(db, "search_kill").get(0) == TrialState.RUNNING,
+                        proc, "trial 0 wrote a checkpoint", log)
+            last_ckpt = _first_checkpoint(runs)
+            saved = saved_checkpoint(last_ckpt)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=CLI_TIMEOUT_S)
+        finally:
+            stop_group(proc)
+    killed = trials_of(db, "search_kill")[0]
+    assert killed.state == TrialState.RUNNING and 1 <= len(killed.intermediate_values) < max_epochs
+    time.sleep(3)  # > grace: the killed trial's heartbeat is stale now
+
+    rerun = run_cli(*args, cwd=tmp_path)
+    assert rerun.returncode == 0, rerun.stderr
+    trials = trials_of(db, "search_kill")
+    assert trials[0].state == TrialState.FAIL
+    done = [t for t in trials if t.state in DONE]
+    assert len(done) == 2 and len(trials) == 3, [(t.number, t.state) for t in trials]
+    (retry,) = [t for t in trials if t.system_attrs.get("failed_trial") == 0]
+    assert retry.state == TrialState.COMPLETE and retry.params == killed.params
+    assert_resumed_from(retry, saved, max_epochs, tmp_path)
+
+
+def _first_checkpoint(runs: Path) -> Path | None:
+    found = sorted(runs.rglob("checkpoints/last.ckpt")) if runs.is_dir() else []  # <variant>/.../trial_NNNN/
+    return found[0] if found and saved_checkpoint(found[0]) else None
 
 
 # --- 6. optuna-dashboard -----------------------------------------------------------------------------------------
