@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import uuid
+from pathlib import Path
+
 import pytest
 import torch
 from pg import INSTALL, PostgresCluster, unavailable_reason
@@ -21,6 +24,14 @@ def postgres():
         yield cluster
     finally:
         cluster.remove()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def storage(request, tmp_path) -> Path | str:
+    """A fresh study storage, once a SQLite file (a ``Path``), once a PostgreSQL database (its URL)."""
+    if request.param == "sqlite":
+        return tmp_path / "shared.db"
+    return request.getfixturevalue("postgres").create_database(f"test_{uuid.uuid4().hex[:8]}")
 
 
 @pytest.fixture(scope="module")

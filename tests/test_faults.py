@@ -167,16 +167,17 @@ def small_disk(tmp_path):
 
 # --- (a) SIGTERM, the scheduler's stop signal, is handled like Ctrl-C ---------------------------------------------
 @pytest.mark.slow
-def test_sigterm_mid_trial_exits_143_keeps_completed_trials_and_the_rerun_resumes(tmp_path):
+def test_sigterm_mid_trial_exits_143_keeps_completed_trials_and_the_rerun_resumes(tmp_path, storage):
     """SIGTERM to the process group (SLURM, Kubernetes, systemd) while trial 1 trains, after trial 0 completed:
     exit 143 with one line and no traceback, trial 1 FAILs with its checkpoint kept (Lightning's own SIGTERM handler
-    runs first during fit, then the CLI's), trial 0 stays as it was; the rerun retries trial 1 from its checkpoint."""
+    runs first during fit, then the CLI's), trial 0 stays as it was; the rerun retries trial 1 from its checkpoint.
+    On SQLite and on PostgreSQL (the signal may land inside a storage call of either driver)."""
     max_epochs = LONG_TRIAL_EPOCHS
     write_study(tmp_path / "term.yaml", base={"max_epochs": max_epochs}, variants=[
         {"label": "short", "residual": "standard", "overrides": {"max_epochs": 1}},
         {"label": "long", "residual": "layerscale"}])
     spec = load_spec(str(tmp_path / "term.yaml"))
-    db = tmp_path / "o.db"
+    db = storage
     args = ("--study", "term.yaml", "--storage", url_of(db), "--results-dir", "results", "--no-progress")
     last_ckpt = tmp_path / "results" / "runs" / "term" / run_dir_name(spec, "long") / "checkpoints" / "last.ckpt"
 

@@ -18,7 +18,6 @@ import os
 import signal
 import socket
 import time
-import uuid
 from pathlib import Path
 
 import optuna
@@ -49,13 +48,6 @@ from ablations.storage import open_storage
 pytestmark = [*STUDY_TEST_MARKS, pytest.mark.slow]
 PROCESSES = 3
 SEEDS = [0, 1]  # x 3 variants: 6 points, more than the 3 processes can hold at once (each is frozen on its first)
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def storage(request, tmp_path) -> Path | str:
-    if request.param == "sqlite":
-        return tmp_path / "shared.db"
-    return request.getfixturevalue("postgres").create_database(f"workers_{uuid.uuid4().hex[:8]}")
 
 
 def worker_of(proc) -> str:
