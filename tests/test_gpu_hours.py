@@ -143,18 +143,22 @@ def test_recipe_line_names_the_pieces_the_recipe_switches_on():
     assert "Mixup" not in gpu_hours.recipe_line(RunConfig.from_dict(TINY))
 
 
-def test_dry_run_prints_gpu_hours_for_the_chosen_class(tmp_path, capsys):
-    code = run_main(["--study", "residual_variants", "--budget", "smoke", "--dry-run", "--gpu", "rtx4090",
-                     "--results-dir", str(tmp_path)])
+@pytest.mark.parametrize("study, budget, gpu, trials", [("residual_variants", "smoke", "rtx4090", 20 + 10),
+                                                        ("class_attention", "paper", "h100", 24 + 18)])
+def test_dry_run_prints_gpu_hours_for_the_chosen_class(tmp_path, capsys, study, budget, gpu, trials):
+    """smoke: 20 tuning trials then 10 reported ones; paper (CIFAR-10, the paper recipe, ViT-Tiny width at depth
+    12): 6 rows x 4 learning rates, then 6 rows x 3 seeds."""
+    code = run_main(["--study", study, "--budget", budget, "--dry-run", "--gpu", gpu, "--results-dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 0
-    (line,) = [ln for ln in out.splitlines() if ln.startswith("estimated GPU-hours on rtx4090 ")]
-    # the estimator's own value for the study's points, 20 tuning trials then 10 reported ones
-    spec = load_spec("residual_variants", "smoke")
-    est = gpu_hours.estimate([spec.run_config(p) for p in spec.grid()], 30, "rtx4090", tmp_path)
+    (line,) = [ln for ln in out.splitlines() if ln.startswith(f"estimated GPU-hours on {gpu} ")]
+    spec = load_spec(study, budget)  # the estimator's own value for the study's points
+    assert spec.size + spec.tune_stage().size == trials
+    est = gpu_hours.estimate([spec.run_config(p) for p in spec.grid()], trials, gpu, tmp_path)
     assert est.gpu_hours > 0
-    assert f": {est.gpu_hours:.3g} GPU-hours for 30 trials ({est.per_trial_s / 60:.3g} min per trial" in line, line
+    assert f": {est.gpu_hours:.3g} GPU-hours for {trials} trials ({est.per_trial_s / 60:.3g} min per trial" in line, line
     assert "MFU 0.25 assumed" in out
+    assert (budget == "paper") == ("recipe: paper (" in out)
     assert not (tmp_path / "device").exists()  # read only
 
 
