@@ -94,8 +94,9 @@ def resolve_precision(config: Any, accelerator: str = "cuda", results_dir: str |
     bf16 autocast on CUDA)."""
     if config.precision != "auto":
         return config.precision
+    from data import dataset_shape
+
     from .modes import auto_mode, tokens
-    from .run import dataset_shape
 
     shape = dataset_shape(config)
     count = tokens(shape["img_size"], config.patch_size or shape["patch_size"])
@@ -112,8 +113,8 @@ def peak_flops(gpu: str, kind: str) -> float:
 def forward_flops(config: Any, shape: dict | None = None) -> float:
     """Forward FLOPs of one image of ``config``'s model (batch 1, explicit attention; ``ablations.costs.measure``
     with the config's width, depth, heads, MLP ratio, patch and backbone options; cached). ``shape``: the
-    config's ``ablations.run.dataset_shape`` when the caller has it."""
-    from .run import dataset_shape
+    config's ``data.dataset_shape`` when the caller has it."""
+    from data import dataset_shape
 
     shape = shape or dataset_shape(config)
     return _forward_flops(json.dumps({
@@ -138,7 +139,7 @@ def _forward_flops(key: str) -> float:
 
 def training_flops(config: Any) -> float:
     """FLOPs of one trial: forward FLOPs per image × epochs × (3 × train images + val images)."""
-    from .run import dataset_shape
+    from data import dataset_shape
 
     shape = dataset_shape(config)
     train, val = shape["sizes"]

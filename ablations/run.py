@@ -56,7 +56,6 @@ from .storage import (
 #: FLOPs; 25 / 1.45 gives that run the same estimate with the true count).
 TRIAL_OVERHEAD_S = 3.0
 EFFECTIVE_GFLOPS = 17.2
-UNKNOWN_SIZES = (10000, 2000)  # (train, val) assumed for a dataset whose size is only known after loading
 #: Seconds the main process of ``--workers N`` gives its workers, after Ctrl-C or SIGTERM, to mark their trials
 #: failed (checkpoints kept) before it kills them; a killed worker's trial is retried once its heartbeat is stale.
 WORKER_STOP_S = 60
@@ -406,6 +405,8 @@ def _measure_modes(spec, overrides: dict, results_dir: Path) -> None:
     once, here, before any worker starts (``ablations.modes``; cached under ``<results_dir>/device/``), so that the
     workers find them instead of each measuring while the others train. One line per cell measured. Torch is
     imported only when a cell has to be measured (a matching table or the cache answers without it)."""
+    from data import dataset_shape
+
     from .modes import choose_mode, model_size, probe, tokens
 
     threads = overrides.get("threads") or os.cpu_count() or 1
@@ -961,6 +962,8 @@ def _auto_line(config, overrides: dict, results_dir: Path) -> str:
     this CPU's signature, or a measurement the study makes before its first trial."""
     if config.precision != "auto":
         return f"precision: {config.precision} (fixed by the study)"
+    from data import dataset_shape
+
     from .modes import choose_mode, tokens
 
     shape = dataset_shape(config)
@@ -1001,6 +1004,8 @@ def measured_rate(config, threads: int, results_dir: Path) -> tuple[float, str] 
     a cell not measured yet."""
     if config.precision != "auto" or config.accelerator not in ("auto", "cpu"):
         return None
+    from data import dataset_shape
+
     from .gpu_hours import forward_flops
     from .modes import measured_step, tokens
 
@@ -1012,25 +1017,6 @@ def measured_rate(config, threads: int, results_dir: Path) -> tuple[float, str] 
     probe = dataclasses.replace(config, residual="standard", residual_options={}, depth=step["depth"],
                                 mlp_ratio=step["mlp_ratio"])
     return 3 * forward_flops(probe, shape) * step["batch"] / step["seconds"], f"{step['mode']}, {step['path']}"
-
-
-def dataset_shape(config) -> dict:
-    """What the dataset class knows before loading: img_size, in_chans, num_classes, default patch size and the
-    (train, val + test) images a trial trains on and evaluates per epoch (:func:`data.base.split_sizes` of its pool
-    or official splits, at the config's fractions; otherwise :data:`UNKNOWN_SIZES`). From the constructed
-    DataModule (cheap), else the class attributes."""
-    import data
-    from data.base import split_sizes
-
-    try:
-        dm = data.build_datamodule(config.dataset, data_dir=config.data_dir, **config.dataset_options)
-    except Exception:  # noqa: BLE001 - e.g. a folder dataset not on this machine: the class still knows its shape
-        dm = data.DATASETS.get(config.dataset)
-    sizes = split_sizes(getattr(dm, "pool_size", None), getattr(dm, "official_sizes", None), config.val_fraction,
-                        config.test_fraction)
-    return {"img_size": getattr(dm, "img_size", 32), "in_chans": getattr(dm, "in_chans", 3),
-            "num_classes": getattr(dm, "num_classes", 10), "patch_size": getattr(dm, "default_patch_size", 4),
-            "sizes": (sizes[0], sizes[1] + sizes[2]) if sizes else UNKNOWN_SIZES}
 
 
 def _redact(url: str) -> str:

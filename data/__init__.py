@@ -21,6 +21,8 @@ from data.mnist import FashionMNISTDataModule, MNIST5kDataModule, MNISTDataModul
 from data.svhn import SVHNDataModule
 from data.synthetic import SyntheticDataModule
 
+UNKNOWN_SIZES = (10000, 2000)  # (train, val) assumed for a dataset whose size is only known after loading
+
 DATASETS: dict[str, type[DataModuleBase]] = {
     "digits": DigitsDataModule,
     "mnist5k": MNIST5kDataModule,
@@ -83,3 +85,21 @@ __all__ = [
     "TrainAugment",
     "build_datamodule",
 ]
+
+
+def dataset_shape(config: Any) -> dict:
+    """What the dataset class knows before loading: img_size, in_chans, num_classes, default patch size and the
+    (train, val + test) images a trial trains on and evaluates per epoch (:func:`data.base.split_sizes` of its pool
+    or official splits, at the config's fractions; otherwise :data:`UNKNOWN_SIZES`). From the constructed
+    DataModule (cheap), else the class attributes."""
+    from data.base import split_sizes
+
+    try:
+        dm = build_datamodule(config.dataset, data_dir=config.data_dir, **config.dataset_options)
+    except Exception:  # noqa: BLE001 - e.g. a folder dataset not on this machine: the class still knows its shape
+        dm = DATASETS.get(config.dataset)
+    sizes = split_sizes(getattr(dm, "pool_size", None), getattr(dm, "official_sizes", None), config.val_fraction,
+                        config.test_fraction)
+    return {"img_size": getattr(dm, "img_size", 32), "in_chans": getattr(dm, "in_chans", 3),
+            "num_classes": getattr(dm, "num_classes", 10), "patch_size": getattr(dm, "default_patch_size", 4),
+            "sizes": (sizes[0], sizes[1] + sizes[2]) if sizes else UNKNOWN_SIZES}

@@ -106,7 +106,7 @@ def test_a_changed_tuning_grid_is_refused_before_anything_runs(tmp_path):
 
 # --- parameter-matched controls ----------------------------------------------------------------------------------
 def param_count(config) -> int:
-    from ablations.run import dataset_shape
+    from data import dataset_shape
     from lit_modules import VisionTransformer
 
     shape = dataset_shape(config)
