@@ -83,7 +83,9 @@ __all__ = [
     "SVHNDataModule",
     "SyntheticDataModule",
     "TrainAugment",
+    "UNKNOWN_SIZES",
     "build_datamodule",
+    "dataset_shape",
 ]
 
 
