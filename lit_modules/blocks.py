@@ -1,16 +1,50 @@
 """The blocks and streams the residual variants build (``ResidualSite.build_block`` / ``build_stream``).
 
-Kept apart from the backbone (``vit.py``) so that the residual package and the backbone do not import each other:
-the backbone asks a variant for its blocks, the variant builds them from these classes.
+Kept apart from the backbone (``vit.py``) and below the residual package: the backbone asks a variant for its
+blocks, the variant builds them from these classes (and ``BlockArgs``); nothing here imports a variant.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from timm.layers import DropPath, Mlp
 from torch import nn
 
-from .residual.base import BlockArgs
+from .attention import SelfAttention
+from .value_residual import no_value_residual
+
+
+@dataclass(frozen=True)
+class BlockArgs:
+    """Everything a variant needs to build one block of the backbone (built by ``VisionTransformer``)."""
+
+    dim: int
+    num_heads: int
+    mlp_ratio: float
+    qkv_bias: bool
+    qk_norm: bool
+    proj_drop: float
+    attn_drop: float
+    drop_path: float
+    norm_layer: Any
+    act_layer: Any
+    layer: int  # 0-based block index
+    depth: int  # total number of blocks
+    num_prefix_tokens: int
+    attn_layer: Any = SelfAttention  # the injection point of the attention kind (``lit_modules.attention``)
+    # layer -> the attention's ``value_residual`` module (``lit_modules.value_residual``: ResFormer's V mixing)
+    value_residual: Any = no_value_residual
+
+    def attention(self) -> nn.Module:
+        """The block's attention (timm's argument names), of the backbone's chosen kind, with this layer's value
+        residual module (the identity unless the backbone mixes the first layer's values in)."""
+        attn = self.attn_layer(self.dim, num_heads=self.num_heads, qkv_bias=self.qkv_bias, qk_norm=self.qk_norm,
+                               attn_drop=self.attn_drop, proj_drop=self.proj_drop, norm_layer=self.norm_layer)
+        attn.value_residual = self.value_residual(self.layer)
+        return attn
 
 
 class Block(nn.Module):

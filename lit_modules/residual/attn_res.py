@@ -8,6 +8,7 @@ import torch
 from timm.layers import DropPath, RmsNorm
 from torch import nn
 
+from ..blocks import _add_sublayers
 from .base import BlockArgs, ResidualSite, inverse_rms
 from .depth import DepthWeights, depth_row, final_args, norm_eps, weighted_sum
 from .standard import Standard
@@ -164,8 +165,6 @@ class AttnResBlock(nn.Module):
     """
 
     def __init__(self, args: BlockArgs, attn_res: AttnRes, mlp_res: AttnRes) -> None:
-        from ..blocks import _add_sublayers
-
         super().__init__()
         self.attn_res, self.mlp_res = attn_res, mlp_res
         self.ls1, self.ls2 = Standard(args.dim, args=args), Standard(args.dim, args=args)

@@ -19,44 +19,12 @@ from __future__ import annotations
 
 import inspect
 import math
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from ..attention import SelfAttention
-from ..value_residual import no_value_residual
-
-
-@dataclass(frozen=True)
-class BlockArgs:
-    """Everything a variant needs to build one block of the backbone (built by ``VisionTransformer``)."""
-
-    dim: int
-    num_heads: int
-    mlp_ratio: float
-    qkv_bias: bool
-    qk_norm: bool
-    proj_drop: float
-    attn_drop: float
-    drop_path: float
-    norm_layer: Any
-    act_layer: Any
-    layer: int  # 0-based block index
-    depth: int  # total number of blocks
-    num_prefix_tokens: int
-    attn_layer: Any = SelfAttention  # the injection point of the attention kind (``lit_modules.attention``)
-    # layer -> the attention's ``value_residual`` module (``lit_modules.value_residual``: ResFormer's V mixing)
-    value_residual: Any = no_value_residual
-
-    def attention(self) -> nn.Module:
-        """The block's attention (timm's argument names), of the backbone's chosen kind, with this layer's value
-        residual module (the identity unless the backbone mixes the first layer's values in)."""
-        attn = self.attn_layer(self.dim, num_heads=self.num_heads, qkv_bias=self.qkv_bias, qk_norm=self.qk_norm,
-                               attn_drop=self.attn_drop, proj_drop=self.proj_drop, norm_layer=self.norm_layer)
-        attn.value_residual = self.value_residual(self.layer)
-        return attn
+from ..blocks import Block, BlockArgs, ResidualStream
 
 
 class ResidualSite(nn.Module):
@@ -167,15 +135,11 @@ class ResidualSite(nn.Module):
 
     @classmethod
     def build_block(cls, args: BlockArgs, **options: Any) -> nn.Module:
-        from ..blocks import Block
-
         return Block(args, sites=cls.build_sites(args, **options))
 
     @classmethod
     def build_stream(cls, dim: int, depth: int, norm_layer: Any, **options: Any) -> nn.Module:
         """How block outputs are chained: a plain residual stream unless the variant needs history."""
-        from ..blocks import ResidualStream
-
         return ResidualStream()
 
     @classmethod

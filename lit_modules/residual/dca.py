@@ -10,6 +10,7 @@ from timm.layers import DropPath, Mlp, trunc_normal_
 from torch import nn
 
 from ..attention import SelfAttention
+from ..blocks import Block
 from .base import BlockArgs, ResidualSite, check_choice, unused_by_form
 from .depth import DepthWeights, depth_row, final_args, stack_sources
 
@@ -94,8 +95,6 @@ class DCA(ResidualSite, DepthWeights):
     @classmethod
     def build_block(cls, args: BlockArgs, **options: Any) -> nn.Module:
         if options["form"] == "seed":
-            from ..blocks import Block
-
             return Block(args, sites=(TokenMix(args), TokenMix(args)))
         return DCABlock(args, grn=cls(args.dim, args=args, **options))
 

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..blocks import PostNormBlock
 from .base import BlockArgs, OptionalFinalNorm, ResidualSite, check_auto_or_positive, check_choice
 
 INITS = ("xavier_normal", "timm_scaled")
@@ -77,8 +78,6 @@ class DeepNorm(OptionalFinalNorm, ResidualSite):
 
     @classmethod
     def build_block(cls, args: BlockArgs, **options: Any) -> nn.Module:
-        from ..blocks import PostNormBlock
-
         return PostNormBlock(args, sites=cls.build_sites(args, **options))
 
     def bind_norm(self, norm: nn.Module) -> None:

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from timm.layers import DropPath
 from torch import nn
 
+from ..blocks import _add_sublayers
 from .base import BlockArgs, ResidualSite
 
 
@@ -134,8 +135,6 @@ class HyperBlock(nn.Module):
 
     def __init__(self, args: BlockArgs, sites: tuple[MultiStreamSite, MultiStreamSite]) -> None:
         super().__init__()
-        from ..blocks import _add_sublayers
-
         self.ls1, self.ls2 = sites
         _add_sublayers(self, args, pre_norm=True)
         self.drop_path1 = DropPath(args.drop_path) if args.drop_path > 0.0 else nn.Identity()

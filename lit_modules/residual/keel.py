@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..blocks import InnerDropBlock
 from .base import BlockArgs, OptionalFinalNorm, ResidualSite, check_auto_or_positive
 
 
@@ -61,8 +62,6 @@ class Keel(OptionalFinalNorm, ResidualSite):
 
     @classmethod
     def build_block(cls, args: BlockArgs, **options: Any) -> nn.Module:
-        from ..blocks import InnerDropBlock
-
         return InnerDropBlock(args, sites=cls.build_sites(args, **options))
 
     def forward(self, x: torch.Tensor, u: torch.Tensor, f: torch.Tensor, history: list | None = None) -> torch.Tensor:

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..blocks import Block, ResidualStream, WholeBlock
 from .base import BlockArgs, ResidualSite, check_choice, unused_by_form
 from .mix import MIX_NORMS, MixWeights
 
@@ -120,19 +121,13 @@ class LAuReL(ResidualSite):
     @classmethod
     def build_block(cls, args: BlockArgs, **options: Any) -> nn.Module:
         if options["form"] == "seed":
-            from ..blocks import Block
-
             return Block(args, sites=(SeedGate(args), SeedGate(args)))
         if options["granularity"] == "sublayer":
             return super().build_block(args, **options)
-        from ..blocks import WholeBlock
-
         return WholeBlock(args, site=cls(args.dim, args=args, **options))
 
     @classmethod
     def build_stream(cls, dim: int, depth: int, norm_layer: Any, **options: Any) -> nn.Module:
-        from ..blocks import ResidualStream
-
         return ResidualStream(keep_history="pa" in options["form"])
 
     def init_weights(self) -> None:

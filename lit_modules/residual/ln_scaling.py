@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..blocks import ScaledNormBlock
 from .base import BlockArgs, ResidualSite
 
 
@@ -36,6 +37,4 @@ class LNScaling(ResidualSite):
 
     @classmethod
     def build_block(cls, args: BlockArgs, **options: Any) -> nn.Module:
-        from ..blocks import ScaledNormBlock
-
         return ScaledNormBlock(args, sites=cls.build_sites(args, **options), scale=ln_scale(args.layer))

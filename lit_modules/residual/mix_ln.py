@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..blocks import Block, PostNormBlock
 from .base import BlockArgs
 from .post_ln import PostLN
 
@@ -58,8 +59,6 @@ class MixLN(PostLN):
 
     @classmethod
     def build_block(cls, args: BlockArgs, **options: Any) -> nn.Module:
-        from ..blocks import Block, PostNormBlock
-
         sites = cls.build_sites(args, **options)
         return PostNormBlock(args, sites=sites) if sites[0].post else Block(args, sites=sites)
 

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..blocks import ResPostBlock
 from .base import BlockArgs, ResidualSite
 
 
@@ -48,8 +49,6 @@ class ResPostNorm(ResidualSite):
 
     @classmethod
     def build_block(cls, args: BlockArgs, **options: Any) -> nn.Module:
-        from ..blocks import ResPostBlock
-
         return ResPostBlock(args, sites=cls.build_sites(args, **options))
 
     def bind_norm(self, norm: nn.Module) -> None:

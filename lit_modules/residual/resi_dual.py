@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..blocks import DualStream
 from .base import BlockArgs
 from .post_ln import PostLN
 
@@ -46,8 +47,6 @@ class ResiDual(PostLN):
 
     @classmethod
     def build_stream(cls, dim: int, depth: int, norm_layer: Any, **options: Any) -> nn.Module:
-        from ..blocks import DualStream
-
         return DualStream(dim, norm_layer)
 
     def forward(self, x: torch.Tensor, u: torch.Tensor, f: torch.Tensor, history: list | None = None) -> torch.Tensor:

@@ -7,6 +7,7 @@ from typing import Any
 
 from torch import nn
 
+from ..blocks import DenseBlock, ResidualStream
 from .base import BlockArgs
 from .standard import Standard
 
@@ -28,12 +29,8 @@ class SkipDense(Standard):
 
     @classmethod
     def build_block(cls, args: BlockArgs, **options: Any) -> nn.Module:
-        from ..blocks import DenseBlock
-
         return DenseBlock(args, site=cls(args.dim, args=args, **options))
 
     @classmethod
     def build_stream(cls, dim: int, depth: int, norm_layer: Any, **options: Any) -> nn.Module:
-        from ..blocks import ResidualStream
-
         return ResidualStream(keep_history=True)
