@@ -1,5 +1,5 @@
 """Read a trial's TensorBoard run folder back: the ``diag/*`` scalars and JSON texts written by
-:mod:`lit_modules.diagnostics` (used by :mod:`ablations.report` and :mod:`ablations.figures`).
+:mod:`lit_modules.diagnostics` (used by :mod:`ablations.report` and its figures).
 
 Tags are read back under their internal names (``diag/...``; :func:`ablations.dashboard.internal_tag` undoes
 TensorBoard's grouping). A run folder may hold several event files (the fit, the end-of-run summary, a resumed session); all are read.

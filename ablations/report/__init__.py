@@ -36,7 +36,7 @@ line.
 Package layout: :mod:`.load` (storage → runs), :mod:`.runs` (runs.csv ↔ runs), :mod:`.stats` (paired
 statistics), :mod:`.tables` (tables as DataFrames and their one Markdown / LaTeX / CSV formatter), :mod:`.claims`
 (claim verdicts), :mod:`.tuning` (the LR tuning table and figure), :mod:`.cli` (arguments, writing);
-figures are drawn by :mod:`ablations.figures`.
+figures are drawn by :mod:`ablations.report.figures`.
 """
 
 from __future__ import annotations

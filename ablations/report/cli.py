@@ -109,7 +109,7 @@ def _main(args: argparse.Namespace) -> int:
         if data.tune_runs:
             written += tuning_figure(data, tuning_records(data), out)
         if study is not None:
-            from ..figures import report_figures
+            from .figures import report_figures
 
             figs, fig_notes = report_figures(study, data, cells, out)
             written += figs

@@ -88,7 +88,7 @@ def tuning_figure(data: StudyData, records: list[dict], out: Path) -> list[Path]
     """Val accuracy (mean ± sd over the tuning seeds) vs LR (log axis) per variant; the chosen LR marked."""
     import matplotlib.pyplot as plt
 
-    from ..figures import apply_style, close, colors, save
+    from .figures import apply_style, close, colors, save
 
     apply_style()
     palette = colors(data.rows)

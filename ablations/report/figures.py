@@ -20,7 +20,7 @@ import numpy as np  # noqa: E402
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from .events import ATTN_SIM_JSON, RunEvents  # noqa: E402
+from ..events import ATTN_SIM_JSON, RunEvents  # noqa: E402
 
 RC = {"svg.hashsalt": "ablations-report", "font.size": 8, "axes.titlesize": 9, "legend.fontsize": 7,
       "figure.dpi": 100, "savefig.dpi": 150, "pdf.fonttype": 42}
@@ -353,8 +353,8 @@ def close(fig) -> None:
 def report_figures(study, data, cells, out: Path) -> tuple[list[Path], list[str]]:
     """Every figure of a study's report (``data``: :class:`ablations.report.load.StudyData`; ``cells``: the main
     table's cells for grid studies, else None), saved under ``out``; returns (paths, notes)."""
-    from .events import read_run
-    from .report.load import ACC_KEY, best_per_row, first_line
+    from ..events import read_run
+    from .load import ACC_KEY, best_per_row, first_line
 
     apply_style()
     written: list[Path] = []
@@ -406,7 +406,7 @@ def report_figures(study, data, cells, out: Path) -> tuple[list[Path], list[str]
     if data.kind == "grid":
         from lit_modules.diagnostics import DEFAULT_SIM_K, DEFAULT_TAU, SIMILAR_SHARE
 
-        from .report.tables import collapse_records
+        from .tables import collapse_records
 
         records = collapse_records(data)
         if records:
@@ -450,7 +450,7 @@ def _similarity_matrices(data, events: Mapping[str, Sequence[RunEvents]], cells,
     variant) and of the best other variant (highest mean accuracy at that depth)."""
     import warnings
 
-    from .report.load import BASELINE, best_per_row
+    from .load import BASELINE, best_per_row
 
     mats = {}
     for row, evs in events.items():
