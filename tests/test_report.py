@@ -610,6 +610,7 @@ def test_search_tables_handle_few_trials():
 def test_each_run_reports_the_mode_it_trained_in_and_mixed_modes_are_counted():
     """Runs from before ``precision: auto`` recorded only their config; later runs record the mode they resolved."""
     from ablations.report.load import Run, StudyData, run_mode
+    from ablations.report.runs import frame
 
     def make(number: int, **kw) -> Run:
         return Run(number=number, state="complete", variant="standard", depth=4, seed=number, row="standard", **kw)
@@ -622,7 +623,7 @@ def test_each_run_reports_the_mode_it_trained_in_and_mixed_modes_are_counted():
     data = StudyData(name="s", kind="grid", runs=[old, new, forced], rows=["standard"],
                      row_variant={"standard": "standard"}, row_extras={"standard": ()}, depths=[4])
     assert data.modes() == {"32-true + fused attention": 2, "bf16-mixed + explicit attention": 1}
-    assert list(data.frame()["mode"]) == [run_mode(r) for r in (old, new, forced)]
+    assert list(frame(data)["mode"]) == [run_mode(r) for r in (old, new, forced)]
 
 
 def test_a_postgresql_url_is_read_with_the_installed_driver():

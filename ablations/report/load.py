@@ -1,5 +1,5 @@
 """Reading a study: open the Optuna storage read-only, pick the trials that are results, and turn them into
-:class:`Run` objects (and a pandas DataFrame, :meth:`StudyData.frame`).
+:class:`Run` objects (as a pandas DataFrame: :func:`ablations.report.runs.frame`).
 
 Each trial's configuration comes from what the trial stored (``user_attrs["config"]`` = ``RunConfig.to_dict()``,
 ``params`` = variant and grid axes, the run summary in the other user attrs); the spec only gives the study's
@@ -118,12 +118,6 @@ class StudyData:
         for run in self.runs:
             counts[run_mode(run)] = counts.get(run_mode(run), 0) + 1
         return counts
-
-    def frame(self):
-        """runs.csv as a DataFrame: one row per result trial of either phase (:func:`ablations.report.runs.frame`)."""
-        from .runs import frame
-
-        return frame(self)
 
 
 def run_mode(run: Run) -> str:
