@@ -66,10 +66,10 @@ def split_fingerprints(config: RunConfig) -> tuple[list[str], list[str]]:
                                                                                     s.val_labels)
 
 
-def checkpoint_scores(config: RunConfig, checkpoint) -> dict[str, Any]:
-    """The val set scored with a checkpoint's weights in this process (not distributed: one loader over every val
-    batch): ``epoch`` (0-based) the checkpoint was saved at, ``acc``, ``loss`` (mean over the images), ``rank0_loss``
-    (mean over rank 0's shard alone) and ``weights`` (:func:`weights_digest` of the backbone)."""
+def checkpoint_scores(config: RunConfig, checkpoint, split: str = "val") -> dict[str, Any]:
+    """The val (or test) set scored with a checkpoint's weights in this process (not distributed: one loader over
+    every batch): ``epoch`` (0-based) the checkpoint was saved at, ``acc``, ``loss`` (mean over the images),
+    ``rank0_loss`` (mean over rank 0's shard alone) and ``weights`` (:func:`weights_digest` of the backbone)."""
     assert not (torch.distributed.is_available() and torch.distributed.is_initialized())
     dm = build_datamodule(config)
     model = build_model(config, dm)
@@ -78,20 +78,21 @@ def checkpoint_scores(config: RunConfig, checkpoint) -> dict[str, Any]:
     model.eval()
     logits, labels = [], []
     with torch.no_grad():
-        for x, y in dm.val_dataloader():
+        for x, y in getattr(dm, f"{split}_dataloader")():
             logits.append(model(x).double())
             labels.append(y)
     logits, labels = torch.cat(logits), torch.cat(labels)
-    assert len(labels) == dm.val_size
+    assert len(labels) == getattr(dm, f"{split}_size")
     losses = F.cross_entropy(logits, labels, label_smoothing=config.label_smoothing, reduction="none")
     return {"epoch": state["epoch"], "acc": float((logits.argmax(-1) == labels).double().mean()),
             "loss": float(losses.mean()), "rank0_loss": float(losses[0::WORLD_SIZE].mean()),
             "weights": weights_digest(model.model)}
 
 
-def val_scalars(run_dir) -> dict[str, list[float]]:
-    """``{tag: [value per epoch]}`` of rank 0's ``val/*`` scalars, read back from the run's event files."""
-    return {tag: [values[step] for step in sorted(values)] for tag, values in read_run(run_dir, "val/").scalars.items()}
+def val_scalars(run_dir, prefix: str = "val/") -> dict[str, list[float]]:
+    """``{tag: [value per epoch]}`` of rank 0's ``val/*`` (or other ``prefix``) scalars, read back from the run's
+    event files."""
+    return {tag: [values[step] for step in sorted(values)] for tag, values in read_run(run_dir, prefix).scalars.items()}
 
 
 def cli_args(config: RunConfig) -> list[str]:
@@ -187,9 +188,9 @@ def test_ddp_spawn_val_metrics_are_those_of_the_whole_val_set(spawned):
 def test_train_cli_ddp_on_two_cpu_ranks_prints_one_summary(tmp_path):
     """``--devices 2 --strategy ddp`` on the CPU (gloo): Lightning re-runs the CLI for rank 1; both ranks train
     their half of the data; rank 0 alone prints the --json summary and writes event files (every event file is
-    the CLI process's own); its val accuracy and loss are the whole val set's, recomputed here from last.ckpt;
-    every process exits 0."""
-    config = DDP_CONFIG.replace(max_epochs=1, strategy="ddp")
+    the CLI process's own); its val accuracy and loss, and its test accuracy, are the whole val and test set's,
+    recomputed here from last.ckpt; every process exits 0."""
+    config = DDP_CONFIG.replace(max_epochs=1, strategy="ddp", test_fraction=0.2)
     proc = subprocess.Popen(
         [sys.executable, "-m", "ablations.train", *cli_args(config), "--json", "--checkpoint", "--no-progress-bar",
          "--log-dir", "runs", "--run-name", "ddp"],
@@ -213,6 +214,9 @@ def test_train_cli_ddp_on_two_cpu_ranks_prints_one_summary(tmp_path):
     assert scored["epoch"] == 0 and summary["final_val_acc"] == pytest.approx(scored["acc"], abs=1e-6)
     assert logged["val/acc"] == pytest.approx([scored["acc"]], abs=1e-6)
     assert logged["val/loss"] == pytest.approx([scored["loss"]], abs=1e-6)
+    tested = checkpoint_scores(config, run_dir / "checkpoints" / "last.ckpt", split="test")
+    assert val_scalars(run_dir, "test/")["test/acc"] == pytest.approx([tested["acc"]], abs=1e-6)
+    assert summary["test_acc"] == pytest.approx(tested["acc"], abs=1e-6)
 
 
 # --- a study trial on two devices ---------------------------------------------------------------------------------
