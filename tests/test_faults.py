@@ -241,8 +241,8 @@ if sys.argv[1] == "ignores":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 else:
     stopping.stop_on_signals()
-print("ready", flush=True)
-try:
+try:  # "ready" inside the try: the signal may come as soon as it is read, while the print is still returning
+    print("ready", flush=True)
     time.sleep(3600)
 except KeyboardInterrupt:
     print("stopped by", signal.Signals(stopping.stop_signal()).name, flush=True)
