@@ -41,8 +41,12 @@ CLI_TIMEOUT_S = 900  # generous: the CPU cores are shared; the timeout only stop
 HEARTBEAT_S = 1
 LIVE_GRACE_S = SQLITE_LOCK_TIMEOUT_S + 5 * HEARTBEAT_S
 LIVE_WORKERS = ("--heartbeat", str(HEARTBEAT_S), "--grace", str(LIVE_GRACE_S))
+#: The tiny study runs train in fp32 with fused attention (``precision: 32-true``): under ``auto`` on a CPU that no
+#: modes table matches, every run in a fresh results folder first measures its cell (seconds per CLI call; what
+#: ``auto`` does is tested in test_modes.py and test_training.py, and by the ``tiny_study`` run of test_studies.py,
+#: which sets ``auto`` again).
 TINY_BASE = {"dataset": "synthetic", "dataset_options": {"num_samples": 128, "img_size": 8}, "embed_dim": 8,
-             "num_heads": 2, "depth": 1, "max_epochs": 1, "patch_size": 4, "batch_size": 32}
+             "num_heads": 2, "depth": 1, "max_epochs": 1, "patch_size": 4, "batch_size": 32, "precision": "32-true"}
 TWO_VARIANTS = ({"label": "standard", "residual": "standard"}, {"label": "rezero", "residual": "rezero"})
 THREE_VARIANTS = (*TWO_VARIANTS, {"label": "skipinit", "residual": "skipinit"})
 

@@ -74,11 +74,16 @@ def test_every_committed_study_point_has_valid_residual_options():
 
 
 # --- shared runs -------------------------------------------------------------------------------------------------
+#: The base of the shared tiny study: precision ``auto`` (not TINY_BASE's fixed fp32), so that one CLI study of the
+#: fast tier measures this machine's modes before its trials and trains in the mode chosen.
+AUTO = {"precision": "auto"}
+
+
 @pytest.fixture(scope="module")
 def tiny_study(tmp_path_factory):
     """A 2-point grid from a study file given by path, run once to completion."""
     root = tmp_path_factory.mktemp("tiny")
-    write_study(root / "tiny.yaml")
+    write_study(root / "tiny.yaml", base=AUTO)
     db = root / "optuna.db"
     result = run_cli("--study", "tiny.yaml", "--storage", url_of(db), "--results-dir", "results", "--no-progress",
                      cwd=root)
@@ -397,9 +402,10 @@ def test_failing_invocations_keep_an_existing_study(tiny_study, tmp_path):
     shutil.copy(tiny_study.db, db)
     before = snapshot(trials_of(db, "tiny"))
     attrs_before = optuna.load_study(study_name="tiny", storage=url_of(db)).user_attrs
-    write_study(tmp_path / "tiny.yaml")
+    write_study(tmp_path / "tiny.yaml", base=AUTO)
     (tmp_path / "changed").mkdir()
-    write_study(tmp_path / "changed" / "tiny.yaml", variants=[*TWO_VARIANTS, {"label": "skip", "residual": "skipinit"}])
+    write_study(tmp_path / "changed" / "tiny.yaml", base=AUTO,
+                variants=[*TWO_VARIANTS, {"label": "skip", "residual": "skipinit"}])
     (tmp_path / "bad").mkdir()
     write_study(tmp_path / "bad" / "tiny.yaml", variants=[{"label": "ls", "residual": "layerscale",
                                                            "options": {"bogus_opt": 1}}])
