@@ -106,6 +106,26 @@ def run_cli(*args, cwd: Path, timeout: float = CLI_TIMEOUT_S) -> subprocess.Comp
     return finish(start_cli(*args, cwd=cwd), timeout)
 
 
+def run_in_process(*args, cwd: Path, main=None) -> subprocess.CompletedProcess:
+    """``main(ARGS)`` (default ``ablations.run.main``; or e.g. ``ablations.report.cli.main``) in this process, in
+    ``cwd``, its stdout and stderr captured: what the CLI prints and returns, without a process's seconds of imports.
+    For the checks that are not about the process boundary; :func:`run_cli` runs the real process. (Log records go
+    to pytest's log capture, not to the captured stderr.)"""
+    import contextlib
+    import io
+
+    if main is None:
+        from ablations.run import main
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        mp.chdir(cwd)
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as exc:  # argparse's own errors
+            code = exc.code
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+
 def run_cli_many(calls: dict[str, tuple], cwd: Path) -> dict[str, subprocess.CompletedProcess]:
     """Several CLI calls side by side (their start-up is mostly imports); results by key."""
     procs = {}
