@@ -290,11 +290,12 @@ class VisionTransformer(nn.Module):
 
 @contextmanager
 def _seeded(seed: int, name: str) -> Iterator[None]:
-    """Run the block with torch's CPU RNG seeded by (seed, name); the global RNG state is restored afterwards."""
+    """Run the block with torch's CPU RNG seeded by (seed, name); the global RNG state is restored afterwards.
+    Only the CPU generator, the one ``fork_rng(devices=[])`` restores, is seeded: ``torch.manual_seed`` would also
+    (re)seed every accelerator's generator, unrestored, and costs some 300x as much (it queues CUDA's lazy seeding
+    with a stack trace; a model seeds once per module: most of its construction time)."""
     with torch.random.fork_rng(devices=[]):
-        # the CPU generator only (torch.manual_seed would also queue a CUDA/XPU/MTIA seed, formatting the call stack
-        # three times: ~0.5-6 ms a call, ~60 calls a model)
-        torch.random.default_generator.manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63 - 1))
+        torch.default_generator.manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63 - 1))
         yield
 
 

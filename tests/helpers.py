@@ -42,8 +42,12 @@ CLI_TIMEOUT_S = 900  # generous: the CPU cores are shared; the timeout only stop
 HEARTBEAT_S = 1
 LIVE_GRACE_S = SQLITE_LOCK_TIMEOUT_S + 5 * HEARTBEAT_S
 LIVE_WORKERS = ("--heartbeat", str(HEARTBEAT_S), "--grace", str(LIVE_GRACE_S))
+#: The tiny study runs train in fp32 with fused attention (``precision: 32-true``): under ``auto`` on a CPU that no
+#: modes table matches, every run in a fresh results folder first measures its cell (seconds per CLI call; what
+#: ``auto`` does is tested in test_modes.py and test_training.py, and by the ``tiny_study`` run of test_studies.py,
+#: which sets ``auto`` again).
 TINY_BASE = {"dataset": "synthetic", "dataset_options": {"num_samples": 128, "img_size": 8}, "embed_dim": 8,
-             "num_heads": 2, "depth": 1, "max_epochs": 1, "patch_size": 4, "batch_size": 32}
+             "num_heads": 2, "depth": 1, "max_epochs": 1, "patch_size": 4, "batch_size": 32, "precision": "32-true"}
 TWO_VARIANTS = ({"label": "standard", "residual": "standard"}, {"label": "rezero", "residual": "rezero"})
 THREE_VARIANTS = (*TWO_VARIANTS, {"label": "skipinit", "residual": "skipinit"})
 
@@ -101,6 +105,26 @@ def finish(proc: subprocess.Popen, timeout: float = CLI_TIMEOUT_S) -> subprocess
 
 def run_cli(*args, cwd: Path, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess:
     return finish(start_cli(*args, cwd=cwd), timeout)
+
+
+def run_in_process(*args, cwd: Path, main=None) -> subprocess.CompletedProcess:
+    """``main(ARGS)`` (default ``ablations.run.main``; or e.g. ``ablations.report.cli.main``) in this process, in
+    ``cwd``, its stdout and stderr captured: what the CLI prints and returns, without a process's seconds of imports.
+    For the checks that are not about the process boundary; :func:`run_cli` runs the real process. (Log records go
+    to pytest's log capture, not to the captured stderr.)"""
+    import contextlib
+    import io
+
+    if main is None:
+        from ablations.run import main
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        mp.chdir(cwd)
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as exc:  # argparse's own errors
+            code = exc.code
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 def run_cli_many(calls: dict[str, tuple], cwd: Path) -> dict[str, subprocess.CompletedProcess]:

@@ -37,6 +37,7 @@ from helpers import (
     freeze_when,
     run_cli,
     run_dir_name,
+    run_in_process,
     saved_checkpoint,
     signal_mid_trial,
     snapshot,
@@ -242,8 +243,8 @@ if sys.argv[1] == "ignores":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 else:
     stopping.stop_on_signals()
-print("ready", flush=True)
-try:
+try:  # "ready" inside the try: the signal may come as soon as it is read, while the print is still returning
+    print("ready", flush=True)
     time.sleep(3600)
 except KeyboardInterrupt:
     print("stopped by", signal.Signals(stopping.stop_signal()).name, flush=True)
@@ -472,9 +473,16 @@ DAMAGE = {
 }
 
 
+#: The damage that ``ablations.run`` and ``ablations.report`` meet as real processes (side by side: exit status and
+#: stderr of a fresh process); on the others each tool's ``main`` runs in this process (the same code, no imports).
+DAMAGE_IN_A_PROCESS = "garbage"
+
+
 @pytest.fixture(scope="module")
 def damaged_storages(tmp_path_factory):
-    """Each damaged file, with ``ablations.run`` and ``ablations.report`` run on it side by side."""
+    """Each damaged file, with ``ablations.run`` and ``ablations.report`` run on it."""
+    from ablations.report.cli import main as report_main
+
     root = tmp_path_factory.mktemp("damaged")
     write_study(root / "tiny.yaml")
     rng = random.Random(0)
@@ -484,16 +492,21 @@ def damaged_storages(tmp_path_factory):
                 "overwritten_page": real[:8192] + rng.randbytes(4096) + real[12288:]}
     for name, data in contents.items():
         (root / f"{name}.db").write_bytes(data)
+    def args(name: str, tool: str) -> tuple:
+        return ("--study", "tiny.yaml", "--storage", f"sqlite:///{name}.db", "--results-dir", "results",
+                "--no-progress" if tool == "run" else "--no-figures")
+
     procs = {}
     try:
-        for name in contents:
-            common = ("--study", "tiny.yaml", "--storage", f"sqlite:///{name}.db", "--results-dir", "results")
-            procs[name, "run"] = _start("ablations.run", *common, "--no-progress", cwd=root)
-            procs[name, "report"] = _start("ablations.report", *common, "--no-figures", cwd=root)
+        for tool in ("run", "report"):
+            procs[DAMAGE_IN_A_PROCESS, tool] = _start(f"ablations.{tool}", *args(DAMAGE_IN_A_PROCESS, tool), cwd=root)
         results = {key: finish(proc) for key, proc in procs.items()}
     finally:
         for proc in procs.values():
             stop_group(proc)
+    for name in contents.keys() - {DAMAGE_IN_A_PROCESS}:
+        results[name, "run"] = run_in_process(*args(name, "run"), cwd=root)
+        results[name, "report"] = run_in_process(*args(name, "report"), cwd=root, main=report_main)
     return SimpleNamespace(root=root, contents=contents, results=results)
 
 

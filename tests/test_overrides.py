@@ -74,7 +74,7 @@ def test_dry_run_shows_the_overrides_and_the_study_name(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_overrides_never_mix_and_the_report_finds_the_study(tmp_path, capsys):
-    study = write_study(tmp_path / "tiny.yaml")
+    study = write_study(tmp_path / "tiny.yaml", base={"precision": "auto"})  # --set precision=32-true changes it
     storage = f"sqlite:///{tmp_path / 'studies.db'}"
     common = ["--study", str(study), "--storage", storage, "--results-dir", str(tmp_path / "results"),
               "--no-progress"]

@@ -1,8 +1,9 @@
 """Scale-out and fault tolerance: studies in PostgreSQL shared by workers, crash recovery (DDP: test_ddp.py).
 
 Real components on loopback, no mocks: one throwaway PostgreSQL server for the module (the ``postgres`` fixture,
-tests/conftest.py; a fresh database per test), the CLI in subprocesses, tiny ViTs on the synthetic dataset. The crash
-scenarios are the SQLite ones of test_studies.py (tests/helpers.py), run here against PostgreSQL.
+tests/conftest.py; a fresh database per test), the CLI in subprocesses (in this process where the process is not
+what is tested: the twin storages), tiny ViTs on the synthetic dataset. The crash scenarios are the SQLite ones of
+test_studies.py (tests/helpers.py), run here against PostgreSQL.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from helpers import (
     freeze_when,
     run_cli,
     run_dir_name,
+    run_in_process,
     saved_checkpoint,
     snapshot,
     start_cli,
@@ -149,8 +151,8 @@ def test_same_study_name_in_two_storages_are_independent_studies(postgres, tmp_p
     before = snapshot(trials_of(sqlite, "twin"))
     url = postgres.create_database("twin")
 
-    result = run_cli("--study", "twin.yaml", "--storage", url, "--results-dir", "results", "--no-progress",
-                     cwd=tmp_path)
+    result = run_in_process("--study", "twin.yaml", "--storage", url, "--results-dir", "results", "--no-progress",
+                            cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert [t.number for t in assert_grid_complete_once(url, spec).values()] == [0, 1]
     assert len(trials_of(url, "twin")) == 2

@@ -4,7 +4,9 @@ Real components throughout, no mocks: the CLI runs in a subprocess with the test
 directory, storages are SQLite files in tmp folders, trials train tiny ViTs (width 8, one block) on the synthetic
 dataset. Importing torch + Lightning dominates each CLI call (seconds even on a quiet machine), so tests share
 runs where they can: one tiny study (module fixture) serves the ``--study PATH``, dashboard and keep-results tests,
-and the invocations that train nothing (``--list``, ``--dry-run``, bad input) run side by side in one fixture.
+and the invocations that train nothing (``--list``, ``--dry-run``, bad input) run in one fixture. A check that is
+not about the process (the search study, the refused invocations, most bad input) calls ``ablations.run.main`` in
+this process instead (``helpers.run_in_process``).
 Every CLI process starts in its own session; a test that fails or times out kills the whole process group.
 """
 
@@ -13,7 +15,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,6 +37,7 @@ from helpers import (
     run_cli,
     run_cli_many,
     run_dir_name,
+    run_in_process,
     saved_checkpoint,
     signal_mid_trial,
     snapshot,
@@ -81,33 +83,20 @@ def test_every_committed_study_point_has_valid_residual_options():
 
 
 # --- shared runs -------------------------------------------------------------------------------------------------
+#: The base of the shared tiny study: precision ``auto`` (not TINY_BASE's fixed fp32), so that one CLI study of the
+#: fast tier measures this machine's modes before its trials and trains in the mode chosen.
+AUTO = {"precision": "auto"}
+
+
 @pytest.fixture(scope="module")
 def tiny_study(tmp_path_factory):
     """A 2-point grid from a study file given by path, run once to completion."""
     root = tmp_path_factory.mktemp("tiny")
-    write_study(root / "tiny.yaml")
+    write_study(root / "tiny.yaml", base=AUTO)
     db = root / "optuna.db"
     result = run_cli("--study", "tiny.yaml", "--storage", url_of(db), "--results-dir", "results", "--no-progress",
                      cwd=root)
     return SimpleNamespace(root=root, db=db, name="tiny", spec=load_spec(str(root / "tiny.yaml")), result=result)
-
-
-def _main_in_process(args: tuple, cwd: Path) -> subprocess.CompletedProcess:
-    """``ablations.run.main(args)`` in this process, in ``cwd``, its stdout and stderr captured: what the CLI prints
-    and returns, without a process's ~5 s of imports."""
-    import contextlib
-    import io
-
-    from ablations.run import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        mp.chdir(cwd)
-        try:
-            code = main([str(a) for a in args])
-        except SystemExit as exc:  # argparse's own errors
-            code = exc.code
-    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 #: The quick cases that run as real CLI processes (side by side); the others call ``main`` in this process.
@@ -149,7 +138,7 @@ def quick_calls(tmp_path_factory):
         ("missing_sqlite_folder", ("--study", "tiny.yaml", "--storage", url_of(root / "no_such_dir" / "o.db"))),
     ])
     results = run_cli_many({k: v for k, v in calls.items() if k in QUICK_SUBPROCESS}, cwd=root)
-    results |= {k: _main_in_process(v, root) for k, v in calls.items() if k not in QUICK_SUBPROCESS}
+    results |= {k: run_in_process(*v, cwd=root) for k, v in calls.items() if k not in QUICK_SUBPROCESS}
     return SimpleNamespace(root=root, results=results)
 
 
@@ -310,8 +299,8 @@ def test_search_study_runs_its_trial_budget_and_prunes(tmp_path):
                 "space": {"layerscale": {"init_value": {"low": 1.0e-4, "high": 0.5, "log": True}},
                           "rezero": {"init_value": {"choices": [0.0, 0.1]}}}})
     db = tmp_path / "o.db"
-    result = run_cli("--study", "search.yaml", "--storage", url_of(db), "--results-dir", "results", "--no-progress",
-                     cwd=tmp_path)
+    result = run_in_process("--study", "search.yaml", "--storage", url_of(db), "--results-dir", "results",
+                            "--no-progress", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     trials = trials_of(db, "search")
     assert len(trials) == 3 and all(t.state in DONE for t in trials), [t.state for t in trials]
@@ -450,21 +439,23 @@ def test_failing_invocations_keep_an_existing_study(tiny_study, tmp_path):
     shutil.copy(tiny_study.db, db)
     before = snapshot(trials_of(db, "tiny"))
     attrs_before = optuna.load_study(study_name="tiny", storage=url_of(db)).user_attrs
-    write_study(tmp_path / "tiny.yaml")
+    write_study(tmp_path / "tiny.yaml", base=AUTO)
     (tmp_path / "changed").mkdir()
-    write_study(tmp_path / "changed" / "tiny.yaml", variants=[*TWO_VARIANTS, {"label": "skip", "residual": "skipinit"}])
+    write_study(tmp_path / "changed" / "tiny.yaml", base=AUTO,
+                variants=[*TWO_VARIANTS, {"label": "skip", "residual": "skipinit"}])
     (tmp_path / "bad").mkdir()
     write_study(tmp_path / "bad" / "tiny.yaml", variants=[{"label": "ls", "residual": "layerscale",
                                                            "options": {"bogus_opt": 1}}])
     write_study(tmp_path / "nodata.yaml", base={"dataset": "mnist", "dataset_options": {}}, variants=TWO_VARIANTS[:1])
     storage = ("--storage", url_of(db), "--results-dir", "results", "--no-progress")
-    results = run_cli_many({
+    # in this process: the bad-input exits of a real CLI process are quick_calls' subprocess cases
+    results = {key: run_in_process(*args, cwd=tmp_path) for key, args in {
         "budget": ("--study", "tiny.yaml", "--budget", "huge", *storage),
         "workers": ("--study", "tiny.yaml", "--workers", "0", *storage),
         "option": ("--study", "bad/tiny.yaml", *storage),
         "changed_grid": ("--study", "changed/tiny.yaml", *storage),
         "no_data": ("--study", "nodata.yaml", *storage),
-    }, cwd=tmp_path)
+    }.items()}
     for key in ("budget", "workers", "option"):
         assert_one_line_error(results[key])
     assert_one_line_error(results["changed_grid"], "study 'tiny' in the storage was run with variant = "

@@ -8,7 +8,7 @@ import re
 
 import optuna
 import pytest
-from helpers import run_cli, url_of, write_study
+from helpers import run_in_process, url_of, write_study
 from optuna.trial import TrialState, create_trial
 
 from ablations.run import TUNE_GRID, choose_lrs
@@ -96,7 +96,7 @@ def test_a_changed_tuning_grid_is_refused_before_anything_runs(tmp_path):
     db = tmp_path / "o.db"
     study = optuna.create_study(study_name="tuned", storage=url_of(db))
     study.set_user_attr(TUNE_GRID, {"lr": [0.01], "seeds": [100], "metric": "best_val_acc", "axes": {}})
-    result = run_cli("--study", str(path), "--storage", url_of(db), "--results-dir", "results", cwd=tmp_path)
+    result = run_in_process("--study", str(path), "--storage", url_of(db), "--results-dir", "results", cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     (line,) = result.stderr.strip().splitlines()
     assert "chose its learning rates with the tuning grid" in line and "--study-name NEW_NAME" in line
