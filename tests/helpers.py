@@ -289,6 +289,20 @@ def event_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
 
 
 # --- scenarios ---------------------------------------------------------------------------------------------------
+def kill_9_when(args: tuple, cwd: Path, ready, what: str) -> None:
+    """Start the CLI, freeze it once ``ready()`` holds, and SIGKILL its process group: the worker dies mid-trial
+    and no exception handler runs (its log: ``cwd/killed_run.log``)."""
+    log = cwd / "killed_run.log"
+    with open(log, "w") as log_file:
+        proc = start_cli(*args, cwd=cwd, log=log_file)
+        try:
+            freeze_when(ready, proc, what, log)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=CLI_TIMEOUT_S)
+        finally:
+            stop_group(proc)
+
+
 def check_killed_trial_is_retried_and_resumes(tmp_path: Path, storage: Path | str) -> None:
     """Trial 0 (1 epoch) completes; trial 1 (30 epochs) is SIGKILLed with its worker after its first checkpoint.
     The rerun fails it (stale heartbeat), retries it with the same parameters, and the retry continues from the
@@ -303,20 +317,11 @@ def check_killed_trial_is_retried_and_resumes(tmp_path: Path, storage: Path | st
             "--grace", "2", "--no-progress")
     last_ckpt = tmp_path / "results" / "runs" / "crash" / run_dir_name(spec, "long") / "checkpoints" / "last.ckpt"
 
-    log = tmp_path / "killed_run.log"
-    with open(log, "w") as log_file:
-        proc = start_cli(*args, cwd=tmp_path, log=log_file)
-        try:
-            # The storage is read in the condition too: frozen in the middle of a commit, the worker holds SQLite's
-            # exclusive lock and a read fails; freeze_when then lets it run on and tries again.
-            freeze_when(lambda: saved_checkpoint(last_ckpt) and trial_states(storage, "crash").get(1) == TrialState.RUNNING,
-                        proc, "trial 1 wrote a checkpoint", log)
-            saved = saved_checkpoint(last_ckpt)
-            assert trial_states(storage, "crash").get(1) == TrialState.RUNNING
-            os.killpg(proc.pid, signal.SIGKILL)  # the worker dies mid-trial: no exception handler runs
-            proc.wait(timeout=CLI_TIMEOUT_S)
-        finally:
-            stop_group(proc)
+    # The storage is read in the condition too: frozen in the middle of a commit, the worker holds SQLite's
+    # exclusive lock and a read fails; freeze_when then lets it run on and tries again.
+    kill_9_when(args, tmp_path, lambda: saved_checkpoint(last_ckpt)
+                and trial_states(storage, "crash").get(1) == TrialState.RUNNING, "trial 1 wrote a checkpoint")
+    saved = saved_checkpoint(last_ckpt)  # the file the killed worker left
 
     before = trials_of(storage, "crash")
     assert [t.state for t in before] == [TrialState.COMPLETE, TrialState.RUNNING]

@@ -12,7 +12,6 @@ Every CLI process starts in its own session; a test that fails or times out kill
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import sys
@@ -23,7 +22,6 @@ from types import SimpleNamespace
 import optuna
 import pytest
 from helpers import (
-    CLI_TIMEOUT_S,
     LONG_TRIAL_EPOCHS,
     STUDY_TEST_MARKS,
     TWO_VARIANTS,
@@ -33,7 +31,7 @@ from helpers import (
     check_bad_checkpoints_restart_their_trials,
     check_killed_trial_is_retried_and_resumes,
     check_two_workers_complete_each_point_once,
-    freeze_when,
+    kill_9_when,
     run_cli,
     run_cli_many,
     run_dir_name,
@@ -41,8 +39,6 @@ from helpers import (
     saved_checkpoint,
     signal_mid_trial,
     snapshot,
-    start_cli,
-    stop_group,
     trial_states,
     trials_of,
     url_of,
@@ -335,18 +331,9 @@ def test_a_search_killed_mid_trial_retries_it_from_its_checkpoint_and_still_runs
     args = ("--study", "search_kill.yaml", "--storage", url_of(db), "--results-dir", "results", "--heartbeat", "1",
             "--grace", "2", "--no-progress")
     runs = tmp_path / "results" / "runs" / "search_kill"
-    log = tmp_path / "killed_run.log"
-    with open(log, "w") as log_file:
-        proc = start_cli(*args, cwd=tmp_path, log=log_file)
-        try:
-            freeze_when(lambda: _first_checkpoint(runs) and trial_states(db, "search_kill").get(0) == TrialState.RUNNING,
-                        proc, "trial 0 wrote a checkpoint", log)
-            last_ckpt = _first_checkpoint(runs)
-            saved = saved_checkpoint(last_ckpt)
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=CLI_TIMEOUT_S)
-        finally:
-            stop_group(proc)
+    kill_9_when(args, tmp_path, lambda: _first_checkpoint(runs)
+                and trial_states(db, "search_kill").get(0) == TrialState.RUNNING, "trial 0 wrote a checkpoint")
+    saved = saved_checkpoint(_first_checkpoint(runs))
     killed = trials_of(db, "search_kill")[0]
     assert killed.state == TrialState.RUNNING and 1 <= len(killed.intermediate_values) < max_epochs
     time.sleep(3)  # > grace: the killed trial's heartbeat is stale now
