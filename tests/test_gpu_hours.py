@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import assert_one_line_error, run_in_process
 
 from ablations import gpu_hours
 from ablations.config import RunConfig
@@ -178,15 +179,10 @@ def test_dry_run_unknown_gpu_class_is_one_line_and_exit_2(capsys):
     (["--depth", "x"], ["--depth", "invalid int value"]),
     (["--bench", "CORRUPT"], ["cannot read the benchmark report"]),
 ])
-def test_costs_bad_input_exits_2_with_one_line(argv, words, capsys, tmp_path):
+def test_costs_bad_input_exits_2_with_one_line(argv, words, tmp_path):
     from ablations.costs import main
 
     corrupt = tmp_path / "bench.json"
     corrupt.write_text("{not json")
-    with pytest.raises(SystemExit) as exc:
-        main([str(corrupt) if a == "CORRUPT" else a for a in argv])
-    assert exc.value.code == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and err.count("\n") == 1, err
-    for word in words:
-        assert word in err, (word, err)
+    result = run_in_process(*[corrupt if a == "CORRUPT" else a for a in argv], cwd=tmp_path, main=main)
+    assert_one_line_error(result, *words)

@@ -130,6 +130,13 @@ def _report(*argv: str) -> tuple[int, str, str]:
 REGENERATED = ("main", "paired", "claims", "tuning", "convergence")
 
 
+def _report_process(*args, hash_seed: str | None = None) -> subprocess.CompletedProcess:
+    """``python -m ablations.report ARGS`` as its own process (under ``PYTHONHASHSEED=hash_seed`` when given)."""
+    env = {**os.environ, "PYTHONHASHSEED": hash_seed} if hash_seed is not None else None
+    return subprocess.run([sys.executable, "-m", "ablations.report", *map(str, args)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
 def _files(folder: Path) -> dict[str, bytes]:
     names = [f"{t}.{e}" for t in REGENERATED for e in ("md", "tex", "csv")] + ["runs.csv"]
     return {n: (folder / n).read_bytes() for n in names}
@@ -160,10 +167,8 @@ def test_runs_csv_is_identical_under_two_hash_seeds(reports):
     outs = []
     for seed in ("0", "1"):
         out = root / f"hash{seed}"
-        proc = subprocess.run(
-            [sys.executable, "-m", "ablations.report", "--study", str(root / "claims_tiny.yaml"), "--runs",
-             str(root / "storage" / "runs.csv"), "--out", str(out), "--no-figures"],
-            cwd=REPO, env={**os.environ, "PYTHONHASHSEED": seed}, capture_output=True, text=True, timeout=300)
+        proc = _report_process("--study", root / "claims_tiny.yaml", "--runs", root / "storage" / "runs.csv", "--out",
+                               out, "--no-figures", hash_seed=seed)
         assert proc.returncode == 0, proc.stderr
         outs.append(_files(out))
     assert outs[0] == outs[1] == _files(root / "storage")
@@ -182,10 +187,8 @@ def test_a_report_from_postgresql_under_another_hash_seed_is_byte_identical(repo
     for name in ("claims_tiny-tune", "claims_tiny"):
         optuna.copy_study(from_study_name=name, from_storage=f"sqlite:///{root / 'o.db'}", to_storage=open_storage(url))
     out = root / "postgresql"
-    proc = subprocess.run(
-        [sys.executable, "-m", "ablations.report", "--study", str(root / "claims_tiny.yaml"), "--storage", url,
-         "--out", str(out), "--no-figures", "--no-tensorboard", "--no-note"],
-        cwd=REPO, env={**os.environ, "PYTHONHASHSEED": "1"}, capture_output=True, text=True, timeout=300)
+    proc = _report_process("--study", root / "claims_tiny.yaml", "--storage", url, "--out", out, "--no-figures",
+                           "--no-tensorboard", "--no-note", hash_seed="1")
     assert proc.returncode == 0, proc.stderr
     assert _files(out) == _files(root / "storage")
 
@@ -327,8 +330,7 @@ def test_unknown_claim_variant_exits_2_with_one_line(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(YAML.replace("variant: layerscale, baseline: standard,\n     depth: 2",
                                 "variant: layerscal, baseline: standard,\n     depth: 2"))
-    proc = subprocess.run([sys.executable, "-m", "ablations.report", "--study", str(bad), "--runs",
-                           str(tmp_path / "runs.csv")], cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = _report_process("--study", bad, "--runs", tmp_path / "runs.csv")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert "variant 'layerscal' is not a variant label" in proc.stderr
 
@@ -342,9 +344,7 @@ def test_missing_or_malformed_runs_csv_exits_2_with_one_line(tmp_path, content, 
     path = tmp_path / "runs.csv"
     if content is not None:
         path.write_text(content)
-    proc = subprocess.run([sys.executable, "-m", "ablations.report", "--study", "residual_variants", "--runs",
-                           str(path), "--out", str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True,
-                          timeout=300)
+    proc = _report_process("--study", "residual_variants", "--runs", path, "--out", tmp_path / "out")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert message in proc.stderr and not (tmp_path / "out").exists()
 

@@ -158,8 +158,9 @@ def open_study(url: str, study_name: str, spec=None):
         if names is None:
             names = [s.study_name for s in storage.get_all_studies()]
     except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError, ImportError) as exc:
-        cause = getattr(exc, "orig", None) or exc.__cause__ or exc  # Optuna wraps a failed connection
-        raise ReportError(f"cannot read storage '{_redact(url)}': {first_line(getattr(cause, 'orig', None) or cause)}"
+        if isinstance(exc, optuna.exceptions.StorageInternalError):  # Optuna wraps a failed connection
+            exc = exc.__cause__ or exc
+        raise ReportError(f"cannot read storage '{_redact(url)}': {first_line(getattr(exc, 'orig', None) or exc)}"
                           ) from None
     if study_name not in names:
         hint = ""
