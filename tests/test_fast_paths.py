@@ -11,6 +11,7 @@ from backbone import TINY, _float64_one_thread, perturb  # noqa: F401 (autouse f
 from reference_residuals import REFERENCES, RefAttnRes, ref_sinkhorn_knopp
 
 from lit_modules import RESIDUALS, VisionTransformer
+from lit_modules.residual.hyper_connections import StreamRead, StreamWrite
 from lit_modules.residual.mhc import sinkhorn_knopp
 
 DEPTH = 4  # 8 AttnRes layers: num_blocks 1, 2, 4 and the full form (8 blocks of one layer is the full form,
@@ -98,3 +99,19 @@ def test_attn_res_standalone_call_matches_the_reference():
     ref_site = ref.blocks[1].attn_res
     assert isinstance(ref_site, RefAttnRes) and not isinstance(site, RefAttnRes)
     torch.testing.assert_close(site(sources), ref_site(sources), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_stream_read_and_write_backward_pass_gradcheck(n):
+    """The hand-written backward of the multi-stream read h = readᵀH and write Δ = M·H + write ⊗ f (per token)
+    against finite differences in float64, on non-contiguous inputs (an expanded stream, as the first block sees)."""
+    g = torch.Generator().manual_seed(n)
+    leaf = torch.randn(6, 1, 5, generator=g).requires_grad_(True)
+    read, write = torch.rand(6, n, generator=g).requires_grad_(True), torch.randn(6, n, generator=g).requires_grad_(True)
+    mix, f = torch.randn(6, n, n, generator=g).requires_grad_(True), torch.randn(6, 5, generator=g).requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda x, r: StreamRead.apply(x.expand(6, n, 5), r), (leaf, read))
+    assert torch.autograd.gradcheck(lambda x, *a: StreamWrite.apply(x.expand(6, n, 5), *a), (leaf, mix, write, f))
+    x = leaf.expand(6, n, 5)
+    torch.testing.assert_close(StreamRead.apply(x, read), torch.einsum("tj,tjd->td", read, x))
+    torch.testing.assert_close(StreamWrite.apply(x, mix, write, f),
+                               torch.einsum("tij,tjd->tid", mix, x) + write[..., None] * f[:, None])

@@ -30,6 +30,48 @@ class Mixing(NamedTuple):
     write: torch.Tensor
 
 
+class StreamRead(torch.autograd.Function):
+    """h = readᵀ H for every token: H (T, n, D), read (T, n) -> (T, D), with the backward written out.
+
+    Autograd through ``torch.matmul`` of per-token n-wide matrices took bmm's per-entry path in backward (a copy
+    and a select per token: most of Hyper-Connections' and mHC's overhead on a CPU). Sums over the n streams are
+    broadcast multiplies summed over n (a (1×n)·(n×D) bmm per token is up to 5x slower on a CPU, depending on n);
+    sums over D are ``bmm`` on contiguous operands or a multiply summed over D."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, read: torch.Tensor) -> torch.Tensor:
+        x, read = x.contiguous(), read.contiguous()
+        ctx.save_for_backward(x, read)
+        return (read.unsqueeze(-1) * x).sum(dim=1)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, read = ctx.saved_tensors
+        grad = grad.unsqueeze(1)
+        return read.unsqueeze(-1) * grad, (x * grad).sum(dim=-1)
+
+
+class StreamWrite(torch.autograd.Function):
+    """Δ = M·H + write ⊗ f for every token: H (T, n, D), M (T, n, n), write (T, n), f (T, D) -> (T, n, D), with
+    the backward written out (see ``StreamRead``): ∂H = Mᵀ·G and ∂M = G·Hᵀ as ``bmm``, ∂write = Σ_D G ⊙ f and
+    ∂f = Σ_n write ⊙ G as multiplies and sums."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, mix: torch.Tensor, write: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+        x, mix, write, f = x.contiguous(), mix.contiguous(), write.contiguous(), f.contiguous()
+        ctx.save_for_backward(x, mix, write, f)
+        return torch.bmm(mix, x).addcmul_(write.unsqueeze(-1), f.unsqueeze(1))
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        x, mix, write, f = ctx.saved_tensors
+        grad = grad.contiguous()
+        return (torch.bmm(mix.transpose(1, 2), grad), torch.bmm(grad, x.transpose(1, 2)),
+                (grad * f.unsqueeze(1)).sum(dim=-1), (write.unsqueeze(-1) * grad).sum(dim=1))
+
+
 class MultiStreamSite(ResidualSite):
     """A residual site on a stream of n copies ``H ∈ R^{n×D}`` per token. Each site (attention or MLP, a "layer"
     T of the papers) reads ``h = readᵀ H``, runs the pre-norm sublayer ``f = F(Norm h)`` and writes
@@ -58,7 +100,9 @@ class MultiStreamSite(ResidualSite):
     # --- the formula --------------------------------------------------------------------------------------------
     def read(self, x: torch.Tensor, mixing: Mixing) -> torch.Tensor:
         """h = readᵀ H: (..., n, D) -> (..., D)."""
-        return torch.matmul(mixing.read.unsqueeze(-2), x).squeeze(-2)
+        tokens = x.shape[:-2]
+        read = mixing.read.expand(*tokens, self.n)  # a static site's (n,) for every token: its gradient sums them
+        return StreamRead.apply(x.reshape(-1, self.n, x.shape[-1]), read.reshape(-1, self.n)).view(*tokens, -1)
 
     def write(self, x: torch.Tensor, f: torch.Tensor, mixing: Mixing) -> torch.Tensor:
         """H' = res · H + write ⊗ f."""
@@ -67,9 +111,10 @@ class MultiStreamSite(ResidualSite):
     def update(self, x: torch.Tensor, f: torch.Tensor, mixing: Mixing) -> torch.Tensor:
         """Δ = H' − H = (res − I) · H + write ⊗ f: the identity comes off the small n×n matrices, not off H."""
         eye = torch.eye(self.n, dtype=mixing.res.dtype, device=mixing.res.device)
-        # the outer product as a (n×1)·(1×D) matmul: a broadcast multiply's backward reduces over the broadcast
-        # dims, 2x slower on a CPU
-        return torch.matmul(mixing.res - eye, x) + torch.matmul(mixing.write.unsqueeze(-1), f.unsqueeze(-2))
+        tokens, n = x.shape[:-2], self.n
+        mix = (mixing.res - eye).expand(*tokens, n, n).reshape(-1, n, n)
+        write = mixing.write.expand(*tokens, n).reshape(-1, n)
+        return StreamWrite.apply(x.reshape(-1, n, x.shape[-1]), mix, write, f.reshape(-1, f.shape[-1])).view(x.shape)
 
     def forward(self, x: torch.Tensor, u: torch.Tensor, f: torch.Tensor, history: list | None = None, *,
                 mixing: Mixing | None = None) -> torch.Tensor:
