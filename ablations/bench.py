@@ -208,7 +208,7 @@ def is_dca(residual: str, options: dict) -> bool:
 def study_trial(s: Settings):
     """The RunConfig of the study's representative trial (first variant, middle depth, seed 0) with the mode's
     overrides, and the spec."""
-    from ablations.spec import load_spec
+    from ablations.run.spec import load_spec
 
     spec = load_spec(STUDY)
     grid = spec.grid()
@@ -528,9 +528,9 @@ def bench_mfu(s: Settings) -> Section:
 def bench_study(s: Settings) -> Section:
     import optuna
 
-    from ablations.objective import Objective
-    from ablations.run import estimate_seconds
-    from ablations.spec import load_spec
+    from ablations.run.objective import Objective
+    from ablations.run.plan import estimate_seconds
+    from ablations.run.spec import load_spec
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     spec = load_spec(STUDY)
@@ -570,7 +570,7 @@ def bench_study(s: Settings) -> Section:
                   f"{len(grid)} trials ({len(spec.variants)} variants x depths {depths} x seeds "
                   f"{spec.axes.get('seed')}" + (f", plus {len(tune_grid)} of its tuning stage" if tune_grid else "")
                   + f"); one '{variant}' trial (seed 0) per depth timed end to end through "
-                  f"ablations.objective.Objective ({epochs} epochs"
+                  f"ablations.run.objective.Objective ({epochs} epochs"
                   + (f", scaled linearly to the study's {spec.base['max_epochs']}" if scale != 1 else "")
                   + f"); one worker, {_threads()} threads, on the {s.device.upper()}, precision as the study "
                   f"configures it ({spec.run_config(grid[0]).precision})",

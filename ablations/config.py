@@ -31,10 +31,10 @@ from ablations.choices import (
     RESIDUAL_NAMES,
     VALUE_RESIDUAL_NAMES,
 )
-from ablations.recipes import RECIPE_FIELDS, RECIPE_HELP, RECIPE_NAMES, recipe_values
+from ablations.run.recipes import RECIPE_FIELDS, RECIPE_HELP, RECIPE_NAMES, recipe_values
 
 GROUPS = ("model", "data", "optim", "trainer")
-#: Default of a field that the run's recipe sets (:mod:`ablations.recipes`) unless it is given.
+#: Default of a field that the run's recipe sets (:mod:`ablations.run.recipes`) unless it is given.
 FROM_RECIPE = object()
 
 
@@ -238,7 +238,7 @@ class RunConfig:
         return dataclasses.replace(self, **changes)
 
     def recipe_values(self) -> dict[str, Any]:
-        """This run's values of the recipe fields (:data:`ablations.recipes.RECIPE_FIELDS`)."""
+        """This run's values of the recipe fields (:data:`ablations.run.recipes.RECIPE_FIELDS`)."""
         return {name: getattr(self, name) for name in RECIPE_FIELDS}
 
     @property

@@ -10,7 +10,7 @@ numbered groups, so the curves people open TensorBoard for come first and the di
     4_diag.ratio/…   5_diag.similarity/…   6_diag.gradients/…   7_diag.params/…   8_diag.mixing/…   9_diag.other/…
 
 :func:`display_tag` maps an internal name to its TensorBoard tag and :func:`internal_tag` back (the event reader,
-:mod:`ablations.events`, uses it, so runs written before the grouping read the same). Text summaries keep their
+:mod:`ablations.report.events`, uses it, so runs written before the grouping read the same). Text summaries keep their
 internal names (the Text tab is not grouped).
 
 **Run names.** A study trial's run folder says what it is: ``<variant>/depth=<d>/seed=<s>`` plus the study's other

@@ -321,7 +321,7 @@ def describe_estimate(est: Estimate) -> list[str]:
 
 
 def recipe_line(config: Any) -> str:
-    """``recipe: NAME (the pieces it switches on)`` of a RunConfig (:func:`ablations.recipes.describe`)."""
-    from .recipes import describe
+    """``recipe: NAME (the pieces it switches on)`` of a RunConfig (:func:`ablations.run.recipes.describe`)."""
+    from .run.recipes import describe
 
     return f"recipe: {config.recipe} ({describe(config.recipe_values())})"

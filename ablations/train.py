@@ -28,7 +28,7 @@ from ablations.cli import OneLineParser, fail
 from ablations.config import GROUPS, RunConfig, config_fields, option_fields
 from ablations.dashboard import check_loggers
 from ablations.layout import RESULTS_DIR, runs_dir
-from ablations.recipes import RECIPES, with_recipe
+from ablations.run.recipes import RECIPES, with_recipe
 
 DEFAULT_LOG_DIR = runs_dir(RESULTS_DIR, "train").as_posix()  # results/runs/train
 

@@ -148,7 +148,7 @@ def train_command(device: str, short: bool, data_dir: str | None, out: Path, pyt
 
 def training_config(device: str, short: bool, data_dir: str | None) -> tuple[Any, str]:
     """The RunConfig of the train stage and a note on its data: the paper budget's first grid point, 2 epochs."""
-    from ablations.spec import load_spec
+    from ablations.run.spec import load_spec
 
     spec = load_spec(STUDY, BUDGET)
     point = spec.grid()[0]

@@ -20,9 +20,9 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from ablations.objective import suggest
-from ablations.spec import load_spec
-from ablations.storage import SQLITE_LOCK_TIMEOUT_S, open_storage
+from ablations.run.objective import suggest
+from ablations.run.spec import load_spec
+from ablations.run.storage import SQLITE_LOCK_TIMEOUT_S, open_storage
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 #: ``pytestmark`` of the study test modules: Optuna's experimental-feature and heartbeat warnings are expected there.

@@ -23,8 +23,8 @@ from ablations.dashboard import (
     study_constants,
     write_study_hparams,
 )
-from ablations.objective import categorical_axes, suggest, suggest_axis
-from ablations.spec import load_spec
+from ablations.run.objective import categorical_axes, suggest, suggest_axis
+from ablations.run.spec import load_spec
 from ablations.training import HP_METRICS
 
 pytestmark = STUDY_TEST_MARKS

@@ -37,8 +37,8 @@ from helpers import (
 from pg import free_port
 
 from ablations.config import RunConfig
-from ablations.events import read_run
-from ablations.spec import load_spec
+from ablations.report.events import read_run
+from ablations.run.spec import load_spec
 from ablations.train import option_name
 from ablations.training import build_datamodule, build_model, run_training
 

@@ -52,7 +52,7 @@ from helpers import (
 from optuna.trial import TrialState
 from prerequisites import missing
 
-from ablations.spec import load_spec
+from ablations.run.spec import load_spec
 
 pytestmark = STUDY_TEST_MARKS
 
@@ -206,7 +206,7 @@ def test_sigterm_mid_trial_exits_143_keeps_completed_trials_and_the_rerun_resume
 
 FINALIZER_SCRIPT = """
 import os, signal, sys, time
-from ablations import stopping
+from ablations.run import stopping
 
 stopping.stop_on_signals()
 
@@ -237,7 +237,7 @@ def test_a_stop_signal_that_lands_in_a_finalizer_still_stops_the_process():
 
 WORKER_SCRIPT = """
 import signal, sys, time
-from ablations import stopping
+from ablations.run import stopping
 
 if sys.argv[1] == "ignores":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -257,7 +257,7 @@ def test_the_main_process_passes_a_stop_signal_on_to_its_workers_and_kills_one_t
     process's ``_stop_workers`` sends SIGTERM to every worker still running and waits for them; each stops with its
     one line and status 143. A worker that ignores the signal is killed once ``WORKER_STOP_S`` has passed (it can
     end no other way: it sleeps for an hour)."""
-    from ablations import run
+    from ablations.run import workers as run
 
     def start(kind: str) -> subprocess.Popen:
         proc = subprocess.Popen([sys.executable, "-c", WORKER_SCRIPT, kind], text=True, stdout=subprocess.PIPE,
@@ -431,7 +431,7 @@ def test_a_results_folder_that_takes_no_more_writes_fails_the_trial_with_one_lin
     error that says the results folder takes no more writes, wherever it is in the exception chain, becomes the
     trial's one-line ``ResultsWriteError`` naming its folder; any other error is the trial's own and is raised as
     it is."""
-    from ablations import run
+    from ablations.run import workers as run
 
     monkeypatch.chdir(tmp_path)
     log_root = Path("runs")
@@ -578,8 +578,8 @@ def test_study_file_edits_that_cannot_continue_the_stored_study_are_refused_up_f
     """What an edited file can and cannot do to a stored study, checked before anything is written: new values of
     a numeric axis continue it; a changed variant list, or an axis that changes kind (a float axis turning
     log-scaled), cannot (optuna fixes a parameter's kind and a categorical's choices): one-line ValueError."""
-    from ablations.objective import suggest
-    from ablations.run import _check_same_choices
+    from ablations.run.objective import suggest
+    from ablations.run.study import _check_same_choices
 
     def stored(axes: dict, variants=TWO_VARIANTS):
         write_study(tmp_path / "s.yaml", variants=variants, axes=axes)

@@ -15,7 +15,7 @@ from ablations import gpu_hours
 from ablations.config import RunConfig
 from ablations.costs import measure
 from ablations.run import main as run_main
-from ablations.spec import load_spec
+from ablations.run.spec import load_spec
 
 #: A tiny trial: 100 synthetic 8x8 images (60 train / 20 val / 20 test at val and test fractions 0.2), 2 epochs;
 #: every epoch trains on the train split and scores val and test (VAL: the images evaluated per epoch).

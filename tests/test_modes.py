@@ -151,7 +151,7 @@ def test_measuring_a_cell_times_four_modes_and_leaves_the_rngs_alone():
 def test_a_study_measures_its_cells_once_before_the_workers_start(tmp_path, monkeypatch):
     """``ablations.run`` on a CPU no table matches: the cells of the study's points are measured in the main
     process (one line each) and cached, so the trials read them (their mode_source names the cache)."""
-    import ablations.run as run_cli
+    from ablations.run import study
 
     monkeypatch.setattr(modes, "PACKAGED", {"cpu": write(tmp_path / "packaged.json", elsewhere(TABLE))})
     calls = []
@@ -161,14 +161,14 @@ def test_a_study_measures_its_cells_once_before_the_workers_start(tmp_path, monk
         return {"times_s": dict.fromkeys(modes.MODE_KEYS, 1.0)}
 
     monkeypatch.setattr(modes, "measure_cell", measure_cell)
-    from ablations.spec import load_spec
+    from ablations.run.spec import load_spec
 
     spec = load_spec("residual_variants", "smoke")
-    run_cli._measure_modes(spec, {"threads": 1}, tmp_path)
+    study._measure_modes(spec, {"threads": 1}, tmp_path)
     assert calls == [(16, 1, 64)]  # one cell for every variant of the smoke grid: width 16, depth 1, batch 64
     cache = modes.cache_path(modes.cpu_signature(1), tmp_path)
     assert [(c["embed_dim"], c["tokens"]) for c in load_table(cache)["cells"]] == [(16, 5)]
-    run_cli._measure_modes(spec, {"threads": 1}, tmp_path)
+    study._measure_modes(spec, {"threads": 1}, tmp_path)
     assert len(calls) == 1
 
 
@@ -177,30 +177,30 @@ def test_a_dry_run_prices_trials_from_this_cpus_measured_step(tmp_path, monkeypa
     rate (3 x the probe's forward FLOPs x batch / seconds) and divides the study's time by its workers."""
     import dataclasses
 
-    import ablations.run as run_cli
     from ablations.gpu_hours import forward_flops, training_flops
-    from ablations.spec import load_spec
+    from ablations.run import plan, study
+    from ablations.run.spec import load_spec
 
     monkeypatch.setattr(modes, "PACKAGED", {"cpu": write(tmp_path / "packaged.json", elsewhere(TABLE))})
     monkeypatch.setattr(modes, "measure_cell", lambda size, batch, **kw: {
         "times_s": dict.fromkeys(modes.MODE_KEYS, 0.5) | {"32-true/explicit": 0.02}})
     spec = load_spec("residual_variants", "smoke")
     config = spec.run_config(spec.grid()[0], {"threads": 1})
-    assert run_cli.measured_rate(config, 1, tmp_path) is None  # nothing measured yet: the rough FLOP rate
-    run_cli._measure_modes(spec, {"threads": 1}, tmp_path)
+    assert plan.measured_rate(config, 1, tmp_path) is None  # nothing measured yet: the rough FLOP rate
+    study._measure_modes(spec, {"threads": 1}, tmp_path)
     (stored,) = load_table(modes.cache_path(modes.cpu_signature(1), tmp_path))["cells"]
     assert (stored["probe_depth"], stored["probe_batch"]) == (1, 64)  # the smoke grid: depth 1, batch 128 -> 64
-    rate, where = run_cli.measured_rate(config, 1, tmp_path)
+    rate, where = plan.measured_rate(config, 1, tmp_path)
     probe = dataclasses.replace(config, depth=1)
     assert rate == pytest.approx(3 * forward_flops(probe) * 64 / 0.02) and where.startswith("32-true/explicit, ")
     # every smoke point has this cell; its variants' FLOPs differ: the mean over the points
     configs = [spec.run_config(p, {"threads": 1}) for p in spec.grid()]
-    per_trial = sum(run_cli.TRIAL_OVERHEAD_S + training_flops(c) / rate for c in configs) / len(configs)
-    run_cli._dry_run(spec, {"threads": 1}, results_dir=tmp_path, workers=2)
+    per_trial = sum(plan.TRIAL_OVERHEAD_S + training_flops(c) / rate for c in configs) / len(configs)
+    plan._dry_run(spec, {"threads": 1}, results_dir=tmp_path, workers=2)
     (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("estimated time on this machine")]
     trials = spec.size + spec.tune_stage().size
-    assert line.startswith(f"estimated time on this machine: {run_cli._duration(per_trial * trials / 2)} "
-                           f"({run_cli._duration(per_trial)} per trial, {trials} trials with the tuning stage; "
+    assert line.startswith(f"estimated time on this machine: {plan._duration(per_trial * trials / 2)} "
+                           f"({plan._duration(per_trial)} per trial, {trials} trials with the tuning stage; "
                            "2 worker(s) x 1 thread(s); this CPU's measured train step"), line
 
 

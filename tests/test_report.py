@@ -479,7 +479,7 @@ def test_undefined_tests_are_none():
 
 def test_collapse_table_from_hand_made_events():
     """The collapse table's numbers from hand-made event values: each run's last logged epoch, mean ± sd, n."""
-    from ablations.events import ATTN_ENTROPY_MEAN, ATTN_SIM_ADJ_MEAN, SIMILAR_BLOCKS, RunEvents
+    from ablations.report.events import ATTN_ENTROPY_MEAN, ATTN_SIM_ADJ_MEAN, SIMILAR_BLOCKS, RunEvents
     from lit_modules.diagnostics import TAGS
 
     assert (SIMILAR_BLOCKS, ATTN_SIM_ADJ_MEAN, ATTN_ENTROPY_MEAN) == (
@@ -528,7 +528,7 @@ def test_collapse_table_from_hand_made_events():
 
 def test_mixing_gain_table_from_hand_made_events():
     """The composite-gain table: each ok run's last logged gains, mean ± sd (max), n; none without the tags."""
-    from ablations.events import RunEvents
+    from ablations.report.events import RunEvents
     from ablations.report.tables import GAIN_TAGS
     from lit_modules.diagnostics import TAGS
 
@@ -579,7 +579,7 @@ def test_search_tables_handle_few_trials():
     import optuna
     from optuna.distributions import CategoricalDistribution, FloatDistribution
 
-    from ablations.spec import load_spec
+    from ablations.run.spec import load_spec
 
     spec = load_spec(EXAMPLE_SEARCH, "smoke")
     study = optuna.create_study(direction="maximize")

@@ -1,4 +1,4 @@
-"""Tests of the Optuna study runner ``python -m ablations.run`` (ablations/run.py, objective.py, spec.py, storage.py).
+"""Tests of the Optuna study runner ``python -m ablations.run`` (ablations/run/: cli, study, workers, plan, objective, spec, storage).
 
 Real components throughout, no mocks: the CLI runs in a subprocess with the test's tmp folder as its working
 directory, storages are SQLite files in tmp folders, trials train tiny ViTs (width 8, one block) on the synthetic
@@ -48,8 +48,8 @@ from optuna.trial import TrialState
 from pg import free_port
 from polling import get_json, serving, wait_until_answers
 
-from ablations.spec import BUDGETS, available_studies, load_spec
-from ablations.storage import open_storage
+from ablations.run.spec import BUDGETS, available_studies, load_spec
+from ablations.run.storage import open_storage
 
 pytestmark = STUDY_TEST_MARKS
 
@@ -66,7 +66,7 @@ def test_every_committed_study_point_has_valid_residual_options():
 
     import yaml
 
-    from ablations.run import _check_residual, _validate_points
+    from ablations.run.study import _check_residual, _validate_points
 
     for name, path in available_studies().items():
         for budget in ["default", *(yaml.safe_load(path.read_text()).get("budgets") or {})]:
@@ -248,7 +248,7 @@ def test_a_duplicate_grid_point_is_pruned_before_training_and_a_surplus_ask_too(
     an earlier trial is running, or a trial has completed, is pruned as ``duplicate_of`` it before anything trains
     (no run folder, no ``run_name``); the earlier of two running copies is the one that trains. A trial asked for
     once the grid is exhausted is pruned as ``surplus``."""
-    from ablations.objective import Objective, suggest
+    from ablations.run.objective import Objective, suggest
 
     write_study(tmp_path / "dup.yaml")
     spec = load_spec(str(tmp_path / "dup.yaml"))
@@ -477,7 +477,7 @@ def test_dry_run_prints_points_and_estimate_and_touches_no_storage(quick_calls):
     assert points == [", ".join(f"{k}={v}" for k, v in p.items()) for p in spec.grid()]
     (estimate,) = [line for line in lines if line.startswith("estimated time on this machine: ")]
     # the estimator's value: the mean of the points' estimates, x (10 reported + 20 tuning trials)
-    from ablations.run import _duration, estimate_seconds
+    from ablations.run.plan import _duration, estimate_seconds
 
     per_trial = sum(estimate_seconds(spec.run_config(p)) for p in spec.grid()) / len(spec.grid())
     assert per_trial > 0
@@ -489,7 +489,7 @@ def test_dry_run_prints_points_and_estimate_and_touches_no_storage(quick_calls):
 def test_dry_run_of_a_stored_study_prices_only_the_trials_left(tmp_path, capsys):
     """A dry run reads what a stored study has done (complete trials of its grid points; a point outside the grid
     does not count) and prices only the rest; a SQLite file that does not exist is not created."""
-    import ablations.run as run
+    from ablations.run import plan as run
 
     spec = load_spec("residual_variants", "smoke")
     missing = tmp_path / "missing.db"

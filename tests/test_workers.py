@@ -42,8 +42,8 @@ from helpers import (
 )
 from optuna.trial import TrialState
 
-from ablations.spec import load_spec
-from ablations.storage import open_storage
+from ablations.run.spec import load_spec
+from ablations.run.storage import open_storage
 
 pytestmark = [*STUDY_TEST_MARKS, pytest.mark.slow]
 PROCESSES = 3

@@ -16,7 +16,7 @@ from .load import AUC_KEY, EPOCH_TIME_KEY, FRACTION_KEYS, WALL_TIME_KEY, ReportE
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..storage import DEFAULT_STORAGE
+    from ..run.storage import DEFAULT_STORAGE
 
     doc = sys.modules[__package__].__doc__ or ""
     p = OneLineParser(prog="python -m ablations.report", description=doc.split("\n\n")[0],
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the interpreter's flush at exit
         return 0
     except Exception as exc:  # a storage file found damaged past the check in _main: one line, not a traceback
-        from ..storage import unusable_storage_error, unusable_storage_message
+        from ..run.storage import unusable_storage_error, unusable_storage_message
 
         damaged = unusable_storage_error(exc)
         if damaged is None:
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(args: argparse.Namespace) -> int:
     from ..overrides import OVERRIDES_ATTR, apply_sets, describe, parse_sets
-    from ..spec import load_spec
+    from ..run.spec import load_spec
     from . import runs as runs_csv
     from . import tables as tb
     from .load import collect, open_study, open_tune_study
@@ -80,7 +80,7 @@ def _main(args: argparse.Namespace) -> int:
     if args.runs:
         data = runs_csv.read(Path(args.runs), spec, study_name)
     else:
-        from ..storage import check_sqlite_file
+        from ..run.storage import check_sqlite_file
 
         check_sqlite_file(args.storage)  # garbage or a truncated file: one line, and the file is never written
         study = open_study(args.storage, study_name, spec)

@@ -2,7 +2,7 @@
 
 Every figure is saved as PNG and PDF with fixed metadata (no creation date, fixed ``svg.hashsalt``), so the same
 inputs give the same files. The drawing functions take plain data; :func:`report_figures` prepares it from a
-study's results (:mod:`ablations.report`) and the trials' event files (:mod:`ablations.events`).
+study's results (:mod:`ablations.report`) and the trials' event files (:mod:`ablations.report.events`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np  # noqa: E402
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from ..events import ATTN_SIM_JSON, RunEvents  # noqa: E402
+from .events import ATTN_SIM_JSON, RunEvents  # noqa: E402
 
 RC = {"svg.hashsalt": "ablations-report", "font.size": 8, "axes.titlesize": 9, "legend.fontsize": 7,
       "figure.dpi": 100, "savefig.dpi": 150, "pdf.fonttype": 42}
@@ -353,7 +353,7 @@ def close(fig) -> None:
 def report_figures(study, data, cells, out: Path) -> tuple[list[Path], list[str]]:
     """Every figure of a study's report (``data``: :class:`ablations.report.load.StudyData`; ``cells``: the main
     table's cells for grid studies, else None), saved under ``out``; returns (paths, notes)."""
-    from ..events import read_run
+    from .events import read_run
     from .load import ACC_KEY, best_per_row, first_line
 
     apply_style()

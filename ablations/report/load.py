@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import layout
-from ..spec import tune_name
+from ..run.spec import tune_name
 from ..training import HP_SUMMARY_KEYS
 
 BASELINE = "standard"  # the variant every other one is compared with
@@ -136,7 +136,7 @@ def open_study(url: str, study_name: str, spec=None):
     of them is missing."""
     if "://" not in url:
         raise ReportError(f"storage '{url}' is not a URL; e.g. {layout.DEFAULT_STORAGE}")
-    from ..storage import _redact, _with_installed_driver
+    from ..run.storage import _redact, _with_installed_driver
 
     names: list[str] | None = None
     if url.startswith("sqlite:"):
@@ -169,7 +169,7 @@ def open_study(url: str, study_name: str, spec=None):
                       if (spec.name if b == "default" else f"{spec.name}-{b}") in names and b != spec.budget]
             if others:
                 hint = f" (run with --budget {others[0]}?)"
-            elif any(n.startswith(f"{study_name}+") for n in names):  # ablations.overrides' naming rule
+            elif any(n.startswith(f"{study_name}+") for n in names):  # ablations.run.overrides' naming rule
                 hint = " (a study run with --set: pass the same --set arguments)"
         raise ReportError(f"study '{study_name}' not found in {_redact(url)}; studies there: "
                           f"{', '.join(sorted(names)) or 'none'}{hint}")

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..events import ATTN_ENTROPY_MEAN, ATTN_SIM_ADJ_MEAN, SIMILAR_BLOCKS, RunEvents, read_run
+from .events import ATTN_ENTROPY_MEAN, ATTN_SIM_ADJ_MEAN, SIMILAR_BLOCKS, RunEvents, read_run
 from .load import (
     AUC_KEY,
     BASELINE,

@@ -7,7 +7,7 @@ import functools
 import inspect
 from pathlib import Path
 
-from .layout import DEFAULT_STORAGE  # noqa: F401 (re-exported: sqlite:///results/optuna.db)
+from ..layout import DEFAULT_STORAGE  # noqa: F401 (re-exported: sqlite:///results/optuna.db)
 from .stopping import held_during
 
 HEARTBEAT_S = 20

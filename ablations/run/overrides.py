@@ -38,8 +38,8 @@ _SAFE = re.compile(r"[A-Za-z0-9._,-]*")
 def parse_sets(items: Sequence[str] | None) -> dict[str, Any]:
     """``["max_epochs=2", ...]`` -> ``{"max_epochs": 2, ...}``, each field a RunConfig field and each value of the
     field's type. ValueError (one line) for a malformed item, an unknown field, a bad value or a field given twice."""
-    from .config import _coerce, config_fields
-    from .train import parse_value
+    from ..config import _coerce, config_fields
+    from ..train import parse_value
 
     kinds = {f.name: f.metadata["kind"] for f in config_fields()}
     values: dict[str, Any] = {}
@@ -66,7 +66,7 @@ def value_text(name: str, value: Any) -> str:
     for an int, ``0.001`` for ``1e-3``), ``true``/``false``/``none``, lists comma-joined."""
     import json
 
-    from .config import _coerce, config_fields
+    from ..config import _coerce, config_fields
 
     kind = next(f.metadata["kind"] for f in config_fields() if f.name == name)
     value = _coerce(name, kind, value)

@@ -15,7 +15,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from . import layout
+from .. import layout
 from .spec import SPAWN_STRATEGIES, StudySpec
 from .storage import retried_trial_number
 
@@ -110,7 +110,7 @@ class Objective:
         import optuna
         from optuna_integration import PyTorchLightningPruningCallback
 
-        from .training import run_training
+        from ..training import run_training
 
         frozen = next(t for t in trial.study.get_trials(deepcopy=False) if t.number == trial.number)
         if self.spec.kind == "grid" and "fixed_params" not in frozen.system_attrs:
@@ -180,7 +180,7 @@ class Objective:
         """The trial's run folder (:func:`ablations.dashboard.run_name`): ``<variant>/depth=<d>/seed=<s>[/...]``,
         plus ``/trial_<n>`` for a search (its points can repeat) or when a first attempt finds the folder taken
         (left by an earlier study under this name). A retry continues the folder of the trial it retries."""
-        from .dashboard import run_name
+        from ..dashboard import run_name
 
         if original is not None:
             dead = next((t for t in trial.study.get_trials(deepcopy=False) if t.number == original), None)
@@ -200,7 +200,7 @@ class Objective:
 
     def hparams(self, params: dict[str, Any]) -> dict[str, Any]:
         """The trial's values of the study's HParams columns (:func:`ablations.dashboard.study_columns`)."""
-        from .dashboard import study_columns
+        from ..dashboard import study_columns
 
         return {name: params[name] for name in study_columns(self.spec) if name in params}
 

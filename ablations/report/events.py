@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from .dashboard import internal_tag
+from ..dashboard import internal_tag
 
 TEXT_SUFFIX = "/text_summary"  # torch's SummaryWriter.add_text appends it to the tag
 RATIO_RE = re.compile(r"^diag/ratio_mean/(?P<sublayer>[^/]+)/(?P<layer>\d+)$")

@@ -55,7 +55,7 @@ from typing import Any
 
 from .recipes import with_recipe
 
-STUDY_DIR = Path(__file__).parent / "studies"
+STUDY_DIR = Path(__file__).parent.parent / "studies"
 BUDGETS = ("smoke", "quick", "default", "paper")
 _TOP_KEYS = ("name", "description", "kind", "metric", "direction", "base", "variants", "axes", "search", "tune",
              "budgets", "claims")
@@ -211,7 +211,7 @@ class StudySpec:
         data_dir) on top: the one way a point becomes a config (run, dry run, validation, bench, the objective).
         A point on several devices runs with ``ddp_spawn`` (``auto``/``ddp`` are switched, with a warning once);
         other strategies re-launch the script per rank and are refused (ValueError)."""
-        from .config import RunConfig
+        from ..config import RunConfig
 
         config = RunConfig.from_dict(self.config_for(params) | dict(overrides or {}))
         if config.devices == 1 or config.strategy in SPAWN_STRATEGIES:
@@ -432,7 +432,7 @@ def _check_keys(mapping: Any, valid: tuple, where: str) -> None:
 
 
 def _check_config_keys(mapping: dict, where: str) -> None:
-    from .config import RunConfig
+    from ..config import RunConfig
 
     valid = tuple(f.name for f in dataclasses.fields(RunConfig))
     _check_keys(mapping, valid, where)

@@ -1,0 +1,241 @@
+"""Run an Optuna study of residual-variant ablations.
+
+    python -m ablations.run --study residual_variants              # the headline grid (default size)
+    python -m ablations.run --study residual_variants --budget smoke --workers 2
+    python -m ablations.run --study path/to/my_study.yaml --storage postgresql://user@host/db
+    python -m ablations.run --list | --study NAME --dry-run
+
+Rerunning continues a study: completed trials never run again; a trial whose worker died is retried with the
+same parameters and resumes from its last checkpoint. Grid points added to the study file run on the next run;
+points removed from it keep their finished trials. Watch it with ``optuna-dashboard <storage URL>`` and
+``tensorboard --logdir results/runs/<study>``.
+
+Exit status: 0 every point done (or, for the last points, running in other workers on the same study); 1 trials
+failed or are missing, or the storage or the results folder failed
+(one "error:" line); 2 bad input; 130 Ctrl-C (SIGINT); 143 SIGTERM (SLURM, Kubernetes, systemd stopping the job).
+After 130 or 143 the trials that were running are marked failed with their checkpoints kept: rerunning the same
+command retries them from there. See docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+from pathlib import Path
+
+from .. import layout
+from ..cli import OneLineParser
+from ..dashboard import check_loggers
+from ..gpu_hours import DEFAULT_GPU, DEVICE_RESULTS, GPU_CLASSES
+from .overrides import RUN_ONLY, apply_sets, describe, parse_sets, value_text
+from .plan import _dry_run, _stored_done
+from .stopping import interrupted, stop_on_signals
+from .storage import (
+    DEFAULT_STORAGE,
+    GRACE_S,
+    HEARTBEAT_S,
+    lost_storage_error,
+    lost_storage_message,
+    unusable_storage_error,
+    unusable_storage_message,
+)
+from .study import (
+    TUNE_GRID,
+    TUNE_MEANS,
+    TUNED_LR,
+    _cell_text,
+    _check_data,
+    _create_study,
+    _data_configs,
+    _load,
+    _stored_choice,
+    _validate_points,
+    choose_lrs,
+)
+from .workers import ResultsWriteError, _one_line, _quiet, _run_grid, _work, write_error
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(prog="python -m ablations.run", description=__doc__.split("\n\n")[0],
+                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--study", help="a study name (see --list) or a path to a study .yaml file")
+    p.add_argument("--budget", default="default", help="study size: smoke (CI, < 1 min), quick (minutes), default, paper (GPU)")
+    p.add_argument("--storage", default=os.environ.get("ABLATIONS_STORAGE", DEFAULT_STORAGE),
+                   help=f"Optuna storage URL (default {DEFAULT_STORAGE}, or $ABLATIONS_STORAGE)")
+    p.add_argument("--study-name", help="name in the storage (default: the study's name, suffixed by the budget "
+                                        "and the --set overrides)")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="sets",
+                   help="override a RunConfig field of the study's base (repeatable; the value read as YAML, e.g. "
+                        "--set precision=32-true --set max_epochs=30); a field that changes results runs as its own "
+                        "stored study, <study>+FIELD=VALUE+... (fields sorted; threads and data_dir exempt)")
+    p.add_argument("--workers", type=int, default=1, help="local worker processes sharing the study (cores split)")
+    p.add_argument("--results-dir", default=layout.RESULTS_DIR,
+                   help=f"where TensorBoard runs go (<dir>/{layout.RUNS}/<study>/)")
+    p.add_argument("--data-dir", help="data folder for folder datasets (cifar10, imagefolder, ...)")
+    p.add_argument("--download", action="store_true",
+                   help="download the study's datasets into --data-dir first where they are not there (cifar10, "
+                        "cifar100, mnist, fashion_mnist, svhn; md5-checked; with --dry-run: say what would be fetched)")
+    p.add_argument("--threads", type=int, help="torch threads per worker (default: cores // workers)")
+    p.add_argument("--n-trials", type=int, help="search studies: trials to run (default: the study's n_trials)")
+    p.add_argument("--heartbeat", type=int, default=HEARTBEAT_S, help="trial heartbeat interval, seconds")
+    p.add_argument("--grace", type=int, default=GRACE_S, help="seconds without heartbeat before a trial is retried")
+    p.add_argument("--logger", action="append", default=[], metavar="NAME", dest="loggers",
+                   help="an extra logger per trial besides TensorBoard (repeatable): csv (<run>/csv/metrics.csv) or "
+                        "mlflow (local SQLite store <results-dir>/runs/<study>/mlflow.db)")
+    p.add_argument("--keep-checkpoints", action="store_true", help="keep each trial's last.ckpt after it completes")
+    p.add_argument("--list", action="store_true", help="list the studies with their sizes and exit")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the grid or search space, the estimated time here and the GPU-hours on --gpu")
+    p.add_argument("--gpu", default=DEFAULT_GPU, choices=tuple(GPU_CLASSES),
+                   help=f"--dry-run: the GPU class of the GPU-hours estimate (default {DEFAULT_GPU}); its MFU is "
+                        f"measured when <results-dir>/{DEVICE_RESULTS}/ holds a device check or bench of a GPU, "
+                        "else assumed")
+    p.add_argument("--no-progress", action="store_true", help="no study-level progress bar")
+    p.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--stage", default="report", choices=("tune", "report"), help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what the worker processes are started with
+    restore_signals = stop_on_signals()
+    excepthook = threading.excepthook  # _main installs its own (lost storage, write errors): undone on return
+    try:
+        return _main(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (see ablations.stopping)
+        return interrupted()
+    except ResultsWriteError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # e.g. `--list | head`: the reader left; no traceback, and none at exit either
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except Exception as exc:  # the database went away mid-study: one line, not optuna's chained tracebacks
+        error = lost_storage_error(exc)
+        if error is not None:
+            print(f"error: {lost_storage_message(args.storage, error)}", file=sys.stderr)
+            return 1
+        damaged = unusable_storage_error(exc)
+        if damaged is not None:
+            print(f"error: {unusable_storage_message(args.storage, damaged)}", file=sys.stderr)
+            return 1
+        write = write_error(exc, Path(args.results_dir))
+        if write is None:
+            raise
+        print(f"error: cannot write the results folder: {_one_line(write)}; completed trials are kept: free space "
+              "or make the folder writable, then rerun the same command", file=sys.stderr)
+        return 1
+    finally:
+        restore_signals()
+        threading.excepthook = excepthook  # a caller's process (a test, a notebook) keeps its own hook
+
+
+def _no_thread_traceback_for_write_errors(results_dir: Path) -> None:
+    """TensorBoard's event-file writer thread keeps its write error for the main thread, which raises it at its next
+    write, and then re-raises it in the thread too, where Python prints a traceback. The main thread's error is the
+    one line the CLI prints (:func:`_guarded`): print nothing for the thread's copy."""
+    previous = threading.excepthook
+
+    def hook(args) -> None:
+        if args.exc_value is not None and write_error(args.exc_value, results_dir) is not None:
+            return
+        previous(args)
+
+    threading.excepthook = hook
+
+
+def _main(args: argparse.Namespace) -> int:
+    from .spec import BUDGETS, available_studies, load_spec, tune_name
+
+    if args.list:
+        return _list(available_studies(), BUDGETS, load_spec)
+    if not args.study:
+        raise ValueError("--study is required (or --list); valid studies: " + ", ".join(available_studies()))
+    if args.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    sets = parse_sets(args.sets)
+    spec = apply_sets(load_spec(args.study, args.budget), sets)
+    check_loggers(args.loggers)
+    overrides = {k: v for k, v in sets.items() if k in RUN_ONLY} | _overrides(args)
+    _validate_points(spec, overrides, check_data=False)  # the data folders after --download, and not in a dry run
+    if args.download and args.worker_index is None:  # a dry run says what it would fetch
+        from data.fetch import ensure_all
+
+        ensure_all([(c.dataset, c.data_dir) for c in _data_configs(spec, overrides)], dry_run=args.dry_run)
+    if args.dry_run:
+        if sets:
+            where = "its own study" if spec.overrides else "the study"
+            print(f"--set {describe({k: value_text(k, v) for k, v in sets.items()})}: over the study's base (and "
+                  f"its tuning stage's); stored as {where} '{args.study_name or spec.study_name}'"
+                  + (" (threads, data_dir: run-only, not in the name)" if set(sets) & set(RUN_ONLY) else ""))
+        return _dry_run(spec, overrides, gpu=args.gpu, results_dir=Path(args.results_dir), workers=args.workers,
+                        stored=_stored_done(args.storage, args.study_name or spec.study_name, spec))
+    for config in _data_configs(spec, overrides):
+        _check_data(config)  # before anything is stored: a missing or malformed folder is one line
+
+    from .storage import exit_when_heartbeat_fails, open_storage
+
+    _quiet()
+    storage = open_storage(args.storage, heartbeat_s=args.heartbeat, grace_s=args.grace)
+    exit_when_heartbeat_fails(args.storage)
+    _no_thread_traceback_for_write_errors(Path(args.results_dir))
+    study_name = args.study_name or spec.study_name
+    if args.worker_index is not None:
+        if args.stage == "tune":
+            return _work(spec.tune_stage(), storage, study_name, args, overrides)
+        return _work(spec, storage, study_name, args, overrides, tuned=_stored_choice(storage, study_name))
+
+    study = _create_study(spec, storage, study_name, seed=0)  # refuses a stored study of other overrides
+    if spec.overrides:
+        print(f"--set {describe(spec.overrides)}: its own stored study '{study_name}' (a study never mixes two "
+              "configurations)", file=sys.stderr)
+    if spec.tune is not None:
+        stored = study.user_attrs.get(TUNE_GRID)
+        if stored is not None and stored != spec.tune.as_dict():
+            raise ValueError(f"study '{study_name}' chose its learning rates with the tuning grid {stored}; the study "
+                             f"file now has {spec.tune.as_dict()}: its reported trials would mix two choices. Pass "
+                             "--study-name NEW_NAME for a new study, or restore the file's tune section")
+        if stored is None:
+            tune = spec.tune_stage()
+            code = _run_grid(tune, storage, tune_name(study_name), args, overrides, stage="tune")
+            if code:
+                print(f"study '{study_name}': the tuning stage is not complete; the reported grid waits for it "
+                      "(rerun the same command)", file=sys.stderr)
+                return code
+            choice, means = choose_lrs(spec, _load(storage, tune_name(study_name)))
+            study.set_user_attr(TUNED_LR, choice)
+            study.set_user_attr(TUNE_MEANS, means)
+            study.set_user_attr(TUNE_GRID, spec.tune.as_dict())
+        print(f"study '{study_name}': learning rate per variant, chosen on tuning seeds {list(spec.tune.seeds)} by "
+              f"mean {spec.tune.metric}: " + "; ".join(f"{_cell_text(k)} {v:g}" for k, v in
+                                                        study.user_attrs[TUNED_LR].items()), file=sys.stderr)
+    return _run_grid(spec, storage, study_name, args, overrides, study=study)
+
+
+def _overrides(args: argparse.Namespace) -> dict:
+    overrides = {}
+    if args.data_dir:
+        overrides["data_dir"] = args.data_dir
+    threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
+    if args.workers > 1 or args.threads:
+        overrides["threads"] = threads
+    return overrides
+
+
+def _list(studies: dict, budgets: tuple, load_spec) -> int:
+    print(f"{'study':<20} {'kind':<7} " + " ".join(f"{b:>8}" for b in budgets) + "  description")
+    for name in studies:
+        specs = [load_spec(name, b) for b in budgets]
+        print(f"{name:<20} {specs[0].kind:<7} " + " ".join(f"{s.size:>8}" for s in specs)
+              + f"  {specs[0].description[:70]}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

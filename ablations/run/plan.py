@@ -1,0 +1,169 @@
+"""What a study would cost before it runs (``--dry-run``): trials left, the time on this machine (measured rates or a
+FLOP-based estimate) and the GPU-hours on a named GPU class."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+from .. import layout
+from ..gpu_hours import DEFAULT_GPU
+from .study import _done, _grid_keys, _redact
+from .workers import _quiet
+
+#: Seconds per trial not proportional to FLOPs (Trainer set-up, data, logging) and effective train-step
+#: GFLOP/s of this 2-core CPU for the small default models; calibrated on the residual_variants default run
+#: (25 GFLOP/s when the FLOP count left out the MLP ratio and priced its mlp_ratio 2.0 at 4.0, 1.45x too many
+#: FLOPs; 25 / 1.45 gives that run the same estimate with the true count).
+TRIAL_OVERHEAD_S = 3.0
+
+
+EFFECTIVE_GFLOPS = 17.2
+
+
+def _stored_done(url: str, study_name: str, spec) -> tuple[int, int, str] | None:
+    """(tuning trials done, reported trials done, where) of the study as stored at ``url``, for a dry run's "what is
+    left": None when nothing is stored yet (a SQLite file that does not exist is not created) or the storage cannot
+    be read (the dry run then prices the whole study)."""
+    import optuna
+
+    from .spec import tune_name
+    from .storage import sqlite_path
+
+    path = sqlite_path(url)
+    if path is not None and not path.is_file():
+        return None
+    def done(name: str, stage) -> int:
+        try:
+            return _done(optuna.load_study(study_name=name, storage=url), _grid_keys(stage))
+        except KeyError:  # no such study stored yet
+            return 0
+
+    _quiet()
+    try:
+        tune_done = done(tune_name(study_name), spec.tune_stage()) if spec.tune is not None else 0
+        report_done = done(study_name, spec)
+    except Exception:  # noqa: BLE001 - a dry run never fails on the storage: it just cannot say what is done
+        return None
+    return (tune_done, report_done, _redact(url)) if tune_done or report_done else None
+
+
+def _dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = Path(layout.RESULTS_DIR),
+             workers: int = 1, stored: tuple[int, int, str] | None = None) -> int:
+    """Print the grid (or search space), the recipe, the estimated time on this machine with ``workers`` workers
+    (:func:`estimate_seconds`) and the GPU-hours on class ``gpu`` (:mod:`ablations.gpu_hours`; measurements read
+    from ``<results_dir>/device``). ``stored`` (:func:`_stored_done`): the trials a stored study has done, which
+    the estimate leaves out (a run resumes with the rest). Trains nothing."""
+    from ..gpu_hours import describe_estimate, estimate, recipe_line
+
+    tune_size = 0
+    if spec.tune is not None:
+        tune = spec.tune_stage()
+        tune_size = tune.size
+        print(f"tuning stage {tune.study_name}: {tune.size} trials first (each variant x "
+              + "".join(f"{a} {v} x " for a, v in tune.axes.items() if a not in ("seed", "lr"))
+              + f"lr {list(spec.tune.lr)} x tuning seeds {list(spec.tune.seeds)}); each variant's lr = the highest "
+              f"mean {spec.tune.metric}; the reported grid below then trains at it")
+    print(f"study {spec.study_name}: {spec.kind}, {spec.size} trials, metric {spec.metric} ({spec.direction})")
+    tune_done, report_done = stored[:2] if stored else (0, 0)
+    if stored:
+        print(f"stored in {stored[2]}: {report_done} of the {spec.size} reported trials done"
+              + (f" and {tune_done} of the {tune_size} tuning trials" if tune_size else "")
+              + "; a run continues with the rest")
+    if spec.kind == "grid":
+        points = spec.grid()
+        for params in points:
+            print("  " + ", ".join(f"{k}={v}" for k, v in params.items()))
+    else:
+        points = [{"variant": v.label} for v in spec.variants]
+        for label, space in spec.space.items():
+            print(f"  {label}: " + "; ".join(f"{k} ~ {v}" for k, v in space.items()))
+        print(f"  pruner: {spec.pruner}")
+    configs = [spec.run_config(p, overrides) for p in points]
+    names = sorted({c.recipe for c in configs})
+    print(recipe_line(configs[0]) + (f" (first point; the points use recipes {', '.join(names)})"
+                                     if len(names) > 1 else ""))
+    print(_auto_line(configs[0], overrides, results_dir))
+    threads = overrides.get("threads") or max(1, (os.cpu_count() or 1) // workers)
+    rates = [measured_rate(config, threads, results_dir) for config in configs]
+    seconds = [estimate_seconds(config, rate[0] if rate else None) for config, rate in zip(configs, rates, strict=True)]
+    per_trial = sum(seconds) / len(seconds)
+    trials = spec.size + tune_size
+    left = trials - report_done - tune_done
+    total = per_trial * left / workers
+    count = f"{left} of {trials} trials left" if stored else f"{trials} trials" if tune_size else ""
+    count += " with the tuning stage" if count and tune_size else ""
+    measured = [rate for rate in rates if rate]
+    basis = (f"this CPU's measured train step ({measured[0][1]}) at {measured[0][0] / 1e9:.3g} GFLOP/s"
+             if len(measured) == len(rates) else
+             f"a rough FLOP-based estimate at {EFFECTIVE_GFLOPS:.0f} GFLOP/s (no measured train step of this CPU "
+             "for every cell yet: a run measures them first)")
+    print(f"estimated time on this machine: {_duration(total)} ({_duration(per_trial)} per trial"
+          + (f", {count}" if count else "")
+          + f"; {workers} worker(s) x {threads} thread(s); {basis}, + {TRIAL_OVERHEAD_S:.0f} s per trial)")
+    for line in describe_estimate(estimate(configs, trials, gpu, results_dir)):
+        print(line)
+    return 0
+
+
+def _auto_line(config, overrides: dict, results_dir: Path) -> str:
+    """What precision ``auto`` will train the (first) point in on this machine's CPU: a table or cache that matches
+    this CPU's signature, or a measurement the study makes before its first trial."""
+    if config.precision != "auto":
+        return f"precision: {config.precision} (fixed by the study)"
+    from data import dataset_shape
+
+    from ..modes import choose_mode, tokens
+
+    shape = dataset_shape(config)
+    count = tokens(shape["img_size"], config.patch_size or shape["patch_size"])
+    threads = overrides.get("threads") or os.cpu_count() or 1
+    mode = choose_mode("cpu", config.embed_dim, count, results_dir=results_dir, threads=threads)
+    if mode.source.startswith("rule:"):
+        return (f"precision auto on this CPU ({threads} thread(s)): no table matches this CPU; the run measures the "
+                "four modes of each model size first (seconds) and caches them under "
+                f"{results_dir / 'device'}")
+    return f"precision auto on this CPU ({threads} thread(s)): {mode.key} ({mode.source})"
+
+
+def _duration(seconds: float) -> str:
+    """``42.0 s``, ``12.5 min``, ``3.2 h`` or ``1,540 days``: the unit a reader takes in at a glance."""
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.1f} min"
+    if seconds < 3 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:,.0f} days"
+
+
+def estimate_seconds(config, flops_per_s: float | None = None) -> float:
+    """Wall time of one trial on this machine: its training FLOPs (3× forward per training image, 1× per val and
+    test image, × epochs: :func:`ablations.gpu_hours.training_flops`) at ``flops_per_s`` (:func:`measured_rate`;
+    default the rough calibrated :data:`EFFECTIVE_GFLOPS`), plus a fixed per-trial overhead."""
+    from ..gpu_hours import training_flops
+
+    return TRIAL_OVERHEAD_S + training_flops(config) / (flops_per_s or EFFECTIVE_GFLOPS * 1e9)
+
+
+def measured_rate(config, threads: int, results_dir: Path) -> tuple[float, str] | None:
+    """(training FLOP/s, where) of this CPU for ``config``'s cell on ``threads`` threads, from the train step that
+    precision ``auto`` measured and cached (:func:`ablations.modes.measured_step`: a ``standard`` model of the
+    probe's depth, MLP ratio and batch, 3× its forward FLOPs per image); None for a GPU run, a fixed precision, or
+    a cell not measured yet."""
+    if config.precision != "auto" or config.accelerator not in ("auto", "cpu"):
+        return None
+    from data import dataset_shape
+
+    from ..gpu_hours import forward_flops
+    from ..modes import measured_step, tokens
+
+    shape = dataset_shape(config)
+    step = measured_step(config.embed_dim, tokens(shape["img_size"], config.patch_size or shape["patch_size"]),
+                         threads=threads, results_dir=results_dir)
+    if step is None:
+        return None
+    probe = dataclasses.replace(config, residual="standard", residual_options={}, depth=step["depth"],
+                                mlp_ratio=step["mlp_ratio"])
+    return 3 * forward_flops(probe, shape) * step["batch"] / step["seconds"], f"{step['mode']}, {step['path']}"

@@ -1,0 +1,302 @@
+"""Running a study's trials: one worker's loop (``_work``), the worker processes and their progress bar, each
+trial's guard (a failed write to the results folder stops the run with one line) and the end-of-run summary."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .. import layout
+from .stopping import check_stopping, stop_signal
+from .study import (
+    STOPPED,
+    _create_study,
+    _done,
+    _follow_study_file,
+    _grid_keys,
+    _measure_modes,
+    _redact,
+    _retry_failed_points,
+    _stored_choice,
+)
+
+#: Seconds the main process of ``--workers N`` gives its workers, after Ctrl-C or SIGTERM, to mark their trials
+#: failed (checkpoints kept) before it kills them; a killed worker's trial is retried once its heartbeat is stale.
+WORKER_STOP_S = 60
+
+
+#: OS errors that say the results folder takes no more writes (a full disk or quota, a read-only mount, a file size
+#: limit): the study stops with one line instead of failing every remaining trial the same way. EACCES / EPERM count
+#: only for a path inside the results folder (a permission problem elsewhere, e.g. the data, is not about it).
+FULL_OR_READ_ONLY = frozenset(getattr(errno, name) for name in ("ENOSPC", "EDQUOT", "EROFS", "EFBIG")
+                              if hasattr(errno, name))
+
+
+NO_PERMISSION = frozenset({errno.EACCES, errno.EPERM})
+
+
+class ResultsWriteError(Exception):
+    """A trial could not write its files (checkpoint, event files) into the results folder: one line, exit 1."""
+
+
+def write_error(exc: BaseException, results_dir: Path | None = None) -> OSError | None:
+    """The OSError behind ``exc`` (anywhere in its cause/context chain) that says the results folder takes no more
+    writes (:data:`FULL_OR_READ_ONLY`; EACCES / EPERM for a path inside ``results_dir``); None for anything else."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in FULL_OR_READ_ONLY:
+            return exc
+        if isinstance(exc, OSError) and exc.errno in NO_PERMISSION and results_dir is not None:
+            inside = [f for f in (exc.filename, exc.filename2) if f is not None and _inside(f, results_dir)]
+            if inside:
+                return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _inside(path, folder: Path) -> bool:
+    try:
+        return Path(os.fsdecode(path)).resolve().is_relative_to(folder.resolve())
+    except (OSError, TypeError, ValueError):
+        return False
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception as one line; an OSError as ``[Errno N] reason: 'path'`` (a bytes path decoded)."""
+    if isinstance(exc, OSError) and exc.errno is not None:
+        text = f"[Errno {exc.errno}] {exc.strerror or os.strerror(exc.errno)}"
+        paths = [f"'{os.fsdecode(f) if isinstance(f, (str, bytes, os.PathLike)) else f}'"
+                 for f in (exc.filename, exc.filename2) if f is not None]
+        return " ".join((text + (": " + " -> ".join(paths) if paths else "")).split())
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _guarded(objective, log_root: Path):
+    """The objective, with two kinds of failure that are not the trial's own told apart:
+
+    - Ctrl-C / SIGTERM: the trial is marked :data:`STOPPED` before optuna marks it FAIL, so that the workers still
+      running (on this machine or others) retry it at once (:func:`_retry_failed_points`), as they retry a dead
+      worker's trial once its heartbeat is stale;
+    - a results folder that takes no more writes: :class:`ResultsWriteError`. Optuna marks the trial FAIL (its
+      checkpoints are kept where they could be written: the rerun resumes it) and, as the error is not one it
+      catches, stops the study; the CLI prints one line naming the trial's folder and the OS error."""
+
+    def run(trial):
+        try:
+            if trial.user_attrs.get(STOPPED):  # a retry inherits its original's user attrs: it was not stopped
+                trial.set_user_attr(STOPPED, None)
+            return objective(trial)
+        except KeyboardInterrupt:
+            try:
+                trial.set_user_attr(STOPPED, signal.Signals(stop_signal() or signal.SIGINT).name)
+            except Exception:  # noqa: BLE001 - the storage may be what is failing; the trial FAILs all the same
+                pass
+            raise
+        except Exception as exc:
+            error = write_error(exc, log_root)
+            if error is None:
+                raise
+            try:
+                folder = trial.user_attrs.get("log_dir") or log_root
+            except Exception:  # noqa: BLE001 - the storage is not the problem being reported here
+                folder = log_root
+            raise ResultsWriteError(
+                f"trial {trial.number} cannot write its files in '{folder}': {_one_line(error)}; the trial is marked "
+                "failed and completed trials are kept: free space or make the folder writable, then rerun the same "
+                "command (the trial resumes from its last checkpoint)") from exc
+
+    return run
+
+
+class _QuietStops(logging.Filter):
+    """Drop optuna's "Trial N failed ... because of the following error" warnings (and their tracebacks) for a trial
+    stopped by Ctrl-C / SIGTERM or by a results folder that takes no more writes: the CLI says that in one line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.numbers: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        match = re.match(r"Trial (\d+) failed with", str(record.msg))
+        if match is None:
+            return True
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, (KeyboardInterrupt, ResultsWriteError)):
+            self.numbers.add(match.group(1))
+            return False
+        return match.group(1) not in self.numbers  # the "failed with value None" line that follows
+
+
+def _run_grid(spec, storage, study_name: str, args, overrides: dict, *, stage: str = "report", study=None) -> int:
+    """One stage of a study: create (or continue) it, enqueue its grid, and train it with ``--workers`` workers."""
+    from ..dashboard import write_study_hparams
+    from ..training import HP_METRICS
+
+    study = study or _create_study(spec, storage, study_name, seed=0)
+    write_study_hparams(layout.runs_dir(args.results_dir, study_name), spec, HP_METRICS)
+    if spec.kind == "grid":
+        for params in spec.grid():
+            study.enqueue_trial(params, skip_if_exists=True)
+        _follow_study_file(study, spec, storage)
+        _retry_failed_points(study, spec, storage)
+    total = spec.size if spec.kind == "grid" else (args.n_trials or spec.n_trials)
+    print(f"study '{study_name}' ({spec.kind}{', tuning stage' if stage == 'tune' else ''}, {total} trials) in "
+          f"{_redact(args.storage)}; TensorBoard: tensorboard --logdir {layout.runs_dir(args.results_dir, study_name)}",
+          file=sys.stderr)
+    _measure_modes(spec, overrides, Path(args.results_dir))
+    started = time.time()
+    tuned = None if stage == "tune" else _stored_choice(storage, study_name)
+    if args.workers == 1:
+        _work(spec, storage, study_name, args, overrides, progress_total=None if args.no_progress else total,
+              tuned=tuned)
+    else:
+        _spawn_workers(args, storage, study_name, total, _grid_keys(spec), stage=stage)
+    return _finish(study_name, storage, spec, time.time() - started)
+
+
+def _quiet() -> None:
+    """Study output is the progress bar and one line per event: silence per-trial Lightning chatter."""
+    import warnings
+
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optimize_log = logging.getLogger("optuna.study._optimize")
+    if not any(isinstance(f, _QuietStops) for f in optimize_log.filters):
+        optimize_log.addFilter(_QuietStops())
+    for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings("ignore", message=r".*(LeafSpec|litlogger|does not have many workers).*")
+
+
+def _work(spec, storage, study_name: str, args, overrides: dict, progress_total: int | None = None,
+          tuned: dict[str, float] | None = None) -> int:
+    """One worker: take enqueued grid points (or sample search points) until none are left."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from .objective import Objective
+
+    index = args.worker_index or 0
+    study = _create_study(spec, storage, study_name, seed=index)  # a distinct sampler seed per worker
+    log_root = layout.runs_dir(args.results_dir, study_name)
+    objective = Objective(spec, log_root=log_root, overrides=overrides, keep_checkpoints=args.keep_checkpoints,
+                          loggers=tuple(args.loggers), results_dir=args.results_dir, tuned=tuned)
+    objective = _guarded(objective, log_root)
+    grid = _grid_keys(spec)
+    bar = _progress(study, progress_total, grid)
+    try:
+        while True:
+            check_stopping()
+            optuna.storages.fail_stale_trials(study)
+            if spec.kind == "grid":
+                _retry_failed_points(study, spec, storage, only_stopped=True)  # e.g. a preempted worker's trial
+                if not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+                    break
+            elif _search_budget_spent(study, args.n_trials or spec.n_trials):
+                break
+            study.optimize(objective, n_trials=1, gc_after_trial=True, catch=(RuntimeError,))
+            if bar is not None:
+                bar.n = _done(study, grid)
+                bar.refresh()
+    finally:
+        if bar is not None:
+            bar.close()
+    return 0
+
+
+def _search_budget_spent(study, n_trials: int) -> bool:
+    """A search has its ``n_trials`` once that many trials are done, running, or failed for good, and no retry waits.
+    A failed trial whose parameters were re-enqueued (a killed worker's, :func:`ablations.storage.open_storage`'s
+    retry callback) is replaced by its retry, so it does not use up a trial; one that failed by itself and was not
+    retried does (never loop on failures)."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    if any(t.state == TrialState.WAITING for t in trials):
+        return False
+    retried = {t.system_attrs.get("failed_trial") for t in trials}
+    counted = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+    return sum(t.state in counted or (t.state == TrialState.FAIL and t.number not in retried)
+               for t in trials) >= n_trials
+
+
+def _progress(study, total: int | None, grid: set[str] | None = None):
+    if total is None:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=_done(study, grid), desc=study.study_name, unit="trial", dynamic_ncols=True)
+
+
+def _spawn_workers(args, storage, study_name: str, total: int, grid: set[str] | None = None,
+                   stage: str = "report") -> None:
+    """N local processes on the same study, each with its share of the cores and its own sampler seed. On Ctrl-C
+    or SIGTERM the workers are stopped the same way (:func:`_stop_workers`) before this process exits."""
+    import optuna
+
+    argv = [a for a in args.argv if a != "--no-progress"]
+    procs, bar = [], None
+    try:
+        for i in range(args.workers):
+            procs.append(subprocess.Popen([sys.executable, "-m", "ablations.run", *argv, "--worker-index", str(i),
+                                           "--no-progress", "--study-name", study_name, "--stage", stage]))
+        if not args.no_progress:
+            bar = _progress(optuna.load_study(study_name=study_name, storage=storage), total, grid)
+        while any(p.poll() is None for p in procs):
+            check_stopping()
+            time.sleep(2)
+            if bar is not None:
+                bar.n = _done(optuna.load_study(study_name=study_name, storage=storage), grid)
+                bar.refresh()
+    except KeyboardInterrupt:
+        _stop_workers(procs)
+        raise
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        if bar is not None:
+            bar.close()
+
+
+def _stop_workers(procs: list) -> None:
+    """Pass SIGTERM on to every worker still running (a worker that got the signal itself, from the terminal or the
+    job's process group, ignores the repeat), give them :data:`WORKER_STOP_S` to mark their trials failed with their
+    checkpoints kept, and kill any still running then (its trial is retried once its heartbeat is stale)."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + WORKER_STOP_S
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _finish(study_name: str, storage, spec, elapsed: float) -> int:
+    import optuna
+    from optuna.trial import TrialState
+
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    counts = {s.name.lower(): len(study.get_trials(deepcopy=False, states=(s,))) for s in TrialState}
+    print(f"study '{study_name}': {counts['complete']} complete, {counts['pruned']} pruned, {counts['fail']} failed, "
+          f"{counts['running']} running, {counts['waiting']} waiting; {elapsed:.0f} s this run", file=sys.stderr)
+    missing = counts["waiting"] + (spec.size - _done(study, _grid_keys(spec)) if spec.kind == "grid" else 0)
+    if 0 < missing <= counts["running"] and not counts["waiting"]:
+        # Independent workers (other machines, a SLURM array): the last points are being trained by the others.
+        # Nothing is left for this one to do; if one of those workers has died, the next run retries its trial.
+        print(f"study '{study_name}': the {missing} point(s) left are running in other workers", file=sys.stderr)
+        return 0
+    return 0 if missing <= 0 else 1
