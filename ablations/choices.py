@@ -23,7 +23,7 @@ INIT_VALUE_OPTIONS: dict[str, str] = {
     "highway": "gate_bias",
 }
 
-#: Lightning precision strings accepted by ``RunConfig.precision``, and ``auto`` (:mod:`ablations.modes`).
+#: Lightning precision strings accepted by ``RunConfig.precision``, and ``auto`` (:mod:`ablations.bench.modes`).
 PRECISIONS: tuple[str, ...] = ("auto", "32-true", "64-true", "bf16-mixed", "bf16-true", "16-mixed", "16-true")
 
 #: Optimizers of ``RunConfig.optimizer`` (``lit_modules.classifier.OPTIMIZER_CLASSES``; a test keeps them equal).

@@ -280,7 +280,7 @@ def run_training(
 def resolve_mode(config: RunConfig, accelerator: str, datamodule: Any,
                  results_dir: str | Path = layout.RESULTS_DIR) -> tuple[RunConfig, dict[str, Any]]:
     """``precision="auto"``: the fastest mode for this device, this CPU's signature and thread count, and this model
-    size (:mod:`ablations.modes`: a table measured on this machine, else a cell measured now and cached under
+    size (:mod:`ablations.bench.modes`: a table measured on this machine, else a cell measured now and cached under
     ``<results_dir>/device/``), precision and attention kernel together (an explicit ``fused_attn`` is kept).
     Returns the config the run trains with and the facts for its summary: ``precision``, ``fused_attn`` and, when
     chosen, ``mode_source``."""
@@ -288,7 +288,7 @@ def resolve_mode(config: RunConfig, accelerator: str, datamodule: Any,
     if config.precision == "auto":
         import torch
 
-        from ablations.modes import auto_mode, model_size, probe, tokens
+        from ablations.bench.modes import auto_mode, model_size, probe, tokens
 
         patch = config.patch_size or datamodule.default_patch_size
         size = model_size(config, datamodule.img_size, patch, datamodule.in_chans, datamodule.num_classes)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ablations import bench, modes
+from ablations.bench import cli, harness, modes, steps, timing
 from ablations.costs import all_configs, bench_step_times
 from lit_modules import RESIDUALS
 
@@ -66,7 +66,7 @@ def check_report(md: str, report: dict, sections: list[str]) -> None:
 @pytest.mark.slow  # every section, then ablations.costs three times over every form (~55 s on 2 quiet cores)
 def test_tiny_run_writes_every_section(tmp_path):
     md, report = run_bench(tmp_path, "--tiny", "--threads", "1")
-    check_report(md, report, list(bench.DEFAULT_SECTIONS))
+    check_report(md, report, list(harness.DEFAULT_SECTIONS))
     assert report["meta"]["mode"] == "tiny" and report["meta"]["machine"]["threads"] == 1
     sections = report["sections"]
     labels = {label for label, *_ in all_configs()}  # registry defaults, extra forms and backbone forms
@@ -100,17 +100,17 @@ def check_data_section(sec: dict) -> None:
     assert set(data["recipes"]) == {"basic", "paper"}
     assert data["recipes"]["paper"]["mixup_alpha"] > 0 and data["recipes"]["basic"]["mixup_alpha"] == 0
     assert set(data["images_per_epoch"]) == {"basic", "paper"}
-    assert all(bench.TINY.data_samples / 2 < n < bench.TINY.data_samples for n in data["images_per_epoch"].values())
+    assert all(harness.TINY.data_samples / 2 < n < harness.TINY.data_samples for n in data["images_per_epoch"].values())
     assert set(data["images_per_s"]) == {"basic", "paper", "model train step"}
     assert all(r > 0 for rates in data["images_per_s"].values() for r in rates)
 
 
 def check_modes_table(path: Path, sec: dict) -> None:
-    """Section 8 writes ``modes-<device>.json``: each cell's four modes, the fastest named as ablations.modes reads
+    """Section 8 writes ``modes-<device>.json``: each cell's four modes, the fastest named as ablations.bench.modes reads
     it (tests/test_modes.py checks the choice end to end)."""
     table = json.loads(path.read_text())
     assert table["device"] == "cpu" and table["machine"]["cpu"]
-    grid = [(w, (bench.TINY.img_size // p) ** 2 + 1) for w in bench.TINY.modes_widths for p in bench.TINY.modes_patches]
+    grid = [(w, (harness.TINY.img_size // p) ** 2 + 1) for w in harness.TINY.modes_widths for p in harness.TINY.modes_patches]
     assert [(c["embed_dim"], c["tokens"]) for c in table["cells"]] == grid
     for c in table["cells"]:
         assert set(c["times_s"]) == {"32-true/fused", "32-true/explicit", "bf16-mixed/fused", "bf16-mixed/explicit"}
@@ -134,7 +134,7 @@ def test_variants_restrict_sections_2_and_6(tmp_path):
         assert list(report["sections"][name]["data"]["variants"]) == ["standard", *chosen]
     assert not (tmp_path / "modes-cpu.json").exists()
     # ablations.costs reads these step times at the bench's size (the fast check; the slow tier runs its CLI)
-    s = bench.TINY
+    s = harness.TINY
     size = {"embed_dim": s.embed_dim, "depth": s.variant_depth, "num_heads": s.num_heads, "img_size": s.img_size,
             "patch_size": s.patch_size}
     step_times, note = bench_step_times(tmp_path / "bench.json", size)
@@ -144,17 +144,17 @@ def test_variants_restrict_sections_2_and_6(tmp_path):
 
 def test_parse_variants():
     labels = [label for label, *_ in all_configs()]
-    assert bench.parse_variants("dca (default), dca k=2,", labels) == ("standard", "dca (default)", "dca k=2")
-    assert bench.parse_variants("denseformer 2x2 (dilation 2, period 2),standard", labels) == (
+    assert harness.parse_variants("dca (default), dca k=2,", labels) == ("standard", "dca (default)", "dca k=2")
+    assert harness.parse_variants("denseformer 2x2 (dilation 2, period 2),standard", labels) == (
         "standard", "denseformer 2x2 (dilation 2, period 2)")
-    settings = replace(bench.QUICK, variants=bench.parse_variants("dca k=2", labels))  # beyond --quick's defaults
-    assert [c[0] for c in bench.selected_configs(settings)] == ["standard", "dca k=2"]
+    settings = replace(harness.QUICK, variants=harness.parse_variants("dca k=2", labels))  # beyond --quick's defaults
+    assert [c[0] for c in harness.selected_configs(settings)] == ["standard", "dca k=2"]
 
 
 def check_costs_read_the_step_times(bench_json: Path, report: dict) -> None:
     """``ablations.costs --bench`` puts each form's measured step-time ratio beside its FLOPs, at the bench's size;
     at another size it leaves the column empty and says why."""
-    s = bench.TINY
+    s = harness.TINY
     size = ["--embed-dim", str(s.embed_dim), "--depth", str(s.variant_depth), "--num-heads", str(s.num_heads),
             "--img-size", str(s.img_size), "--patch-size", str(s.patch_size)]
     out = subprocess.run([sys.executable, "-m", "ablations.costs", *size, "--bench", str(bench_json), "--json"],
@@ -178,9 +178,9 @@ def check_costs_read_the_step_times(bench_json: Path, report: dict) -> None:
 def test_quick_mode_times_the_registry_defaults_only_and_the_full_mode_every_form():
     """``--quick`` times the registry's variants at their defaults; the full bench every form (the tiny run above
     checks that each section runs; at the quick sizes the variants section alone takes a minute)."""
-    quick = [(residual, options, backbone) for _, residual, options, backbone in bench.selected_configs(bench.QUICK)]
-    assert quick == [(name, {}, {}) for name in RESIDUALS] and bench.QUICK.mode == "quick"
-    assert [c[0] for c in bench.selected_configs(bench.FULL)] == [c[0] for c in all_configs()]
+    quick = [(residual, options, backbone) for _, residual, options, backbone in harness.selected_configs(harness.QUICK)]
+    assert quick == [(name, {}, {}) for name in RESIDUALS] and harness.QUICK.mode == "quick"
+    assert [c[0] for c in harness.selected_configs(harness.FULL)] == [c[0] for c in all_configs()]
 
 
 @pytest.mark.slow
@@ -189,7 +189,7 @@ def test_quick_run_at_its_own_sizes(tmp_path):
     md, report = run_bench(tmp_path, "--quick", "--sections", "mfu", timeout=2400)  # a hang limit only
     check_report(md, report, ["mfu"])
     assert report["meta"]["mode"] == "quick"
-    assert report["meta"]["settings"]["batch"] == bench.QUICK.batch
+    assert report["meta"]["settings"]["batch"] == harness.QUICK.batch
     assert 0 < report["sections"]["mfu"]["data"]["mfu"] < 1
 
 
@@ -199,12 +199,12 @@ def test_overhead_section_has_one_goal_per_new_design(tmp_path):
     md, report = run_bench(tmp_path, "--tiny", "--threads", "1", "--sections", "overhead")
     check_report(md, report, ["overhead"])
     sec = report["sections"]["overhead"]
-    assert set(sec["data"]["times_s"]) == {"standard", *bench.OVERHEAD_GOALS}
-    assert {g["what"]: g["limit"] for g in sec["goals"]} == {f"{k} / standard": v for k, v in bench.OVERHEAD_GOALS.items()}
-    assert bench.OVERHEAD_GOALS == {"attn_res": 1.3, "hyper_connections": 1.3, "dca": 1.3, "mhc": 1.5, "denseformer": 1.1}
+    assert set(sec["data"]["times_s"]) == {"standard", *steps.OVERHEAD_GOALS}
+    assert {g["what"]: g["limit"] for g in sec["goals"]} == {f"{k} / standard": v for k, v in steps.OVERHEAD_GOALS.items()}
+    assert steps.OVERHEAD_GOALS == {"attn_res": 1.3, "hyper_connections": 1.3, "dca": 1.3, "mhc": 1.5, "denseformer": 1.1}
     for goal in sec["goals"]:
         label = goal["what"].split(" / ")[0]
-        assert goal["value"] == pytest.approx(bench.median(sec["data"]["ratios"][label]))
+        assert goal["value"] == pytest.approx(timing.median(sec["data"]["ratios"][label]))
         assert goal["passed"] == (goal["value"] <= goal["limit"]) and len(goal["rounds"]) == 2
     assert sec["data"]["flops"]["mhc"] > sec["data"]["flops"]["standard"]
     assert "depth 2" in sec["setup"] and "batch 4" in sec["setup"]  # the tiny mode's overhead_depth, _batch
@@ -217,18 +217,18 @@ def test_compile_section(tmp_path):
 
 
 def test_sections_by_name_or_number():
-    assert bench.parse_sections("mfu,1, memory") == ["mfu", "timm", "memory"]
-    assert bench.parse_sections("7,8") == ["data", "modes"]
-    assert bench.parse_sections("9") == ["compile"]
-    assert bench.parse_sections("10") == ["auto"] and bench.parse_sections("11") == ["overhead"]
-    assert "compile" not in bench.DEFAULT_SECTIONS and {"data", "modes"} <= set(bench.DEFAULT_SECTIONS)
+    assert cli.parse_sections("mfu,1, memory") == ["mfu", "timm", "memory"]
+    assert cli.parse_sections("7,8") == ["data", "modes"]
+    assert cli.parse_sections("9") == ["compile"]
+    assert cli.parse_sections("10") == ["auto"] and cli.parse_sections("11") == ["overhead"]
+    assert "compile" not in harness.DEFAULT_SECTIONS and {"data", "modes"} <= set(harness.DEFAULT_SECTIONS)
 
 
 @pytest.mark.parametrize("argv", [["--sections", "nope"], ["--sections", "12"], ["--threads", "0"],
                                   ["--device", "tpu"], ["--variants", "standard,nope"]])
 def test_bad_arguments_exit_2_with_one_line(argv, capsys):
     with pytest.raises(SystemExit) as exc:
-        bench.main(argv)
+        cli.main(argv)
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and "\n" not in err
@@ -241,7 +241,7 @@ def test_device_cuda_without_cuda_exits_2_with_one_line(monkeypatch, capsys, tmp
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit) as exc:
-        bench.main(["--device", "cuda", "--tiny", "--sections", "modes", "--out", str(tmp_path)])
+        cli.main(["--device", "cuda", "--tiny", "--sections", "modes", "--out", str(tmp_path)])
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: --device cuda:") and "\n" not in err
@@ -251,20 +251,20 @@ def test_device_cuda_without_cuda_exits_2_with_one_line(monkeypatch, capsys, tmp
 def test_interleave_rotates_rounds_and_pairs_ratios():
     calls = []
     fns = {name: (lambda n=name: calls.append(n)) for name in "ABC"}
-    times = bench.interleave(fns, reps=3, steps=2, warmup=1)
+    times = timing.interleave(fns, reps=3, steps=2, warmup=1)
     assert calls[:3] == ["A", "B", "C"]  # warm-up, untimed
     rounds = calls[3:]
     assert rounds == ["A", "A", "B", "B", "C", "C", "B", "B", "C", "C", "A", "A", "C", "C", "A", "A", "B", "B"]
     assert {k: len(v) for k, v in times.items()} == {"A": 3, "B": 3, "C": 3}
-    assert bench.paired_ratio({"a": [2.0, 4.0, 9.0], "b": [1.0, 1.0, 3.0]}, "a", "b") == 3.0
+    assert timing.paired_ratio({"a": [2.0, 4.0, 9.0], "b": [1.0, 1.0, 3.0]}, "a", "b") == 3.0
 
 
 def test_goal_marks_count_the_rounds_that_meet_it():
-    sec = bench.Section("x", "9. x", "setup", ["a"])
-    ratios = bench.round_ratios({"a": [1.0, 1.1, 1.3], "b": [1.0, 1.0, 1.0]}, "a", "b")
-    assert sec.goal("a / b", bench.median(ratios), 1.05, "≤ 1.05x", "1.100x", rounds=ratios) == [
+    sec = harness.Section("x", "9. x", "setup", ["a"])
+    ratios = timing.round_ratios({"a": [1.0, 1.1, 1.3], "b": [1.0, 1.0, 1.0]}, "a", "b")
+    assert sec.goal("a / b", timing.median(ratios), 1.05, "≤ 1.05x", "1.100x", rounds=ratios) == [
         "≤ 1.05x", "**miss** (1/3 rounds)"]
     assert sec.goal("mfu", 0.6, 0.55, "≥ 55%", "60%", at_most=False) == ["≥ 55%", "pass"]
     assert sec.goals[0]["rounds_meeting_goal"] == 1 and sec.goals[0]["passed"] is False
-    assert bench.ratio_cell(ratios) == "1.100x [1.00-1.30]"
-    assert bench.ratio_cell(ratios, percent=True) == "+10.0% [+0, +30]"
+    assert harness.ratio_cell(ratios) == "1.100x [1.00-1.30]"
+    assert harness.ratio_cell(ratios, percent=True) == "+10.0% [+0, +30]"

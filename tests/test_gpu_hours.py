@@ -1,4 +1,4 @@
-"""The GPU-hours estimate of ``python -m ablations.run --dry-run --gpu CLASS`` (ablations/gpu_hours.py).
+"""The GPU-hours estimate of ``python -m ablations.run --dry-run --gpu CLASS`` (ablations/bench/gpu_hours.py).
 
 Every test reads measurements from its own tmp results folder, never the real ``results/``.
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers import assert_one_line_error, run_in_process
 
-from ablations import gpu_hours
+from ablations.bench import gpu_hours
 from ablations.config import RunConfig
 from ablations.costs import measure
 from ablations.run import main as run_main

@@ -1,4 +1,4 @@
-"""Tests for ``ablations.modes``: the fastest train-step mode (precision x attention kernel) per device and size,
+"""Tests for ``ablations.bench.modes``: the fastest train-step mode (precision x attention kernel) per device and size,
 read from the table ``python -m ablations.bench --sections modes`` writes."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ablations import modes
-from ablations.modes import Mode, auto_mode, choose_mode, load_table
+from ablations.bench import modes
+from ablations.bench.modes import Mode, auto_mode, choose_mode, load_table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -177,7 +177,7 @@ def test_a_dry_run_prices_trials_from_this_cpus_measured_step(tmp_path, monkeypa
     rate (3 x the probe's forward FLOPs x batch / seconds) and divides the study's time by its workers."""
     import dataclasses
 
-    from ablations.gpu_hours import forward_flops, training_flops
+    from ablations.bench.gpu_hours import forward_flops, training_flops
     from ablations.run import plan, study
     from ablations.run.spec import load_spec
 
@@ -238,7 +238,7 @@ def test_bad_requests_are_value_errors(tmp_path):
 
 
 def test_importing_modes_does_not_import_torch():
-    code = "import sys, ablations.modes; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, ablations.bench.modes; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
 
 

@@ -201,10 +201,10 @@ def test_diagnostics_callback_is_wired_in(tmp_path):
 
 @pytest.mark.parametrize("best", ["bf16-mixed/explicit", "32-true/fused", "bf16-mixed/fused", "32-true/explicit"])
 def test_precision_auto_trains_in_the_measured_fastest_mode_with_diagnostics_working(tmp_path, monkeypatch, best):
-    """``precision: auto`` (the default) asks ``ablations.modes`` for the device's fastest mode: here a measured
+    """``precision: auto`` (the default) asks ``ablations.bench.modes`` for the device's fastest mode: here a measured
     table whose winner for the nearest cell is ``best``; the run trains in it (read back from the trained model)
     and its diagnostics still produce finite values (they run their own explicit-attention forward)."""
-    from ablations import modes
+    from ablations.bench import modes
 
     times = {key: 1.0 for key in modes.MODE_KEYS}
     times[best] = 0.5

@@ -26,9 +26,9 @@ import threading
 from pathlib import Path
 
 from .. import layout
+from ..bench.gpu_hours import DEFAULT_GPU, DEVICE_RESULTS, GPU_CLASSES
 from ..cli import OneLineParser
 from ..dashboard import check_loggers
-from ..gpu_hours import DEFAULT_GPU, DEVICE_RESULTS, GPU_CLASSES
 from .overrides import RUN_ONLY, apply_sets, describe, parse_sets, value_text
 from .plan import _dry_run, _stored_done
 from .stopping import interrupted, stop_on_signals

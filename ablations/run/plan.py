@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from .. import layout
-from ..gpu_hours import DEFAULT_GPU
+from ..bench.gpu_hours import DEFAULT_GPU
 from .study import _done, _grid_keys, _redact
 from .workers import _quiet
 
@@ -52,10 +52,10 @@ def _stored_done(url: str, study_name: str, spec) -> tuple[int, int, str] | None
 def _dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = Path(layout.RESULTS_DIR),
              workers: int = 1, stored: tuple[int, int, str] | None = None) -> int:
     """Print the grid (or search space), the recipe, the estimated time on this machine with ``workers`` workers
-    (:func:`estimate_seconds`) and the GPU-hours on class ``gpu`` (:mod:`ablations.gpu_hours`; measurements read
+    (:func:`estimate_seconds`) and the GPU-hours on class ``gpu`` (:mod:`ablations.bench.gpu_hours`; measurements read
     from ``<results_dir>/device``). ``stored`` (:func:`_stored_done`): the trials a stored study has done, which
     the estimate leaves out (a run resumes with the rest). Trains nothing."""
-    from ..gpu_hours import describe_estimate, estimate, recipe_line
+    from ..bench.gpu_hours import describe_estimate, estimate, recipe_line
 
     tune_size = 0
     if spec.tune is not None:
@@ -114,7 +114,7 @@ def _auto_line(config, overrides: dict, results_dir: Path) -> str:
         return f"precision: {config.precision} (fixed by the study)"
     from data import dataset_shape
 
-    from ..modes import choose_mode, tokens
+    from ..bench.modes import choose_mode, tokens
 
     shape = dataset_shape(config)
     count = tokens(shape["img_size"], config.patch_size or shape["patch_size"])
@@ -140,24 +140,24 @@ def _duration(seconds: float) -> str:
 
 def estimate_seconds(config, flops_per_s: float | None = None) -> float:
     """Wall time of one trial on this machine: its training FLOPs (3× forward per training image, 1× per val and
-    test image, × epochs: :func:`ablations.gpu_hours.training_flops`) at ``flops_per_s`` (:func:`measured_rate`;
+    test image, × epochs: :func:`ablations.bench.gpu_hours.training_flops`) at ``flops_per_s`` (:func:`measured_rate`;
     default the rough calibrated :data:`EFFECTIVE_GFLOPS`), plus a fixed per-trial overhead."""
-    from ..gpu_hours import training_flops
+    from ..bench.gpu_hours import training_flops
 
     return TRIAL_OVERHEAD_S + training_flops(config) / (flops_per_s or EFFECTIVE_GFLOPS * 1e9)
 
 
 def measured_rate(config, threads: int, results_dir: Path) -> tuple[float, str] | None:
     """(training FLOP/s, where) of this CPU for ``config``'s cell on ``threads`` threads, from the train step that
-    precision ``auto`` measured and cached (:func:`ablations.modes.measured_step`: a ``standard`` model of the
+    precision ``auto`` measured and cached (:func:`ablations.bench.modes.measured_step`: a ``standard`` model of the
     probe's depth, MLP ratio and batch, 3× its forward FLOPs per image); None for a GPU run, a fixed precision, or
     a cell not measured yet."""
     if config.precision != "auto" or config.accelerator not in ("auto", "cpu"):
         return None
     from data import dataset_shape
 
-    from ..gpu_hours import forward_flops
-    from ..modes import measured_step, tokens
+    from ..bench.gpu_hours import forward_flops
+    from ..bench.modes import measured_step, tokens
 
     shape = dataset_shape(config)
     step = measured_step(config.embed_dim, tokens(shape["img_size"], config.patch_size or shape["patch_size"]),

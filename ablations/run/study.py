@@ -68,12 +68,12 @@ def choose_lrs(spec, study) -> tuple[dict[str, float], dict[str, dict[str, float
 
 def _measure_modes(spec, overrides: dict, results_dir: Path) -> None:
     """Precision ``auto`` on a CPU whose signature no modes table matches: measure the cells the study's points need
-    once, here, before any worker starts (``ablations.modes``; cached under ``<results_dir>/device/``), so that the
+    once, here, before any worker starts (``ablations.bench.modes``; cached under ``<results_dir>/device/``), so that the
     workers find them instead of each measuring while the others train. One line per cell measured. Torch is
     imported only when a cell has to be measured (a matching table or the cache answers without it)."""
     from data import dataset_shape
 
-    from ..modes import choose_mode, model_size, probe, tokens
+    from ..bench.modes import choose_mode, model_size, probe, tokens
 
     threads = overrides.get("threads") or os.cpu_count() or 1
     points = spec.grid() if spec.kind == "grid" else [{"variant": v.label} for v in spec.variants]

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import layout
+from .. import layout
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ def forward_flops(config: Any, shape: dict | None = None) -> float:
 
 @functools.cache
 def _forward_flops(key: str) -> float:
-    from .costs import measure
+    from ..costs import measure
 
     size = json.loads(key)
     residual, options, backbone = size.pop("residual"), size.pop("options"), size.pop("backbone")
@@ -322,6 +322,6 @@ def describe_estimate(est: Estimate) -> list[str]:
 
 def recipe_line(config: Any) -> str:
     """``recipe: NAME (the pieces it switches on)`` of a RunConfig (:func:`ablations.run.recipes.describe`)."""
-    from .run.recipes import describe
+    from ..run.recipes import describe
 
     return f"recipe: {config.recipe} ({describe(config.recipe_values())})"

@@ -1,0 +1,234 @@
+"""The benchmark's settings (full, quick, tiny), its models and batches, and the pieces of its report (a section
+with goals and pass/miss marks)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field, replace
+
+from .timing import median
+
+SECTIONS = ("timm", "variants", "lightning", "mfu", "study", "memory", "data", "modes", "compile", "auto",
+            "overhead")
+
+
+DEFAULT_SECTIONS = tuple(name for name in SECTIONS if name != "compile")  # compile is opt-in
+
+
+STUDY = "residual_variants"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Sizes of one benchmark mode. The model of sections 1, 2, 4, 6, 7, 9 is ViT-Tiny width on 32x32 inputs."""
+
+    mode: str = "full"
+    device: str = "cpu"  # --device: "cpu" or "cuda"
+    embed_dim: int = 192
+    num_heads: int = 3
+    img_size: int = 32
+    patch_size: int = 4
+    depth: int = 12  # sections 1, 4, 7
+    variant_depth: int = 12  # section 2
+    batch: int = 64
+    warmup: int = 2  # untimed calls per function before the first round
+    reps: int = 7  # rounds
+    steps: int = 3  # timed calls per function per round
+    variants: tuple[str, ...] | None = None  # labels of costs.all_configs() for sections 2 and 6 (None: all)
+    defaults_only: bool = False  # sections 2 and 6: only the registry's variants at their defaults (no extra forms)
+    mm_size: int = 2048  # section 4: side of the square fp32 matmul that measures the peak on the CPU
+    cuda_mm_size: int = 8192  # ... and of the bf16 matmul on CUDA
+    loop_steps: int = 60  # section 3: optimizer steps per training loop
+    loop_reps: int = 9  # the loops differ by a few percent: rounds are cheap, noise is not
+    trial_overrides: dict = field(default_factory=dict)  # sections 3, 5: RunConfig fields over the study's
+    study_epochs: int | None = None  # section 5: epochs of each timed trial (None: the study's own)
+    study_depths: int | None = None  # section 5: time only the first N depths of the grid (None: all)
+    run_estimate: bool = True  # section 5: also show ablations.run's FLOP-based estimate of each trial
+    memory_depth: int = 24
+    memory_batch: int = 16  # batch 64 at depth 24 OOM-killed the 24 GiB machine (full DCA saves ~9 GiB)
+    compile_variants: tuple[str, ...] = ("standard", "dca (default)")
+    data_samples: int = 2560  # section 7: synthetic CIFAR-shaped pool (train split: 80%)
+    modes_widths: tuple[int, ...] = (16, 32, 64, 128, 192, 384)  # section 8: the grid (heads = max(2, width // 64)) ...
+    modes_patches: tuple[int, ...] = (16, 8, 4)  # ... x patch sizes on img_size 32: 5, 17, 65 tokens
+    modes_depth: int = 4
+    overhead_depth: int = 6  # section 11: the new designs at issue 27's size (depth 6, batch 32) ...
+    overhead_batch: int = 32
+    overhead_reps: int = 9  # ... in more rounds than section 2: the goals are tight, the rounds cheap
+
+    @property
+    def precision(self) -> str:
+        """The timed train steps' precision: the device's fast mode (fp32 on the CPU, bf16 autocast on CUDA)."""
+        return "bf16-mixed" if self.device == "cuda" else "32-true"
+
+    def mode_text(self, attention: str = "fused attention") -> str:
+        if self.device == "cuda":
+            return f"CUDA, bf16 autocast (bf16-mixed), {attention}"
+        return f"fp32, {attention}"
+
+    def vit(self, depth: int) -> dict:
+        return dict(img_size=self.img_size, patch_size=self.patch_size, in_chans=3, num_classes=10,
+                    embed_dim=self.embed_dim, depth=depth, num_heads=self.num_heads, mlp_ratio=4.0)
+
+    def describe(self, depth: int, batch: int | None = None) -> str:
+        return (f"embed {self.embed_dim}, {self.num_heads} heads, depth {depth}, {self.img_size}x{self.img_size} "
+                f"patch {self.patch_size}, 10 classes, batch {batch or self.batch}")
+
+
+FULL = Settings()
+
+
+QUICK = replace(FULL, mode="quick", batch=32, variant_depth=6, warmup=1, reps=3, steps=2, loop_steps=24,
+                loop_reps=3, study_epochs=2, memory_batch=8, compile_variants=("standard",), defaults_only=True,
+                data_samples=1280, modes_widths=(64, 192), modes_patches=(8, 4))
+
+
+TINY = replace(FULL, mode="tiny", embed_dim=32, num_heads=2, patch_size=8, depth=2, variant_depth=4, batch=4,
+               warmup=1, reps=2, steps=1, mm_size=256, loop_steps=3, loop_reps=2,
+               trial_overrides={"embed_dim": 16, "num_heads": 2, "diagnostics_every": 0}, study_epochs=1,
+               study_depths=1, run_estimate=False,
+               memory_depth=4, memory_batch=2, compile_variants=("standard",), data_samples=40,
+               modes_widths=(32,), modes_patches=(8,), modes_depth=1, overhead_depth=2, overhead_batch=4,
+               overhead_reps=2)
+
+
+def ratio_cell(ratios: list[float], percent: bool = False) -> str:
+    """The median ratio and, in brackets, the smallest and largest round's: the spread is this machine's noise."""
+    if percent:
+        return f"{100 * (median(ratios) - 1):+.1f}% [{100 * (min(ratios) - 1):+.0f}, {100 * (max(ratios) - 1):+.0f}]"
+    return f"{median(ratios):.3f}x [{min(ratios):.2f}-{max(ratios):.2f}]"
+
+
+# --- models and data -----------------------------------------------------------------------------------------------
+def ours(residual: str, options: dict, size: dict, fused: bool = True, backbone: dict | None = None):
+    from lit_modules import VisionTransformer
+
+    return VisionTransformer(residual, options, fused_attn=fused, **size, **(backbone or {}))
+
+
+def set_fused_attn(model, enabled: bool):
+    """Fused SDPA or explicit attention on every timm ``Attention`` (ours, timm's, and DCA's cross-attention)."""
+    from timm.layers import Attention
+
+    for m in model.modules():
+        if isinstance(m, Attention):
+            m.fused_attn = enabled
+    return model
+
+
+def random_batch(s: Settings, batch: int | None = None):
+    """A fixed (images, labels) batch on the device (drawn on the CPU: the same numbers on every device)."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    n = batch or s.batch
+    x, y = torch.randn(n, 3, s.img_size, s.img_size, generator=g), torch.randint(0, 10, (n,), generator=g)
+    return x.to(s.device), y.to(s.device)
+
+
+def parse_variants(text: str, labels: list[str]) -> tuple[str, ...]:
+    """Comma-separated labels of ``costs.all_configs()`` (a label may itself hold a comma: the longest match of
+    consecutive items is taken); ``standard``, the reference of sections 2 and 6, is always included, first."""
+    items, chosen, i = text.split(","), ["standard"], 0
+    while i < len(items):
+        j = next((j for j in range(len(items), i, -1) if ",".join(items[i:j]).strip() in labels), None)
+        if j is None:
+            if items[i].strip():
+                raise argparse.ArgumentTypeError(f"unknown variant '{items[i].strip()}'; valid: {', '.join(labels)}")
+            i += 1
+            continue
+        label = ",".join(items[i:j]).strip()
+        if label not in chosen:
+            chosen.append(label)
+        i = j
+    return tuple(chosen)
+
+
+def selected_configs(s: Settings) -> list[tuple[str, str, dict, dict]]:
+    """(label, residual, options, backbone options) of sections 2 and 6: ``s.variants`` (plus standard) when given,
+    else all of ``costs.all_configs()`` or, with ``defaults_only``, the registry's variants at their defaults."""
+    from ablations.costs import all_configs
+    from lit_modules import RESIDUALS
+
+    if s.variants is not None:
+        return [c for c in all_configs() if c[0] in s.variants or c[0] == "standard"]
+    return list(all_configs()[:len(RESIDUALS)] if s.defaults_only else all_configs())  # the registry's rows first
+
+
+def is_dca(residual: str, options: dict) -> bool:
+    """DCA proper (its seed form is built as LAuReL-RW and priced like the others)."""
+    return residual == "dca" and options.get("form", "dca") != "seed"
+
+
+def study_trial(s: Settings):
+    """The RunConfig of the study's representative trial (first variant, middle depth, seed 0) with the mode's
+    overrides, and the spec."""
+    from ablations.run.spec import load_spec
+
+    spec = load_spec(STUDY)
+    grid = spec.grid()
+    depths = sorted({p["depth"] for p in grid if "depth" in p})
+    point = next(p for p in grid if not depths or p["depth"] == depths[len(depths) // 2])
+    return spec, spec.run_config(point, s.trial_overrides)
+
+
+# --- report pieces -------------------------------------------------------------------------------------------------
+@dataclass
+class Section:
+    """One section of the report: a Markdown table, its goals (for the summary) and raw numbers (for the JSON)."""
+
+    name: str
+    title: str
+    setup: str
+    columns: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+    goals: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    data: dict = field(default_factory=dict)
+    wall_s: float = 0.0
+    error: str | None = None
+
+    def goal(self, what: str, value: float, limit: float, text: str, shown: str, at_most: bool = True,
+             rounds: list[float] | None = None) -> list[str]:
+        """Record a goal and return its two table cells: the goal text and the pass/miss mark. With ``rounds``
+        (the per-round values whose median is ``value``) the mark also says in how many rounds the goal held:
+        a goal that holds in some rounds and not in others is within this machine's timing noise."""
+        meets = (lambda v: v <= limit) if at_most else (lambda v: v >= limit)  # noqa: E731
+        passed = meets(value)
+        entry = {"what": what, "value": value, "limit": limit, "goal": text, "result": shown, "passed": passed}
+        if rounds:
+            entry["rounds"], entry["rounds_meeting_goal"] = rounds, sum(map(meets, rounds))
+        self.goals.append(entry)
+        return [text, goal_mark(entry)]
+
+    @property
+    def passed(self) -> bool | None:
+        if self.error:
+            return False
+        return all(g["passed"] for g in self.goals) if self.goals else None
+
+
+def mark(passed: bool | None) -> str:
+    return "—" if passed is None else "pass" if passed else "**miss**"
+
+
+def goal_mark(goal: dict) -> str:
+    rounds = f" ({goal['rounds_meeting_goal']}/{len(goal['rounds'])} rounds)" if goal.get("rounds") else ""
+    return mark(goal["passed"]) + rounds
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f}"
+
+
+def mib(nbytes: float) -> str:
+    return f"{nbytes / 2**20:,.1f}"
+
+
+def table(columns: list[str], rows: list[list[str]]) -> str:
+    def numeric(i: int) -> bool:  # right-align a column whose filled cells are mostly numbers
+        cells = [row[i] for row in rows if row[i]]
+        return 2 * sum(c[0].isdigit() or c[0] in "+-" for c in cells) >= len(cells) > 0
+
+    aligns = ["---:" if i and numeric(i) else "---" for i in range(len(columns))]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join(aligns) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])

@@ -1,0 +1,296 @@
+"""Train-step sections: our backbone vs timm's (1), every variant vs standard (2), MFU (4), memory (6),
+model.compile() (9) and the new designs' overhead (11)."""
+
+from __future__ import annotations
+
+import copy
+import time
+
+from .harness import (
+    Section,
+    Settings,
+    is_dca,
+    mib,
+    ms,
+    ours,
+    random_batch,
+    ratio_cell,
+    selected_configs,
+    set_fused_attn,
+)
+from .timing import interleave, median, paired_ratio, round_ratios, synchronised, train_step
+
+
+# --- 1. our backbone vs timm's --------------------------------------------------------------------------------------
+def bench_timm(s: Settings) -> Section:
+    from timm.models.vision_transformer import VisionTransformer as TimmViT
+
+    size = s.vit(s.depth)
+    models = {
+        "timm": set_fused_attn(TimmViT(**size), True),
+        "ours standard": ours("standard", {}, size),
+        "timm init_values=1e-5": set_fused_attn(TimmViT(**size, init_values=1e-5), True),
+        "ours layerscale 1e-5": ours("layerscale", {"init_value": 1e-5}, size),
+    }
+    batch = random_batch(s)
+    times = interleave({k: train_step(m.to(s.device), batch, s.precision) for k, m in models.items()},
+                       reps=s.reps, steps=s.steps, warmup=s.warmup, device=s.device)
+    sec = Section("timm", "1. Train step: our backbone vs timm's VisionTransformer",
+                  f"{s.describe(s.depth)}; {s.mode_text()}, AdamW; {s.reps} rounds x {s.steps} steps",
+                  ["model", "ms/step", "vs timm (same config) [round min-max]", "goal", "mark"])
+    for name, reference in (("timm", None), ("ours standard", "timm"), ("timm init_values=1e-5", None),
+                            ("ours layerscale 1e-5", "timm init_values=1e-5")):
+        row = [name, ms(median(times[name]))]
+        if reference is None:
+            row += ["reference", "", ""]
+        else:
+            ratios = round_ratios(times, name, reference)
+            ratio = median(ratios)
+            row += [ratio_cell(ratios), *sec.goal(f"{name} / {reference}", ratio, 1.02, "≤ 1.02x", f"{ratio:.3f}x",
+                                                  rounds=ratios)]
+        sec.rows.append(row)
+    sec.data = {"times_s": times}
+    return sec
+
+
+# --- 2. every variant vs standard ----------------------------------------------------------------------------------
+def bench_variants(s: Settings) -> Section:
+    from ablations.costs import measure
+
+    size = s.vit(s.variant_depth)
+    configs = selected_configs(s)
+    models = {label: ours(res, opts, size, backbone=kw) for label, res, opts, kw in configs}
+    costs = {label: measure(res, opts, **size, **kw) for label, res, opts, kw in configs}
+    batch = random_batch(s)
+    times = interleave({k: train_step(m.to(s.device), batch, s.precision) for k, m in models.items()},
+                       reps=s.reps, steps=s.steps, warmup=s.warmup, device=s.device)
+    sec = Section("variants", "2. Each variant vs standard: train-step time, parameters, FLOPs",
+                  f"{s.describe(s.variant_depth)}; {s.mode_text()}, AdamW; {s.reps} rounds x {s.steps} steps; "
+                  "FLOPs: forward, batch 1, explicit attention (ablations.costs)",
+                  ["variant", "params", "+params", "+FLOPs", "ms/step", "time vs standard [round min-max]", "goal", "mark"])
+    base = costs["standard"]
+    rows = {}
+    for label, res, opts, kw in configs:
+        c = costs[label]
+        flop_oh = 100.0 * (c["flops"] - base["flops"]) / base["flops"]
+        ratios = round_ratios(times, label, "standard")
+        ratio = median(ratios)
+        row = [label, f"{c['params']:,}", f"{100.0 * (c['params'] - base['params']) / base['params']:+.2f}%",
+               f"{flop_oh:+.2f}%", ms(median(times[label])), ratio_cell(ratios, percent=not is_dca(res, opts))]
+        if label == "standard":
+            row += ["reference", ""]
+        elif is_dca(res, opts):
+            row += sec.goal(f"{label}: time vs standard", ratio, 1.5, "≤ 1.50x (paper: 1.31-1.54x)", f"{ratio:.3f}x",
+                            rounds=ratios)
+        else:
+            limit = 1.0 + (flop_oh + 10.0) / 100.0
+            row += sec.goal(f"{label}: time overhead", ratio, limit, f"≤ {flop_oh + 10:+.1f}% (FLOPs + 10 pp)",
+                            f"{100 * (ratio - 1):+.1f}%", rounds=ratios)
+        sec.rows.append(row)
+        rows[label] = {"residual": res, "options": opts, "backbone": kw, **c, "flops_overhead_pct": flop_oh,
+                       "time_ratio": ratio, "time_ratios": ratios}
+    sec.notes.append("DCA rows have the DCA goal (≤ 1.5x per step) instead of FLOPs + 10 pp: its extra work is "
+                     "elementwise and memory-bound, which a FLOP count does not see. Per token and block, GRN-v3 "
+                     "touches outputs x t x D values (t = stack size) against ~24 D² multiply-adds of the block's "
+                     "matmuls, so its relative cost grows with depth and shrinks with width: at D = 192 it is larger "
+                     "than at the paper's widths. The fig10_B GRN runs as one fused, chunked autograd Function "
+                     "(lit_modules/residual/dca.py: ReLUMix).")
+    sec.data = {"variants": rows, "times_s": times}
+    return sec
+
+
+# --- 4. model FLOPs utilisation ------------------------------------------------------------------------------------
+def bench_mfu(s: Settings) -> Section:
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.flop_counter import FlopCounterMode
+
+    cuda = s.device == "cuda"
+    model = ours("standard", {}, s.vit(s.depth)).to(s.device)
+    batch = random_batch(s)
+    set_fused_attn(model, False)  # the counter has no formula for the CPU SDPA kernel: count explicit attention
+    counter = FlopCounterMode(display=False)
+    with counter:
+        F.cross_entropy(model(batch[0]), batch[1]).backward()
+    step_flops = counter.get_total_flops()
+    model.zero_grad(set_to_none=True)
+    set_fused_attn(model, True)
+    size, dtype = (s.cuda_mm_size, torch.bfloat16) if cuda else (s.mm_size, torch.float32)
+    g = torch.Generator(device=s.device).manual_seed(0)
+    a, b = (torch.randn(size, size, generator=g, device=s.device, dtype=dtype) for _ in range(2))
+    times = interleave({"train step": train_step(model, batch, s.precision), "matmul": lambda: torch.mm(a, b)},
+                       reps=s.reps, steps=s.steps, warmup=s.warmup, device=s.device)
+    step_rate = step_flops / median(times["train step"])
+    peak = 2 * size**3 / median(times["matmul"])
+    mfu = median([step_flops / ts / (2 * size**3 / tm) for ts, tm in zip(times["train step"], times["matmul"],
+                                                                         strict=True)])
+    kind = "bf16" if cuda else "fp32"
+    sec = Section("mfu", "4. Model FLOPs utilisation of the train step",
+                  f"ours standard, {s.describe(s.depth)}; {s.mode_text()} (FLOPs counted with explicit "
+                  f"attention, forward + backward); peak = {kind} torch.mm {size}x{size}"
+                  + (" on the GPU" if cuda else ", same threads")
+                  + f"; {s.reps} rounds x {s.steps} calls, interleaved",
+                  ["quantity", "value", "goal", "mark"])
+    mfu_cells = (["report only", "—"] if cuda else
+                 sec.goal("MFU", mfu, 0.55, "≥ 55%", f"{100 * mfu:.1f}%", at_most=False))
+    sec.rows += [["train-step FLOPs (fwd + bwd)", f"{step_flops / 1e9:.2f} GFLOP", "", ""],
+                 ["train-step time", f"{ms(median(times['train step']))} ms", "", ""],
+                 ["train-step FLOP rate", f"{step_rate / 1e9:.0f} GFLOP/s", "", ""],
+                 [f"{kind} matmul peak ({size}²)", f"{peak / 1e9:.0f} GFLOP/s", "", ""],
+                 ["MFU", f"{100 * mfu:.1f}%", *mfu_cells]]
+    sec.notes.append("The optimizer step (elementwise) adds no counted FLOPs but costs time, as it would in "
+                     "any MFU figure. MFU is the median over rounds of the in-round ratio.")
+    if cuda:
+        sec.notes.append("On a GPU the CPU's 55% goal does not apply: a ViT-Tiny step at batch 64 is a few GFLOP "
+                         "spread over hundreds of small kernels, bound by their launches and by memory traffic, "
+                         "not by the tensor cores; the figure is reported, not judged.")
+    sec.data = {"train_step_flops": step_flops, "step_flops_per_s": step_rate, "peak_flops_per_s": peak,
+                "mfu": mfu, "times_s": times}
+    return sec
+
+
+# --- 6. memory -----------------------------------------------------------------------------------------------------
+def bench_memory(s: Settings) -> Section:
+    cuda = s.device == "cuda"
+    batch = random_batch(s, s.memory_batch)
+    sec = Section("memory", f"6. Peak training memory per variant at depth {s.memory_depth}",
+                  f"{s.describe(s.memory_depth, s.memory_batch)}; {s.mode_text()}, AdamW; "
+                  + ("torch.cuda.max_memory_allocated over one training step (after one warm-up step)" if cuda else
+                     "CPU: bytes of the unique storages autograd saves for backward during the forward "
+                     "(torch.autograd.graph.saved_tensors_hooks; parameters excluded) + parameters, gradients and "
+                     "AdamW's two moments (4x parameter bytes)"),
+                  ["variant", "params", "peak allocated MiB" if cuda else "saved activations MiB", "params+grads+AdamW MiB",
+                   "total MiB", "vs standard", "goal", "mark"])
+    configs = selected_configs(s)
+    rows = {}
+    for label, res, opts, kw in configs:
+        model = ours(res, opts, s.vit(s.memory_depth), backbone=kw)
+        state = 4 * sum(p.numel() * p.element_size() for p in model.parameters())
+        activations = None if cuda else saved_activation_bytes(model, batch)
+        rows[label] = {"params": sum(p.numel() for p in model.parameters()), "saved_activation_bytes": activations,
+                       "state_bytes": state,
+                       "total_bytes": cuda_peak_bytes(model, batch, s.precision) if cuda else activations + state}
+        del model
+    full_dca = next((label for label, res, opts, _ in configs if res == "dca" and not opts), None)
+    for label, res, opts, _ in configs:
+        r = rows[label]
+        row = [label, f"{r['params']:,}", mib(r["total_bytes"] if cuda else r["saved_activation_bytes"]),
+               mib(r["state_bytes"]), mib(r["total_bytes"]), f"{r['total_bytes'] / rows['standard']['total_bytes']:.2f}x"]
+        if full_dca and res == "dca" and "k" in opts:
+            full = rows[full_dca]["total_bytes"]
+            row += sec.goal(f"{label} vs {full_dca}", r["total_bytes"], full, f"< {full_dca} ({mib(full)} MiB)",
+                            f"{100 * (1 - r['total_bytes'] / full):.0f}% less")
+        else:
+            row += ["", ""]
+        sec.rows.append(row)
+    sec.notes.append("Not counted on CPU: short-lived temporaries inside single ops and allocator overhead; "
+                     "the saved activations are at their peak at the end of the forward, before backward frees them.")
+    sec.data = {"method": "cuda.max_memory_allocated" if cuda else "saved_tensors_hooks + 4x params",
+                "variants": rows}
+    return sec
+
+
+def saved_activation_bytes(model, batch) -> int:
+    import torch
+    import torch.nn.functional as F
+
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t  # kept alive by the graph until backward, so a data pointer identifies one storage
+
+    model.train()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = F.cross_entropy(model(batch[0]), batch[1])
+    del loss
+    return sum(saved.values())
+
+
+def cuda_peak_bytes(model, batch, precision: str = "32-true") -> int:
+    import torch
+
+    model = model.cuda()
+    step = train_step(model, tuple(t.cuda() for t in batch), precision)
+    step()  # optimizer state exists from here on
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    model.cpu()
+    torch.cuda.empty_cache()
+    return peak
+
+
+# --- 9. model.compile() --------------------------------------------------------------------------------------------
+def bench_compile(s: Settings) -> Section:
+    from ablations.costs import default_configs
+
+    size = s.vit(s.depth)
+    batch = random_batch(s)
+    fns, compile_s = {}, {}
+    for label in s.compile_variants:
+        _, res, opts = next(c for c in default_configs() if c[0] == label)
+        eager = ours(res, opts, size).to(s.device)
+        compiled = copy.deepcopy(eager)
+        compiled.compile()  # in place (nn.Module.compile): parameter names unchanged
+        fns[f"{label} eager"] = train_step(eager, batch, s.precision)
+        fns[f"{label} compiled"] = train_step(compiled, batch, s.precision)
+        first = synchronised(fns[f"{label} compiled"]) if s.device == "cuda" else fns[f"{label} compiled"]
+        t0 = time.perf_counter()
+        first()  # first call: dynamo + inductor compile forward and backward
+        compile_s[label] = time.perf_counter() - t0
+    times = interleave(fns, reps=s.reps, steps=s.steps, warmup=s.warmup, device=s.device)
+    sec = Section("compile", "9. model.compile() (opt-in)",
+                  f"{s.describe(s.depth)}; {s.mode_text()}, AdamW (not compiled); {s.reps} rounds x {s.steps} "
+                  "steps; compile time = first compiled step minus a compiled step",
+                  ["variant", "eager ms/step", "compiled ms/step", "compiled vs eager", "compile time", "goal", "mark"])
+    for label in s.compile_variants:
+        e, c = f"{label} eager", f"{label} compiled"
+        ratio = paired_ratio(times, c, e)
+        sec.rows.append([label, ms(median(times[e])), ms(median(times[c])), f"{ratio:.3f}x",
+                         f"{compile_s[label] - median(times[c]):.1f} s", "report only", "—"])
+    sec.notes.append("Inductor caches compiled kernels on disk: a second run compiles much faster than a cold one.")
+    sec.data = {"times_s": times, "first_compiled_step_s": compile_s}
+    return sec
+
+
+# --- 10. the new designs' overhead ---------------------------------------------------------------------------------
+#: issue 27's goals: train-step time vs standard of the designs whose extra work is depth aggregation or n streams
+OVERHEAD_GOALS = {"attn_res": 1.3, "hyper_connections": 1.3, "dca": 1.3, "mhc": 1.5, "denseformer": 1.1}
+
+
+def bench_overhead(s: Settings) -> Section:
+    """Each of ``OVERHEAD_GOALS``' variants at its defaults vs standard, interleaved in one run (section 2's
+    method at depth ``overhead_depth``, batch ``overhead_batch``): the cost of their implementation, not of their
+    FLOPs (each adds ≤ 10 % FLOPs)."""
+    from ablations.costs import measure
+
+    size = s.vit(s.overhead_depth)
+    labels = ["standard", *OVERHEAD_GOALS]
+    models = {label: ours(label, {}, size) for label in labels}
+    costs = {label: measure(label, {}, **size) for label in labels}
+    batch = random_batch(s, s.overhead_batch)
+    times = interleave({k: train_step(m.to(s.device), batch, s.precision) for k, m in models.items()},
+                       reps=s.overhead_reps, steps=s.steps, warmup=s.warmup, device=s.device)
+    sec = Section("overhead", "11. The new designs' step time vs standard (issue 27)",
+                  f"{s.describe(s.overhead_depth, s.overhead_batch)}; {s.mode_text()}, AdamW; {s.overhead_reps} "
+                  f"rounds x {s.steps} steps; each variant at its defaults",
+                  ["variant", "+FLOPs", "ms/step", "time vs standard [round min-max]", "goal", "mark"])
+    base = costs["standard"]["flops"]
+    for label in labels:
+        row = [label, f"{100.0 * (costs[label]['flops'] - base) / base:+.2f}%", ms(median(times[label]))]
+        if label == "standard":
+            sec.rows.append(row + ["reference", "", ""])
+            continue
+        ratios = round_ratios(times, label, "standard")
+        ratio, limit = median(ratios), OVERHEAD_GOALS[label]
+        sec.rows.append(row + [ratio_cell(ratios), *sec.goal(f"{label} / standard", ratio, limit, f"≤ {limit:.2f}x",
+                                                             f"{ratio:.3f}x", rounds=ratios)])
+    sec.data = {"ratios": {label: round_ratios(times, label, "standard") for label in OVERHEAD_GOALS},
+                "times_s": times, "flops": {label: c["flops"] for label, c in costs.items()}}
+    return sec
