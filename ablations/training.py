@@ -142,7 +142,7 @@ def mixup_options(config: RunConfig) -> dict[str, float]:
 
 def _diagnostics_callback(config: RunConfig, datamodule: Any) -> Any | None:
     try:
-        from lit_modules.diagnostics import DiagnosticsCallback
+        from lit_modules.diagnostics_logging import DiagnosticsCallback
     except ImportError as exc:  # the module is optional while it is being written
         warnings.warn(f"diagnostics_every={config.diagnostics_every} ignored: {exc}", stacklevel=3)
         return None

@@ -15,7 +15,8 @@ from backbone import TINY, _float64_one_thread, assert_bad_options, build, pertu
 from timm.layers import DropPath
 from torch import nn
 
-from lit_modules.diagnostics import TAGS, collect_diagnostics, log_diagnostics
+from lit_modules.diagnostics import TAGS, collect_diagnostics
+from lit_modules.diagnostics_logging import log_diagnostics
 from lit_modules.residual.attn_res import AttnRes, BlockSources
 from lit_modules.residual.base import BlockArgs
 from lit_modules.residual.denseformer import DWA, DWAStream

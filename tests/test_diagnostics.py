@@ -16,15 +16,14 @@ from lit_modules.diagnostics import (
     DEFAULT_TAU,
     SIMILAR_SHARE,
     TAGS,
-    DiagnosticsCallback,
     attention_similarity,
     block_grad_norms,
     branch_ratios,
     collect_diagnostics,
-    diagnostic_scalars,
     similar_blocks,
     stream_rms,
 )
+from lit_modules.diagnostics_logging import DiagnosticsCallback, diagnostic_scalars
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -355,7 +354,7 @@ def test_callback_logs_on_diagnostic_epochs_only(tmp_path, monkeypatch):
     from lightning.pytorch.loggers import TensorBoardLogger
     from tensorboard.backend.event_processing.event_accumulator import IMAGES, SCALARS, TENSORS, EventAccumulator
 
-    import lit_modules.diagnostics as diag
+    import lit_modules.diagnostics_logging as diag
 
     class Tiny(pl.LightningModule):
         def __init__(self):

@@ -19,7 +19,8 @@ from timm.layers import DropPath
 from torch import nn
 
 from lit_modules import VisionTransformer
-from lit_modules.diagnostics import TAGS, collect_diagnostics, composite_gain, diagnostic_scalars
+from lit_modules.diagnostics import TAGS, collect_diagnostics, composite_gain
+from lit_modules.diagnostics_logging import diagnostic_scalars
 from lit_modules.residual.base import BlockArgs
 from lit_modules.residual.hyper_connections import HyperBlock, HyperConnections, MultiStream
 from lit_modules.residual.mhc import MHC, identity_logit, sinkhorn_knopp

@@ -17,7 +17,8 @@ from timm.layers import DropPath
 from torch import nn
 
 from lit_modules import RESIDUALS, VisionTransformer
-from lit_modules.diagnostics import collect_diagnostics, diagnostic_scalars
+from lit_modules.diagnostics import collect_diagnostics
+from lit_modules.diagnostics_logging import diagnostic_scalars
 from lit_modules.residual.base import BlockArgs
 from lit_modules.residual.deepnorm import deepnorm_alpha, deepnorm_beta
 from lit_modules.residual.ortho import Ortho

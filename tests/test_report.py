@@ -529,7 +529,7 @@ def test_collapse_table_from_hand_made_events():
 def test_mixing_gain_table_from_hand_made_events():
     """The composite-gain table: each ok run's last logged gains, mean ± sd (max), n; none without the tags."""
     from ablations.report.events import RunEvents
-    from ablations.report.tables import GAIN_TAGS
+    from ablations.report.model_tables import GAIN_TAGS
     from lit_modules.diagnostics import TAGS
 
     assert GAIN_TAGS == {"forward": TAGS["composite_gain_forward"], "backward": TAGS["composite_gain_backward"]}

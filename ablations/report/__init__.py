@@ -43,25 +43,11 @@ from __future__ import annotations
 
 from ..layout import REPORT_RUN
 from .cli import build_parser, main
+from .format import Column, Table, render, write_table
 from .load import BASELINE, ReportError, Run, StudyData, best_per_row, collect, open_study, result_trials
+from .model_tables import collapse_records, collapse_table, cost_table, gain_records, gain_table
 from .stats import ALPHA, POWER, Cell, Paired, family_size, holm, main_cells, mde, paired
-from .tables import (
-    Column,
-    Table,
-    cell_text,
-    collapse_records,
-    collapse_table,
-    convergence_table,
-    cost_table,
-    gain_records,
-    gain_table,
-    importance_table,
-    main_table,
-    paired_table,
-    render,
-    search_table,
-    write_table,
-)
+from .tables import cell_text, convergence_table, importance_table, main_table, paired_table, search_table
 
 __all__ = [
     "ALPHA", "BASELINE", "POWER", "REPORT_RUN", "Cell", "Column", "Paired", "ReportError", "Run", "StudyData", "Table",

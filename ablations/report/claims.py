@@ -21,9 +21,10 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .format import Column, Table, frame, latex_escape, p_text
 from .load import StudyData
 from .stats import ALPHA, POWER, Cell, adjust, compare, make_cell
-from .tables import CI_LABEL, Column, Table, all_equal, ci_text, equal_text, frame, latex_escape, p_text, signed
+from .tables import CI_LABEL, all_equal, ci_text, equal_text, signed
 
 VERDICTS = ("held", "not held", "not resolved", "untestable")
 CLAIM_KEYS = ["id", "claim", "source", "counts", "variant", "baseline", "depth", "metric", "direction", "n_pairs",

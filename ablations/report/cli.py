@@ -69,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
 def _main(args: argparse.Namespace) -> int:
     from ..overrides import OVERRIDES_ATTR, apply_sets, describe, parse_sets
     from ..run.spec import load_spec
+    from . import format as fmt
     from . import runs as runs_csv
-    from . import tables as tb
     from .load import collect, open_study, open_tune_study
 
     spec = apply_sets(load_spec(args.study, args.budget), parse_sets(args.sets))
@@ -96,7 +96,7 @@ def _main(args: argparse.Namespace) -> int:
 
     written: list[Path] = []
     for table in tables:
-        written += tb.write_table(table, out, study_name)
+        written += fmt.write_table(table, out, study_name)
     written.append(runs_csv.write(data, out / "runs.csv"))  # every result trial: the tables' one input
     notes = [f"{t.name}: {n}" for t in tables for n in t.notes] + notes
     modes = data.modes()
@@ -138,6 +138,7 @@ CONVERGENCE_INPUTS = (*FRACTION_KEYS, AUC_KEY, EPOCH_TIME_KEY, WALL_TIME_KEY)
 def build_tables(data: StudyData, spec, study=None) -> tuple[list, list | None, list[str]]:
     """(tables, the main table's cells (grid studies), notes). Without a ``study`` (from runs.csv) the tables whose
     inputs are not in runs.csv are skipped with a note."""
+    from . import model_tables as mt
     from . import tables as tb
     from .claims import claims_table
     from .load import best_per_row
@@ -163,16 +164,16 @@ def build_tables(data: StudyData, spec, study=None) -> tuple[list, list | None, 
                      "need the storage's configurations or the TensorBoard event files and were not regenerated.")
     elif spec.kind == "grid":
         top_depth = max([*data.depths, *[int(d) for d in spec.axes.get("depth", [])]], default=None)
-        tables.append(tb.cost_table(data, tb.representatives(data, top_depth), depth_note=f"at depth {top_depth}"))
-        collapse = tb.collapse_records(data)  # trials that logged diag/similar_blocks (diagnostics on)
+        tables.append(mt.cost_table(data, mt.representatives(data, top_depth), depth_note=f"at depth {top_depth}"))
+        collapse = mt.collapse_records(data)  # trials that logged diag/similar_blocks (diagnostics on)
         if collapse:
-            tables.append(tb.collapse_table(data, collapse))
-        gains = tb.gain_records(data)  # trials of multi-stream variants with diagnostics on
+            tables.append(mt.collapse_table(data, collapse))
+        gains = mt.gain_records(data)  # trials of multi-stream variants with diagnostics on
         if gains:
-            tables.append(tb.gain_table(data, gains))
+            tables.append(mt.gain_table(data, gains))
     else:
         tables += [tb.importance_table(study, data),
-                   tb.cost_table(data, best_per_row(data), depth_note="for its best trial's configuration")]
+                   mt.cost_table(data, best_per_row(data), depth_note="for its best trial's configuration")]
     return tables, cells, notes
 
 

@@ -406,7 +406,7 @@ def report_figures(study, data, cells, out: Path) -> tuple[list[Path], list[str]
     if data.kind == "grid":
         from lit_modules.diagnostics import DEFAULT_SIM_K, DEFAULT_TAU, SIMILAR_SHARE
 
-        from .tables import collapse_records
+        from .model_tables import collapse_records
 
         records = collapse_records(data)
         if records:

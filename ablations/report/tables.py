@@ -9,214 +9,43 @@ itself (``csv`` names and formats its columns), so the CSV always stays long and
 
 from __future__ import annotations
 
-import csv
-import io
-import math
-import re
 import statistics
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from .events import ATTN_ENTROPY_MEAN, ATTN_SIM_ADJ_MEAN, SIMILAR_BLOCKS, RunEvents, read_run
+from .format import (
+    MARK,
+    MIN_IMPORTANCE_TRIALS,
+    Column,
+    Table,
+    fmt_param,
+    frame,
+    latex_escape,
+    num,
+    p_text,
+    pct,
+    status_notes,
+)
 from .load import (
     AUC_KEY,
     BASELINE,
     EPOCH_TIME_KEY,
     FRACTION_KEYS,
-    PARAMS_KEY,
-    THROUGHPUT_KEY,
     WALL_TIME_KEY,
-    Run,
     StudyData,
     best_per_row,
-    finite,
     first_line,
     mean_of,
 )
 from .stats import ALPHA, CONFIDENCE, POWER, ZERO_SD, Cell, family_size
 
-MARK = "*"  # Holm-significant paired difference
-MIN_IMPORTANCE_TRIALS = 4  # fewer completed trials in a scope: a note instead of importances
-_TEX = {"&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
-        "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "\\": r"\textbackslash{}",
-        "†": r"$^{\dagger}$", "±": r"$\pm$", "×": r"$\times$", "≥": r"$\geq$", "<": r"$<$", ">": r"$>$",
-        "—": "---", "–": "--", "−": "$-$", "‖": r"$\|$", "Δ": r"$\Delta$", "γ": r"$\gamma$", "α": r"$\alpha$",
-        "′": r"$'$", "·": r"$\cdot$", "√": r"$\surd$", "≤": r"$\leq$", "τ": r"$\tau$", "≈": r"$\approx$"}
-
-
-# --- the one formatter -------------------------------------------------------------------------------------------
-@dataclass
-class Column:
-    """How a frame column (``key``) is shown in Markdown / LaTeX.
-
-    ``fmt`` formats a number (after ``scale``, followed by ``suffix``); without ``fmt`` the value is text. A
-    ``render(record, style)`` callable replaces both and returns the final text (LaTeX already escaped).
-    ``per_depth`` columns repeat per depth: ``header`` is then a template with ``{depth}`` (Markdown) and ``sub``
-    the header under the LaTeX group "depth d"."""
-
-    key: str
-    header: str
-    fmt: str | None = None
-    scale: float = 1.0
-    suffix: str = ""
-    align: str = ""  # l | r; default: r for numbers and rendered cells, l for text
-    render: Callable[[Mapping[str, Any], str], str] | None = None
-    per_depth: bool = False
-    sub: str = ""
-
-    @property
-    def alignment(self) -> str:
-        return self.align or ("l" if self.fmt is None and self.render is None else "r")
-
-    def text(self, record: Mapping[str, Any] | None, style: str) -> str:
-        if record is None:
-            return "—" if style == "md" else "---"
-        if self.render is not None:
-            return self.render(record, style)
-        value = record.get(self.key)
-        if self.fmt is None:
-            text = "—" if value is None or value == "" else str(value)
-        else:
-            text = num(value if value is None or self.scale == 1.0 else value * self.scale, self.fmt)
-            text += self.suffix if text != "—" else ""
-        return text if style == "md" else latex_escape(text)
-
-
-@dataclass
-class Table:
-    """One table: ``frame`` (numbers), ``columns`` (the Markdown/LaTeX view), ``csv`` ((frame column, CSV
-    header, format) triples; format "" for text and ints)."""
-
-    name: str
-    title: str
-    caption: str
-    frame: Any  # pandas DataFrame, dtype object: Python numbers, None when undefined
-    columns: list[Column]
-    csv: list[tuple[str, str, str]]
-    notes: list[str] = field(default_factory=list)
-    index: str = "variant"  # the line key of a wide (per-depth) view
-
-    def markdown(self) -> str:
-        return render(self, "md")
-
-    def latex(self, label: str) -> str:
-        return render(self, "tex", label=label)
-
-    def to_csv(self) -> str:
-        return render(self, "csv")
-
-
-def render(table: Table, style: str, label: str = "") -> str:
-    """``table`` as Markdown (``md``: title, table, caption, notes), LaTeX (``tex``: a booktabs ``table`` float
-    with caption and label) or ``csv`` (the frame)."""
-    records = table.frame.to_dict("records")
-    if style == "csv":
-        out = io.StringIO()
-        writer = csv.writer(out, lineterminator="\n")
-        writer.writerow([header for _, header, _ in table.csv])
-        for rec in records:
-            writer.writerow([csv_value(rec.get(key), fmt) for key, _, fmt in table.csv])
-        return out.getvalue()
-    fixed = [c for c in table.columns if not c.per_depth]
-    spread = [c for c in table.columns if c.per_depth]
-    if spread:  # wide: one line per index value, one column group per depth
-        depths = list(dict.fromkeys(rec.get("depth") for rec in records))
-        lines = list(dict.fromkeys(rec[table.index] for rec in records))
-        at = {(rec[table.index], rec.get("depth")): rec for rec in records}
-        body = [[c.text(at.get((line, depths[0])) if depths else None, style) for c in fixed]
-                + [c.text(at.get((line, d)), style) for d in depths for c in spread] for line in lines]
-        headers = [c.header for c in fixed] + [c.header.format(depth=d) if d is not None else c.sub
-                                                for d in depths for c in spread]
-        align = "".join(c.alignment for c in fixed) + "".join(c.alignment for _ in depths for c in spread)
-    else:
-        depths = []
-        body = [[c.text(rec, style) for c in fixed] for rec in records]
-        headers = [c.header for c in fixed]
-        align = "".join(c.alignment for c in fixed)
-    if style == "md":
-        from tabulate import tabulate
-
-        text = tabulate(body, headers=headers, tablefmt="pipe", disable_numparse=True,
-                        colalign=[{"l": "left", "r": "right"}[a] for a in align]) if body else \
-            "| " + " | ".join(headers) + " |\n|" + "|".join("---" for _ in headers) + "|"
-        parts = [f"### {table.title}", "", text, "", table.caption]
-        parts += [f"\nNote: {n}" for n in table.notes]
-        return "\n".join(parts) + "\n"
-    caption = latex_escape(table.caption + "".join(f" Note: {n}" for n in table.notes))
-    head = [" & ".join(latex_escape(h) for h in headers) + r" \\"]
-    if spread and depths != [None]:  # two header lines: "depth d" groups over their sub-columns
-        k, width = len(fixed), len(spread)
-        groups = [rf"\multicolumn{{{width}}}{{c}}{{depth {d}}}" for d in depths]
-        rules = "".join(rf"\cmidrule(lr){{{k + 1 + i * width}-{k + (i + 1) * width}}}" for i in range(len(depths)))
-        subs = [latex_escape(c.header) for c in fixed] + [latex_escape(c.sub) for _ in depths for c in spread]
-        head = [" & ".join([""] * k + groups) + r" \\", rules, " & ".join(subs) + r" \\"]
-    return "\n".join([r"\begin{table}", r"\centering", rf"\caption{{{caption}}}", rf"\label{{{label}}}",
-                      rf"\begin{{tabular}}{{{align}}}", r"\toprule", *head, r"\midrule",
-                      *(" & ".join(line) + r" \\" for line in body), r"\bottomrule", r"\end{tabular}",
-                      r"\end{table}"]) + "\n"
-
-
-def write_table(table: Table, out: Path, study_name: str) -> list[Path]:
-    """``<out>/<name>.md``, ``.tex`` and ``.csv``."""
-    out.mkdir(parents=True, exist_ok=True)
-    label = "tab:" + re.sub(r"[^A-Za-z0-9]+", "-", f"{study_name}-{table.name}")
-    paths = []
-    for ext, text in (("md", table.markdown()), ("tex", table.latex(label)), ("csv", table.to_csv())):
-        path = out / f"{table.name}.{ext}"
-        with open(path, "w", encoding="utf-8", newline="\n") as fh:
-            fh.write(text)
-        paths.append(path)
-    return paths
-
-
-def frame(records: Sequence[Mapping[str, Any]], columns: Sequence[str]):
-    """A DataFrame of ``records`` (dtype object: numbers stay Python numbers, None stays None)."""
-    import pandas as pd
-
-    return pd.DataFrame([[rec.get(c) for c in columns] for rec in records], columns=list(columns), dtype=object)
-
-
-def num(x: float | None, fmt: str) -> str:
-    return "—" if x is None or not math.isfinite(x) else format(x, fmt)
-
-
-def pct(x: float | None, digits: int = 2) -> str:
-    return num(None if x is None else 100.0 * x, f".{digits}f")
-
-
-def p_text(p: float | None) -> str:
-    return "—" if p is None else ("<0.001" if p < 0.001 else f"{p:.3f}")
-
-
-def csv_value(value: Any, fmt: str) -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return ""
-    if isinstance(value, bool):
-        return str(int(value))
-    if isinstance(value, (list, tuple)):
-        return " ".join(str(v) for v in value)
-    return format(value, fmt) if fmt and isinstance(value, (int, float)) else str(value)
-
-
-def latex_escape(text: str) -> str:
-    return "".join(_TEX.get(ch, ch) for ch in str(text))
-
-
-def fmt_param(v: Any) -> str:
-    return format(v, ".4g") if isinstance(v, float) else str(v)
-
-
-def status_notes(data: StudyData) -> list[str]:
-    return [f"{data.pending} trial(s) still running or waiting are not included."] if data.pending else []
-
-
 # --- main table (grid studies) -------------------------------------------------------------------------------------
 MAIN_KEYS = ["variant", "depth", "lr", "n", "n_runs", "mean", "std", "n_diverged", "n_failed", "best", "baseline",
              "seeds", "n_pairs", "delta", "sd", "ci_low", "ci_high", "p_t", "p_t_holm", "p_wilcoxon",
              "p_wilcoxon_holm", "wilcoxon_too_small", "mde", "significant", "n_diverged_pairs", "pair_seeds"]
+
+
 CI_LABEL = f"{100 * CONFIDENCE:.0f}% CI, unadjusted"
 
 
@@ -463,270 +292,6 @@ def convergence_table(data: StudyData) -> Table:
                "div. = diverged runs (not in the means).")
     keys = ["variant", "depth", "n", *FRACTION_KEYS, AUC_KEY, EPOCH_TIME_KEY, WALL_TIME_KEY, "n_diverged"]
     return Table("convergence", f"{data.name}: convergence", caption, frame(records, keys), columns, csv_cols)
-
-
-# --- attention collapse (DeepViT) ------------------------------------------------------------------------------------
-COLLAPSE_KEYS = ["variant", "depth", "n", "similar_blocks", "similar_blocks_std", "similar_blocks_fraction",
-                 "attn_sim_adj_mean", "attn_entropy_mean", "epochs"]
-
-
-def collapse_records(data: StudyData, events: Mapping[int, RunEvents] | None = None) -> list[dict[str, Any]]:
-    """One record per row × depth of a grid study: the number of similar blocks (``diag/similar_blocks``) of each ok
-    run at its last logged epoch — mean, sample sd and n over the runs that logged it — the mean fraction
-    count / (depth − 1), and the means of ``diag/attn_sim_adj_mean`` and ``diag/attn_entropy_mean`` at that epoch.
-    ``events`` maps trial number -> RunEvents (default: each run's event files). Empty when no run logged it."""
-    records, found = [], False
-    for row in data.rows:
-        for depth in data.depths or [None]:
-            counts, fractions, adj, entropy, epochs = [], [], [], [], set()
-            for run in data.by_row_depth(row, depth):
-                if not run.ok:
-                    continue
-                ev = events.get(run.number, RunEvents()) if events is not None else read_run(run.log_dir)
-                last = ev.last_value(SIMILAR_BLOCKS)
-                if last is None:
-                    continue
-                step, count = last
-                counts.append(count)
-                epochs.add(step + 1)
-                if run.depth is not None and run.depth > 1:
-                    fractions.append(count / (run.depth - 1))
-                for tag, sink in ((ATTN_SIM_ADJ_MEAN, adj), (ATTN_ENTROPY_MEAN, entropy)):
-                    if step in ev.scalars.get(tag, {}):
-                        sink.append(ev.scalars[tag][step])
-            found = found or bool(counts)
-            records.append({"variant": row, "depth": depth, "n": len(counts), "similar_blocks": mean_of(counts),
-                            "similar_blocks_std": statistics.stdev(counts) if len(counts) >= 2 else None,
-                            "similar_blocks_fraction": mean_of(fractions), "attn_sim_adj_mean": mean_of(adj),
-                            "attn_entropy_mean": mean_of(entropy), "epochs": sorted(epochs)})
-    return records if found else []
-
-
-def similar_text(rec: Mapping[str, Any], style: str) -> str:
-    """A collapse cell: ``mean ± sd (n=k)`` similar blocks."""
-    if rec["similar_blocks"] is None:
-        return "—" if style == "md" else "---"
-    pm = " ± " if style == "md" else r" $\pm$ "
-    sd = pm + num(rec["similar_blocks_std"], ".2f") if rec["similar_blocks_std"] is not None else ""
-    return f"{num(rec['similar_blocks'], '.2f')}{sd} (n={rec['n']})"
-
-
-def collapse_table(data: StudyData, records: Sequence[Mapping[str, Any]]) -> Table:
-    """DeepViT's collapse count per variant (rows) and depth (column groups), from :func:`collapse_records`."""
-    from lit_modules.diagnostics import DEFAULT_SIM_K, DEFAULT_TAU, SIMILAR_SHARE
-
-    k = data.config_value("diagnostics_sim_k", DEFAULT_SIM_K)
-    epochs = sorted({e for rec in records for e in rec["epochs"]})
-    at = (f"epoch {epochs[0]}" if len(epochs) == 1 else f"epochs {epochs[0]}–{epochs[-1]}") if epochs else "—"
-    columns = [Column("variant", "variant"),
-               Column("similar_blocks", "similar blocks, depth {depth}", render=similar_text, per_depth=True,
-                      sub="similar blocks"),
-               Column("attn_sim_adj_mean", "adj. sim., depth {depth}", fmt=".3f", per_depth=True,
-                      sub="adj. sim.")]
-    csv_cols = [("variant", "variant", ""), ("depth", "depth", ""), ("n", "n", ""),
-                ("similar_blocks", "similar_blocks_mean", ".4f"), ("similar_blocks_std", "similar_blocks_std", ".4f"),
-                ("similar_blocks_fraction", "similar_blocks_fraction_mean", ".4f"),
-                ("attn_sim_adj_mean", "attn_sim_adj_mean", ".6f"), ("attn_entropy_mean", "attn_entropy_mean", ".6f"),
-                ("epochs", "epochs", "")]
-    caption = (f"Attention collapse (DeepViT) in study {data.name}: the number of similar blocks per variant and "
-               f"depth at each run's last logged epoch ({at}), mean ± sample sd over the ok runs that logged it (n). "
-               f"Project's definition (diag/similar_blocks): block l (0 ≤ l < L−1) is similar when more than "
-               f"{SIMILAR_SHARE:g} of the cosine similarities M between its attention columns and those of the "
-               f"K = {k if k is not None else 'per-run'} following blocks (over images, heads, tokens and those "
-               f"blocks) exceed τ = {DEFAULT_TAU:g}. This is the project's reading of DeepViT's count: the paper's "
-               f"exact τ, K and share were not retrieved (it reports 5 / 11 / 16 similar blocks for a plain ViT at "
-               f"16 / 24 / 32 blocks and none with Re-attention). adj. sim. = mean over the runs of "
-               f"diag/attn_sim_adj_mean (mean M between adjacent blocks). A depth-1 model has no following block (—). "
-               f"Near-uniform attention makes M ≈ 1 trivially: read it beside the attention entropy (CSV "
-               f"attn_entropy_mean, 1 = uniform).")
-    return Table("collapse", f"{data.name}: attention collapse (similar blocks) by depth", caption,
-                 frame(records, COLLAPSE_KEYS), columns, csv_cols, status_notes(data))
-
-
-# --- composite gain of the stream mixing (Hyper-Connections, mHC) ----------------------------------------------------
-GAIN_TAGS = {"forward": "diag/composite_gain/forward", "backward": "diag/composite_gain/backward"}
-GAIN_KEYS = ["variant", "depth", "n", "forward", "forward_std", "forward_max", "backward", "backward_std",
-             "backward_max", "epochs"]
-
-
-def gain_records(data: StudyData, events: Mapping[int, RunEvents] | None = None) -> list[dict[str, Any]]:
-    """One record per row × depth of a grid study: the composite gain of the stream mixing (forward and backward,
-    ``lit_modules.diagnostics.composite_gain``) of each ok run at its last logged epoch — mean, sample sd, largest
-    value and n over the runs that logged it. Empty when no run logged it (no multi-stream variant)."""
-    records, found = [], False
-    for row in data.rows:
-        for depth in data.depths or [None]:
-            values: dict[str, list[float]] = {k: [] for k in GAIN_TAGS}
-            epochs = set()
-            for run in data.by_row_depth(row, depth):
-                ev = (events.get(run.number, RunEvents()) if events is not None else read_run(run.log_dir)) \
-                    if run.ok else RunEvents()
-                last = {k: ev.last_value(tag) for k, tag in GAIN_TAGS.items()}
-                if any(v is None for v in last.values()):
-                    continue
-                for key, (step, value) in last.items():
-                    values[key].append(value)
-                    epochs.add(step + 1)
-            found = found or bool(values["forward"])
-            rec: dict[str, Any] = {"variant": row, "depth": depth, "n": len(values["forward"]),
-                                   "epochs": sorted(epochs)}
-            for key, vs in values.items():
-                rec |= {key: mean_of(vs), f"{key}_std": statistics.stdev(vs) if len(vs) >= 2 else None,
-                        f"{key}_max": max(vs, default=None)}
-            records.append(rec)
-    return records if found else []
-
-
-def gain_text(key: str) -> Callable[[Mapping[str, Any], str], str]:
-    """A gain cell: ``mean ± sd (max m)``."""
-    def render(rec: Mapping[str, Any], style: str) -> str:
-        if rec[key] is None:
-            return "—" if style == "md" else "---"
-        pm = " ± " if style == "md" else r" $\pm$ "
-        sd = pm + num(rec[f"{key}_std"], ".3g") if rec[f"{key}_std"] is not None else ""
-        return f"{num(rec[key], '.3g')}{sd} (max {num(rec[f'{key}_max'], '.3g')})"
-    return render
-
-
-def gain_table(data: StudyData, records: Sequence[Mapping[str, Any]]) -> Table:
-    """The composite gain of the stream mixing per variant (rows) and depth (column groups)."""
-    epochs = sorted({e for rec in records for e in rec["epochs"]})
-    at = (f"epoch {epochs[0]}" if len(epochs) == 1 else f"epochs {epochs[0]}–{epochs[-1]}") if epochs else "—"
-    columns = [Column("variant", "variant"),
-               Column("forward", "forward gain, depth {depth}", render=gain_text("forward"), per_depth=True,
-                      sub="forward gain"),
-               Column("backward", "backward gain, depth {depth}", render=gain_text("backward"), per_depth=True,
-                      sub="backward gain")]
-    csv_cols = [(k, k, ".6g" if k not in ("variant", "depth", "n", "epochs") else "") for k in GAIN_KEYS]
-    caption = (f"Composite gain of the residual-stream mixing in study {data.name}, per variant and depth, at each "
-               f"run's last logged epoch ({at}): with M_k the n×n stream-mixing matrix of site k (Hyper-Connections' "
-               f"A_r, mHC's H_res; for the input-dependent forms its mean over the fixed diagnostic batch's images and "
-               f"tokens), G = M_2L ⋯ M_1 over every attention and MLP site; forward gain = the largest absolute row "
-               f"sum of G, backward gain = the largest absolute column sum (both 1 for identity or doubly stochastic "
-               f"mixing). mean ± sample sd (max over runs) over the ok runs that logged it (n in the CSV). mHC's "
-               f"claim: its gain stays near 1 (the paper reports ≈ 1.6 at 27B scale) where HC's grows (up to ~3000). "
-               f"Variants without stream mixing (a single stream) log no gain (—).")
-    return Table("mixing", f"{data.name}: composite gain of the stream mixing by depth", caption,
-                 frame(records, GAIN_KEYS), columns, csv_cols, status_notes(data))
-
-
-# --- cost ----------------------------------------------------------------------------------------------------------
-_DIM_RE = re.compile(r"^(img_size|in_chans|num_classes|patch_size|mlp_ratio): *([0-9.]+) *$", re.M)
-
-
-def model_dims(run: Run) -> dict[str, Any]:
-    """img_size / in_chans / num_classes / patch_size of the trained model: from the run's ``hparams.yaml``
-    (what was trained), else from the dataset's DataModule (cheap: constructed, not set up)."""
-    dims: dict[str, Any] = {}
-    if run.log_dir is not None and (run.log_dir / "hparams.yaml").is_file():
-        for key, value in _DIM_RE.findall((run.log_dir / "hparams.yaml").read_text()):
-            dims[key] = float(value) if key == "mlp_ratio" else int(float(value))
-    if not {"img_size", "in_chans", "num_classes"} <= set(dims):
-        try:
-            import data as datasets
-
-            dm = datasets.build_datamodule(run.config.get("dataset", "digits"), data_dir=run.config.get("data_dir"),
-                                           **(run.config.get("dataset_options") or {}))
-            dims.update(img_size=dm.img_size, in_chans=dm.in_chans, num_classes=dm.num_classes)
-            dims.setdefault("patch_size", run.config.get("patch_size") or getattr(dm, "default_patch_size", 4))
-        except Exception:  # noqa: BLE001 - e.g. a folder dataset whose data_dir is not on this machine
-            return dims
-    if run.config.get("patch_size"):
-        dims.setdefault("patch_size", run.config["patch_size"])
-    return dims
-
-
-def representatives(data: StudyData, top_depth: int | None) -> dict[str, Run]:
-    """Per row of a grid study the run whose stored config prices it: at the largest depth (a run at another
-    depth is re-priced at ``top_depth``), lowest seed, lowest trial number."""
-    chosen = {}
-    for row in data.rows:
-        runs = sorted((r for r in data.runs if r.row == row and r.config), key=lambda r: (
-            r.depth != top_depth, -(r.depth or 0), r.seed if r.seed is not None else -1, r.number))
-        if runs:
-            rep = runs[0]
-            if rep.depth != top_depth and top_depth is not None:
-                rep = Run(**{**rep.__dict__, "depth": top_depth, "config": {**rep.config, "depth": top_depth}})
-            chosen[row] = rep
-    return chosen
-
-
-def cost_table(data: StudyData, representative: dict[str, Run], *, depth_note: str) -> Table:
-    """Params and forward FLOPs (``costs.measure``, batch 1) of each row's representative config (as the trial
-    stored it) vs the same config with the standard residual; measured train images/s (mean over the row's
-    completed runs at that depth)."""
-    import inspect
-
-    from ..costs import measure
-
-    accepted = set(inspect.signature(measure).parameters)
-    cache: dict[tuple, dict] = {}
-    records, notes = [], []
-    ignored: set[str] = set()
-    for row in data.rows:
-        run = representative.get(row)
-        if run is None:
-            continue
-        cfg = run.config
-        dims = model_dims(run)
-        size = dict(embed_dim=cfg.get("embed_dim"), depth=run.depth or cfg.get("depth"), num_heads=cfg.get("num_heads"),
-                    img_size=dims.get("img_size"), patch_size=dims.get("patch_size"),
-                    num_classes=dims.get("num_classes"), in_chans=dims.get("in_chans"))
-        for key in ("mlp_ratio", "global_pool", "qkv_bias", "class_token"):
-            if key in accepted and key in cfg:
-                size[key] = cfg[key]
-            elif key == "mlp_ratio" and cfg.get(key) is not None:
-                ignored.add(f"mlp_ratio={cfg[key]}")
-        options = dict(cfg.get("residual_options") or {})
-        residual = cfg.get("residual", run.variant)
-        try:
-            if any(v is None for v in size.values()):
-                raise ValueError("model size unknown (no hparams.yaml and the dataset cannot be constructed)")
-            own = _measure(measure, cache, residual, options, size)
-            base = _measure(measure, cache, "standard", {}, size)
-        except Exception as exc:  # noqa: BLE001 - one unmeasurable row must not stop the report
-            own = base = None
-            notes.append(f"{row}: not measured ({first_line(exc)}).")
-        same_depth = [r for r in data.runs if r.row == row and r.depth == run.depth and r.state == "complete"]
-        trained = mean_of(r.summary.get(PARAMS_KEY) for r in same_depth)
-        records.append({
-            "variant": row, "residual": residual,
-            "options": ", ".join(f"{k}={fmt_param(v)}" for k, v in sorted(options.items())),
-            "params": own["params"] if own else None, "flops": own["flops"] if own else None,
-            "params_overhead_pct": 100.0 * (own["params"] - base["params"]) / base["params"] if own and base else None,
-            "flops_overhead_pct": (100.0 * (own["flops"] - base["flops"]) / base["flops"]
-                                   if own and base and base["flops"] else None),
-            "trained_params": round(trained) if trained is not None else None,
-            "train_images_per_s": mean_of(r.summary.get(THROUGHPUT_KEY) for r in same_depth),
-            "n": sum(1 for r in same_depth if finite(r.summary.get(THROUGHPUT_KEY))),
-        })
-    columns = [Column("variant", "variant"), Column("residual", "residual"), Column("options", "options"),
-               Column("params", "params", fmt=","), Column("params_overhead_pct", "+params vs standard", fmt="+.2f",
-                                                           suffix="%"),
-               Column("flops", "forward MFLOPs", fmt=".3f", scale=1e-6),
-               Column("flops_overhead_pct", "+FLOPs vs standard", fmt="+.2f", suffix="%"),
-               Column("trained_params", "trained params", fmt=","), Column(THROUGHPUT_KEY, "train img/s", fmt=".0f"),
-               Column("n", "n", fmt="d")]
-    keys = ["variant", "residual", "options", "params", "params_overhead_pct", "flops", "flops_overhead_pct",
-            "trained_params", THROUGHPUT_KEY, "n"]
-    fmts = {"params_overhead_pct": ".4f", "flops_overhead_pct": ".4f", THROUGHPUT_KEY: ".2f"}
-    caption = (f"Cost per variant {depth_note}: parameters and forward FLOPs (batch 1, matrix products only; "
-               "torch FlopCounterMode via ablations.costs.measure) of the variant's own configuration (as its trial "
-               "stored it), overhead vs the same configuration with the standard residual; trained params = "
-               "param_count of the trained runs (run summary); train img/s = measured training throughput, mean over "
-               "the variant's completed runs at that depth (n).")
-    if ignored:
-        notes.append(f"costs.measure() takes no mlp_ratio: FLOPs/params are for its default MLP width, not the "
-                     f"trained {', '.join(sorted(ignored))}.")
-    return Table("cost", f"{data.name}: cost", caption, frame(records, keys), columns,
-                 [(k, k, fmts.get(k, "")) for k in keys], notes)
-
-
-def _measure(measure, cache: dict, residual: str, options: dict, size: dict) -> dict:
-    key = (residual, repr(sorted(options.items())), repr(sorted(size.items())))
-    if key not in cache:
-        cache[key] = measure(residual, options, **size)
-    return cache[key]
 
 
 # --- search studies ------------------------------------------------------------------------------------------------

@@ -7,8 +7,8 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from .format import Column, Table, fmt_param, frame
 from .load import StudyData, finite
-from .tables import Column, Table, fmt_param, frame
 
 TUNING_KEYS = ["variant", "depth", "lr", "n", "mean", "std", "n_diverged", "n_failed", "seeds", "chosen"]
 
