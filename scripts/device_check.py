@@ -61,15 +61,13 @@ import datetime
 import json
 import os
 import platform
-import re
 import shlex
 import signal
-import statistics
 import subprocess
 import sys
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +76,14 @@ if str(ROOT) not in sys.path:  # run as a file (python scripts/device_check.py):
     sys.path.insert(0, str(ROOT))
 
 from ablations import layout  # noqa: E402
+from ablations.bench.device_figures import (  # noqa: E402
+    BENCH_SECTIONS,
+    TRAIN_FIGURES,
+    StageResult,
+    read_bench,
+    read_cuda_tests,
+    read_train,
+)
 from ablations.cli import OneLineParser  # noqa: E402
 
 FORMAT = 1
@@ -87,7 +93,6 @@ STAGES = ("cuda_tests", "bench", "train")
 TIMEOUTS_S = {"cuda_tests": 60, "bench": 240, "train": 150}
 #: With --short (a shared CPU, tiny sizes): ceilings for a loaded machine, not a budget.
 SHORT_TIMEOUTS_S = {"cuda_tests": 180, "bench": 180, "train": 180}
-BENCH_SECTIONS = ("timm", "variants", "mfu", "data")
 STUDY, BUDGET = "residual_variants", "paper"
 TRAIN_EPOCHS = 2
 #: Without --data-dir: synthetic images of CIFAR-10's shape and size (data/synthetic.py's options).
@@ -99,19 +104,6 @@ SHORT_OVERRIDES = {"max_epochs": 1, "depth": 1, "embed_dim": 16, "num_heads": 2,
                    "diagnostics_every": 0, "precision": "32-true"}
 KILL_GRACE_S = 5  # after SIGTERM at a timeout, before SIGKILL
 
-
-@dataclass
-class StageResult:
-    """One stage's record in ``device_check.json``."""
-
-    status: str  # passed | failed | timeout
-    seconds: float
-    timeout_s: float
-    returncode: int | None
-    command: str
-    log: str
-    error: str | None = None
-    figures: dict = field(default_factory=dict)
 
 
 # --- commands -------------------------------------------------------------------------------------------------------
@@ -225,118 +217,6 @@ def run_stage(name: str, command: list[str], timeout_s: float, out: Path) -> Sta
         result.error = f"exit status {returncode}: {last_line(log)}"
     return result
 
-
-# --- reading each stage's figures -----------------------------------------------------------------------------------
-PYTEST_COUNT = re.compile(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed|warnings?)\b")
-
-
-def pytest_counts(text: str) -> dict[str, int]:
-    """The counts of pytest's last summary line (``1 passed, 2 skipped, 700 deselected in 9.1s``)."""
-    summary = next((ln for ln in reversed(text.splitlines()) if PYTEST_COUNT.search(ln) and " in " in ln), "")
-    counts = {"passed": 0, "skipped": 0, "failed": 0, "errors": 0, "deselected": 0}
-    for number, word in PYTEST_COUNT.findall(summary):
-        key = {"error": "errors", "warning": "warnings"}.get(word, word)
-        counts[key] = counts.get(key, 0) + int(number)
-    return counts
-
-
-def read_cuda_tests(result: StageResult, out: Path, device: str) -> None:
-    """Counts from the log. The stage fails on a failed test, an error (collection errors included), no test marked
-    cuda at all, a CUDA test skipped on ``--device cuda``, or a non-zero exit status."""
-    counts = pytest_counts((out / result.log).read_text(errors="replace"))
-    result.figures = counts
-    if result.status == "timeout":
-        return
-    problems = []
-    if counts["failed"] or counts["errors"]:
-        problems.append(f"{counts['failed']} failed, {counts['errors']} error(s) (collection errors included)")
-    if not counts["passed"] and not counts["skipped"] and not counts["failed"]:
-        problems.append("no test marked cuda ran")
-    if device == "cuda" and counts["skipped"]:
-        problems.append(f"{counts['skipped']} CUDA test(s) skipped on a CUDA device")
-    if result.error:
-        problems.append(result.error)
-    result.status = "failed" if problems else "passed"
-    result.error = "; ".join(problems) or None
-
-
-def read_bench(result: StageResult, bench_out: Path) -> None:
-    """Key figures of ``bench.json``; a missing section or a section error fails the stage."""
-    path = bench_out / "bench.json"
-    if not path.is_file():
-        result.status = "failed" if result.status == "passed" else result.status
-        result.error = result.error or f"no {path}"
-        return
-    report = json.loads(path.read_text())
-    result.figures = bench_figures(report)
-    missing = [s for s in BENCH_SECTIONS if s not in report.get("sections", {})]
-    errors = result.figures["section_errors"]
-    if result.status == "passed" and (missing or errors):
-        result.status = "failed"
-        result.error = "; ".join([f"sections not run: {', '.join(missing)}"] * bool(missing)
-                                 + [f"{name}: {error}" for name, error in errors.items()])
-
-
-def bench_figures(report: dict) -> dict:
-    """The check's figures from a benchmark report: ours/timm, each DCA label vs standard, MFU, images/s, goals."""
-    sections = report.get("sections", {})
-    figures: dict[str, Any] = {}
-    timm = sections.get("timm") or {}
-    figures["ours_vs_timm"] = next((g["value"] for g in timm.get("goals", []) if g["what"] == "ours standard / timm"),
-                                   None)
-    variants = ((sections.get("variants") or {}).get("data") or {}).get("variants") or {}
-    figures["step_time_vs_standard"] = {label: row.get("time_ratio") for label, row in variants.items()
-                                        if label != "standard"}
-    mfu = (sections.get("mfu") or {}).get("data") or {}
-    figures |= {key: mfu.get(key) for key in ("mfu", "step_flops_per_s", "peak_flops_per_s")}
-    figures["data_images_per_s"] = _rates((sections.get("data") or {}).get("data") or {})
-    goals = [g for s in sections.values() for g in s.get("goals", [])]
-    figures["goals_met"] = f"{sum(bool(g['passed']) for g in goals)}/{len(goals)}"
-    figures["section_errors"] = {name: s["error"] for name, s in sections.items() if s.get("error")}
-    return figures
-
-
-def _rates(data: dict, prefix: str = "", depth: int = 0, inside: bool = False) -> dict[str, float]:
-    """Every number under a key containing ``per_s`` (images/s and the like; a list of rounds: its median), nested
-    keys joined with '/'."""
-    found: dict[str, float] = {}
-    for key, value in data.items():
-        name, rate = f"{prefix}{key}", inside or "per_s" in str(key)
-        if isinstance(value, dict) and depth < 3:
-            found |= _rates(value, f"{name}/", depth + 1, rate)
-        elif rate and _is_number(value):
-            found[name] = value
-        elif rate and isinstance(value, list) and value and all(map(_is_number, value)):
-            found[name] = statistics.median(value)
-    return found
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-TRAIN_FIGURES = ("train_images_per_s", "wall_time_s", "time_per_epoch_s", "best_val_acc", "final_val_acc",
-                 "epochs_completed", "diverged", "param_count")
-
-
-def read_train(result: StageResult, out: Path) -> None:
-    """The run's summary figures (``train_summary.json``, written by :func:`train_stage`); a diverged run fails.
-    A run killed at its limit has no summary: its last progress record (``train_progress.json``) is reported."""
-    path = out / "train_summary.json"
-    if not path.is_file():
-        progress = out / "train_progress.json"
-        if progress.is_file():
-            result.figures = {"progress": json.loads(progress.read_text())}
-            p = result.figures["progress"]
-            result.error = (f"{result.error}; " if result.error else "") + (
-                f"by then: epoch {p['epoch']}, {p['images']:,} training images in {p['elapsed_s']:.0f} s "
-                f"({p['images_per_s']:,.0f} images/s)")
-        result.status = "failed" if result.status == "passed" else result.status
-        result.error = result.error or f"no {path.name}"
-        return
-    result.figures = json.loads(path.read_text())
-    if result.status == "passed" and result.figures.get("diverged"):
-        result.status, result.error = "failed", "the run diverged (a non-finite loss)"
 
 
 # --- the training stage's own process -------------------------------------------------------------------------------

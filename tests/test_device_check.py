@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from helpers import assert_one_line_error, run_in_process
 
+from ablations.bench import device_figures
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "device_check.py"
 
@@ -71,8 +73,8 @@ def test_training_config_is_the_paper_budgets_first_point_for_two_epochs():
 # --- records --------------------------------------------------------------------------------------------------------
 def test_pytest_counts_read_the_summary_line():
     text = "SKIPPED [1] tests/test_x.py:3: needs a CUDA device\n1 passed, 2 skipped, 860 deselected, 1 error in 9.1s\n"
-    assert dc.pytest_counts(text) == {"passed": 1, "skipped": 2, "failed": 0, "errors": 1, "deselected": 860}
-    assert dc.pytest_counts("nothing ran") == {"passed": 0, "skipped": 0, "failed": 0, "errors": 0, "deselected": 0}
+    assert device_figures.pytest_counts(text) == {"passed": 1, "skipped": 2, "failed": 0, "errors": 1, "deselected": 860}
+    assert device_figures.pytest_counts("nothing ran") == {"passed": 0, "skipped": 0, "failed": 0, "errors": 0, "deselected": 0}
 
 
 STAGE_THAT_HANGS = """
@@ -155,7 +157,7 @@ def test_bench_figures_pick_the_checks_numbers():
                 "data": {"mfu": 0.2, "step_flops_per_s": 2e14, "peak_flops_per_s": 1e15}},
         "data": {"goals": [], "error": "RuntimeError: boom", "data": {"images_per_s": {"basic": [10.0, 30.0, 20.0]}}},
     }}
-    figures = dc.bench_figures(report)
+    figures = device_figures.bench_figures(report)
     assert figures["ours_vs_timm"] == 1.01 and figures["step_time_vs_standard"] == {"dca (default)": 1.4}
     assert figures["mfu"] == 0.2 and figures["step_flops_per_s"] == 2e14
     assert figures["data_images_per_s"] == {"images_per_s/basic": 20.0}
