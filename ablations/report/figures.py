@@ -73,7 +73,7 @@ def similar_blocks_vs_depth(records: Sequence[Mapping], variants: Sequence[str],
                             tau: float, share: float) -> Figure:
     """DeepViT's collapse count over depth: mean ± sample std (error bars) of the number of similar blocks per
     variant (one line each), with the ceiling L − 1 (every block similar) dotted; ``records`` from
-    :func:`ablations.report.tables.collapse_records`."""
+    :func:`ablations.report.model_tables.collapse_records`."""
     cells = [{"variant": r["variant"], "depth": r["depth"], "n": r["n"], "mean": r["similar_blocks"],
               "std": r["similar_blocks_std"]} for r in records if r["depth"] is not None and r["n"] > 0]
     fig = _lines_vs_depth(cells, variants, ylabel="similar blocks (mean over seeds)",

@@ -16,7 +16,7 @@ TUNING_KEYS = ["variant", "depth", "lr", "n", "mean", "std", "n_diverged", "n_fa
 def tuning_records(data: StudyData) -> list[dict]:
     """One record per row × depth × LR of the tuning runs (rows in the table's order, depths and LRs ascending):
     the mean and sd of the tuning metric over the tuning seeds, a diverged or failed run counting as 0 — the
-    tuning stage's choice rule (``ablations.run.choose_lrs``) —, and whether the row's reported runs (at that depth,
+    tuning stage's choice rule (``ablations.run.study.choose_lrs``) —, and whether the row's reported runs (at that depth,
     or at any depth when none ran at it) trained at this LR."""
     order = {row: i for i, row in enumerate(data.rows)}
     groups: dict[tuple, list] = {}
