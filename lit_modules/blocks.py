@@ -56,9 +56,7 @@ class Block(nn.Module):
     def __init__(self, args: BlockArgs, sites: tuple[nn.Module, nn.Module]) -> None:
         super().__init__()
         self.ls1, self.ls2 = sites
-        _add_sublayers(self, args, pre_norm=self.ls1.pre_norm)
-        self.drop_path1 = DropPath(args.drop_path) if args.drop_path > 0.0 else nn.Identity()
-        self.drop_path2 = DropPath(args.drop_path) if args.drop_path > 0.0 else nn.Identity()
+        add_two_site_skeleton(self, args, pre_norm=self.ls1.pre_norm)
 
     def sites(self) -> dict[str, nn.Module]:
         """Residual sites by sublayer; a forward hook on one sees inputs (x, u, f, history) and output Δ."""
@@ -167,7 +165,7 @@ class WholeBlock(nn.Module):
     def __init__(self, args: BlockArgs, site: nn.Module) -> None:
         super().__init__()
         self.res = site
-        _add_sublayers(self, args, pre_norm=site.pre_norm)
+        add_sublayers(self, args, pre_norm=site.pre_norm)
         self.drop_path = DropPath(args.drop_path) if args.drop_path > 0.0 else nn.Identity()
 
     def sites(self) -> dict[str, nn.Module]:
@@ -204,14 +202,23 @@ class DenseBlock(WholeBlock):
         return x + self.drop_path(self.res(x, x, f, history))
 
 
-def _add_sublayers(block: nn.Module, args: BlockArgs, pre_norm: bool) -> None:
-    """The two timm sublayers of a pre-norm block, under timm's names (norm1, attn, norm2, mlp)."""
+def add_sublayers(block: nn.Module, args: BlockArgs, pre_norm: bool) -> None:
+    """The two timm sublayers of a block, under timm's names (norm1, attn, norm2, mlp; the norms are identities unless
+    ``pre_norm``)."""
     dim = args.dim
     block.norm1 = args.norm_layer(dim) if pre_norm else nn.Identity()
     block.attn = args.attention()
     block.norm2 = args.norm_layer(dim) if pre_norm else nn.Identity()
     block.mlp = Mlp(in_features=dim, hidden_features=int(dim * args.mlp_ratio), act_layer=args.act_layer,
                     drop=args.proj_drop)
+
+
+def add_two_site_skeleton(block: nn.Module, args: BlockArgs, pre_norm: bool) -> None:
+    """The skeleton of every block with two residual sites (``Block``, Hyper-Connections' and AttnRes' blocks): the
+    sublayers (``add_sublayers``) and one DropPath per site (drop_path1, drop_path2; identities at rate 0)."""
+    add_sublayers(block, args, pre_norm)
+    block.drop_path1 = DropPath(args.drop_path) if args.drop_path > 0.0 else nn.Identity()
+    block.drop_path2 = DropPath(args.drop_path) if args.drop_path > 0.0 else nn.Identity()
 
 
 class DualStream(nn.Module):

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from timm.layers import DropPath, RmsNorm
+from timm.layers import RmsNorm
 from torch import nn
 
-from ..blocks import _add_sublayers
+from ..blocks import add_two_site_skeleton
 from .base import BlockArgs, ResidualSite, inverse_rms
 from .depth import DepthWeights, depth_row, final_args, norm_eps, weighted_sum
 from .standard import Standard
@@ -200,9 +200,7 @@ class AttnResBlock(nn.Module):
         super().__init__()
         self.attn_res, self.mlp_res = attn_res, mlp_res
         self.ls1, self.ls2 = Standard(args.dim, args=args), Standard(args.dim, args=args)
-        _add_sublayers(self, args, pre_norm=True)
-        self.drop_path1 = DropPath(args.drop_path) if args.drop_path > 0.0 else nn.Identity()
-        self.drop_path2 = DropPath(args.drop_path) if args.drop_path > 0.0 else nn.Identity()
+        add_two_site_skeleton(self, args, pre_norm=True)
 
     def sites(self) -> dict[str, nn.Module]:
         return {"attn": self.ls1, "mlp": self.ls2}

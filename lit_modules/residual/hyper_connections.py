@@ -11,10 +11,9 @@ from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
-from timm.layers import DropPath
 from torch import nn
 
-from ..blocks import _add_sublayers
+from ..blocks import add_two_site_skeleton
 from .base import BlockArgs, ResidualSite
 
 
@@ -181,9 +180,7 @@ class HyperBlock(nn.Module):
     def __init__(self, args: BlockArgs, sites: tuple[MultiStreamSite, MultiStreamSite]) -> None:
         super().__init__()
         self.ls1, self.ls2 = sites
-        _add_sublayers(self, args, pre_norm=True)
-        self.drop_path1 = DropPath(args.drop_path) if args.drop_path > 0.0 else nn.Identity()
-        self.drop_path2 = DropPath(args.drop_path) if args.drop_path > 0.0 else nn.Identity()
+        add_two_site_skeleton(self, args, pre_norm=True)
 
     def sites(self) -> dict[str, nn.Module]:
         return {"attn": self.ls1, "mlp": self.ls2}
