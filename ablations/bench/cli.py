@@ -10,7 +10,7 @@
 Writes ``<out>/bench.md`` (each figure beside its goal with a pass/miss mark, plus the machine facts) and
 ``<out>/bench.json`` (the raw timings). Sections: 1 timm, 2 variants, 3 lightning, 4 mfu, 5 study, 6 memory,
 7 data, 8 modes, 9 compile (only with ``--compile``), 10 auto (precision auto vs both fixed precisions), 11 overhead. Section 8 also writes ``<out>/modes-<device>.json``, the
-table ``ablations.modes`` chooses a training run's precision and attention kernel from: it looks for the user's own
+table ``ablations.bench.modes`` chooses a training run's precision and attention kernel from: it looks for the user's own
 at ``results/device/modes-<device>.json`` (hence ``--out results/device`` above).
 
 Device (``--device cpu|cuda``): models and batches live there; on CUDA every timed function ends with
@@ -33,7 +33,7 @@ machine; batch 16 keeps the section short and far from that.
 Data (section 7) times one epoch of the training data path alone (``ablations.training.build_datamodule`` on an
 in-memory CIFAR-shaped synthetic set, recipes ``basic`` and ``paper``) against section 1's train step, both in
 images/s: an in-memory loader runs between steps, so its time adds to every step. Modes (section 8) times the train
-step in the four modes precision x attention kernel on a grid of widths and token counts (``ablations.modes``).
+step in the four modes precision x attention kernel on a grid of widths and token counts (``ablations.bench.modes``).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def machine_facts(threads: int) -> dict:
     import timm
     import torch
 
-    from ablations.modes import cpu_facts
+    from ablations.bench.modes import cpu_facts
 
     cpu, flags = cpu_facts()
     return {"cpu": cpu, "cpu_flags": flags, "logical_cores": os.cpu_count(), "threads": threads,

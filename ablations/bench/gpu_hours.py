@@ -90,7 +90,7 @@ def precision_kind(precision: str) -> str:
 
 def resolve_precision(config: Any, accelerator: str = "cuda", results_dir: str | Path = layout.RESULTS_DIR) -> str:
     """The Lightning precision a run of ``config`` trains at on ``accelerator``: its own, or for ``auto`` what the
-    training run would pick (``ablations.modes.auto_mode``: a measured ``<results_dir>/device/modes-cuda.json``, else
+    training run would pick (``ablations.bench.modes.auto_mode``: a measured ``<results_dir>/device/modes-cuda.json``, else
     bf16 autocast on CUDA)."""
     if config.precision != "auto":
         return config.precision

@@ -349,7 +349,7 @@ def measure_cell(size: dict[str, Any], batch: int, *, device: str = "cpu", reps:
                  steps: int = PROBE_STEPS, warmup: int = PROBE_WARMUP) -> dict[str, Any]:
     """Time one train step of ``standard`` (``size``: VisionTransformer's img_size, patch_size, in_chans,
     num_classes, embed_dim, depth, num_heads, mlp_ratio) on a fixed random batch in the four modes, interleaved
-    (:mod:`ablations.timing`). Returns ``times_s`` (the reference ``32-true/fused``'s median x each mode's median
+    (:mod:`ablations.bench.timing`). Returns ``times_s`` (the reference ``32-true/fused``'s median x each mode's median
     in-round ratio to it: the paired estimate), ``median_s``, ``ratios`` and ``rounds_s``. The global RNGs are left
     as they were (a training run measures between seeding and building its model)."""
     import torch

@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (see ablations.stopping)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (see ablations.run.stopping)
         return interrupted()
     except ResultsWriteError as exc:
         print(f"error: {exc}", file=sys.stderr)

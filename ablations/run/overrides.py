@@ -6,7 +6,7 @@ configuration.
 
 - A value is read as YAML (``2``, ``32-true``, ``1e-3``, ``true``, ``null``, ``[0.9, 0.999]``) and the field is any
   :class:`~ablations.config.RunConfig` field; it is applied over the study's base (as if the study file's ``base``
-  had it, a ``recipe`` with the recipe rule of :func:`ablations.recipes.with_recipe`), so the tuning stage trains
+  had it, a ``recipe`` with the recipe rule of :func:`ablations.run.recipes.with_recipe`), so the tuning stage trains
   with it too. A field the study varies itself (a grid axis, a field a variant sets, the residual and its
   options, the learning rate of a study with a tuning stage) is refused: the study, not the command line, decides it.
 - **Naming rule.** A study never mixes trials of two configurations: a ``--set`` that changes what a trial trains

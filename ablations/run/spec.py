@@ -29,7 +29,7 @@ A study file (see ``ablations/studies/*.yaml``) says what to run, never how::
          variant: layerscale, baseline: standard, direction: higher, depth: 12}
       - {id: reattn_similarity, claim: "...", source: "...", testable: false, reason: "..."}
 
-A ``recipe`` (``basic``, ``paper``: :mod:`ablations.recipes`) set by a budget's base, a variant's overrides or an
+A ``recipe`` (``basic``, ``paper``: :mod:`ablations.run.recipes`) set by a budget's base, a variant's overrides or an
 axis replaces the recipe fields of the layers before it (the study's base), unless it sets them itself.
 
 Every unknown key is a one-line ``ValueError`` naming the key, where it is, and the valid keys.
@@ -142,13 +142,13 @@ class StudySpec:
     tune: TuneSpec | None = None
     stage: str = "report"  # "tune": the tuning stage's own grid (tune_stage)
     claims: tuple[Claim, ...] = ()
-    #: ``--set`` fields that change what a trial trains, as text (:func:`ablations.overrides.apply_sets`)
+    #: ``--set`` fields that change what a trial trains, as text (:func:`ablations.run.overrides.apply_sets`)
     overrides: dict = field(default_factory=dict)
 
     @property
     def study_name(self) -> str:
         """The name in the Optuna storage: budgets never share a study, nor do ``--set`` overrides
-        (``+FIELD=VALUE``, :mod:`ablations.overrides`); the tuning stage is ``<name>-tune``."""
+        (``+FIELD=VALUE``, :mod:`ablations.run.overrides`); the tuning stage is ``<name>-tune``."""
         from .overrides import name_suffix
 
         name = self.name if self.budget == "default" else f"{self.name}-{self.budget}"

@@ -78,7 +78,7 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_s: int = HEARTBEAT_S, 
 
 @functools.cache
 def _storage_class():
-    """``RDBStorage`` whose every call holds a Ctrl-C / SIGTERM until it returns (:func:`ablations.stopping.held_during`):
+    """``RDBStorage`` whose every call holds a Ctrl-C / SIGTERM until it returns (:func:`ablations.run.stopping.held_during`):
     a KeyboardInterrupt raised in the middle of a transaction could leave it open, and the lock with it."""
     import optuna
 

@@ -315,7 +315,7 @@ def _check_same_choices(study, spec) -> None:
 
 
 def _expected_distributions(spec, categorical: frozenset[str]) -> dict:
-    """Each parameter's distribution as the objective will suggest it (:func:`ablations.objective.suggest`)."""
+    """Each parameter's distribution as the objective will suggest it (:func:`ablations.run.objective.suggest`)."""
     from .objective import suggest
 
     found: dict = {}

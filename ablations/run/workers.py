@@ -216,7 +216,7 @@ def _work(spec, storage, study_name: str, args, overrides: dict, progress_total:
 
 def _search_budget_spent(study, n_trials: int) -> bool:
     """A search has its ``n_trials`` once that many trials are done, running, or failed for good, and no retry waits.
-    A failed trial whose parameters were re-enqueued (a killed worker's, :func:`ablations.storage.open_storage`'s
+    A failed trial whose parameters were re-enqueued (a killed worker's, :func:`ablations.run.storage.open_storage`'s
     retry callback) is replaced by its retry, so it does not use up a trial; one that failed by itself and was not
     retried does (never loop on failures)."""
     from optuna.trial import TrialState
