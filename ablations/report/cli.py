@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from ..overrides import OVERRIDES_ATTR, apply_sets, describe, parse_sets
+    from ..run.overrides import OVERRIDES_ATTR, apply_sets, describe, parse_sets
     from ..run.spec import load_spec
     from . import format as fmt
     from . import runs as runs_csv
