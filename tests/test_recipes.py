@@ -191,3 +191,16 @@ def test_mixup_trains_on_soft_targets_and_measures_accuracy_on_hard_labels():
     # a different batch index draws a different mix, the same one the same mix
     assert not torch.equal(model.mixup(x, y, model.batch_generator(6))[1], targets)
     assert torch.equal(model.mixup(x, y, model.batch_generator(5))[1], targets)
+
+
+def test_the_default_learning_rate_is_the_basic_recipes_everywhere():
+    """One default LR: RunConfig's (from the basic recipe), the bench's timed step and ViTClassifier's own default."""
+    import inspect
+
+    from ablations.bench import timing
+    from lit_modules.classifier import ViTClassifier
+
+    lr = RECIPES["basic"]["lr"]
+    assert RunConfig().lr == lr
+    assert (timing.LR, timing.WEIGHT_DECAY) == (lr, RECIPES["basic"]["weight_decay"])
+    assert inspect.signature(ViTClassifier).parameters["lr"].default == lr

@@ -16,7 +16,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-LR, WEIGHT_DECAY = 1e-3, 0.05
+from ..run.recipes import RECIPES
+
+#: the timed step's AdamW settings: the default (``basic``) recipe's
+LR, WEIGHT_DECAY = RECIPES["basic"]["lr"], RECIPES["basic"]["weight_decay"]
 
 
 def interleave(fns: dict[str, Callable[[], Any]], *, reps: int, steps: int, warmup: int,
