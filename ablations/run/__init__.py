@@ -1,7 +1,18 @@
 """Studies: the study files (``spec``), their overrides and recipes, one trial (``objective``), the storage and its
 stop signals, and ``python -m ablations.run`` — the CLI (``cli``), the study in storage (``study``), the worker
-processes (``workers``) and the dry-run plan (``plan``)."""
+processes (``workers``) and the dry-run plan (``plan``). Importing the package loads none of them: ``main`` and
+``build_parser`` (the CLI's) load ``cli`` on first use."""
 
-from .cli import build_parser, main
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["build_parser", "main"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from . import cli
+
+        return getattr(cli, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
