@@ -90,54 +90,16 @@ import torch
 from timm.layers import Attention
 from torch import Tensor, nn
 
+from .names import DIAGNOSTIC_TAGS
 from .residual import ResidualSite
 from .residual.dca import DCABlock
 from .residual.depth import DepthWeights, depth_weight_matrix
 
 DEFAULT_TAU = 0.9  # project default similarity threshold (DeepViT-style; the paper's τ was not retrieved)
-
-
 DEFAULT_SIM_K = 3  # neighbouring blocks each block's similarity is taken against (the paper's K was not retrieved)
-
-
 SIMILAR_SHARE = 0.5  # a block is "similar" when more than this share of its sim_k comparisons has M > τ (project's)
-
-
 EPS = 1e-6  # ρ = ‖Δ‖ / (‖x‖ + EPS), spec §10.2
-
-
-TAGS = {
-    "ratio_mean": "diag/ratio_mean/{sublayer}/{layer:02d}",
-    "ratio_rms": "diag/ratio_rms/{sublayer}/{layer:02d}",
-    "update_ratio": "diag/update_ratio/{sublayer}/{layer:02d}",
-    "skip_scale": "diag/skip_scale/{sublayer}/{layer:02d}",
-    "stream_rms": "diag/stream_rms/{layer:02d}",
-    "attn_sim_adj": "diag/attn_sim_adj/{layer:02d}",
-    "attn_sim_ratio": "diag/attn_sim_ratio/{layer:02d}",
-    "attn_sim_k": "diag/attn_sim_k/{layer:02d}",
-    "attn_sim_k_ratio": "diag/attn_sim_k_ratio/{layer:02d}",
-    "attn_entropy": "diag/attn_entropy/{layer:02d}",
-    "grad_norm": "diag/grad_norm/{layer:02d}",
-    "param": "diag/param/{sublayer}/{layer:02d}/{key}",
-    "attn_sim_adj_mean": "diag/attn_sim_adj_mean",
-    "attn_sim_ratio_mean": "diag/attn_sim_ratio_mean",
-    "attn_sim_k_mean": "diag/attn_sim_k_mean",
-    "attn_sim_k_ratio_mean": "diag/attn_sim_k_ratio_mean",
-    "similar_blocks": "diag/similar_blocks",
-    "similar_blocks_fraction": "diag/similar_blocks_fraction",
-    "attn_entropy_mean": "diag/attn_entropy_mean",
-    "ratio_mean_avg": "diag/ratio_mean_avg",
-    "attn_sim_full": "diag/attn_sim_full",
-    "attn_sim_full_json": "diag/attn_sim_full_json",
-    "depth_weights": "diag/depth_weights",
-    "ratio_map": "diag/ratio_map",
-    "depth_weights_json": "diag/depth_weights_json",
-    "definitions": "diag/definitions",
-    "composite_gain_forward": "diag/composite_gain/forward",
-    "composite_gain_backward": "diag/composite_gain/backward",
-}
-
-
+TAGS = DIAGNOSTIC_TAGS  # the tags, torch-free in lit_modules.names (the reports read them too)
 DEFINITIONS = f"""\
 **Residual-stream diagnostics** (spec §10; step = epoch index, layers 0-based)
 

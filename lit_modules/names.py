@@ -57,3 +57,36 @@ NORM_LAYER_NAMES: tuple[str, ...] = tuple(NORM_LAYER_CLASSES)
 #: ResFormer's value residual (``VisionTransformer(value_residual=...)``, ``lit_modules.value_residual``): off, the
 #: paper's fixed V_n ← ½V_1 + ½V_n, or two learned scalars per layer (0.5 each at init)
 VALUE_RESIDUAL_NAMES: tuple[str, ...] = ("none", "fixed", "learned")
+
+#: every TensorBoard tag the diagnostics write (``lit_modules.diagnostics``), as format strings; the reports
+#: (``ablations.report.events``, ``model_tables``) read them back by these names
+DIAGNOSTIC_TAGS: dict[str, str] = {
+    "ratio_mean": "diag/ratio_mean/{sublayer}/{layer:02d}",
+    "ratio_rms": "diag/ratio_rms/{sublayer}/{layer:02d}",
+    "update_ratio": "diag/update_ratio/{sublayer}/{layer:02d}",
+    "skip_scale": "diag/skip_scale/{sublayer}/{layer:02d}",
+    "stream_rms": "diag/stream_rms/{layer:02d}",
+    "attn_sim_adj": "diag/attn_sim_adj/{layer:02d}",
+    "attn_sim_ratio": "diag/attn_sim_ratio/{layer:02d}",
+    "attn_sim_k": "diag/attn_sim_k/{layer:02d}",
+    "attn_sim_k_ratio": "diag/attn_sim_k_ratio/{layer:02d}",
+    "attn_entropy": "diag/attn_entropy/{layer:02d}",
+    "grad_norm": "diag/grad_norm/{layer:02d}",
+    "param": "diag/param/{sublayer}/{layer:02d}/{key}",
+    "attn_sim_adj_mean": "diag/attn_sim_adj_mean",
+    "attn_sim_ratio_mean": "diag/attn_sim_ratio_mean",
+    "attn_sim_k_mean": "diag/attn_sim_k_mean",
+    "attn_sim_k_ratio_mean": "diag/attn_sim_k_ratio_mean",
+    "similar_blocks": "diag/similar_blocks",
+    "similar_blocks_fraction": "diag/similar_blocks_fraction",
+    "attn_entropy_mean": "diag/attn_entropy_mean",
+    "ratio_mean_avg": "diag/ratio_mean_avg",
+    "attn_sim_full": "diag/attn_sim_full",
+    "attn_sim_full_json": "diag/attn_sim_full_json",
+    "depth_weights": "diag/depth_weights",
+    "ratio_map": "diag/ratio_map",
+    "depth_weights_json": "diag/depth_weights_json",
+    "definitions": "diag/definitions",
+    "composite_gain_forward": "diag/composite_gain/forward",
+    "composite_gain_backward": "diag/composite_gain/backward",
+}

@@ -1,6 +1,7 @@
-"""Every import in the project's packages and scripts resolves, including the imports inside function bodies (which
-only run when their function does): a module moved or renamed leaves no stale ``from ablations.X import Y`` behind
-for a rarely-run path (a CLI's error branch, a benchmark section) to trip over."""
+"""Every import of the project's packages (in the packages, the scripts and the tests) resolves, including the
+imports inside function bodies, which only run when their function does: a module moved or renamed leaves no stale
+``from ablations.X import Y`` behind for a rarely-run path (a CLI's error branch, a benchmark section) to trip
+over."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = ("ablations", "lit_modules", "data")
-FILES = sorted(p for top in (*PROJECT, "scripts") for p in (ROOT / top).rglob("*.py"))
+FILES = sorted(p for top in (*PROJECT, "scripts", "tests") for p in (ROOT / top).rglob("*.py"))
 
 
 def module_name(path: Path) -> str | None:

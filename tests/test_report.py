@@ -568,7 +568,8 @@ def test_one_formatter_renders_every_form():
 
 
 def test_layout_names_the_paths_other_tools_use():
-    from ablations import layout, storage, train
+    from ablations import layout, train
+    from ablations.run import storage
 
     assert layout.DEFAULT_STORAGE == storage.DEFAULT_STORAGE == "sqlite:///results/optuna.db"
     assert Path(train.DEFAULT_LOG_DIR) == layout.runs_dir(layout.RESULTS_DIR, "train")

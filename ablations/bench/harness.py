@@ -13,8 +13,6 @@ SECTIONS = ("timm", "variants", "lightning", "mfu", "study", "memory", "data", "
 
 
 DEFAULT_SECTIONS = tuple(name for name in SECTIONS if name != "compile")  # compile is opt-in
-
-
 STUDY = "residual_variants"
 
 
@@ -75,8 +73,6 @@ class Settings:
 
 
 FULL = Settings()
-
-
 QUICK = replace(FULL, mode="quick", batch=32, variant_depth=6, warmup=1, reps=3, steps=2, loop_steps=24,
                 loop_reps=3, study_epochs=2, memory_batch=8, compile_variants=("standard",), defaults_only=True,
                 data_samples=1280, modes_widths=(64, 192), modes_patches=(8, 4))

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from lit_modules.names import DIAGNOSTIC_TAGS
+
 from ..dashboard import internal_tag
 
 TEXT_SUFFIX = "/text_summary"  # torch's SummaryWriter.add_text appends it to the tag
@@ -23,10 +25,10 @@ RATIO_RE = re.compile(r"^diag/ratio_mean/(?P<sublayer>[^/]+)/(?P<layer>\d+)$")
 SITE_RE = r"^diag/{kind}/(?P<sublayer>[^/]+)/(?P<layer>\d+)$"  # per (sublayer, layer): ratio_mean, skip_scale, ...
 LAYER_RE = r"^diag/{kind}/(?P<layer>\d+)$"  # per layer: attn_sim_adj, attn_sim_k, stream_rms, ...
 PARAM_RE = re.compile(r"^diag/param/(?P<sublayer>[^/]+)/(?P<layer>\d+)/(?P<key>[^/]+)$")
-ATTN_SIM_JSON = "diag/attn_sim_full_json"
-SIMILAR_BLOCKS = "diag/similar_blocks"  # DeepViT's collapse count (lit_modules.diagnostics.TAGS)
-ATTN_SIM_ADJ_MEAN = "diag/attn_sim_adj_mean"
-ATTN_ENTROPY_MEAN = "diag/attn_entropy_mean"
+ATTN_SIM_JSON = DIAGNOSTIC_TAGS["attn_sim_full_json"]
+SIMILAR_BLOCKS = DIAGNOSTIC_TAGS["similar_blocks"]  # DeepViT's collapse count
+ATTN_SIM_ADJ_MEAN = DIAGNOSTIC_TAGS["attn_sim_adj_mean"]
+ATTN_ENTROPY_MEAN = DIAGNOSTIC_TAGS["attn_entropy_mean"]
 
 
 @dataclass

@@ -17,11 +17,7 @@ from .load import (
 )
 
 MARK = "*"  # Holm-significant paired difference
-
-
 MIN_IMPORTANCE_TRIALS = 4  # fewer completed trials in a scope: a note instead of importances
-
-
 _TEX = {"&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
         "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "\\": r"\textbackslash{}",
         "†": r"$^{\dagger}$", "±": r"$\pm$", "×": r"$\times$", "≥": r"$\geq$", "<": r"$<$", ">": r"$>$",

@@ -8,6 +8,8 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from lit_modules.names import DIAGNOSTIC_TAGS
+
 from .events import ATTN_ENTROPY_MEAN, ATTN_SIM_ADJ_MEAN, SIMILAR_BLOCKS, RunEvents, read_run
 from .format import Column, Table, fmt_param, frame, num, status_notes
 from .load import (
@@ -99,9 +101,7 @@ def collapse_table(data: StudyData, records: Sequence[Mapping[str, Any]]) -> Tab
 
 
 # --- composite gain of the stream mixing (Hyper-Connections, mHC) ----------------------------------------------------
-GAIN_TAGS = {"forward": "diag/composite_gain/forward", "backward": "diag/composite_gain/backward"}
-
-
+GAIN_TAGS = {"forward": DIAGNOSTIC_TAGS["composite_gain_forward"], "backward": DIAGNOSTIC_TAGS["composite_gain_backward"]}
 GAIN_KEYS = ["variant", "depth", "n", "forward", "forward_std", "forward_max", "backward", "backward_std",
              "backward_max", "epochs"]
 

@@ -17,8 +17,6 @@ from .workers import _quiet
 #: (25 GFLOP/s when the FLOP count left out the MLP ratio and priced its mlp_ratio 2.0 at 4.0, 1.45x too many
 #: FLOPs; 25 / 1.45 gives that run the same estimate with the true count).
 TRIAL_OVERHEAD_S = 3.0
-
-
 EFFECTIVE_GFLOPS = 17.2
 
 

@@ -14,8 +14,6 @@ from .overrides import check_stored
 
 TUNED_LR, TUNE_MEANS, TUNE_GRID = "tuned_lr", "tune_means", "tune_grid"  # study user attrs of the tuning stage
 REMOVED = "removed_from_study_file"  # user attr of a WAITING trial set aside because its point left the study file
-
-
 STOPPED = "stopped_by"  # user attr of a trial failed by Ctrl-C or SIGTERM: SIGINT | SIGTERM
 
 

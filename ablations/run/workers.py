@@ -30,8 +30,6 @@ from .study import (
 #: Seconds the main process of ``--workers N`` gives its workers, after Ctrl-C or SIGTERM, to mark their trials
 #: failed (checkpoints kept) before it kills them; a killed worker's trial is retried once its heartbeat is stale.
 WORKER_STOP_S = 60
-
-
 #: OS errors that say the results folder takes no more writes (a full disk or quota, a read-only mount, a file size
 #: limit): the study stops with one line instead of failing every remaining trial the same way. EACCES / EPERM count
 #: only for a path inside the results folder (a permission problem elsewhere, e.g. the data, is not about it).
