@@ -5,6 +5,8 @@
     results/runs/<study>/          TensorBoard runs of a study's trials (runs_dir); the report's own run is
     results/runs/<study>/_report   (report_run_dir)
     results/<study>/               the report's tables and figures (report_dir)
+    results/device/                device checks, GPU benches and measured mode tables (device_dir)
+    <run folder>/hparams.yaml      a trial's hyperparameters (Lightning's), <run folder>/checkpoints/ its checkpoints
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ RESULTS_DIR = "results"
 STORAGE_FILE = "optuna.db"
 RUNS = "runs"
 REPORT_RUN = "_report"  # TensorBoard run (folder) of the report's text, next to the trials' runs
+DEVICE = "device"
+HPARAMS = "hparams.yaml"  # written by Lightning's TensorBoard logger into each run folder
+CHECKPOINTS = "checkpoints"
 
 
 def storage_url(results_dir: str | Path = RESULTS_DIR) -> str:
@@ -35,6 +40,11 @@ def report_run_dir(results_dir: str | Path, study_name: str) -> Path:
 def report_dir(results_dir: str | Path, study_name: str) -> Path:
     """``<results_dir>/<study>``: where the report writes its tables and figures."""
     return Path(results_dir) / study_name
+
+
+def device_dir(results_dir: str | Path = RESULTS_DIR) -> Path:
+    """``<results_dir>/device``: device checks, GPU benchmarks and measured precision/attention mode tables."""
+    return Path(results_dir) / DEVICE
 
 
 DEFAULT_STORAGE = storage_url()

@@ -234,7 +234,7 @@ def run_training(
             callbacks.append(diagnostics)
     checkpointing = enable_checkpointing or checkpoint_dir is not None
     if checkpointing:
-        dirpath = str(checkpoint_dir or Path(logger.log_dir) / "checkpoints")
+        dirpath = str(checkpoint_dir or Path(logger.log_dir) / layout.CHECKPOINTS)
         callbacks.append(ModelCheckpoint(  # the best epoch
             dirpath=dirpath, monitor="val/acc", mode="max", filename="epoch{epoch:03d}-acc{val/acc:.4f}",
             auto_insert_metric_name=False))

@@ -298,7 +298,7 @@ def _driver_version() -> str | None:
 def check(device: str, short: bool = False, data_dir: str | None = None, out: Path | None = None) -> dict:
     """Run the three stages and write ``device_check.json`` / ``.md`` under ``out`` (default
     ``results/device/<device>``); returns the report (``report["passed"]``: every stage passed)."""
-    out = (out or Path(layout.RESULTS_DIR) / "device" / device).resolve()
+    out = (out or layout.device_dir() / device).resolve()
     out.mkdir(parents=True, exist_ok=True)
     for stale in ("train_summary.json", "train_progress.json"):  # an earlier run's would pass for this run's
         (out / stale).unlink(missing_ok=True)

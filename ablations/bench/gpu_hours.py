@@ -69,7 +69,7 @@ DEFAULT_GPU = "h100"
 ASSUMED_MFU = 0.25
 #: The folder under the results folder where ``scripts/device_check.py`` and ``ablations.bench --device cuda``
 #: write their measurements (``<results>/device/<device>/...``).
-DEVICE_RESULTS = "device"
+DEVICE_RESULTS = layout.DEVICE
 #: Precisions priced at the 16-bit tensor-core peak; every other precision ('32-true', '64-true') is priced at the
 #: FP32 peak. ``auto`` is resolved first (:func:`resolve_precision`); unresolved, it counts as bf16 autocast.
 SIXTEEN_BIT = ("bf16-mixed", "bf16-true", "16-mixed", "16-true", "auto")

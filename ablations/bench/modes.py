@@ -151,12 +151,12 @@ def describe_signature(signature: dict[str, Any]) -> str:
 # --- tables ------------------------------------------------------------------------------------------------------
 def measured_path(device_type: str, results_dir: str | Path = layout.RESULTS_DIR) -> Path:
     """``<results_dir>/device/modes-<device>.json``: where the user's own bench measurement is looked for."""
-    return Path(results_dir) / "device" / f"modes-{device_type}.json"
+    return layout.device_dir(results_dir) / f"modes-{device_type}.json"
 
 
 def cache_path(signature: dict[str, Any], results_dir: str | Path = layout.RESULTS_DIR) -> Path:
     """``<results_dir>/device/modes-cpu-<signature key>.json``: this machine's cells measured on first use."""
-    return Path(results_dir) / "device" / f"modes-cpu-{signature_key(signature)}.json"
+    return layout.device_dir(results_dir) / f"modes-cpu-{signature_key(signature)}.json"
 
 
 def load_table(path: str | Path) -> dict:

@@ -10,6 +10,7 @@ from typing import Any
 
 from lit_modules.names import DIAGNOSTIC_TAGS
 
+from .. import layout
 from .events import ATTN_ENTROPY_MEAN, ATTN_SIM_ADJ_MEAN, SIMILAR_BLOCKS, RunEvents, read_run
 from .format import Column, Table, fmt_param, frame, num, status_notes
 from .load import (
@@ -175,8 +176,8 @@ def model_dims(run: Run) -> dict[str, Any]:
     """img_size / in_chans / num_classes / patch_size of the trained model: from the run's ``hparams.yaml``
     (what was trained), else from the dataset's DataModule (cheap: constructed, not set up)."""
     dims: dict[str, Any] = {}
-    if run.log_dir is not None and (run.log_dir / "hparams.yaml").is_file():
-        for key, value in _DIM_RE.findall((run.log_dir / "hparams.yaml").read_text()):
+    if run.log_dir is not None and (run.log_dir / layout.HPARAMS).is_file():
+        for key, value in _DIM_RE.findall((run.log_dir / layout.HPARAMS).read_text()):
             dims[key] = float(value) if key == "mlp_ratio" else int(float(value))
     if not {"img_size", "in_chans", "num_classes"} <= set(dims):
         try:

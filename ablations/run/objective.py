@@ -128,7 +128,7 @@ class Objective:
         config = self.config(params)
         original = retried_trial_number(frozen)
         run_name = self.run_name(trial, params, config, original)
-        ckpt_dir = self.log_root / run_name / "checkpoints"
+        ckpt_dir = self.log_root / run_name / layout.CHECKPOINTS
         if original is not None:  # a retry: continue the dead attempt's training
             ckpt_path = _usable_checkpoint(ckpt_dir / "last.ckpt")
         else:  # a first attempt never resumes: a checkpoint here is from an earlier study under this name

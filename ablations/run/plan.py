@@ -121,7 +121,7 @@ def _auto_line(config, overrides: dict, results_dir: Path) -> str:
     if mode.source.startswith("rule:"):
         return (f"precision auto on this CPU ({threads} thread(s)): no table matches this CPU; the run measures the "
                 "four modes of each model size first (seconds) and caches them under "
-                f"{results_dir / 'device'}")
+                f"{layout.device_dir(results_dir)}")
     return f"precision auto on this CPU ({threads} thread(s)): {mode.key} ({mode.source})"
 
 
