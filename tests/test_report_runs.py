@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import scipy.stats
 
 from ablations import report
 from ablations.report import claims as claims_mod
@@ -305,8 +306,10 @@ def load_spec_from_text(text: str):
     ("  - {id: a, claim: c, source: s, variant: rezero, baseline: standard, direction: up}",
      "claim 'a': direction 'up' is not valid; valid choices: higher, lower"),
     ("  - {id: a, claim: c, source: s, variant: rezero, baseline: standard, direction: higher, color: red}",
-     "claims[0]: unknown key 'color'; valid keys: id, claim, source, variant, baseline, depth, direction, counts, "
-     "metric, testable, reason"),
+     "claims[0]: unknown key 'color'; valid keys: id, claim, source, variant, baseline, depth, baseline_depth, "
+     "direction, counts, metric, testable, reason"),
+    ("  - {id: a, claim: c, source: s, variant: rezero, baseline: standard, direction: higher, baseline_depth: x}",
+     "claim 'a': baseline_depth must be a positive integer (or left out: the variant's depth), got 'x'"),
     ("  - {id: a, claim: c, source: s, testable: false}",
      "claim 'a': an untestable claim ('testable: false') needs a 'reason'"),
     ("  - {id: a, claim: c, source: s, variant: rezero, baseline: standard, direction: higher, metric: loss}",
@@ -456,6 +459,20 @@ def test_claims_table_without_runs_is_not_resolved():
     data = _data({("standard", 2): [0.5, 0.6], ("layerscale", 2): [0.6]})
     records, _ = claims_mod.claim_records(data, spec.claims[:1])
     assert records[0]["verdict"] == "not resolved" and records[0]["detail"] == "1 pair: no test"
+
+
+def test_a_claim_against_a_control_of_another_depth_pairs_across_depths():
+    """``baseline_depth``: the variant at its depth against the baseline at the control's depth, paired by seed
+    (class_attention's depth-8 parameter-matched control); without it a row is compared only at the depths it ran."""
+    spec = load_spec_from_text(YAML.replace("direction: higher", "direction: higher, baseline_depth: 4", 1))
+    assert spec.claims[0].baseline_depth == 4
+    own, base = [0.70, 0.72, 0.71], [0.60, 0.63, 0.60]
+    data = _data({("layerscale", 2): own, ("standard", 4): base, ("standard", 2): [0.5, 0.5, 0.5]})
+    records, _ = claims_mod.claim_records(data, spec.claims[:1])
+    assert [(r["depth"], r["baseline_depth"], r["n_pairs"]) for r in records] == [(2, 4, 3)]  # not at depth 4
+    assert records[0]["delta"] == pytest.approx(np.mean(np.subtract(own, base)))
+    assert records[0]["p_t"] == pytest.approx(scipy.stats.ttest_rel(own, base).pvalue)
+    assert "layerscale vs standard, depth 2 vs depth 4," in claims_mod.line_text(records[0])
 
 
 def test_value_round_trip():

@@ -27,9 +27,9 @@ from .stats import ALPHA, POWER, Cell, adjust, compare, make_cell
 from .tables import CI_LABEL, all_equal, ci_text, equal_text, signed
 
 VERDICTS = ("held", "not held", "not resolved", "untestable")
-CLAIM_KEYS = ["id", "claim", "source", "counts", "variant", "baseline", "depth", "metric", "direction", "n_pairs",
-              "delta", "sd", "ci_low", "ci_high", "p_t", "p_t_holm", "m", "mde", "n_diverged_pairs", "verdict",
-              "detail"]
+CLAIM_KEYS = ["id", "claim", "source", "counts", "variant", "baseline", "depth", "baseline_depth", "metric", "direction",
+              "n_pairs", "delta", "sd", "ci_low", "ci_high", "p_t", "p_t_holm", "m", "mde", "n_diverged_pairs",
+              "verdict", "detail"]
 
 
 def with_metric(runs: Sequence, metric: str, data: StudyData) -> list:
@@ -52,12 +52,15 @@ def claim_records(data: StudyData, claims: Sequence, alpha: float = ALPHA,
         rows = [r for r in data.rows if data.row_variant.get(r) == claim.variant] or [claim.variant]
         for row in rows:
             base_row = data.baseline_row(row, claim.baseline)
-            for depth in [claim.depth] if claim.depth is not None else (data.depths or [None]):
+            ran = [d for d in data.depths if data.by_row_depth(row, d)]  # a row may run at one depth only
+            for depth in [claim.depth] if claim.depth is not None else (ran or data.depths or [None]):
+                base_depth = depth if claim.baseline_depth is None else claim.baseline_depth
                 own = make_cell(row, depth, with_metric(data.by_row_depth(row, depth), metric, data))
-                ref = make_cell(base_row or claim.baseline, depth,
-                                with_metric(data.by_row_depth(base_row, depth), metric, data) if base_row else [])
+                ref = make_cell(base_row or claim.baseline, base_depth,
+                                with_metric(data.by_row_depth(base_row, base_depth), metric, data) if base_row else [])
                 own.pair_seeds, own.comparison, own.n_diverged_pairs = compare(own, ref)
-                lines.append((claim, own, {"variant": row, "baseline": ref.row, "depth": depth, "metric": metric}))
+                lines.append((claim, own, {"variant": row, "baseline": ref.row, "depth": depth, "metric": metric,
+                                           "baseline_depth": claim.baseline_depth}))
     cells = [cell for _, cell, _ in lines if cell is not None]
     m = adjust(cells, alpha, power)
     return [_record(claim, cell, where, m, alpha) for claim, cell, where in lines], cells
@@ -93,6 +96,8 @@ def line_text(rec: Mapping[str, Any]) -> str:
     if rec["verdict"] == "untestable":
         return f"{head} **untestable**: {rec['detail']}"
     depth = f", depth {rec['depth']}" if rec["depth"] is not None else ""
+    if rec.get("baseline_depth") is not None and rec["baseline_depth"] != rec["depth"]:
+        depth += f" vs depth {rec['baseline_depth']}"
     comparison = f"{rec['variant']} vs {rec['baseline']}{depth}, {rec['metric']} (paper: {rec['direction']})"
     if rec["delta"] is None:
         numbers = "no pairs"

@@ -66,8 +66,8 @@ _VARIANT_KEYS = ("label", "residual", "options", "overrides")
 _SEARCH_KEYS = ("n_trials", "pruner", "space", "sampler")
 _PRUNERS = ("none", "median", "hyperband")
 _DIST_KEYS = ("low", "high", "log", "choices")
-_CLAIM_KEYS = ("id", "claim", "source", "variant", "baseline", "depth", "direction", "counts", "metric", "testable",
-               "reason")
+_CLAIM_KEYS = ("id", "claim", "source", "variant", "baseline", "depth", "baseline_depth", "direction", "counts",
+               "metric", "testable", "reason")
 CLAIM_DIRECTIONS = ("higher", "lower")
 #: Metrics a claim may compare (fractions, so a diverged run counts at chance level): the accuracies and the AUC.
 CLAIM_METRICS = ("best_val_acc", "final_val_acc", "test_acc", "test_acc_at_best_val", "val_acc_auc")
@@ -107,9 +107,11 @@ class TuneSpec:
 
 @dataclass(frozen=True)
 class Claim:
-    """A paper's claim the study tests: ``variant`` vs ``baseline`` (at ``depth``, or every depth when None) in
-    ``direction`` on ``metric`` (None: the study's metric); or, with ``testable`` False, a claim the study's
-    measure cannot test, with the ``reason``. The verdict is computed by the report, never written here."""
+    """A paper's claim the study tests: ``variant`` vs ``baseline`` (at ``depth``, or every depth the variant ran at
+    when None; the baseline at ``baseline_depth`` when it is a control of another depth, e.g. a deeper plain ViT of
+    the same parameter count, else at the variant's) in ``direction`` on ``metric`` (None: the study's metric); or,
+    with ``testable`` False, a claim the study's measure cannot test, with the ``reason``. The verdict is computed
+    by the report, never written here."""
 
     id: str
     claim: str
@@ -117,6 +119,7 @@ class Claim:
     variant: str | None = None
     baseline: str | None = None
     depth: int | None = None
+    baseline_depth: int | None = None
     direction: str = "higher"
     counts: str = ""
     metric: str | None = None
@@ -410,16 +413,21 @@ def _claim(raw: Any, index: int, labels: list[str], where: str) -> Claim:
     if raw.get("direction") not in CLAIM_DIRECTIONS:
         raise ValueError(f"{at}: direction '{raw.get('direction')}' is not valid; valid choices: "
                          f"{', '.join(CLAIM_DIRECTIONS)}")
-    depth = raw.get("depth")
+    depth, baseline_depth = raw.get("depth"), raw.get("baseline_depth")
     if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 1):
         raise ValueError(f"{at}: depth must be a positive integer (or left out: every depth), got '{depth}'")
+    if baseline_depth is not None and (isinstance(baseline_depth, bool) or not isinstance(baseline_depth, int)
+                                       or baseline_depth < 1):
+        raise ValueError(f"{at}: baseline_depth must be a positive integer (or left out: the variant's depth), "
+                         f"got '{baseline_depth}'")
     metric = raw.get("metric")
     if metric is not None and metric not in CLAIM_METRICS:
         raise ValueError(f"{at}: metric '{metric}' is not valid; valid choices: {', '.join(CLAIM_METRICS)}")
     if "reason" in raw:
         raise ValueError(f"{at}: 'reason' is for untestable claims ('testable: false') only")
     return Claim(id=raw["id"], claim=raw["claim"], source=raw["source"], variant=raw["variant"],
-                 baseline=raw["baseline"], depth=depth, direction=raw["direction"], counts=str(raw.get("counts", "")),
+                 baseline=raw["baseline"], depth=depth, baseline_depth=baseline_depth, direction=raw["direction"],
+                 counts=str(raw.get("counts", "")),
                  metric=metric)
 
 
