@@ -138,14 +138,15 @@ def claims_table(data: StudyData, claims: Sequence, alpha: float = ALPHA, power:
     from .tables import method_text
 
     records, cells = claim_records(data, claims, alpha, power)
+    against = ("the claim's baseline (same seeds; at the control's depth where the claim names one, else the same "
+               "depth)" if any(c.baseline_depth for c in claims) else "the claim's baseline (same depth, same seeds)")
     counts = {v: sum(1 for r in records if r["verdict"] == v) for v in VERDICTS}
     caption = (f"Claims of study {data.name}: verdicts computed by ablations.report.claims from the report-phase "
                f"runs, never written by hand ({', '.join(f'{n} {v}' for v, n in counts.items())}). held = "
                f"Holm-adjusted paired t-test p < {alpha} with Δ in the paper's direction; not held = significant in "
                f"the other direction; not resolved = not significant after Holm (an effect up to the MDE could hide); "
                f"untestable = the study file says the measure cannot test the claim. "
-               + (method_text(cells, "the claim's baseline (same depth, same seeds)", "of the claims", wilcoxon=False)
-                  if cells else "No testable claim."))
+               + (method_text(cells, against, "of the claims", wilcoxon=False) if cells else "No testable claim."))
 
     def verdict(rec, style):
         return rec["verdict"] if style == "md" else latex_escape(rec["verdict"])
