@@ -93,11 +93,13 @@ class AttnRes(ResidualSite, DepthWeights):
         RMSNorm(v)·w = (v·(g ⊙ w)) / rms(v) (g: the norm's weight), so no source is normalised: one
         matrix-vector product each, scaled by ``inv_rms`` (B, N, t) = 1 / rms(v_t), which the caller passes when it
         has it (``BlockSources`` computes each source's once)."""
+        return depth_softmax(sources, *self.scoring(sources, inv_rms))[1]
+
+    def scoring(self, sources: list[torch.Tensor], inv_rms: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the scaled query g ⊙ w in the sources' dtype, the sources' 1 / rms (B, N, t), computed when not given)."""
         if inv_rms is None:
             inv_rms = torch.stack([self.inv_rms(v) for v in sources], dim=-1)
-        query = (self.key_norm.weight * self.query).to(sources[0].dtype)
-        logits = torch.stack([torch.matmul(v, query) for v in sources], dim=-1)
-        return torch.softmax(logits * inv_rms, dim=-1)
+        return (self.key_norm.weight * self.query).to(sources[0].dtype), inv_rms
 
     def inv_rms(self, v: torch.Tensor) -> torch.Tensor:
         """1 / rms(v) over the last dimension (the key norm's ε): (..., D) -> (...)."""
@@ -105,14 +107,18 @@ class AttnRes(ResidualSite, DepthWeights):
 
     def forward(self, sources: list[torch.Tensor], inv_rms: torch.Tensor | None = None) -> torch.Tensor:
         """h = Σ_t α_t v_t over the sources [v_0, …] (each (B, N, D)); ``inv_rms``: their 1 / rms (B, N, t)."""
-        if inv_rms is None:
-            inv_rms = torch.stack([self.inv_rms(v) for v in sources], dim=-1)
-        query = (self.key_norm.weight * self.query).to(sources[0].dtype)
-        return DepthAttention.apply(query, inv_rms, *sources)
+        return DepthAttention.apply(*self.scoring(sources, inv_rms), *sources)
 
     def depth_weights(self, sources: list[torch.Tensor], inv_rms: torch.Tensor | None = None) -> torch.Tensor:
         """This aggregation's row of the depth-weight matrix: α averaged over the batch and tokens."""
         return depth_row(self.weights(sources, inv_rms).mean(dim=(0, 1)), self.depth_extent[1])
+
+
+def depth_softmax(sources: list[torch.Tensor], query: torch.Tensor,
+                  inv_rms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scores v_t · q, α = softmax_t(scores ⊙ inv_rms)), each (B, N, t): one matrix-vector product per source."""
+    scores = torch.stack([torch.matmul(v, query) for v in sources], dim=-1)
+    return scores, torch.softmax(scores * inv_rms, dim=-1)
 
 
 class DepthAttention(torch.autograd.Function):
@@ -125,8 +131,7 @@ class DepthAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, query: torch.Tensor, inv_rms: torch.Tensor, *sources: torch.Tensor) -> torch.Tensor:
-        scores = torch.stack([torch.matmul(v, query) for v in sources], dim=-1)
-        alpha = torch.softmax(scores * inv_rms, dim=-1)
+        scores, alpha = depth_softmax(sources, query, inv_rms)
         ctx.save_for_backward(query, inv_rms, scores, alpha, *sources)
         return weighted_sum(sources, alpha.unsqueeze(-1).unbind(dim=-2))
 
