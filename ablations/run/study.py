@@ -104,7 +104,7 @@ def _measure_modes(spec, overrides: dict, results_dir: Path) -> None:
                   f"modes here, {mode.key} ({mode.source})", file=sys.stderr)
 
 
-def _retry_failed_points(study, spec, storage, *, only_stopped: bool = False) -> None:
+def _retry_failed_points(study, spec, storage, *, only_stopped: bool = False) -> list[str]:
     """Queue a retry (same parameters, same run folder, so it resumes from its last checkpoint) of every grid
     point whose trials all FAILed: an exception in training, Ctrl-C, SIGTERM. ``enqueue_trial(...,
     skip_if_exists=True)`` counts a FAIL trial as existing, so without this such a point never ran again and every
@@ -112,14 +112,14 @@ def _retry_failed_points(study, spec, storage, *, only_stopped: bool = False) ->
     callback's ``max_retry`` bounds the attempts per point. Each run does this once at its start; running workers
     do it between trials with ``only_stopped``, for the trials that Ctrl-C or SIGTERM stopped (:data:`STOPPED`),
     so that the other workers of a study take over a preempted worker's trial (a trial that failed by itself is
-    retried once per run, not by every worker in a row)."""
+    retried once per run, not by every worker in a row). Returns the numbers of the trials it queued a retry of."""
     import copy
 
     from optuna.trial import TrialState
 
     retry = storage.get_heartbeat_stale_trial_callback()
     if retry is None:
-        return
+        return []
     grid = {_point_key(p) for p in spec.grid()}
     live, failed = set(), {}
     for t in study.get_trials(deepcopy=False):
@@ -140,6 +140,7 @@ def _retry_failed_points(study, spec, storage, *, only_stopped: bool = False) ->
         print(f"retrying failed trial(s) {', '.join(queued)} (same parameters)", file=sys.stderr)
     if exhausted and not only_stopped:
         print(f"not retrying failed trial(s) {', '.join(exhausted)}: retries used up", file=sys.stderr)
+    return queued
 
 
 def _point_key(params: dict) -> str:

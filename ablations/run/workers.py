@@ -157,6 +157,12 @@ def _run_grid(spec, storage, study_name: str, args, overrides: dict, *, stage: s
               tuned=tuned)
     else:
         _spawn_workers(args, storage, study_name, total, _grid_keys(spec), stage=stage)
+        # A worker stopped on its own (one machine preempted) fails its trial while it saves; when the other workers
+        # had already run out of points by then, nobody took it over: train it now, resuming from its checkpoint.
+        while spec.kind == "grid" and (retried := _retry_failed_points(study, spec, storage, only_stopped=True)):
+            check_stopping()
+            _spawn_workers(args, storage, study_name, total, _grid_keys(spec), stage=stage,
+                           count=min(args.workers, len(retried)))
     return _finish(study_name, storage, spec, time.time() - started)
 
 
@@ -237,15 +243,16 @@ def _progress(study, total: int | None, grid: set[str] | None = None):
 
 
 def _spawn_workers(args, storage, study_name: str, total: int, grid: set[str] | None = None,
-                   stage: str = "report") -> None:
-    """N local processes on the same study, each with its share of the cores and its own sampler seed. On Ctrl-C
-    or SIGTERM the workers are stopped the same way (:func:`_stop_workers`) before this process exits."""
+                   stage: str = "report", count: int | None = None) -> None:
+    """``count`` (default ``--workers``) local processes on the same study, each with its share of the cores and its
+    own sampler seed. On Ctrl-C or SIGTERM the workers are stopped the same way (:func:`_stop_workers`) before this
+    process exits."""
     import optuna
 
     argv = [a for a in args.argv if a != "--no-progress"]
     procs, bar = [], None
     try:
-        for i in range(args.workers):
+        for i in range(count or args.workers):
             procs.append(subprocess.Popen([sys.executable, "-m", "ablations.run", *argv, "--worker-index", str(i),
                                            "--no-progress", "--study-name", study_name, "--stage", stage]))
         if not args.no_progress:
