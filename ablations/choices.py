@@ -1,12 +1,14 @@
 """Torch-free name tables for configuration and the CLI (importing torch/lightning costs ~4 s; ``--help`` must not).
 
-The backbone's names (residual variants, attention kinds, norm layers, value-residual modes) are the registries' own, read from the
-torch-free ``lit_modules.names``. ``tests/test_config.py`` checks the dataset names against ``data.DATASETS``.
+The backbone's names (residual variants, attention kinds, norm layers, value-residual modes, optimizers, head pooling)
+are the registries' own, read from the torch-free ``lit_modules.names`` and ``lit_modules.config``. ``tests/test_config.py`` checks the dataset names against ``data.DATASETS``.
 """
 
 from __future__ import annotations
 
+from lit_modules.config import GLOBAL_POOLS
 from lit_modules.names import ATTENTION_NAMES, NORM_LAYER_NAMES, RESIDUAL_NAMES, VALUE_RESIDUAL_NAMES
+from lit_modules.names import OPTIMIZER_NAMES as OPTIMIZERS
 
 __all__ = ["RESIDUAL_NAMES", "ATTENTION_NAMES", "NORM_LAYER_NAMES", "VALUE_RESIDUAL_NAMES", "DATASET_NAMES",
            "INIT_VALUE_OPTIONS", "PRECISIONS", "OPTIMIZERS", "PADDING_MODES", "GLOBAL_POOLS", "ACCELERATORS"]
@@ -26,12 +28,7 @@ INIT_VALUE_OPTIONS: dict[str, str] = {
 #: Lightning precision strings accepted by ``RunConfig.precision``, and ``auto`` (:mod:`ablations.bench.modes`).
 PRECISIONS: tuple[str, ...] = ("auto", "32-true", "64-true", "bf16-mixed", "bf16-true", "16-mixed", "16-true")
 
-#: Optimizers of ``RunConfig.optimizer`` (``lit_modules.classifier.OPTIMIZER_CLASSES``; a test keeps them equal).
-OPTIMIZERS: tuple[str, ...] = ("adamw", "adam")
-
 #: Padding of the random crop (``RunConfig.crop_padding_mode``): zeros, or the image mirrored at its border.
 PADDING_MODES: tuple[str, ...] = ("constant", "reflect")
-
-GLOBAL_POOLS: tuple[str, ...] = ("token", "avg")
 
 ACCELERATORS: tuple[str, ...] = ("auto", "cpu", "gpu", "cuda")

@@ -1,8 +1,10 @@
-"""What the command-line tools share: argparse that reports a bad argument as one line and exit status 2."""
+"""What the command-line tools share: argparse that reports a bad argument as one line and exit status 2, and the
+arguments that name one stored study (``ablations.run`` runs it, ``ablations.report`` reads it)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import NoReturn
 
@@ -17,3 +19,26 @@ class OneLineParser(argparse.ArgumentParser):
 def fail(message: str) -> NoReturn:
     sys.stderr.write(f"error: {' '.join(str(message).split())}\n")
     sys.exit(2)
+
+
+def add_study_arguments(parser: argparse.ArgumentParser, *, report: bool = False) -> None:
+    """``--study``, ``--budget``, ``--storage``, ``--study-name`` and ``--set``: the study file, its size, where it
+    is stored and the overrides that name its stored study. The report's ``--study`` is required and its ``--set``
+    only finds the study; the run's ``--set`` changes what runs."""
+    from .layout import DEFAULT_STORAGE
+
+    parser.add_argument("--study", required=report,
+                        help="a study name (see python -m ablations.run --list) or a path to a study .yaml file")
+    parser.add_argument("--budget", default="default",
+                        help="study size" + (" the study was run at" if report else "")
+                             + ": smoke (CI, < 1 min), quick (minutes), default, paper (GPU)")
+    parser.add_argument("--storage", default=os.environ.get("ABLATIONS_STORAGE", DEFAULT_STORAGE),
+                        help=f"Optuna storage URL (default {DEFAULT_STORAGE}, or $ABLATIONS_STORAGE)")
+    parser.add_argument("--study-name", help="name in the storage (default: the study's name, suffixed by the "
+                                             "budget and the --set overrides)")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="sets", help=(
+        "the --set overrides the study was run with (python -m ablations.run ... --set ...): they name its stored "
+        "study" if report else
+        "override a RunConfig field of the study's base (repeatable; the value read as YAML, e.g. --set "
+        "precision=32-true --set max_epochs=30); a field that changes results runs as its own stored study, "
+        "<study>+FIELD=VALUE+... (fields sorted; threads and data_dir exempt)"))

@@ -32,8 +32,12 @@ from ablations.choices import (
     VALUE_RESIDUAL_NAMES,
 )
 from ablations.run.recipes import RECIPE_FIELDS, RECIPE_HELP, RECIPE_NAMES, recipe_values
+from lit_modules.config import FIELDS as MODEL_FIELDS
+from lit_modules.config import GEOMETRY, PRESETS, OptimConfig, ViTConfig
 
 GROUPS = ("model", "data", "optim", "trainer")
+#: The model group's defaults: the backbone's ``study`` preset (``lit_modules.config``, the fields' one declaration).
+STUDY = PRESETS["study"]
 #: Default of a field that the run's recipe sets (:mod:`ablations.run.recipes`) unless it is given.
 FROM_RECIPE = object()
 
@@ -53,27 +57,27 @@ class RunConfig:
     with a one-line message (``unknown residual 'foo'; valid choices: ...``)."""
 
     # --- model -------------------------------------------------------------------------------------------------
-    residual: str = _f("standard", "model", "str", "residual variant: " + ", ".join(RESIDUAL_NAMES))
+    residual: str = _f(STUDY.residual, "model", "str", "residual variant: " + ", ".join(RESIDUAL_NAMES))
     residual_options: dict[str, Any] = _f(
         {}, "model", "options", "the variant's own options, e.g. init_value=1e-5 (layerscale), form=rw (laurel)")
-    depth: int = _f(4, "model", "int", "number of transformer blocks")
-    embed_dim: int = _f(64, "model", "int", "token width")
-    num_heads: int = _f(4, "model", "int", "attention heads (must divide embed_dim)")
-    mlp_ratio: float = _f(2.0, "model", "float", "MLP hidden width / embed_dim")
+    depth: int = _f(STUDY.depth, "model", "int", "number of transformer blocks")
+    embed_dim: int = _f(STUDY.embed_dim, "model", "int", "token width")
+    num_heads: int = _f(STUDY.num_heads, "model", "int", "attention heads (must divide embed_dim)")
+    mlp_ratio: float = _f(STUDY.mlp_ratio, "model", "float", "MLP hidden width / embed_dim")
     patch_size: int | None = _f(None, "model", "optional_int", "patch side in pixels (None: the dataset's default)")
-    drop_path_rate: float = _f(0.0, "model", "float", "stochastic depth rate of the last block (linear rule)")
-    global_pool: str = _f("token", "model", "str", "head pooling: " + ", ".join(GLOBAL_POOLS))
-    fused_attn: bool | None = _f(None, "model", "optional_bool",
+    drop_path_rate: float = _f(STUDY.drop_path_rate, "model", "float", "stochastic depth rate of the last block (linear rule)")
+    global_pool: str = _f(STUDY.global_pool, "model", "str", "head pooling: " + ", ".join(GLOBAL_POOLS))
+    fused_attn: bool | None = _f(STUDY.fused_attn, "model", "optional_bool",
                                  "fused SDPA attention (None: with precision auto, the measured fastest kernel; "
                                  "otherwise timm's default, fused)")
-    attention: str = _f("self", "model", "str", "attention of the blocks: " + ", ".join(ATTENTION_NAMES))
+    attention: str = _f(STUDY.attention, "model", "str", "attention of the blocks: " + ", ".join(ATTENTION_NAMES))
     attention_options: dict[str, Any] = _f(
         {}, "model", "options", "the attention's own options, e.g. head_norm=layer, theta_init=randn (re_attention)")
-    class_attention_blocks: int = _f(0, "model", "int",
+    class_attention_blocks: int = _f(STUDY.class_attention_blocks, "model", "int",
                                      "CaiT class-attention blocks after the self-attention blocks (0: plain ViT)")
-    norm_layer: str = _f("layernorm", "model", "str", "norm layer: " + ", ".join(NORM_LAYER_NAMES))
-    norm_eps: float = _f(1e-6, "model", "float", "epsilon of every norm layer (inside the square root)")
-    value_residual: str = _f("none", "model", "str",
+    norm_layer: str = _f(STUDY.norm_layer, "model", "str", "norm layer: " + ", ".join(NORM_LAYER_NAMES))
+    norm_eps: float = _f(STUDY.norm_eps, "model", "float", "epsilon of every norm layer (inside the square root)")
+    value_residual: str = _f(STUDY.value_residual, "model", "str",
                              "ResFormer value residual (layers > 0 mix in layer 0's values): "
                              + ", ".join(VALUE_RESIDUAL_NAMES) + " (fixed: V = (V_1 + V_n)/2)")
     # --- data --------------------------------------------------------------------------------------------------
@@ -151,7 +155,6 @@ class RunConfig:
         _choice("norm_layer", self.norm_layer, NORM_LAYER_NAMES)
         _choice("value_residual", self.value_residual, VALUE_RESIDUAL_NAMES)
         _choice("dataset", self.dataset, DATASET_NAMES)
-        _choice("global_pool", self.global_pool, GLOBAL_POOLS)
         _choice("precision", self.precision, PRECISIONS)
         _choice("accelerator", self.accelerator, ACCELERATORS)
         _choice("crop_padding_mode", self.crop_padding_mode, PADDING_MODES)
@@ -173,22 +176,16 @@ class RunConfig:
             _in_range(name, getattr(self, name), 0.0, 1.0)
         for name in ("mixup_alpha", "cutmix_alpha"):
             _in_range(name, getattr(self, name), 0.0, math.inf)
-        for name in ("depth", "embed_dim", "num_heads", "batch_size", "max_epochs", "diagnostics_batch_size",
-                     "diagnostics_sim_k"):
+        for name in ("batch_size", "max_epochs", "diagnostics_batch_size", "diagnostics_sim_k"):
             _positive(name, getattr(self, name))
-        for name in ("seed", "diagnostics_every", "num_workers", "class_attention_blocks"):
+        for name in ("seed", "diagnostics_every", "num_workers"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("patch_size", "threads"):
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
-        if self.embed_dim % self.num_heads:
-            raise ValueError(f"embed_dim={self.embed_dim} is not divisible by num_heads={self.num_heads}")
-        _in_range("mlp_ratio", self.mlp_ratio, 0.0, math.inf, low_open=True)
-        _in_range("norm_eps", self.norm_eps, 0.0, math.inf, low_open=True)
-        if self.class_attention_blocks and self.global_pool != "token":
-            raise ValueError("class_attention_blocks > 0 needs global_pool='token' (the head reads the class token)")
-        _in_range("drop_path_rate", self.drop_path_rate, 0.0, 1.0)
+        # the backbone's own checks (lit_modules.config: one place), without the geometry the dataset decides
+        ViTConfig(**{name: getattr(self, name) for name in MODEL_FIELDS if hasattr(self, name)}).check(geometry=False)
         _in_range("val_fraction", self.val_fraction, 0.0, 1.0, low_open=True, high_open=True)
         _in_range("test_fraction", self.test_fraction, 0.0, 1.0, high_open=True)
         if self.val_fraction + self.test_fraction >= 1.0:
@@ -240,6 +237,20 @@ class RunConfig:
     def recipe_values(self) -> dict[str, Any]:
         """This run's values of the recipe fields (:data:`ablations.run.recipes.RECIPE_FIELDS`)."""
         return {name: getattr(self, name) for name in RECIPE_FIELDS}
+
+    def model_config(self, shape: dict[str, Any]) -> ViTConfig:
+        """The backbone this run trains, its geometry resolved from the dataset's ``shape`` (``img_size``,
+        ``in_chans``, ``num_classes`` and the default ``patch_size``: ``data.dataset_shape`` or a DataModule's
+        attributes); the run's ``patch_size`` wins over the dataset's. Every consumer (training, FLOP counts, the
+        report's costs) builds the model from this one object."""
+        fields = {name: getattr(self, name) for name in MODEL_FIELDS if hasattr(self, name)}
+        geometry = {name: shape[name] for name in GEOMETRY}
+        geometry["patch_size"] = self.patch_size or shape["patch_size"]
+        return ViTConfig(**(fields | geometry))
+
+    def optim_config(self) -> OptimConfig:
+        """This run's optimiser and schedule (the optimiser group, recipe values resolved)."""
+        return OptimConfig(**{name: getattr(self, name) for name in OptimConfig.__dataclass_fields__})
 
     @property
     def mixes(self) -> bool:

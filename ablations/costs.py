@@ -29,6 +29,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from lit_modules.config import ViTConfig
+
 from .cli import OneLineParser, fail
 
 #: (label, residual, options) of the alternatives worth pricing besides every registered variant's default.
@@ -73,25 +75,22 @@ def all_configs() -> tuple[tuple[str, str, dict, dict], ...]:
             + tuple((label, "standard", {}, kw) for label, kw in BACKBONE_FORMS))
 
 
-def measure(residual: str, options: dict, *, embed_dim: int, depth: int, num_heads: int, img_size: int,
-            patch_size: int, num_classes: int, in_chans: int = 3, mlp_ratio: float = 4.0, **backbone: Any) -> dict:
-    """Parameters and forward FLOPs (batch 1) of one configuration; ``backbone``: further ``VisionTransformer``
-    arguments (``attention``, ``class_attention_blocks``, ``norm_layer``, ...). Built and run on the meta device:
-    shapes only, no weights drawn and no arithmetic done (the counts equal a CPU model's for every form of
-    ``all_configs``; a ViT-S of depth 24 is counted in a third of the time)."""
+def measure(cfg: ViTConfig | str, options: dict | None = None, **fields: Any) -> dict:
+    """Parameters and forward FLOPs (batch 1) of one backbone: a :class:`lit_modules.config.ViTConfig`, or a
+    residual name with its options and any other fields (``ViTConfig.build``; unnamed fields keep the config's
+    defaults). Built and run on the meta device: shapes only, no weights drawn and no arithmetic done (the counts
+    equal a CPU model's for every form of ``all_configs``; a ViT-S of depth 24 is counted in a third of the time)."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
     from lit_modules import VisionTransformer
 
+    cfg = ViTConfig.build(cfg, options, **fields).replace(fused_attn=False)  # the counter has no SDPA formula
     with torch.device("meta"):
-        model = VisionTransformer(residual, options, embed_dim=embed_dim, depth=depth, num_heads=num_heads,
-                                  img_size=img_size, patch_size=patch_size, num_classes=num_classes,
-                                  in_chans=in_chans, mlp_ratio=mlp_ratio, fused_attn=False, init_seed=0,
-                                  **backbone).eval()
+        model = VisionTransformer(cfg, init_seed=0).eval()
         counter = FlopCounterMode(display=False, custom_mapping={torch.ops.aten.addcmul: _multiply_add_flops})
         with counter:  # (not under no_grad: the counter's module tracker needs grad_fns)
-            model(torch.zeros(1, in_chans, img_size, img_size))
+            model(torch.zeros(1, cfg.in_chans, cfg.img_size, cfg.img_size))
     return {"params": sum(p.numel() for p in model.parameters()), "flops": counter.get_total_flops()}
 
 
@@ -100,12 +99,12 @@ def _multiply_add_flops(*shapes: Any, out_shape: Any = None, **kwargs: Any) -> i
     return 2 * math.prod(out_shape)
 
 
-def cost_table(*, embed_dim: int = 192, depth: int = 12, num_heads: int = 3, img_size: int = 32,
-               patch_size: int = 4, num_classes: int = 10, configs=None) -> list[dict]:
-    """One row per config (default: ``all_configs()``): (label, residual, options, backbone options)."""
-    size = dict(embed_dim=embed_dim, depth=depth, num_heads=num_heads, img_size=img_size, patch_size=patch_size,
-                num_classes=num_classes)
-    rows = [{"variant": label, "residual": res, "options": opts, "backbone": kw, **measure(res, opts, **size, **kw)}
+def cost_table(size: ViTConfig | None = None, configs=None) -> list[dict]:
+    """One row per config (default: ``all_configs()``): (label, residual, options, backbone options), each on the
+    backbone ``size`` (default: ``ViTConfig()``, timm's ViT-Tiny at 32 px)."""
+    size = size or ViTConfig()
+    rows = [{"variant": label, "residual": res, "options": opts, "backbone": kw,
+             **measure(size.replace(residual=res, residual_options=opts, **kw))}
             for label, res, opts, kw in (all_configs() if configs is None else configs)]
     base = next(r for r in rows if r["residual"] == "standard" and not r["backbone"])
     for r in rows:
@@ -163,11 +162,10 @@ def to_markdown(rows: list[dict], step_times: dict[str, dict] | None = None) -> 
 
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="python -m ablations.costs", description=__doc__.splitlines()[0])
-    parser.add_argument("--embed-dim", type=int, default=192)
-    parser.add_argument("--depth", type=int, default=12)
-    parser.add_argument("--num-heads", type=int, default=3)
-    parser.add_argument("--img-size", type=int, default=32)
-    parser.add_argument("--patch-size", type=int, default=4)
+    default = ViTConfig()
+    for name in ("embed_dim", "depth", "num_heads", "img_size", "patch_size"):
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(default, name),
+                            help=f"(default: {getattr(default, name)}, lit_modules.config.ViTConfig's)")
     parser.add_argument("--bench", type=Path, default=Path("results/bench.json"),
                         help="benchmark report whose measured step times fill the last column "
                              "(default: results/bench.json)")
@@ -180,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, KeyError, TypeError, AttributeError, ValueError) as exc:  # ValueError: not JSON
         fail(f"cannot read the benchmark report {args.bench}: {exc!r}")
     try:
-        rows = cost_table(**size)
+        rows = cost_table(ViTConfig(**size))
     except ValueError as exc:
         fail(str(exc))
     for r in rows:

@@ -18,6 +18,8 @@ STORAGE_FILE = "optuna.db"
 RUNS = "runs"
 REPORT_RUN = "_report"  # TensorBoard run (folder) of the report's text, next to the trials' runs
 DEVICE = "device"
+#: user attr of a study's trial: the backbone it trained, resolved (``lit_modules.config.ViTConfig.to_dict()``)
+MODEL_KEY = "model"
 HPARAMS = "hparams.yaml"  # written by Lightning's TensorBoard logger into each run folder
 CHECKPOINTS = "checkpoints"
 

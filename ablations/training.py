@@ -117,21 +117,18 @@ def build_model(config: RunConfig, datamodule: Any):
 
     try:
         return ViTClassifier(
-            config.residual, config.residual_options,
-            img_size=datamodule.img_size, patch_size=config.patch_size or datamodule.default_patch_size,
-            in_chans=datamodule.in_chans, num_classes=datamodule.num_classes,
-            embed_dim=config.embed_dim, depth=config.depth, num_heads=config.num_heads,
-            mlp_ratio=config.mlp_ratio, global_pool=config.global_pool, drop_path_rate=config.drop_path_rate,
-            attention=config.attention, attention_options=config.attention_options,
-            class_attention_blocks=config.class_attention_blocks, norm_layer=config.norm_layer,
-            norm_eps=config.norm_eps, value_residual=config.value_residual, fused_attn=config.fused_attn,
-            optimizer=config.optimizer, lr=config.lr, weight_decay=config.weight_decay, betas=tuple(config.betas),
-            warmup_epochs=config.warmup_epochs, min_lr=config.min_lr, label_smoothing=config.label_smoothing,
+            config.model_config(datamodule_shape(datamodule)), optim=config.optim_config(),
             max_epochs=config.max_epochs, seed=config.seed,
             mixup=mixup_options(config) if config.mixes else None,
         )
     except (TypeError, ValueError) as exc:
         raise SetupError(" ".join(str(exc).split())) from None
+
+
+def datamodule_shape(datamodule: Any) -> dict[str, int]:
+    """A set-up DataModule's geometry, as :meth:`RunConfig.model_config` takes it."""
+    return {"img_size": datamodule.img_size, "in_chans": datamodule.in_chans, "num_classes": datamodule.num_classes,
+            "patch_size": datamodule.default_patch_size}
 
 
 def mixup_options(config: RunConfig) -> dict[str, float]:

@@ -14,8 +14,10 @@ and no update), sets ``self.diverged`` and ``trainer.should_stop``; the run ends
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
+from importlib import import_module
 from typing import Any
 
 import lightning.pytorch as pl
@@ -28,10 +30,14 @@ from torchmetrics.classification import MulticlassAccuracy
 from data.augment import SeededMixup
 from data.common import seeded_generator
 
+from .config import FIELDS as MODEL_FIELDS
+from .config import OPTIM_FIELDS, OptimConfig, ViTConfig
+from .names import OPTIMIZER_CLASSES as OPTIMIZER_PATHS
 from .vit import VisionTransformer
 
-#: ``optimizer`` name -> its torch.optim class (adam: coupled L2 decay, the paper recipe's; adamw: decoupled)
-OPTIMIZER_CLASSES = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam}
+#: ``optimizer`` name -> its torch.optim class (names and classes: ``lit_modules.names.OPTIMIZER_CLASSES``)
+OPTIMIZER_CLASSES: dict[str, type[torch.optim.Optimizer]] = {
+    name: getattr(import_module(path.split(":")[0]), path.split(":")[1]) for name, path in OPTIMIZER_PATHS.items()}
 MIXUP_STREAM = 0x313C  # keeps the Mixup draws apart from the data's streams of the same (seed, epoch)
 
 
@@ -78,69 +84,39 @@ class ViTClassifier(pl.LightningModule):
 
     ``steps_per_epoch=None`` takes the schedule length from ``trainer.estimated_stepping_batches`` (correct under
     DDP and gradient accumulation); pass it to make the schedule independent of the Trainer.
+
+    The backbone is a :class:`lit_modules.config.ViTConfig` (``ViTClassifier(cfg)``) and the optimiser an
+    :class:`lit_modules.config.OptimConfig` (``optim=``); either's fields may also be given as keyword arguments
+    (``ViTClassifier("layerscale", depth=8, lr=2e-3)``), which is how ``hparams.yaml`` stores them.
     """
 
     TRAIN_METRIC_ROWS = 1 << 16  # buffered training images before the metrics consume them
 
-    def __init__(
-        self,
-        residual: str = "standard",
-        residual_options: Mapping[str, Any] | None = None,
-        *,
-        img_size: int = 32,
-        patch_size: int = 4,
-        in_chans: int = 3,
-        num_classes: int = 10,
-        embed_dim: int = 64,
-        depth: int = 4,
-        num_heads: int = 4,
-        mlp_ratio: float = 2.0,
-        qkv_bias: bool = True,
-        class_token: bool = True,
-        global_pool: str = "token",
-        drop_rate: float = 0.0,
-        drop_path_rate: float = 0.0,
-        norm_layer: str = "layernorm",
-        norm_eps: float = 1e-6,
-        attention: str = "self",
-        attention_options: Mapping[str, Any] | None = None,
-        class_attention_blocks: int = 0,
-        value_residual: str = "none",
-        fused_attn: bool | None = None,
-        lr: float = 1e-3,
-        weight_decay: float = 0.05,
-        betas: tuple[float, float] = (0.9, 0.999),
-        warmup_epochs: float = 2.0,
-        min_lr: float = 0.0,
-        label_smoothing: float = 0.1,
-        max_epochs: int = 30,
-        steps_per_epoch: int | None = None,
-        optimizer: str = "adamw",
-        mixup: Mapping[str, float] | None = None,
-        seed: int = 0,
-    ) -> None:
+    def __init__(self, residual: ViTConfig | str = "standard", residual_options: Mapping[str, Any] | None = None,
+                 *, optim: OptimConfig | None = None, max_epochs: int = 30, steps_per_epoch: int | None = None,
+                 mixup: Mapping[str, float] | None = None, seed: int = 0, **fields: Any) -> None:
         super().__init__()
-        if num_classes < 2:
-            raise ValueError(f"num_classes must be >= 2 for classification, got {num_classes}")
-        if not lr > 0 or not math.isfinite(lr):
-            raise ValueError(f"lr must be a positive number, got {lr}")
+        unknown = sorted(set(fields) - set(MODEL_FIELDS) - set(OPTIM_FIELDS))
+        if unknown:
+            raise TypeError(f"unknown argument {unknown[0]!r}; valid: the backbone's fields "
+                            f"({', '.join(MODEL_FIELDS)}) and the optimiser's ({', '.join(OPTIM_FIELDS)})")
+        cfg = ViTConfig.build(residual, residual_options, **{k: v for k, v in fields.items() if k in MODEL_FIELDS})
+        optim = dataclasses.replace(optim or OptimConfig(), **{k: v for k, v in fields.items() if k in OPTIM_FIELDS})
+        if cfg.num_classes < 2:
+            raise ValueError(f"num_classes must be >= 2 for classification, got {cfg.num_classes}")
+        if not optim.lr > 0 or not math.isfinite(optim.lr):
+            raise ValueError(f"lr must be a positive number, got {optim.lr}")
         if steps_per_epoch is not None and steps_per_epoch < 1:
             raise ValueError(f"steps_per_epoch must be positive, got {steps_per_epoch}")
-        if optimizer not in OPTIMIZER_CLASSES:
-            raise ValueError(f"unknown optimizer {optimizer!r}; valid choices: {', '.join(OPTIMIZER_CLASSES)}")
-        residual_options = dict(residual_options or {})
-        attention_options = dict(attention_options or {})
-        self.save_hyperparameters()
-        self.model = VisionTransformer(
-            residual, residual_options, img_size=img_size, patch_size=patch_size, in_chans=in_chans,
-            num_classes=num_classes, embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio,
-            qkv_bias=qkv_bias, class_token=class_token, global_pool=global_pool, drop_rate=drop_rate,
-            drop_path_rate=drop_path_rate, norm_layer=norm_layer, norm_eps=norm_eps, attention=attention,
-            attention_options=attention_options, class_attention_blocks=class_attention_blocks,
-            value_residual=value_residual, fused_attn=fused_attn,
-        )
+        if optim.optimizer not in OPTIMIZER_CLASSES:
+            raise ValueError(f"unknown optimizer {optim.optimizer!r}; valid choices: {', '.join(OPTIMIZER_CLASSES)}")
+        # flat, so that hparams.yaml lists every field and load_from_checkpoint(**hparams) rebuilds the same module
+        self.save_hyperparameters(cfg.to_dict() | optim.to_dict() | {
+            "max_epochs": max_epochs, "steps_per_epoch": steps_per_epoch, "mixup": mixup, "seed": seed})
+        self.model = VisionTransformer(cfg)
+        num_classes = cfg.num_classes
         # Mixup/CutMix with the label smoothing folded into its soft targets (timm's Mixup), seeded per batch
-        self.mixup = (SeededMixup(**mixup, label_smoothing=label_smoothing, num_classes=num_classes)
+        self.mixup = (SeededMixup(**mixup, label_smoothing=optim.label_smoothing, num_classes=num_classes)
                       if mixup else None)
         self.diverged = False
         self.diverged_at_step: int | None = None

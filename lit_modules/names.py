@@ -50,9 +50,17 @@ NORM_LAYER_CLASSES: dict[str, str] = {
     "derf": "lit_modules.norms:DynamicErf",
 }
 
+#: optimizer name -> its torch.optim class (``ViTClassifier``; adam: coupled L2 decay, the paper recipe's; adamw:
+#: decoupled)
+OPTIMIZER_CLASSES: dict[str, str] = {
+    "adamw": "torch.optim:AdamW",
+    "adam": "torch.optim:Adam",
+}
+
 RESIDUAL_NAMES: tuple[str, ...] = tuple(RESIDUAL_CLASSES)
 ATTENTION_NAMES: tuple[str, ...] = tuple(ATTENTION_CLASSES)
 NORM_LAYER_NAMES: tuple[str, ...] = tuple(NORM_LAYER_CLASSES)
+OPTIMIZER_NAMES: tuple[str, ...] = tuple(OPTIMIZER_CLASSES)
 
 #: ResFormer's value residual (``VisionTransformer(value_residual=...)``, ``lit_modules.value_residual``): off, the
 #: paper's fixed V_n ← ½V_1 + ½V_n, or two learned scalars per layer (0.5 each at init)

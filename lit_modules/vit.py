@@ -11,7 +11,6 @@ class-attention head (``class_attention_blocks``) and the norm layer (``norm_lay
 
 from __future__ import annotations
 
-import math
 import zlib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -31,6 +30,7 @@ from timm.optim import param_groups_weight_decay
 from torch import nn
 
 from .attention import ATTENTIONS
+from .config import ViTConfig
 from .names import NORM_LAYER_CLASSES
 from .residual import RESIDUALS, BlockArgs, cait_init_value
 from .value_residual import ValueState, value_residual_factory
@@ -56,9 +56,12 @@ class LoadReport:
 class VisionTransformer(nn.Module):
     """Vision Transformer (Dosovitskiy et al., arXiv 2010.11929) with a swappable residual connection.
 
-    Args mirror timm's ``VisionTransformer``; ``residual`` names a variant of ``lit_modules.RESIDUALS`` and
-    ``residual_options`` its own typed options (e.g. ``{"init_value": "auto"}`` for LayerScale). Independent of the
-    residual:
+    Built from one :class:`lit_modules.config.ViTConfig` (``VisionTransformer(cfg)``), or from its fields as
+    keyword arguments (``VisionTransformer("layerscale", {"init_value": "auto"}, depth=24)``: the residual's name,
+    its options, then any field; the rest keep the config's defaults, timm's ViT-Tiny at 32 px). The fields mirror
+    timm's ``VisionTransformer`` arguments; ``residual`` names a variant of ``lit_modules.RESIDUALS`` and
+    ``residual_options`` its own typed options (e.g. ``{"init_value": "auto"}`` for LayerScale); ``self.cfg`` is
+    the config it was built from. Independent of the residual:
 
     - ``attention``: the self-attention blocks' attention, a kind of ``lit_modules.attention.ATTENTIONS`` —
       ``"self"`` (timm's ``Attention``) or ``"re_attention"`` (DeepViT) — with ``attention_options``
@@ -89,99 +92,70 @@ class VisionTransformer(nn.Module):
     parameters a variant adds or in what order it builds them.
     """
 
-    def __init__(
-        self,
-        residual: str = "standard",
-        residual_options: Mapping[str, Any] | None = None,
-        *,
-        img_size: int = 32,
-        patch_size: int = 4,
-        in_chans: int = 3,
-        num_classes: int = 10,
-        embed_dim: int = 192,
-        depth: int = 12,
-        num_heads: int = 3,
-        mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
-        qk_norm: bool = False,
-        class_token: bool = True,
-        global_pool: str = "token",
-        drop_rate: float = 0.0,
-        pos_drop_rate: float = 0.0,
-        proj_drop_rate: float = 0.0,
-        attn_drop_rate: float = 0.0,
-        drop_path_rate: float = 0.0,
-        norm_layer: str = "layernorm",
-        norm_eps: float = 1e-6,
-        attention: str = "self",
-        attention_options: Mapping[str, Any] | None = None,
-        class_attention_blocks: int = 0,
-        value_residual: str = "none",
-        fused_attn: bool | None = None,
-        init_seed: int | None = None,
-    ) -> None:
+    def __init__(self, residual: ViTConfig | str = "standard", residual_options: Mapping[str, Any] | None = None,
+                 *, init_seed: int | None = None, **fields: Any) -> None:
         super().__init__()
+        cfg = self.cfg = ViTConfig.build(residual, residual_options, **fields)
         # Drawn before any module is built, so it depends only on the caller's RNG state (e.g. the run's seed).
         self.init_seed = int(torch.randint(0, 2**31 - 1, ()).item()) if init_seed is None else int(init_seed)
-        variant = _lookup("residual", residual, RESIDUALS)
-        attn_kind = _lookup("attention", attention, ATTENTIONS)
-        norm_cls = _lookup("norm_layer", norm_layer, NORM_LAYERS)
-        _check_config(img_size=img_size, patch_size=patch_size, embed_dim=embed_dim, depth=depth,
-                      num_heads=num_heads, global_pool=global_pool, class_token=class_token,
-                      drop_path_rate=drop_path_rate, in_chans=in_chans, num_classes=num_classes, norm_eps=norm_eps,
-                      class_attention_blocks=class_attention_blocks)
-        options = variant.validate_options(dict(residual_options or {}),
-                                           backbone={"class_attention_blocks": class_attention_blocks,
-                                                     "class_token": class_token})
+        variant = _lookup("residual", cfg.residual, RESIDUALS)
+        attn_kind = _lookup("attention", cfg.attention, ATTENTIONS)
+        norm_cls = _lookup("norm_layer", cfg.norm_layer, NORM_LAYERS)
+        cfg.check()
+        depth, embed_dim, blocks_ca = cfg.depth, cfg.embed_dim, cfg.class_attention_blocks
+        options = variant.validate_options(dict(cfg.residual_options),
+                                           backbone={"class_attention_blocks": blocks_ca,
+                                                     "class_token": cfg.class_token})
         variant.check_options(options, dim=embed_dim, depth=depth)
-        attn_options = attn_kind.validate_options(dict(attention_options or {}), num_heads=num_heads, depth=depth)
+        attn_options = attn_kind.validate_options(dict(cfg.attention_options), num_heads=cfg.num_heads, depth=depth)
         self.value_state = ValueState()  # the first layer's values of the forward in progress (ResFormer)
-        values = value_residual_factory(value_residual, self.value_state)  # ValueError naming the valid choices
-        self.residual = residual
+        values = value_residual_factory(cfg.value_residual, self.value_state)  # ValueError naming the valid choices
+        self.residual = cfg.residual
         self.residual_options = options
-        self.attention = attention
+        self.attention = cfg.attention
         self.attention_options = attn_options
-        self.value_residual = value_residual
-        self.num_classes = num_classes
-        self.global_pool = global_pool
-        self.num_prefix_tokens = 1 if class_token else 0
+        self.value_residual = cfg.value_residual
+        self.num_classes = cfg.num_classes
+        self.global_pool = cfg.global_pool
+        self.num_prefix_tokens = 1 if cfg.class_token else 0
         # with a class-attention head the class token joins only after the self-attention blocks (CaiT)
-        block_prefix_tokens = 0 if class_attention_blocks else self.num_prefix_tokens
+        block_prefix_tokens = 0 if blocks_ca else self.num_prefix_tokens
         self.embed_dim = self.num_features = embed_dim
-        norm_layer = partial(norm_cls, eps=norm_eps)
+        norm_layer = partial(norm_cls, eps=cfg.norm_eps)
 
-        self.patch_embed = PatchEmbed(img_size=img_size, patch_size=patch_size, in_chans=in_chans,
+        self.patch_embed = PatchEmbed(img_size=cfg.img_size, patch_size=cfg.patch_size, in_chans=cfg.in_chans,
                                       embed_dim=embed_dim)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if cfg.class_token else None
         self.pos_embed = nn.Parameter(torch.zeros(1, self.patch_embed.num_patches + block_prefix_tokens, embed_dim))
-        self.pos_drop = nn.Dropout(p=pos_drop_rate)
+        self.pos_drop = nn.Dropout(p=cfg.pos_drop_rate)
 
-        dpr = calculate_drop_path_rates(drop_path_rate, depth)  # timm's linear stochastic-depth rule
+        dpr = calculate_drop_path_rates(cfg.drop_path_rate, depth)  # timm's linear stochastic-depth rule
         block_args = [
-            BlockArgs(dim=embed_dim, num_heads=num_heads, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, qk_norm=qk_norm,
-                      proj_drop=proj_drop_rate, attn_drop=attn_drop_rate, drop_path=dpr[i], norm_layer=norm_layer,
-                      act_layer=nn.GELU, layer=i, depth=depth, num_prefix_tokens=block_prefix_tokens,
-                      attn_layer=attn_kind.layer_for(i, depth, attn_options), value_residual=values)
+            BlockArgs(dim=embed_dim, num_heads=cfg.num_heads, mlp_ratio=cfg.mlp_ratio, qkv_bias=cfg.qkv_bias,
+                      qk_norm=cfg.qk_norm, proj_drop=cfg.proj_drop_rate, attn_drop=cfg.attn_drop_rate, drop_path=dpr[i],
+                      norm_layer=norm_layer, act_layer=nn.GELU, layer=i, depth=depth,
+                      num_prefix_tokens=block_prefix_tokens, attn_layer=attn_kind.layer_for(i, depth, attn_options),
+                      value_residual=values)
             for i in range(depth)
         ]
         self.blocks = nn.ModuleList(variant.build_block(a, **options) for a in block_args)
         self.stream = variant.build_stream(embed_dim, depth, norm_layer, **options)
         self.blocks_token_only = nn.ModuleList(
-            LayerScaleBlockClassAttn(embed_dim, num_heads, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias,
-                                     proj_drop=proj_drop_rate, attn_drop=attn_drop_rate, act_layer=nn.GELU,
+            LayerScaleBlockClassAttn(embed_dim, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, qkv_bias=cfg.qkv_bias,
+                                     proj_drop=cfg.proj_drop_rate, attn_drop=cfg.attn_drop_rate, act_layer=nn.GELU,
                                      norm_layer=norm_layer, init_values=cait_init_value(depth))
-            for _ in range(class_attention_blocks))
-        use_fc_norm = global_pool == "avg"  # timm: average pooling normalises after pooling
-        final_norm = variant.uses_final_norm(**options) or class_attention_blocks > 0
+            for _ in range(blocks_ca))
+        use_fc_norm = cfg.global_pool == "avg"  # timm: average pooling normalises after pooling
+        final_norm = variant.uses_final_norm(**options) or blocks_ca > 0
         self.norm = norm_layer(embed_dim) if final_norm and not use_fc_norm else nn.Identity()
         self.fc_norm = norm_layer(embed_dim) if final_norm and use_fc_norm else nn.Identity()
-        self.head_drop = nn.Dropout(drop_rate)
-        self.head = variant.build_head(embed_dim, num_classes, **options) if num_classes > 0 else nn.Identity()
+        self.head_drop = nn.Dropout(cfg.drop_rate)
+        self.head = variant.build_head(embed_dim, cfg.num_classes, **options) if cfg.num_classes > 0 else nn.Identity()
 
         self.init_weights()
         self.project_parameters()
-        if fused_attn is not None:
-            self.set_fused_attn(fused_attn)
+        if cfg.fused_attn is not None:
+            self.set_fused_attn(cfg.fused_attn)
 
     # --- init, optimisation ------------------------------------------------------------------------------------
     def init_weights(self) -> None:
@@ -315,34 +289,3 @@ def _lookup(kind: str, name: str, registry: Mapping[str, Any]) -> Any:
     if name not in registry:
         raise ValueError(f"unknown {kind} '{name}'; valid choices: {', '.join(registry)}")
     return registry[name]
-
-
-def _check_config(*, img_size: int, patch_size: int, embed_dim: int, depth: int, num_heads: int,
-                  global_pool: str, class_token: bool, drop_path_rate: float, in_chans: int,
-                  num_classes: int, norm_eps: float, class_attention_blocks: int) -> None:
-    """One-line ValueErrors for impossible configurations, before any module is built."""
-    for name, value in (("depth", depth), ("embed_dim", embed_dim), ("num_heads", num_heads),
-                        ("img_size", img_size), ("patch_size", patch_size), ("in_chans", in_chans)):
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if num_classes < 0:
-        raise ValueError(f"num_classes must be >= 0, got {num_classes}")
-    if embed_dim % num_heads:
-        raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}; "
-                         f"valid num_heads: {', '.join(str(h) for h in range(1, embed_dim + 1) if embed_dim % h == 0)}")
-    if img_size % patch_size:
-        raise ValueError(f"img_size={img_size} is not divisible by patch_size={patch_size}")
-    if global_pool not in ("token", "avg"):
-        raise ValueError(f"global_pool={global_pool!r} is not valid; valid choices: token, avg")
-    if global_pool == "token" and not class_token:
-        raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg' without a class token")
-    if not 0.0 <= drop_path_rate <= 1.0 or math.isnan(drop_path_rate):
-        raise ValueError(f"drop_path_rate must be in [0, 1], got {drop_path_rate}")
-    if not norm_eps > 0:
-        raise ValueError(f"norm_eps must be > 0, got {norm_eps}")
-    if not isinstance(class_attention_blocks, int) or isinstance(class_attention_blocks, bool) \
-            or class_attention_blocks < 0:
-        raise ValueError(f"class_attention_blocks must be an integer >= 0, got {class_attention_blocks!r}")
-    if class_attention_blocks and (not class_token or global_pool != "token"):
-        raise ValueError("class_attention_blocks > 0 needs class_token=True and global_pool='token' "
-                         "(the class-attention blocks update only the class token, which the head reads)")

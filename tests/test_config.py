@@ -48,8 +48,10 @@ def test_defaults_are_small_cpu_settings():
     ({"attention": "foo"}, "unknown attention 'foo'; valid choices: self, re_attention"),
     ({"norm_layer": "batchnorm"}, "unknown norm_layer 'batchnorm'; valid choices: layernorm, rmsnorm"),
     ({"norm_eps": 0.0}, "norm_eps must be > 0"),
-    ({"class_attention_blocks": -1}, "class_attention_blocks must be >= 0"),
-    ({"class_attention_blocks": 2, "global_pool": "avg"}, "class_attention_blocks > 0 needs global_pool='token'"),
+    ({"class_attention_blocks": -1}, "class_attention_blocks must be an integer >= 0, got -1"),
+    ({"class_attention_blocks": 2, "global_pool": "avg"},
+     "class_attention_blocks > 0 needs class_token=True and global_pool='token'"),
+    ({"mlp_ratio": 0.0}, "mlp_ratio must be > 0, got 0"),
     ({"attention_options": {"bad key": 1}}, "attention_options key 'bad key' is not a valid option name"),
     ({"value_residual": "on"}, "unknown value_residual 'on'; valid choices: none, fixed, learned"),
 ])
@@ -112,6 +114,8 @@ def test_name_tables_match_the_registries():
     import importlib
     import inspect
 
+    import torch
+
     from data import DATASETS
     from lit_modules import RESIDUALS
     from lit_modules.attention import ATTENTIONS
@@ -125,6 +129,7 @@ def test_name_tables_match_the_registries():
     from lit_modules.classifier import OPTIMIZER_CLASSES
 
     assert OPTIMIZERS == tuple(OPTIMIZER_CLASSES)
+    assert OPTIMIZER_CLASSES == {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam}  # the paths resolve
     for residual, option in INIT_VALUE_OPTIONS.items():
         assert option in RESIDUALS[residual].options(), (residual, option)
     for name, cls in RESIDUALS.items():  # variant ``name`` lives in residual/<name>.py

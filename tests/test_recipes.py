@@ -194,13 +194,16 @@ def test_mixup_trains_on_soft_targets_and_measures_accuracy_on_hard_labels():
 
 
 def test_the_default_learning_rate_is_the_basic_recipes_everywhere():
-    """One default LR: RunConfig's (from the basic recipe), the bench's timed step and ViTClassifier's own default."""
+    """One default LR, declared in ``lit_modules.config.OptimConfig``: the basic recipe's, RunConfig's, the bench's
+    timed step and ViTClassifier's own default (which has no ``lr`` argument of its own)."""
     import inspect
 
     from ablations.bench import timing
     from lit_modules.classifier import ViTClassifier
+    from lit_modules.config import OptimConfig
 
-    lr = RECIPES["basic"]["lr"]
-    assert RunConfig().lr == lr
-    assert (timing.LR, timing.WEIGHT_DECAY) == (lr, RECIPES["basic"]["weight_decay"])
-    assert inspect.signature(ViTClassifier).parameters["lr"].default == lr
+    lr = OptimConfig().lr
+    assert RECIPES["basic"]["lr"] == RunConfig().lr == lr
+    assert (timing.LR, timing.WEIGHT_DECAY) == (lr, OptimConfig().weight_decay)
+    assert "lr" not in inspect.signature(ViTClassifier).parameters
+    assert ViTClassifier(img_size=8, patch_size=4, embed_dim=8, depth=1, num_heads=2).hparams.lr == lr

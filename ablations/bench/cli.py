@@ -74,12 +74,14 @@ def machine_facts(threads: int) -> dict:
     return {"cpu": cpu, "cpu_flags": flags, "logical_cores": os.cpu_count(), "threads": threads,
             "torch": torch.__version__, "timm": timm.__version__, "lightning": lightning.__version__,
             "python": platform.python_version(),
-            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+            # the GPU's name under the key device_check.json uses (bench.json before had it under "cuda")
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
             "loadavg_start": list(os.getloadavg())}
 
 
 def render(meta: dict, sections: list[Section]) -> str:
     m = meta["machine"]
+    gpu = m.get("gpu", m.get("cuda"))  # bench.json files written before the key was "gpu"
     cores = m["logical_cores"] or 1  # others running at the start, or far more than our own threads at the end
     busy = m["loadavg_start"][0] > 0.5 * cores or m["loadavg_end"][0] > m["threads"] + 0.5 * cores
     out = ["# Benchmark: ViT backbone and its residual variants", "",
@@ -95,8 +97,8 @@ def render(meta: dict, sections: list[Section]) -> str:
                ["CPU", f"{m['cpu']} ({m['logical_cores']} logical cores; {', '.join(m['cpu_flags']) or 'no flags read'})"],
                ["threads", f"{m['threads']} (torch.set_num_threads)"],
                ["torch / timm / lightning / Python", f"{m['torch']} / {m['timm']} / {m['lightning']} / {m['python']}"],
-               ["CUDA", (f"{m['cuda']} (the timed device)" if meta.get("device") == "cuda" else
-                         f"{m['cuda']} (not used: --device cpu)") if m["cuda"] else "none"],
+               ["CUDA", (f"{gpu} (the timed device)" if meta.get("device") == "cuda" else
+                         f"{gpu} (not used: --device cpu)") if gpu else "none"],
                ["load average (1 min) at start / end", f"{m['loadavg_start'][0]:.2f} / {m['loadavg_end'][0]:.2f}"
                 + (" — **busy machine: timings are noise**" if busy else "")]]), "",
            "## Goals", "",

@@ -112,29 +112,21 @@ def peak_flops(gpu: str, kind: str) -> float:
 # --- FLOPs of a trial -----------------------------------------------------------------------------------------------
 def forward_flops(config: Any, shape: dict | None = None) -> float:
     """Forward FLOPs of one image of ``config``'s model (batch 1, explicit attention; ``ablations.costs.measure``
-    with the config's width, depth, heads, MLP ratio, patch and backbone options; cached). ``shape``: the
-    config's ``data.dataset_shape`` when the caller has it."""
+    of its resolved backbone, ``config.model_config(shape)``; cached). ``shape``: the config's
+    ``data.dataset_shape`` when the caller has it."""
     from data import dataset_shape
 
-    shape = shape or dataset_shape(config)
-    return _forward_flops(json.dumps({
-        "residual": config.residual, "options": config.residual_options, "embed_dim": config.embed_dim,
-        "depth": config.depth, "num_heads": config.num_heads, "mlp_ratio": config.mlp_ratio,
-        "img_size": shape["img_size"], "patch_size": config.patch_size or shape["patch_size"],
-        "num_classes": shape["num_classes"], "in_chans": shape["in_chans"],
-        "backbone": {"attention": config.attention, "attention_options": config.attention_options,
-                     "class_attention_blocks": config.class_attention_blocks, "norm_layer": config.norm_layer,
-                     "value_residual": config.value_residual, "global_pool": config.global_pool},
-    }, sort_keys=True, default=str))
+    model = config.model_config(shape or dataset_shape(config)).replace(fused_attn=None, drop_path_rate=0.0)
+    return _forward_flops(json.dumps(model.to_dict(), sort_keys=True, default=str))
 
 
 @functools.cache
 def _forward_flops(key: str) -> float:
+    from lit_modules.config import ViTConfig
+
     from ..costs import measure
 
-    size = json.loads(key)
-    residual, options, backbone = size.pop("residual"), size.pop("options"), size.pop("backbone")
-    return float(measure(residual, options, **size, **backbone)["flops"])
+    return float(measure(ViTConfig(**json.loads(key)))["flops"])
 
 
 def training_flops(config: Any) -> float:

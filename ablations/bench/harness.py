@@ -6,7 +6,11 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field, replace
 
+from lit_modules.config import ViTConfig
+
 from .timing import median
+
+BACKBONE = ViTConfig()  # the timed backbone's fields other than those Settings sets
 
 SECTIONS = ("timm", "variants", "lightning", "mfu", "study", "memory", "data", "modes", "compile", "auto",
             "overhead")
@@ -22,10 +26,10 @@ class Settings:
 
     mode: str = "full"
     device: str = "cpu"  # --device: "cpu" or "cuda"
-    embed_dim: int = 192
-    num_heads: int = 3
-    img_size: int = 32
-    patch_size: int = 4
+    embed_dim: int = BACKBONE.embed_dim  # the backbone's defaults (lit_modules.config.ViTConfig: ViT-Tiny, 32 px)
+    num_heads: int = BACKBONE.num_heads
+    img_size: int = BACKBONE.img_size
+    patch_size: int = BACKBONE.patch_size
     depth: int = 12  # sections 1, 4, 7
     variant_depth: int = 12  # section 2
     batch: int = 64
@@ -64,8 +68,10 @@ class Settings:
         return f"fp32, {attention}"
 
     def vit(self, depth: int) -> dict:
-        return dict(img_size=self.img_size, patch_size=self.patch_size, in_chans=3, num_classes=10,
-                    embed_dim=self.embed_dim, depth=depth, num_heads=self.num_heads, mlp_ratio=4.0)
+        """The timed backbone's size (``ViTConfig.size()``): the backbone's defaults at this run's width, heads,
+        image, patch and ``depth``."""
+        return BACKBONE.replace(img_size=self.img_size, patch_size=self.patch_size, embed_dim=self.embed_dim,
+                                depth=depth, num_heads=self.num_heads).size()
 
     def describe(self, depth: int, batch: int | None = None) -> str:
         return (f"embed {self.embed_dim}, {self.num_heads} heads, depth {depth}, {self.img_size}x{self.img_size} "

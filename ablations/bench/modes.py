@@ -376,9 +376,8 @@ def measure_cell(size: dict[str, Any], batch: int, *, device: str = "cpu", reps:
 def model_size(config: Any, img_size: int, patch_size: int, in_chans: int, num_classes: int) -> dict[str, Any]:
     """``VisionTransformer``'s size arguments of a run's model: its ``RunConfig`` (width, depth, heads, MLP ratio)
     on its dataset's geometry (what :func:`probe` measures a smaller copy of)."""
-    return dict(img_size=img_size, patch_size=patch_size, in_chans=in_chans, num_classes=num_classes,
-                embed_dim=config.embed_dim, depth=config.depth, num_heads=config.num_heads,
-                mlp_ratio=config.mlp_ratio)
+    shape = {"img_size": img_size, "patch_size": patch_size, "in_chans": in_chans, "num_classes": num_classes}
+    return config.model_config(shape).size()
 
 
 def probe(size: dict[str, Any], batch: int) -> Measure:

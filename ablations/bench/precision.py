@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import tempfile
 
-from .harness import Section, Settings, ms, ours, ratio_cell
+from lit_modules.config import preset
+
+from .harness import BACKBONE, Section, Settings, ms, ours, ratio_cell
 from .timing import interleave, median, round_ratios, train_step
 
 
@@ -31,8 +33,8 @@ def bench_modes(s: Settings) -> Section:
                                        *(f"{k} vs {ref} [round min-max]" for k in keys[1:]), "fastest"])
     cells = []
     for cell in modes_grid(s):
-        size = dict(img_size=s.img_size, patch_size=cell["patch_size"], in_chans=3, num_classes=10,
-                    embed_dim=cell["embed_dim"], depth=s.modes_depth, num_heads=cell["num_heads"], mlp_ratio=4.0)
+        size = BACKBONE.replace(img_size=s.img_size, patch_size=cell["patch_size"], embed_dim=cell["embed_dim"],
+                                depth=s.modes_depth, num_heads=cell["num_heads"]).size()
         # each mode's time as the bench trusts it: the reference's median x the mode's paired ratio (a machine
         # whose load changes from round to round moves a raw median much more than an in-round ratio)
         measured = measure_cell(size, s.batch, device=s.device, reps=s.reps, steps=s.steps, warmup=s.warmup)
@@ -58,12 +60,9 @@ def bench_modes(s: Settings) -> Section:
 
 #: Section 10's models: the study sizes precision auto decides most often (RunConfig fields; batch of the study).
 AUTO_SIZES = (
-    ("residual_variants default (mnist5k 28x28, patch 7)",
-     dict(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=64, depth=4, num_heads=4, mlp_ratio=2.0),
+    ("residual_variants default (mnist5k 28x28, patch 7)", preset("study", img_size=28, patch_size=7, in_chans=1).size(),
      64),
-    ("ViT-Tiny width (32x32, patch 4)",
-     dict(img_size=32, patch_size=4, in_chans=3, num_classes=10, embed_dim=192, depth=6, num_heads=3, mlp_ratio=4.0),
-     32),
+    ("ViT-Tiny width (32x32, patch 4)", preset("vit_tiny", depth=6).size(), 32),
 )
 
 

@@ -11,25 +11,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .. import layout
-from ..cli import OneLineParser
+from ..cli import OneLineParser, add_study_arguments
 from .load import AUC_KEY, EPOCH_TIME_KEY, FRACTION_KEYS, WALL_TIME_KEY, ReportError, StudyData, first_line
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..run.storage import DEFAULT_STORAGE
-
     doc = sys.modules[__package__].__doc__ or ""
     p = OneLineParser(prog="python -m ablations.report", description=doc.split("\n\n")[0],
                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=doc.split("\n\n", 1)[-1])
-    p.add_argument("--study", required=True, help="a study name (see python -m ablations.run --list) or a .yaml path")
-    p.add_argument("--budget", default="default", help="study size the study was run at: smoke, default, paper")
-    p.add_argument("--storage", default=os.environ.get("ABLATIONS_STORAGE", DEFAULT_STORAGE),
-                   help=f"Optuna storage URL (default {DEFAULT_STORAGE}, or $ABLATIONS_STORAGE)")
-    p.add_argument("--study-name", help="name in the storage (default: the study's name, suffixed by the budget "
-                                        "and the --set overrides)")
-    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="sets",
-                   help="the --set overrides the study was run with (python -m ablations.run ... --set ...): they "
-                        "name its stored study")
+    add_study_arguments(p, report=True)
     p.add_argument("--results-dir", default=layout.RESULTS_DIR,
                    help=f"results folder: tables go to <dir>/<study name>/, TensorBoard runs are in "
                         f"<dir>/{layout.RUNS}/")

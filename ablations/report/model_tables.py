@@ -8,6 +8,8 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from lit_modules.config import FIELDS as MODEL_FIELDS
+from lit_modules.config import GEOMETRY
 from lit_modules.names import DIAGNOSTIC_TAGS
 
 from .. import layout
@@ -213,33 +215,19 @@ def cost_table(data: StudyData, representative: dict[str, Run], *, depth_note: s
     """Params and forward FLOPs (``costs.measure``, batch 1) of each row's representative config (as the trial
     stored it) vs the same config with the standard residual; measured train images/s (mean over the row's
     completed runs at that depth)."""
-    import inspect
-
     from ..costs import measure
 
-    accepted = set(inspect.signature(measure).parameters)
     cache: dict[tuple, dict] = {}
     records, notes = [], []
-    ignored: set[str] = set()
     for row in data.rows:
         run = representative.get(row)
         if run is None:
             continue
         cfg = run.config
-        dims = model_dims(run)
-        size = dict(embed_dim=cfg.get("embed_dim"), depth=run.depth or cfg.get("depth"), num_heads=cfg.get("num_heads"),
-                    img_size=dims.get("img_size"), patch_size=dims.get("patch_size"),
-                    num_classes=dims.get("num_classes"), in_chans=dims.get("in_chans"))
-        for key in ("mlp_ratio", "global_pool", "qkv_bias", "class_token"):
-            if key in accepted and key in cfg:
-                size[key] = cfg[key]
-            elif key == "mlp_ratio" and cfg.get(key) is not None:
-                ignored.add(f"mlp_ratio={cfg[key]}")
-        options = dict(cfg.get("residual_options") or {})
         residual = cfg.get("residual", run.variant)
+        options = dict(cfg.get("residual_options") or {})
         try:
-            if any(v is None for v in size.values()):
-                raise ValueError("model size unknown (no hparams.yaml and the dataset cannot be constructed)")
+            size = _backbone(run)
             own = _measure(measure, cache, residual, options, size)
             base = _measure(measure, cache, "standard", {}, size)
         except Exception as exc:  # noqa: BLE001 - one unmeasurable row must not stop the report
@@ -273,11 +261,27 @@ def cost_table(data: StudyData, representative: dict[str, Run], *, depth_note: s
                "stored it), overhead vs the same configuration with the standard residual; trained params = "
                "param_count of the trained runs (run summary); train img/s = measured training throughput, mean over "
                "the variant's completed runs at that depth (n).")
-    if ignored:
-        notes.append(f"costs.measure() takes no mlp_ratio: FLOPs/params are for its default MLP width, not the "
-                     f"trained {', '.join(sorted(ignored))}.")
     return Table("cost", f"{data.name}: cost", caption, frame(records, keys), columns,
                  [(k, k, fmts.get(k, "")) for k in keys], notes)
+
+
+def _backbone(run: Run) -> dict[str, Any]:
+    """The fields of the run's backbone other than its residual, at the run's depth: the resolved model config the
+    trial stored (``model``), else (trials before it was stored) the model fields of its stored ``RunConfig`` with
+    the geometry from :func:`model_dims`. ValueError when the size cannot be told."""
+    stored = run.summary.get(layout.MODEL_KEY)
+    if isinstance(stored, dict):
+        size = {k: v for k, v in stored.items() if k in MODEL_FIELDS}
+    else:
+        dims = model_dims(run)
+        size = {k: v for k, v in run.config.items() if k in MODEL_FIELDS and v is not None} | {
+            k: dims.get(k) for k in GEOMETRY}
+        if any(size.get(k) is None for k in (*GEOMETRY, "embed_dim", "num_heads")):
+            raise ValueError("model size unknown (no hparams.yaml and the dataset cannot be constructed)")
+    size["depth"] = run.depth or size.get("depth")
+    for key in ("residual", "residual_options", "fused_attn"):
+        size.pop(key, None)
+    return size
 
 
 def _measure(measure, cache: dict, residual: str, options: dict, size: dict) -> dict:

@@ -27,13 +27,12 @@ from pathlib import Path
 
 from .. import layout
 from ..bench.gpu_hours import DEFAULT_GPU, DEVICE_RESULTS, GPU_CLASSES
-from ..cli import OneLineParser
+from ..cli import OneLineParser, add_study_arguments
 from ..dashboard import check_loggers
 from .overrides import RUN_ONLY, apply_sets, describe, parse_sets, value_text
 from .plan import _dry_run, _stored_done
 from .stopping import interrupted, stop_on_signals
 from .storage import (
-    DEFAULT_STORAGE,
     GRACE_S,
     HEARTBEAT_S,
     lost_storage_error,
@@ -60,16 +59,7 @@ from .workers import ResultsWriteError, _one_line, _quiet, _run_grid, _work, wri
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python -m ablations.run", description=__doc__.split("\n\n")[0],
                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("--study", help="a study name (see --list) or a path to a study .yaml file")
-    p.add_argument("--budget", default="default", help="study size: smoke (CI, < 1 min), quick (minutes), default, paper (GPU)")
-    p.add_argument("--storage", default=os.environ.get("ABLATIONS_STORAGE", DEFAULT_STORAGE),
-                   help=f"Optuna storage URL (default {DEFAULT_STORAGE}, or $ABLATIONS_STORAGE)")
-    p.add_argument("--study-name", help="name in the storage (default: the study's name, suffixed by the budget "
-                                        "and the --set overrides)")
-    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="sets",
-                   help="override a RunConfig field of the study's base (repeatable; the value read as YAML, e.g. "
-                        "--set precision=32-true --set max_epochs=30); a field that changes results runs as its own "
-                        "stored study, <study>+FIELD=VALUE+... (fields sorted; threads and data_dir exempt)")
+    add_study_arguments(p)
     p.add_argument("--workers", type=int, default=1, help="local worker processes sharing the study (cores split)")
     p.add_argument("--results-dir", default=layout.RESULTS_DIR,
                    help=f"where TensorBoard runs go (<dir>/{layout.RUNS}/<study>/)")

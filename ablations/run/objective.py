@@ -110,6 +110,8 @@ class Objective:
         import optuna
         from optuna_integration import PyTorchLightningPruningCallback
 
+        from data import dataset_shape
+
         from ..training import run_training
 
         frozen = next(t for t in trial.study.get_trials(deepcopy=False) if t.number == trial.number)
@@ -140,6 +142,7 @@ class Objective:
         trial.set_user_attr("phase", self.spec.stage)  # tune | report: the report tables read report trials only
         trial.set_user_attr("worker", worker_id())
         trial.set_user_attr("config", _jsonable(config.to_dict()))
+        trial.set_user_attr(layout.MODEL_KEY, _jsonable(config.model_config(dataset_shape(config)).to_dict()))
         trial.set_user_attr("log_dir", str(self.log_root / run_name))
         # What was offered; whether Lightning did restore it (``resumed_from_checkpoint``, ``start_epoch``,
         # ``start_global_step``) and what this process trained itself come with the run's summary.

@@ -45,6 +45,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from lit_modules.config import OptimConfig
+
 #: The RunConfig fields a recipe sets (the ones a run takes from its recipe unless given).
 RECIPE_FIELDS: tuple[str, ...] = (
     "crop_padding_mode", "rand_augment_ops", "rand_augment_magnitude", "color_jitter", "random_erasing",
@@ -56,8 +58,7 @@ RECIPES: dict[str, dict[str, Any]] = {
     "basic": {
         "crop_padding_mode": "constant", "rand_augment_ops": 0, "rand_augment_magnitude": 9, "color_jitter": (),
         "random_erasing": 0.0, "mixup_alpha": 0.0, "cutmix_alpha": 0.0, "mixup_prob": 1.0, "mixup_switch_prob": 0.5,
-        "label_smoothing": 0.1, "optimizer": "adamw", "lr": 1e-3, "weight_decay": 0.05, "betas": (0.9, 0.999),
-        "warmup_epochs": 2.0, "min_lr": 0.0,
+        **OptimConfig().to_dict(),  # the optimiser's defaults (lit_modules.config): AdamW, lr 1e-3, wd 0.05
     },
     "paper": {
         "crop_padding_mode": "reflect", "rand_augment_ops": 9, "rand_augment_magnitude": 5,
