@@ -1,11 +1,13 @@
-"""What the command-line tools share: argparse that reports a bad argument as one line and exit status 2, and the
-arguments that name one stored study (``ablations.run`` runs it, ``ablations.report`` reads it)."""
+"""What the command-line tools share: argparse that reports a bad argument as one line and exit status 2, the
+arguments that name one stored study (``ablations.run`` runs it, ``ablations.report`` reads it), and the one Markdown
+table renderer of everything they print or write."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+from collections.abc import Sequence
 from typing import NoReturn
 
 
@@ -42,3 +44,18 @@ def add_study_arguments(parser: argparse.ArgumentParser, *, report: bool = False
         "override a RunConfig field of the study's base (repeatable; the value read as YAML, e.g. --set "
         "precision=32-true --set max_epochs=30); a field that changes results runs as its own stored study, "
         "<study>+FIELD=VALUE+... (fields sorted; threads and data_dir exempt)"))
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]], align: str | None = None,
+                   pad: bool = False) -> str:
+    """A Markdown pipe table of ``rows`` (cells as given: no number parsing), one ``l``/``r`` per column in
+    ``align`` (default: all left). ``pad``: columns padded to one width (tabulate's ``pipe``), as the study reports
+    write them; otherwise one space around each cell, as the CLIs print them."""
+    align = align or "l" * len(headers)
+    if pad and rows:
+        from tabulate import tabulate
+
+        return tabulate(rows, headers=headers, tablefmt="pipe", disable_numparse=True,
+                        colalign=[{"l": "left", "r": "right"}[a] for a in align])
+    rule = "|".join("---:" if a == "r" and not pad else "---" for a in align)
+    return "\n".join(["| " + " | ".join(headers) + " |", f"|{rule}|", *("| " + " | ".join(r) + " |" for r in rows)])

@@ -31,7 +31,7 @@ from typing import Any
 
 from lit_modules.config import ViTConfig
 
-from .cli import OneLineParser, fail
+from .cli import OneLineParser, fail, markdown_table
 
 #: (label, residual, options) of the alternatives worth pricing besides every registered variant's default.
 EXTRA_FORMS: tuple[tuple[str, str, dict], ...] = (
@@ -150,14 +150,14 @@ def step_time_cell(entry: dict | None) -> str:
 
 
 def to_markdown(rows: list[dict], step_times: dict[str, dict] | None = None) -> str:
-    lines = ["| variant | params | +params vs standard | forward GFLOPs (batch 1) | +FLOPs vs standard |"
-             + (" step time vs standard |" if step_times is not None else ""),
-             "|---|---:|---:|---:|---:|" + ("---:|" if step_times is not None else "")]
-    for r in rows:
-        lines.append(f"| {r['variant']} | {r['params']:,} | {r['params_overhead_pct']:+.2f}% | "
-                     f"{r['flops'] / 1e9:.4f} | {r['flops_overhead_pct']:+.2f}% |"
-                     + (f" {step_time_cell(step_times.get(r['variant']))} |" if step_times is not None else ""))
-    return "\n".join(lines)
+    headers = ["variant", "params", "+params vs standard", "forward GFLOPs (batch 1)", "+FLOPs vs standard"]
+    body = [[r["variant"], f"{r['params']:,}", f"{r['params_overhead_pct']:+.2f}%", f"{r['flops'] / 1e9:.4f}",
+             f"{r['flops_overhead_pct']:+.2f}%"] for r in rows]
+    if step_times is not None:
+        headers.append("step time vs standard")
+        for line, r in zip(body, rows, strict=True):
+            line.append(step_time_cell(step_times.get(r["variant"])))
+    return markdown_table(headers, body, "l" + "r" * (len(headers) - 1))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,6 +32,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .cli import markdown_table
+
 #: Internal prefix -> TensorBoard group, in reading order (the number is the group's place).
 _GROUPS: tuple[tuple[str, str], ...] = (("train", "1_train"), ("val", "2_val"), ("hp", "3_summary"))
 #: Diagnostic kinds: (group, prefixes of the key after ``diag/``); the first match wins, then ``9_diag.other``.
@@ -165,7 +167,7 @@ def write_study_hparams(log_root: str | Path, spec: Any, metrics: Sequence[str])
     try:
         writer._get_file_writer().add_summary(pb)
         constants = study_constants(spec)
-        table = "\n".join(["| key | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in constants.items())])
+        table = markdown_table(["key", "value"], [(k, str(v)) for k, v in constants.items()])
         writer.add_text("study/constants", f"Configuration shared by every trial of `{spec.study_name}`:\n\n{table}")
         writer.add_text("study/description", spec.description or spec.study_name)
     finally:

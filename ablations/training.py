@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ablations import layout
+from ablations.cli import markdown_table
 from ablations.config import RunConfig
 
 #: Summary keys mirrored to TensorBoard's HParams plugin as ``hp/<key>``: the same tuple for every run.
@@ -71,7 +72,7 @@ def summary_table(summary: Mapping[str, Any], markdown: bool = True) -> str:
     """The scalar entries of a summary as a two-column table (Markdown, or aligned plain text)."""
     rows = [(k, format_value(v)) for k, v in summary.items() if not isinstance(v, (list, tuple, dict))]
     if markdown:
-        return "\n".join(["| metric | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)])
+        return markdown_table(["metric", "value"], rows)
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 
 from lit_modules.config import ViTConfig
 
+from ..cli import markdown_table
 from .timing import median
 
 BACKBONE = ViTConfig()  # the timed backbone's fields other than those Settings sets
@@ -231,6 +232,4 @@ def table(columns: list[str], rows: list[list[str]]) -> str:
         cells = [row[i] for row in rows if row[i]]
         return 2 * sum(c[0].isdigit() or c[0] in "+-" for c in cells) >= len(cells) > 0
 
-    aligns = ["---:" if i and numeric(i) else "---" for i in range(len(columns))]
-    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join(aligns) + "|"]
-    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+    return markdown_table(columns, rows, "".join("r" if i and numeric(i) else "l" for i in range(len(columns))))

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..cli import markdown_table
 from .load import (
     StudyData,
 )
@@ -115,11 +116,7 @@ def render(table: Table, style: str, label: str = "") -> str:
         headers = [c.header for c in fixed]
         align = "".join(c.alignment for c in fixed)
     if style == "md":
-        from tabulate import tabulate
-
-        text = tabulate(body, headers=headers, tablefmt="pipe", disable_numparse=True,
-                        colalign=[{"l": "left", "r": "right"}[a] for a in align]) if body else \
-            "| " + " | ".join(headers) + " |\n|" + "|".join("---" for _ in headers) + "|"
+        text = markdown_table(headers, body, align, pad=True)
         parts = [f"### {table.title}", "", text, "", table.caption]
         parts += [f"\nNote: {n}" for n in table.notes]
         return "\n".join(parts) + "\n"
