@@ -159,6 +159,8 @@ class RunConfig:
         _choice("accelerator", self.accelerator, ACCELERATORS)
         _choice("crop_padding_mode", self.crop_padding_mode, PADDING_MODES)
         _choice("optimizer", self.optimizer, OPTIMIZERS)
+        # the backbone's own checks (lit_modules.config: one place), without the geometry the dataset decides
+        ViTConfig(**self._model_fields()).check(geometry=False)
         if len(self.color_jitter) == 1:
             object.__setattr__(self, "color_jitter", (*self.color_jitter * 3, 0.0))
         if len(self.color_jitter) not in (0, 4) or any(c < 0 for c in self.color_jitter):
@@ -184,8 +186,6 @@ class RunConfig:
         for name in ("patch_size", "threads"):
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
-        # the backbone's own checks (lit_modules.config: one place), without the geometry the dataset decides
-        ViTConfig(**{name: getattr(self, name) for name in MODEL_FIELDS if hasattr(self, name)}).check(geometry=False)
         _in_range("val_fraction", self.val_fraction, 0.0, 1.0, low_open=True, high_open=True)
         _in_range("test_fraction", self.test_fraction, 0.0, 1.0, high_open=True)
         if self.val_fraction + self.test_fraction >= 1.0:
@@ -243,10 +243,14 @@ class RunConfig:
         ``in_chans``, ``num_classes`` and the default ``patch_size``: ``data.dataset_shape`` or a DataModule's
         attributes); the run's ``patch_size`` wins over the dataset's. Every consumer (training, FLOP counts, the
         report's costs) builds the model from this one object."""
-        fields = {name: getattr(self, name) for name in MODEL_FIELDS if hasattr(self, name)}
+        fields = self._model_fields()
         geometry = {name: shape[name] for name in GEOMETRY}
         geometry["patch_size"] = self.patch_size or shape["patch_size"]
         return ViTConfig(**(fields | geometry))
+
+    def _model_fields(self) -> dict[str, Any]:
+        """This run's values of the backbone's fields that RunConfig has (the others keep ViTConfig's defaults)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name in MODEL_FIELDS}
 
     def optim_config(self) -> OptimConfig:
         """This run's optimiser and schedule (the optimiser group, recipe values resolved)."""

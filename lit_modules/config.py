@@ -102,7 +102,8 @@ class ViTConfig:
         if geometry and self.num_classes < 0:
             raise ValueError(f"num_classes must be >= 0, got {self.num_classes}")
         if self.embed_dim % self.num_heads:
-            valid = ", ".join(str(h) for h in range(1, self.embed_dim + 1) if self.embed_dim % h == 0)
+            small = [h for h in range(1, math.isqrt(self.embed_dim) + 1) if self.embed_dim % h == 0]
+            valid = ", ".join(map(str, sorted({*small, *(self.embed_dim // h for h in small)})))
             raise ValueError(f"embed_dim={self.embed_dim} is not divisible by num_heads={self.num_heads}; "
                              f"valid num_heads: {valid}")
         if geometry and self.img_size % self.patch_size:

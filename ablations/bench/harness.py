@@ -31,8 +31,8 @@ class Settings:
     num_heads: int = BACKBONE.num_heads
     img_size: int = BACKBONE.img_size
     patch_size: int = BACKBONE.patch_size
-    depth: int = 12  # sections 1, 4, 7
-    variant_depth: int = 12  # section 2
+    depth: int = BACKBONE.depth  # sections 1, 4, 7
+    variant_depth: int = BACKBONE.depth  # section 2
     batch: int = 64
     warmup: int = 2  # untimed calls per function before the first round
     reps: int = 7  # rounds
@@ -76,7 +76,7 @@ class Settings:
 
     def describe(self, depth: int, batch: int | None = None) -> str:
         return (f"embed {self.embed_dim}, {self.num_heads} heads, depth {depth}, {self.img_size}x{self.img_size} "
-                f"patch {self.patch_size}, 10 classes, batch {batch or self.batch}")
+                f"patch {self.patch_size}, {BACKBONE.num_classes} classes, batch {batch or self.batch}")
 
 
 FULL = Settings()
@@ -124,7 +124,8 @@ def random_batch(s: Settings, batch: int | None = None):
 
     g = torch.Generator().manual_seed(0)
     n = batch or s.batch
-    x, y = torch.randn(n, 3, s.img_size, s.img_size, generator=g), torch.randint(0, 10, (n,), generator=g)
+    x = torch.randn(n, BACKBONE.in_chans, s.img_size, s.img_size, generator=g)
+    y = torch.randint(0, BACKBONE.num_classes, (n,), generator=g)
     return x.to(s.device), y.to(s.device)
 
 

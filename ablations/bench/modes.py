@@ -377,7 +377,7 @@ def model_size(config: Any, img_size: int, patch_size: int, in_chans: int, num_c
     """``VisionTransformer``'s size arguments of a run's model: its ``RunConfig`` (width, depth, heads, MLP ratio)
     on its dataset's geometry (what :func:`probe` measures a smaller copy of)."""
     shape = {"img_size": img_size, "patch_size": patch_size, "in_chans": in_chans, "num_classes": num_classes}
-    return config.model_config(shape).size()
+    return config.model_config(shape).replace(patch_size=patch_size).size()  # the patch as given
 
 
 def probe(size: dict[str, Any], batch: int) -> Measure:

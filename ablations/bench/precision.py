@@ -113,6 +113,6 @@ def modes_table(meta: dict, sec: Section) -> dict:
     """The machine-readable table of section 8 (``ablations.bench.modes.load_table`` reads it)."""
     d = sec.data
     return {"device": d["device"], "machine": meta["machine"], "started": meta["started"], "mode": meta["mode"],
-            "settings": {"depth": d["depth"], "batch": d["batch"], "img_size": d["img_size"], "mlp_ratio": 4.0,
+            "settings": {"depth": d["depth"], "batch": d["batch"], "img_size": d["img_size"], "mlp_ratio": BACKBONE.mlp_ratio,
                          "reps": meta["settings"]["reps"], "steps": meta["settings"]["steps"]},
             "cells": [{k: v for k, v in c.items() if k != "rounds_s"} for c in d["cells"]]}

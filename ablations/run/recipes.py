@@ -70,9 +70,11 @@ RECIPES: dict[str, dict[str, Any]] = {
 RECIPE_NAMES: tuple[str, ...] = tuple(RECIPES)
 assert all(set(values) == set(RECIPE_FIELDS) for values in RECIPES.values())
 
+_BASIC = OptimConfig()
 #: One line per recipe, for ``--help`` and the docs.
 RECIPE_HELP = {
-    "basic": "the dataset's crop/flip, label smoothing 0.1, AdamW lr 1e-3 wd 0.05, 2 warm-up epochs",
+    "basic": f"the dataset's crop/flip, label smoothing {_BASIC.label_smoothing:g}, AdamW lr {_BASIC.lr:g} wd "
+             f"{_BASIC.weight_decay:g}, {_BASIC.warmup_epochs:g} warm-up epochs",
     "paper": "the ortho-residual paper's ViT-S CIFAR recipe: RandAugment 9/5, colour jitter 0.4, random erasing "
              "0.25, Mixup 0.8 / CutMix 1.0, label smoothing 0.1, Adam lr 1e-3 wd 1e-4, 10 warm-up epochs",
 }

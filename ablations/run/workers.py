@@ -159,8 +159,11 @@ def _run_grid(spec, storage, study_name: str, args, overrides: dict, *, stage: s
         _spawn_workers(args, storage, study_name, total, _grid_keys(spec), stage=stage)
         # A worker stopped on its own (one machine preempted) fails its trial while it saves; when the other workers
         # had already run out of points by then, nobody took it over: train it now, resuming from its checkpoint.
-        while spec.kind == "grid" and (retried := _retry_failed_points(study, spec, storage, only_stopped=True)):
+        while spec.kind == "grid":
             check_stopping()
+            retried = _retry_failed_points(study, spec, storage, only_stopped=True)
+            if not retried:
+                break
             _spawn_workers(args, storage, study_name, total, _grid_keys(spec), stage=stage,
                            count=min(args.workers, len(retried)))
     return _finish(study_name, storage, spec, time.time() - started)
