@@ -33,7 +33,7 @@ from ablations.choices import (
 )
 from ablations.run.recipes import RECIPE_FIELDS, RECIPE_HELP, RECIPE_NAMES, recipe_values
 from lit_modules.config import FIELDS as MODEL_FIELDS
-from lit_modules.config import GEOMETRY, PRESETS, OptimConfig, ViTConfig
+from lit_modules.config import GEOMETRY, OPTIM_FIELDS, PRESETS, OptimConfig, ViTConfig
 
 GROUPS = ("model", "data", "optim", "trainer")
 #: The model group's defaults: the backbone's ``study`` preset (``lit_modules.config``, the fields' one declaration).
@@ -254,7 +254,7 @@ class RunConfig:
 
     def optim_config(self) -> OptimConfig:
         """This run's optimiser and schedule (the optimiser group, recipe values resolved)."""
-        return OptimConfig(**{name: getattr(self, name) for name in OptimConfig.__dataclass_fields__})
+        return OptimConfig(**{name: getattr(self, name) for name in OPTIM_FIELDS})
 
     @property
     def mixes(self) -> bool:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from importlib import import_module
 from typing import Any
 
 import lightning.pytorch as pl
@@ -33,11 +32,11 @@ from data.common import seeded_generator
 from .config import FIELDS as MODEL_FIELDS
 from .config import OPTIM_FIELDS, OptimConfig, ViTConfig
 from .names import OPTIMIZER_CLASSES as OPTIMIZER_PATHS
+from .names import resolve
 from .vit import VisionTransformer
 
 #: ``optimizer`` name -> its torch.optim class (names and classes: ``lit_modules.names.OPTIMIZER_CLASSES``)
-OPTIMIZER_CLASSES: dict[str, type[torch.optim.Optimizer]] = {
-    name: getattr(import_module(path.split(":")[0]), path.split(":")[1]) for name, path in OPTIMIZER_PATHS.items()}
+OPTIMIZER_CLASSES: dict[str, type[torch.optim.Optimizer]] = resolve(OPTIMIZER_PATHS)
 MIXUP_STREAM = 0x313C  # keeps the Mixup draws apart from the data's streams of the same (seed, epoch)
 
 

@@ -8,6 +8,9 @@ registries are built from these tables (``lit_modules.RESIDUALS``, ``lit_modules
 
 from __future__ import annotations
 
+from importlib import import_module
+from typing import Any
+
 #: residual variant name -> its class in ``lit_modules/residual/<name>.py``
 RESIDUAL_CLASSES: dict[str, str] = {
     "standard": "Standard",
@@ -98,3 +101,8 @@ DIAGNOSTIC_TAGS: dict[str, str] = {
     "composite_gain_forward": "diag/composite_gain/forward",
     "composite_gain_backward": "diag/composite_gain/backward",
 }
+
+
+def resolve(paths: dict[str, str]) -> dict[str, Any]:
+    """A ``name -> "module:Class"`` table as ``name -> Class`` (imports each module: call it where torch may load)."""
+    return {name: getattr(import_module(path.split(":")[0]), path.split(":")[1]) for name, path in paths.items()}

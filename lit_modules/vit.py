@@ -16,7 +16,6 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
-from importlib import import_module
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +30,12 @@ from torch import nn
 
 from .attention import ATTENTIONS
 from .config import ViTConfig
-from .names import NORM_LAYER_CLASSES
+from .names import NORM_LAYER_CLASSES, resolve
 from .residual import RESIDUALS, BlockArgs, cait_init_value
 from .value_residual import ValueState, value_residual_factory
 
 #: norm layer name -> class, called as ``cls(dim, eps=norm_eps)`` (names: ``lit_modules.names``)
-NORM_LAYERS: dict[str, type[nn.Module]] = {
-    name: getattr(import_module(path.split(":")[0]), path.split(":")[1]) for name, path in NORM_LAYER_CLASSES.items()}
+NORM_LAYERS: dict[str, type[nn.Module]] = resolve(NORM_LAYER_CLASSES)
 
 
 @dataclass

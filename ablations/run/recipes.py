@@ -47,6 +47,8 @@ from typing import Any
 
 from lit_modules.config import OptimConfig
 
+_BASIC = OptimConfig()  # the optimiser's defaults (lit_modules.config), the basic recipe's
+
 #: The RunConfig fields a recipe sets (the ones a run takes from its recipe unless given).
 RECIPE_FIELDS: tuple[str, ...] = (
     "crop_padding_mode", "rand_augment_ops", "rand_augment_magnitude", "color_jitter", "random_erasing",
@@ -58,7 +60,7 @@ RECIPES: dict[str, dict[str, Any]] = {
     "basic": {
         "crop_padding_mode": "constant", "rand_augment_ops": 0, "rand_augment_magnitude": 9, "color_jitter": (),
         "random_erasing": 0.0, "mixup_alpha": 0.0, "cutmix_alpha": 0.0, "mixup_prob": 1.0, "mixup_switch_prob": 0.5,
-        **OptimConfig().to_dict(),  # the optimiser's defaults (lit_modules.config): AdamW, lr 1e-3, wd 0.05
+        **_BASIC.to_dict(),  # the optimiser's defaults (lit_modules.config): AdamW, lr 1e-3, wd 0.05
     },
     "paper": {
         "crop_padding_mode": "reflect", "rand_augment_ops": 9, "rand_augment_magnitude": 5,
@@ -70,7 +72,6 @@ RECIPES: dict[str, dict[str, Any]] = {
 RECIPE_NAMES: tuple[str, ...] = tuple(RECIPES)
 assert all(set(values) == set(RECIPE_FIELDS) for values in RECIPES.values())
 
-_BASIC = OptimConfig()
 #: One line per recipe, for ``--help`` and the docs.
 RECIPE_HELP = {
     "basic": f"the dataset's crop/flip, label smoothing {_BASIC.label_smoothing:g}, AdamW lr {_BASIC.lr:g} wd "
