@@ -1,21 +1,19 @@
 """Torch-free name tables for configuration and the CLI (importing torch/lightning costs ~4 s; ``--help`` must not).
 
 The backbone's names (residual variants, attention kinds, norm layers, value-residual modes, optimizers, head pooling)
-are the registries' own, read from the torch-free ``lit_modules.names`` and ``lit_modules.config``. ``tests/test_config.py`` checks the dataset names against ``data.DATASETS``.
+and the datasets' are the registries' own, read from the torch-free ``lit_modules.names``, ``lit_modules.config`` and
+``data.names``.
 """
 
 from __future__ import annotations
 
+from data.names import DATASET_NAMES
 from lit_modules.config import GLOBAL_POOLS
 from lit_modules.names import ATTENTION_NAMES, NORM_LAYER_NAMES, RESIDUAL_NAMES, VALUE_RESIDUAL_NAMES
 from lit_modules.names import OPTIMIZER_NAMES as OPTIMIZERS
 
 __all__ = ["RESIDUAL_NAMES", "ATTENTION_NAMES", "NORM_LAYER_NAMES", "VALUE_RESIDUAL_NAMES", "DATASET_NAMES",
            "INIT_VALUE_OPTIONS", "PRECISIONS", "OPTIMIZERS", "PADDING_MODES", "GLOBAL_POOLS", "ACCELERATORS"]
-
-DATASET_NAMES: tuple[str, ...] = (
-    "digits", "mnist5k", "mnist", "fashion_mnist", "cifar10", "cifar100", "svhn", "imagefolder", "synthetic",
-)
 
 #: The option of each variant that ``--init-value`` sets (its "init knob"); variants not listed have none.
 INIT_VALUE_OPTIONS: dict[str, str] = {

@@ -116,6 +116,7 @@ def test_name_tables_match_the_registries():
 
     import torch
 
+    import data
     from data import DATASETS
     from lit_modules import RESIDUALS
     from lit_modules.attention import ATTENTIONS
@@ -124,7 +125,8 @@ def test_name_tables_match_the_registries():
 
     assert RESIDUAL_NAMES == tuple(RESIDUALS) and ATTENTION_NAMES == tuple(ATTENTIONS)
     assert NORM_LAYER_NAMES == tuple(NORM_LAYERS)
-    assert set(DATASET_NAMES) == set(DATASETS)
+    assert DATASET_NAMES == tuple(DATASETS) and all(cls.__name__ in data.__all__ for cls in DATASETS.values())
+    assert sorted(data.__all__) == sorted(["DATASET_CLASSES", "DATASET_NAMES", *data._EXPORTS])  # the lazy exports
     from ablations.choices import OPTIMIZERS
     from lit_modules.classifier import OPTIMIZER_CLASSES
 
@@ -144,7 +146,8 @@ def test_name_tables_match_the_registries():
 
 
 def test_config_and_cli_modules_do_not_import_torch():
-    code = "import ablations.config, ablations.train, sys; print('torch' in sys.modules, 'lightning' in sys.modules)"
+    code = ("import ablations.config, ablations.train, data, data.names, sys; "
+            "print('torch' in sys.modules, 'lightning' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
 
