@@ -218,6 +218,23 @@ def check_auto_or_positive(name: str, value: Any, variant: str) -> None:
 
 def inverse_rms(v: torch.Tensor, eps: float) -> torch.Tensor:
     """1 / sqrt(mean(v²) + ε) over the last dimension, the factor RMSNorm scales by: (..., D) -> (...). A variant
-    whose normalised input only feeds a linear map applies it to the map's (small) output instead. Σv² as
-    ``vecdot(v, v)``: one pass forward and backward (square-then-mean takes 2-3x as long on a CPU)."""
-    return torch.rsqrt(torch.linalg.vecdot(v, v) / v.shape[-1] + eps)
+    whose normalised input only feeds a linear map applies it to the map's (small) output instead."""
+    return torch.rsqrt(SumOfSquares.apply(v) / v.shape[-1] + eps)
+
+
+class SumOfSquares(torch.autograd.Function):
+    """Σ v² over the last dimension, with the backward written out: ∂v = 2g·v, one multiply. Autograd through
+    ``vecdot(v, v)`` multiplies by v once per operand and adds the two (three passes over v; square-then-sum
+    takes longer still on a CPU). Values and gradients are bit-identical to ``vecdot(v, v)``'s: 2g·v is exactly
+    g·v + g·v in floating point."""
+
+    @staticmethod
+    def forward(ctx: Any, v: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(v)
+        return torch.linalg.vecdot(v, v)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (v,) = ctx.saved_tensors
+        return v * (2.0 * grad).unsqueeze(-1)
