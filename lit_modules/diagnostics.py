@@ -44,7 +44,7 @@ Project definitions (written to TensorBoard as ``diag/definitions`` at fit start
 - ``param/{sublayer}/{layer}/{key}``: the site's own ``ResidualSite.diagnostics(x, u, f)`` on the diagnostic
   batch — x the stream entering the site, u its normalised input, f the branch output (e.g. Ortho's
   ``parallel_ratio`` = mean ‖f_∥‖/‖f‖, the share of the branch its projection removes). Overrides written
-  before the branch argument existed, ``diagnostics(x, u)``, still get (x, u) (``site_diagnostics``).
+  before the branch argument existed, ``diagnostics(x, u)``, still get (x, u) (``ResidualSite.diagnostic_terms``).
 - ``grad_norm[l]`` = L2 norm of the gradients of all parameters of block l, taken once per diagnostic epoch at
   the first optimizer step of that epoch (Lightning calls the hook after AMP unscaling, before gradient clipping).
 - ``depth_weights[r, j]`` = mean weight (over the batch and tokens, and channels/outputs where the weights have
@@ -81,7 +81,6 @@ Tags written by :class:`DiagnosticsCallback` (see :data:`TAGS`)::
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -92,7 +91,6 @@ from torch import Tensor, nn
 
 from .names import DIAGNOSTIC_TAGS
 from .residual import ResidualSite
-from .residual.dca import DCABlock
 from .residual.depth import DepthWeights, depth_weight_matrix
 
 DEFAULT_TAU = 0.9  # project default similarity threshold (DeepViT-style; the paper's τ was not retrieved)
@@ -252,14 +250,6 @@ def block_grad_norms(model: nn.Module) -> Tensor:
 
 
 # --- one diagnostic forward ----------------------------------------------------------------------------------------
-def site_diagnostics(site: ResidualSite, x: Tensor, u: Tensor, f: Tensor) -> dict[str, Tensor]:
-    """``site.diagnostics(x, u, f)``: the stream x entering the site, its normalised input u and the branch output
-    f. An override that declares no ``f`` parameter (the older two-argument form) gets ``(x, u)``."""
-    if "f" in inspect.signature(site.diagnostics).parameters:
-        return site.diagnostics(x, u, f)
-    return site.diagnostics(x, u)
-
-
 def collect_diagnostics(model: nn.Module, images: Tensor, tau: float = DEFAULT_TAU,
                         k: int = DEFAULT_SIM_K) -> dict[str, Any]:
     """One eval-mode, no-grad forward of ``model`` (a ``lit_modules.VisionTransformer``) on ``images`` with
@@ -293,19 +283,9 @@ def collect_diagnostics(model: nn.Module, images: Tensor, tau: float = DEFAULT_T
 
     def site_hook(layer: int, sublayer: str, site: nn.Module):
         def hook(module: nn.Module, args: tuple, output: Tensor) -> None:
-            if isinstance(module, DCABlock):  # (stack,) -> f_t; stream = Σ stack (R-exact reading)
-                stack = args[0]
-                x, branch, skip = stack.sum(dim=2), output, 1.0
-                params = module.grn.diagnostics(stack)
-            else:  # (x, u, f, history) -> Δ
-                x, u, f = args[0], args[1], args[2]
-                branch, skip = site.decompose(x, u, f)
-                params = site_diagnostics(site, x, u, f) if isinstance(site, ResidualSite) else {}
-                if isinstance(site, ResidualSite):  # multi-stream sites: their n×n mixing, the mean of the streams
-                    mixing = site.stream_mixing(x)
-                    if mixing is not None:
-                        mixings[layer, sublayer] = mixing
-                    x, branch, output = site.stream_view(x), site.stream_view(branch), site.stream_view(output)
+            x, branch, output, skip, params, mixing = site.diagnostic_terms(args, output)
+            if mixing is not None:  # multi-stream sites: their n×n mixing, multiplied over depth
+                mixings[layer, sublayer] = mixing
             update = branch_ratios(x, output)["ratio_mean"]
             skip = torch.as_tensor(skip, dtype=torch.float32, device=x.device).detach().mean()
             site_stats[layer, sublayer] = branch_ratios(x, branch) | {

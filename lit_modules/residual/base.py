@@ -19,12 +19,26 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 from torch import nn
 
 from ..blocks import Block, BlockArgs, ResidualStream
+
+
+class SiteTerms(NamedTuple):
+    """What the diagnostics read from one call of a residual site (``diagnostic_terms``), in the stream view:
+    the stream ``x`` entering it, the ``branch`` term it adds, its whole ``update`` Δ, the ``skip`` scale, the
+    variant's own ``params`` (``ResidualSite.diagnostics``) and its n×n stream ``mixing`` (multi-stream sites;
+    else None)."""
+
+    x: torch.Tensor
+    branch: torch.Tensor
+    update: torch.Tensor
+    skip: torch.Tensor | float
+    params: dict[str, torch.Tensor]
+    mixing: torch.Tensor | None = None
 
 
 class ResidualSite(nn.Module):
@@ -71,6 +85,17 @@ class ResidualSite(nn.Module):
         passes all three), also activation statistics (gate means, Ortho's parallel/orthogonal split of f).
         Every override accepts the three, each optional."""
         return {}
+
+    def diagnostic_terms(self, args: tuple, output: torch.Tensor) -> SiteTerms:
+        """The terms of one call, for a forward hook that saw inputs ``(x, u, f, history)`` and the update Δ:
+        ``decompose``, ``diagnostics`` (an override without ``f``, the older two-argument form, gets ``(x, u)``)
+        and ``stream_mixing``, every tensor in the ``stream_view``."""
+        x, u, f = args[0], args[1], args[2]
+        branch, skip = self.decompose(x, u, f)
+        takes_f = "f" in inspect.signature(self.diagnostics).parameters
+        params = self.diagnostics(x, u, f) if takes_f else self.diagnostics(x, u)
+        view = self.stream_view
+        return SiteTerms(view(x), view(branch), view(output), skip, params, self.stream_mixing(x))
 
     def stream_view(self, t: torch.Tensor) -> torch.Tensor:
         """What the diagnostics call the stream, for a tensor in this site's stream layout (x, the branch term,

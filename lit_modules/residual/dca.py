@@ -11,7 +11,7 @@ from torch import nn
 
 from ..attention import SelfAttention
 from ..blocks import Block
-from .base import BlockArgs, ResidualSite, check_choice, unused_by_form
+from .base import BlockArgs, ResidualSite, SiteTerms, check_choice, unused_by_form
 from .depth import DepthWeights, depth_row, final_args, stack_sources
 
 FORMS = ("dca", "grn_v1", "grn_v2", "grn_v3", "seed")
@@ -277,6 +277,13 @@ class DCABlock(nn.Module):
 
     def sites(self) -> dict[str, nn.Module]:
         return {"block": self}
+
+    def diagnostic_terms(self, args: tuple, output: torch.Tensor) -> SiteTerms:
+        """The terms of one call, for a forward hook that saw the stack (B, N, t, D) and the block output f_t: the
+        stream is the stack's sum (the R-exact reading), the branch and the update are f_t, the skip is 1; the
+        params are the block's GRN's."""
+        stack = args[0]
+        return SiteTerms(stack.sum(dim=2), output, output, 1.0, self.grn.diagnostics(stack))
 
     def forward(self, stack: torch.Tensor) -> torch.Tensor:
         inputs = self.grn(stack)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .base import BlockArgs
+from .base import BlockArgs, SiteTerms
 from .skipinit import SkipInit
 
 
@@ -40,3 +40,7 @@ class _SharedAlpha(nn.Module):
 
     def decompose(self, x: torch.Tensor, u: torch.Tensor, f: torch.Tensor) -> tuple[torch.Tensor, float]:
         return self.forward(x, u, f), 1.0
+
+    def diagnostic_terms(self, args: tuple, output: torch.Tensor) -> SiteTerms:
+        """The update is all branch; α is reported once, by the owner (the block's first site)."""
+        return SiteTerms(args[0], output, output, 1.0, {})
