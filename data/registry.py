@@ -6,7 +6,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-from data.base import DataModuleBase, TrainAugment
+from data.base import DataModuleBase
 from data.names import DATASET_CLASSES
 
 UNKNOWN_SIZES = (10000, 2000)  # (train, val) assumed for a dataset whose size is only known after loading
@@ -17,37 +17,17 @@ DATASETS: dict[str, type[DataModuleBase]] = {
 }
 
 
-def build_datamodule(
-    name: str,
-    *,
-    data_dir: str | None = None,
-    batch_size: int = 128,
-    val_fraction: float = 0.2,
-    test_fraction: float = 0.2,
-    seed: int = 0,
-    augment: bool = True,
-    num_workers: int = 0,
-    train_augment: TrainAugment | None = None,
-    **kwargs: Any,
-) -> DataModuleBase:
-    """Construct the DataModule registered as ``name``; dataset-specific options go in ``kwargs``.
+def build_datamodule(name: str, **kwargs: Any) -> DataModuleBase:
+    """Construct the DataModule registered as ``name``: ``kwargs`` are :class:`data.base.DataModuleBase`'s
+    arguments (``data_dir``, ``batch_size``, the split fractions, ``seed``, ``augment``, ``num_workers``,
+    ``train_augment``; their defaults are declared there, once) and the dataset's own options.
 
     Raises ValueError for an unknown name and DataError (a ValueError) for a missing or malformed data folder.
     Construction is cheap (no data is loaded until ``setup()``).
     """
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; valid choices: {', '.join(sorted(DATASETS))}")
-    common = dict(
-        data_dir=data_dir,
-        batch_size=batch_size,
-        val_fraction=val_fraction,
-        test_fraction=test_fraction,
-        seed=seed,
-        augment=augment,
-        num_workers=num_workers,
-        train_augment=train_augment,
-    )
-    return DATASETS[name](**common, **kwargs)
+    return DATASETS[name](**kwargs)
 
 
 def dataset_shape(config: Any) -> dict:
