@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -152,6 +153,25 @@ def trials_of(storage: Path | str, study_name: str) -> list[optuna.trial.FrozenT
         return optuna.load_study(study_name=study_name, storage=reader).get_trials(deepcopy=False)
     finally:
         reader.engine.dispose()
+
+
+def storage_unlocked(storage: Path | str) -> bool:
+    """False while a SQLite ``storage``'s write lock is held (checked without waiting); always True for a URL.
+    Every storage call of a CLI takes that lock (``BEGIN IMMEDIATE``), heartbeats and reads too, so a CLI frozen
+    inside one holds it for as long as it stays frozen, and any other process that needs the storage meanwhile
+    waits out ``SQLITE_LOCK_TIMEOUT_S`` and ends ("database is locked": lost storage). A test that keeps one CLI
+    frozen while others run freezes it only at a moment where this holds."""
+    if not isinstance(storage, Path):
+        return True  # PostgreSQL locks rows, not the database, and waits for a row lock without a time limit
+    connection = sqlite3.connect(storage, timeout=0, isolation_level=None)
+    try:
+        connection.execute("BEGIN IMMEDIATE")
+        connection.execute("ROLLBACK")
+        return True
+    except sqlite3.OperationalError:  # "database is locked"
+        return False
+    finally:
+        connection.close()
 
 
 def trial_states(storage: Path | str, study_name: str) -> dict[int, TrialState]:

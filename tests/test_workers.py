@@ -35,6 +35,7 @@ from helpers import (
     saved_checkpoint,
     start_cli,
     stop_group,
+    storage_unlocked,
     thaw,
     trials_of,
     url_of,
@@ -78,15 +79,17 @@ def enqueue_grid_twice(storage, spec) -> None:
 
 def start_staggered(args, tmp_path: Path, storage, study: str, logs: list[Path]) -> list:
     """Start the processes one after another; each is frozen while it trains its first point until the next one
-    trains too, so that none of them can finish the grid alone. Returns them all running."""
+    trains too, so that none of them can finish the grid alone. A process is frozen only between two storage
+    calls (:func:`storage_unlocked`): frozen inside one, it would hold SQLite's write lock and lock the next
+    process out. Returns them all running."""
     procs = []
     try:
         for i in range(PROCESSES):
             with open(logs[i], "w") as log:
                 proc = start_cli(*args, cwd=tmp_path, log=log)
             procs.append(proc)
-            freeze_when(lambda proc=proc: running_in(storage, study, proc), proc, f"process {i} trains a point",
-                        logs[i])
+            freeze_when(lambda proc=proc: running_in(storage, study, proc) and storage_unlocked(storage), proc,
+                        f"process {i} trains a point", logs[i])
         return procs
     except BaseException:
         for proc in procs:
