@@ -512,3 +512,37 @@ def test_dry_run_of_a_stored_study_prices_only_the_trials_left(tmp_path, capsys)
     per_trial = sum(run.estimate_seconds(spec.run_config(p, {"threads": 1})) for p in spec.grid()) / len(spec.grid())
     assert line.startswith(f"estimated time on this machine: {run._duration(23 * per_trial)} "
                            f"({run._duration(per_trial)} per trial, 23 of 30 trials left with the tuning stage;"), line
+
+
+def test_dry_run_of_a_stored_study_prices_what_is_left_from_its_own_trials(tmp_path, capsys):
+    """Each grid point not done yet is priced at the median wall time of its (variant, depth) cell's completed
+    trials (either stage), a cell without any at the FLOP estimate, and the sum divided by the workers."""
+    from ablations.run import plan as run
+
+    spec = load_spec("residual_variants", "smoke")
+    url = f"sqlite:///{tmp_path / 'stored.db'}"
+    dist = optuna.distributions.CategoricalDistribution
+    walls = {f"{spec.study_name}-tune": [30.0, 50.0, 400.0],  # standard (median 40), standard, layerscale
+             spec.study_name: [60.0, 100.0]}  # standard, layerscale at seed 0
+    for name, points in ((f"{spec.study_name}-tune", spec.tune_stage().grid()[:3]), (spec.study_name, spec.grid()[:2])):
+        study = optuna.create_study(study_name=name, storage=url)
+        choices = {k: dist(sorted({p[k] for p in points}, key=str)) for k in points[0]}
+        for params, wall in zip(points, walls[name], strict=True):
+            study.add_trial(optuna.trial.create_trial(params=params, distributions=choices, value=0.5,
+                                                      user_attrs={"wall_time_s": wall}))
+    stored = run._stored_done(url, spec.study_name, spec)
+    assert stored.seconds == {("standard", 1): [30.0, 50.0, 60.0], ("layerscale", 1): [400.0, 100.0]}
+    assert len(stored.left) == 30 - 5
+    left = [(p["variant"], p["depth"]) for p in stored.left]
+    fallback = 7.0
+    expected = sum({("standard", 1): 50.0, ("layerscale", 1): 250.0}.get(c, fallback) for c in left) / 2
+    line = run.measured_left(stored, 2, fallback)
+    priced = sum(c[0] in ("standard", "layerscale") for c in left)
+    assert priced == 1  # layerscale's second tuning lr; the 24 other points are the other eight variants'
+    assert line.startswith(f"time left as measured by this study's completed trials: {run._duration(expected)} "
+                           f"(25 trials, {priced} priced at their cell's median wall time, {25 - priced} at the "
+                           "estimate above; 2 worker(s)); median per cell: layerscale d1 4.2 min, standard d1 50.0 s"), line
+    run._dry_run(spec, {"threads": 1}, workers=2, stored=stored, results_dir=tmp_path)
+    assert any(x.startswith("time left as measured") for x in capsys.readouterr().out.splitlines())
+    # nothing measured (no wall times stored): no such line
+    assert run.measured_left(stored._replace(seconds={}), 2, fallback) is None

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import statistics
 from pathlib import Path
+from typing import NamedTuple
 
 from .. import layout
 from ..bench.gpu_hours import DEFAULT_GPU
-from .study import _done, _grid_keys, _redact
+from .study import _done, _grid_keys, _point_key, _redact
 from .workers import _quiet
 
 #: Seconds per trial not proportional to FLOPs (Trainer set-up, data, logging) and effective train-step
@@ -20,11 +22,24 @@ TRIAL_OVERHEAD_S = 3.0
 EFFECTIVE_GFLOPS = 17.2
 
 
-def _stored_done(url: str, study_name: str, spec) -> tuple[int, int, str] | None:
-    """(tuning trials done, reported trials done, where) of the study as stored at ``url``, for a dry run's "what is
-    left": None when nothing is stored yet (a SQLite file that does not exist is not created) or the storage cannot
-    be read (the dry run then prices the whole study)."""
+class Stored(NamedTuple):
+    """What a stored study has done (:func:`_stored_done`): trials done per stage, where it is stored, and for a grid
+    the wall times of its completed trials by (variant, depth) cell, both stages, with the grid points not done yet
+    (both stages). A trial's wall time is as it ran, beside the other workers of its run."""
+
+    tune_done: int
+    report_done: int
+    where: str
+    seconds: dict[tuple[str, int | None], list[float]] = {}
+    left: tuple[dict, ...] = ()
+
+
+def _stored_done(url: str, study_name: str, spec) -> Stored | None:
+    """What the study stored at ``url`` has done (:class:`Stored`), for a dry run's "what is left": None when
+    nothing is stored yet (a SQLite file that does not exist is not created) or the storage cannot be read (the dry
+    run then prices the whole study)."""
     import optuna
+    from optuna.trial import TrialState
 
     from .spec import tune_name
     from .storage import sqlite_path
@@ -32,23 +47,57 @@ def _stored_done(url: str, study_name: str, spec) -> tuple[int, int, str] | None
     path = sqlite_path(url)
     if path is not None and not path.is_file():
         return None
-    def done(name: str, stage) -> int:
-        try:
-            return _done(optuna.load_study(study_name=name, storage=url), _grid_keys(stage))
-        except KeyError:  # no such study stored yet
-            return 0
-
+    stages = ([(tune_name(study_name), spec.tune_stage())] if spec.tune is not None else []) + [(study_name, spec)]
+    seconds: dict[tuple[str, int | None], list[float]] = {}
+    done, left = [], []
     _quiet()
     try:
-        tune_done = done(tune_name(study_name), spec.tune_stage()) if spec.tune is not None else 0
-        report_done = done(study_name, spec)
+        for name, stage in stages:
+            try:
+                study = optuna.load_study(study_name=name, storage=url)
+            except KeyError:  # no such study stored yet
+                done.append(0)
+                left += stage.grid() if stage.kind == "grid" else []
+                continue
+            grid = _grid_keys(stage)
+            done.append(_done(study, grid))
+            if grid is None:
+                continue
+            finished = set()
+            for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+                params = t.system_attrs.get("fixed_params", t.params)
+                finished.add(_point_key(params))
+                wall = t.user_attrs.get("wall_time_s")
+                if isinstance(wall, (int, float)) and wall > 0 and "variant" in params:
+                    seconds.setdefault((params["variant"], params.get("depth")), []).append(float(wall))
+            left += [p for p in stage.grid() if _point_key(p) not in finished]
     except Exception:  # noqa: BLE001 - a dry run never fails on the storage: it just cannot say what is done
         return None
-    return (tune_done, report_done, _redact(url)) if tune_done or report_done else None
+    tune_done, report_done = done if len(done) == 2 else (0, done[0])
+    return (Stored(tune_done, report_done, _redact(url), seconds, tuple(left))
+            if tune_done or report_done else None)
+
+
+def measured_left(stored: Stored, workers: int, fallback_s: float) -> str | None:
+    """The time a stored grid study has left, priced from its own completed trials: each point not done yet at the
+    median wall time of its (variant, depth) cell's completed trials (either stage: the learning rate does not
+    change a trial's cost), a cell without any at ``fallback_s``, divided by ``workers``. None without measured
+    cells."""
+    if not stored.seconds or not stored.left:
+        return None
+    median = {cell: statistics.median(times) for cell, times in stored.seconds.items()}
+    cells = [(p.get("variant"), p.get("depth")) for p in stored.left]
+    total = sum(median.get(cell, fallback_s) for cell in cells) / workers
+    priced = sum(cell in median for cell in cells)
+    named = ", ".join(f"{variant}{'' if depth is None else f' d{depth}'} {_duration(s)}"
+                      for (variant, depth), s in sorted(median.items(), key=lambda kv: (str(kv[0][1]), kv[0][0])))
+    return (f"time left as measured by this study's completed trials: {_duration(total)} ({len(cells)} trials, "
+            f"{priced} priced at their cell's median wall time, {len(cells) - priced} at the estimate above; "
+            f"{workers} worker(s)); median per cell: {named}")
 
 
 def _dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = Path(layout.RESULTS_DIR),
-             workers: int = 1, stored: tuple[int, int, str] | None = None) -> int:
+             workers: int = 1, stored: Stored | None = None) -> int:
     """Print the grid (or search space), the recipe, the estimated time on this machine with ``workers`` workers
     (:func:`estimate_seconds`) and the GPU-hours on class ``gpu`` (:mod:`ablations.bench.gpu_hours`; measurements read
     from ``<results_dir>/device``). ``stored`` (:func:`_stored_done`): the trials a stored study has done, which
@@ -100,6 +149,9 @@ def _dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = 
     print(f"estimated time on this machine: {_duration(total)} ({_duration(per_trial)} per trial"
           + (f", {count}" if count else "")
           + f"; {workers} worker(s) x {threads} thread(s); {basis}, + {TRIAL_OVERHEAD_S:.0f} s per trial)")
+    measured_line = measured_left(stored, workers, per_trial) if stored else None
+    if measured_line:
+        print(measured_line)
     for line in describe_estimate(estimate(configs, trials, gpu, results_dir)):
         print(line)
     return 0
