@@ -186,3 +186,23 @@ def test_costs_bad_input_exits_2_with_one_line(argv, words, tmp_path):
     corrupt.write_text("{not json")
     result = run_in_process(*[corrupt if a == "CORRUPT" else a for a in argv], cwd=tmp_path, main=main)
     assert_one_line_error(result, *words)
+
+
+def test_the_step_floor_is_the_steps_at_the_assumed_step_time(tmp_path):
+    """Beside the FLOP estimate the dry run prints the GPU-hours the steps alone take at ASSUMED_STEP_FLOOR_S each,
+    and says which of the two is the better guide."""
+    import dataclasses
+
+    config = RunConfig.from_dict(TINY | {"batch_size": 16})
+    est = gpu_hours.estimate([config], trials=3, gpu="h100", results_dir=tmp_path)
+    steps = 2 * (4 + 3)  # 2 epochs x (ceil(60/16) training + ceil(40/16) evaluation batches)
+    assert est.steps_per_trial == steps
+    assert est.floor_gpu_hours == pytest.approx(3 * steps * gpu_hours.ASSUMED_STEP_FLOOR_S / 3600, rel=1e-12)
+    line = gpu_hours.describe_estimate(est)[-1]
+    ratio = est.floor_gpu_hours / est.gpu_hours  # a tiny model: launches, not FLOPs
+    assert ratio > 100 and line == (f"  step floor: {steps} steps per trial (training and validation batches) at 5 ms "
+                                    f"each (assumed: ASSUMED_STEP_FLOOR_S) = at least {est.floor_gpu_hours:.3g} "
+                                    f"GPU-hours, {ratio:,.0f}x the FLOP estimate: at this model size the GPU waits on "
+                                    "launches and Python, and this floor is the better guide")
+    heavy = dataclasses.replace(est, per_trial_s=1e6)  # FLOPs far above the floor: the estimate stands
+    assert gpu_hours.describe_estimate(heavy)[-1].endswith("below the FLOP estimate, which therefore stands")

@@ -67,6 +67,11 @@ DEFAULT_GPU = "h100"
 #: elementwise work (norms, GELU, softmax, the optimizer) and kernel launches weigh far more than in the large
 #: models that reach 40-50% of the bf16 peak.
 ASSUMED_MFU = 0.25
+#: The least time one step (a training step, or an evaluation batch) takes on a GPU however small the model: its
+#: kernel launches (a few hundred for a ViT block stack's forward, backward and AdamW, ~5 µs each) and the Python of
+#: the step and of Lightning's loop. Assumed, not measured (no GPU was at hand): a device check measures the real
+#: step time. The dry run prints the floor it implies beside the FLOP estimate.
+ASSUMED_STEP_FLOOR_S = 0.005
 #: The folder under the results folder where ``scripts/device_check.py`` and ``ablations.bench --device cuda``
 #: write their measurements (``<results>/device/<device>/...``).
 DEVICE_RESULTS = layout.DEVICE
@@ -127,6 +132,16 @@ def _forward_flops(key: str) -> float:
     from ..costs import measure
 
     return float(measure(ViTConfig(**json.loads(key)))["flops"])
+
+
+def trial_steps(config: Any) -> int:
+    """Steps of one trial: epochs × (training batches + evaluation batches of the validation and test images
+    together), from the dataset's split sizes."""
+    from data import dataset_shape
+
+    train, val = dataset_shape(config)["sizes"]
+    batch = config.batch_size
+    return config.max_epochs * (-(-train // batch) + -(-val // batch))
 
 
 def training_flops(config: Any) -> float:
@@ -269,10 +284,16 @@ class Estimate:
     trials: int
     per_trial_s: float
     bases: dict[str, Basis]  # the points' precision ('auto (bf16-mixed)' for a resolved auto) -> its basis
+    steps_per_trial: float = 0.0  # mean over the points of :func:`trial_steps`
 
     @property
     def gpu_hours(self) -> float:
         return self.per_trial_s * self.trials / 3600.0
+
+    @property
+    def floor_gpu_hours(self) -> float:
+        """The GPU-hours the steps alone take at :data:`ASSUMED_STEP_FLOOR_S` a step, whatever their FLOPs."""
+        return self.steps_per_trial * ASSUMED_STEP_FLOOR_S * self.trials / 3600.0
 
 
 def estimate(configs: Iterable[Any], trials: int, gpu: str = DEFAULT_GPU,
@@ -284,8 +305,9 @@ def estimate(configs: Iterable[Any], trials: int, gpu: str = DEFAULT_GPU,
     measurements = find_measurements(results_dir)
     searched = _short(str(Path(results_dir) / DEVICE_RESULTS))
     bases: dict[str, Basis] = {}
-    seconds = []
+    seconds, steps = [], []
     for config in configs:
+        steps.append(trial_steps(config))
         precision = resolve_precision(config, "cuda", results_dir)
         label = precision if precision == config.precision else f"{config.precision} ({precision})"
         if label not in bases:
@@ -293,7 +315,8 @@ def estimate(configs: Iterable[Any], trials: int, gpu: str = DEFAULT_GPU,
         seconds.append(training_flops(config) / bases[label].flops_per_s)
     if not seconds:
         raise ValueError("no study points to estimate")
-    return Estimate(gpu=gpu, trials=trials, per_trial_s=sum(seconds) / len(seconds), bases=bases)
+    return Estimate(gpu=gpu, trials=trials, per_trial_s=sum(seconds) / len(seconds), bases=bases,
+                    steps_per_trial=sum(steps) / len(steps))
 
 
 def describe_estimate(est: Estimate) -> list[str]:
@@ -309,6 +332,14 @@ def describe_estimate(est: Estimate) -> list[str]:
         if kind == "fp32":
             lines.append(f"  (precision {basis.precision} runs on the FP32 units; bf16-mixed would be priced at the "
                          f"{spec.bf16_tflops:g} TFLOP/s bf16 peak)")
+    if est.steps_per_trial:
+        floor = est.floor_gpu_hours
+        verdict = (f"{floor / est.gpu_hours:,.0f}x the FLOP estimate: at this model size the GPU waits on launches "
+                   "and Python, and this floor is the better guide" if floor > est.gpu_hours else
+                   "below the FLOP estimate, which therefore stands")
+        lines.append(f"  step floor: {est.steps_per_trial:,.0f} steps per trial (training and validation batches) at "
+                     f"{ASSUMED_STEP_FLOOR_S * 1e3:g} ms each (assumed: ASSUMED_STEP_FLOOR_S) = at least {floor:.3g} "
+                     f"GPU-hours, {verdict}")
     return lines
 
 
