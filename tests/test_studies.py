@@ -522,7 +522,7 @@ def test_dry_run_of_a_stored_study_prices_what_is_left_from_its_own_trials(tmp_p
     spec = load_spec("residual_variants", "smoke")
     url = f"sqlite:///{tmp_path / 'stored.db'}"
     dist = optuna.distributions.CategoricalDistribution
-    walls = {f"{spec.study_name}-tune": [30.0, 50.0, 400.0],  # standard (median 40), standard, layerscale
+    walls = {f"{spec.study_name}-tune": [30.0, 50.0, 400.0],  # standard (two lrs), layerscale
              spec.study_name: [60.0, 100.0]}  # standard, layerscale at seed 0
     for name, points in ((f"{spec.study_name}-tune", spec.tune_stage().grid()[:3]), (spec.study_name, spec.grid()[:2])):
         study = optuna.create_study(study_name=name, storage=url)

@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 from .. import layout
 from ..bench.gpu_hours import DEFAULT_GPU
-from .study import _done, _grid_keys, _point_key, _redact
+from .study import _done_trials, _grid_keys, _point_key, _redact, _trial_point
 from .workers import _quiet
 
 #: Seconds per trial not proportional to FLOPs (Trainer set-up, data, logging) and effective train-step
@@ -59,18 +59,17 @@ def _stored_done(url: str, study_name: str, spec) -> Stored | None:
                 done.append(0)
                 left += stage.grid() if stage.kind == "grid" else []
                 continue
-            grid = _grid_keys(stage)
-            done.append(_done(study, grid))
-            if grid is None:
+            trials = _done_trials(study)
+            if stage.kind != "grid":
+                done.append(len(trials))
                 continue
-            finished = set()
-            for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-                params = t.system_attrs.get("fixed_params", t.params)
-                finished.add(_point_key(params))
-                wall = t.user_attrs.get("wall_time_s")
-                if isinstance(wall, (int, float)) and wall > 0 and "variant" in params:
-                    seconds.setdefault((params["variant"], params.get("depth")), []).append(float(wall))
+            finished = {_point_key(_trial_point(t)) for t in trials}
+            done.append(len(finished & _grid_keys(stage)))  # what _done counts, from the same trials
             left += [p for p in stage.grid() if _point_key(p) not in finished]
+            for t in trials:
+                params, wall = _trial_point(t), t.user_attrs.get("wall_time_s")
+                if t.state == TrialState.COMPLETE and isinstance(wall, (int, float)) and wall > 0 and "variant" in params:
+                    seconds.setdefault((params["variant"], params.get("depth")), []).append(float(wall))
     except Exception:  # noqa: BLE001 - a dry run never fails on the storage: it just cannot say what is done
         return None
     tune_done, report_done = done if len(done) == 2 else (0, done[0])

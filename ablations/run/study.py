@@ -46,7 +46,7 @@ def choose_lrs(spec, study) -> tuple[dict[str, float], dict[str, dict[str, float
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         if t.user_attrs.get("surplus") or "duplicate_of" in t.user_attrs:
             continue
-        params = t.system_attrs.get("fixed_params", t.params)
+        params = _trial_point(t)
         value = t.user_attrs.get(metric)
         ok = value is not None and math.isfinite(value) and not t.user_attrs.get("diverged")
         values.setdefault((spec.tune_key(params), float(params["lr"])), []).append(float(value) if ok else 0.0)
@@ -123,7 +123,7 @@ def _retry_failed_points(study, spec, storage, *, only_stopped: bool = False) ->
     grid = {_point_key(p) for p in spec.grid()}
     live, failed = set(), {}
     for t in study.get_trials(deepcopy=False):
-        key = _point_key(t.system_attrs.get("fixed_params", t.params))
+        key = _point_key(_trial_point(t))
         if t.state == TrialState.FAIL:
             if key in grid and (key not in failed or t.number > failed[key].number):
                 failed[key] = t
@@ -166,7 +166,7 @@ def _follow_study_file(study, spec, storage) -> None:
               "the study file", file=sys.stderr)
     taken, kept = set(), 0
     for t in study.get_trials(deepcopy=False):
-        key = _point_key(t.system_attrs.get("fixed_params", t.params))
+        key = _point_key(_trial_point(t))
         if t.user_attrs.get(REMOVED):
             continue
         if key in grid:
@@ -188,7 +188,7 @@ def _set_aside_removed(study, storage, grid: set[str]) -> list[int]:
 
     numbers = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-        if _point_key(t.system_attrs.get("fixed_params", t.params)) in grid:
+        if _point_key(_trial_point(t)) in grid:
             continue
         if storage.set_trial_state_values(t._trial_id, TrialState.RUNNING):
             storage.set_trial_user_attr(t._trial_id, "surplus", True)
@@ -366,16 +366,26 @@ def _describe(dist) -> str:
     return f"{kind} in [{dist.low}, {dist.high}]" + (" on a log scale" if dist.log else "")
 
 
-def _done(study, grid: set[str] | None = None) -> int:
-    """Trials done (COMPLETE or PRUNED, not surplus or duplicate); for a grid, the points of ``grid`` done (trials
-    of points removed from the study file do not count)."""
+def _done_trials(study) -> list:
+    """The trials that count as done: COMPLETE or PRUNED, not surplus or duplicate."""
     from optuna.trial import TrialState
 
-    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
             if not t.user_attrs.get("surplus") and "duplicate_of" not in t.user_attrs]
+
+
+def _trial_point(trial) -> dict:
+    """A trial's grid point: the parameters it was enqueued with (its suggested ones when it was not)."""
+    return trial.system_attrs.get("fixed_params", trial.params)
+
+
+def _done(study, grid: set[str] | None = None) -> int:
+    """Trials done (:func:`_done_trials`); for a grid, the points of ``grid`` done (trials of points removed from
+    the study file do not count)."""
+    done = _done_trials(study)
     if grid is None:
         return len(done)
-    return len({key for t in done if (key := _point_key(t.system_attrs.get("fixed_params", t.params))) in grid})
+    return len({key for t in done if (key := _point_key(_trial_point(t))) in grid})
 
 
 def _redact(url: str) -> str:
