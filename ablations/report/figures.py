@@ -140,7 +140,8 @@ def val_curves(curves: Mapping[int, Mapping[str, Sequence[Mapping[int, float]]]]
         _integer_ticks(ax, [e for runs in curves[depth].values() for run in runs for e in run])
         ax.set_ylabel("val accuracy (%)")
         ax.grid(alpha=0.3)
-        ax.legend(loc="lower right")
+        if ax.get_legend_handles_labels()[0]:  # runs imported from a runs.csv (--import-runs) have no curve
+            ax.legend(loc="lower right")
     for j in range(len(depths), nrows * ncols):
         axes[j // ncols][j % ncols].set_visible(False)
     return fig

@@ -7,7 +7,8 @@
 
 Rerunning continues a study: completed trials never run again; a trial whose worker died is retried with the
 same parameters and resumes from its last checkpoint. Grid points added to the study file run on the next run;
-points removed from it keep their finished trials. Watch it with ``optuna-dashboard <storage URL>`` and
+points removed from it keep their finished trials. ``--import-runs results/NAME/runs.csv`` continues a study whose
+storage is elsewhere or gone from the runs.csv of its report: those trials count as done. Watch it with ``optuna-dashboard <storage URL>`` and
 ``tensorboard --logdir results/runs/<study>``.
 
 Exit status: 0 every point done (or, for the last points, running in other workers on the same study); 1 trials
@@ -74,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--logger", action="append", default=[], metavar="NAME", dest="loggers",
                    help="an extra logger per trial besides TensorBoard (repeatable): csv (<run>/csv/metrics.csv) or "
                         "mlflow (local SQLite store <results-dir>/runs/<study>/mlflow.db)")
+    p.add_argument("--import-runs", metavar="RUNS_CSV",
+                   help="continue the study from a runs.csv of its report made elsewhere (another machine, a lost "
+                        "storage): its completed trials join this storage as done and only the other points train")
     p.add_argument("--keep-checkpoints", action="store_true", help="keep each trial's last.ckpt after it completes")
     p.add_argument("--list", action="store_true", help="list the studies with their sizes and exit")
     p.add_argument("--dry-run", action="store_true",
@@ -151,6 +155,11 @@ def _main(args: argparse.Namespace) -> int:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     sets = parse_sets(args.sets)
     spec = apply_sets(load_spec(args.study, args.budget), sets)
+    if args.import_runs and spec.kind != "grid":
+        raise ValueError(f"--import-runs continues a grid study; '{args.study}' is a {spec.kind} (its points are "
+                         "sampled, not listed): run it with its storage instead")
+    if args.import_runs and not Path(args.import_runs).is_file():
+        raise ValueError(f"--import-runs: runs file '{args.import_runs}' does not exist")
     check_loggers(args.loggers)
     overrides = {k: v for k, v in sets.items() if k in RUN_ONLY} | _overrides(args)
     _validate_points(spec, overrides, check_data=False)  # the data folders after --download, and not in a dry run

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from .. import layout
+from .imported import import_runs
 from .stopping import check_stopping, stop_signal
 from .study import (
     STOPPED,
@@ -139,6 +140,9 @@ def _run_grid(spec, storage, study_name: str, args, overrides: dict, *, stage: s
     from ..training import HP_METRICS
 
     study = study or _create_study(spec, storage, study_name, seed=0)
+    tuned = None if stage == "tune" else _stored_choice(storage, study_name)
+    if spec.kind == "grid" and args.import_runs:
+        import_runs(args.import_runs, spec, storage, study_name, overrides, tuned=tuned)
     write_study_hparams(layout.runs_dir(args.results_dir, study_name), spec, HP_METRICS)
     if spec.kind == "grid":
         for params in spec.grid():
@@ -151,7 +155,6 @@ def _run_grid(spec, storage, study_name: str, args, overrides: dict, *, stage: s
           file=sys.stderr)
     _measure_modes(spec, overrides, Path(args.results_dir))
     started = time.time()
-    tuned = None if stage == "tune" else _stored_choice(storage, study_name)
     if args.workers == 1:
         _work(spec, storage, study_name, args, overrides, progress_total=None if args.no_progress else total,
               tuned=tuned)

@@ -1,0 +1,146 @@
+"""Continuing a study from its ``runs.csv`` (``python -m ablations.run --study NAME --import-runs FILE``): the
+completed trials of a report made elsewhere (another machine, a storage that is gone) join this storage as done,
+so that only the grid points they do not cover train.
+
+Each row of the file must be a point of this study's grid as this study file and ``--set`` define it now: the same
+residual and options, the same learning rate (a tuning-stage row: its grid's; a reported row: the rate this study's
+tuning stage chose), and the same parameter count (a model built on the meta device: a row from another budget or
+``--set`` differs there). A row that disagrees is a one-line error and nothing is added. Rows that are not complete
+(failed, pruned) are not imported: their points train again. An imported trial keeps the row's run summary and mode,
+has no per-epoch curve or TensorBoard folder (the figures leave it out; every table ``--runs`` regenerates has what
+it needs) and carries ``imported_from`` (the file) instead of a ``worker``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from .. import layout
+from .study import _create_study, _done_trials, _point_key, _trial_point
+
+IMPORTED = "imported_from"  # user attr of an imported trial: the runs.csv it came from
+
+
+def _number(value: Any) -> Any:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+
+
+def _run_point(run, keys: list[str]) -> str:
+    """The grid point a runs.csv row trained, keyed as :func:`_point_key` keys the study's points."""
+    values = {"variant": run.variant, "depth": run.depth, "seed": run.seed, "lr": run.lr, **dict(run.extras)}
+    return repr(sorted((k, _number(values.get(k))) for k in keys))
+
+
+def _grid_point_key(point: dict) -> str:
+    return repr(sorted((k, _number(v)) for k, v in point.items()))
+
+
+def _param_count(config, cache: dict) -> int:
+    """The parameters of ``config``'s model, built on the meta device (shapes only)."""
+    import torch
+
+    from data import dataset_shape
+    from lit_modules import VisionTransformer
+
+    model_config = config.model_config(dataset_shape(config))
+    key = json.dumps(model_config.to_dict(), sort_keys=True, default=str)
+    if key not in cache:
+        with torch.device("meta"):
+            cache[key] = sum(p.numel() for p in VisionTransformer(model_config, init_seed=0).parameters())
+    return cache[key]
+
+
+def _mismatch(run, config, cache: dict) -> str | None:
+    """What differs between a row and the config this study trains its point at (None: nothing)."""
+    stored = run.config or {}
+    if stored.get("residual") != config.residual or (stored.get("residual_options") or {}) != (
+            config.residual_options or {}):
+        return (f"residual {stored.get('residual')} {json.dumps(stored.get('residual_options') or {})}, the study "
+                f"file now {config.residual} {json.dumps(config.residual_options or {})}")
+    if run.lr is None or not math.isclose(run.lr, config.lr, rel_tol=1e-9):
+        return f"learning rate {run.lr}, this study {config.lr:g}"
+    params = run.summary.get("param_count")
+    if params is not None and int(params) != _param_count(config, cache):
+        return f"{int(params):,} parameters, this study's model {_param_count(config, cache):,}"
+    return None
+
+
+def _user_attrs(run, config, stage: str, path: Path) -> dict[str, Any]:
+    from data import dataset_shape
+
+    from .objective import _jsonable
+
+    attrs = {k: v for k, v in run.summary.items() if v is not None}
+    if run.mode:  # "<precision> + <fused|explicit> attention", as the report reads it back (run_mode)
+        precision, _, attention = run.mode.partition(" + ")
+        attrs |= {"precision": precision, "fused_attn": attention.startswith("fused")}
+    return attrs | {"run_name": run.run_name, "phase": stage, IMPORTED: str(path),
+                    "config": _jsonable(config.to_dict()),
+                    layout.MODEL_KEY: _jsonable(config.model_config(dataset_shape(config)).to_dict())}
+
+
+def import_runs(path: str | Path, spec, storage, study_name: str, overrides: dict,
+                tuned: dict[str, float] | None = None) -> int:
+    """Add the completed rows of ``path`` for this stage (``spec.stage``: ``tune`` rows to the tuning stage's
+    study, ``report`` rows to the study) as COMPLETE trials of their grid points; points already done here are
+    left alone. ValueError (one line) for a row that is not this study's point; returns the trials added."""
+    import optuna
+    from optuna.trial import FixedTrial, TrialState, create_trial
+
+    from ..report.load import ReportError
+    from ..report.runs import read
+    from .objective import Objective, categorical_axes, suggest
+
+    path = Path(path)
+    reading = spec if spec.stage != "tune" else dataclasses.replace(  # the tuning stage's lr axis is a column
+        spec, axes={a: v for a, v in spec.axes.items() if a != "lr"})
+    try:
+        data = read(path, reading, study_name)
+    except ReportError as exc:
+        raise ValueError(f"--import-runs: {exc}") from None
+    runs = data.tune_runs if spec.stage == "tune" else data.runs
+    study = _create_study(spec, storage, study_name, seed=0)
+    grid = {_grid_point_key(p): p for p in spec.grid()}
+    keys = sorted(next(iter(spec.grid())))
+    done = {_point_key(_trial_point(t)) for t in _done_trials(study)}
+    objective = Objective(spec, log_root=Path("."), overrides=overrides, tuned=tuned)
+    categorical, cache = categorical_axes(study, spec), {}
+    trials, here, outside, incomplete = [], 0, 0, 0
+    for run in runs:
+        point = grid.get(_run_point(run, keys))
+        if run.state != "complete":
+            incomplete += 1
+        elif point is None:
+            outside += 1
+        elif _point_key(point) in done:
+            here += 1
+        else:
+            config = objective.config(point)
+            fault = _mismatch(run, config, cache)
+            if fault is not None:
+                raise ValueError(f"--import-runs: {path}: {spec.stage} run {run.run_name or run.number} trained "
+                                 f"{fault}: the file is from another version, budget or --set of the study; none of "
+                                 f"its {spec.stage} rows were imported")
+            fixed = FixedTrial(point)
+            suggest(fixed, spec, categorical)  # the distributions the objective gives the point
+            value = run.summary.get(spec.metric)
+            value = float(value) if value is not None and math.isfinite(value) else (
+                0.0 if spec.direction == "maximize" else math.inf)
+            trials.append(create_trial(state=TrialState.COMPLETE, value=value, params=fixed.params,
+                                       distributions=fixed.distributions, user_attrs=_user_attrs(
+                                           run, config, spec.stage, path), system_attrs={"fixed_params": point}))
+            done.add(_point_key(point))
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study.add_trials(trials)
+    stage = "tuning-stage" if spec.stage == "tune" else "reported"
+    print(f"--import-runs {path}: {len(trials)} completed {stage} trial(s) joined '{study_name}' as done"
+          + "".join(f"; {n} {what}" for n, what in ((here, "already done here"),
+                                                    (outside, "not points of this study (left out)"),
+                                                    (incomplete, "not complete (they train again)")) if n),
+          file=sys.stderr)
+    return len(trials)

@@ -1,0 +1,122 @@
+"""``python -m ablations.run --import-runs FILE``: a study continued from the runs.csv of its report when its storage
+is gone (another machine): the file's completed trials join the new storage as done, only the rest train, and the
+report of the continued study holds the imported numbers unchanged; a file of another configuration is refused."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+import pytest
+from helpers import run_in_process, trials_of, url_of, write_study
+
+from ablations.report.cli import main as report_main
+
+VARIANTS = [{"label": "standard", "residual": "standard"}, {"label": "rezero", "residual": "rezero"}]
+TUNE = {"lr": [1e-3, 4e-3], "seeds": [100]}
+NAME = "carried"
+KEEP = ("phase", "variant", "seed", "lr", "best_val_acc", "final_val_acc", "test_acc", "param_count", "mode")
+
+
+def _rows(path) -> list[dict]:
+    return list(csv.DictReader(io.StringIO(path.read_text())))
+
+
+def _table(rows: list[dict]) -> dict[tuple, dict]:
+    """Each row's point -> the columns that must survive an import (not trial numbers or wall times)."""
+    return {(r["phase"], r["variant"], r["seed"], r["lr"]): {k: r[k] for k in KEEP} for r in rows}
+
+
+def _write(path, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _report(study, db, out, cwd) -> list[dict]:
+    result = run_in_process("--study", study, "--storage", url_of(db), "--out", out, "--no-figures",
+                            "--no-tensorboard", "--no-note", cwd=cwd, main=report_main)
+    assert result.returncode == 0, result.stderr
+    return _rows(out / "runs.csv")
+
+
+@pytest.fixture(scope="module")
+def first(tmp_path_factory):
+    """A study with a tuning stage (2 variants x 2 rates on seed 100; then seeds 0-2) trained once, and its report."""
+    root = tmp_path_factory.mktemp("carry")
+    study = write_study(root / f"{NAME}.yaml", variants=VARIANTS, tune=TUNE, axes={"seed": [0, 1, 2]})
+    result = run_in_process("--study", study, "--storage", url_of(root / "a.db"), "--no-progress", cwd=root)
+    assert result.returncode == 0, result.stderr
+    return root, study, _report(study, root / "a.db", root / "report_a", root)
+
+
+def test_a_partial_runs_csv_continues_the_study_and_only_the_rest_trains(first, tmp_path):
+    root, study, rows = first
+    assert len(rows) == 4 + 6 and {r["state"] for r in rows} == {"complete"}
+    # the machine went away after the tuning stage and seeds 0 and 1: its last report is all that is left
+    partial = [r for r in rows if r["phase"] == "tune" or r["seed"] != "2"]
+    _write(tmp_path / "runs.csv", partial)
+    db = tmp_path / "b.db"
+    result = run_in_process("--study", study, "--storage", url_of(db), "--no-progress", "--import-runs",
+                            tmp_path / "runs.csv", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "4 completed tuning-stage trial(s) joined 'carried-tune' as done" in result.stderr
+    assert "4 completed reported trial(s) joined 'carried' as done" in result.stderr
+    tune, reported = trials_of(db, f"{NAME}-tune"), trials_of(db, NAME)
+    assert all("imported_from" in t.user_attrs for t in tune)  # nothing of the tuning stage trained again
+    trained = sorted(t.params["variant"] + f"/{t.params['seed']}" for t in reported if "worker" in t.user_attrs)
+    assert trained == ["rezero/2", "standard/2"]
+    assert all(t.user_attrs["imported_from"] == str(tmp_path / "runs.csv") for t in reported
+               if "worker" not in t.user_attrs)
+    # the continued study's report: the imported rows unchanged, the retrained seed as the first machine had it
+    # (the same seed trains the same numbers here), the tuning choice the same
+    again = _report(study, db, tmp_path / "report_b", tmp_path)
+    assert _table(again) == _table(rows)
+    # rerunning with the same file adds nothing: every point is done
+    result = run_in_process("--study", study, "--storage", url_of(db), "--no-progress", "--import-runs",
+                            tmp_path / "runs.csv", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "0 completed reported trial(s) joined 'carried' as done; 4 already done here" in result.stderr
+    assert len(trials_of(db, NAME)) == 6
+
+
+@pytest.mark.parametrize(("phase", "column", "value", "fault"), [
+    ("tune", "param_count", "999", "999 parameters, this study's model"),
+    ("tune", "residual", "layerscale", "residual layerscale {}, the study file now"),
+    ("report", "lr", "0.002", "learning rate 0.002, this study 0."),
+])
+def test_a_row_of_another_configuration_is_refused_and_nothing_is_added(first, tmp_path, phase, column, value,
+                                                                          fault):
+    """A row that is not this study's point (another budget, --set or study version) stops the import of its
+    stage before anything of it is stored; a bad reported row comes after the tuning stage's rows were checked
+    and stored (they are this study's): the reported stage stays empty."""
+    root, study, rows = first
+    changed = [dict(r) for r in rows]
+    target = next(r for r in changed if r["phase"] == phase and r["variant"] == "rezero")
+    target[column] = value
+    _write(tmp_path / "runs.csv", changed)
+    db = tmp_path / "c.db"
+    result = run_in_process("--study", study, "--storage", url_of(db), "--no-progress", "--import-runs",
+                            tmp_path / "runs.csv", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 if phase == "tune" else "4 completed tuning-stage trial(s) joined" in lines[0]
+    assert lines[-1].startswith("error: --import-runs: ") and fault in lines[-1]
+    assert f"none of its {phase} rows were imported" in lines[-1]
+    assert len(trials_of(db, f"{NAME}-tune")) == (4 if phase == "report" else 0)
+    assert trials_of(db, NAME) == []
+    assert not (tmp_path / "results" / "runs" / (f"{NAME}-tune" if phase == "tune" else NAME)).exists()
+
+
+def test_a_missing_runs_file_or_a_search_study_is_one_line(first, tmp_path):
+    root, study, _ = first
+    result = run_in_process("--study", study, "--import-runs", tmp_path / "nope.csv", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"error: --import-runs: runs file '{tmp_path / 'nope.csv'}' does not exist"
+    (tmp_path / "junk.csv").write_text("a,b\n1,2\n")
+    result = run_in_process("--study", study, "--storage", url_of(tmp_path / "d.db"), "--import-runs",
+                            tmp_path / "junk.csv", cwd=tmp_path)
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: --import-runs: runs file") and "lacks column(s)" in line
