@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 
 import pytest
 from helpers import run_in_process, trials_of, url_of, write_study
 
 from ablations.report.cli import main as report_main
+from ablations.report.runs import curve_text, read_curve
 
 VARIANTS = [{"label": "standard", "residual": "standard"}, {"label": "rezero", "residual": "rezero"}]
 TUNE = {"lr": [1e-3, 4e-3], "seeds": [100]}
 NAME = "carried"
-KEEP = ("phase", "variant", "seed", "lr", "best_val_acc", "final_val_acc", "test_acc", "param_count", "mode")
+KEEP = ("phase", "variant", "seed", "lr", "best_val_acc", "final_val_acc", "test_acc", "param_count", "mode",
+        "val_acc_curve")
 
 
 def _rows(path) -> list[dict]:
@@ -54,6 +57,7 @@ def first(tmp_path_factory):
 def test_a_partial_runs_csv_continues_the_study_and_only_the_rest_trains(first, tmp_path):
     root, study, rows = first
     assert len(rows) == 4 + 6 and {r["state"] for r in rows} == {"complete"}
+    assert all(len(json.loads(r["val_acc_curve"])) == 1 for r in rows)  # one epoch each: the curve is carried
     # the machine went away after the tuning stage and seeds 0 and 1: its last report is all that is left
     partial = [r for r in rows if r["phase"] == "tune" or r["seed"] != "2"]
     _write(tmp_path / "runs.csv", partial)
@@ -120,3 +124,11 @@ def test_a_missing_runs_file_or_a_search_study_is_one_line(first, tmp_path):
     assert result.returncode == 2
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("error: --import-runs: runs file") and "lacks column(s)" in line
+
+
+def test_a_curve_round_trips_through_its_runs_csv_cell_gaps_included():
+    assert curve_text({1: 0.5, 3: 0.75}) == "[0.5, null, 0.75]"
+    assert read_curve("[0.5, null, 0.75]") == {1: 0.5, 3: 0.75}
+    assert curve_text({}) is None and read_curve("") == {}
+    with pytest.raises(ValueError):
+        read_curve('["a"]')

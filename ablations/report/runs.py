@@ -7,8 +7,10 @@ Columns, in this order: ``number, run_name, state, phase, variant, row, depth, s
 ``residual, residual_options`` (JSON), ``lr``, ``num_classes`` (what a diverged run's chance level is computed
 from; empty when not recorded), ``acc`` (the report's accuracy metric, :attr:`StudyData.metric`), every run-summary
 key of :data:`ablations.training.HP_SUMMARY_KEYS` but ``diverged``, then ``test_acc`` and ``test_acc_at_best_val``
-when any trial has them, ``diverged, ok, mode``. Numbers are written so that they read back exactly (``repr`` of
-a float); an empty cell is a missing value.
+when any trial has them, ``diverged, ok, mode``, and last ``val_acc_curve`` when any trial has one: the per-epoch
+validation accuracy the trial reported, a JSON list from epoch 1 (``null`` for an epoch without a value), so that a
+study continued elsewhere from this file (``python -m ablations.run --import-runs``) keeps its curves. Numbers are
+written so that they read back exactly (``repr`` of a float); an empty cell is a missing value.
 
 Reading also accepts the shorter files of earlier reports (``number, run_name, state, variant, row, depth, seed,
 acc, diverged, ok[, mode]``): only :data:`REQUIRED` columns must be there; a missing ``phase`` is ``report``, a
@@ -32,13 +34,15 @@ CONFIG_COLUMNS = ("residual", "residual_options", "lr", "num_classes", "acc")
 SUMMARY_COLUMNS = tuple(k for k in HP_SUMMARY_KEYS if k != DIVERGED_KEY)
 OPTIONAL_COLUMNS = ("test_acc", "test_acc_at_best_val")  # written when any trial has them
 TAIL = ("diverged", "ok", "mode")
+CURVE = "val_acc_curve"  # written when any trial has a per-epoch curve
 STATES = ("complete", "pruned", "failed")
 REQUIRED = ("number", "state", "variant", "depth", "seed", "acc", "diverged")  # what main and paired need
 
 
 def columns(data: StudyData, axes: list[str]) -> list[str]:
     optional = [k for k in OPTIONAL_COLUMNS if any(k in r.summary for r in all_runs(data))]
-    return list(dict.fromkeys([*HEAD, *axes, *CONFIG_COLUMNS, *SUMMARY_COLUMNS, *optional, *TAIL]))
+    curve = [CURVE] if any(r.curve for r in all_runs(data)) else []
+    return list(dict.fromkeys([*HEAD, *axes, *CONFIG_COLUMNS, *SUMMARY_COLUMNS, *optional, *TAIL, *curve]))
 
 
 def all_runs(data: StudyData) -> list[Run]:
@@ -57,7 +61,7 @@ def record(run: Run) -> dict[str, Any]:
            "residual": config.get("residual", run.variant),
            "residual_options": json.dumps(config.get("residual_options") or {}, sort_keys=True),
            "lr": run.lr, "num_classes": num_classes(run), "acc": run.acc,
-           "diverged": run.diverged, "ok": run.ok, "mode": run_mode(run)}
+           "diverged": run.diverged, "ok": run.ok, "mode": run_mode(run), CURVE: curve_text(run.curve)}
     for key in (*SUMMARY_COLUMNS, *OPTIONAL_COLUMNS):
         rec[key] = run.summary.get(key)
     return rec
@@ -96,6 +100,23 @@ def text(value: Any) -> str:
     if isinstance(value, float):
         return repr(float(value))  # float(): a numpy scalar's repr names its type
     return str(value)
+
+
+def curve_text(curve: dict[int, float]) -> str | None:
+    """A run's per-epoch curve ({epoch (1-based): value}) as a JSON list from epoch 1, None when it has none."""
+    if not curve:
+        return None
+    return json.dumps([curve.get(epoch) for epoch in range(1, max(curve) + 1)])
+
+
+def read_curve(cell: str) -> dict[int, float]:
+    """The inverse of :func:`curve_text`; ValueError for a cell that is not a JSON list of numbers and nulls."""
+    if not cell:
+        return {}
+    values = json.loads(cell)
+    if not isinstance(values, list) or not all(v is None or isinstance(v, (int, float)) for v in values):
+        raise ValueError(cell)
+    return {epoch: float(v) for epoch, v in enumerate(values, start=1) if v is not None}
 
 
 def value(cell: str) -> Any:
@@ -167,8 +188,12 @@ def _run(line: dict[str, str], lineno: int, path: Path, axes: list[str], summary
               "num_classes": cells["num_classes"]}
     summary = {k: cells[k] for k in summary_keys if cells[k] is not None}
     summary[DIVERGED_KEY] = cells["diverged"]
+    try:
+        curve = read_curve(line.get(CURVE) or "")
+    except (ValueError, json.JSONDecodeError):
+        raise ReportError(f"{where}: column '{CURVE}' is not a JSON list of numbers: '{line[CURVE]}'") from None
     return Run(number=cells["number"], state=line["state"], variant=line["variant"], depth=cells["depth"],
                seed=cells["seed"], row="", extras=tuple((a, cells[a]) for a in axes),
                acc=None if cells["acc"] is None else float(cells["acc"]), diverged=cells["diverged"],
                summary=summary, config={k: v for k, v in config.items() if v is not None},
-               run_name=line["run_name"] or None, phase=line["phase"], mode=line["mode"] or None)
+               run_name=line["run_name"] or None, phase=line["phase"], mode=line["mode"] or None, curve=curve)

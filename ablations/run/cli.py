@@ -173,6 +173,9 @@ def _main(args: argparse.Namespace) -> int:
             print(f"--set {describe({k: value_text(k, v) for k, v in sets.items()})}: over the study's base (and "
                   f"its tuning stage's); stored as {where} '{args.study_name or spec.study_name}'"
                   + (" (threads, data_dir: run-only, not in the name)" if set(sets) & set(RUN_ONLY) else ""))
+        if args.import_runs:
+            print(f"--import-runs {args.import_runs}: not read by a dry run (the prices below are for the points this "
+                  "storage has not done); the run adds the file's completed rows as done before it trains")
         return _dry_run(spec, overrides, gpu=args.gpu, results_dir=Path(args.results_dir), workers=args.workers,
                         stored=_stored_done(args.storage, args.study_name or spec.study_name, spec))
     for config in _data_configs(spec, overrides):

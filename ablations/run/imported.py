@@ -6,9 +6,10 @@ Each row of the file must be a point of this study's grid as this study file and
 residual and options, the same learning rate (a tuning-stage row: its grid's; a reported row: the rate this study's
 tuning stage chose), and the same parameter count (a model built on the meta device: a row from another budget or
 ``--set`` differs there). A row that disagrees is a one-line error and nothing is added. Rows that are not complete
-(failed, pruned) are not imported: their points train again. An imported trial keeps the row's run summary and mode,
-has no per-epoch curve or TensorBoard folder (the figures leave it out; every table ``--runs`` regenerates has what
-it needs) and carries ``imported_from`` (the file) instead of a ``worker``.
+(failed, pruned) are not imported: their points train again. An imported trial keeps the row's run summary, mode and
+per-epoch validation curve (``val_acc_curve``; a runs.csv written before that column leaves it out of ``val_curves``),
+has no TensorBoard folder (the diagnostics' figures leave it out) and carries ``imported_from`` (the file) instead of
+a ``worker``.
 """
 
 from __future__ import annotations
@@ -133,7 +134,8 @@ def import_runs(path: str | Path, spec, storage, study_name: str, overrides: dic
                 0.0 if spec.direction == "maximize" else math.inf)
             trials.append(create_trial(state=TrialState.COMPLETE, value=value, params=fixed.params,
                                        distributions=fixed.distributions, user_attrs=_user_attrs(
-                                           run, config, spec.stage, path), system_attrs={"fixed_params": point}))
+                                           run, config, spec.stage, path), system_attrs={"fixed_params": point},
+                                       intermediate_values={epoch - 1: v for epoch, v in run.curve.items()}))
             done.add(_point_key(point))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study.add_trials(trials)
