@@ -190,10 +190,14 @@ class StudySpec:
         return next(v for v in self.variants if v.label == label)
 
     def grid(self) -> list[dict]:
-        """Every grid point as the trial's parameters: {'variant': label, axis: value, ...}."""
+        """Every grid point as the trial's parameters: {'variant': label, axis: value, ...}, **seed-major**: every
+        variant (and other axis value) of a seed before the next seed, so that a study stopped midway — or continued
+        on another machine (``--import-runs``) — holds whole seeds, whose paired runs trained side by side."""
         names = ["variant", *self.axes]
         values = [[v.label for v in self.variants], *self.axes.values()]
-        return [dict(zip(names, point, strict=True)) for point in itertools.product(*values)]
+        order = sorted(range(len(names)), key=lambda i: names[i] != "seed")  # the seed first, the rest as listed
+        return [{names[i]: point[order.index(i)] for i in range(len(names))}
+                for point in itertools.product(*(values[i] for i in order))]
 
     @property
     def size(self) -> int:
