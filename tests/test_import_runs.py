@@ -7,12 +7,14 @@ from __future__ import annotations
 import csv
 import io
 import json
+import statistics
 
 import pytest
 from helpers import run_in_process, trials_of, url_of, write_study
 
 from ablations.report.cli import main as report_main
 from ablations.report.runs import curve_text, read_curve
+from ablations.run.plan import _duration
 
 VARIANTS = [{"label": "standard", "residual": "standard"}, {"label": "rezero", "residual": "rezero"}]
 TUNE = {"lr": [1e-3, 4e-3], "seeds": [100]}
@@ -132,3 +134,27 @@ def test_a_curve_round_trips_through_its_runs_csv_cell_gaps_included():
     assert curve_text({}) is None and read_curve("") == {}
     with pytest.raises(ValueError):
         read_curve('["a"]')
+
+
+def test_a_dry_run_prices_what_the_runs_file_leaves(first, tmp_path):
+    """On a new storage, ``--dry-run --import-runs`` counts what the file completed and prices the points it leaves
+    at its own trials' median wall time per cell; nothing is stored."""
+    root, study, rows = first
+    partial = [r for r in rows if r["phase"] == "tune" or r["seed"] != "2"]
+    _write(tmp_path / "runs.csv", partial)
+    db = tmp_path / "e.db"
+    result = run_in_process("--study", study, "--storage", url_of(db), "--dry-run", "--import-runs",
+                            tmp_path / "runs.csv", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout.splitlines()
+    assert f"stored in runs file {tmp_path / 'runs.csv'} (--import-runs): 4 of the 6 reported trials done and 4 of " \
+           "the 4 tuning trials; a run continues with the rest" in out
+    walls = {}
+    for r in partial:
+        walls.setdefault(r["variant"], []).append(float(r["wall_time_s"]))
+    median = {v: statistics.median(w) for v, w in walls.items()}  # two tuning and two reported runs each
+    (line,) = [x for x in out if x.startswith("time left as measured")]
+    assert line.startswith(f"time left as measured by this study's completed trials: "
+                           f"{_duration(median['standard'] + median['rezero'])} (2 trials, 2 priced at their cell's "
+                           "median wall time, 0 at the estimate above; 1 worker(s))"), line
+    assert not db.exists()

@@ -30,6 +30,7 @@ from .. import layout
 from ..bench.gpu_hours import DEFAULT_GPU, DEVICE_RESULTS, GPU_CLASSES
 from ..cli import OneLineParser, add_study_arguments
 from ..dashboard import check_loggers
+from .imported import imported_done
 from .overrides import RUN_ONLY, apply_sets, describe, parse_sets, value_text
 from .plan import _dry_run, _stored_done
 from .stopping import interrupted, stop_on_signals
@@ -173,11 +174,15 @@ def _main(args: argparse.Namespace) -> int:
             print(f"--set {describe({k: value_text(k, v) for k, v in sets.items()})}: over the study's base (and "
                   f"its tuning stage's); stored as {where} '{args.study_name or spec.study_name}'"
                   + (" (threads, data_dir: run-only, not in the name)" if set(sets) & set(RUN_ONLY) else ""))
-        if args.import_runs:
-            print(f"--import-runs {args.import_runs}: not read by a dry run (the prices below are for the points this "
-                  "storage has not done); the run adds the file's completed rows as done before it trains")
+        study_name = args.study_name or spec.study_name
+        stored = _stored_done(args.storage, study_name, spec)
+        if args.import_runs and stored is None:  # a new storage: what the file brings is what is done
+            stored = imported_done(args.import_runs, spec, study_name)
+        elif args.import_runs:
+            print(f"--import-runs {args.import_runs}: not read by this dry run, the storage already holds trials of "
+                  f"'{study_name}' (below); the run adds the file's rows it lacks")
         return _dry_run(spec, overrides, gpu=args.gpu, results_dir=Path(args.results_dir), workers=args.workers,
-                        stored=_stored_done(args.storage, args.study_name or spec.study_name, spec))
+                        stored=stored)
     for config in _data_configs(spec, overrides):
         _check_data(config)  # before anything is stored: a missing or malformed folder is one line
 

@@ -85,6 +85,44 @@ def _user_attrs(run, config, stage: str, path: Path) -> dict[str, Any]:
                     layout.MODEL_KEY: _jsonable(config.model_config(dataset_shape(config)).to_dict())}
 
 
+def _read(path: Path, spec, study_name: str):
+    """The runs file as StudyData; a tuning stage's spec is read without its lr axis (a column of every row)."""
+    from ..report.load import ReportError
+    from ..report.runs import read
+
+    reading = spec if spec.stage != "tune" else dataclasses.replace(
+        spec, axes={a: v for a, v in spec.axes.items() if a != "lr"})
+    try:
+        return read(path, reading, study_name)
+    except ReportError as exc:
+        raise ValueError(f"--import-runs: {exc}") from None
+
+
+def imported_done(path: str | Path, spec, study_name: str):
+    """What the runs file would bring (:class:`ablations.run.plan.Stored`, for a dry run): the points of each
+    stage it completed, the points left, and its trials' wall times by (variant, depth) cell. Nothing is checked
+    against the study file beyond the points (the run does that)."""
+    from .plan import Stored
+
+    path = Path(path)
+    stages = ([spec.tune_stage()] if spec.tune is not None else []) + [spec]
+    done, left, seconds = [], [], {}
+    for stage in stages:
+        data = _read(path, stage, study_name)
+        runs = [r for r in (data.tune_runs if stage.stage == "tune" else data.runs) if r.state == "complete"]
+        grid = {_grid_point_key(p): p for p in stage.grid()}
+        keys = sorted(next(iter(grid.values())))
+        finished = {key for r in runs if (key := _run_point(r, keys)) in grid}
+        done.append(len(finished))
+        left += [p for key, p in grid.items() if key not in finished]
+        for r in runs:
+            point, wall = grid.get(_run_point(r, keys)), r.summary.get("wall_time_s")
+            if point is not None and isinstance(wall, (int, float)) and wall > 0:  # the cell as _stored_done keys it
+                seconds.setdefault((point["variant"], point.get("depth")), []).append(float(wall))
+    tune_done, report_done = done if len(done) == 2 else (0, done[0])
+    return Stored(tune_done, report_done, f"runs file {path} (--import-runs)", seconds, tuple(left))
+
+
 def import_runs(path: str | Path, spec, storage, study_name: str, overrides: dict,
                 tuned: dict[str, float] | None = None) -> int:
     """Add the completed rows of ``path`` for this stage (``spec.stage``: ``tune`` rows to the tuning stage's
@@ -93,17 +131,10 @@ def import_runs(path: str | Path, spec, storage, study_name: str, overrides: dic
     import optuna
     from optuna.trial import FixedTrial, TrialState, create_trial
 
-    from ..report.load import ReportError
-    from ..report.runs import read
     from .objective import Objective, categorical_axes, suggest
 
     path = Path(path)
-    reading = spec if spec.stage != "tune" else dataclasses.replace(  # the tuning stage's lr axis is a column
-        spec, axes={a: v for a, v in spec.axes.items() if a != "lr"})
-    try:
-        data = read(path, reading, study_name)
-    except ReportError as exc:
-        raise ValueError(f"--import-runs: {exc}") from None
+    data = _read(path, spec, study_name)
     runs = data.tune_runs if spec.stage == "tune" else data.runs
     study = _create_study(spec, storage, study_name, seed=0)
     grid = {_grid_point_key(p): p for p in spec.grid()}
