@@ -158,3 +158,26 @@ def test_a_dry_run_prices_what_the_runs_file_leaves(first, tmp_path):
                            f"{_duration(median['standard'] + median['rezero'])} (2 trials, 2 priced at their cell's "
                            "median wall time, 0 at the estimate above; 1 worker(s))"), line
     assert not db.exists()
+
+
+def test_a_study_stopped_in_its_tuning_stage_reports_its_runs_csv_and_continues_from_it(first, tmp_path):
+    """A machine that goes away during the tuning stage: the report writes runs.csv and the tuning table (no
+    reported trial yet, so no other table), and --import-runs continues from there, training only the rest."""
+    root, study, rows = first
+    _write(tmp_path / "cut.csv", [r for r in rows if r["phase"] == "tune"][:3])
+    result = run_in_process("--study", study, "--runs", tmp_path / "cut.csv", "--out", tmp_path / "report",
+                            cwd=tmp_path, main=report_main)
+    assert result.returncode == 0, result.stderr
+    assert "no completed trial in its report phase yet (3 tuning trials): wrote runs.csv and the tuning table only" \
+        in result.stdout
+    assert sorted(p.name for p in (tmp_path / "report").iterdir()) == [
+        "runs.csv", "tuning.csv", "tuning.md", "tuning.pdf", "tuning.png", "tuning.tex"]
+    assert _table(_rows(tmp_path / "report" / "runs.csv")) == _table(_rows(tmp_path / "cut.csv"))
+    db = tmp_path / "f.db"
+    result = run_in_process("--study", study, "--storage", url_of(db), "--no-progress", "--import-runs",
+                            tmp_path / "report" / "runs.csv", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "3 completed tuning-stage trial(s) joined 'carried-tune' as done" in result.stderr
+    trained = [t for t in [*trials_of(db, f"{NAME}-tune"), *trials_of(db, NAME)] if "worker" in t.user_attrs]
+    assert len(trained) == 1 + 6
+    assert _table(_report(study, db, tmp_path / "report_f", tmp_path)) == _table(rows)

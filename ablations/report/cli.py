@@ -75,10 +75,12 @@ def _main(args: argparse.Namespace) -> int:
         check_sqlite_file(args.storage)  # garbage or a truncated file: one line, and the file is never written
         study = open_study(args.storage, study_name, spec)
         data = collect(study, spec, results_dir, tune_study=open_tune_study(study))
-    if not any(r.state == "complete" for r in data.runs):
-        raise ReportError(f"study '{study_name}' has no completed trials in its report phase "
-                          f"({_states(study, data)}); nothing to report")
     out = Path(args.out) if args.out else layout.report_dir(results_dir, study_name)
+    if not any(r.state == "complete" for r in data.runs):
+        if not any(r.state == "complete" for r in data.tune_runs):
+            raise ReportError(f"study '{study_name}' has no completed trials in its report phase "
+                              f"({_states(study, data)}); nothing to report")
+        return _tuning_only(data, out, figures=not args.no_figures)
     tables, cells, notes = build_tables(data, spec, study)
     overrides = spec.overrides if study is None else study.user_attrs.get(OVERRIDES_ATTR, {})
     if overrides:  # in main.md (the first table's notes) and on stdout
@@ -116,6 +118,26 @@ def _main(args: argparse.Namespace) -> int:
     print(tables[0].markdown())
     for n in notes:
         print(f"note: {n}")
+    print(f"\nfiles written ({len(written)}):")
+    for path in written:
+        print(f"  {path}")
+    return 0
+
+
+def _tuning_only(data: StudyData, out: Path, figures: bool) -> int:
+    """A study still in its tuning stage: its runs.csv (what ``python -m ablations.run --import-runs`` continues it
+    from elsewhere) and the tuning table (and figure) so far; the reported tables wait for reported trials."""
+    from . import format as fmt
+    from . import runs as runs_csv
+    from .tuning import tuning_figure, tuning_records, tuning_table
+
+    table = tuning_table(data, tuning_records(data))
+    written = [*fmt.write_table(table, out, data.name), runs_csv.write(data, out / "runs.csv")]
+    if figures:
+        written += tuning_figure(data, tuning_records(data), out)
+    print(table.markdown())
+    print(f"note: study '{data.name}' has no completed trial in its report phase yet ({len(data.tune_runs)} tuning "
+          "trials): wrote runs.csv and the tuning table only; the other tables come with the reported trials")
     print(f"\nfiles written ({len(written)}):")
     for path in written:
         print(f"  {path}")
