@@ -578,7 +578,7 @@ def test_edited_study_file_runs_only_new_points_and_keeps_removed_points_trials(
     trials = trials_of(db, "edit")
     assert snapshot(trials[:4]) == snapshot(done)  # nothing lost, nothing rerun
     assert len(trials) == 6 and sorted(t.params["seed"] for t in trials[4:]) == [2, 2]
-    assert {complete[k].number for k in complete} == {1, 3, 4, 5}
+    assert {complete[k].number for k in complete} == {2, 3, 4, 5}  # seed-major: trial 2 is seed 1's first
 
     report = finish(_start("ablations.report", "--study", "edit.yaml", "--storage", url_of(db), "--results-dir",
                            "results", "--no-figures", "--no-tensorboard", "--no-note", cwd=tmp_path))

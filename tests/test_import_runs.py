@@ -91,6 +91,8 @@ def test_a_partial_runs_csv_continues_the_study_and_only_the_rest_trains(first, 
     ("tune", "param_count", "999", "999 parameters, this study's model"),
     ("tune", "residual", "layerscale", "residual layerscale {}, the study file now"),
     ("report", "lr", "0.002", "learning rate 0.002, this study 0."),
+    ("tune", "epochs_completed", "5", "5 epochs, this study 1"),  # another budget or --set max_epochs
+    ("tune", "num_classes", "100", "100 classes, this study's dataset 4"),
 ])
 def test_a_row_of_another_configuration_is_refused_and_nothing_is_added(first, tmp_path, phase, column, value,
                                                                           fault):
@@ -181,3 +183,20 @@ def test_a_study_stopped_in_its_tuning_stage_reports_its_runs_csv_and_continues_
     trained = [t for t in [*trials_of(db, f"{NAME}-tune"), *trials_of(db, NAME)] if "worker" in t.user_attrs]
     assert len(trained) == 1 + 6
     assert _table(_report(study, db, tmp_path / "report_f", tmp_path)) == _table(rows)
+
+
+def test_another_studys_file_or_an_old_runs_csv_is_refused_with_one_line(first, tmp_path):
+    root, study, rows = first
+    other = [dict(r, variant="layerscale") for r in rows]  # no point of this study
+    _write(tmp_path / "other.csv", other)
+    old = [{k: r[k] for k in ("number", "run_name", "state", "variant", "row", "depth", "seed", "acc", "diverged",
+                               "ok")} for r in rows]  # the shorter file of earlier reports
+    _write(tmp_path / "old.csv", old)
+    for name, fault in (("other.csv", "no completed row of"), ("old.csv", "was written by an earlier report")):
+        db = tmp_path / f"{name}.db"
+        result = run_in_process("--study", study, "--storage", url_of(db), "--no-progress", "--import-runs",
+                                tmp_path / name, cwd=tmp_path)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        line = result.stderr.strip().splitlines()[-1]
+        assert line.startswith("error: --import-runs: ") and fault in line, line
+        assert trials_of(db, f"{NAME}-tune") == []

@@ -156,6 +156,9 @@ def _main(args: argparse.Namespace) -> int:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     sets = parse_sets(args.sets)
     spec = apply_sets(load_spec(args.study, args.budget), sets)
+    if args.import_runs and spec.space:
+        raise ValueError(f"--import-runs: study '{args.study}' searches residual options ({', '.join(spec.space)}); "
+                         "only a grid of listed points can be continued from a runs.csv")
     if args.import_runs and spec.kind != "grid":
         raise ValueError(f"--import-runs continues a grid study; '{args.study}' is a {spec.kind} (its points are "
                          "sampled, not listed): run it with its storage instead")

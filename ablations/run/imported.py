@@ -10,6 +10,9 @@ tuning stage chose), and the same parameter count (a model built on the meta dev
 per-epoch validation curve (``val_acc_curve``; a runs.csv written before that column leaves it out of ``val_curves``),
 has no TensorBoard folder (the diagnostics' figures leave it out) and carries ``imported_from`` (the file) instead of
 a ``worker``.
+
+Run the import once, from one process (the command that starts the workers does it before they start): two imports
+into one storage at the same moment would both add every row.
 """
 
 from __future__ import annotations
@@ -57,7 +60,11 @@ def _param_count(config, cache: dict) -> int:
 
 
 def _mismatch(run, config, cache: dict) -> str | None:
-    """What differs between a row and the config this study trains its point at (None: nothing)."""
+    """What differs between a row and the config this study trains its point at (None: nothing): the residual and
+    its options, the learning rate, the parameter count (model size, patches, dataset shape), the classes and, for a
+    run that did not diverge, its epochs (another budget or ``--set max_epochs``)."""
+    from data import dataset_shape
+
     stored = run.config or {}
     if stored.get("residual") != config.residual or (stored.get("residual_options") or {}) != (
             config.residual_options or {}):
@@ -68,6 +75,12 @@ def _mismatch(run, config, cache: dict) -> str | None:
     params = run.summary.get("param_count")
     if params is not None and int(params) != _param_count(config, cache):
         return f"{int(params):,} parameters, this study's model {_param_count(config, cache):,}"
+    classes, expected = stored.get("num_classes"), dataset_shape(config)["num_classes"]
+    if classes is not None and int(classes) != expected:
+        return f"{int(classes)} classes, this study's dataset {expected}"
+    epochs = run.summary.get("epochs_completed")
+    if epochs is not None and not run.diverged and int(epochs) != config.max_epochs:
+        return f"{int(epochs)} epochs, this study {config.max_epochs}"
     return None
 
 
@@ -77,6 +90,8 @@ def _user_attrs(run, config, stage: str, path: Path) -> dict[str, Any]:
     from .objective import _jsonable
 
     attrs = {k: v for k, v in run.summary.items() if v is not None}
+    if (run.config or {}).get("num_classes") is not None:  # a diverged run's chance level in the paired tests
+        attrs["num_classes"] = run.config["num_classes"]
     if run.mode:  # "<precision> + <fused|explicit> attention", as the report reads it back (run_mode)
         precision, _, attention = run.mode.partition(" + ")
         attrs |= {"precision": precision, "fused_attn": attention.startswith("fused")}
@@ -86,10 +101,21 @@ def _user_attrs(run, config, stage: str, path: Path) -> dict[str, Any]:
 
 
 def _read(path: Path, spec, study_name: str):
-    """The runs file as StudyData; a tuning stage's spec is read without its lr axis (a column of every row)."""
+    """The runs file as StudyData; a tuning stage's spec is read without its lr axis (a column of every row). A file
+    written before the report recorded each run's configuration (no ``lr``, ``residual`` columns) is refused."""
+    import csv
+
     from ..report.load import ReportError
     from ..report.runs import read
 
+    if path.is_file():
+        with open(path, newline="", encoding="utf-8", errors="replace") as fh:
+            header = next(csv.reader(fh), [])
+        missing = [c for c in ("lr", "residual", "residual_options", "param_count") if c not in header]
+        if header and missing and not [c for c in ("number", "variant") if c not in header]:
+            raise ValueError(f"--import-runs: runs file '{path}' was written by an earlier report (no "
+                             f"{', '.join(missing)} column): its runs cannot be checked against this study; rerun "
+                             "those points, or report the old storage again with this version first")
     reading = spec if spec.stage != "tune" else dataclasses.replace(
         spec, axes={a: v for a, v in spec.axes.items() if a != "lr"})
     try:
@@ -168,6 +194,9 @@ def import_runs(path: str | Path, spec, storage, study_name: str, overrides: dic
                                            run, config, spec.stage, path), system_attrs={"fixed_params": point},
                                        intermediate_values={epoch - 1: v for epoch, v in run.curve.items()}))
             done.add(_point_key(point))
+    if outside and not trials and not here:
+        raise ValueError(f"--import-runs: no completed row of '{path}' is a point of {spec.stage} study "
+                         f"'{study_name}' ({outside} row(s) of other points): is it another study's runs.csv?")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study.add_trials(trials)
     stage = "tuning-stage" if spec.stage == "tune" else "reported"
