@@ -46,6 +46,16 @@ def _report(study, db, out, cwd) -> list[dict]:
     return _rows(out / "runs.csv")
 
 
+def _continue(study, db, runs_csv, cwd, *more: str):
+    """``python -m ablations.run --study STUDY --storage DB --import-runs RUNS_CSV [MORE]`` in this process."""
+    return run_in_process("--study", study, "--storage", url_of(db), *more, "--import-runs", runs_csv, cwd=cwd)
+
+
+def _cut_after_two_seeds(rows: list[dict]) -> list[dict]:
+    """The rows a machine that went away after the tuning stage and seeds 0 and 1 left in its last report."""
+    return [r for r in rows if r["phase"] == "tune" or r["seed"] != "2"]
+
+
 @pytest.fixture(scope="module")
 def first(tmp_path_factory):
     """A study with a tuning stage (2 variants x 2 rates on seed 100; then seeds 0-2) trained once, and its report."""
@@ -60,12 +70,10 @@ def test_a_partial_runs_csv_continues_the_study_and_only_the_rest_trains(first, 
     root, study, rows = first
     assert len(rows) == 4 + 6 and {r["state"] for r in rows} == {"complete"}
     assert all(len(json.loads(r["val_acc_curve"])) == 1 for r in rows)  # one epoch each: the curve is carried
-    # the machine went away after the tuning stage and seeds 0 and 1: its last report is all that is left
-    partial = [r for r in rows if r["phase"] == "tune" or r["seed"] != "2"]
+    partial = _cut_after_two_seeds(rows)
     _write(tmp_path / "runs.csv", partial)
     db = tmp_path / "b.db"
-    result = run_in_process("--study", study, "--storage", url_of(db), "--no-progress", "--import-runs",
-                            tmp_path / "runs.csv", cwd=tmp_path)
+    result = _continue(study, db, tmp_path / "runs.csv", tmp_path, "--no-progress")
     assert result.returncode == 0, result.stderr
     assert "4 completed tuning-stage trial(s) joined 'carried-tune' as done" in result.stderr
     assert "4 completed reported trial(s) joined 'carried' as done" in result.stderr
@@ -80,8 +88,7 @@ def test_a_partial_runs_csv_continues_the_study_and_only_the_rest_trains(first, 
     again = _report(study, db, tmp_path / "report_b", tmp_path)
     assert _table(again) == _table(rows)
     # rerunning with the same file adds nothing: every point is done
-    result = run_in_process("--study", study, "--storage", url_of(db), "--no-progress", "--import-runs",
-                            tmp_path / "runs.csv", cwd=tmp_path)
+    result = _continue(study, db, tmp_path / "runs.csv", tmp_path, "--no-progress")
     assert result.returncode == 0, result.stderr
     assert "0 completed reported trial(s) joined 'carried' as done; 4 already done here" in result.stderr
     assert len(trials_of(db, NAME)) == 6
@@ -105,8 +112,7 @@ def test_a_row_of_another_configuration_is_refused_and_nothing_is_added(first, t
     target[column] = value
     _write(tmp_path / "runs.csv", changed)
     db = tmp_path / "c.db"
-    result = run_in_process("--study", study, "--storage", url_of(db), "--no-progress", "--import-runs",
-                            tmp_path / "runs.csv", cwd=tmp_path)
+    result = _continue(study, db, tmp_path / "runs.csv", tmp_path, "--no-progress")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 if phase == "tune" else "4 completed tuning-stage trial(s) joined" in lines[0]
@@ -123,8 +129,7 @@ def test_a_missing_runs_file_or_a_search_study_is_one_line(first, tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip() == f"error: --import-runs: runs file '{tmp_path / 'nope.csv'}' does not exist"
     (tmp_path / "junk.csv").write_text("a,b\n1,2\n")
-    result = run_in_process("--study", study, "--storage", url_of(tmp_path / "d.db"), "--import-runs",
-                            tmp_path / "junk.csv", cwd=tmp_path)
+    result = _continue(study, tmp_path / "d.db", tmp_path / "junk.csv", tmp_path)
     assert result.returncode == 2
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("error: --import-runs: runs file") and "lacks column(s)" in line
@@ -142,11 +147,10 @@ def test_a_dry_run_prices_what_the_runs_file_leaves(first, tmp_path):
     """On a new storage, ``--dry-run --import-runs`` counts what the file completed and prices the points it leaves
     at its own trials' median wall time per cell; nothing is stored."""
     root, study, rows = first
-    partial = [r for r in rows if r["phase"] == "tune" or r["seed"] != "2"]
+    partial = _cut_after_two_seeds(rows)
     _write(tmp_path / "runs.csv", partial)
     db = tmp_path / "e.db"
-    result = run_in_process("--study", study, "--storage", url_of(db), "--dry-run", "--import-runs",
-                            tmp_path / "runs.csv", cwd=tmp_path)
+    result = _continue(study, db, tmp_path / "runs.csv", tmp_path, "--dry-run")
     assert result.returncode == 0, result.stderr
     out = result.stdout.splitlines()
     assert f"stored in runs file {tmp_path / 'runs.csv'} (--import-runs): 4 of the 6 reported trials done and 4 of " \
@@ -176,8 +180,7 @@ def test_a_study_stopped_in_its_tuning_stage_reports_its_runs_csv_and_continues_
         "runs.csv", "tuning.csv", "tuning.md", "tuning.pdf", "tuning.png", "tuning.tex"]
     assert _table(_rows(tmp_path / "report" / "runs.csv")) == _table(_rows(tmp_path / "cut.csv"))
     db = tmp_path / "f.db"
-    result = run_in_process("--study", study, "--storage", url_of(db), "--no-progress", "--import-runs",
-                            tmp_path / "report" / "runs.csv", cwd=tmp_path)
+    result = _continue(study, db, tmp_path / "report" / "runs.csv", tmp_path, "--no-progress")
     assert result.returncode == 0, result.stderr
     assert "3 completed tuning-stage trial(s) joined 'carried-tune' as done" in result.stderr
     trained = [t for t in [*trials_of(db, f"{NAME}-tune"), *trials_of(db, NAME)] if "worker" in t.user_attrs]
@@ -194,8 +197,7 @@ def test_another_studys_file_or_an_old_runs_csv_is_refused_with_one_line(first, 
     _write(tmp_path / "old.csv", old)
     for name, fault in (("other.csv", "no completed row of"), ("old.csv", "was written by an earlier report")):
         db = tmp_path / f"{name}.db"
-        result = run_in_process("--study", study, "--storage", url_of(db), "--no-progress", "--import-runs",
-                                tmp_path / name, cwd=tmp_path)
+        result = _continue(study, db, tmp_path / name, tmp_path, "--no-progress")
         assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
         line = result.stderr.strip().splitlines()[-1]
         assert line.startswith("error: --import-runs: ") and fault in line, line

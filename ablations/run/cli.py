@@ -8,8 +8,8 @@
 Rerunning continues a study: completed trials never run again; a trial whose worker died is retried with the
 same parameters and resumes from its last checkpoint. Grid points added to the study file run on the next run;
 points removed from it keep their finished trials. ``--import-runs results/NAME/runs.csv`` continues a study whose
-storage is elsewhere or gone from the runs.csv of its report: those trials count as done. Watch it with ``optuna-dashboard <storage URL>`` and
-``tensorboard --logdir results/runs/<study>``.
+storage is elsewhere or gone from the runs.csv of its report: those trials count as done. Watch it with
+``optuna-dashboard <storage URL>`` and ``tensorboard --logdir results/runs/<study>``.
 
 Exit status: 0 every point done (or, for the last points, running in other workers on the same study); 1 trials
 failed or are missing, or the storage or the results folder failed

@@ -34,14 +34,21 @@ def _number(value: Any) -> Any:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
 
 
-def _run_point(run, keys: list[str]) -> str:
-    """The grid point a runs.csv row trained, keyed as :func:`_point_key` keys the study's points."""
-    values = {"variant": run.variant, "depth": run.depth, "seed": run.seed, "lr": run.lr, **dict(run.extras)}
-    return repr(sorted((k, _number(values.get(k))) for k in keys))
-
-
 def _grid_point_key(point: dict) -> str:
+    """A point's key with its numbers as floats, so that a runs.csv row's 0.001 or 4 finds the grid's."""
     return repr(sorted((k, _number(v)) for k, v in point.items()))
+
+
+def _matched(path: Path, spec, study_name: str) -> list[tuple[Any, dict | None]]:
+    """This stage's rows of the runs file, each with the grid point of ``spec`` it trained (None: not a point)."""
+    data = _read(path, spec, study_name)
+    grid = {_grid_point_key(p): p for p in spec.grid()}
+    keys = next(iter(grid.values())).keys()
+    matched = []
+    for run in data.tune_runs if spec.stage == "tune" else data.runs:
+        values = {"variant": run.variant, "depth": run.depth, "seed": run.seed, "lr": run.lr, **dict(run.extras)}
+        matched.append((run, grid.get(_grid_point_key({k: values.get(k) for k in keys}))))
+    return matched
 
 
 def _param_count(config, cache: dict) -> int:
@@ -73,8 +80,8 @@ def _mismatch(run, config, cache: dict) -> str | None:
     if run.lr is None or not math.isclose(run.lr, config.lr, rel_tol=1e-9):
         return f"learning rate {run.lr}, this study {config.lr:g}"
     params = run.summary.get("param_count")
-    if params is not None and int(params) != _param_count(config, cache):
-        return f"{int(params):,} parameters, this study's model {_param_count(config, cache):,}"
+    if params is not None and int(params) != (expected := _param_count(config, cache)):
+        return f"{int(params):,} parameters, this study's model {expected:,}"
     classes, expected = stored.get("num_classes"), dataset_shape(config)["num_classes"]
     if classes is not None and int(classes) != expected:
         return f"{int(classes)} classes, this study's dataset {expected}"
@@ -134,16 +141,13 @@ def imported_done(path: str | Path, spec, study_name: str):
     stages = ([spec.tune_stage()] if spec.tune is not None else []) + [spec]
     done, left, seconds = [], [], {}
     for stage in stages:
-        data = _read(path, stage, study_name)
-        runs = [r for r in (data.tune_runs if stage.stage == "tune" else data.runs) if r.state == "complete"]
-        grid = {_grid_point_key(p): p for p in stage.grid()}
-        keys = sorted(next(iter(grid.values())))
-        finished = {key for r in runs if (key := _run_point(r, keys)) in grid}
+        rows = [(r, p) for r, p in _matched(path, stage, study_name) if r.state == "complete" and p is not None]
+        finished = {_point_key(p) for _, p in rows}
         done.append(len(finished))
-        left += [p for key, p in grid.items() if key not in finished]
-        for r in runs:
-            point, wall = grid.get(_run_point(r, keys)), r.summary.get("wall_time_s")
-            if point is not None and isinstance(wall, (int, float)) and wall > 0:  # the cell as _stored_done keys it
+        left += [p for p in stage.grid() if _point_key(p) not in finished]
+        for r, point in rows:
+            wall = r.summary.get("wall_time_s")
+            if isinstance(wall, (int, float)) and wall > 0:  # the cell as _stored_done keys it
                 seconds.setdefault((point["variant"], point.get("depth")), []).append(float(wall))
     tune_done, report_done = done if len(done) == 2 else (0, done[0])
     return Stored(tune_done, report_done, f"runs file {path} (--import-runs)", seconds, tuple(left))
@@ -160,17 +164,13 @@ def import_runs(path: str | Path, spec, storage, study_name: str, overrides: dic
     from .objective import Objective, categorical_axes, suggest
 
     path = Path(path)
-    data = _read(path, spec, study_name)
-    runs = data.tune_runs if spec.stage == "tune" else data.runs
+    matched = _matched(path, spec, study_name)
     study = _create_study(spec, storage, study_name, seed=0)
-    grid = {_grid_point_key(p): p for p in spec.grid()}
-    keys = sorted(next(iter(spec.grid())))
     done = {_point_key(_trial_point(t)) for t in _done_trials(study)}
     objective = Objective(spec, log_root=Path("."), overrides=overrides, tuned=tuned)
     categorical, cache = categorical_axes(study, spec), {}
     trials, here, outside, incomplete = [], 0, 0, 0
-    for run in runs:
-        point = grid.get(_run_point(run, keys))
+    for run, point in matched:
         if run.state != "complete":
             incomplete += 1
         elif point is None:
