@@ -11,8 +11,8 @@ from backbone import TINY, _float64_one_thread, perturb  # noqa: F401 (autouse f
 from reference_residuals import REFERENCES, RefAttnRes, ref_sinkhorn_knopp
 
 from lit_modules import RESIDUALS, VisionTransformer
-from lit_modules.residual.hyper_connections import StreamRead, StreamWrite
-from lit_modules.residual.mhc import sinkhorn_knopp
+from lit_modules.residual.hyper_connections import StreamGrad, StreamRead, StreamWrite
+from lit_modules.residual.mhc import StreamProjection, sinkhorn_knopp
 
 DEPTH = 4  # 8 AttnRes layers: num_blocks 1, 2, 4 and the full form (8 blocks of one layer is the full form,
 #           rejected as a second label for it); DenseFormer dilation/period up to 4
@@ -115,3 +115,62 @@ def test_stream_read_and_write_backward_pass_gradcheck(n):
     torch.testing.assert_close(StreamRead.apply(x, read), torch.einsum("tj,tjd->td", read, x))
     torch.testing.assert_close(StreamWrite.apply(x, mix, write, f),
                                torch.einsum("tij,tjd->tid", mix, x) + write[..., None] * f[:, None])
+
+
+def test_stream_projection_backward_gradcheck():
+    """mHC's projection x̃φ = (x⃗φ)/rms(x⃗) with its written-out backward, alone (an empty ``StreamGrad``) and on top
+    of a gradient already in the buffer (what the site's write and read put there), against finite differences."""
+    g = torch.Generator().manual_seed(0)
+    v = torch.randn(2, 3, 8, generator=g).requires_grad_(True)
+    weight = torch.randn(5, 8, generator=g).requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda v, w: StreamProjection.apply(v, w, 1e-6, StreamGrad()), (v, weight))
+    other = torch.randn(6, 2, 4, generator=g)  # a stream term (T, n, D) for the same 2·3 tokens and n·D = 8
+
+    def with_stream_term(v: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        grad_sum = StreamGrad()
+        out = StreamProjection.apply(v, w, 1e-6, grad_sum)
+        return _AddsToStreamGrad.apply(out, grad_sum, other)
+
+    got = torch.autograd.grad(with_stream_term(v, weight).sum(), v)[0]
+    want = torch.autograd.grad(StreamProjection.apply(v, weight, 1e-6, StreamGrad()).sum(), v)[0]
+    torch.testing.assert_close(got, want + other.view_as(v))
+
+
+class _AddsToStreamGrad(torch.autograd.Function):
+    """Identity whose backward puts a fixed stream term into a ``StreamGrad`` (as the site's write does)."""
+
+    @staticmethod
+    def forward(ctx, out, grad_sum, term):
+        ctx.grad_sum, ctx.term = grad_sum, term
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.grad_sum.add(ctx.term.clone())
+        return grad, None, None
+
+
+@pytest.mark.parametrize("residual", ["mhc", "hyper_connections"])
+def test_stream_gradient_with_forward_hooks_and_a_second_backward(residual):
+    """A site with forward hooks (the diagnostics) is called as a module and returns Δ: the same gradients as the
+    one-pass write; and a second backward over a retained graph adds the same gradients again (the shared
+    ``StreamGrad`` buffer is emptied by each pass)."""
+    images = torch.randn(2, 3, TINY["img_size"], TINY["img_size"], generator=torch.Generator().manual_seed(7))
+    model = perturb(VisionTransformer(residual, {"n": 4}, init_seed=3, **(TINY | {"depth": DEPTH})), scale=0.5)
+    plain = outputs_and_grads(model, images)
+    model.zero_grad(set_to_none=True)
+    handles = [m.register_forward_hook(lambda mod, args, out: None) for blk in model.blocks for m in (blk.ls1, blk.ls2)]
+    hooked = outputs_and_grads(model, images)
+    for h in handles:
+        h.remove()
+    for name, value in plain.items():
+        torch.testing.assert_close(hooked[name], value, rtol=1e-6, atol=1e-6, msg=name)
+    model.zero_grad(set_to_none=True)
+    x = images.clone().requires_grad_(True)
+    loss = model(x).square().sum()
+    loss.backward(retain_graph=True)
+    once = {n: p.grad.clone() for n, p in model.named_parameters()} | {"input": x.grad.clone()}
+    loss.backward()
+    twice = {n: p.grad for n, p in model.named_parameters()} | {"input": x.grad}
+    for name, value in once.items():
+        torch.testing.assert_close(twice[name], 2 * value, rtol=1e-6, atol=1e-9, msg=name)

@@ -255,7 +255,8 @@ def test_block_wiring(residual, options):
     with torch.no_grad():
         want = x
         for site, norm, branch in ((blk.ls1, blk.norm1, blk.attn), (blk.ls2, blk.norm2, blk.mlp)):
-            read, res, write = site.mixing(want)
+            mixing = site.mixing(want)
+            read, res, write = mixing.read, mixing.res, mixing.write
             f = branch(norm(torch.einsum("bti,btid->btd", read, want)))
             want = torch.einsum("btij,btjd->btid", res, want) + write[..., None] * f[..., None, :]
         assert torch.allclose(blk(x), want, atol=1e-12, rtol=0)

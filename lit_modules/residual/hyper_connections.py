@@ -17,16 +17,53 @@ from ..blocks import add_two_site_skeleton
 from .base import BlockArgs, ResidualSite
 
 
+class StreamGrad:
+    """One buffer for ∂L/∂H of a site's streams H, which three operations of the site read: the mixing's
+    projection, the read h = readᵀ H and the write res · H + write ⊗ f. Autograd would give each its own
+    (T, n, D) gradient and add the three (two more passes over the n-fold stream and three fresh buffers); instead
+    the write's and the read's backward add their terms into this buffer (``add``, ``addcmul``) and return no
+    gradient for H, and the projection's backward, which autograd runs after both (the coefficients it computes
+    are inputs of both), ``take``s the buffer, adds its own term in place and returns the sum for H.
+
+    Only a mixing whose coefficients come out of one autograd Function that reads H and ``take``s this buffer may
+    carry one (``Mixing.grad``; mHC's ``StreamProjection``): any other leaves ``grad`` None and every operation
+    returns its own gradient."""
+
+    def __init__(self) -> None:
+        self.total: torch.Tensor | None = None
+
+    def add(self, fresh: torch.Tensor) -> None:
+        """Add a term no one else holds (it may become the buffer itself)."""
+        if self.total is None:
+            self.total = fresh
+        else:
+            self.total.add_(fresh)
+
+    def addcmul(self, a: torch.Tensor, b: torch.Tensor) -> None:
+        """Add a ⊙ b (broadcast to the buffer's shape)."""
+        if self.total is None:
+            self.total = a * b
+        else:
+            self.total.addcmul_(a, b)
+
+    def take(self) -> torch.Tensor | None:
+        """The sum so far (None if nothing was added), leaving the buffer empty for another backward pass."""
+        total, self.total = self.total, None
+        return total
+
+
 class Mixing(NamedTuple):
     """The coefficients of one multi-stream site for one input, in the form ``h = readᵀ H``,
     ``H' = res · H + write ⊗ T(h)`` (H: the n streams of a token, rows = streams).
 
     Shapes: ``read``, ``write`` (n,) or (..., n); ``res`` (n, n) or (..., n, n), row i = output stream i (mHC's
-    H_res; Hyper-Connections' A_rᵀ)."""
+    H_res; Hyper-Connections' A_rᵀ). ``grad``: where the read and the write put their gradient for H
+    (``StreamGrad``), or None."""
 
     read: torch.Tensor
     res: torch.Tensor
     write: torch.Tensor
+    grad: StreamGrad | None = None
 
 
 class StreamRead(torch.autograd.Function):
@@ -34,40 +71,55 @@ class StreamRead(torch.autograd.Function):
 
     Autograd through ``torch.matmul`` of per-token n-wide matrices took bmm's per-entry path in backward (a copy
     and a select per token: most of Hyper-Connections' and mHC's overhead on a CPU). Sums over the n streams are
-    ``stream_sum``; sums over D are ``bmm`` on contiguous operands or a multiply summed over D."""
+    ``stream_sum``; sums over D are ``bmm`` on contiguous operands or a multiply summed over D. With a
+    ``StreamGrad`` (``grad_sum``) ∂H goes into it and H gets no gradient of its own."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, read: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, read: torch.Tensor, grad_sum: StreamGrad | None = None) -> torch.Tensor:
         x, read = x.contiguous(), read.contiguous()
         ctx.save_for_backward(x, read)
+        ctx.grad_sum = grad_sum
         return stream_sum(x, read)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor, None]:
         x, read = ctx.saved_tensors
         grad = grad.unsqueeze(1)
-        return read.unsqueeze(-1) * grad, (x * grad).sum(dim=-1)
+        grad_x = None
+        if ctx.needs_input_grad[0] and ctx.grad_sum is not None:
+            ctx.grad_sum.addcmul(read.unsqueeze(-1), grad)
+        elif ctx.needs_input_grad[0]:
+            grad_x = read.unsqueeze(-1) * grad
+        return grad_x, (x * grad).sum(dim=-1), None
 
 
 class StreamWrite(torch.autograd.Function):
     """Δ = M·H + write ⊗ f for every token: H (T, n, D), M (T, n, n), write (T, n), f (T, D) -> (T, n, D), with
     the backward written out (see ``StreamRead``): ∂H = Mᵀ·G and ∂M = G·Hᵀ as ``bmm``, ∂write = Σ_D G ⊙ f and
-    ∂f = Σ_n write ⊙ G as multiplies and sums."""
+    ∂f = Σ_n write ⊙ G as multiplies and sums. With a ``StreamGrad`` (``grad_sum``) ∂H goes into it. (One ``bmm``
+    of [M | write] by [H; f], to get ∂M and ∂write from one product, timed no faster: the concatenation costs what
+    it saves.)"""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, mix: torch.Tensor, write: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, mix: torch.Tensor, write: torch.Tensor, f: torch.Tensor,
+                grad_sum: StreamGrad | None = None) -> torch.Tensor:
         x, mix, write, f = x.contiguous(), mix.contiguous(), write.contiguous(), f.contiguous()
         ctx.save_for_backward(x, mix, write, f)
+        ctx.grad_sum = grad_sum
         return torch.bmm(mix, x).addcmul_(write.unsqueeze(-1), f.unsqueeze(1))
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, mix, write, f = ctx.saved_tensors
         grad = grad.contiguous()
-        return (torch.bmm(mix.transpose(1, 2), grad), torch.bmm(grad, x.transpose(1, 2)),
-                (grad * f.unsqueeze(1)).sum(dim=-1), stream_sum(grad, write))
+        grad_x = torch.bmm(mix.transpose(1, 2), grad) if ctx.needs_input_grad[0] else None
+        if grad_x is not None and ctx.grad_sum is not None:
+            ctx.grad_sum.add(grad_x)
+            grad_x = None
+        return (grad_x, torch.bmm(grad, x.transpose(1, 2)), (grad * f.unsqueeze(1)).sum(dim=-1),
+                stream_sum(grad, write), None)
 
 
 def stream_sum(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -110,23 +162,26 @@ class MultiStreamSite(ResidualSite):
         """h = readᵀ H: (..., n, D) -> (..., D)."""
         tokens = x.shape[:-2]
         read = mixing.read.expand(*tokens, self.n)  # a static site's (n,) for every token: its gradient sums them
-        return StreamRead.apply(x.reshape(-1, self.n, x.shape[-1]), read.reshape(-1, self.n)).view(*tokens, -1)
+        return StreamRead.apply(x.reshape(-1, self.n, x.shape[-1]), read.reshape(-1, self.n),
+                                mixing.grad).view(*tokens, -1)
 
     def write(self, x: torch.Tensor, f: torch.Tensor, mixing: Mixing) -> torch.Tensor:
         """H' = res · H + write ⊗ f, in one pass (``HyperBlock``'s step: the new streams without forming Δ)."""
-        return self._stream_write(x, f, mixing.res, mixing.write)
+        return self._stream_write(x, f, mixing.res, mixing.write, mixing.grad)
 
     def update(self, x: torch.Tensor, f: torch.Tensor, mixing: Mixing) -> torch.Tensor:
         """Δ = H' − H = (res − I) · H + write ⊗ f: the identity comes off the small n×n matrices, not off H."""
         eye = torch.eye(self.n, dtype=mixing.res.dtype, device=mixing.res.device)
-        return self._stream_write(x, f, mixing.res - eye, mixing.write)
+        return self._stream_write(x, f, mixing.res - eye, mixing.write, mixing.grad)
 
-    def _stream_write(self, x: torch.Tensor, f: torch.Tensor, mix: torch.Tensor, write: torch.Tensor) -> torch.Tensor:
+    def _stream_write(self, x: torch.Tensor, f: torch.Tensor, mix: torch.Tensor, write: torch.Tensor,
+                      grad_sum: StreamGrad | None) -> torch.Tensor:
         """M · H + write ⊗ f for every token (``StreamWrite``); a static site's (n, n) and (n,) serve every token."""
         tokens, n = x.shape[:-2], self.n
         mix = mix.expand(*tokens, n, n).reshape(-1, n, n)
         write = write.expand(*tokens, n).reshape(-1, n)
-        return StreamWrite.apply(x.reshape(-1, n, x.shape[-1]), mix, write, f.reshape(-1, f.shape[-1])).view(x.shape)
+        return StreamWrite.apply(x.reshape(-1, n, x.shape[-1]), mix, write, f.reshape(-1, f.shape[-1]),
+                                 grad_sum).view(x.shape)
 
     def forward(self, x: torch.Tensor, u: torch.Tensor, f: torch.Tensor, history: list | None = None, *,
                 mixing: Mixing | None = None) -> torch.Tensor:
@@ -229,7 +284,8 @@ class MultiStream(nn.Module):
         self.n = n
 
     def forward(self, x: torch.Tensor, blocks: nn.ModuleList) -> torch.Tensor:
-        h = x.unsqueeze(-2).expand(*x.shape[:-1], self.n, x.shape[-1])
+        # materialised once: the first site's projection, read and write would each copy an expanded view
+        h = x.unsqueeze(-2).expand(*x.shape[:-1], self.n, x.shape[-1]).contiguous()
         for blk in blocks:
             h = blk(h)
         return h.sum(dim=-2)

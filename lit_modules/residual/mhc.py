@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import BlockArgs, check_choice, inverse_rms
-from .hyper_connections import Mixing, MultiStreamSite, check_positive_int, mixing_stats
+from .base import BlockArgs, check_choice
+from .hyper_connections import Mixing, MultiStreamSite, StreamGrad, check_positive_int, mixing_stats
 
 RES_INITS = ("paddlefleet_pr1849", "identity", "hc")
 RMS_EPS = 1e-6  # ε of the parameter-free RMSNorm of the flattened streams
@@ -63,6 +63,44 @@ class SinkhornKnopp(torch.autograd.Function):
             dim = 1 if i % 2 == 0 else 0
             g = (g - (g * m).sum(dim=dim, keepdim=True)) / total
         return (g * first * kept).movedim((0, 1), (-2, -1)), None
+
+
+class StreamProjection(torch.autograd.Function):
+    """The projection of the flattened streams onto the coefficient logits, x̃φ = (x⃗φ) / rms(x⃗): v (..., nD),
+    weight (K, nD) -> (..., K), with the backward written out. The norm scales the (…, K) projection, not the
+    (…, nD) input (one ``F.linear`` for the three φ; ``x @ φ`` with a skinny φ is slower on a CPU).
+
+    Backward, with p = vWᵀ, r = (Σv²/nD + ε)^(-1/2), out = p·r: ∂p = g·r, ∂W = ∂pᵀv and
+    ∂v = ∂p W + 2·∂s·v with ∂s = −(r³ / 2nD)·Σ_K g ⊙ p. ∂v is added in place to the ``StreamGrad`` of the site's
+    read and write (autograd runs this after both: their coefficients come from it), so the stream's gradient is
+    one buffer and not three that autograd adds up."""
+
+    @staticmethod
+    def forward(ctx: Any, v: torch.Tensor, weight: torch.Tensor, eps: float, grad_sum: StreamGrad) -> torch.Tensor:
+        p = F.linear(v, weight)
+        r = torch.rsqrt(torch.linalg.vector_norm(v, dim=-1).square() / v.shape[-1] + eps)  # one pass; vecdot(v, v) multiplies into a temporary first
+        ctx.save_for_backward(v, weight, p, r)
+        ctx.grad_sum = grad_sum
+        return p * r.unsqueeze(-1)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None]:
+        v, weight, p, r = ctx.saved_tensors
+        gp = (grad * r.unsqueeze(-1)).reshape(-1, weight.shape[0])
+        grad_v = grad_w = None
+        if ctx.needs_input_grad[1]:
+            grad_w = gp.t() @ v.reshape(-1, weight.shape[1])
+        if ctx.needs_input_grad[0]:
+            gs2 = (grad * p).sum(dim=-1) * r.pow(3) * (-1.0 / v.shape[-1])  # 2·∂s
+            total = ctx.grad_sum.take()
+            if total is None:
+                grad_v = (gp @ weight).view(v.shape)
+            else:
+                grad_v = total.view(v.shape)
+                grad_v.view(-1, weight.shape[1]).addmm_(gp, weight)
+            grad_v.addcmul_(v, gs2.unsqueeze(-1))
+        return grad_v, grad_w, None, None
 
 
 def identity_logit(n: int, tolerance: float = IDENTITY_TOLERANCE) -> float:
@@ -152,22 +190,23 @@ class MHC(MultiStreamSite):
     def no_weight_decay(self) -> set[str]:
         return {"b_pre", "b_post", "b_res", "alpha_pre", "alpha_post", "alpha_res"}
 
-    def logits(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(H̃_pre, H̃_post, H̃_res) for the streams x (..., n, D): (..., n), (..., n), (..., n, n)."""
+    def logits(self, x: torch.Tensor, grad_sum: StreamGrad | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(H̃_pre, H̃_post, H̃_res) for the streams x (..., n, D): (..., n), (..., n), (..., n, n). ``grad_sum``:
+        the ``StreamGrad`` of the read and write that use these coefficients (a fresh one if None)."""
         v, n = x.flatten(-2), self.n
-        # x̃φ = (x⃗φ) / rms(x⃗): the norm scales the (…, n + n + n²) projection, not the (…, nD) input; one F.linear
-        # for the three φ (x @ φ with a skinny φ is slower on a CPU)
         weight = torch.cat([self.phi_pre, self.phi_post, self.phi_res], dim=1).t().contiguous()
-        proj = F.linear(v, weight) * inverse_rms(v, RMS_EPS).unsqueeze(-1)
+        proj = StreamProjection.apply(v, weight, RMS_EPS, StreamGrad() if grad_sum is None else grad_sum)
         pre = self.alpha_pre * proj[..., :n] + self.b_pre[0]
         post = self.alpha_post * proj[..., n:2 * n] + self.b_post[0]
         res = self.alpha_res * proj[..., 2 * n:].unflatten(-1, (n, n)) + self.b_res
         return pre, post, res
 
     def mixing(self, x: torch.Tensor) -> Mixing:
-        pre, post, res = self.logits(x)
+        grad_sum = StreamGrad()
+        pre, post, res = self.logits(x, grad_sum)
         return Mixing(read=torch.sigmoid(pre), res=sinkhorn_knopp(res, self.sinkhorn_iters),
-                      write=2.0 * torch.sigmoid(post))
+                      write=2.0 * torch.sigmoid(post), grad=grad_sum)
 
     def diagnostics(self, x: torch.Tensor | None = None, u: torch.Tensor | None = None,
                     f: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
