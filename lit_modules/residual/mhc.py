@@ -79,7 +79,8 @@ class StreamProjection(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, v: torch.Tensor, weight: torch.Tensor, eps: float, grad_sum: StreamGrad) -> torch.Tensor:
         p = F.linear(v, weight)
-        r = torch.rsqrt(torch.linalg.vector_norm(v, dim=-1).square() / v.shape[-1] + eps)  # one pass; vecdot(v, v) multiplies into a temporary first
+        # Σv² as a norm, squared: one pass over v (vecdot(v, v) multiplies into a temporary first)
+        r = torch.rsqrt(torch.linalg.vector_norm(v, dim=-1).square() / v.shape[-1] + eps)
         ctx.save_for_backward(v, weight, p, r)
         ctx.grad_sum = grad_sum
         return p * r.unsqueeze(-1)
