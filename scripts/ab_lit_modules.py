@@ -1,0 +1,87 @@
+"""Paired A/B of a variant's train step between two checkouts' ``lit_modules``, in one process.
+
+    git worktree add --detach /tmp/before <commit>                 # the code to compare against
+    python scripts/ab_lit_modules.py /tmp/before --variants mhc     # this checkout's code against it
+    python scripts/ab_lit_modules.py /tmp/before --variants mhc,hyper_connections --rounds 9 --threads 1
+
+Both packages are imported side by side (the baseline's modules are renamed in ``sys.modules`` before this
+checkout's are imported, so each model keeps its own classes), and each variant's two train steps run interleaved
+with this checkout's ``standard`` in the benchmark's way (``ablations.bench.timing.interleave``: rounds of a few
+steps, warm-up excluded; medians of per-round ratios). Machine noise that lasts longer than a round hits both
+codes alike, which separate runs of ``python -m ablations.bench`` cannot promise. Sizes are section 11's (ViT-Tiny
+width, depth 6, batch 32, fp32); ``--quick`` is a tiny model for a smoke test. Prints one line per model and one
+"new/old" line per variant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from statistics import median
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def import_lit_modules(root: Path, alias: str):
+    """``lit_modules`` from ``root``, its modules then moved to ``alias.*`` in ``sys.modules`` (so that a second
+    import finds another copy); its classes keep their own module globals."""
+    sys.path.insert(0, str(root))
+    try:
+        import lit_modules
+    finally:
+        sys.path.pop(0)
+    if not Path(lit_modules.__file__).resolve().is_relative_to(root.resolve()):
+        raise SystemExit(f"error: {root} has no lit_modules package of its own (imported {lit_modules.__file__})")
+    for name in [n for n in sys.modules if n == "lit_modules" or n.startswith("lit_modules.")]:
+        sys.modules[f"{alias}.{name}"] = sys.modules.pop(name)
+    return lit_modules
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("baseline", type=Path, help="a checkout (e.g. a git worktree) whose lit_modules is 'old'")
+    parser.add_argument("--variants", default="mhc", help="comma-separated residual names (default: mhc)")
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per function and round")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--quick", action="store_true", help="a tiny model, 2 rounds of 1 step (a smoke test)")
+    args = parser.parse_args(argv)
+    if not (args.baseline / "lit_modules").is_dir():
+        parser.error(f"{args.baseline} has no lit_modules/ folder: give a checkout of this repository")
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    old = import_lit_modules(args.baseline, "_ab_baseline")
+    new = import_lit_modules(ROOT, "_ab_current")
+    from ablations.bench.harness import Settings, random_batch
+    from ablations.bench.timing import interleave, round_ratios, train_step
+
+    names = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [v for v in names if v not in new.RESIDUALS or v not in old.RESIDUALS]
+    if unknown:
+        parser.error(f"unknown residual(s) {', '.join(unknown)}; valid choices (in both checkouts): "
+                     + ", ".join(sorted(set(new.RESIDUALS) & set(old.RESIDUALS))))
+    s = Settings(embed_dim=16, num_heads=2, patch_size=8) if args.quick else Settings()
+    size = s.vit(2 if args.quick else s.overhead_depth)
+    rounds, steps = (2, 1) if args.quick else (args.rounds, args.steps)
+    batch = random_batch(s, 4 if args.quick else s.overhead_batch)
+    fns = {"standard": train_step(new.VisionTransformer("standard", {}, fused_attn=True, **size), batch)}
+    for name in names:  # as section 11 builds them (ablations.bench.harness.ours): fused attention
+        fns[f"{name} old"] = train_step(old.VisionTransformer(name, {}, fused_attn=True, **size), batch)
+        fns[f"{name} new"] = train_step(new.VisionTransformer(name, {}, fused_attn=True, **size), batch)
+    times = interleave(fns, reps=rounds, steps=steps, warmup=1, device="cpu")
+    print(f"baseline {args.baseline} vs {ROOT}; {rounds} rounds x {steps} steps, {args.threads} thread(s)")
+    for label in fns:
+        ratios = round_ratios(times, label, "standard")
+        print(f"{label:28s} {median(times[label]) * 1e3:8.1f} ms  vs standard {median(ratios):.3f}x "
+              f"[{min(ratios):.2f}-{max(ratios):.2f}]")
+    for name in names:
+        ratios = round_ratios(times, f"{name} new", f"{name} old")
+        print(f"{name} new/old {median(ratios):.3f}x [{min(ratios):.2f}-{max(ratios):.2f}]")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
