@@ -130,6 +130,7 @@ def quick_calls(tmp_path_factory):
         case("unknown_option", "--study", "unknown_option.yaml"),
         case("unknown_pruner_option", "--study", "unknown_pruner_option.yaml"),
         case("unknown_budget", "--study", "tiny.yaml", "--budget", "huge"),
+        case("measure_without_dry_run", "--study", "tiny.yaml", "--measure"),
         ("unreachable_storage", ("--study", "tiny.yaml", "--storage", "postgresql://nobody@127.0.0.1:1/none")),
         ("missing_sqlite_folder", ("--study", "tiny.yaml", "--storage", url_of(root / "no_such_dir" / "o.db"))),
     ])
@@ -380,6 +381,7 @@ BAD_INPUT = {
     "unknown_option": ("'bogus_opt'", "layerscale"),
     "unknown_pruner_option": ("unknown_pruner_option.yaml", "'n_startup'"),
     "unknown_budget": ("unknown budget 'huge'", *BUDGETS),
+    "measure_without_dry_run": ("--measure prices a study for --dry-run: give both",),
     "unreachable_storage": ("cannot reach storage 'postgresql://nobody@127.0.0.1:1/none'",),
     "missing_sqlite_folder": ("no_such_dir", "does not exist"),
 }
@@ -512,6 +514,45 @@ def test_dry_run_of_a_stored_study_prices_only_the_trials_left(tmp_path, capsys)
     per_trial = sum(run.estimate_seconds(spec.run_config(p, {"threads": 1})) for p in spec.grid()) / len(spec.grid())
     assert line.startswith(f"estimated time on this machine: {run._duration(23 * per_trial)} "
                            f"({run._duration(per_trial)} per trial, 23 of 30 trials left with the tuning stage;"), line
+
+
+def test_dry_run_measure_prices_each_model_at_its_step_beside_a_standard_twin(tmp_path, capsys, monkeypatch):
+    """--measure times each distinct non-standard model once beside its standard twin (same size and data) and
+    prices its trials at the twin's estimate x that factor; standard rows (the controls too) keep 1.0 untimed."""
+    from ablations.bench import timing
+    from ablations.run import plan as run
+
+    spec = load_spec("hyper_connections", "smoke")  # standard, two controls and eight multi-stream rows
+    timed, factors_seen = [], []
+    real_interleave, real_factors = timing.interleave, run.model_factors
+
+    def interleave(fns, **kw):
+        timed.append(sorted(fns))
+        return real_interleave(fns, **kw)
+
+    def factors(configs, threads, results_dir):
+        out = real_factors(configs, threads, results_dir)
+        factors_seen.append((configs, out))
+        return out
+
+    monkeypatch.setattr(timing, "interleave", interleave)
+    monkeypatch.setattr(run, "model_factors", factors)
+    run._dry_run(spec, {"threads": 1}, workers=2, results_dir=tmp_path, measure=True)
+    out = capsys.readouterr().out.splitlines()
+    ((configs, got),) = factors_seen
+    assert len(timed) == sum(c.residual != "standard" for c in configs) == 8 and timed[0] == ["model", "standard"]
+    assert [f for c, f in zip(configs, got, strict=True) if c.residual == "standard"] == [1.0, 1.0, 1.0]
+    mhc4 = [f for c, f in zip(configs, got, strict=True) if c.residual == "mhc" and c.residual_options["n"] == 4]
+    assert len(mhc4) == 1 and mhc4[0] > 1.2  # four streams, 20 Sinkhorn iterations per site: far above standard
+    (line,) = [x for x in out if x.startswith("measured here (--measure:")]
+    assert "mhc_n4 d2 " in line and "standard" not in line.split("): ", 1)[1].split(";")[0]
+    per_trial = sum(run.estimate_seconds(run.standard_twin(c)) * f for c, f in zip(configs, got, strict=True)) / len(configs)
+    (estimate,) = [x for x in out if x.startswith("estimated time on this machine")]
+    total = spec.size + spec.tune_stage().size
+    assert estimate.startswith(f"estimated time on this machine: {run._duration(total * per_trial / 2)} "
+                               f"({run._duration(per_trial)} per trial, {total} trials with the tuning stage;"), estimate
+    run._dry_run(spec, {"threads": 1}, workers=2, results_dir=tmp_path)  # without --measure: a hint, no timing
+    assert len(timed) == 8 and any("add --measure to time each model here" in x for x in capsys.readouterr().out.splitlines())
 
 
 def test_dry_run_of_a_stored_study_prices_what_is_left_from_its_own_trials(tmp_path, capsys):

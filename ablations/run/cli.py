@@ -83,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--list", action="store_true", help="list the studies with their sizes and exit")
     p.add_argument("--dry-run", action="store_true",
                    help="print the grid or search space, the estimated time here and the GPU-hours on --gpu")
+    p.add_argument("--measure", action="store_true",
+                   help="--dry-run: time each model's train step here beside its standard twin (seconds per model) "
+                        "and price the trials with it (the FLOP estimate prices every model at standard's rate)")
     p.add_argument("--gpu", default=DEFAULT_GPU, choices=tuple(GPU_CLASSES),
                    help=f"--dry-run: the GPU class of the GPU-hours estimate (default {DEFAULT_GPU}); its MFU is "
                         f"measured when <results-dir>/{DEVICE_RESULTS}/ holds a device check or bench of a GPU, "
@@ -162,6 +165,8 @@ def _main(args: argparse.Namespace) -> int:
     if args.import_runs and spec.kind != "grid":
         raise ValueError(f"--import-runs continues a grid study; '{args.study}' is a {spec.kind} (its points are "
                          "sampled, not listed): run it with its storage instead")
+    if args.measure and not args.dry_run:
+        raise ValueError("--measure prices a study for --dry-run: give both (a run measures nothing beforehand)")
     if args.import_runs and not Path(args.import_runs).is_file():
         raise ValueError(f"--import-runs: runs file '{args.import_runs}' does not exist")
     check_loggers(args.loggers)
@@ -185,7 +190,7 @@ def _main(args: argparse.Namespace) -> int:
             print(f"--import-runs {args.import_runs}: not read by this dry run, the storage already holds trials of "
                   f"'{study_name}' (below); the run adds the file's rows it lacks")
         return _dry_run(spec, overrides, gpu=args.gpu, results_dir=Path(args.results_dir), workers=args.workers,
-                        stored=stored)
+                        stored=stored, measure=args.measure)
     for config in _data_configs(spec, overrides):
         _check_data(config)  # before anything is stored: a missing or malformed folder is one line
 

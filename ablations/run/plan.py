@@ -20,6 +20,9 @@ from .workers import _quiet
 #: FLOPs; 25 / 1.45 gives that run the same estimate with the true count).
 TRIAL_OVERHEAD_S = 3.0
 EFFECTIVE_GFLOPS = 17.2
+#: ``--dry-run --measure``: rounds x timed steps (after one warm-up) of each model and its standard twin,
+#: interleaved, at the run's batch capped here
+FACTOR_REPS, FACTOR_STEPS, FACTOR_MAX_BATCH = 3, 2, 64
 
 
 class Stored(NamedTuple):
@@ -77,16 +80,17 @@ def _stored_done(url: str, study_name: str, spec) -> Stored | None:
             if tune_done or report_done else None)
 
 
-def measured_left(stored: Stored, workers: int, fallback_s: float) -> str | None:
+def measured_left(stored: Stored, workers: int, fallback_s: float,
+                  estimates: dict[tuple[str, int | None], float] | None = None) -> str | None:
     """The time a stored grid study has left, priced from its own completed trials: each point not done yet at the
     median wall time of its (variant, depth) cell's completed trials (either stage: the learning rate does not
-    change a trial's cost), a cell without any at ``fallback_s``, divided by ``workers``. None without measured
-    cells."""
+    change a trial's cost), a cell without any at its estimate in ``estimates`` (``--measure``) or else
+    ``fallback_s``, divided by ``workers``. None without measured cells."""
     if not stored.seconds or not stored.left:
         return None
     median = {cell: statistics.median(times) for cell, times in stored.seconds.items()}
     cells = [(p.get("variant"), p.get("depth")) for p in stored.left]
-    total = sum(median.get(cell, fallback_s) for cell in cells) / workers
+    total = sum(median.get(cell, (estimates or {}).get(cell, fallback_s)) for cell in cells) / workers
     priced = sum(cell in median for cell in cells)
     named = ", ".join(f"{variant}{'' if depth is None else f' d{depth}'} {_duration(s)}"
                       for (variant, depth), s in sorted(median.items(), key=lambda kv: (str(kv[0][1]), kv[0][0])))
@@ -96,11 +100,13 @@ def measured_left(stored: Stored, workers: int, fallback_s: float) -> str | None
 
 
 def _dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = Path(layout.RESULTS_DIR),
-             workers: int = 1, stored: Stored | None = None) -> int:
+             workers: int = 1, stored: Stored | None = None, measure: bool = False) -> int:
     """Print the grid (or search space), the recipe, the estimated time on this machine with ``workers`` workers
     (:func:`estimate_seconds`) and the GPU-hours on class ``gpu`` (:mod:`ablations.bench.gpu_hours`; measurements read
     from ``<results_dir>/device``). ``stored`` (:func:`_stored_done`): the trials a stored study has done, which
-    the estimate leaves out (a run resumes with the rest). Trains nothing."""
+    the estimate leaves out (a run resumes with the rest). ``measure`` (``--measure``): each model's train step is
+    timed beside its standard twin's (:func:`model_factors`, seconds per model) and each trial priced at its twin's
+    estimate times that factor. Trains nothing."""
     from ..bench.gpu_hours import describe_estimate, estimate, recipe_line
 
     tune_size = 0
@@ -134,6 +140,23 @@ def _dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = 
     threads = overrides.get("threads") or max(1, (os.cpu_count() or 1) // workers)
     rates = [measured_rate(config, threads, results_dir) for config in configs]
     seconds = [estimate_seconds(config, rate[0] if rate else None) for config, rate in zip(configs, rates, strict=True)]
+    cells = None
+    if measure:
+        factors = model_factors(configs, threads, results_dir)
+        seconds = [estimate_seconds(standard_twin(config), rate[0] if rate else None) * factor
+                   for config, rate, factor in zip(configs, rates, factors, strict=True)]
+        cells = {(p.get("variant"), p.get("depth")): sec for p, sec in zip(points, seconds, strict=True)}
+        timed = {}
+        for p, config, factor in zip(points, configs, factors, strict=True):
+            if config.residual != "standard":
+                timed.setdefault(p["variant"] + ("" if p.get("depth") is None else f" d{p['depth']}"), factor)
+        print(f"measured here (--measure: each model's train step beside its standard twin, {FACTOR_REPS} rounds x "
+              f"{FACTOR_STEPS} steps, {threads} thread(s)): "
+              + (", ".join(f"{label} {factor:.2f}x" for label, factor in timed.items()) or "only standard models")
+              + "; each trial is priced at its twin's estimate x that factor")
+    elif any(config.residual != "standard" for config in configs):
+        print("(the estimate prices every model at standard's FLOP rate; multi-stream and depth-aggregating "
+              "residuals run up to 3x slower per FLOP at small sizes: add --measure to time each model here)")
     per_trial = sum(seconds) / len(seconds)
     trials = spec.size + tune_size
     left = trials - report_done - tune_done
@@ -148,12 +171,70 @@ def _dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = 
     print(f"estimated time on this machine: {_duration(total)} ({_duration(per_trial)} per trial"
           + (f", {count}" if count else "")
           + f"; {workers} worker(s) x {threads} thread(s); {basis}, + {TRIAL_OVERHEAD_S:.0f} s per trial)")
-    measured_line = measured_left(stored, workers, per_trial) if stored else None
+    measured_line = measured_left(stored, workers, per_trial, cells) if stored else None
     if measured_line:
         print(measured_line)
     for line in describe_estimate(estimate(configs, trials, gpu, results_dir)):
         print(line)
     return 0
+
+
+def standard_twin(config):
+    """``config`` with the standard residual (same size, data, epochs): the model the FLOP estimate is calibrated on."""
+    return dataclasses.replace(config, residual="standard", residual_options={})
+
+
+def model_factors(configs: list, threads: int, results_dir: Path) -> list[float]:
+    """For each config (``--dry-run --measure``): its model's train-step time over its standard twin's
+    (:func:`standard_twin`), both timed on this CPU on ``threads`` threads, interleaved (:mod:`ablations.bench.timing`:
+    :data:`FACTOR_REPS` rounds of :data:`FACTOR_STEPS` steps after a warm-up, the median per-round ratio), on a random
+    batch of the run's shape (batch capped at :data:`FACTOR_MAX_BATCH`) in the precision and attention kernel the
+    run would use (``auto``: this CPU's cached choice, else the fp32 rule; nothing is measured for the modes
+    table). 1.0 for a standard model (its FLOPs are what the estimate counts). Each distinct model is timed once.
+    Multi-stream and depth-aggregating residuals add many small operations per site, which cost more than their
+    FLOPs at the studies' sizes (Hyper-Connections and mHC 1.3-3x a standard step at width 64)."""
+    import json
+
+    import torch
+
+    from data import dataset_shape
+    from lit_modules import VisionTransformer
+
+    from ..bench.modes import choose_mode, tokens
+    from ..bench.timing import interleave, median, round_ratios, train_step
+
+    factors: dict[str, float] = {}
+    out = []
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            for config in configs:
+                shape = dataset_shape(config)
+                key = json.dumps(config.model_config(shape).to_dict(), sort_keys=True, default=str)
+                if config.residual == "standard":
+                    out.append(1.0)
+                    continue
+                if key not in factors:
+                    count = tokens(shape["img_size"], config.patch_size or shape["patch_size"])
+                    mode = (None if config.precision != "auto" else
+                            choose_mode("cpu", config.embed_dim, count, results_dir=results_dir, threads=threads))
+                    precision, fused = ((config.precision, config.fused_attn) if mode is None
+                                        else (mode.precision, mode.fused_attn))
+                    precision = precision if precision in ("32-true", "bf16-mixed") else "32-true"
+                    g = torch.Generator().manual_seed(0)
+                    batch = min(config.batch_size, FACTOR_MAX_BATCH)
+                    x = torch.randn(batch, shape["in_chans"], shape["img_size"], shape["img_size"], generator=g)
+                    y = torch.randint(0, shape["num_classes"], (batch,), generator=g)
+                    fns = {name: train_step(VisionTransformer(c.model_config(shape).replace(fused_attn=fused),
+                                                              init_seed=0), (x, y), precision)
+                           for name, c in (("model", config), ("standard", standard_twin(config)))}
+                    times = interleave(fns, reps=FACTOR_REPS, steps=FACTOR_STEPS, warmup=1, device="cpu")
+                    factors[key] = median(round_ratios(times, "model", "standard"))
+                out.append(factors[key])
+    finally:
+        torch.set_num_threads(previous)
+    return out
 
 
 def _auto_line(config, overrides: dict, results_dir: Path) -> str:
