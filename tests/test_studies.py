@@ -587,3 +587,8 @@ def test_dry_run_of_a_stored_study_prices_what_is_left_from_its_own_trials(tmp_p
     assert any(x.startswith("time left as measured") for x in capsys.readouterr().out.splitlines())
     # nothing measured (no wall times stored): no such line
     assert run.measured_left(stored._replace(seconds={}), 2, fallback) is None
+    # --measure's per-cell estimates price the unmeasured cells instead of the one fallback
+    other = next(c for c in left if c[0] not in ("standard", "layerscale"))
+    line = run.measured_left(stored, 2, fallback, {other: 1000.0})
+    again = expected + sum(1000.0 - fallback for c in left if c == other) / 2
+    assert line.startswith(f"time left as measured by this study's completed trials: {run._duration(again)} "), line
