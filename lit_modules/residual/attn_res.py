@@ -9,7 +9,7 @@ from timm.layers import RmsNorm
 from torch import nn
 
 from ..blocks import add_two_site_skeleton
-from .base import BlockArgs, ResidualSite, inverse_rms
+from .base import BlockArgs, ResidualSite, inverse_rms, one_dtype
 from .depth import DepthWeights, depth_row, final_args, norm_eps, weighted_sum
 from .standard import Standard
 
@@ -130,6 +130,7 @@ class DepthAttention(torch.autograd.Function):
     plus a multiply and a sum for a_t), ∂s = ∂y ⊙ (v · q), ∂q = Σ_t v_tᵀ (∂y_t s_t)."""
 
     @staticmethod
+    @one_dtype
     def forward(ctx: Any, query: torch.Tensor, inv_rms: torch.Tensor, *sources: torch.Tensor) -> torch.Tensor:
         scores, alpha = depth_softmax(sources, query, inv_rms)
         ctx.save_for_backward(query, inv_rms, scores, alpha, *sources)
@@ -137,6 +138,7 @@ class DepthAttention(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
+    @one_dtype
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         query, inv_rms, scores, alpha, *sources = ctx.saved_tensors
         a = torch.stack([torch.linalg.vecdot(v, grad) for v in sources], dim=-1)

@@ -17,6 +17,7 @@ branches to the backbone.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from typing import Any, ClassVar, NamedTuple
@@ -247,6 +248,28 @@ def inverse_rms(v: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.rsqrt(SumOfSquares.apply(v) / v.shape[-1] + eps)
 
 
+def one_dtype(method):
+    """For the ``forward`` and ``backward`` of a hand-written autograd Function: its floating-point tensor arguments
+    cast to their promoted dtype and autocast off inside, so the backward sees the dtypes the forward computed in.
+    Under bf16 autocast the forward's products ran in bf16 while its saved inputs stayed fp32, and the backward's
+    products of the two failed ("expected scalar type Float but found BFloat16"). So these Functions compute in
+    their inputs' widest dtype (the multi-stream bookkeeping in fp32 under ``bf16-mixed``, as autocast keeps
+    element-wise work in fp32); the sublayers around them still autocast. Inputs of one dtype pass unchanged."""
+
+    @functools.wraps(method)
+    def wrapped(ctx: Any, *args: Any) -> Any:
+        tensors = [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
+        dtype = functools.reduce(torch.promote_types, (t.dtype for t in tensors))
+        args = tuple(a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+        device = tensors[0].device.type
+        if torch.is_autocast_enabled(device):
+            with torch.autocast(device, enabled=False):
+                return method(ctx, *args)
+        return method(ctx, *args)
+
+    return wrapped
+
+
 class SumOfSquares(torch.autograd.Function):
     """Σ v² over the last dimension, with the backward written out: ∂v = 2g·v, one multiply. Autograd through
     ``vecdot(v, v)`` multiplies by v once per operand and adds the two (three passes over v; square-then-sum
@@ -254,12 +277,14 @@ class SumOfSquares(torch.autograd.Function):
     g·v + g·v in floating point."""
 
     @staticmethod
+    @one_dtype
     def forward(ctx: Any, v: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(v)
         return torch.linalg.vecdot(v, v)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
+    @one_dtype
     def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
         (v,) = ctx.saved_tensors
         return v * (2.0 * grad).unsqueeze(-1)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..blocks import add_two_site_skeleton
-from .base import BlockArgs, ResidualSite
+from .base import BlockArgs, ResidualSite, one_dtype
 
 
 class StreamGrad:
@@ -75,6 +75,7 @@ class StreamRead(torch.autograd.Function):
     ``StreamGrad`` (``grad_sum``) ∂H goes into it and H gets no gradient of its own."""
 
     @staticmethod
+    @one_dtype
     def forward(ctx: Any, x: torch.Tensor, read: torch.Tensor, grad_sum: StreamGrad | None = None) -> torch.Tensor:
         x, read = x.contiguous(), read.contiguous()
         ctx.save_for_backward(x, read)
@@ -83,6 +84,7 @@ class StreamRead(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
+    @one_dtype
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor, None]:
         x, read = ctx.saved_tensors
         grad = grad.unsqueeze(1)
@@ -102,6 +104,7 @@ class StreamWrite(torch.autograd.Function):
     it saves.)"""
 
     @staticmethod
+    @one_dtype
     def forward(ctx: Any, x: torch.Tensor, mix: torch.Tensor, write: torch.Tensor, f: torch.Tensor,
                 grad_sum: StreamGrad | None = None) -> torch.Tensor:
         x, mix, write, f = x.contiguous(), mix.contiguous(), write.contiguous(), f.contiguous()
@@ -111,6 +114,7 @@ class StreamWrite(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
+    @one_dtype
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, mix, write, f = ctx.saved_tensors
         grad = grad.contiguous()

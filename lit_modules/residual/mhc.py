@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import BlockArgs, check_choice
+from .base import BlockArgs, check_choice, one_dtype
 from .hyper_connections import Mixing, MultiStreamSite, StreamGrad, check_positive_int, mixing_stats
 
 RES_INITS = ("paddlefleet_pr1849", "identity", "hc")
@@ -40,6 +40,7 @@ class SinkhornKnopp(torch.autograd.Function):
     """
 
     @staticmethod
+    @one_dtype
     def forward(ctx: Any, logits: torch.Tensor, iters: int) -> torch.Tensor:
         z = logits.movedim((-2, -1), (0, 1))
         z = z - z.amax(dim=1, keepdim=True)
@@ -56,6 +57,7 @@ class SinkhornKnopp(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
+    @one_dtype
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         kept, first, *steps = ctx.saved_tensors
         g = grad.movedim((-2, -1), (0, 1)).clone(memory_format=torch.contiguous_format)  # ours: updated in place
@@ -77,6 +79,7 @@ class StreamProjection(torch.autograd.Function):
     one buffer and not three that autograd adds up."""
 
     @staticmethod
+    @one_dtype
     def forward(ctx: Any, v: torch.Tensor, weight: torch.Tensor, eps: float, grad_sum: StreamGrad) -> torch.Tensor:
         p = F.linear(v, weight)
         # Σv² as a norm, squared: one pass over v (vecdot(v, v) multiplies into a temporary first)
@@ -87,6 +90,7 @@ class StreamProjection(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
+    @one_dtype
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None]:
         v, weight, p, r = ctx.saved_tensors
         gp = (grad * r.unsqueeze(-1)).reshape(-1, weight.shape[0])
