@@ -174,3 +174,46 @@ def test_stream_gradient_with_forward_hooks_and_a_second_backward(residual):
     twice = {n: p.grad for n, p in model.named_parameters()} | {"input": x.grad}
     for name, value in once.items():
         torch.testing.assert_close(twice[name], 2 * value, rtol=1e-6, atol=1e-9, msg=name)
+
+
+def test_a_partial_backward_leaves_no_stale_stream_gradient():
+    """A backward that stops short of mHC's projection (``torch.autograd.grad`` for one site's bias, retaining the
+    graph) puts nothing into the site's ``StreamGrad``: the full backward after it equals a single full backward."""
+    fast, ref = build_pair("mhc", {})
+    images = torch.randn(2, 3, TINY["img_size"], TINY["img_size"], generator=torch.Generator().manual_seed(8))
+    want = outputs_and_grads(ref.train(), images)
+    x = images.clone().requires_grad_(True)
+    out = fast.train()(x)
+    loss = (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum()
+    (partial,) = torch.autograd.grad(loss, [fast.blocks[1].ls1.b_pre], retain_graph=True)
+    torch.testing.assert_close(partial, want["blocks.1.ls1.b_pre.grad"], rtol=1e-6, atol=1e-6)
+    loss.backward()
+    got = {"input.grad": x.grad} | {f"{n}.grad": p.grad for n, p in fast.named_parameters()}
+    for name, value in got.items():
+        torch.testing.assert_close(value, want[name], rtol=1e-6, atol=1e-6, msg=name)
+
+
+def test_a_forward_pre_hook_that_replaces_the_streams_gets_their_gradient():
+    """A pre-hook on a site that hands it other streams than the block computed the coefficients from (the
+    hooked path calls the site as a module): those streams' gradient flows through the hook, not into the buffer."""
+    fast, ref = build_pair("mhc", {})
+    images = torch.randn(2, 3, TINY["img_size"], TINY["img_size"], generator=torch.Generator().manual_seed(9))
+    for model in (fast, ref):
+        model.blocks[1].ls1.register_forward_pre_hook(lambda mod, args: (2.0 * args[0], *args[1:]))
+    got, want = outputs_and_grads(fast.train(), images), outputs_and_grads(ref.train(), images)
+    for name, value in want.items():
+        torch.testing.assert_close(got[name], value, rtol=1e-6, atol=1e-6, msg=name)
+
+
+def test_compiled_mhc_has_the_eager_gradients():
+    """torch.compile (AOTAutograd, the path inductor takes; the ``aot_eager`` backend compiles no kernels) cannot
+    trace the ``StreamGrad`` side channel: mHC builds none while compiling, and its gradients equal eager mode's."""
+    fast, _ = build_pair("mhc", {"n": 2}, depth=2)
+    images = torch.randn(2, 3, TINY["img_size"], TINY["img_size"], generator=torch.Generator().manual_seed(10))
+    want = outputs_and_grads(fast.train(), images)
+    fast.zero_grad(set_to_none=True)
+    torch._dynamo.reset()
+    fast.compile(backend="aot_eager")
+    got = outputs_and_grads(fast, images)
+    for name, value in want.items():
+        torch.testing.assert_close(got[name], value, rtol=1e-6, atol=1e-6, msg=name)

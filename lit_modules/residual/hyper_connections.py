@@ -27,10 +27,21 @@ class StreamGrad:
 
     Only a mixing whose coefficients come out of one autograd Function that reads H and ``take``s this buffer may
     carry one (``Mixing.grad``; mHC's ``StreamProjection``): any other leaves ``grad`` None and every operation
-    returns its own gradient."""
+    returns its own gradient. Eager mode only: a compiled model (``torch.compile``) cannot trace this side channel
+    between backward calls, so mHC builds none while compiling."""
 
     def __init__(self) -> None:
         self.total: torch.Tensor | None = None
+        self.node: Any = None  # the autograd node of the projection that takes the buffer (set after its forward)
+
+    def active(self) -> bool:
+        """Whether the projection that takes this buffer runs in the backward pass under way: not for a backward
+        that stops short of it (``torch.autograd.grad`` with ``inputs=`` that need only the coefficients'
+        parameters, or coefficients computed without grad), where the buffer would be left with a stale term.
+        Asks the engine (``torch._C._will_engine_execute_node``, what ``torch.utils.checkpoint`` uses); a torch
+        without it gets no buffer (each operation returns its own gradient, as autograd would)."""
+        will_execute = getattr(torch._C, "_will_engine_execute_node", None)
+        return self.node is not None and will_execute is not None and will_execute(self.node)
 
     def add(self, fresh: torch.Tensor) -> None:
         """Add a term no one else holds (it may become the buffer itself)."""
@@ -89,7 +100,7 @@ class StreamRead(torch.autograd.Function):
         x, read = ctx.saved_tensors
         grad = grad.unsqueeze(1)
         grad_x = None
-        if ctx.needs_input_grad[0] and ctx.grad_sum is not None:
+        if ctx.needs_input_grad[0] and ctx.grad_sum is not None and ctx.grad_sum.active():
             ctx.grad_sum.addcmul(read.unsqueeze(-1), grad)
         elif ctx.needs_input_grad[0]:
             grad_x = read.unsqueeze(-1) * grad
@@ -119,7 +130,7 @@ class StreamWrite(torch.autograd.Function):
         x, mix, write, f = ctx.saved_tensors
         grad = grad.contiguous()
         grad_x = torch.bmm(mix.transpose(1, 2), grad) if ctx.needs_input_grad[0] else None
-        if grad_x is not None and ctx.grad_sum is not None:
+        if grad_x is not None and ctx.grad_sum is not None and ctx.grad_sum.active():
             ctx.grad_sum.add(grad_x)
             grad_x = None
         return (grad_x, torch.bmm(grad, x.transpose(1, 2)), (grad * f.unsqueeze(1)).sum(dim=-1),
@@ -191,7 +202,8 @@ class MultiStreamSite(ResidualSite):
                 mixing: Mixing | None = None) -> torch.Tensor:
         """Δ = H' − H for the streams x (..., n, D) and the branch output f (..., D). ``mixing``: the coefficients
         the block already computed from x to read h (recomputed when absent: they depend on x only)."""
-        mixing = self.mixing(x) if mixing is None else mixing
+        # x may be a hook's replacement of the streams the coefficients came from: it gets its own gradient
+        mixing = self.mixing(x) if mixing is None else mixing._replace(grad=None)
         return self.update(x, f, mixing)
 
     def decompose(self, x: torch.Tensor, u: torch.Tensor, f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

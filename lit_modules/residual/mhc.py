@@ -80,7 +80,8 @@ class StreamProjection(torch.autograd.Function):
 
     @staticmethod
     @one_dtype
-    def forward(ctx: Any, v: torch.Tensor, weight: torch.Tensor, eps: float, grad_sum: StreamGrad) -> torch.Tensor:
+    def forward(ctx: Any, v: torch.Tensor, weight: torch.Tensor, eps: float,
+                grad_sum: StreamGrad | None) -> torch.Tensor:
         p = F.linear(v, weight)
         # Σv² as a norm, squared: one pass over v (vecdot(v, v) multiplies into a temporary first)
         r = torch.rsqrt(torch.linalg.vector_norm(v, dim=-1).square() / v.shape[-1] + eps)
@@ -99,7 +100,7 @@ class StreamProjection(torch.autograd.Function):
             grad_w = gp.t() @ v.reshape(-1, weight.shape[1])
         if ctx.needs_input_grad[0]:
             gs2 = (grad * p).sum(dim=-1) * r.pow(3) * (-1.0 / v.shape[-1])  # 2·∂s
-            total = ctx.grad_sum.take()
+            total = ctx.grad_sum.take() if ctx.grad_sum is not None else None
             if total is None:
                 grad_v = (gp @ weight).view(v.shape)
             else:
@@ -199,17 +200,19 @@ class MHC(MultiStreamSite):
     def logits(self, x: torch.Tensor, grad_sum: StreamGrad | None = None
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(H̃_pre, H̃_post, H̃_res) for the streams x (..., n, D): (..., n), (..., n), (..., n, n). ``grad_sum``:
-        the ``StreamGrad`` of the read and write that use these coefficients (a fresh one if None)."""
+        the ``StreamGrad`` of the read and write that use these coefficients (None: each returns its own)."""
         v, n = x.flatten(-2), self.n
         weight = torch.cat([self.phi_pre, self.phi_post, self.phi_res], dim=1).t().contiguous()
-        proj = StreamProjection.apply(v, weight, RMS_EPS, StreamGrad() if grad_sum is None else grad_sum)
+        proj = StreamProjection.apply(v, weight, RMS_EPS, grad_sum)
+        if grad_sum is not None:
+            grad_sum.node = proj.grad_fn
         pre = self.alpha_pre * proj[..., :n] + self.b_pre[0]
         post = self.alpha_post * proj[..., n:2 * n] + self.b_post[0]
         res = self.alpha_res * proj[..., 2 * n:].unflatten(-1, (n, n)) + self.b_res
         return pre, post, res
 
     def mixing(self, x: torch.Tensor) -> Mixing:
-        grad_sum = StreamGrad()
+        grad_sum = None if torch.compiler.is_compiling() else StreamGrad()  # eager only (see StreamGrad)
         pre, post, res = self.logits(x, grad_sum)
         return Mixing(read=torch.sigmoid(pre), res=sinkhorn_knopp(res, self.sinkhorn_iters),
                       write=2.0 * torch.sigmoid(post), grad=grad_sum)
