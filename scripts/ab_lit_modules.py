@@ -19,23 +19,40 @@ import argparse
 import sys
 from pathlib import Path
 from statistics import median
+from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def import_lit_modules(root: Path, alias: str):
-    """``lit_modules`` from ``root``, its modules then moved to ``alias.*`` in ``sys.modules`` (so that a second
-    import finds another copy); its classes keep their own module globals."""
+def import_lit_modules(root: Path, alias: str) -> SimpleNamespace:
+    """``VisionTransformer`` and ``RESIDUALS`` of ``root``'s ``lit_modules``, taken while ``root`` is first on
+    ``sys.path``; its modules are then moved to ``alias.*`` in ``sys.modules`` (so that a second import finds
+    another copy), and its classes keep their own module globals. The package resolves its contents lazily on
+    every attribute access (by the name ``lit_modules``), so the objects are taken here, not through the package
+    later, and every module loaded is checked to come from ``root``."""
     sys.path.insert(0, str(root))
     try:
         import lit_modules
+
+        found = SimpleNamespace(VisionTransformer=lit_modules.VisionTransformer, RESIDUALS=lit_modules.RESIDUALS)
     finally:
         sys.path.pop(0)
-    if not Path(lit_modules.__file__).resolve().is_relative_to(root.resolve()):
-        raise SystemExit(f"error: {root} has no lit_modules package of its own (imported {lit_modules.__file__})")
-    for name in [n for n in sys.modules if n == "lit_modules" or n.startswith("lit_modules.")]:
-        sys.modules[f"{alias}.{name}"] = sys.modules.pop(name)
-    return lit_modules
+    loaded = {n: m for n, m in sys.modules.items() if n == "lit_modules" or n.startswith("lit_modules.")}
+    strays = [n for n, m in loaded.items()
+              if getattr(m, "__file__", None) and not Path(m.__file__).resolve().is_relative_to(root.resolve())]
+    if strays:
+        raise SystemExit(f"error: {root}: {', '.join(sorted(strays))} came from another checkout (the installed "
+                         "lit_modules?); run from a clean process with this repository's root first on the path")
+    for name, module in loaded.items():
+        sys.modules[f"{alias}.{name}"] = module
+        del sys.modules[name]
+    return found
+
+
+def defined_in(cls: type, alias: str) -> str:
+    """The file of a class of the checkout moved to ``alias`` (``inspect.getfile`` would look its module up by its
+    original name, i.e. in whichever checkout holds that name now)."""
+    return sys.modules[f"{alias}.{cls.__module__}"].__file__
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
         fns[f"{name} new"] = train_step(new.VisionTransformer(name, {}, fused_attn=True, **size), batch)
     times = interleave(fns, reps=rounds, steps=steps, warmup=1, device="cpu")
     print(f"baseline {args.baseline} vs {ROOT}; {rounds} rounds x {steps} steps, {args.threads} thread(s)")
+    for name in names:
+        print(f"{name}: old {defined_in(old.RESIDUALS[name], '_ab_baseline')}, "
+              f"new {defined_in(new.RESIDUALS[name], '_ab_current')}")
     for label in fns:
         ratios = round_ratios(times, label, "standard")
         print(f"{label:28s} {median(times[label]) * 1e3:8.1f} ms  vs standard {median(ratios):.3f}x "

@@ -4,6 +4,7 @@ timed against the other's and against standard."""
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,9 +17,15 @@ def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 
-def test_the_same_checkout_against_itself_times_both_copies(tmp_path):
-    done = run(str(ROOT), "--variants", "mhc,rezero", "--quick")
+def test_another_checkout_is_timed_with_its_own_classes(tmp_path):
+    """The baseline is a copy of this checkout's lit_modules in another folder: each model is built from its own
+    copy's classes (the package loads lazily, so a baseline touched late would silently be this checkout)."""
+    shutil.copytree(ROOT / "lit_modules", tmp_path / "lit_modules", ignore=shutil.ignore_patterns("__pycache__"))
+    done = run(str(tmp_path), "--variants", "mhc,rezero", "--quick")
     assert done.returncode == 0, done.stderr
+    for name in ("mhc", "rezero"):
+        assert (f"{name}: old {tmp_path / 'lit_modules' / 'residual' / name}.py, "
+                f"new {ROOT / 'lit_modules' / 'residual' / name}.py") in done.stdout, done.stdout
     rows = dict(re.findall(r"^(\S+(?: old| new)?)\s+([\d.]+) ms\s+vs standard", done.stdout, re.M))
     assert set(rows) == {"standard", "mhc old", "mhc new", "rezero old", "rezero new"}
     assert all(float(ms) > 0 for ms in rows.values())

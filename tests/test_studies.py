@@ -546,7 +546,9 @@ def test_dry_run_measure_prices_each_model_at_its_step_beside_a_standard_twin(tm
     assert len(mhc4) == 1 and mhc4[0] > 1.2  # four streams, 20 Sinkhorn iterations per site: far above standard
     (line,) = [x for x in out if x.startswith("measured here (--measure:")]
     assert "mhc_n4 d2 " in line and "standard" not in line.split("): ", 1)[1].split(";")[0]
-    per_trial = sum(run.estimate_seconds(run.standard_twin(c)) * f for c, f in zip(configs, got, strict=True)) / len(configs)
+    overhead = run.TRIAL_OVERHEAD_S
+    per_trial = sum(overhead + (run.estimate_seconds(run.standard_twin(c)) - overhead) * f
+                    for c, f in zip(configs, got, strict=True)) / len(configs)
     (estimate,) = [x for x in out if x.startswith("estimated time on this machine")]
     total = spec.size + spec.tune_stage().size
     assert estimate.startswith(f"estimated time on this machine: {run._duration(total * per_trial / 2)} "

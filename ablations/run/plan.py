@@ -106,7 +106,8 @@ def _dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = 
     from ``<results_dir>/device``). ``stored`` (:func:`_stored_done`): the trials a stored study has done, which
     the estimate leaves out (a run resumes with the rest). ``measure`` (``--measure``): each model's train step is
     timed beside its standard twin's (:func:`model_factors`, seconds per model) and each trial priced at its twin's
-    estimate times that factor. Trains nothing."""
+    estimate times that factor (its fixed per-trial overhead once). Trains nothing. The GPU-hours estimate stays
+    FLOP-based."""
     from ..bench.gpu_hours import describe_estimate, estimate, recipe_line
 
     tune_size = 0
@@ -143,7 +144,8 @@ def _dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = 
     cells = None
     if measure:
         factors = model_factors(configs, threads, results_dir)
-        seconds = [estimate_seconds(standard_twin(config), rate[0] if rate else None) * factor
+        seconds = [TRIAL_OVERHEAD_S + (estimate_seconds(standard_twin(config), rate[0] if rate else None)
+                                       - TRIAL_OVERHEAD_S) * factor
                    for config, rate, factor in zip(configs, rates, factors, strict=True)]
         cells = {(p.get("variant"), p.get("depth")): sec for p, sec in zip(points, seconds, strict=True)}
         timed = {}
@@ -153,7 +155,7 @@ def _dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = 
         print(f"measured here (--measure: each model's train step beside its standard twin, {FACTOR_REPS} rounds x "
               f"{FACTOR_STEPS} steps, {threads} thread(s)): "
               + (", ".join(f"{label} {factor:.2f}x" for label, factor in timed.items()) or "only standard models")
-              + "; each trial is priced at its twin's estimate x that factor")
+              + "; each trial is priced at its twin's estimate x that factor (the fixed per-trial overhead once)")
     elif any(config.residual != "standard" for config in configs):
         print("(the estimate prices every model at standard's FLOP rate; multi-stream and depth-aggregating "
               "residuals run up to 3x slower per FLOP at small sizes: add --measure to time each model here)")
@@ -219,8 +221,9 @@ def model_factors(configs: list, threads: int, results_dir: Path) -> list[float]
                     count = tokens(shape["img_size"], config.patch_size or shape["patch_size"])
                     mode = (None if config.precision != "auto" else
                             choose_mode("cpu", config.embed_dim, count, results_dir=results_dir, threads=threads))
-                    precision, fused = ((config.precision, config.fused_attn) if mode is None
-                                        else (mode.precision, mode.fused_attn))
+                    precision, fused = ((config.precision, config.fused_attn) if mode is None  # as training does
+                                        else (mode.precision, mode.fused_attn if config.fused_attn is None
+                                              else config.fused_attn))
                     precision = precision if precision in ("32-true", "bf16-mixed") else "32-true"
                     g = torch.Generator().manual_seed(0)
                     batch = min(config.batch_size, FACTOR_MAX_BATCH)

@@ -262,7 +262,7 @@ def one_dtype(method):
         dtype = functools.reduce(torch.promote_types, (t.dtype for t in tensors))
         args = tuple(a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
         device = tensors[0].device.type
-        if torch.is_autocast_enabled(device):
+        if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):  # not on "meta"
             with torch.autocast(device, enabled=False):
                 return method(ctx, *args)
         return method(ctx, *args)
