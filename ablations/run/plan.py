@@ -212,11 +212,11 @@ def model_factors(configs: list, threads: int, results_dir: Path) -> list[float]
     try:
         with torch.random.fork_rng(devices=[]):
             for config in configs:
-                shape = dataset_shape(config)
-                key = json.dumps(config.model_config(shape).to_dict(), sort_keys=True, default=str)
                 if config.residual == "standard":
                     out.append(1.0)
                     continue
+                shape = dataset_shape(config)
+                key = json.dumps(config.model_config(shape).to_dict(), sort_keys=True, default=str)
                 if key not in factors:
                     count = tokens(shape["img_size"], config.patch_size or shape["patch_size"])
                     mode = (None if config.precision != "auto" else

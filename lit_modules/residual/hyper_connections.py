@@ -16,6 +16,9 @@ from torch import nn
 from ..blocks import add_two_site_skeleton
 from .base import BlockArgs, ResidualSite, one_dtype
 
+#: the engine's "will this node run in the backward under way" (private; None on a torch without it)
+_WILL_EXECUTE = getattr(torch._C, "_will_engine_execute_node", None)
+
 
 class StreamGrad:
     """One buffer for ∂L/∂H of a site's streams H, which three operations of the site read: the mixing's
@@ -40,8 +43,7 @@ class StreamGrad:
         parameters, or coefficients computed without grad), where the buffer would be left with a stale term.
         Asks the engine (``torch._C._will_engine_execute_node``, what ``torch.utils.checkpoint`` uses); a torch
         without it gets no buffer (each operation returns its own gradient, as autograd would)."""
-        will_execute = getattr(torch._C, "_will_engine_execute_node", None)
-        return self.node is not None and will_execute is not None and will_execute(self.node)
+        return self.node is not None and _WILL_EXECUTE is not None and _WILL_EXECUTE(self.node)
 
     def add(self, fresh: torch.Tensor) -> None:
         """Add a term no one else holds (it may become the buffer itself)."""
