@@ -275,6 +275,13 @@ def run_training(
     return _finish(trainer, [logger, *more_loggers], summary | facts, run_name, status="success")
 
 
+def with_mode(config: RunConfig, mode: Any) -> RunConfig:
+    """``config`` trained in ``mode`` (:class:`ablations.bench.modes.Mode`): its precision, and its attention
+    kernel unless the config sets one."""
+    return config.replace(precision=mode.precision,
+                          fused_attn=mode.fused_attn if config.fused_attn is None else config.fused_attn)
+
+
 def resolve_mode(config: RunConfig, accelerator: str, datamodule: Any,
                  results_dir: str | Path = layout.RESULTS_DIR) -> tuple[RunConfig, dict[str, Any]]:
     """``precision="auto"``: the fastest mode for this device, this CPU's signature and thread count, and this model
@@ -292,8 +299,7 @@ def resolve_mode(config: RunConfig, accelerator: str, datamodule: Any,
         size = model_size(config, datamodule.img_size, patch, datamodule.in_chans, datamodule.num_classes)
         mode = auto_mode(accelerator, config.embed_dim, tokens(datamodule.img_size, patch), results_dir=results_dir,
                          threads=torch.get_num_threads(), measure=probe(size, config.batch_size))
-        config = config.replace(precision=mode.precision,
-                                fused_attn=mode.fused_attn if config.fused_attn is None else config.fused_attn)
+        config = with_mode(config, mode)
         facts["mode_source"] = mode.source
     facts |= {"precision": config.precision, "fused_attn": config.fused_attn is not False}  # None: timm's fused
     return config, facts

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from lit_modules.config import ViTConfig
 
 from ..cli import markdown_table
-from .timing import median
+from .timing import image_batch, median
 
 BACKBONE = ViTConfig()  # the timed backbone's fields other than those Settings sets
 
@@ -120,13 +120,7 @@ def set_fused_attn(model, enabled: bool):
 
 def random_batch(s: Settings, batch: int | None = None):
     """A fixed (images, labels) batch on the device (drawn on the CPU: the same numbers on every device)."""
-    import torch
-
-    g = torch.Generator().manual_seed(0)
-    n = batch or s.batch
-    x = torch.randn(n, BACKBONE.in_chans, s.img_size, s.img_size, generator=g)
-    y = torch.randint(0, BACKBONE.num_classes, (n,), generator=g)
-    return x.to(s.device), y.to(s.device)
+    return image_batch(batch or s.batch, BACKBONE.in_chans, s.img_size, BACKBONE.num_classes, s.device)
 
 
 def parse_variants(text: str, labels: list[str]) -> tuple[str, ...]:

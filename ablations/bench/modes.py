@@ -356,12 +356,10 @@ def measure_cell(size: dict[str, Any], batch: int, *, device: str = "cpu", reps:
 
     from lit_modules import VisionTransformer
 
-    from .timing import interleave, median, round_ratios, train_step
+    from .timing import image_batch, interleave, median, round_ratios, train_step
 
     with torch.random.fork_rng(devices=[]):
-        g = torch.Generator().manual_seed(0)
-        x = torch.randn(batch, size["in_chans"], size["img_size"], size["img_size"], generator=g).to(device)
-        y = torch.randint(0, size["num_classes"], (batch,), generator=g).to(device)
+        x, y = image_batch(batch, size["in_chans"], size["img_size"], size["num_classes"], device)
         fns = {mode_key(p, f): train_step(VisionTransformer("standard", {}, fused_attn=f, **size).to(device), (x, y),
                                           p) for p, f in MODE_KEYS.values()}
         times = interleave(fns, reps=reps, steps=steps, warmup=warmup, device=device)

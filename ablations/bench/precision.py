@@ -8,7 +8,7 @@ import tempfile
 from lit_modules.config import preset
 
 from .harness import BACKBONE, Section, Settings, ms, ours, ratio_cell
-from .timing import interleave, median, round_ratios, train_step
+from .timing import image_batch, interleave, median, round_ratios, train_step
 
 
 def modes_grid(s: Settings) -> list[dict]:
@@ -87,9 +87,7 @@ def bench_auto(s: Settings) -> Section:
             count = tokens(size["img_size"], size["patch_size"])
             mode = auto_mode(s.device, size["embed_dim"], count, results_dir=tmp,
                              threads=torch.get_num_threads(), measure=probe(size, batch))
-            g = torch.Generator().manual_seed(0)
-            x = torch.randn(batch, size["in_chans"], size["img_size"], size["img_size"], generator=g).to(s.device)
-            y = torch.randint(0, size["num_classes"], (batch,), generator=g).to(s.device)
+            x, y = image_batch(batch, size["in_chans"], size["img_size"], size["num_classes"], s.device)
             fns = {"32-true": train_step(ours("standard", {}, size).to(s.device), (x, y), "32-true"),
                    "bf16-mixed": train_step(ours("standard", {}, size).to(s.device), (x, y), "bf16-mixed"),
                    "auto": train_step(ours("standard", {}, size, fused=mode.fused_attn).to(s.device), (x, y),

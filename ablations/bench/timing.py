@@ -74,6 +74,17 @@ def paired_ratio(times: dict[str, list[float]], a: str, b: str) -> float:
     return median(round_ratios(times, a, b))
 
 
+def image_batch(batch: int, in_chans: int, img_size: int, num_classes: int, device: str = "cpu"):
+    """A fixed random (images, labels) batch, drawn on the CPU from a generator seeded 0 (the same numbers on every
+    device, and the global RNGs untouched), then moved to ``device``: what every timing here trains on."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, in_chans, img_size, img_size, generator=g)
+    y = torch.randint(0, num_classes, (batch,), generator=g)
+    return x.to(device), y.to(device)
+
+
 def train_step(model, batch, precision: str = "32-true") -> Callable[[], None]:
     """One training step (forward, cross-entropy, backward, AdamW step) on a fixed batch, on the batch's device:
     fp32 (``32-true``), or forward and loss under bf16 autocast (``bf16-mixed``, as Lightning does)."""

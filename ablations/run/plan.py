@@ -203,7 +203,8 @@ def model_factors(configs: list, threads: int, results_dir: Path) -> list[float]
     from lit_modules import VisionTransformer
 
     from ..bench.modes import choose_mode, tokens
-    from ..bench.timing import interleave, median, round_ratios, train_step
+    from ..bench.timing import image_batch, interleave, median, round_ratios, train_step
+    from ..training import with_mode
 
     factors: dict[str, float] = {}
     out = []
@@ -219,19 +220,13 @@ def model_factors(configs: list, threads: int, results_dir: Path) -> list[float]
                 key = json.dumps(config.model_config(shape).to_dict(), sort_keys=True, default=str)
                 if key not in factors:
                     count = tokens(shape["img_size"], config.patch_size or shape["patch_size"])
-                    mode = (None if config.precision != "auto" else
-                            choose_mode("cpu", config.embed_dim, count, results_dir=results_dir, threads=threads))
-                    precision, fused = ((config.precision, config.fused_attn) if mode is None  # as training does
-                                        else (mode.precision, mode.fused_attn if config.fused_attn is None
-                                              else config.fused_attn))
-                    precision = precision if precision in ("32-true", "bf16-mixed") else "32-true"
-                    g = torch.Generator().manual_seed(0)
-                    batch = min(config.batch_size, FACTOR_MAX_BATCH)
-                    x = torch.randn(batch, shape["in_chans"], shape["img_size"], shape["img_size"], generator=g)
-                    y = torch.randint(0, shape["num_classes"], (batch,), generator=g)
-                    fns = {name: train_step(VisionTransformer(c.model_config(shape).replace(fused_attn=fused),
-                                                              init_seed=0), (x, y), precision)
-                           for name, c in (("model", config), ("standard", standard_twin(config)))}
+                    trained = config if config.precision != "auto" else with_mode(config, choose_mode(
+                        "cpu", config.embed_dim, count, results_dir=results_dir, threads=threads))  # as training does
+                    precision = trained.precision if trained.precision in ("32-true", "bf16-mixed") else "32-true"
+                    batch = image_batch(min(config.batch_size, FACTOR_MAX_BATCH), shape["in_chans"],
+                                        shape["img_size"], shape["num_classes"])
+                    fns = {name: train_step(VisionTransformer(c.model_config(shape), init_seed=0), batch, precision)
+                           for name, c in (("model", trained), ("standard", standard_twin(trained)))}
                     times = interleave(fns, reps=FACTOR_REPS, steps=FACTOR_STEPS, warmup=1, device="cpu")
                     factors[key] = median(round_ratios(times, "model", "standard"))
                 out.append(factors[key])
