@@ -100,6 +100,31 @@ def test_a_table_from_another_cpu_signature_is_never_applied(tmp_path, monkeypat
     assert choose_mode("cpu", 64, 17, results_dir=tmp_path).key == "bf16-mixed/explicit"
 
 
+def test_a_cpu_capped_below_native_bf16_is_another_machine(tmp_path):
+    """``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2`` (what torch then reports: capability AVX2, no oneDNN bf16,
+    as on the issue's AVX2-only EPYC): the signature keeps only the flags torch uses, says no native bf16, and a
+    bf16 table measured here uncapped is not applied; without the caps the same table is."""
+    table = write(tmp_path / "device" / "modes-cpu.json", TABLE | {
+        "cells": [cell(64, 17, "bf16-mixed/explicit")], "machine": modes.cpu_signature(1)})
+    code = ("import json, torch; from ablations.bench import modes; s = modes.cpu_signature(1); "
+            "m = modes.choose_mode('cpu', 64, 17, results_dir=" + repr(str(tmp_path)) + ", threads=1); "
+            "print(json.dumps([torch.backends.cpu.get_cpu_capability(), s['cpu_flags'], modes.native_bf16(s), "
+            "m.key, m.source]))")
+    env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")}
+
+    def run(**caps: str) -> list:
+        out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env | caps, capture_output=True, text=True,
+                             timeout=120, check=True).stdout
+        return json.loads(out.splitlines()[-1])
+
+    capability, flags, native, key, source = run(ATEN_CPU_CAPABILITY="avx2", ONEDNN_MAX_CPU_ISA="AVX2")
+    assert capability == "AVX2" and not native and not {"avx512f", "avx512_bf16", "amx_bf16", "amx_tile"} & set(flags)
+    assert key == "32-true/fused" and source.startswith("rule: no modes table for this CPU"), source
+    uncapped = run()
+    if uncapped[1] != flags:  # this CPU has more than AVX2: uncapped it is the machine the table was measured on
+        assert uncapped[3] == "bf16-mixed/explicit" and uncapped[4].startswith(f"measured: {table}"), uncapped
+
+
 def test_a_fresh_measurement_is_cached_and_reused(tmp_path, monkeypatch):
     monkeypatch.setattr(modes, "PACKAGED", {"cpu": write(tmp_path / "packaged.json", elsewhere(TABLE))})
     calls = []

@@ -101,7 +101,22 @@ def cpu_facts() -> tuple[str, list[str]]:
         name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), name)
         words = next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), [])
         flags = [f for f in SIGNATURE_FLAGS if f in words]
-    return name, flags
+    return name, usable_flags(flags)
+
+
+def usable_flags(flags: list[str]) -> list[str]:
+    """The CPU's flags whose instructions torch uses in this process: AVX-512 only when ATen's kernels run at that
+    level (``ATEN_CPU_CAPABILITY`` can cap them, or a build lack them), native bf16 and AMX only when oneDNN has bf16
+    here (``ONEDNN_MAX_CPU_ISA`` can cap it). A capped CPU is another machine for speed, so it gets its own
+    signature; ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2`` makes an AVX-512 CPU one without native bf16."""
+    import torch
+
+    dropped = set()
+    if "AVX512" not in torch.backends.cpu.get_cpu_capability():
+        dropped.add("avx512f")
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        dropped |= {*NATIVE_BF16_FLAGS, "amx_tile"}
+    return [f for f in flags if f not in dropped]
 
 
 def _torch_version() -> str:
