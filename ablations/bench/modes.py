@@ -114,7 +114,11 @@ def usable_flags(flags: list[str]) -> list[str]:
     dropped = set()
     if "AVX512" not in torch.backends.cpu.get_cpu_capability():
         dropped.add("avx512f")
-    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    try:
+        onednn_bf16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    except (AttributeError, RuntimeError):  # a build without oneDNN's op: the flags as the CPU reports them
+        onednn_bf16 = True
+    if not onednn_bf16:
         dropped |= {*NATIVE_BF16_FLAGS, "amx_tile"}
     return [f for f in flags if f not in dropped]
 
