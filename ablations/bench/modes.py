@@ -6,8 +6,9 @@ depends on the device, on the CPU itself and on the model's width and token coun
 measurement applies only to the machine it was made on:
 
 - **A table's machine signature.** A CPU table records the CPU model, the instruction-set features that decide
-  bf16 speed (``avx2``, ``avx512f``, ``avx512_bf16``, ``amx_tile``, ``amx_bf16``), the torch thread count and the
-  torch version (:func:`cpu_signature`). It is used only where all of them are the same: the same bf16 autocast
+  bf16 speed (``avx2``, ``avx512f``, ``avx512_bf16``, ``amx_tile``, ``amx_bf16``: those torch uses in the
+  process, :func:`usable_flags`), the torch thread count and the torch version (:func:`cpu_signature`). It is
+  used only where all of them are the same: the same bf16 autocast
   that is 2x faster on a CPU with avx512_bf16 is 5-10x *slower* on an AVX2-only one (no native bf16), and the
   trade-off moves with the thread count.
 - **Lookup, CPU** (:func:`choose_mode`): the user's bench table ``results/device/modes-cpu.json`` (``python -m
