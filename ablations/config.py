@@ -29,6 +29,7 @@ from ablations.choices import (
     PADDING_MODES,
     PRECISIONS,
     RESIDUAL_NAMES,
+    STREAM_KERNEL_NAMES,
     VALUE_RESIDUAL_NAMES,
 )
 from ablations.run.recipes import RECIPE_FIELDS, RECIPE_HELP, RECIPE_NAMES, recipe_values
@@ -136,6 +137,9 @@ class RunConfig:
     devices: int | str = _f(1, "trainer", "devices", "devices per node (an int or auto)")
     strategy: str = _f("auto", "trainer", "str", "Lightning strategy (auto, ddp, ddp_spawn, ...)")
     compile: bool = _f(False, "trainer", "bool", "compile the backbone in place (model.compile(); slow start on CPU)")
+    stream_kernels: str = _f("auto", "trainer", "str",
+                             "Hyper-Connections' and mHC's per-token passes: " + ", ".join(STREAM_KERNEL_NAMES)
+                             + " (auto: compiled on a CPU with a C++ compiler, else eager; the same function)")
 
     # --- validation --------------------------------------------------------------------------------------------
     def __post_init__(self) -> None:
@@ -156,6 +160,7 @@ class RunConfig:
         _choice("value_residual", self.value_residual, VALUE_RESIDUAL_NAMES)
         _choice("dataset", self.dataset, DATASET_NAMES)
         _choice("precision", self.precision, PRECISIONS)
+        _choice("stream_kernels", self.stream_kernels, STREAM_KERNEL_NAMES)
         _choice("accelerator", self.accelerator, ACCELERATORS)
         _choice("crop_padding_mode", self.crop_padding_mode, PADDING_MODES)
         _choice("optimizer", self.optimizer, OPTIMIZERS)

@@ -217,6 +217,7 @@ def run_training(
     config, facts = resolve_mode(config, accelerator, datamodule, results_dir)
     facts["num_classes"] = datamodule.num_classes  # the chance level a diverged run counts at in the report
     model = build_model(config, datamodule)
+    facts |= use_stream_kernels(model.model, config.stream_kernels, accelerator)
     if config.compile:
         model.model.compile()  # in place: state_dict keys stay model.* (torch.compile(m) would add _orig_mod)
     compile_timer = StepTimer() if config.compile else None  # times the first batches: the compile time
@@ -273,6 +274,18 @@ def run_training(
     if compile_timer is not None:
         facts["compile_time_s"] = compile_timer.compile_time_s()
     return _finish(trainer, [logger, *more_loggers], summary | facts, run_name, status="success")
+
+
+def use_stream_kernels(model: Any, name: str, accelerator: str) -> dict[str, str]:
+    """Set the multi-stream residuals' kernels of ``model`` (``stream_kernels``: ``auto`` resolved for the
+    device) and return the fact for the run's summary, ``stream_kernels``, when the model has such sites."""
+    from lit_modules.residual import stream_kernels
+
+    if not any(hasattr(m, "stream_kernels") for m in model.modules()):
+        return {}
+    chosen = stream_kernels.resolve(name, "cpu" if accelerator == "cpu" else "cuda")
+    model.set_stream_kernels(chosen)
+    return {"stream_kernels": chosen}
 
 
 def with_mode(config: RunConfig, mode: Any) -> RunConfig:

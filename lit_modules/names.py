@@ -69,6 +69,10 @@ OPTIMIZER_NAMES: tuple[str, ...] = tuple(OPTIMIZER_CLASSES)
 #: paper's fixed V_n ← ½V_1 + ½V_n, or two learned scalars per layer (0.5 each at init)
 VALUE_RESIDUAL_NAMES: tuple[str, ...] = ("none", "fixed", "learned")
 
+#: Implementations of the multi-stream residuals' per-token passes (``lit_modules.residual.stream_kernels``);
+#: ``auto`` picks one for the device.
+STREAM_KERNEL_NAMES: tuple[str, ...] = ("auto", "eager", "compiled")
+
 #: every TensorBoard tag the diagnostics write (``lit_modules.diagnostics``), as format strings; the reports
 #: (``ablations.report.events``, ``model_tables``) read them back by these names
 DIAGNOSTIC_TAGS: dict[str, str] = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from pathlib import Path
 
@@ -9,6 +10,11 @@ import pytest
 import torch
 from pg import INSTALL, PostgresCluster, unavailable_reason
 from prerequisites import missing
+
+# Training's default stream_kernels "auto" compiles Hyper-Connections' and mHC's kernels on a CPU (25-50 s per
+# process with a cold inductor cache): the suite's runs (and the CLIs it starts) use the eager ones, the same
+# function; the tests that say stream_kernels="compiled" exercise the compiled path.
+os.environ.setdefault("ABLATIONS_STREAM_KERNELS", "eager")
 
 
 @pytest.fixture(scope="module")

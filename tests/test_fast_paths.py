@@ -11,6 +11,7 @@ from backbone import TINY, _float64_one_thread, perturb  # noqa: F401 (autouse f
 from reference_residuals import REFERENCES, RefAttnRes, ref_sinkhorn_knopp
 
 from lit_modules import RESIDUALS, VisionTransformer
+from lit_modules.residual import stream_kernels
 from lit_modules.residual.hyper_connections import StreamGrad, StreamRead, StreamWrite
 from lit_modules.residual.mhc import StreamProjection, sinkhorn_knopp
 
@@ -62,6 +63,28 @@ def test_fast_path_matches_the_reference(residual, options):
     assert want["output"].abs().max() > 1e-3  # a live function, not zeros
     moved = sum(value.abs().sum().item() for name, value in want.items() if name.endswith(".grad"))
     assert moved > 0
+
+
+STREAM_CASES = [(r, o) for r, o in CASES if r in ("hyper_connections", "mhc")]
+
+
+@pytest.mark.slow  # each case compiles its kernels: 25-50 s on 2 cores with a cold inductor cache
+@pytest.mark.parametrize("residual, options", STREAM_CASES, ids=[f"{r}-{o}" for r, o in STREAM_CASES])
+def test_compiled_stream_kernels_match_the_reference(residual, options):
+    """The multi-stream passes fused by torch.compile (``stream_kernels="compiled"``) compute the reference's
+    outputs and gradients too, for every option; a second batch size runs the kernels recompiled with a dynamic
+    token dimension."""
+    fast, ref = build_pair(residual, options)
+    fast.set_stream_kernels("compiled")
+    assert {m.stream_kernels for m in fast.modules() if hasattr(m, "stream_kernels")} == {"compiled"}
+    for batch in (3, 2):
+        images = torch.randn(batch, 3, TINY["img_size"], TINY["img_size"],
+                             generator=torch.Generator().manual_seed(5))
+        fast.zero_grad(set_to_none=True)
+        ref.zero_grad(set_to_none=True)
+        got, want = outputs_and_grads(fast.train(), images), outputs_and_grads(ref.train(), images)
+        for name, value in want.items():
+            torch.testing.assert_close(got[name], value, rtol=1e-6, atol=1e-6, msg=name)
 
 
 @pytest.mark.parametrize("residual, options", [("attn_res", {}), ("mhc", {}), ("hyper_connections", {})])
@@ -209,6 +232,7 @@ def test_compiled_mhc_has_the_eager_gradients():
     """torch.compile (AOTAutograd, the path inductor takes; the ``aot_eager`` backend compiles no kernels) cannot
     trace the ``StreamGrad`` side channel: mHC builds none while compiling, and its gradients equal eager mode's."""
     fast, _ = build_pair("mhc", {"n": 2}, depth=2)
+    fast.set_stream_kernels("compiled")  # under an outer compile the sites trace the eager kernels
     images = torch.randn(2, 3, TINY["img_size"], TINY["img_size"], generator=torch.Generator().manual_seed(10))
     want = outputs_and_grads(fast.train(), images)
     fast.zero_grad(set_to_none=True)
@@ -217,3 +241,25 @@ def test_compiled_mhc_has_the_eager_gradients():
     got = outputs_and_grads(fast, images)
     for name, value in want.items():
         torch.testing.assert_close(got[name], value, rtol=1e-6, atol=1e-6, msg=name)
+
+
+def test_stream_kernels_auto_resolves_per_device_and_environment(monkeypatch):
+    """``auto``: compiled on a CPU with a C++ compiler, eager on a GPU or without one; the environment variable
+    overrides it; unknown names are one-line errors naming the choices, and no site changes on one."""
+    monkeypatch.delenv(stream_kernels.ENV, raising=False)
+    assert stream_kernels.resolve("auto", "cuda") == "eager"
+    assert stream_kernels.resolve("auto", "cpu") == ("compiled" if stream_kernels.cpp_compiler() else "eager")
+    assert stream_kernels.resolve("eager", "cpu") == "eager" and stream_kernels.resolve("compiled", "cuda") == "compiled"
+    monkeypatch.setattr(stream_kernels, "cpp_compiler", lambda: None)
+    assert stream_kernels.resolve("auto", "cpu") == "eager"
+    monkeypatch.setenv(stream_kernels.ENV, "compiled")
+    assert stream_kernels.resolve("auto", "cuda") == "compiled"
+    monkeypatch.setenv(stream_kernels.ENV, "fast")
+    with pytest.raises(ValueError, match="ABLATIONS_STREAM_KERNELS='fast' is not one of: eager, compiled"):
+        stream_kernels.resolve("auto", "cpu")
+    with pytest.raises(ValueError, match="'fused' is not one of: auto, eager, compiled"):
+        stream_kernels.resolve("fused", "cpu")
+    model, _ = build_pair("mhc", {}, depth=1)
+    with pytest.raises(ValueError, match="not one of: eager, compiled"):
+        model.set_stream_kernels("fused")
+    assert {m.stream_kernels for m in model.modules() if hasattr(m, "stream_kernels")} == {"eager"}

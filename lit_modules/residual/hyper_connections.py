@@ -15,6 +15,7 @@ from torch import nn
 
 from ..blocks import add_two_site_skeleton
 from .base import BlockArgs, ResidualSite, one_dtype
+from .stream_kernels import EAGER, Kernels, kernels
 
 #: the engine's "will this node run in the backward under way" (private; None on a torch without it)
 _WILL_EXECUTE = getattr(torch._C, "_will_engine_execute_node", None)
@@ -80,73 +81,69 @@ class Mixing(NamedTuple):
 
 
 class StreamRead(torch.autograd.Function):
-    """h = readᵀ H for every token: H (T, n, D), read (T, n) -> (T, D), with the backward written out.
-
-    Autograd through ``torch.matmul`` of per-token n-wide matrices took bmm's per-entry path in backward (a copy
-    and a select per token: most of Hyper-Connections' and mHC's overhead on a CPU). Sums over the n streams are
-    ``stream_sum``; sums over D are ``bmm`` on contiguous operands or a multiply summed over D. With a
-    ``StreamGrad`` (``grad_sum``) ∂H goes into it and H gets no gradient of its own."""
+    """h = readᵀ H for every token: H (T, n, D), read (T, n) -> (T, D), with the backward written out: ∂H = read ⊗ ∂h,
+    ∂read = Σ_D H ⊙ ∂h. ``kernels``: which implementation of the two passes (``stream_kernels``). Autograd through
+    ``torch.matmul`` of per-token n-wide matrices took bmm's per-entry path in backward (a copy and a select per
+    token: most of Hyper-Connections' and mHC's overhead on a CPU). With a ``StreamGrad`` (``grad_sum``) ∂H goes
+    into it and H gets no gradient of its own."""
 
     @staticmethod
     @one_dtype
-    def forward(ctx: Any, x: torch.Tensor, read: torch.Tensor, grad_sum: StreamGrad | None = None) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, read: torch.Tensor, grad_sum: StreamGrad | None = None,
+                kernels: Kernels = EAGER) -> torch.Tensor:
         x, read = x.contiguous(), read.contiguous()
         ctx.save_for_backward(x, read)
-        ctx.grad_sum = grad_sum
-        return stream_sum(x, read)
+        ctx.grad_sum, ctx.kernels = grad_sum, kernels
+        return kernels.read_forward(x, read)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     @one_dtype
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor, None, None]:
         x, read = ctx.saved_tensors
-        grad = grad.unsqueeze(1)
-        grad_x = None
-        if ctx.needs_input_grad[0] and ctx.grad_sum is not None and ctx.grad_sum.active():
-            ctx.grad_sum.addcmul(read.unsqueeze(-1), grad)
-        elif ctx.needs_input_grad[0]:
-            grad_x = read.unsqueeze(-1) * grad
-        return grad_x, (x * grad).sum(dim=-1), None
+        into = into_stream_grad(ctx)
+        grad_x, grad_read = ctx.kernels.read_backward(x, read, grad.contiguous(), None if into is None else into.take(),
+                                                      ctx.needs_input_grad[0])
+        if into is not None:
+            into.add(grad_x)
+            grad_x = None
+        return grad_x, grad_read, None, None
 
 
 class StreamWrite(torch.autograd.Function):
     """Δ = M·H + write ⊗ f for every token: H (T, n, D), M (T, n, n), write (T, n), f (T, D) -> (T, n, D), with
-    the backward written out (see ``StreamRead``): ∂H = Mᵀ·G and ∂M = G·Hᵀ as ``bmm``, ∂write = Σ_D G ⊙ f and
-    ∂f = Σ_n write ⊙ G as multiplies and sums. With a ``StreamGrad`` (``grad_sum``) ∂H goes into it. (One ``bmm``
-    of [M | write] by [H; f], to get ∂M and ∂write from one product, timed no faster: the concatenation costs what
-    it saves.)"""
+    the backward written out (see ``StreamRead``): ∂H = Mᵀ·G, ∂M = G·Hᵀ, ∂write = Σ_D G ⊙ f, ∂f = Σ_n write ⊙ G.
+    With a ``StreamGrad`` (``grad_sum``) ∂H goes into it."""
 
     @staticmethod
     @one_dtype
     def forward(ctx: Any, x: torch.Tensor, mix: torch.Tensor, write: torch.Tensor, f: torch.Tensor,
-                grad_sum: StreamGrad | None = None) -> torch.Tensor:
+                grad_sum: StreamGrad | None = None, kernels: Kernels = EAGER) -> torch.Tensor:
         x, mix, write, f = x.contiguous(), mix.contiguous(), write.contiguous(), f.contiguous()
         ctx.save_for_backward(x, mix, write, f)
-        ctx.grad_sum = grad_sum
-        return torch.bmm(mix, x).addcmul_(write.unsqueeze(-1), f.unsqueeze(1))
+        ctx.grad_sum, ctx.kernels = grad_sum, kernels
+        return kernels.write_forward(x, mix, write, f)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     @one_dtype
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, mix, write, f = ctx.saved_tensors
-        grad = grad.contiguous()
-        grad_x = torch.bmm(mix.transpose(1, 2), grad) if ctx.needs_input_grad[0] else None
-        if grad_x is not None and ctx.grad_sum is not None and ctx.grad_sum.active():
-            ctx.grad_sum.add(grad_x)
+        into = into_stream_grad(ctx)
+        grad_x, *rest = ctx.kernels.write_backward(x, mix, write, f, grad.contiguous(), None if into is None else into.take(),
+                                                   ctx.needs_input_grad[0])
+        if into is not None:
+            into.add(grad_x)
             grad_x = None
-        return (grad_x, torch.bmm(grad, x.transpose(1, 2)), (grad * f.unsqueeze(1)).sum(dim=-1),
-                stream_sum(grad, write), None)
+        return grad_x, *rest, None, None
 
 
-def stream_sum(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Σ_j weight_j x_j over the n streams: x (T, n, D), weight (T, n) -> (T, D), as one multiply and n − 1 fused
-    multiply-adds over (T, D) slices. A broadcast multiply summed over n takes 2-3x as long on a CPU, and a
-    (1×n)·(n×D) ``bmm`` per token is fast at n = 4 but 5-15x slower at n = 1 and 2."""
-    out = x[:, 0] * weight[:, 0:1]
-    for j in range(1, x.shape[1]):
-        out.addcmul_(x[:, j], weight[:, j:j + 1])
-    return out
+def into_stream_grad(ctx: Any) -> StreamGrad | None:
+    """The ``StreamGrad`` a read's or write's backward adds ∂H to (None: it returns ∂H itself)."""
+    grad_sum = ctx.grad_sum
+    if ctx.needs_input_grad[0] and grad_sum is not None and grad_sum.active():
+        return grad_sum
+    return None
 
 
 class MultiStreamSite(ResidualSite):
@@ -161,9 +158,13 @@ class MultiStreamSite(ResidualSite):
     ViT's stream, and the head reads ``Norm(Σ_i H_i)``, the same as ``Norm(mean_i H_i)`` up to the norm's ε.
     ``decompose`` returns the branch term ``write ⊗ f`` and, per source stream j, the skip factor
     ``Σ_i res_ij`` (column sums), so that in the stream view ``Δ = branch + (skip − 1) ⊙ H`` holds exactly.
+
+    ``stream_kernels`` ("eager" or "compiled", set by ``VisionTransformer.set_stream_kernels``) says which
+    implementation of the per-token passes runs (``stream_kernels.py``): the same function either way.
     """
 
     n: int  # the number of streams (set by the subclass from its option ``n``)
+    stream_kernels: str = "eager"
 
     def __init__(self, dim: int, sublayer: int = 0, *, args: BlockArgs) -> None:
         super().__init__(dim, args=args)
@@ -180,7 +181,7 @@ class MultiStreamSite(ResidualSite):
         tokens = x.shape[:-2]
         read = mixing.read.expand(*tokens, self.n)  # a static site's (n,) for every token: its gradient sums them
         return StreamRead.apply(x.reshape(-1, self.n, x.shape[-1]), read.reshape(-1, self.n),
-                                mixing.grad).view(*tokens, -1)
+                                mixing.grad, self.kernels()).view(*tokens, -1)
 
     def write(self, x: torch.Tensor, f: torch.Tensor, mixing: Mixing) -> torch.Tensor:
         """H' = res · H + write ⊗ f, in one pass (``HyperBlock``'s step: the new streams without forming Δ)."""
@@ -198,7 +199,10 @@ class MultiStreamSite(ResidualSite):
         mix = mix.expand(*tokens, n, n).reshape(-1, n, n)
         write = write.expand(*tokens, n).reshape(-1, n)
         return StreamWrite.apply(x.reshape(-1, n, x.shape[-1]), mix, write, f.reshape(-1, f.shape[-1]),
-                                 grad_sum).view(x.shape)
+                                 grad_sum, self.kernels()).view(x.shape)
+
+    def kernels(self) -> Kernels:
+        return kernels(self.stream_kernels)
 
     def forward(self, x: torch.Tensor, u: torch.Tensor, f: torch.Tensor, history: list | None = None, *,
                 mixing: Mixing | None = None) -> torch.Tensor:

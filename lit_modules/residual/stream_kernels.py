@@ -1,0 +1,204 @@
+"""The per-token passes of the multi-stream residuals (Hyper-Connections, mHC) in two implementations, chosen per
+model like timm's fused attention (``VisionTransformer.set_stream_kernels``):
+
+- ``"eager"``: PyTorch operations, one kernel each (``bmm`` for the n×n mixing, ``stream_sum`` for sums over the
+  n streams, Sinkhorn's normalisations one by one). The reference, and the only form under an outer
+  ``torch.compile`` (that compile fuses them itself).
+- ``"compiled"``: the same formulas written as broadcasts and sums and compiled by ``torch.compile`` (inductor):
+  each pass becomes one or two loops over the tokens that read a token's n×D streams once, where the eager form
+  runs 4-8 kernels over the whole n-fold stream. Issue 27 measured the eager passes as most of mHC's cost on an
+  AVX2-only CPU. The first call of each kernel compiles it (seconds; inductor caches the code on disk for the
+  next process); a later batch size compiles once more with the token dimension dynamic.
+
+``"auto"`` (the training default) resolves to ``"compiled"`` on a CPU with a C++ compiler (inductor's CPU
+backend) and to ``"eager"`` elsewhere (the compiled kernels were not measured on a GPU); the environment
+variable ``ABLATIONS_STREAM_KERNELS`` (eager or compiled) overrides what ``auto`` picks. Both compute the same
+function (``tests/test_fast_paths.py``: outputs and gradients to 1e-6 in float64); in float32 they differ by
+rounding, as two orders of summation do.
+
+Each kernel takes contiguous tensors with the tokens first: x (T, n, D), read / write (T, n), mix (T, n, n),
+f (T, D); Sinkhorn's take the logits (..., n, n). A backward takes ``total``, a gradient for x already summed
+elsewhere (``StreamGrad``), or None, and returns x's gradient plus ``total`` (None when ``need_x`` is False).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+
+from ..names import STREAM_KERNEL_NAMES as KERNELS
+
+ENV = "ABLATIONS_STREAM_KERNELS"
+SINKHORN_FLOOR = -80.0  # logits below their row's maximum by more count as this far (exp stays a normal float32)
+RECOMPILE_LIMIT = 64  # graphs per kernel: n, dtype, a first static and a dynamic batch, with and without a total
+
+
+class Kernels(NamedTuple):
+    read_forward: Callable
+    read_backward: Callable
+    write_forward: Callable
+    write_backward: Callable
+    sinkhorn_forward: Callable
+    sinkhorn_backward: Callable
+
+
+def stream_sum(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Σ_j weight_j x_j over the n streams: x (T, n, D), weight (T, n) -> (T, D), as one multiply and n − 1 fused
+    multiply-adds over (T, D) slices. A broadcast multiply summed over n takes 2-3x as long in eager mode, and a
+    (1×n)·(n×D) ``bmm`` per token is fast at n = 4 but 5-15x slower at n = 1 and 2."""
+    out = x[:, 0] * weight[:, 0:1]
+    for j in range(1, x.shape[1]):
+        out.addcmul_(x[:, j], weight[:, j:j + 1])
+    return out
+
+
+# --- eager ----------------------------------------------------------------------------------------------------------
+def eager_read_forward(x: torch.Tensor, read: torch.Tensor) -> torch.Tensor:
+    """h = readᵀ H."""
+    return stream_sum(x, read)
+
+
+def eager_read_backward(x: torch.Tensor, read: torch.Tensor, grad: torch.Tensor, total: torch.Tensor | None,
+                        need_x: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """∂H = read ⊗ ∂h (+ total), ∂read = Σ_D H ⊙ ∂h."""
+    grad = grad.unsqueeze(1)
+    grad_x = None
+    if need_x:
+        grad_x = read.unsqueeze(-1) * grad if total is None else total.addcmul_(read.unsqueeze(-1), grad)
+    return grad_x, (x * grad).sum(dim=-1)
+
+
+def eager_write_forward(x: torch.Tensor, mix: torch.Tensor, write: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    """M·H + write ⊗ f."""
+    return torch.bmm(mix, x).addcmul_(write.unsqueeze(-1), f.unsqueeze(1))
+
+
+def eager_write_backward(x: torch.Tensor, mix: torch.Tensor, write: torch.Tensor, f: torch.Tensor,
+                         grad: torch.Tensor, total: torch.Tensor | None, need_x: bool
+                         ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """∂H = Mᵀ·G (+ total) and ∂M = G·Hᵀ as ``bmm``, ∂write = Σ_D G ⊙ f, ∂f = Σ_n write ⊙ G. (One ``bmm`` of
+    [M | write] by [H; f], to get ∂M and ∂write from one product, timed no faster: the concatenation costs what
+    it saves.)"""
+    grad_x = None
+    if need_x:
+        grad_x = torch.bmm(mix.transpose(1, 2), grad)
+        grad_x = grad_x if total is None else total.add_(grad_x)
+    return (grad_x, torch.bmm(grad, x.transpose(1, 2)), (grad * f.unsqueeze(1)).sum(dim=-1),
+            stream_sum(grad, write))
+
+
+def sinkhorn_forward(logits: torch.Tensor, iters: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """``iters`` alternating row and column normalisations of exp(logits) (..., n, n), rows first; returns the
+    result and what the backward needs. Tokens last, (n, n, ...): each normalisation is two vector operations
+    over all tokens, not a reduction over n = 4 values per token (5x faster on a CPU than the (..., n, n)
+    layout). In the exp domain after subtracting each row's maximum (Sinkhorn's first row normalisation removes
+    any row scaling, so the iterates are the same and that shift has no gradient); a logit more than
+    ``SINKHORN_FLOOR`` below its row's maximum counts as that far (exp(−80) is still a normal float32), so that
+    no column can underflow to zero."""
+    z = logits.movedim((-2, -1), (0, 1))
+    z = z - z.amax(dim=1, keepdim=True)
+    kept = z > SINKHORN_FLOOR
+    m = torch.exp(z.clamp(min=SINKHORN_FLOOR)).contiguous()
+    saved = [kept, m]
+    for _ in range(iters):
+        for dim in (1, 0):  # rows, then columns
+            total = m.sum(dim=dim, keepdim=True)
+            m = m / total
+            saved += [m, total]
+    return m.movedim((0, 1), (-2, -1)).contiguous(), saved  # back to (..., n, n) in memory too: bmm's fast layout
+
+
+def sinkhorn_backward(grad: torch.Tensor, saved: list[torch.Tensor]) -> torch.Tensor:
+    """For y = x / s, s = Σ x along the normalised dim: ∂L/∂x = (∂L/∂y − Σ ∂L/∂y ⊙ y) / s, four operations per
+    normalisation (autograd's division and sum took twice as many), in place on one buffer."""
+    kept, first, *steps = saved
+    g = grad.movedim((-2, -1), (0, 1)).clone(memory_format=torch.contiguous_format)
+    for i in range(len(steps) // 2 - 1, -1, -1):
+        m, total = steps[2 * i], steps[2 * i + 1]
+        dim = 1 if i % 2 == 0 else 0
+        g.sub_((g * m).sum(dim=dim, keepdim=True)).div_(total)
+    return g.mul_(first).mul_(kept).movedim((0, 1), (-2, -1))
+
+
+EAGER = Kernels(eager_read_forward, eager_read_backward, eager_write_forward, eager_write_backward,
+                sinkhorn_forward, sinkhorn_backward)
+
+
+# --- the formulas inductor fuses ------------------------------------------------------------------------------------
+def fused_read_forward(x: torch.Tensor, read: torch.Tensor) -> torch.Tensor:
+    return (read.unsqueeze(-1) * x).sum(dim=1)
+
+
+def fused_read_backward(x: torch.Tensor, read: torch.Tensor, grad: torch.Tensor, total: torch.Tensor | None,
+                        need_x: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
+    grad = grad.unsqueeze(1)
+    grad_x = None
+    if need_x:
+        grad_x = read.unsqueeze(-1) * grad
+        grad_x = grad_x if total is None else total + grad_x
+    return grad_x, (x * grad).sum(dim=-1)
+
+
+def fused_write_forward(x: torch.Tensor, mix: torch.Tensor, write: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    return (mix.unsqueeze(-1) * x.unsqueeze(1)).sum(dim=2) + write.unsqueeze(-1) * f.unsqueeze(1)
+
+
+def fused_write_backward(x: torch.Tensor, mix: torch.Tensor, write: torch.Tensor, f: torch.Tensor,
+                         grad: torch.Tensor, total: torch.Tensor | None, need_x: bool
+                         ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor]:
+    grad_x = None
+    if need_x:
+        grad_x = (mix.unsqueeze(-1) * grad.unsqueeze(2)).sum(dim=1)  # (Mᵀ G)_j = Σ_i M_ij G_i
+        grad_x = grad_x if total is None else total + grad_x
+    return (grad_x, (grad.unsqueeze(2) * x.unsqueeze(1)).sum(dim=-1), (grad * f.unsqueeze(1)).sum(dim=-1),
+            (write.unsqueeze(-1) * grad).sum(dim=1))
+
+
+@functools.cache
+def compiled() -> Kernels:
+    """The fused formulas through ``torch.compile`` (built once per process; each compiles on its first call)."""
+    import torch._dynamo
+
+    limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    torch._dynamo.config.recompile_limit = limit  # past the limit dynamo would run the broadcasts eagerly (slow)
+    return Kernels(*(torch.compile(fn, fullgraph=True) for fn in (
+        fused_read_forward, fused_read_backward, fused_write_forward, fused_write_backward,
+        sinkhorn_forward, sinkhorn_backward)))
+
+
+def kernels(name: str) -> Kernels:
+    """The kernels a site named ``name`` ("eager" or "compiled") runs now: always the eager ones while an outer
+    ``torch.compile`` traces the model."""
+    if name == "eager" or torch.compiler.is_compiling():
+        return EAGER
+    if name == "compiled":
+        return compiled()
+    raise ValueError(f"stream_kernels={name!r} is not one of: eager, compiled")
+
+
+def cpp_compiler() -> str | None:
+    """The C++ compiler inductor's CPU backend would call, if it is installed."""
+    from torch._inductor import config
+
+    names = config.cpp.cxx if isinstance(config.cpp.cxx, tuple) else (config.cpp.cxx,)
+    return next((path for name in names if name and (path := shutil.which(name))), None) or shutil.which("g++")
+
+
+def resolve(name: str, device: str) -> str:
+    """``auto``: ``ABLATIONS_STREAM_KERNELS`` if set, else ``compiled`` on a CPU with a C++ compiler, else
+    ``eager``; ``eager`` and ``compiled`` as given. ValueError (one line) for any other name."""
+    if name not in KERNELS:
+        raise ValueError(f"stream_kernels={name!r} is not one of: {', '.join(KERNELS)}")
+    if name != "auto":
+        return name
+    chosen = os.environ.get(ENV, "")
+    if chosen:
+        if chosen not in KERNELS[1:]:
+            raise ValueError(f"{ENV}={chosen!r} is not one of: {', '.join(KERNELS[1:])}")
+        return chosen
+    return "compiled" if device == "cpu" and cpp_compiler() is not None else "eager"
