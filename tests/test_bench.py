@@ -30,7 +30,7 @@ DATA_KEYS = {
     "modes": {"device", "depth", "batch", "cells"},
     "compile": {"times_s", "first_compiled_step_s"},
     "auto": {"models"},
-    "overhead": {"ratios", "times_s", "flops"},
+    "overhead": {"ratios", "times_s", "flops", "stream_kernels"},
 }
 
 
@@ -194,12 +194,18 @@ def test_quick_run_at_its_own_sizes(tmp_path):
 
 
 @pytest.mark.slow  # a cold torch.compile costs ~85 s on 2 CPU cores
-def test_overhead_section_has_one_goal_per_new_design(tmp_path):
-    """Section 11: the five designs of issue 27 at their defaults, each against standard with its own goal."""
+def test_overhead_section_has_one_goal_per_new_design(tmp_path, monkeypatch):
+    """Section 11: the five designs of issue 27 at their defaults, each against standard with its own goal; the
+    multi-stream ones with the compiled kernels (what ``auto`` picks on a CPU with a compiler; the suite's
+    environment says eager) and, beside them without a goal, with the eager ones."""
+    monkeypatch.setenv("ABLATIONS_STREAM_KERNELS", "compiled")
     md, report = run_bench(tmp_path, "--tiny", "--threads", "1", "--sections", "overhead")
     check_report(md, report, ["overhead"])
     sec = report["sections"]["overhead"]
-    assert set(sec["data"]["times_s"]) == {"standard", *steps.OVERHEAD_GOALS}
+    eager = {"hyper_connections (eager kernels)", "mhc (eager kernels)"}
+    assert set(sec["data"]["times_s"]) == {"standard", *steps.OVERHEAD_GOALS, *eager}
+    assert sec["data"]["stream_kernels"] == "compiled" and "multi-stream kernels: compiled" in sec["setup"]
+    assert all(f"| {label} |" in md for label in eager)
     assert {g["what"]: g["limit"] for g in sec["goals"]} == {f"{k} / standard": v for k, v in steps.OVERHEAD_GOALS.items()}
     assert steps.OVERHEAD_GOALS == {"attn_res": 1.3, "hyper_connections": 1.3, "dca": 1.3, "mhc": 1.5, "denseformer": 1.1}
     for goal in sec["goals"]:

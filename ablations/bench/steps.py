@@ -267,30 +267,43 @@ OVERHEAD_GOALS = {"attn_res": 1.3, "hyper_connections": 1.3, "dca": 1.3, "mhc": 
 def bench_overhead(s: Settings) -> Section:
     """Each of ``OVERHEAD_GOALS``' variants at its defaults vs standard, interleaved in one run (section 2's
     method at depth ``overhead_depth``, batch ``overhead_batch``): the cost of their implementation, not of their
-    FLOPs (each adds ≤ 10 % FLOPs)."""
+    FLOPs (each adds ≤ 10 % FLOPs). The multi-stream variants run the kernels training picks here
+    (``stream_kernels: auto``); when those are the compiled ones, a row per variant with the eager kernels too."""
     from ablations.costs import measure
+    from lit_modules.residual import stream_kernels
 
     size = s.vit(s.overhead_depth)
-    labels = ["standard", *OVERHEAD_GOALS]
-    models = {label: ours(label, {}, size) for label in labels}
-    costs = {label: measure(label, {}, **size) for label in labels}
+    kernels = stream_kernels.resolve("auto", s.device)
+    models = {label: ours(label, {}, size) for label in ["standard", *OVERHEAD_GOALS]}
+    for label, model in list(models.items()):
+        if any(hasattr(m, "stream_kernels") for m in model.modules()):
+            model.set_stream_kernels(kernels)
+            if kernels != "eager":
+                models[f"{label} (eager kernels)"] = eager = ours(label, {}, size)
+                eager.set_stream_kernels("eager")
+    costs = {label: measure(label, {}, **size) for label in ["standard", *OVERHEAD_GOALS]}
     batch = random_batch(s, s.overhead_batch)
     times = interleave({k: train_step(m.to(s.device), batch, s.precision) for k, m in models.items()},
                        reps=s.overhead_reps, steps=s.steps, warmup=s.warmup, device=s.device)
     sec = Section("overhead", "11. The new designs' step time vs standard (issue 27)",
                   f"{s.describe(s.overhead_depth, s.overhead_batch)}; {s.mode_text()}, AdamW; {s.overhead_reps} "
-                  f"rounds x {s.steps} steps; each variant at its defaults",
+                  f"rounds x {s.steps} steps; each variant at its defaults; multi-stream kernels: {kernels} "
+                  f"(what stream_kernels auto picks here)",
                   ["variant", "+FLOPs", "ms/step", "time vs standard [round min-max]", "goal", "mark"])
     base = costs["standard"]["flops"]
-    for label in labels:
-        row = [label, f"{100.0 * (costs[label]['flops'] - base) / base:+.2f}%", ms(median(times[label]))]
+    for label in models:
+        variant = label.split(" (")[0]
+        row = [label, f"{100.0 * (costs[variant]['flops'] - base) / base:+.2f}%", ms(median(times[label]))]
         if label == "standard":
             sec.rows.append(row + ["reference", "", ""])
             continue
         ratios = round_ratios(times, label, "standard")
+        if label not in OVERHEAD_GOALS:  # the eager kernels: for comparison, no goal
+            sec.rows.append(row + [ratio_cell(ratios), "", ""])
+            continue
         ratio, limit = median(ratios), OVERHEAD_GOALS[label]
         sec.rows.append(row + [ratio_cell(ratios), *sec.goal(f"{label} / standard", ratio, limit, f"≤ {limit:.2f}x",
                                                              f"{ratio:.3f}x", rounds=ratios)])
-    sec.data = {"ratios": {label: round_ratios(times, label, "standard") for label in OVERHEAD_GOALS},
-                "times_s": times, "flops": {label: c["flops"] for label, c in costs.items()}}
+    sec.data = {"ratios": {label: round_ratios(times, label, "standard") for label in models if label != "standard"},
+                "times_s": times, "flops": {label: c["flops"] for label, c in costs.items()}, "stream_kernels": kernels}
     return sec
