@@ -5,6 +5,8 @@ with every parameter moved off its init (so no dynamic term is trivially zero) a
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from backbone import TINY, _float64_one_thread, perturb  # noqa: F401 (autouse fixture)
@@ -263,3 +265,36 @@ def test_stream_kernels_auto_resolves_per_device_and_environment(monkeypatch):
     with pytest.raises(ValueError, match="not one of: eager, compiled"):
         model.set_stream_kernels("fused")
     assert {m.stream_kernels for m in model.modules() if hasattr(m, "stream_kernels")} == {"eager"}
+
+
+CACHE_CHECK = """
+import torch
+from lit_modules.residual import stream_kernels as sk
+g = torch.Generator().manual_seed(0)
+T, n, D = 2080, 4, 192  # the issue's size: smaller ones did not show the fault
+x, grad, total = (torch.randn(T, n, D, generator=g) for _ in range(3))
+mix, write, f = torch.rand(T, n, n, generator=g), torch.rand(T, n, generator=g), torch.randn(T, D, generator=g)
+got = sk.compiled().write_backward(x, mix, write, f, grad, total.clone(), True)
+want = sk.EAGER.write_backward(x, mix, write, f, grad, total.clone(), True)
+for a, b in zip(got, want):
+    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+print("same")
+"""
+
+
+@pytest.mark.slow  # three processes that compile
+def test_compiled_kernels_of_another_vector_width_are_not_taken_from_the_cache(tmp_path):
+    """inductor's on-disk cache key did not hold the vector width that ``ATEN_CPU_CAPABILITY`` caps: on one
+    machine, AVX-512 code loaded under ``ATEN_CPU_CAPABILITY=avx2`` computed wrong gradients and AVX2 code loaded
+    uncapped corrupted the heap. The compiled kernels make the width explicit (``cpp.simdlen``), so processes with
+    and without the cap can share one cache. (On a CPU without AVX-512 both widths are AVX2: the test then only
+    checks the kernels.)"""
+    import os
+    import subprocess
+    import sys
+
+    for cap in ("", "avx2", ""):
+        env = os.environ | {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path), "ATEN_CPU_CAPABILITY": cap}
+        proc = subprocess.run([sys.executable, "-c", CACHE_CHECK], env=env, capture_output=True, text=True,
+                              timeout=600, cwd=Path(__file__).resolve().parents[1])
+        assert proc.returncode == 0 and proc.stdout.strip() == "same", (cap, proc.stdout[-2000:], proc.stderr[-2000:])

@@ -167,9 +167,16 @@ def compiled() -> Kernels:
     (the 2·iters iterates the backward needs written out by one graph) it timed no faster (2.6 vs 2.2 ms forward
     at n = 4, 2,080 tokens, AVX2)."""
     import torch._dynamo
+    from torch._inductor import config as inductor
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
 
     limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     torch._dynamo.config.recompile_limit = limit  # past the limit dynamo would run the broadcasts eagerly (slow)
+    if inductor.cpp.simdlen is None and (isa := pick_vec_isa()):
+        # The vector width inductor picks (ATEN_CPU_CAPABILITY caps it) made explicit, so that it is part of the
+        # on-disk cache's key: without it, code compiled for AVX-512 was loaded under ATEN_CPU_CAPABILITY=avx2 on
+        # the same machine and computed wrong gradients, and AVX2 code loaded uncapped corrupted the heap.
+        inductor.cpp.simdlen = isa.bit_width()
     fused = (torch.compile(fn, fullgraph=True) for fn in (
         fused_read_forward, fused_read_backward, fused_write_forward, fused_write_backward))
     return Kernels(*fused, sinkhorn_forward, sinkhorn_backward)
