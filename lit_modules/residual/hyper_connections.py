@@ -25,8 +25,8 @@ class StreamGrad:
     """One buffer for ∂L/∂H of a site's streams H, which three operations of the site read: the mixing's
     projection, the read h = readᵀ H and the write res · H + write ⊗ f. Autograd would give each its own
     (T, n, D) gradient and add the three (two more passes over the n-fold stream and three fresh buffers); instead
-    the write's and the read's backward add their terms into this buffer (``add``, ``addcmul``) and return no
-    gradient for H, and the projection's backward, which autograd runs after both (the coefficients it computes
+    the write's and the read's backward ``take`` the buffer, pass it to their kernel, which adds its term (in place
+    in the eager kernels), ``add`` the result back and return no gradient for H, and the projection's backward, which autograd runs after both (the coefficients it computes
     are inputs of both), ``take``s the buffer, adds its own term in place and returns the sum for H.
 
     Only a mixing whose coefficients come out of one autograd Function that reads H and ``take``s this buffer may
@@ -52,13 +52,6 @@ class StreamGrad:
             self.total = fresh
         else:
             self.total.add_(fresh)
-
-    def addcmul(self, a: torch.Tensor, b: torch.Tensor) -> None:
-        """Add a ⊙ b (broadcast to the buffer's shape)."""
-        if self.total is None:
-            self.total = a * b
-        else:
-            self.total.addcmul_(a, b)
 
     def take(self) -> torch.Tensor | None:
         """The sum so far (None if nothing was added), leaving the buffer empty for another backward pass."""
@@ -102,8 +95,8 @@ class StreamRead(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor, None, None]:
         x, read = ctx.saved_tensors
         into = into_stream_grad(ctx)
-        grad_x, grad_read = ctx.kernels.read_backward(x, read, grad.contiguous(), None if into is None else into.take(),
-                                                      ctx.needs_input_grad[0])
+        total = None if into is None else into.take()
+        grad_x, grad_read = ctx.kernels.read_backward(x, read, grad.contiguous(), total, ctx.needs_input_grad[0])
         if into is not None:
             into.add(grad_x)
             grad_x = None
@@ -130,8 +123,8 @@ class StreamWrite(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, mix, write, f = ctx.saved_tensors
         into = into_stream_grad(ctx)
-        grad_x, *rest = ctx.kernels.write_backward(x, mix, write, f, grad.contiguous(), None if into is None else into.take(),
-                                                   ctx.needs_input_grad[0])
+        total = None if into is None else into.take()
+        grad_x, *rest = ctx.kernels.write_backward(x, mix, write, f, grad.contiguous(), total, ctx.needs_input_grad[0])
         if into is not None:
             into.add(grad_x)
             grad_x = None
