@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import time
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -217,8 +218,12 @@ def run_training(
     config, facts = resolve_mode(config, accelerator, datamodule, results_dir)
     facts["num_classes"] = datamodule.num_classes  # the chance level a diverged run counts at in the report
     model = build_model(config, datamodule)
-    facts |= use_stream_kernels(model.model, config.stream_kernels, accelerator)
+    facts |= use_stream_kernels(model.model, config, accelerator, datamodule)
     if config.compile:
+        if accelerator == "cpu":
+            from lit_modules.residual.stream_kernels import pin_vector_width
+
+            pin_vector_width()  # inductor's cache key must hold the vector width (see pin_vector_width)
         model.model.compile()  # in place: state_dict keys stay model.* (torch.compile(m) would add _orig_mod)
     compile_timer = StepTimer() if config.compile else None  # times the first batches: the compile time
 
@@ -276,16 +281,37 @@ def run_training(
     return _finish(trainer, [logger, *more_loggers], summary | facts, run_name, status="success")
 
 
-def use_stream_kernels(model: Any, name: str, accelerator: str) -> dict[str, str]:
-    """Set the multi-stream residuals' kernels of ``model`` (``stream_kernels``: ``auto`` resolved for the
-    device) and return the fact for the run's summary, ``stream_kernels``, when the model has such sites."""
+def use_stream_kernels(model: Any, config: RunConfig, accelerator: str, datamodule: Any) -> dict[str, Any]:
+    """Set the multi-stream residuals' kernels of ``model`` (``config.stream_kernels``, ``auto`` resolved for the
+    device; eager under ``config.compile``, whose whole-model compile fuses the passes itself) and return the
+    facts for the run's summary when the model has such sites: ``stream_kernels`` and, for compiled kernels on the
+    CPU, ``stream_kernels_compile_s``: they are compiled before training on a zero batch of the training shape
+    (forward and backward in train mode, a forward in eval mode, with the RNG state restored and the gradients
+    cleared), so that the compile time stays out of the epochs' times. A smaller last batch still compiles once
+    more, inside the first epoch."""
+    import torch
+
     from lit_modules.residual import stream_kernels
 
     if not any(hasattr(m, "stream_kernels") for m in model.modules()):
         return {}
-    chosen = stream_kernels.resolve(name, "cpu" if accelerator == "cpu" else "cuda")
+    device = "cpu" if accelerator == "cpu" else "cuda"
+    chosen = "eager" if config.compile else stream_kernels.resolve(config.stream_kernels, device)
     model.set_stream_kernels(chosen)
-    return {"stream_kernels": chosen}
+    facts: dict[str, Any] = {"stream_kernels": chosen}
+    if chosen == "compiled" and device == "cpu":
+        start = time.perf_counter()
+        x = torch.zeros(config.batch_size, datamodule.in_chans, datamodule.img_size, datamodule.img_size)
+        with torch.random.fork_rng(devices=[]):
+            model.train()
+            model(x).sum().backward()
+            model.eval()
+            with torch.no_grad():
+                model(x)
+            model.train()
+        model.zero_grad(set_to_none=True)
+        facts["stream_kernels_compile_s"] = time.perf_counter() - start
+    return facts
 
 
 def with_mode(config: RunConfig, mode: Any) -> RunConfig:

@@ -32,7 +32,7 @@ from .attention import ATTENTIONS
 from .config import ViTConfig
 from .names import NORM_LAYER_CLASSES, resolve
 from .residual import RESIDUALS, BlockArgs, cait_init_value
-from .residual.stream_kernels import kernels
+from .residual.stream_kernels import check
 from .value_residual import ValueState, value_residual_factory
 
 #: norm layer name -> class, called as ``cls(dim, eps=norm_eps)`` (names: ``lit_modules.names``)
@@ -211,7 +211,7 @@ class VisionTransformer(nn.Module):
         """The implementation of the multi-stream residuals' per-token passes (Hyper-Connections, mHC):
         ``"eager"`` (PyTorch operations, the default) or ``"compiled"`` (fused by ``torch.compile``; the same
         function, see ``lit_modules.residual.stream_kernels``). No effect on the other variants."""
-        kernels(name)  # ValueError for an unknown name, before any site changes
+        check(name)  # ValueError for an unknown name, before any site changes
         for m in self.modules():
             if hasattr(m, "stream_kernels"):
                 m.stream_kernels = name

@@ -246,13 +246,13 @@ def test_compiled_mhc_has_the_eager_gradients():
 
 
 def test_stream_kernels_auto_resolves_per_device_and_environment(monkeypatch):
-    """``auto``: compiled on a CPU with a C++ compiler, eager on a GPU or without one; the environment variable
-    overrides it; unknown names are one-line errors naming the choices, and no site changes on one."""
+    """``auto``: compiled on a CPU where inductor builds kernels, eager on a GPU or where it cannot; the environment
+    variable overrides it; unknown names are one-line errors naming the choices, and no site changes on one."""
     monkeypatch.delenv(stream_kernels.ENV, raising=False)
-    assert stream_kernels.resolve("auto", "cuda") == "eager"
-    assert stream_kernels.resolve("auto", "cpu") == ("compiled" if stream_kernels.cpp_compiler() else "eager")
+    monkeypatch.setattr(stream_kernels, "compiler_works", lambda: True)
+    assert stream_kernels.resolve("auto", "cpu") == "compiled" and stream_kernels.resolve("auto", "cuda") == "eager"
     assert stream_kernels.resolve("eager", "cpu") == "eager" and stream_kernels.resolve("compiled", "cuda") == "compiled"
-    monkeypatch.setattr(stream_kernels, "cpp_compiler", lambda: None)
+    monkeypatch.setattr(stream_kernels, "compiler_works", lambda: False)
     assert stream_kernels.resolve("auto", "cpu") == "eager"
     monkeypatch.setenv(stream_kernels.ENV, "compiled")
     assert stream_kernels.resolve("auto", "cuda") == "compiled"
@@ -265,6 +265,63 @@ def test_stream_kernels_auto_resolves_per_device_and_environment(monkeypatch):
     with pytest.raises(ValueError, match="not one of: eager, compiled"):
         model.set_stream_kernels("fused")
     assert {m.stream_kernels for m in model.modules() if hasattr(m, "stream_kernels")} == {"eager"}
+
+
+def test_a_toolchain_that_cannot_compile_means_eager_kernels(monkeypatch):
+    """A C++ compiler alone is not enough (a missing Python.h fails the first compile): ``compiler_works``
+    compiles a probe, and a failure warns once and gives False, so ``auto`` trains with the eager kernels."""
+    monkeypatch.setattr(stream_kernels, "cpp_compiler", lambda: "/usr/bin/g++")
+
+    def broken(fn, **kw):
+        def call(*args):
+            raise RuntimeError("fatal error: Python.h: No such file or directory\ncompilation terminated.")
+        return call
+
+    monkeypatch.setattr(torch, "compile", broken)
+    stream_kernels.compiler_works.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match="cannot build CPU kernels here .*Python.h.*eager kernels"):
+            assert stream_kernels.compiler_works() is False
+    finally:
+        stream_kernels.compiler_works.cache_clear()
+    monkeypatch.setattr(stream_kernels, "cpp_compiler", lambda: None)
+    assert stream_kernels.compiler_works() is False
+    stream_kernels.compiler_works.cache_clear()
+
+
+@pytest.mark.slow  # compiles the four kernels
+def test_compiled_kernels_alone_match_the_eager_ones_in_every_case():
+    """Each compiled kernel against its eager form in float64: backward with and without a gradient already in
+    the buffer and without one for x (``need_x`` False), n = 1, 2, 4 and two token counts, and each really ran
+    compiled (dynamo made graphs for them, with n static)."""
+    from torch._dynamo.utils import counters
+
+    compiled, eager = stream_kernels.compiled(), stream_kernels.EAGER
+    graphs = counters["stats"]["unique_graphs"]
+    g = torch.Generator().manual_seed(0)
+    for n in (1, 2, 4):
+        for tokens in (7, 12):
+            x, grad = torch.randn(tokens, n, 5, generator=g), torch.randn(tokens, n, 5, generator=g)
+            read, write, mix = torch.rand(tokens, n, generator=g), torch.rand(tokens, n, generator=g), torch.randn(
+                tokens, n, n, generator=g)
+            f, h_grad = torch.randn(tokens, 5, generator=g), torch.randn(tokens, 5, generator=g)
+            torch.testing.assert_close(compiled.read_forward(x, read), eager.read_forward(x, read))
+            torch.testing.assert_close(compiled.write_forward(x, mix, write, f), eager.write_forward(x, mix, write, f))
+            for need_x in (True, False):
+                for total in (None, torch.randn(tokens, n, 5, generator=g)):
+                    got = compiled.read_backward(x, read, h_grad, copy(total), need_x)
+                    want = eager.read_backward(x, read, h_grad, copy(total), need_x)
+                    assert (got[0] is None) == (want[0] is None) == (not need_x)
+                    torch.testing.assert_close(got, want)
+                    got = compiled.write_backward(x, mix, write, f, grad, copy(total), need_x)
+                    want = eager.write_backward(x, mix, write, f, grad, copy(total), need_x)
+                    torch.testing.assert_close(got, want)
+    assert counters["stats"]["unique_graphs"] > graphs
+
+
+def copy(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A fresh copy of a buffer the eager kernels add into in place (None stays None)."""
+    return None if t is None else t.clone()
 
 
 CACHE_CHECK = """

@@ -163,22 +163,19 @@ def test_variant_trains_and_logs_every_diagnostic(residual, tmp_path, keep_threa
 @pytest.mark.slow
 def test_compiled_stream_kernels_train_as_the_eager_ones(tmp_path, keep_threads):
     """mHC trained with the compiled multi-stream kernels (what ``stream_kernels: auto`` picks on a CPU) follows
-    the eager run of the same seed to float32 rounding, and the run records which kernels it used (its mode)."""
-    from ablations.report.load import Run, run_mode
-
-    def run(summary: dict) -> Run:
-        return Run(number=0, state="complete", variant="mhc", depth=DEPTH, seed=0, row="mhc", summary=summary)
-
+    the eager run of the same seed to float32 rounding: the warm-up compile before training leaves the RNG and
+    the gradients as they were. The summary records the kernels and the warm-up's time; a model without
+    multi-stream sites records neither."""
     config = CONFIG | {"max_epochs": 2, "diagnostics_every": 0}
     summaries = {k: run_training(RunConfig(residual="mhc", stream_kernels=k, **config), log_dir=tmp_path,
                                  run_name=k, enable_progress_bar=False, enable_model_summary=False)
                  for k in ("eager", "compiled")}
-    assert [s["stream_kernels"] for s in summaries.values()] == ["eager", "compiled"]
     eager, compiled = summaries["eager"], summaries["compiled"]
+    assert (eager["stream_kernels"], compiled["stream_kernels"]) == ("eager", "compiled")
+    assert "stream_kernels_compile_s" not in eager and compiled["stream_kernels_compile_s"] > 0
     assert compiled["final_val_acc"] > MIN_VAL_ACC
     assert math.isclose(compiled["final_train_loss"], eager["final_train_loss"], rel_tol=1e-3), (compiled, eager)
-    assert run_mode(run(compiled)).endswith("attention + compiled streams")
-    assert "streams" not in run_mode(run(eager))
+    assert abs(compiled["final_val_acc"] - eager["final_val_acc"]) <= 0.02
     standard = run_training(RunConfig(residual="standard", stream_kernels="compiled", **config), log_dir=tmp_path,
                             run_name="standard", enable_progress_bar=False, enable_model_summary=False)
     assert "stream_kernels" not in standard  # no multi-stream site: nothing to record

@@ -121,16 +121,15 @@ class StudyData:
 
 
 def run_mode(run: Run) -> str:
-    """``<precision> + <fused|explicit> attention``, plus `` + compiled streams`` for a multi-stream residual
-    trained with the compiled kernels (``stream_kernels``), of one run, as its summary recorded it."""
+    """``<precision> + <fused|explicit> attention`` of one run, as its summary recorded what it trained in. (The
+    multi-stream kernels, ``stream_kernels``, are not part of it: both sets compute the same function.)"""
     if run.mode is not None:
         return run.mode
     precision = run.summary.get("precision") or (run.config or {}).get("precision") or "32-true"
     fused = run.summary.get("fused_attn")
     if fused is None:  # before precision auto: the config's flag, None meaning timm's fused default
         fused = (run.config or {}).get("fused_attn") is not False
-    streams = " + compiled streams" if run.summary.get("stream_kernels") == "compiled" else ""
-    return f"{precision} + {'fused' if fused else 'explicit'} attention{streams}"
+    return f"{precision} + {'fused' if fused else 'explicit'} attention"
 
 
 def open_study(url: str, study_name: str, spec=None):

@@ -11,9 +11,9 @@ model like timm's fused attention (``VisionTransformer.set_stream_kernels``):
   of mHC's extra cost on an AVX2-only CPU. The first call of each kernel compiles it (seconds; inductor caches the code on disk for the
   next process); a later batch size compiles once more with the token dimension dynamic.
 
-``"auto"`` (the training default) resolves to ``"compiled"`` on a CPU with a C++ compiler (inductor's CPU
-backend) and to ``"eager"`` elsewhere (the compiled kernels were not measured on a GPU); the environment
-variable ``ABLATIONS_STREAM_KERNELS`` (eager or compiled) overrides what ``auto`` picks. Both compute the same
+``"auto"`` (the training default) resolves to ``"compiled"`` on a CPU where inductor's CPU backend builds
+kernels (``compiler_works``) and to ``"eager"`` elsewhere (the compiled kernels were not measured on a GPU);
+the environment variable ``ABLATIONS_STREAM_KERNELS`` (eager or compiled) overrides what ``auto`` picks. Both compute the same
 function (``tests/test_fast_paths.py``: outputs and gradients to 1e-6 in float64); in float32 they differ by
 rounding, as two orders of summation do.
 
@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import warnings
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -160,36 +161,63 @@ def fused_write_backward(x: torch.Tensor, mix: torch.Tensor, write: torch.Tensor
             (write.unsqueeze(-1) * grad).sum(dim=1))
 
 
+class StaticStreams:
+    """A compiled kernel whose tensors keep every dimension but the first (the tokens) static. Dynamo's automatic
+    dynamic shapes would otherwise make n dynamic once one process has run two stream counts (HC at n = 2 and mHC
+    at n = 4, as the bench does): the write's forward at n = 4 then took 7.9 ms instead of 6.0."""
+
+    def __init__(self, fn: Callable) -> None:
+        self.fn = torch.compile(fn, fullgraph=True)
+
+    def __call__(self, *args):
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                for dim in range(1, a.dim()):
+                    torch._dynamo.mark_static(a, dim)
+        return self.fn(*args)
+
+
+def pin_vector_width() -> None:
+    """Make the vector width inductor picks for the CPU (``ATEN_CPU_CAPABILITY`` caps it) explicit, as
+    ``cpp.simdlen``, so that it is part of inductor's on-disk cache key: without it, code compiled for AVX-512 was
+    loaded under ``ATEN_CPU_CAPABILITY=avx2`` on the same machine and computed wrong gradients, and AVX2 code
+    loaded uncapped corrupted the heap. Also for a whole-model ``torch.compile`` (``--compile``)."""
+    from torch._inductor import config as inductor
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    if inductor.cpp.simdlen is None and (isa := pick_vec_isa()):
+        inductor.cpp.simdlen = isa.bit_width()
+
+
 @functools.cache
 def compiled() -> Kernels:
     """The fused formulas through ``torch.compile`` (built once per process; each compiles on its first call).
     Sinkhorn stays eager: its (n, n, tokens) normalisations are already two vector operations each, and compiled
-    (the 2·iters iterates the backward needs written out by one graph) it timed no faster (2.6 vs 2.2 ms forward
-    at n = 4, 2,080 tokens, AVX2)."""
+    (the 2·iters iterates the backward needs written out by one graph, or recomputed) it timed 1.5-2.6x slower
+    (n = 4, 2,080 tokens, AVX2)."""
     import torch._dynamo
-    from torch._inductor import config as inductor
-    from torch._inductor.cpu_vec_isa import pick_vec_isa
 
-    limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-    torch._dynamo.config.recompile_limit = limit  # past the limit dynamo would run the broadcasts eagerly (slow)
-    if inductor.cpp.simdlen is None and (isa := pick_vec_isa()):
-        # The vector width inductor picks (ATEN_CPU_CAPABILITY caps it) made explicit, so that it is part of the
-        # on-disk cache's key: without it, code compiled for AVX-512 was loaded under ATEN_CPU_CAPABILITY=avx2 on
-        # the same machine and computed wrong gradients, and AVX2 code loaded uncapped corrupted the heap.
-        inductor.cpp.simdlen = isa.bit_width()
-    fused = (torch.compile(fn, fullgraph=True) for fn in (
+    # the limit is per kernel: past it dynamo would run the broadcasts uncompiled, materialising (T, n, n, D)
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    pin_vector_width()
+    fused = (StaticStreams(fn) for fn in (
         fused_read_forward, fused_read_backward, fused_write_forward, fused_write_backward))
     return Kernels(*fused, sinkhorn_forward, sinkhorn_backward)
+
+
+def check(name: str) -> None:
+    """ValueError (one line) unless ``name`` is a kernel set a site can run."""
+    if name not in KERNELS[1:]:
+        raise ValueError(f"stream_kernels={name!r} is not one of: {', '.join(KERNELS[1:])}")
 
 
 def kernels(name: str) -> Kernels:
     """The kernels a site named ``name`` ("eager" or "compiled") runs now: always the eager ones while an outer
     ``torch.compile`` traces the model."""
+    check(name)
     if name == "eager" or torch.compiler.is_compiling():
         return EAGER
-    if name == "compiled":
-        return compiled()
-    raise ValueError(f"stream_kernels={name!r} is not one of: eager, compiled")
+    return compiled()
 
 
 def cpp_compiler() -> str | None:
@@ -200,9 +228,32 @@ def cpp_compiler() -> str | None:
     return next((path for name in names if name and (path := shutil.which(name))), None) or shutil.which("g++")
 
 
+def _probe(x: torch.Tensor) -> torch.Tensor:
+    return (x * 2.0).sum(dim=1)
+
+
+@functools.cache
+def compiler_works() -> bool:
+    """Whether inductor can build a CPU kernel here: a C++ compiler, Python's and torch's headers and OpenMP
+    (a compiler alone is not enough: e.g. a missing Python.h fails the first compile). Compiles one tiny
+    reduction once per process (seconds cold, less with inductor's cache); on failure one warning, False."""
+    if cpp_compiler() is None:
+        return False
+    try:
+        pin_vector_width()
+        torch.compile(_probe, fullgraph=True)(torch.ones(4, 3))
+    except Exception as exc:  # noqa: BLE001 (any failure of the toolchain means: use the eager kernels)
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        warnings.warn(f"stream_kernels auto: torch.compile cannot build CPU kernels here ({type(exc).__name__}: "
+                      f"{first}); Hyper-Connections and mHC use the eager kernels", stacklevel=2)
+        return False
+    return True
+
+
 def resolve(name: str, device: str) -> str:
-    """``auto``: ``ABLATIONS_STREAM_KERNELS`` if set, else ``compiled`` on a CPU with a C++ compiler, else
-    ``eager``; ``eager`` and ``compiled`` as given. ValueError (one line) for any other name."""
+    """``auto``: ``ABLATIONS_STREAM_KERNELS`` if set, else ``compiled`` on a CPU where inductor can build kernels
+    (``compiler_works``), else ``eager``; ``eager`` and ``compiled`` as given. ValueError (one line) for any
+    other name."""
     if name not in KERNELS:
         raise ValueError(f"stream_kernels={name!r} is not one of: {', '.join(KERNELS)}")
     if name != "auto":
@@ -212,4 +263,4 @@ def resolve(name: str, device: str) -> str:
         if chosen not in KERNELS[1:]:
             raise ValueError(f"{ENV}={chosen!r} is not one of: {', '.join(KERNELS[1:])}")
         return chosen
-    return "compiled" if device == "cpu" and cpp_compiler() is not None else "eager"
+    return "compiled" if device == "cpu" and compiler_works() else "eager"
