@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from backbone import TINY, _float64_one_thread, perturb  # noqa: F401 (autouse fixture)
+from prerequisites import missing
 from reference_residuals import REFERENCES, RefAttnRes, ref_sinkhorn_knopp
 
 from lit_modules import RESIDUALS, VisionTransformer
@@ -70,9 +71,16 @@ def test_fast_path_matches_the_reference(residual, options):
 STREAM_CASES = [(r, o) for r, o in CASES if r in ("hyper_connections", "mhc")]
 
 
+@pytest.fixture
+def inductor():
+    """The compiled kernels need inductor's CPU toolchain (a C++ compiler, Python's headers, OpenMP)."""
+    if not stream_kernels.compiler_works():
+        missing("torch.compile cannot build CPU kernels here", "a C++ compiler (g++) and the Python headers")
+
+
 @pytest.mark.slow  # each case compiles its kernels: 25-50 s on 2 cores with a cold inductor cache
 @pytest.mark.parametrize("residual, options", STREAM_CASES, ids=[f"{r}-{o}" for r, o in STREAM_CASES])
-def test_compiled_stream_kernels_match_the_reference(residual, options):
+def test_compiled_stream_kernels_match_the_reference(residual, options, inductor):
     """The multi-stream passes fused by torch.compile (``stream_kernels="compiled"``) compute the reference's
     outputs and gradients too, for every option; a second batch size runs the kernels recompiled with a dynamic
     token dimension."""
@@ -290,7 +298,7 @@ def test_a_toolchain_that_cannot_compile_means_eager_kernels(monkeypatch):
 
 
 @pytest.mark.slow  # compiles the four kernels
-def test_compiled_kernels_alone_match_the_eager_ones_in_every_case():
+def test_compiled_kernels_alone_match_the_eager_ones_in_every_case(inductor):
     """Each compiled kernel against its eager form in float64: backward with and without a gradient already in
     the buffer and without one for x (``need_x`` False), n = 1, 2, 4 and two token counts, and each really ran
     compiled (dynamo made graphs for them, with n static)."""
@@ -340,7 +348,7 @@ print("same")
 
 
 @pytest.mark.slow  # three processes that compile
-def test_compiled_kernels_of_another_vector_width_are_not_taken_from_the_cache(tmp_path):
+def test_compiled_kernels_of_another_vector_width_are_not_taken_from_the_cache(tmp_path, inductor):
     """inductor's on-disk cache key did not hold the vector width that ``ATEN_CPU_CAPABILITY`` caps: on one
     machine, AVX-512 code loaded under ``ATEN_CPU_CAPABILITY=avx2`` computed wrong gradients and AVX2 code loaded
     uncapped corrupted the heap. The compiled kernels make the width explicit (``cpp.simdlen``), so processes with

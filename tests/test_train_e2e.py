@@ -166,6 +166,12 @@ def test_compiled_stream_kernels_train_as_the_eager_ones(tmp_path, keep_threads)
     the eager run of the same seed to float32 rounding: the warm-up compile before training leaves the RNG and
     the gradients as they were. The summary records the kernels and the warm-up's time; a model without
     multi-stream sites records neither."""
+    from prerequisites import missing
+
+    from lit_modules.residual.stream_kernels import compiler_works
+
+    if not compiler_works():
+        missing("torch.compile cannot build CPU kernels here", "a C++ compiler (g++) and the Python headers")
     config = CONFIG | {"max_epochs": 2, "diagnostics_every": 0}
     summaries = {k: run_training(RunConfig(residual="mhc", stream_kernels=k, **config), log_dir=tmp_path,
                                  run_name=k, enable_progress_bar=False, enable_model_summary=False)
