@@ -10,11 +10,11 @@ from __future__ import annotations
 from data.names import DATASET_NAMES
 from lit_modules.config import GLOBAL_POOLS
 from lit_modules.names import (
-                               ATTENTION_NAMES,
-                               NORM_LAYER_NAMES,
-                               RESIDUAL_NAMES,
-                               STREAM_KERNEL_NAMES,
-                               VALUE_RESIDUAL_NAMES,
+    ATTENTION_NAMES,
+    NORM_LAYER_NAMES,
+    RESIDUAL_NAMES,
+    STREAM_KERNEL_NAMES,
+    VALUE_RESIDUAL_NAMES,
 )
 from lit_modules.names import OPTIMIZER_NAMES as OPTIMIZERS
 

@@ -139,7 +139,8 @@ class RunConfig:
     compile: bool = _f(False, "trainer", "bool", "compile the backbone in place (model.compile(); slow start on CPU)")
     stream_kernels: str = _f("auto", "trainer", "str",
                              "Hyper-Connections' and mHC's per-token passes: " + ", ".join(STREAM_KERNEL_NAMES)
-                             + " (auto: compiled on a CPU with a C++ compiler, else eager; the same function)")
+                             + " (auto: compiled on a CPU where torch.compile builds kernels, eager on a GPU or"
+                             " with --compile; the same function)")
 
     # --- validation --------------------------------------------------------------------------------------------
     def __post_init__(self) -> None:

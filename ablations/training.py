@@ -293,7 +293,7 @@ def use_stream_kernels(model: Any, config: RunConfig, accelerator: str, datamodu
 
     from lit_modules.residual import stream_kernels
 
-    if not any(hasattr(m, "stream_kernels") for m in model.modules()):
+    if not model.multi_stream_sites():
         return {}
     device = "cpu" if accelerator == "cpu" else "cuda"
     chosen = "eager" if config.compile else stream_kernels.resolve(config.stream_kernels, device)

@@ -32,6 +32,7 @@ from .attention import ATTENTIONS
 from .config import ViTConfig
 from .names import NORM_LAYER_CLASSES, resolve
 from .residual import RESIDUALS, BlockArgs, cait_init_value
+from .residual.hyper_connections import MultiStreamSite
 from .residual.stream_kernels import check
 from .value_residual import ValueState, value_residual_factory
 
@@ -212,9 +213,13 @@ class VisionTransformer(nn.Module):
         ``"eager"`` (PyTorch operations, the default) or ``"compiled"`` (fused by ``torch.compile``; the same
         function, see ``lit_modules.residual.stream_kernels``). No effect on the other variants."""
         check(name)  # ValueError for an unknown name, before any site changes
-        for m in self.modules():
-            if hasattr(m, "stream_kernels"):
-                m.stream_kernels = name
+        for site in self.multi_stream_sites():
+            site.stream_kernels = name
+
+    def multi_stream_sites(self) -> list[nn.Module]:
+        """The residual sites whose per-token passes ``set_stream_kernels`` chooses (none for single-stream
+        variants)."""
+        return [m for m in self.modules() if isinstance(m, MultiStreamSite)]
 
     # --- forward -------------------------------------------------------------------------------------------------
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:

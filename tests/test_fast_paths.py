@@ -86,7 +86,7 @@ def test_compiled_stream_kernels_match_the_reference(residual, options, inductor
     token dimension."""
     fast, ref = build_pair(residual, options)
     fast.set_stream_kernels("compiled")
-    assert {m.stream_kernels for m in fast.modules() if hasattr(m, "stream_kernels")} == {"compiled"}
+    assert {m.stream_kernels for m in fast.multi_stream_sites()} == {"compiled"}
     for batch in (3, 2):
         images = torch.randn(batch, 3, TINY["img_size"], TINY["img_size"],
                              generator=torch.Generator().manual_seed(5))
@@ -272,7 +272,7 @@ def test_stream_kernels_auto_resolves_per_device_and_environment(monkeypatch):
     model, _ = build_pair("mhc", {}, depth=1)
     with pytest.raises(ValueError, match="not one of: eager, compiled"):
         model.set_stream_kernels("fused")
-    assert {m.stream_kernels for m in model.modules() if hasattr(m, "stream_kernels")} == {"eager"}
+    assert {m.stream_kernels for m in model.multi_stream_sites()} == {"eager"}
 
 
 def test_a_toolchain_that_cannot_compile_means_eager_kernels(monkeypatch):

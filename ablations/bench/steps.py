@@ -276,7 +276,7 @@ def bench_overhead(s: Settings) -> Section:
     kernels = stream_kernels.resolve("auto", s.device)
     models = {label: ours(label, {}, size) for label in ["standard", *OVERHEAD_GOALS]}
     for label, model in list(models.items()):
-        if any(hasattr(m, "stream_kernels") for m in model.modules()):
+        if model.multi_stream_sites():
             model.set_stream_kernels(kernels)
             if kernels != "eager":
                 models[f"{label} (eager kernels)"] = eager = ours(label, {}, size)

@@ -25,9 +25,10 @@ class StreamGrad:
     """One buffer for ∂L/∂H of a site's streams H, which three operations of the site read: the mixing's
     projection, the read h = readᵀ H and the write res · H + write ⊗ f. Autograd would give each its own
     (T, n, D) gradient and add the three (two more passes over the n-fold stream and three fresh buffers); instead
-    the write's and the read's backward ``take`` the buffer, pass it to their kernel, which adds its term (in place
-    in the eager kernels), ``add`` the result back and return no gradient for H, and the projection's backward, which autograd runs after both (the coefficients it computes
-    are inputs of both), ``take``s the buffer, adds its own term in place and returns the sum for H.
+    the write's and the read's backward ``take`` the buffer, pass it to their kernel, which adds its term (in
+    place in the eager kernels), ``add`` the result back and return no gradient for H, and the projection's
+    backward, which autograd runs after both (the coefficients it computes are inputs of both), ``take``s the
+    buffer, adds its own term in place and returns the sum for H.
 
     Only a mixing whose coefficients come out of one autograd Function that reads H and ``take``s this buffer may
     carry one (``Mixing.grad``; mHC's ``StreamProjection``): any other leaves ``grad`` None and every operation

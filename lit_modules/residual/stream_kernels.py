@@ -2,24 +2,24 @@
 model like timm's fused attention (``VisionTransformer.set_stream_kernels``):
 
 - ``"eager"``: PyTorch operations, one kernel each (``bmm`` for the n×n mixing, ``stream_sum`` for sums over the
-  n streams, Sinkhorn's normalisations one by one). The reference, and the only form under an outer
-  ``torch.compile`` (that compile fuses them itself).
+  n streams). The reference, and the only form under an outer ``torch.compile`` (that compile fuses them itself).
 - ``"compiled"``: the read and write written as broadcasts and sums and compiled by ``torch.compile``
   (inductor): each pass becomes one or two loops over the tokens that read a token's n×D streams once, where the
-  eager form runs 2-5 kernels over the whole n-fold stream (at n = 4, 2,080 tokens, width 192, AVX2: the write's
-  backward 4.2 ms instead of 14.4, its forward 2.1 instead of 4.0). Issue 27 measured the eager passes as most
-  of mHC's extra cost on an AVX2-only CPU. The first call of each kernel compiles it (seconds; inductor caches the code on disk for the
-  next process); a later batch size compiles once more with the token dimension dynamic.
+  eager form runs 2-5 kernels over the whole n-fold stream (at n = 4, 2,080 tokens, width 192, AVX2: the
+  write's backward 4.2 ms instead of 14.4, its forward 2.1 instead of 4.0). Issue 27 measured the eager passes
+  as most of mHC's extra cost on an AVX2-only CPU. The first call of each kernel compiles it (seconds; inductor
+  caches the code on disk for the next process); a later batch size compiles once more with the token dimension
+  dynamic.
 
 ``"auto"`` (the training default) resolves to ``"compiled"`` on a CPU where inductor's CPU backend builds
 kernels (``compiler_works``) and to ``"eager"`` elsewhere (the compiled kernels were not measured on a GPU);
-the environment variable ``ABLATIONS_STREAM_KERNELS`` (eager or compiled) overrides what ``auto`` picks. Both compute the same
-function (``tests/test_fast_paths.py``: outputs and gradients to 1e-6 in float64); in float32 they differ by
-rounding, as two orders of summation do.
+the environment variable ``ABLATIONS_STREAM_KERNELS`` (eager or compiled) overrides what ``auto`` picks. Both
+compute the same function (``tests/test_fast_paths.py``: outputs and gradients to 1e-6 in float64); in float32
+they differ by rounding, as two orders of summation do.
 
 Each kernel takes contiguous tensors with the tokens first: x (T, n, D), read / write (T, n), mix (T, n, n),
-f (T, D); Sinkhorn's take the logits (..., n, n). A backward takes ``total``, a gradient for x already summed
-elsewhere (``StreamGrad``), or None, and returns x's gradient plus ``total`` (None when ``need_x`` is False).
+f (T, D). A backward takes ``total``, a gradient for x already summed elsewhere (``StreamGrad``), or None, and
+returns x's gradient plus ``total`` (None when ``need_x`` is False).
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ import torch
 from ..names import STREAM_KERNEL_NAMES as KERNELS
 
 ENV = "ABLATIONS_STREAM_KERNELS"
-SINKHORN_FLOOR = -80.0  # logits below their row's maximum by more count as this far (exp stays a normal float32)
 RECOMPILE_LIMIT = 64  # graphs per kernel: n, dtype, a first static and a dynamic batch, with and without a total
 
 
@@ -45,8 +44,6 @@ class Kernels(NamedTuple):
     read_backward: Callable
     write_forward: Callable
     write_backward: Callable
-    sinkhorn_forward: Callable
-    sinkhorn_backward: Callable
 
 
 def stream_sum(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -94,41 +91,7 @@ def eager_write_backward(x: torch.Tensor, mix: torch.Tensor, write: torch.Tensor
             stream_sum(grad, write))
 
 
-def sinkhorn_forward(logits: torch.Tensor, iters: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """``iters`` alternating row and column normalisations of exp(logits) (..., n, n), rows first; returns the
-    result and what the backward needs. Tokens last, (n, n, ...): each normalisation is two vector operations
-    over all tokens, not a reduction over n = 4 values per token (5x faster on a CPU than the (..., n, n)
-    layout). In the exp domain after subtracting each row's maximum (Sinkhorn's first row normalisation removes
-    any row scaling, so the iterates are the same and that shift has no gradient); a logit more than
-    ``SINKHORN_FLOOR`` below its row's maximum counts as that far (exp(−80) is still a normal float32), so that
-    no column can underflow to zero."""
-    z = logits.movedim((-2, -1), (0, 1))
-    z = z - z.amax(dim=1, keepdim=True)
-    kept = z > SINKHORN_FLOOR
-    m = torch.exp(z.clamp(min=SINKHORN_FLOOR)).contiguous()
-    saved = [kept, m]
-    for _ in range(iters):
-        for dim in (1, 0):  # rows, then columns
-            total = m.sum(dim=dim, keepdim=True)
-            m = m / total
-            saved += [m, total]
-    return m.movedim((0, 1), (-2, -1)).contiguous(), saved  # back to (..., n, n) in memory too: bmm's fast layout
-
-
-def sinkhorn_backward(grad: torch.Tensor, saved: list[torch.Tensor]) -> torch.Tensor:
-    """For y = x / s, s = Σ x along the normalised dim: ∂L/∂x = (∂L/∂y − Σ ∂L/∂y ⊙ y) / s, four operations per
-    normalisation (autograd's division and sum took twice as many), in place on one buffer."""
-    kept, first, *steps = saved
-    g = grad.movedim((-2, -1), (0, 1)).clone(memory_format=torch.contiguous_format)
-    for i in range(len(steps) // 2 - 1, -1, -1):
-        m, total = steps[2 * i], steps[2 * i + 1]
-        dim = 1 if i % 2 == 0 else 0
-        g.sub_((g * m).sum(dim=dim, keepdim=True)).div_(total)
-    return g.mul_(first).mul_(kept).movedim((0, 1), (-2, -1))
-
-
-EAGER = Kernels(eager_read_forward, eager_read_backward, eager_write_forward, eager_write_backward,
-                sinkhorn_forward, sinkhorn_backward)
+EAGER = Kernels(eager_read_forward, eager_read_backward, eager_write_forward, eager_write_backward)
 
 
 # --- the formulas inductor fuses ------------------------------------------------------------------------------------
@@ -192,9 +155,9 @@ def pin_vector_width() -> None:
 @functools.cache
 def compiled() -> Kernels:
     """The fused formulas through ``torch.compile`` (built once per process; each compiles on its first call).
-    Sinkhorn stays eager: its (n, n, tokens) normalisations are already two vector operations each, and compiled
-    (the 2·iters iterates the backward needs written out by one graph, or recomputed) it timed 1.5-2.6x slower
-    (n = 4, 2,080 tokens, AVX2)."""
+    mHC's Sinkhorn (``mhc.SinkhornKnopp``) has no compiled form: its (n, n, tokens) normalisations are already two
+    vector operations each, and compiled (the 2·iters iterates the backward needs written out by one graph, or
+    recomputed) it timed 1.5-2.6x slower (n = 4, 2,080 tokens, AVX2)."""
     import torch._dynamo
 
     # the limit is per kernel: past it dynamo would run the broadcasts uncompiled, materialising (T, n, n, D)
@@ -202,7 +165,7 @@ def compiled() -> Kernels:
     pin_vector_width()
     fused = (StaticStreams(fn) for fn in (
         fused_read_forward, fused_read_backward, fused_write_forward, fused_write_backward))
-    return Kernels(*fused, sinkhorn_forward, sinkhorn_backward)
+    return Kernels(*fused)
 
 
 def check(name: str) -> None:
