@@ -23,6 +23,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from ablations import allocator
 from ablations.choices import INIT_VALUE_OPTIONS
 from ablations.cli import OneLineParser, fail
 from ablations.config import GROUPS, RunConfig, config_fields, option_fields
@@ -225,6 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = config_from_args(args)
         check_loggers(args.loggers)
+        allocator.choice()
         if args.download:
             from data.fetch import ensure
 

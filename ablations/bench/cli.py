@@ -50,7 +50,7 @@ import warnings
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from .. import layout
+from .. import allocator, layout
 from ..cli import OneLineParser
 from .harness import DEFAULT_SECTIONS, FULL, QUICK, SECTIONS, TINY, Section, goal_mark, parse_variants, table
 from .loops import bench_data, bench_lightning, bench_study
@@ -96,6 +96,7 @@ def render(meta: dict, sections: list[Section]) -> str:
            table(["fact", "value"], [
                ["CPU", f"{m['cpu']} ({m['logical_cores']} logical cores; {', '.join(m['cpu_flags']) or 'no flags read'})"],
                ["threads", f"{m['threads']} (torch.set_num_threads)"],
+               ["malloc", m.get("malloc", "not recorded") + " (ablations.allocator, as training sets it)"],
                ["torch / timm / lightning / Python", f"{m['torch']} / {m['timm']} / {m['lightning']} / {m['python']}"],
                ["CUDA", (f"{gpu} (the timed device)" if meta.get("device") == "cuda" else
                          f"{gpu} (not used: --device cpu)") if gpu else "none"],
@@ -170,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.threads is not None and args.threads < 1:
         build_parser().error(f"--threads must be >= 1, got {args.threads}")
+    try:
+        allocator.choice()
+    except ValueError as exc:
+        build_parser().error(str(exc))
     settings = replace(TINY if args.tiny else QUICK if args.quick else FULL, device=args.device)
     names = args.sections or list(DEFAULT_SECTIONS)
     if args.compile and "compile" not in names:
@@ -196,8 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
+    malloc = allocator.keep_freed_memory() if args.device == "cpu" else "system (--device cuda)"  # as training
     meta = {"mode": settings.mode, "device": settings.device, "settings": asdict(settings),
-            "machine": machine_facts(threads),
+            "machine": machine_facts(threads) | {"malloc": malloc},
             "started": time.strftime("%Y-%m-%d %H:%M:%S"), "sections": names}
     start = time.perf_counter()
     load = meta["machine"]["loadavg_start"][0]

@@ -26,7 +26,7 @@ import sys
 import threading
 from pathlib import Path
 
-from .. import layout
+from .. import allocator, layout
 from ..bench.gpu_hours import DEFAULT_GPU, DEVICE_RESULTS, GPU_CLASSES
 from ..cli import OneLineParser, add_study_arguments
 from ..dashboard import check_loggers
@@ -157,6 +157,7 @@ def _main(args: argparse.Namespace) -> int:
         raise ValueError("--study is required (or --list); valid studies: " + ", ".join(available_studies()))
     if args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    allocator.choice()  # a bad ABLATIONS_MALLOC is one line here, not a failed trial
     sets = parse_sets(args.sets)
     spec = apply_sets(load_spec(args.study, args.budget), sets)
     if args.import_runs and spec.space:
