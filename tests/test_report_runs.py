@@ -526,16 +526,19 @@ def test_every_study_file_lists_claims_that_load_under_every_budget():
     assert [c.id for c in untestable] == ["reattention_similar_blocks"] and "BatchNorm" in untestable[0].reason
 
 
-@pytest.mark.parametrize("study", ["modern_residuals"])  # hyper_connections' pilot file was replaced by its re-run
-def test_committed_earlier_runs_csv_gives_the_committed_differences(study, tmp_path):
-    """A runs.csv committed before this format (no phase, LR or summary columns) still loads: the
-    paired Δ, CI and raw t p recomputed from them equal the committed paired.csv (no run diverged there); the new
-    statistics change only the MDE (noncentral t, larger) and the Wilcoxon columns (n ≤ 5: 'n too small')."""
-    code, out, err = _report("--study", study, "--runs", str(REPO / "results" / study / "runs.csv"), "--out",
-                             str(tmp_path))
+EARLIER = Path(__file__).parent / "data" / "earlier_format"  # modern_residuals' pilot report, before its re-run
+
+
+def test_an_earlier_runs_csv_gives_its_committed_differences(tmp_path):
+    """A runs.csv of the format before the fair protocol (no phase, LR or summary columns; the pilot
+    ``modern_residuals`` report's, kept as test data when the re-run replaced it) still loads: the paired Δ, CI and
+    raw t p recomputed from it equal that report's paired.csv (no run diverged there); the new statistics change only
+    the MDE (noncentral t, larger) and the Wilcoxon columns (n ≤ 5: 'n too small')."""
+    code, out, err = _report("--study", "modern_residuals", "--runs", str(EARLIER / "modern_residuals_runs.csv"),
+                             "--out", str(tmp_path))
     assert code == 0, err
     assert "convergence: no run has the summary metrics" in out
-    old = {(r["variant"], r["depth"]): r for r in csv.DictReader(open(REPO / "results" / study / "paired.csv"))}
+    old = {(r["variant"], r["depth"]): r for r in csv.DictReader(open(EARLIER / "modern_residuals_paired.csv"))}
     new = {(r["variant"], r["depth"]): r for r in csv.DictReader(open(tmp_path / "paired.csv"))}
     # the study files' later rows (parameter-matched controls) have no runs in these files: no pairs, no test
     added = {key: row for key, row in new.items() if key not in old}
