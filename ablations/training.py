@@ -186,7 +186,8 @@ def run_training(
     Seeds everything (``seed_everything(config.seed, workers=True)``, ``deterministic=True`` without the NaN fill of
     new tensors: ``deterministic_without_nan_fill``): the same config on
     the same CPU gives identical metrics. Sets ``torch.set_num_threads(config.threads or all cores)`` for the
-    process and, on a CPU, glibc's malloc to keep freed memory (:mod:`ablations.allocator`; the ``malloc`` fact). Checkpoints (``ModelCheckpoint`` on ``val/acc`` + ``last.ckpt``) are written to ``checkpoint_dir``
+    process and, on a CPU, glibc's malloc as ``ABLATIONS_MALLOC`` says (:mod:`ablations.allocator`; the ``malloc``
+    fact). Checkpoints (``ModelCheckpoint`` on ``val/acc`` + ``last.ckpt``) are written to ``checkpoint_dir``
     (default ``<run dir>/checkpoints``) when ``enable_checkpointing`` or ``checkpoint_dir`` is given;
     ``ckpt_path`` resumes from a checkpoint (``"last"`` or a path; Lightning starts fresh if "last" has none).
 
@@ -205,14 +206,14 @@ def run_training(
     import torch
     from lightning.pytorch.callbacks import LambdaCallback, ModelCheckpoint
 
-    from ablations.allocator import keep_freed_memory
+    from ablations.allocator import set_malloc
     from ablations.dashboard import extra_loggers, write_run_hparams
     from ablations.tb_logger import tensorboard_logger
     from lit_modules.convergence import ConvergenceTracker, StepTimer
 
     torch.set_num_threads(config.threads or os.cpu_count() or 1)
     accelerator = _accelerator(config.accelerator)
-    malloc = keep_freed_memory() if accelerator == "cpu" else "system (GPU run)"
+    malloc = set_malloc() if accelerator == "cpu" else "system (GPU run)"
     if accelerator == "gpu":  # deterministic cuBLAS (Trainer(deterministic=True) enables deterministic algorithms)
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     pl.seed_everything(config.seed, workers=True, verbose=False)

@@ -1,5 +1,5 @@
-"""glibc's malloc kept from handing freed memory back (ablations.allocator): the second allocation of a large block
-takes no new pages from the kernel; the environment's choices and a bad value."""
+"""glibc's malloc kept from handing freed memory back (ablations.allocator, ABLATIONS_MALLOC=keep): the second
+allocation of a large block takes no new pages from the kernel; the default leaves glibc alone; a bad value."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 CHILD = """
 import ctypes, json, resource
 from ablations import allocator
-how = allocator.keep_freed_memory()
+how = allocator.set_malloc()
 libc = ctypes.CDLL(None)
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, (ctypes.c_size_t,)
 libc.free.argtypes = (ctypes.c_void_p,)
@@ -50,7 +50,8 @@ def test_kept_memory_is_not_faulted_in_again(monkeypatch):
     system = child({allocator.ENV: "system"}, monkeypatch)
     assert system["how"] == "system (ABLATIONS_MALLOC=system)"
     assert system["faults"][1] > pages // 2  # glibc's default: the block was mmap'ed, unmapped, mapped again
-    kept = child({}, monkeypatch)
+    assert child({}, monkeypatch)["how"] == "system (the default)"
+    kept = child({allocator.ENV: "keep"}, monkeypatch)
     assert kept["how"] == allocator.KEPT
     assert kept["faults"][0] > pages // 2  # the first round takes its pages from the kernel ...
     assert kept["faults"][1] < pages // 100  # ... the second reuses them
@@ -61,13 +62,13 @@ def test_kept_memory_is_not_faulted_in_again(monkeypatch):
                                       # (a library that does not exist: the loader warns and keeps glibc's malloc)
                                       ({"LD_PRELOAD": "/nonexistent/libjemalloc.so.2"}, "LD_PRELOAD is set")])
 def test_a_user_s_own_malloc_settings_are_left_alone(env, why, monkeypatch):
-    assert child(env, monkeypatch)["how"] == f"system ({why})"
+    assert child(env | {allocator.ENV: "keep"}, monkeypatch)["how"] == f"system ({why})"
 
 
 def test_a_bad_choice_is_one_line_naming_the_choices(monkeypatch, capsys):
     monkeypatch.setenv(allocator.ENV, "fast")
-    with pytest.raises(ValueError, match=r"^ABLATIONS_MALLOC='fast' is not a malloc choice; valid choices: keep, "
-                                         r"system$"):
+    with pytest.raises(ValueError, match=r"^ABLATIONS_MALLOC='fast' is not a malloc choice; valid choices: system, "
+                                         r"keep$"):
         allocator.choice()
     from ablations.run.cli import main as run_main
     from ablations.train import main as train_main

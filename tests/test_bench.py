@@ -4,6 +4,7 @@ structure. The numbers are not checked (they are timings); the hidden ``--tiny``
 from __future__ import annotations
 
 import json
+import platform
 import subprocess
 import sys
 from dataclasses import replace
@@ -18,7 +19,7 @@ from lit_modules import RESIDUALS
 ROOT = Path(__file__).resolve().parents[1]
 HEADERS = {"timm": "## 1. ", "variants": "## 2. ", "lightning": "## 3. ", "mfu": "## 4. ", "study": "## 5. ",
            "memory": "## 6. ", "data": "## 7. ", "modes": "## 8. ", "compile": "## 9. ", "auto": "## 10. ",
-           "overhead": "## 11. "}
+           "overhead": "## 11. ", "malloc": "## 12. "}
 DATA_KEYS = {
     "timm": {"times_s"},
     "variants": {"variants", "times_s"},
@@ -31,6 +32,7 @@ DATA_KEYS = {
     "compile": {"times_s", "first_compiled_step_s"},
     "auto": {"models"},
     "overhead": {"ratios", "times_s", "flops", "stream_kernels"},
+    "malloc": {"ratios", "runs"},
 }
 
 
@@ -228,15 +230,34 @@ def test_compile_section(tmp_path):
     check_report(md, report, ["mfu", "compile"])
 
 
+@pytest.mark.slow  # two child processes per round (~25 s)
+@pytest.mark.skipif(not (sys.platform == "linux" and platform.libc_ver()[0] == "glibc"), reason="glibc's malloc")
+def test_malloc_section_compares_the_two_settings_in_child_processes(tmp_path):
+    """Section 12: each round's children ran under the setting they were given (their own report of it), every
+    timed model has a per-round ratio of the two settings' times (the tiny sizes' blocks are too small for malloc's
+    settings to differ: tests/test_allocator.py checks the faults)."""
+    md, report = run_bench(tmp_path, "--tiny", "--threads", "1", "--sections", "malloc")
+    check_report(md, report, ["malloc"])
+    sec = report["sections"]["malloc"]
+    runs = sec["data"]["runs"]
+    assert [r["malloc"] for r in runs["system"]] == ["system (ABLATIONS_MALLOC=system)"] * 2
+    assert [r["malloc"].split(" (")[0] for r in runs["keep"]] == ["keep"] * 2
+    assert set(sec["data"]["ratios"]) == {f"{m} ({size})" for m in ("standard", "mhc")
+                                          for size in ("section 11", "study")}
+    assert all(len(r) == 2 and all(x > 0 for x in r) for r in sec["data"]["ratios"].values())
+    assert "12. glibc's malloc" in md and "keep vs system" in md
+
+
 def test_sections_by_name_or_number():
     assert cli.parse_sections("mfu,1, memory") == ["mfu", "timm", "memory"]
     assert cli.parse_sections("7,8") == ["data", "modes"]
     assert cli.parse_sections("9") == ["compile"]
     assert cli.parse_sections("10") == ["auto"] and cli.parse_sections("11") == ["overhead"]
-    assert "compile" not in harness.DEFAULT_SECTIONS and {"data", "modes"} <= set(harness.DEFAULT_SECTIONS)
+    assert cli.parse_sections("12") == ["malloc"]
+    assert {"compile", "malloc"}.isdisjoint(harness.DEFAULT_SECTIONS) and {"data", "modes"} <= set(harness.DEFAULT_SECTIONS)
 
 
-@pytest.mark.parametrize("argv", [["--sections", "nope"], ["--sections", "12"], ["--threads", "0"],
+@pytest.mark.parametrize("argv", [["--sections", "nope"], ["--sections", "13"], ["--threads", "0"],
                                   ["--device", "tpu"], ["--variants", "standard,nope"]])
 def test_bad_arguments_exit_2_with_one_line(argv, capsys):
     with pytest.raises(SystemExit) as exc:

@@ -231,7 +231,7 @@ def test_precision_auto_trains_in_the_measured_fastest_mode_with_diagnostics_wor
     assert (summary["precision"], summary["fused_attn"]) == (precision, kernel == "fused")
     assert seen == {"precision": precision, "fused": {kernel == "fused"}}
     assert str(table_path) in summary["mode_source"] and "width 16, 5 tokens" in summary["mode_source"]
-    assert summary["malloc"] == allocator.keep_freed_memory()  # the process's malloc setting, recorded
+    assert summary["malloc"] == allocator.set_malloc()  # the process's malloc setting, recorded
     assert math.isfinite(summary["final_train_loss"])
     scalars = events(summary["log_dir"])
     ratios = [t for t in scalars.Tags()["scalars"] if internal_tag(t).startswith("diag/")]

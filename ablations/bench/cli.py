@@ -9,7 +9,8 @@
 
 Writes ``<out>/bench.md`` (each figure beside its goal with a pass/miss mark, plus the machine facts) and
 ``<out>/bench.json`` (the raw timings). Sections: 1 timm, 2 variants, 3 lightning, 4 mfu, 5 study, 6 memory,
-7 data, 8 modes, 9 compile (only with ``--compile``), 10 auto (precision auto vs both fixed precisions), 11 overhead. Section 8 also writes ``<out>/modes-<device>.json``, the
+7 data, 8 modes, 9 compile (only with ``--compile``), 10 auto (precision auto vs both fixed precisions), 11 overhead,
+12 malloc (only by name: ``--sections malloc``; child processes per malloc setting). Section 8 also writes ``<out>/modes-<device>.json``, the
 table ``ablations.bench.modes`` chooses a training run's precision and attention kernel from: it looks for the user's own
 at ``results/device/modes-<device>.json`` (hence ``--out results/device`` above).
 
@@ -54,12 +55,13 @@ from .. import allocator, layout
 from ..cli import OneLineParser
 from .harness import DEFAULT_SECTIONS, FULL, QUICK, SECTIONS, TINY, Section, goal_mark, parse_variants, table
 from .loops import bench_data, bench_lightning, bench_study
+from .malloc import bench_malloc
 from .precision import bench_auto, bench_modes, modes_table
 from .steps import bench_compile, bench_memory, bench_mfu, bench_overhead, bench_timm, bench_variants
 
 BENCHES = {"timm": bench_timm, "variants": bench_variants, "lightning": bench_lightning, "mfu": bench_mfu,
            "study": bench_study, "memory": bench_memory, "data": bench_data, "modes": bench_modes,
-           "compile": bench_compile, "auto": bench_auto, "overhead": bench_overhead}
+           "compile": bench_compile, "auto": bench_auto, "overhead": bench_overhead, "malloc": bench_malloc}
 
 
 # --- report --------------------------------------------------------------------------------------------------------
@@ -96,7 +98,7 @@ def render(meta: dict, sections: list[Section]) -> str:
            table(["fact", "value"], [
                ["CPU", f"{m['cpu']} ({m['logical_cores']} logical cores; {', '.join(m['cpu_flags']) or 'no flags read'})"],
                ["threads", f"{m['threads']} (torch.set_num_threads)"],
-               ["malloc", m.get("malloc", "not recorded") + " (ablations.allocator, as training sets it)"],
+               ["malloc", m.get("malloc", "not recorded") + " (ablations.allocator: ABLATIONS_MALLOC, as in training)"],
                ["torch / timm / lightning / Python", f"{m['torch']} / {m['timm']} / {m['lightning']} / {m['python']}"],
                ["CUDA", (f"{gpu} (the timed device)" if meta.get("device") == "cuda" else
                          f"{gpu} (not used: --device cpu)") if gpu else "none"],
@@ -156,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"folder for bench.md and bench.json (default: {layout.RESULTS_DIR})")
     p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's own, the physical cores)")
     p.add_argument("--sections", type=parse_sections, help=f"comma-separated subset of {', '.join(SECTIONS)} "
-                   f"(or numbers 1-{len(SECTIONS)}); default: all but compile")
+                   f"(or numbers 1-{len(SECTIONS)}); default: all but compile and malloc")
     p.add_argument("--compile", action="store_true", help="also measure model.compile() (section 9)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="where models and batches live and steps are timed (default: cpu); cuda times the train "
@@ -201,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
-    malloc = allocator.keep_freed_memory() if args.device == "cpu" else "system (--device cuda)"  # as training
+    malloc = allocator.set_malloc() if args.device == "cpu" else "system (--device cuda)"  # as training
     meta = {"mode": settings.mode, "device": settings.device, "settings": asdict(settings),
             "machine": machine_facts(threads) | {"malloc": malloc},
             "started": time.strftime("%Y-%m-%d %H:%M:%S"), "sections": names}

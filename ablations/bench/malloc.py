@@ -1,0 +1,114 @@
+"""Section 12: training steps with glibc's malloc kept from handing freed memory back (``ABLATIONS_MALLOC=keep``,
+``ablations.allocator``) against glibc's defaults (``system``, what training uses unless told). malloc's settings and heap are per process, so each round starts one child process per
+setting (``python -m ablations.bench.malloc``), in alternating order; a child times ``standard`` and mHC (the
+section-11 size, or the study's) and counts the page faults of its timed steps."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from dataclasses import asdict, replace
+
+from .harness import Section, Settings, ms, ours, random_batch, ratio_cell
+from .timing import median, train_step
+
+SETTINGS = ("system", "keep")
+LABELS = ("standard", "mhc")
+
+
+def study_size(s: Settings) -> Settings:
+    """The study's model (mnist5k's 28 px images, patch 7, width 64, 4 heads; depth 4, batch 64, MLP ratio 2)."""
+    return replace(s, img_size=28, patch_size=7, embed_dim=64, num_heads=4)
+
+
+def child(s: Settings) -> dict:
+    """In the child process: ms/step and page faults/step of each label at both sizes, after warm-up."""
+    import torch
+
+    from ablations.allocator import set_malloc
+
+    how = set_malloc()
+    from lit_modules.residual import stream_kernels
+
+    kernels = stream_kernels.resolve("auto", s.device)
+    small = study_size(s)
+    sizes = {"section 11": (s, s.vit(s.overhead_depth), s.overhead_batch),
+             "study": (small, small.vit(4) | {"mlp_ratio": 2.0}, 64 if s.mode == "full" else s.batch)}
+    out: dict = {"malloc": how, "threads": torch.get_num_threads(), "times": {}}
+    for size_name, (settings, size, batch_size) in sizes.items():
+        batch = random_batch(settings, batch_size)
+        for label in LABELS:
+            model = ours(label, {}, size)
+            if model.multi_stream_sites():
+                model.set_stream_kernels(kernels)
+            step = train_step(model, batch)
+            for _ in range(s.warmup + 1):
+                step()
+            steps = s.steps * (10 if size_name == "study" else 1)  # the study's step is ~20x shorter
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            start = time.perf_counter()
+            for _ in range(steps):
+                step()
+            seconds = (time.perf_counter() - start) / steps
+            out["times"][f"{label} ({size_name})"] = {
+                "s": seconds, "faults": (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / steps}
+    return out
+
+
+def bench_malloc(s: Settings) -> Section:
+    """``s.malloc_reps`` rounds; in each, one child per malloc setting (the order alternates by round)."""
+    import torch
+
+    if s.device != "cpu":
+        sec = Section("malloc", "12. glibc's malloc (ablations.allocator)", "—", [])
+        sec.notes.append("CPU only: a run on a GPU leaves malloc as it is.")
+        return sec
+    env = dict(os.environ)
+    for name in ("LD_PRELOAD", "MALLOC_MMAP_MAX_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
+                 "MALLOC_TOP_PAD_"):
+        env.pop(name, None)  # the comparison is of glibc's own malloc under the two settings
+    runs: dict[str, list[dict]] = {name: [] for name in SETTINGS}
+    settings_json = json.dumps(asdict(s))
+    threads = str(torch.get_num_threads())
+    for r in range(s.malloc_reps):
+        for name in SETTINGS[r % 2:] + SETTINGS[:r % 2]:
+            done = subprocess.run([sys.executable, "-m", "ablations.bench.malloc", settings_json, threads],
+                                  env=env | {"ABLATIONS_MALLOC": name}, capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                raise RuntimeError(f"the {name} child failed: {done.stderr.strip().splitlines()[-1:]}")
+            runs[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    keys = list(runs["keep"][0]["times"])
+    sec = Section("malloc", "12. glibc's malloc: kept freed memory vs the defaults (ablations.allocator)",
+                  f"one child process per setting and round ({s.malloc_reps} rounds, alternating order); "
+                  f"{s.mode_text()}, AdamW; each child warms up, then times {s.steps} steps at the section-11 size "
+                  f"({s.describe(s.overhead_depth, s.overhead_batch)}) and {10 * s.steps} at the study's "
+                  f"(28 px, patch 7, width 64, depth 4); keep: {runs['keep'][0]['malloc']}",
+                  ["model", "system ms/step", "keep ms/step", "keep vs system [round min-max]",
+                   "system faults/step", "keep faults/step"])
+    ratios = {}
+    for key in keys:
+        system = [run["times"][key] for run in runs["system"]]
+        keep = [run["times"][key] for run in runs["keep"]]
+        ratios[key] = [k["s"] / t["s"] for k, t in zip(keep, system, strict=True)]
+        sec.rows.append([key, ms(median([t["s"] for t in system])), ms(median([k["s"] for k in keep])),
+                         ratio_cell(ratios[key]), f"{median([t['faults'] for t in system]):,.0f}",
+                         f"{median([k['faults'] for k in keep]):,.0f}"])
+    sec.notes.append("Report only (no goal): training uses system unless ABLATIONS_MALLOC=keep; a ratio below 1 "
+                     "is time keep saves. A child's first touch of memory it had freed and handed back is a page "
+                     "fault; what faults remain under keep are not malloc's (on Python 3.11, for one, its frame "
+                     "stack's 16 KiB chunks are mapped and unmapped as the call depth crosses a chunk's end).")
+    sec.data = {"ratios": ratios, "runs": runs}
+    return sec
+
+
+if __name__ == "__main__":  # a child of bench_malloc: settings as JSON, threads
+    import torch
+
+    torch.set_num_threads(int(sys.argv[2]))
+    settings = json.loads(sys.argv[1])
+    settings = Settings(**{k: tuple(v) if isinstance(v, list) else v for k, v in settings.items()})
+    print(json.dumps(child(settings)))
