@@ -1,18 +1,18 @@
 """Section 12: training steps with glibc's malloc kept from handing freed memory back (``ABLATIONS_MALLOC=keep``,
-``ablations.allocator``) against glibc's defaults (``system``, what training uses unless told). malloc's settings and heap are per process, so each round starts one child process per
-setting (``python -m ablations.bench.malloc``), in alternating order; a child times ``standard`` and mHC (the
-section-11 size, or the study's) and counts the page faults of its timed steps."""
+``ablations.allocator``) against glibc's defaults (``system``, what training uses unless told). malloc's settings
+and heap are per process, so each round starts one child process per setting (``ablations.bench.child``), in
+alternating order; a child times ``standard`` and mHC (the section-11 size, and the study's) and counts the page
+faults of its timed steps."""
 
 from __future__ import annotations
 
-import json
 import os
 import resource
-import subprocess
-import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 
+from .. import allocator
+from . import child
 from .harness import Section, Settings, ms, ours, random_batch, ratio_cell
 from .timing import median, train_step
 
@@ -25,14 +25,14 @@ def study_size(s: Settings) -> Settings:
     return replace(s, img_size=28, patch_size=7, embed_dim=64, num_heads=4)
 
 
-def child(s: Settings) -> dict:
-    """In the child process: ms/step and page faults/step of each label at both sizes, after warm-up."""
+def time_both_sizes(s: Settings) -> dict:
+    """In a child process (task ``malloc``): malloc set as ``ABLATIONS_MALLOC`` says, then ms/step and page
+    faults/step of each label at both sizes, after warm-up."""
     import torch
 
-    from ablations.allocator import set_malloc
-
-    how = set_malloc()
     from lit_modules.residual import stream_kernels
+
+    how = allocator.set_malloc()
 
     kernels = stream_kernels.resolve("auto", s.device)
     small = study_size(s)
@@ -68,19 +68,12 @@ def bench_malloc(s: Settings) -> Section:
         sec.notes.append("CPU only: a run on a GPU leaves malloc as it is.")
         return sec
     env = dict(os.environ)
-    for name in ("LD_PRELOAD", "MALLOC_MMAP_MAX_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
-                 "MALLOC_TOP_PAD_"):
+    for name in ("LD_PRELOAD", *allocator.GLIBC_ENV):
         env.pop(name, None)  # the comparison is of glibc's own malloc under the two settings
     runs: dict[str, list[dict]] = {name: [] for name in SETTINGS}
-    settings_json = json.dumps(asdict(s))
-    threads = str(torch.get_num_threads())
     for r in range(s.malloc_reps):
         for name in SETTINGS[r % 2:] + SETTINGS[:r % 2]:
-            done = subprocess.run([sys.executable, "-m", "ablations.bench.malloc", settings_json, threads],
-                                  env=env | {"ABLATIONS_MALLOC": name}, capture_output=True, text=True, check=False)
-            if done.returncode != 0:
-                raise RuntimeError(f"the {name} child failed: {done.stderr.strip().splitlines()[-1:]}")
-            runs[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
+            runs[name].append(child.run("malloc", s, torch.get_num_threads(), env=env | {"ABLATIONS_MALLOC": name}))
     keys = list(runs["keep"][0]["times"])
     sec = Section("malloc", "12. glibc's malloc: kept freed memory vs the defaults (ablations.allocator)",
                   f"one child process per setting and round ({s.malloc_reps} rounds, alternating order); "
@@ -104,11 +97,3 @@ def bench_malloc(s: Settings) -> Section:
     sec.data = {"ratios": ratios, "runs": runs}
     return sec
 
-
-if __name__ == "__main__":  # a child of bench_malloc: settings as JSON, threads
-    import torch
-
-    torch.set_num_threads(int(sys.argv[2]))
-    settings = json.loads(sys.argv[1])
-    settings = Settings(**{k: tuple(v) if isinstance(v, list) else v for k, v in settings.items()})
-    print(json.dumps(child(settings)))

@@ -1,0 +1,52 @@
+"""Timings that need a process of their own, run as ``python -m ablations.bench.child '<json>'``.
+
+A training run holds one model in one process. A benchmark process that builds, steps and interleaves many models
+holds them all, and a model whose step writes large fresh buffers (mHC's four-fold stream) then pays for the
+crowded heap and caches: section 11 measured mHC well above its ratio in a process of its own with ``standard``
+(the README has the figures). Sections 11 and 12 therefore start a child per measurement. The payload names a
+``task``, the benchmark's ``settings``, the parent's ``threads`` and the task's ``arguments``; the child prints its
+result as one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import asdict
+from typing import Any
+
+from .harness import Settings
+
+
+def run(task: str, settings: Settings, threads: int, env: dict[str, str] | None = None, **arguments: Any) -> dict:
+    """Run ``task`` in a new Python process (``env``: its environment; None: this one's) and return its result."""
+    payload = json.dumps({"task": task, "settings": asdict(settings), "threads": threads, "arguments": arguments})
+    done = subprocess.run([sys.executable, "-m", __name__, payload], env=env, capture_output=True, text=True,
+                          check=False)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"the child process of task {task} failed (exit {done.returncode}): {last}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def settings_from(fields: dict) -> Settings:
+    """``Settings`` back from ``asdict`` through JSON (lists were tuples)."""
+    return Settings(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+
+
+def main(payload: str) -> None:
+    import torch
+
+    from .malloc import time_both_sizes
+    from .steps import overhead_pair
+
+    tasks = {"overhead_pair": overhead_pair, "malloc": time_both_sizes}
+    request = json.loads(payload)
+    torch.set_num_threads(request["threads"])
+    result = tasks[request["task"]](settings_from(request["settings"]), **request["arguments"])
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
