@@ -31,7 +31,7 @@ DATA_KEYS = {
     "modes": {"device", "depth", "batch", "cells"},
     "compile": {"times_s", "first_compiled_step_s"},
     "auto": {"models"},
-    "overhead": {"ratios", "times_s", "pairs_s", "isolated", "flops", "stream_kernels"},
+    "overhead": {"ratios", "times_s", "flops", "stream_kernels"},
     "malloc": {"ratios", "runs"},
 }
 
@@ -222,25 +222,6 @@ def test_overhead_section_has_one_goal_per_new_design(tmp_path, monkeypatch):
         assert goal["passed"] == (goal["value"] <= goal["limit"]) and len(goal["rounds"]) == 2
     assert sec["data"]["flops"]["mhc"] > sec["data"]["flops"]["standard"]
     assert "depth 2" in sec["setup"] and "batch 4" in sec["setup"]  # the tiny mode's overhead_depth, _batch
-
-
-@pytest.mark.slow  # seven child processes (~40 s)
-def test_overhead_section_times_each_design_in_a_process_of_its_own(monkeypatch):
-    """The full bench's section 11 (``overhead_isolated``): each design and its eager-kernel form is timed against
-    standard in a child process of its own; each pair's rounds give that row's ratios, and the standard row is every
-    pair's standard rounds."""
-    from dataclasses import replace
-
-    monkeypatch.setenv("ABLATIONS_STREAM_KERNELS", "eager")  # no compile in the children: the pairing is the test
-    sec = steps.bench_overhead(replace(harness.TINY, overhead_isolated=True))
-    assert sec.error is None and sec.data["isolated"] and "in a process of its own" in sec.setup
-    pairs = sec.data["pairs_s"]
-    assert set(pairs) == set(steps.OVERHEAD_GOALS)  # eager kernels already: no second row per multi-stream design
-    for row, times in pairs.items():
-        assert set(times) == {"standard", row} and all(len(t) == harness.TINY.overhead_reps for t in times.values())
-        assert sec.data["ratios"][row] == pytest.approx([a / b for a, b in zip(times[row], times["standard"])])
-    assert sec.data["times_s"]["standard"] == [t for times in pairs.values() for t in times["standard"]]
-    assert [g["what"] for g in sec.goals] == [f"{k} / standard" for k in steps.OVERHEAD_GOALS]
 
 
 @pytest.mark.slow  # a cold torch.compile (inductor) on the CPU

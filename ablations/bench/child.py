@@ -1,12 +1,6 @@
-"""Timings that need a process of their own, run as ``python -m ablations.bench.child '<json>'``.
-
-A training run holds one model in one process. A benchmark process that builds, steps and interleaves many models
-holds them all, and a model whose step writes large fresh buffers (mHC's four-fold stream) then pays for the
-crowded heap and caches: section 11 measured mHC well above its ratio in a process of its own with ``standard``
-(the README has the figures). Sections 11 and 12 therefore start a child per measurement. The payload names a
-``task``, the benchmark's ``settings``, the parent's ``threads`` and the task's ``arguments``; the child prints its
-result as one JSON line.
-"""
+"""Timings that need a process of their own, run as ``python -m ablations.bench.child '<json>'``: section 12's,
+whose malloc settings are per process. The payload names a ``task``, the benchmark's ``settings``, the parent's
+``threads`` and the task's ``arguments``; the child prints its result as one JSON line."""
 
 from __future__ import annotations
 
@@ -39,9 +33,8 @@ def main(payload: str) -> None:
     import torch
 
     from .malloc import time_both_sizes
-    from .steps import overhead_pair
 
-    tasks = {"overhead_pair": overhead_pair, "malloc": time_both_sizes}
+    tasks = {"malloc": time_both_sizes}
     request = json.loads(payload)
     torch.set_num_threads(request["threads"])
     result = tasks[request["task"]](settings_from(request["settings"]), **request["arguments"])

@@ -57,7 +57,6 @@ class Settings:
     overhead_depth: int = 6  # section 11: the new designs at issue 27's size (depth 6, batch 32) ...
     overhead_batch: int = 32
     overhead_reps: int = 9  # ... in more rounds than section 2: the goals are tight, the rounds cheap
-    overhead_isolated: bool = True  # section 11: each variant with standard in a child process (as in training)
     malloc_reps: int = 5  # section 12: rounds of two child processes (~20 s each at full size)
 
     @property
@@ -93,7 +92,7 @@ TINY = replace(FULL, mode="tiny", embed_dim=32, num_heads=2, patch_size=8, depth
                study_depths=1, run_estimate=False,
                memory_depth=4, memory_batch=2, compile_variants=("standard",), data_samples=40,
                modes_widths=(32,), modes_patches=(8,), modes_depth=1, overhead_depth=2, overhead_batch=4,
-               overhead_reps=2, overhead_isolated=False, malloc_reps=2)
+               overhead_reps=2, malloc_reps=2)
 
 
 def ratio_cell(ratios: list[float], percent: bool = False) -> str:

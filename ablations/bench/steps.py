@@ -264,66 +264,46 @@ def bench_compile(s: Settings) -> Section:
 OVERHEAD_GOALS = {"attn_res": 1.3, "hyper_connections": 1.3, "dca": 1.3, "mhc": 1.5, "denseformer": 1.1}
 
 
-def overhead_pair(s: Settings, label: str, kernels: str) -> dict:
-    """``standard`` and the variant ``label`` (its registry defaults; multi-stream ones with ``kernels``) built, warmed
-    up and timed interleaved in this process alone, as a training run holds one model: ``{"times": ...}``."""
-    size = s.vit(s.overhead_depth)
-    models = {"standard": ours("standard", {}, size), label: ours(label, {}, size)}
-    if models[label].multi_stream_sites():
-        models[label].set_stream_kernels(kernels)
-    batch = random_batch(s, s.overhead_batch)
-    times = interleave({k: train_step(m.to(s.device), batch, s.precision) for k, m in models.items()},
-                       reps=s.overhead_reps, steps=s.steps, warmup=s.warmup, device=s.device)
-    return {"times": times}
-
-
 def bench_overhead(s: Settings) -> Section:
-    """Each of ``OVERHEAD_GOALS``' variants at its defaults vs standard (section 2's method at depth
-    ``overhead_depth``, batch ``overhead_batch``): the cost of their implementation, not of their FLOPs (each adds
-    ≤ 10 % FLOPs). Each variant is timed against ``standard`` interleaved in a process of its own
-    (``ablations.bench.child``; in-process when ``s.overhead_isolated`` is False, the tiny test mode). The multi-stream
-    variants run the kernels training picks here (``stream_kernels: auto``); when those are the compiled ones, a row
-    per variant with the eager kernels too."""
-    import torch
-
+    """Each of ``OVERHEAD_GOALS``' variants at its defaults vs standard, interleaved in one run (section 2's
+    method at depth ``overhead_depth``, batch ``overhead_batch``): the cost of their implementation, not of their
+    FLOPs (each adds ≤ 10 % FLOPs). The multi-stream variants run the kernels training picks here
+    (``stream_kernels: auto``); when those are the compiled ones, a row per variant with the eager kernels too."""
     from ablations.costs import measure
     from lit_modules.residual import stream_kernels
 
-    from . import child
-
     size = s.vit(s.overhead_depth)
     kernels = stream_kernels.resolve("auto", s.device)
-    pairs = {label: (label, kernels) for label in OVERHEAD_GOALS}
-    if kernels != "eager":
-        pairs |= {f"{label} (eager kernels)": (label, "eager") for label in OVERHEAD_GOALS
-                  if ours(label, {}, size).multi_stream_sites()}
-    threads = torch.get_num_threads()
-    results = {row: child.run("overhead_pair", s, threads, label=label, kernels=k) if s.overhead_isolated
-               else overhead_pair(s, label, k) for row, (label, k) in pairs.items()}
+    models = {label: ours(label, {}, size) for label in ["standard", *OVERHEAD_GOALS]}
+    for label, model in list(models.items()):
+        if model.multi_stream_sites():
+            model.set_stream_kernels(kernels)
+            if kernels != "eager":
+                models[f"{label} (eager kernels)"] = eager = ours(label, {}, size)
+                eager.set_stream_kernels("eager")
     costs = {label: measure(label, {}, **size) for label in ["standard", *OVERHEAD_GOALS]}
-    where = "each variant in a process of its own with standard" if s.overhead_isolated else "in this process"
+    batch = random_batch(s, s.overhead_batch)
+    times = interleave({k: train_step(m.to(s.device), batch, s.precision) for k, m in models.items()},
+                       reps=s.overhead_reps, steps=s.steps, warmup=s.warmup, device=s.device)
     sec = Section("overhead", "11. The new designs' step time vs standard (issue 27)",
                   f"{s.describe(s.overhead_depth, s.overhead_batch)}; {s.mode_text()}, AdamW; {s.overhead_reps} "
-                  f"rounds x {s.steps} steps, {where}; each variant at its defaults; multi-stream kernels: "
-                  f"{kernels} (what stream_kernels auto picks here)",
+                  f"rounds x {s.steps} steps; each variant at its defaults; multi-stream kernels: {kernels} "
+                  f"(what stream_kernels auto picks here)",
                   ["variant", "+FLOPs", "ms/step", "time vs standard [round min-max]", "goal", "mark"])
     base = costs["standard"]["flops"]
-    standard = [t for r in results.values() for t in r["times"]["standard"]]
-    sec.rows.append(["standard", "+0.00%", ms(median(standard)), "reference (every pair's rounds)", "", ""])
-    ratios = {}
-    for row, (label, _) in pairs.items():
-        times = {key: results[row]["times"][key] for key in ("standard", label)}
-        ratios[row] = round_ratios(times, label, "standard")
-        cells = [row, f"{100.0 * (costs[label]['flops'] - base) / base:+.2f}%", ms(median(times[label])),
-                 ratio_cell(ratios[row])]
-        if row not in OVERHEAD_GOALS:  # the eager kernels: for comparison, no goal
-            sec.rows.append(cells + ["", ""])
+    for label in models:
+        variant = label.split(" (")[0]
+        row = [label, f"{100.0 * (costs[variant]['flops'] - base) / base:+.2f}%", ms(median(times[label]))]
+        if label == "standard":
+            sec.rows.append(row + ["reference", "", ""])
             continue
-        ratio, limit = median(ratios[row]), OVERHEAD_GOALS[row]
-        sec.rows.append(cells + sec.goal(f"{row} / standard", ratio, limit, f"≤ {limit:.2f}x", f"{ratio:.3f}x",
-                                         rounds=ratios[row]))
-    sec.data = {"ratios": ratios, "times_s": {"standard": standard} | {row: results[row]["times"][pairs[row][0]]
-                                                                      for row in pairs},
-                "pairs_s": {row: results[row]["times"] for row in pairs}, "isolated": s.overhead_isolated,
-                "flops": {label: c["flops"] for label, c in costs.items()}, "stream_kernels": kernels}
+        ratios = round_ratios(times, label, "standard")
+        if label not in OVERHEAD_GOALS:  # the eager kernels: for comparison, no goal
+            sec.rows.append(row + [ratio_cell(ratios), "", ""])
+            continue
+        ratio, limit = median(ratios), OVERHEAD_GOALS[label]
+        sec.rows.append(row + [ratio_cell(ratios), *sec.goal(f"{label} / standard", ratio, limit, f"≤ {limit:.2f}x",
+                                                             f"{ratio:.3f}x", rounds=ratios)])
+    sec.data = {"ratios": {label: round_ratios(times, label, "standard") for label in models if label != "standard"},
+                "times_s": times, "flops": {label: c["flops"] for label, c in costs.items()}, "stream_kernels": kernels}
     return sec
