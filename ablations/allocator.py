@@ -3,9 +3,10 @@
 PyTorch's CPU tensors come straight from ``malloc``. glibc serves large blocks with ``mmap`` and gives freed memory
 back to the kernel (``munmap``, or trimming the heap's top), so a CPU training step can ask the kernel for its
 activations again every step, and the kernel zero-fills each page on first touch. ``ABLATIONS_MALLOC=keep`` turns
-glibc's ``mmap`` path off (``M_MMAP_MAX = 0``: every block comes from the heap) and its trimming off
-(``M_TRIM_THRESHOLD`` = 2 GiB − 1, ``M_TOP_PAD`` = 64 MiB): the process keeps its peak memory, and no computed value
-changes. The default, ``system``, leaves glibc as it is.
+glibc's ``mmap`` path off (``M_MMAP_MAX = 0``: the main thread's blocks come from the heap; another thread's arena
+may still map a very large block) and its trimming off (``M_TRIM_THRESHOLD`` = 2 GiB − 1, ``M_TOP_PAD`` = 64 MiB):
+the process keeps its peak memory, and no computed value changes. The default, ``system``, leaves glibc as it is.
+The setting is the calling process's: processes a strategy spawns (``ddp_spawn``) start with glibc's defaults.
 
 Why opt-in: ``python -m ablations.bench --sections malloc`` (child processes per setting, 2-core EPYC, 1 thread)
 measured the page faults gone (section 11's model, width 192 and 2,080 tokens: ~15,000 per step to ~300) but no
@@ -13,8 +14,9 @@ step-time gain beyond the machine's noise (0.96x standard, 1.02x mHC), and the s
 under either setting (glibc's adaptive mmap threshold already keeps blocks of that size). Worth trying on a machine
 where the kernel's page faults are dearer (many cores, NUMA, memory cgroups): the bench section says.
 
-``keep`` is not applied when the user set glibc's own ``MALLOC_*_`` variables or ``LD_PRELOAD`` (another allocator,
-e.g. jemalloc or tcmalloc), nor outside glibc (macOS, Windows, musl). What was done is the run's ``malloc`` fact.
+``keep`` is not applied when the user set glibc's own ``MALLOC_*_`` variables, ``glibc.malloc.*`` tunables in
+``GLIBC_TUNABLES`` or ``LD_PRELOAD`` (another allocator, e.g. jemalloc or tcmalloc), nor outside glibc (macOS,
+Windows, musl). What was done is the run's ``malloc`` fact.
 """
 
 from __future__ import annotations
@@ -32,6 +34,16 @@ SETTINGS = ((M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, 2**31 - 1), (M_TOP_PAD, 64 << 20
 KEPT = "keep (glibc: no mmap, no trim)"
 
 
+def glibc() -> bool:
+    """Whether this process runs on Linux with glibc (whose ``mallopt`` ``keep`` calls)."""
+    return platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+
+
+def without_user_malloc(env: dict[str, str]) -> dict[str, str]:
+    """``env`` without the variables that make ``keep`` stand down (glibc's own settings, ``LD_PRELOAD``)."""
+    return {k: v for k, v in env.items() if k not in ("LD_PRELOAD", "GLIBC_TUNABLES", *GLIBC_ENV)}
+
+
 def choice() -> str:
     """``ABLATIONS_MALLOC`` (default ``system``); anything else is a one-line ValueError naming the choices."""
     value = os.environ.get(ENV, "system")
@@ -46,14 +58,16 @@ def set_malloc() -> str:
     done: ``"keep (glibc: ...)"`` or ``"system (<why>)"``."""
     if choice() == "system":
         return "system (the default)" if ENV not in os.environ else f"system ({ENV}=system)"
-    if any(name in os.environ for name in GLIBC_ENV):
-        return "system (glibc's MALLOC_* variables are set)"
+    if any(name in os.environ for name in GLIBC_ENV) or "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""):
+        return "system (glibc's MALLOC_* variables or malloc tunables are set)"
     if os.environ.get("LD_PRELOAD"):
         return "system (LD_PRELOAD is set)"
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    if not glibc():
         return "system (not glibc)"
     mallopt = ctypes.CDLL(None).mallopt
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    if not all(mallopt(param, value) == 1 for param, value in SETTINGS):
-        return "system (mallopt refused)"
+    refused = [name for name, (param, value) in zip(("M_MMAP_MAX", "M_TRIM_THRESHOLD", "M_TOP_PAD"), SETTINGS,
+                                                     strict=True) if mallopt(param, value) != 1]
+    if refused:
+        return f"keep, partly (mallopt refused {', '.join(refused)})"
     return KEPT

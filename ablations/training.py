@@ -213,7 +213,7 @@ def run_training(
 
     torch.set_num_threads(config.threads or os.cpu_count() or 1)
     accelerator = _accelerator(config.accelerator)
-    malloc = set_malloc() if accelerator == "cpu" else "system (GPU run)"
+    malloc = set_malloc() if accelerator == "cpu" else "system (not a CPU run)"
     if accelerator == "gpu":  # deterministic cuBLAS (Trainer(deterministic=True) enables deterministic algorithms)
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     pl.seed_everything(config.seed, workers=True, verbose=False)

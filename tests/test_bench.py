@@ -3,8 +3,8 @@ structure. The numbers are not checked (they are timings); the hidden ``--tiny``
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import platform
 import subprocess
 import sys
 from dataclasses import replace
@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ablations.bench import cli, harness, modes, steps, timing
+from ablations import allocator
+from ablations.bench import child, cli, harness, modes, steps, timing
 from ablations.costs import all_configs, bench_step_times
 from lit_modules import RESIDUALS
 
@@ -231,7 +232,7 @@ def test_compile_section(tmp_path):
 
 
 @pytest.mark.slow  # two child processes per round (~25 s)
-@pytest.mark.skipif(not (sys.platform == "linux" and platform.libc_ver()[0] == "glibc"), reason="glibc's malloc")
+@pytest.mark.skipif(not allocator.glibc(), reason="glibc's malloc")
 def test_malloc_section_compares_the_two_settings_in_child_processes(tmp_path):
     """Section 12: each round's children ran under the setting they were given (their own report of it), every
     timed model has a per-round ratio of the two settings' times (the tiny sizes' blocks are too small for malloc's
@@ -243,9 +244,29 @@ def test_malloc_section_compares_the_two_settings_in_child_processes(tmp_path):
     assert [r["malloc"] for r in runs["system"]] == ["system (ABLATIONS_MALLOC=system)"] * 2
     assert [r["malloc"].split(" (")[0] for r in runs["keep"]] == ["keep"] * 2
     assert set(sec["data"]["ratios"]) == {f"{m} ({size})" for m in ("standard", "mhc")
-                                          for size in ("section 11", "study")}
+                                          for size in ("section 11", "study size")}
     assert all(len(r) == 2 and all(x > 0 for x in r) for r in sec["data"]["ratios"].values())
     assert "12. glibc's malloc" in md and "keep vs system" in md
+
+
+def test_a_bad_malloc_choice_exits_2_with_one_line(monkeypatch, capsys):
+    monkeypatch.setenv(allocator.ENV, "fast")
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--tiny", "--sections", "timm"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        "ABLATIONS_MALLOC='fast' is not a malloc choice; valid choices: system, keep")
+
+
+def test_settings_survive_the_child_process_payload():
+    for settings in (harness.TINY, harness.QUICK, harness.FULL, dataclasses.replace(harness.FULL, variants=("dca",))):
+        assert child.settings_from(json.loads(json.dumps(dataclasses.asdict(settings)))) == settings
+
+
+@pytest.mark.slow  # starts a Python process
+def test_a_failing_child_is_one_error_naming_its_task():
+    with pytest.raises(RuntimeError, match=r"^the child process of task nope failed \(exit 1\): KeyError: 'nope'$"):
+        child.run("nope", harness.TINY, 1)
 
 
 def test_sections_by_name_or_number():

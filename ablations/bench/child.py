@@ -12,16 +12,24 @@ from typing import Any
 
 from .harness import Settings
 
+TIMEOUT_S = 1800  # one child's limit: a hung child stops the section with an error, not the bench
+
 
 def run(task: str, settings: Settings, threads: int, env: dict[str, str] | None = None, **arguments: Any) -> dict:
     """Run ``task`` in a new Python process (``env``: its environment; None: this one's) and return its result."""
     payload = json.dumps({"task": task, "settings": asdict(settings), "threads": threads, "arguments": arguments})
-    done = subprocess.run([sys.executable, "-m", __name__, payload], env=env, capture_output=True, text=True,
-                          check=False)
+    try:
+        done = subprocess.run([sys.executable, "-m", __name__, payload], env=env, capture_output=True, text=True,
+                              check=False, timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"the child process of task {task} ran past {TIMEOUT_S} s") from None
+    last = (done.stderr.strip().splitlines() or ["no output on stderr"])[-1]
     if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"the child process of task {task} failed (exit {done.returncode}): {last}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    try:
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        raise RuntimeError(f"the child process of task {task} printed no JSON result (stderr: {last})") from None
 
 
 def settings_from(fields: dict) -> Settings:

@@ -9,10 +9,11 @@
 
 Writes ``<out>/bench.md`` (each figure beside its goal with a pass/miss mark, plus the machine facts) and
 ``<out>/bench.json`` (the raw timings). Sections: 1 timm, 2 variants, 3 lightning, 4 mfu, 5 study, 6 memory,
-7 data, 8 modes, 9 compile (only with ``--compile``), 10 auto (precision auto vs both fixed precisions), 11 overhead,
-12 malloc (only by name: ``--sections malloc``; child processes per malloc setting). Section 8 also writes ``<out>/modes-<device>.json``, the
-table ``ablations.bench.modes`` chooses a training run's precision and attention kernel from: it looks for the user's own
-at ``results/device/modes-<device>.json`` (hence ``--out results/device`` above).
+7 data, 8 modes, 9 compile (only with ``--compile``), 10 auto (precision auto vs both fixed precisions),
+11 overhead, 12 malloc (only when asked: ``--sections malloc`` or ``12``; child processes per malloc setting).
+Section 8 also writes ``<out>/modes-<device>.json``, the table ``ablations.bench.modes`` chooses a training run's
+precision and attention kernel from: it looks for the user's own at ``results/device/modes-<device>.json`` (hence
+``--out results/device`` above).
 
 Device (``--device cpu|cuda``): models and batches live there; on CUDA every timed function ends with
 ``torch.cuda.synchronize()`` (added in ``interleave``) so a time covers the kernels, not their launch. The timed
@@ -98,7 +99,8 @@ def render(meta: dict, sections: list[Section]) -> str:
            table(["fact", "value"], [
                ["CPU", f"{m['cpu']} ({m['logical_cores']} logical cores; {', '.join(m['cpu_flags']) or 'no flags read'})"],
                ["threads", f"{m['threads']} (torch.set_num_threads)"],
-               ["malloc", m.get("malloc", "not recorded") + " (ablations.allocator: ABLATIONS_MALLOC, as in training)"],
+               ["malloc", f"{m.get('malloc', 'not recorded')}; set by ABLATIONS_MALLOC as in training "
+                          "(ablations.allocator)"],
                ["torch / timm / lightning / Python", f"{m['torch']} / {m['timm']} / {m['lightning']} / {m['python']}"],
                ["CUDA", (f"{gpu} (the timed device)" if meta.get("device") == "cuda" else
                          f"{gpu} (not used: --device cpu)") if gpu else "none"],
@@ -203,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
-    malloc = allocator.set_malloc() if args.device == "cpu" else "system (--device cuda)"  # as training
+    malloc = allocator.set_malloc() if args.device == "cpu" else "system (not a CPU run)"  # as training
     meta = {"mode": settings.mode, "device": settings.device, "settings": asdict(settings),
             "machine": machine_facts(threads) | {"malloc": malloc},
             "started": time.strftime("%Y-%m-%d %H:%M:%S"), "sections": names}

@@ -1,7 +1,7 @@
 """Section 12: training steps with glibc's malloc kept from handing freed memory back (``ABLATIONS_MALLOC=keep``,
 ``ablations.allocator``) against glibc's defaults (``system``, what training uses unless told). malloc's settings
 and heap are per process, so each round starts one child process per setting (``ablations.bench.child``), in
-alternating order; a child times ``standard`` and mHC (the section-11 size, and the study's) and counts the page
+alternating order; a child times ``standard`` and mHC (the section-11 size, and the studies') and counts the page
 faults of its timed steps."""
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ LABELS = ("standard", "mhc")
 
 
 def study_size(s: Settings) -> Settings:
-    """The study's model (mnist5k's 28 px images, patch 7, width 64, 4 heads; depth 4, batch 64, MLP ratio 2)."""
+    """A model of the studies' size: 28 px images, patch 7, width 64, 4 heads (depth 4, batch 64, MLP ratio 2 where
+    it is used); unlike a study's, 3 channels, the class token and fp32."""
     return replace(s, img_size=28, patch_size=7, embed_dim=64, num_heads=4)
 
 
@@ -37,7 +38,7 @@ def time_both_sizes(s: Settings) -> dict:
     kernels = stream_kernels.resolve("auto", s.device)
     small = study_size(s)
     sizes = {"section 11": (s, s.vit(s.overhead_depth), s.overhead_batch),
-             "study": (small, small.vit(4) | {"mlp_ratio": 2.0}, 64 if s.mode == "full" else s.batch)}
+             "study size": (small, small.vit(4) | {"mlp_ratio": 2.0}, 64 if s.mode == "full" else s.batch)}
     out: dict = {"malloc": how, "threads": torch.get_num_threads(), "times": {}}
     for size_name, (settings, size, batch_size) in sizes.items():
         batch = random_batch(settings, batch_size)
@@ -48,7 +49,7 @@ def time_both_sizes(s: Settings) -> dict:
             step = train_step(model, batch)
             for _ in range(s.warmup + 1):
                 step()
-            steps = s.steps * (10 if size_name == "study" else 1)  # the study's step is ~20x shorter
+            steps = s.steps * (10 if size_name == "study size" else 1)  # a ~20x shorter step
             faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             start = time.perf_counter()
             for _ in range(steps):
@@ -67,9 +68,7 @@ def bench_malloc(s: Settings) -> Section:
         sec = Section("malloc", "12. glibc's malloc (ablations.allocator)", "—", [])
         sec.notes.append("CPU only: a run on a GPU leaves malloc as it is.")
         return sec
-    env = dict(os.environ)
-    for name in ("LD_PRELOAD", *allocator.GLIBC_ENV):
-        env.pop(name, None)  # the comparison is of glibc's own malloc under the two settings
+    env = allocator.without_user_malloc(dict(os.environ))  # glibc's own malloc under the two settings
     runs: dict[str, list[dict]] = {name: [] for name in SETTINGS}
     for r in range(s.malloc_reps):
         for name in SETTINGS[r % 2:] + SETTINGS[:r % 2]:
@@ -78,8 +77,8 @@ def bench_malloc(s: Settings) -> Section:
     sec = Section("malloc", "12. glibc's malloc: kept freed memory vs the defaults (ablations.allocator)",
                   f"one child process per setting and round ({s.malloc_reps} rounds, alternating order); "
                   f"{s.mode_text()}, AdamW; each child warms up, then times {s.steps} steps at the section-11 size "
-                  f"({s.describe(s.overhead_depth, s.overhead_batch)}) and {10 * s.steps} at the study's "
-                  f"(28 px, patch 7, width 64, depth 4); keep: {runs['keep'][0]['malloc']}",
+                  f"({s.describe(s.overhead_depth, s.overhead_batch)}) and {10 * s.steps} at the studies' "
+                  f"size (28 px, patch 7, width 64, depth 4; 3 channels, class token); keep: {runs['keep'][0]['malloc']}",
                   ["model", "system ms/step", "keep ms/step", "keep vs system [round min-max]",
                    "system faults/step", "keep faults/step"])
     ratios = {}
@@ -96,4 +95,3 @@ def bench_malloc(s: Settings) -> Section:
                      "stack's 16 KiB chunks are mapped and unmapped as the call depth crosses a chunk's end).")
     sec.data = {"ratios": ratios, "runs": runs}
     return sec
-
