@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -225,6 +226,42 @@ def test_overhead_section_has_one_goal_per_new_design(tmp_path, monkeypatch):
     assert "depth 2" in sec["setup"] and "batch 4" in sec["setup"]  # the tiny mode's overhead_depth, _batch
 
 
+def test_overhead_over_processes_takes_the_median_of_each_process_median(monkeypatch):
+    """``--processes K``: a ratio is the median over processes of each process's in-round median, its brackets and
+    its mark count processes (mHC below: processes at 1.4x and 1.6x give 1.5x, a pass in 1 of 2 processes; pooling
+    the six rounds would give 1.55x, a miss)."""
+    def process(mhc: list[float]) -> dict:
+        times = {label: [1.0, 1.0, 1.0] for label in ["standard", *steps.OVERHEAD_GOALS]}
+        return {"times_s": times | {"mhc": mhc}, "flops": {label: 100.0 for label in times}, "stream_kernels": "eager"}
+
+    runs = [process([1.2, 1.4, 1.6]), process([1.5, 1.7, 1.6])]
+    monkeypatch.setattr(steps, "overhead_in_processes", lambda s: runs)
+    sec = steps.bench_overhead(replace(harness.TINY, overhead_processes=2))
+    goal = next(g for g in sec.goals if g["what"] == "mhc / standard")
+    assert goal["value"] == pytest.approx(1.5) and goal["passed"] and goal["rounds"] == pytest.approx([1.4, 1.6])
+    row = next(r for r in sec.rows if r[0] == "mhc")
+    assert row[3:] == ["1.500x [1.40-1.60]", "≤ 1.50x", "pass (1/2 processes)"]
+    assert "time vs standard [process min-max]" in sec.columns and "in each of 2 fresh processes" in sec.setup
+    assert sec.data["processes"] == 2 and sec.data["times_s"] == [r["times_s"] for r in runs]
+
+
+@pytest.mark.slow  # two child processes (imports and eager steps: ~30 s)
+def test_overhead_section_in_fresh_processes(tmp_path, monkeypatch):
+    monkeypatch.setenv("ABLATIONS_STREAM_KERNELS", "eager")  # the children inherit it: no compile
+    md, report = run_bench(tmp_path, "--tiny", "--threads", "1", "--sections", "overhead", "--processes", "2")
+    check_report(md, report, ["overhead"])
+    data = report["sections"]["overhead"]["data"]
+    assert data["processes"] == 2 and len(data["times_s"]) == 2 and data["stream_kernels"] == "eager"
+    assert data["times_s"][0] != data["times_s"][1]  # two measurements, not one copied
+    for goal in report["sections"]["overhead"]["goals"]:
+        label = goal["what"].split(" / ")[0]
+        per_process = [timing.median(timing.round_ratios(t, label, "standard")) for t in data["times_s"]]
+        assert goal["rounds"] == pytest.approx(per_process) and goal["unit"] == "processes"
+        assert goal["value"] == pytest.approx(timing.median(per_process))
+    assert re.search(r"\| (pass|\*\*miss\*\*) \([0-2]/2 processes\) \|", md)
+    assert "in each of 2 fresh processes" in md
+
+
 @pytest.mark.slow  # a cold torch.compile (inductor) on the CPU
 def test_compile_section(tmp_path):
     md, report = run_bench(tmp_path, "--tiny", "--threads", "1", "--sections", "mfu", "--compile")
@@ -279,7 +316,8 @@ def test_sections_by_name_or_number():
 
 
 @pytest.mark.parametrize("argv", [["--sections", "nope"], ["--sections", "13"], ["--threads", "0"],
-                                  ["--device", "tpu"], ["--variants", "standard,nope"]])
+                                  ["--device", "tpu"], ["--variants", "standard,nope"],
+                                  ["--processes", "0"]])
 def test_bad_arguments_exit_2_with_one_line(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(argv)

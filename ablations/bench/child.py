@@ -1,5 +1,5 @@
 """Timings that need a process of their own, run as ``python -m ablations.bench.child '<json>'``: section 12's,
-whose malloc settings are per process. The payload names a ``task``, the benchmark's ``settings``, the parent's
+whose malloc settings are per process, and section 11's with ``--processes``. The payload names a ``task``, the benchmark's ``settings``, the parent's
 ``threads`` and the task's ``arguments``; the child prints its result as one JSON line."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
+from .. import allocator
 from .harness import Settings
 
 TIMEOUT_S = 1800  # one child's limit: a hung child stops the section with an error, not the bench
@@ -41,10 +42,13 @@ def main(payload: str) -> None:
     import torch
 
     from .malloc import time_both_sizes
+    from .steps import overhead_times
 
-    tasks = {"malloc": time_both_sizes}
+    tasks = {"malloc": time_both_sizes, "overhead": overhead_times}
     request = json.loads(payload)
     torch.set_num_threads(request["threads"])
+    if request["settings"]["device"] == "cpu":
+        allocator.set_malloc()  # as the parent (and training): ABLATIONS_MALLOC of the child's environment
     result = tasks[request["task"]](settings_from(request["settings"]), **request["arguments"])
     print(json.dumps(result))
 

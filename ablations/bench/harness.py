@@ -57,6 +57,7 @@ class Settings:
     overhead_depth: int = 6  # section 11: the new designs at issue 27's size (depth 6, batch 32) ...
     overhead_batch: int = 32
     overhead_reps: int = 9  # ... in more rounds than section 2: the goals are tight, the rounds cheap
+    overhead_processes: int = 1  # ... in this process (>1: --processes, that many fresh child processes)
     malloc_reps: int = 5  # section 12: rounds of two child processes (~20 s each at full size)
 
     @property
@@ -187,15 +188,16 @@ class Section:
     error: str | None = None
 
     def goal(self, what: str, value: float, limit: float, text: str, shown: str, at_most: bool = True,
-             rounds: list[float] | None = None) -> list[str]:
+             rounds: list[float] | None = None, unit: str = "rounds") -> list[str]:
         """Record a goal and return its two table cells: the goal text and the pass/miss mark. With ``rounds``
-        (the per-round values whose median is ``value``) the mark also says in how many rounds the goal held:
-        a goal that holds in some rounds and not in others is within this machine's timing noise."""
+        (the per-round values whose median is ``value``; per-process ones with ``unit="processes"``) the mark also
+        says in how many the goal held: a goal that holds in some and not in others is within this machine's
+        timing noise."""
         meets = (lambda v: v <= limit) if at_most else (lambda v: v >= limit)  # noqa: E731
         passed = meets(value)
         entry = {"what": what, "value": value, "limit": limit, "goal": text, "result": shown, "passed": passed}
         if rounds:
-            entry["rounds"], entry["rounds_meeting_goal"] = rounds, sum(map(meets, rounds))
+            entry["rounds"], entry["rounds_meeting_goal"], entry["unit"] = rounds, sum(map(meets, rounds)), unit
         self.goals.append(entry)
         return [text, goal_mark(entry)]
 
@@ -211,7 +213,8 @@ def mark(passed: bool | None) -> str:
 
 
 def goal_mark(goal: dict) -> str:
-    rounds = f" ({goal['rounds_meeting_goal']}/{len(goal['rounds'])} rounds)" if goal.get("rounds") else ""
+    rounds = (f" ({goal['rounds_meeting_goal']}/{len(goal['rounds'])} {goal.get('unit', 'rounds')})"
+              if goal.get("rounds") else "")
     return mark(goal["passed"]) + rounds
 
 
