@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ablations import allocator
-from ablations.bench import child, cli, harness, modes, steps, timing
+from ablations.bench import child, cli, harness, loops, modes, steps, timing
 from ablations.costs import all_configs, bench_step_times
 from lit_modules import RESIDUALS
 
@@ -235,8 +235,8 @@ def test_overhead_over_processes_takes_the_median_of_each_process_median(monkeyp
         return {"times_s": times | {"mhc": mhc}, "flops": {label: 100.0 for label in times}, "stream_kernels": "eager"}
 
     runs = [process([1.2, 1.4, 1.6]), process([1.5, 1.7, 1.6])]
-    monkeypatch.setattr(steps, "overhead_in_processes", lambda s: runs)
-    sec = steps.bench_overhead(replace(harness.TINY, overhead_processes=2))
+    monkeypatch.setattr(steps, "runs_of", lambda s, task, measure: runs)
+    sec = steps.bench_overhead(replace(harness.TINY, processes=2))
     goal = next(g for g in sec.goals if g["what"] == "mhc / standard")
     assert goal["value"] == pytest.approx(1.5) and goal["passed"] and goal["rounds"] == pytest.approx([1.4, 1.6])
     row = next(r for r in sec.rows if r[0] == "mhc")
@@ -245,11 +245,46 @@ def test_overhead_over_processes_takes_the_median_of_each_process_median(monkeyp
     assert sec.data["processes"] == 2 and sec.data["times_s"] == [r["times_s"] for r in runs]
 
 
-@pytest.mark.slow  # two child processes (imports and eager steps: ~30 s)
-def test_overhead_section_in_fresh_processes(tmp_path, monkeypatch):
+def lightning_run(vit: list[float], setup: float) -> dict:
+    """A stand-in for one process's section-3 measurement: the plain loop 1 s a step in every round, the bare
+    module 1.01 s, ViTClassifier ``vit``; every loop's set-up ``setup`` s."""
+    per_step = {"plain PyTorch": [1.0] * len(vit), "Lightning, ViTClassifier": vit,
+                "Lightning, bare module": [1.01] * len(vit)}
+    config = {"dataset": "mnist5k", "embed_dim": 64, "depth": 4, "num_heads": 4, "patch_size": 7, "batch_size": 64,
+              "label_smoothing": 0.1}
+    return {"times_s": {f"{name} x{n}": [setup] * len(vit) for name in per_step for n in (60, 0)},
+            "per_step_s": per_step, "config": config}
+
+
+def test_lightning_over_processes_takes_the_median_of_each_process_median(monkeypatch):
+    """Section 3 with ``--processes 2``: the ViTClassifier loop at 1.02x in one process and 1.10x in the other
+    (per step, against the plain loop's) is 1.06x, a miss met in 1 of 2 processes; set-up and ms/step are the
+    median of the processes' medians."""
+    runs = [lightning_run(vit=[1.02, 1.0, 1.04], setup=0.5), lightning_run(vit=[1.10, 1.12, 1.08], setup=0.7)]
+    monkeypatch.setattr(loops, "runs_of", lambda s, task, measure: runs)
+    sec = loops.bench_lightning(replace(harness.TINY, processes=2))
+    goal = sec.goals[0]
+    assert goal["what"] == "Lightning, ViTClassifier / plain, per step" and len(sec.goals) == 1
+    assert goal["value"] == pytest.approx(1.06) and not goal["passed"] and goal["rounds"] == pytest.approx([1.02, 1.10])
+    row = next(r for r in sec.rows if r[0] == "Lightning, ViTClassifier")
+    assert row == ["Lightning, ViTClassifier", "600.0", "1060.0", "1.060x [1.02-1.10]", "≤ 1.05x",
+                   "**miss** (1/2 processes)"]
+    assert "per step vs plain [process min-max]" in sec.columns and "in each of 2 fresh processes" in sec.setup
+    assert "mnist5k, embed 64" in sec.setup and sec.data["processes"] == 2
+
+
+@pytest.mark.slow  # two child processes per section (imports, eager steps, Lightning loops: ~1 min)
+def test_sections_3_and_11_in_fresh_processes(tmp_path, monkeypatch):
     monkeypatch.setenv("ABLATIONS_STREAM_KERNELS", "eager")  # the children inherit it: no compile
-    md, report = run_bench(tmp_path, "--tiny", "--threads", "1", "--sections", "overhead", "--processes", "2")
-    check_report(md, report, ["overhead"])
+    md, report = run_bench(tmp_path, "--tiny", "--threads", "1", "--sections", "lightning,overhead",
+                           "--processes", "2")
+    check_report(md, report, ["lightning", "overhead"])
+    loop = report["sections"]["lightning"]
+    assert loop["data"]["processes"] == 2 and len(loop["data"]["per_step_s"]) == 2
+    (goal,) = loop["goals"]
+    per_process = [timing.median(timing.round_ratios(p, "Lightning, ViTClassifier", "plain PyTorch"))
+                   for p in loop["data"]["per_step_s"]]
+    assert goal["rounds"] == pytest.approx(per_process) and goal["value"] == pytest.approx(timing.median(per_process))
     data = report["sections"]["overhead"]["data"]
     assert data["processes"] == 2 and len(data["times_s"]) == 2 and data["stream_kernels"] == "eager"
     assert data["times_s"][0] != data["times_s"][1]  # two measurements, not one copied

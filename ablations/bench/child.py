@@ -1,5 +1,5 @@
 """Timings that need a process of their own, run as ``python -m ablations.bench.child '<json>'``: section 12's,
-whose malloc settings are per process, and section 11's with ``--processes``. The payload names a ``task``, the benchmark's ``settings``, the parent's
+whose malloc settings are per process, and sections 3 and 11's with ``--processes``. The payload names a ``task``, the benchmark's ``settings``, the parent's
 ``threads`` and the task's ``arguments``; the child prints its result as one JSON line."""
 
 from __future__ import annotations
@@ -41,10 +41,11 @@ def settings_from(fields: dict) -> Settings:
 def main(payload: str) -> None:
     import torch
 
+    from .loops import lightning_times
     from .malloc import time_both_sizes
     from .steps import overhead_times
 
-    tasks = {"malloc": time_both_sizes, "overhead": overhead_times}
+    tasks = {"lightning": lightning_times, "malloc": time_both_sizes, "overhead": overhead_times}
     request = json.loads(payload)
     torch.set_num_threads(request["threads"])
     if request["settings"]["device"] == "cpu":

@@ -10,7 +10,7 @@
 Writes ``<out>/bench.md`` (each figure beside its goal with a pass/miss mark, plus the machine facts) and
 ``<out>/bench.json`` (the raw timings). Sections: 1 timm, 2 variants, 3 lightning, 4 mfu, 5 study, 6 memory,
 7 data, 8 modes, 9 compile (only with ``--compile``), 10 auto (precision auto vs both fixed precisions),
-11 overhead (``--processes K``: in K fresh child processes), 12 malloc (only when asked: ``--sections malloc`` or
+11 overhead (``--processes K``: sections 3 and 11 in K fresh child processes), 12 malloc (only when asked: ``--sections malloc`` or
 ``12``; child processes per malloc setting).
 Section 8 also writes ``<out>/modes-<device>.json``, the table ``ablations.bench.modes`` chooses a training run's
 precision and attention kernel from: it looks for the user's own at ``results/device/modes-<device>.json`` (hence
@@ -167,9 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where models and batches live and steps are timed (default: cpu); cuda times the train "
                         "steps in bf16 autocast with fused attention and synchronises after every timed call")
     p.add_argument("--processes", type=int, default=1, metavar="K",
-                   help="section 11: time in K fresh child processes, one after the other, and take the median of "
-                        "their ratios (default 1: in this process); a ratio can differ more between processes than "
-                        "between rounds")
+                   help="sections 3 and 11: time in K fresh child processes, one after the other, and take the "
+                        "median of their ratios (default 1: in this process); a ratio can differ more between "
+                        "processes than between rounds")
     p.add_argument("--variants", metavar="LABEL,...",
                    help="sections 2 and 6: only these labels of ablations.costs.all_configs() (standard, their "
                         "reference, is always included); default: all")
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         build_parser().error(str(exc))
     settings = replace(TINY if args.tiny else QUICK if args.quick else FULL, device=args.device,
-                       overhead_processes=args.processes)
+                       processes=args.processes)
     names = args.sections or list(DEFAULT_SECTIONS)
     if args.compile and "compile" not in names:
         names.append("compile")

@@ -4,6 +4,7 @@ with goals and pass/miss marks)."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from lit_modules.config import ViTConfig
@@ -57,8 +58,8 @@ class Settings:
     overhead_depth: int = 6  # section 11: the new designs at issue 27's size (depth 6, batch 32) ...
     overhead_batch: int = 32
     overhead_reps: int = 9  # ... in more rounds than section 2: the goals are tight, the rounds cheap
-    overhead_processes: int = 1  # ... in this process (>1: --processes, that many fresh child processes)
     malloc_reps: int = 5  # section 12: rounds of two child processes (~20 s each at full size)
+    processes: int = 1  # sections 3 and 11 in this process, or (> 1, --processes) in that many fresh child processes
 
     @property
     def precision(self) -> str:
@@ -169,6 +170,28 @@ def study_trial(s: Settings):
     depths = sorted({p["depth"] for p in grid if "depth" in p})
     point = next(p for p in grid if not depths or p["depth"] == depths[len(depths) // 2])
     return spec, spec.run_config(point, s.trial_overrides)
+
+
+def runs_of(s: Settings, task: str, measure: Callable[[Settings], dict]) -> list[dict]:
+    """``[measure(s)]`` in this process or, with ``s.processes`` > 1, ``measure`` in that many fresh child processes
+    one after the other (``task`` of ``ablations.bench.child``; the parent's threads, environment and malloc
+    setting): on a VM a ratio of two models' steps can differ more between processes than between the rounds of
+    one, and only fresh processes sample that."""
+    if s.processes == 1:
+        return [measure(s)]
+    import torch
+
+    from . import child
+
+    return [child.run(task, s, torch.get_num_threads()) for _ in range(s.processes)]
+
+
+def ratio_values(per_run: list[list[float]]) -> tuple[list[float], str]:
+    """The values whose median is a ratio, and what they are: one run's per-round ratios ("rounds"), or each
+    process's median ratio ("processes")."""
+    if len(per_run) == 1:
+        return per_run[0], "rounds"
+    return [median(ratios) for ratios in per_run], "processes"
 
 
 # --- report pieces -------------------------------------------------------------------------------------------------

@@ -10,12 +10,17 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .harness import STUDY, Section, Settings, ms, ours, random_batch, ratio_cell, study_trial
+from .harness import STUDY, Section, Settings, ms, ours, random_batch, ratio_cell, ratio_values, runs_of, study_trial
 from .timing import interleave, median, round_ratios, train_step
 
-
 # --- 3. Lightning loop vs a plain loop -----------------------------------------------------------------------------
-def bench_lightning(s: Settings) -> Section:
+LOOPS = ("plain PyTorch", "Lightning, ViTClassifier", "Lightning, bare module")
+
+
+def lightning_times(s: Settings) -> dict:
+    """Section 3's measurement in this process: each loop of ``LOOPS`` run for ``loop_steps`` and for 0 optimizer
+    steps in ``loop_reps`` interleaved rounds; the rounds' times, the per-step times (paired per round) and the
+    trial config (JSON: a child returns it)."""
     from ablations.training import build_datamodule, build_model
 
     _, config = study_trial(s)
@@ -34,24 +39,36 @@ def bench_lightning(s: Settings) -> Section:
         times = interleave(loops, reps=s.loop_reps, steps=1, warmup=1, device=s.device)
     per_step = {name: [(a - b) / s.loop_steps for a, b in zip(times[f"{name} x{s.loop_steps}"], times[f"{name} x0"],
                                                               strict=True)] for name in makers}
+    return {"times_s": times, "per_step_s": per_step, "config": config.to_dict()}
+
+
+def bench_lightning(s: Settings) -> Section:
+    """``LOOPS`` against each other (``lightning_times``), in this process or in ``s.processes`` fresh ones
+    (``runs_of``: a ratio is then the median of each process's median)."""
+    runs = runs_of(s, "lightning", lightning_times)
+    c = runs[0]["config"]
+    where = (f"{s.loop_reps} rounds in each of {len(runs)} fresh processes (a ratio: the median of the processes' "
+             f"medians)" if len(runs) > 1 else f"{s.loop_reps} rounds")
     sec = Section("lightning", "3. Lightning training loop vs a plain PyTorch loop",
-                  f"the {STUDY} trial model ({config.dataset}, embed {config.embed_dim}, depth {config.depth}, "
-                  f"{config.num_heads} heads, patch {config.patch_size}, batch {config.batch_size}); "
+                  f"the {STUDY} trial model ({c['dataset']}, embed {c['embed_dim']}, depth {c['depth']}, "
+                  f"{c['num_heads']} heads, patch {c['patch_size']}, batch {c['batch_size']}); "
                   f"{s.mode_text('attention as in the trial config')}; AdamW + "
                   f"warmup-cosine LambdaLR from ViTClassifier.configure_optimizers, label smoothing "
-                  f"{config.label_smoothing}; Lightning deterministic as in a trial (without the NaN fill of new tensors); "
+                  f"{c['label_smoothing']}; Lightning deterministic as in a trial (without the NaN fill of new tensors); "
                   f"no logger, progress bar, checkpointing or validation; each loop run "
-                  f"for {s.loop_steps} and for 0 optimizer steps, {s.loop_reps} rounds",
-                  ["loop", "set-up ms", "ms/step", "per step vs plain [round min-max]", "goal", "mark"])
-    for name in makers:
-        row = [name, ms(median(times[f"{name} x0"])), ms(median(per_step[name]))]
+                  f"for {s.loop_steps} and for 0 optimizer steps, {where}",
+                  ["loop", "set-up ms", "ms/step", f"per step vs plain [{'process' if len(runs) > 1 else 'round'} "
+                   "min-max]", "goal", "mark"])
+    for name in LOOPS:
+        row = [name, ms(median([median(run["times_s"][f"{name} x0"]) for run in runs])),
+               ms(median([median(run["per_step_s"][name]) for run in runs]))]
         if name == "plain PyTorch":
             sec.rows.append(row + ["reference", "", ""])
             continue
-        ratios = round_ratios(per_step, name, "plain PyTorch")
+        ratios, unit = ratio_values([round_ratios(run["per_step_s"], name, "plain PyTorch") for run in runs])
         ratio = median(ratios)
-        cells = (sec.goal(f"{name} / plain, per step", ratio, 1.05, "≤ 1.05x", f"{ratio:.3f}x", rounds=ratios)
-                 if "ViTClassifier" in name else ["(loop alone)", "—"])
+        cells = (sec.goal(f"{name} / plain, per step", ratio, 1.05, "≤ 1.05x", f"{ratio:.3f}x", rounds=ratios,
+                          unit=unit) if "ViTClassifier" in name else ["(loop alone)", "—"])
         sec.rows.append(row + [ratio_cell(ratios), *cells])
     sec.notes += ["set-up = a loop run for 0 steps (optimizer and scheduler, plus the Trainer and fit set-up for "
                   f"Lightning); ms/step = (time of {s.loop_steps} steps - set-up) / {s.loop_steps}, paired per round.",
@@ -59,7 +76,10 @@ def bench_lightning(s: Settings) -> Section:
                   "the plain loop is Lightning's loop, the gap from it to ViTClassifier is the module's per-step "
                   "metrics and logging. The trial model's step is small (few tokens), so fixed per-step costs weigh "
                   "more here than at ViT-Tiny width."]
-    sec.data = {"times_s": times, "per_step_s": per_step, "steps": s.loop_steps, "config": config.to_dict()}
+    one = len(runs) == 1
+    sec.data = {"times_s": runs[0]["times_s"] if one else [run["times_s"] for run in runs],
+                "per_step_s": runs[0]["per_step_s"] if one else [run["per_step_s"] for run in runs],
+                "steps": s.loop_steps, "config": runs[0]["config"], "processes": len(runs)}
     return sec
 
 

@@ -15,6 +15,8 @@ from .harness import (
     ours,
     random_batch,
     ratio_cell,
+    ratio_values,
+    runs_of,
     selected_configs,
     set_fused_attn,
 )
@@ -287,33 +289,23 @@ def overhead_times(s: Settings) -> dict:
     return {"times_s": times, "flops": flops, "stream_kernels": kernels}
 
 
-def overhead_in_processes(s: Settings) -> list[dict]:
-    """``overhead_times`` in ``s.overhead_processes`` fresh Python processes, one after the other (the parent's
-    threads, environment and malloc setting)."""
-    import torch
-
-    from . import child
-
-    return [child.run("overhead", s, torch.get_num_threads()) for _ in range(s.overhead_processes)]
-
-
 def bench_overhead(s: Settings) -> Section:
     """Each of ``OVERHEAD_GOALS``' variants at its defaults vs standard, interleaved in one run (section 2's
     method at depth ``overhead_depth``, batch ``overhead_batch``): the cost of their implementation, not of their
     FLOPs (each adds ≤ 10 % FLOPs). The multi-stream variants run the kernels training picks here
     (``stream_kernels: auto``); when those are the compiled ones, a row per variant with the eager kernels too.
 
-    ``overhead_processes`` > 1 (``--processes K``): the same measurement in K fresh processes; a variant's ratio is
+    ``processes`` > 1 (``--processes K``): the same measurement in K fresh processes (``runs_of``); a variant's ratio is
     then the median over processes of each process's (paired, in-round) median ratio, and its brackets hold the
     smallest and largest process's. On this project's VM mHC's ratio ranged 1.39-1.55x over seven processes (a
     per-process effect, like the ±20% of one model's step time between processes, that rounds within one process
     do not sample)."""
-    runs = overhead_in_processes(s) if s.overhead_processes > 1 else [overhead_times(s)]
-    first, unit = runs[0], "processes" if len(runs) > 1 else "rounds"
+    runs = runs_of(s, "overhead", overhead_times)
+    first = runs[0]
     labels, kernels, flops = list(first["times_s"]), first["stream_kernels"], first["flops"]
-    # per label: the values whose median is its ratio (each round's, or each process's median)
-    ratios = {label: [median(round_ratios(run["times_s"], label, "standard")) for run in runs] if len(runs) > 1
-              else round_ratios(first["times_s"], label, "standard") for label in labels if label != "standard"}
+    ratios, unit = {}, "rounds"
+    for label in (label for label in labels if label != "standard"):  # each round's ratio, or each process's median
+        ratios[label], unit = ratio_values([round_ratios(run["times_s"], label, "standard") for run in runs])
     step_s = {label: median([median(run["times_s"][label]) for run in runs]) for label in labels}
     where = (f"{s.overhead_reps} rounds x {s.steps} steps in each of {len(runs)} fresh processes (a ratio: the "
              f"median of the processes' medians)" if len(runs) > 1 else f"{s.overhead_reps} rounds x {s.steps} steps")
