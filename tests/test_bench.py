@@ -352,7 +352,7 @@ def test_sections_by_name_or_number():
 
 @pytest.mark.parametrize("argv", [["--sections", "nope"], ["--sections", "13"], ["--threads", "0"],
                                   ["--device", "tpu"], ["--variants", "standard,nope"],
-                                  ["--processes", "0"]])
+                                  ["--processes", "0"], ["--processes", "3", "--sections", "timm,mfu"]])
 def test_bad_arguments_exit_2_with_one_line(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(argv)

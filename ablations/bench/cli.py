@@ -189,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     settings = replace(TINY if args.tiny else QUICK if args.quick else FULL, device=args.device,
                        processes=args.processes)
     names = args.sections or list(DEFAULT_SECTIONS)
+    if args.processes > 1 and not {"lightning", "overhead"} & set(names):
+        build_parser().error(f"--processes applies to sections lightning (3) and overhead (11) only, and --sections "
+                             f"chose {', '.join(names)}")
     if args.compile and "compile" not in names:
         names.append("compile")
 
