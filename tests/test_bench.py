@@ -25,7 +25,7 @@ HEADERS = {"timm": "## 1. ", "variants": "## 2. ", "lightning": "## 3. ", "mfu":
 DATA_KEYS = {
     "timm": {"times_s"},
     "variants": {"variants", "times_s"},
-    "lightning": {"times_s", "steps", "config"},
+    "lightning": {"times_s", "per_step_s", "steps", "config", "processes"},
     "mfu": {"train_step_flops", "step_flops_per_s", "peak_flops_per_s", "mfu", "times_s"},
     "study": {"measured_trial_s", "trial_epochs", "grid_trials", "grid_estimate_s", "trials_per_hour"},
     "memory": {"method", "variants"},
@@ -33,7 +33,7 @@ DATA_KEYS = {
     "modes": {"device", "depth", "batch", "cells"},
     "compile": {"times_s", "first_compiled_step_s"},
     "auto": {"models"},
-    "overhead": {"ratios", "times_s", "flops", "stream_kernels"},
+    "overhead": {"ratios", "times_s", "flops", "stream_kernels", "processes"},
     "malloc": {"ratios", "runs"},
 }
 
@@ -226,23 +226,60 @@ def test_overhead_section_has_one_goal_per_new_design(tmp_path, monkeypatch):
     assert "depth 2" in sec["setup"] and "batch 4" in sec["setup"]  # the tiny mode's overhead_depth, _batch
 
 
+def stand_in(task: str, runs: list[dict]):
+    """A ``runs_of`` that returns ``runs`` for ``task`` (and fails for any other)."""
+    def runs_of(s, asked, measure):
+        assert asked == task and measure.__name__ == {"overhead": "overhead_times", "lightning": "lightning_times"}[task]
+        return runs
+
+    return runs_of
+
+
+def overhead_run(mhc: list[float]) -> dict:
+    """A stand-in for one process's section-11 measurement: every design 1 s a step in every round, mHC ``mhc``."""
+    times = {label: [1.0] * len(mhc) for label in ["standard", *steps.OVERHEAD_GOALS]}
+    return {"times_s": times | {"mhc": mhc}, "flops": {label: 100.0 for label in times}, "stream_kernels": "eager"}
+
+
 def test_overhead_over_processes_takes_the_median_of_each_process_median(monkeypatch):
     """``--processes K``: a ratio is the median over processes of each process's in-round median, its brackets and
     its mark count processes (mHC below: processes at 1.4x and 1.6x give 1.5x, a pass in 1 of 2 processes; pooling
     the six rounds would give 1.55x, a miss)."""
-    def process(mhc: list[float]) -> dict:
-        times = {label: [1.0, 1.0, 1.0] for label in ["standard", *steps.OVERHEAD_GOALS]}
-        return {"times_s": times | {"mhc": mhc}, "flops": {label: 100.0 for label in times}, "stream_kernels": "eager"}
-
-    runs = [process([1.2, 1.4, 1.6]), process([1.5, 1.7, 1.6])]
-    monkeypatch.setattr(steps, "runs_of", lambda s, task, measure: runs)
+    runs = [overhead_run([1.2, 1.4, 1.6]), overhead_run([1.5, 1.7, 1.6])]
+    monkeypatch.setattr(steps, "runs_of", stand_in("overhead", runs))
     sec = steps.bench_overhead(replace(harness.TINY, processes=2))
     goal = next(g for g in sec.goals if g["what"] == "mhc / standard")
     assert goal["value"] == pytest.approx(1.5) and goal["passed"] and goal["rounds"] == pytest.approx([1.4, 1.6])
     row = next(r for r in sec.rows if r[0] == "mhc")
     assert row[3:] == ["1.500x [1.40-1.60]", "≤ 1.50x", "pass (1/2 processes)"]
     assert "time vs standard [process min-max]" in sec.columns and "in each of 2 fresh processes" in sec.setup
-    assert sec.data["processes"] == 2 and sec.data["times_s"] == [r["times_s"] for r in runs]
+    assert sec.data["processes"] == 2 and sec.data["process_times_s"] == [r["times_s"] for r in runs]
+    assert sec.data["times_s"]["mhc"] == [1.2, 1.4, 1.6, 1.5, 1.7, 1.6]  # one process's shape, rounds pooled
+    assert any("unpaired" in note for note in sec.notes)
+
+
+def test_overhead_in_one_process_keeps_rounds(monkeypatch):
+    """One process (the default): brackets and marks count rounds, the JSON keeps its one-process shape."""
+    runs = [overhead_run([1.2, 1.4, 1.6])]
+    monkeypatch.setattr(steps, "runs_of", stand_in("overhead", runs))
+    sec = steps.bench_overhead(harness.TINY)
+    row = next(r for r in sec.rows if r[0] == "mhc")
+    assert row[3:] == ["1.400x [1.20-1.60]", "≤ 1.50x", "pass (2/3 rounds)"]
+    assert "time vs standard [round min-max]" in sec.columns and "fresh processes" not in sec.setup
+    assert sec.data["times_s"] == runs[0]["times_s"] and "process_times_s" not in sec.data
+    assert sec.data["ratios"]["mhc"] == pytest.approx([1.2, 1.4, 1.6]) and sec.data["processes"] == 1
+    assert sec.notes == [steps.ONE_PROCESS_NOTE]
+
+
+def test_runs_of_starts_one_child_per_process_only_when_asked(monkeypatch):
+    calls = []
+    monkeypatch.setattr(child, "run", lambda task, s, threads: calls.append((task, s.processes, threads)) or {"n": 1})
+    assert harness.runs_of(harness.TINY, "overhead", lambda s: {"here": True}) == [{"here": True}] and calls == []
+    three = replace(harness.TINY, processes=3)
+    assert harness.runs_of(three, "lightning", lambda s: pytest.fail("measured in the parent")) == [{"n": 1}] * 3
+    import torch
+
+    assert calls == [("lightning", 3, torch.get_num_threads())] * 3
 
 
 def lightning_run(vit: list[float], setup: float) -> dict:
@@ -261,7 +298,7 @@ def test_lightning_over_processes_takes_the_median_of_each_process_median(monkey
     (per step, against the plain loop's) is 1.06x, a miss met in 1 of 2 processes; set-up and ms/step are the
     median of the processes' medians."""
     runs = [lightning_run(vit=[1.02, 1.0, 1.04], setup=0.5), lightning_run(vit=[1.10, 1.12, 1.08], setup=0.7)]
-    monkeypatch.setattr(loops, "runs_of", lambda s, task, measure: runs)
+    monkeypatch.setattr(loops, "runs_of", stand_in("lightning", runs))
     sec = loops.bench_lightning(replace(harness.TINY, processes=2))
     goal = sec.goals[0]
     assert goal["what"] == "Lightning, ViTClassifier / plain, per step" and len(sec.goals) == 1
@@ -271,6 +308,7 @@ def test_lightning_over_processes_takes_the_median_of_each_process_median(monkey
                    "**miss** (1/2 processes)"]
     assert "per step vs plain [process min-max]" in sec.columns and "in each of 2 fresh processes" in sec.setup
     assert "mnist5k, embed 64" in sec.setup and sec.data["processes"] == 2
+    assert sec.data["process_per_step_s"] == [r["per_step_s"] for r in runs]
 
 
 @pytest.mark.slow  # two child processes per section (imports, eager steps, Lightning loops: ~1 min)
@@ -280,21 +318,21 @@ def test_sections_3_and_11_in_fresh_processes(tmp_path, monkeypatch):
                            "--processes", "2")
     check_report(md, report, ["lightning", "overhead"])
     loop = report["sections"]["lightning"]
-    assert loop["data"]["processes"] == 2 and len(loop["data"]["per_step_s"]) == 2
+    assert loop["data"]["processes"] == 2 and len(loop["data"]["process_per_step_s"]) == 2
     (goal,) = loop["goals"]
     per_process = [timing.median(timing.round_ratios(p, "Lightning, ViTClassifier", "plain PyTorch"))
-                   for p in loop["data"]["per_step_s"]]
+                   for p in loop["data"]["process_per_step_s"]]
     assert goal["rounds"] == pytest.approx(per_process) and goal["value"] == pytest.approx(timing.median(per_process))
     data = report["sections"]["overhead"]["data"]
-    assert data["processes"] == 2 and len(data["times_s"]) == 2 and data["stream_kernels"] == "eager"
-    assert data["times_s"][0] != data["times_s"][1]  # two measurements, not one copied
+    assert data["processes"] == 2 and len(data["process_times_s"]) == 2 and data["stream_kernels"] == "eager"
+    assert data["process_times_s"][0] != data["process_times_s"][1]  # two measurements, not one copied
     for goal in report["sections"]["overhead"]["goals"]:
         label = goal["what"].split(" / ")[0]
-        per_process = [timing.median(timing.round_ratios(t, label, "standard")) for t in data["times_s"]]
+        per_process = [timing.median(timing.round_ratios(t, label, "standard")) for t in data["process_times_s"]]
         assert goal["rounds"] == pytest.approx(per_process) and goal["unit"] == "processes"
         assert goal["value"] == pytest.approx(timing.median(per_process))
     assert re.search(r"\| (pass|\*\*miss\*\*) \([0-2]/2 processes\) \|", md)
-    assert "in each of 2 fresh processes" in md
+    assert "in each of 2 fresh processes" in md and "Sections 3 and 11 ran in 2 fresh processes each" in md
 
 
 @pytest.mark.slow  # a cold torch.compile (inductor) on the CPU

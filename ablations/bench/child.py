@@ -1,6 +1,7 @@
 """Timings that need a process of their own, run as ``python -m ablations.bench.child '<json>'``: section 12's,
-whose malloc settings are per process, and sections 3 and 11's with ``--processes``. The payload names a ``task``, the benchmark's ``settings``, the parent's
-``threads`` and the task's ``arguments``; the child prints its result as one JSON line."""
+whose malloc settings are per process, and sections 3 and 11's with ``--processes``. The payload names a
+``task``, the benchmark's ``settings``, the parent's ``threads`` and the task's ``arguments``; the child prints its
+result as one JSON line."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from lit_modules.config import ViTConfig
 
 from ..cli import markdown_table
-from .timing import image_batch, median
+from .timing import image_batch, median, round_ratios
 
 BACKBONE = ViTConfig()  # the timed backbone's fields other than those Settings sets
 
@@ -177,7 +177,7 @@ def runs_of(s: Settings, task: str, measure: Callable[[Settings], dict]) -> list
     one after the other (``task`` of ``ablations.bench.child``; the parent's threads, environment and malloc
     setting): on a VM a ratio of two models' steps can differ more between processes than between the rounds of
     one, and only fresh processes sample that."""
-    if s.processes == 1:
+    if s.processes <= 1:
         return [measure(s)]
     import torch
 
@@ -186,12 +186,51 @@ def runs_of(s: Settings, task: str, measure: Callable[[Settings], dict]) -> list
     return [child.run(task, s, torch.get_num_threads()) for _ in range(s.processes)]
 
 
-def ratio_values(per_run: list[list[float]]) -> tuple[list[float], str]:
-    """The values whose median is a ratio, and what they are: one run's per-round ratios ("rounds"), or each
-    process's median ratio ("processes")."""
-    if len(per_run) == 1:
-        return per_run[0], "rounds"
-    return [median(ratios) for ratios in per_run], "processes"
+@dataclass
+class Sampled:
+    """A section's timings from one process or from several (``runs_of``): each run a dict whose timing keys map a
+    label to its per-round seconds. A ratio is the median of the per-round ratios (one process) or of each
+    process's median ratio (several); medians of times are medians of the processes' medians."""
+
+    runs: list[dict]
+
+    @property
+    def unit(self) -> str:
+        """What a ratio's brackets and a goal's mark count."""
+        return "processes" if len(self.runs) > 1 else "rounds"
+
+    def how(self, rounds: str) -> str:
+        """The setup's words for the sampling, given one process's (e.g. "9 rounds x 3 steps")."""
+        if len(self.runs) == 1:
+            return rounds
+        return f"{rounds} in each of {len(self.runs)} fresh processes (a ratio: the median of the processes' medians)"
+
+    def bracket(self) -> str:
+        return f"[{'process' if len(self.runs) > 1 else 'round'} min-max]"
+
+    def ratios(self, key: str, a: str, b: str) -> list[float]:
+        """The values whose median is time(a) / time(b): per round, or each process's median."""
+        per_run = [round_ratios(run[key], a, b) for run in self.runs]
+        return per_run[0] if len(per_run) == 1 else [median(r) for r in per_run]
+
+    def median(self, key: str, label: str) -> float:
+        return median([median(run[key][label]) for run in self.runs])
+
+    def notes(self) -> list[str]:
+        if len(self.runs) == 1:
+            return []
+        return ["Several processes: a time column is the median of the processes' medians, row by row (unpaired: "
+                "two rows' times may come from different processes); only the ratio column is paired."]
+
+    def data(self, *keys: str) -> dict:
+        """For the JSON: each timing key in one process's shape (label -> seconds; several processes' rounds one
+        after another), each process's own under ``process_<key>``, and the number of processes."""
+        out: dict = {"processes": len(self.runs)}
+        for key in keys:
+            out[key] = {label: [v for run in self.runs for v in run[key][label]] for label in self.runs[0][key]}
+            if len(self.runs) > 1:
+                out[f"process_{key}"] = [run[key] for run in self.runs]
+        return out
 
 
 # --- report pieces -------------------------------------------------------------------------------------------------

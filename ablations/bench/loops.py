@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .harness import STUDY, Section, Settings, ms, ours, random_batch, ratio_cell, ratio_values, runs_of, study_trial
+from .harness import STUDY, Sampled, Section, Settings, ms, ours, random_batch, ratio_cell, runs_of, study_trial
 from .timing import interleave, median, round_ratios, train_step
 
 # --- 3. Lightning loop vs a plain loop -----------------------------------------------------------------------------
@@ -29,11 +29,10 @@ def lightning_times(s: Settings) -> dict:
     classifier = build_model(config, dm)
     classifier.hparams.steps_per_epoch = len(loader)  # the schedule no longer needs a Trainer: same in every loop
     dev, precision = s.device, s.precision
-    makers = {"plain PyTorch": lambda n: plain_loop(copy.deepcopy(classifier), loader, n, dev, precision),
-              "Lightning, ViTClassifier": lambda n: lightning_loop(copy.deepcopy(classifier), loader, n, dev,
-                                                                   precision),
-              "Lightning, bare module": lambda n: lightning_loop(bare_module(copy.deepcopy(classifier)), loader, n,
-                                                                 dev, precision)}
+    makers = dict(zip(LOOPS, (
+        lambda n: plain_loop(copy.deepcopy(classifier), loader, n, dev, precision),
+        lambda n: lightning_loop(copy.deepcopy(classifier), loader, n, dev, precision),
+        lambda n: lightning_loop(bare_module(copy.deepcopy(classifier)), loader, n, dev, precision)), strict=True))
     loops = {f"{name} x{n}": make(n) for name, make in makers.items() for n in (s.loop_steps, 0)}
     with preserved_torch_state():  # the Trainer turns deterministic algorithms on: both loops run under them
         times = interleave(loops, reps=s.loop_reps, steps=1, warmup=1, device=s.device)
@@ -44,42 +43,35 @@ def lightning_times(s: Settings) -> dict:
 
 def bench_lightning(s: Settings) -> Section:
     """``LOOPS`` against each other (``lightning_times``), in this process or in ``s.processes`` fresh ones
-    (``runs_of``: a ratio is then the median of each process's median)."""
-    runs = runs_of(s, "lightning", lightning_times)
-    c = runs[0]["config"]
-    where = (f"{s.loop_reps} rounds in each of {len(runs)} fresh processes (a ratio: the median of the processes' "
-             f"medians)" if len(runs) > 1 else f"{s.loop_reps} rounds")
+    (``runs_of``, ``Sampled``: a ratio is then the median of the processes' median ratios)."""
+    sampled = Sampled(runs_of(s, "lightning", lightning_times))
+    c = sampled.runs[0]["config"]
     sec = Section("lightning", "3. Lightning training loop vs a plain PyTorch loop",
                   f"the {STUDY} trial model ({c['dataset']}, embed {c['embed_dim']}, depth {c['depth']}, "
                   f"{c['num_heads']} heads, patch {c['patch_size']}, batch {c['batch_size']}); "
                   f"{s.mode_text('attention as in the trial config')}; AdamW + "
                   f"warmup-cosine LambdaLR from ViTClassifier.configure_optimizers, label smoothing "
-                  f"{c['label_smoothing']}; Lightning deterministic as in a trial (without the NaN fill of new tensors); "
-                  f"no logger, progress bar, checkpointing or validation; each loop run "
-                  f"for {s.loop_steps} and for 0 optimizer steps, {where}",
-                  ["loop", "set-up ms", "ms/step", f"per step vs plain [{'process' if len(runs) > 1 else 'round'} "
-                   "min-max]", "goal", "mark"])
+                  f"{c['label_smoothing']}; Lightning deterministic as in a trial (without the NaN fill of new "
+                  f"tensors); no logger, progress bar, checkpointing or validation; each loop run for "
+                  f"{s.loop_steps} and for 0 optimizer steps, {sampled.how(f'{s.loop_reps} rounds')}",
+                  ["loop", "set-up ms", "ms/step", f"per step vs plain {sampled.bracket()}", "goal", "mark"])
     for name in LOOPS:
-        row = [name, ms(median([median(run["times_s"][f"{name} x0"]) for run in runs])),
-               ms(median([median(run["per_step_s"][name]) for run in runs]))]
+        row = [name, ms(sampled.median("times_s", f"{name} x0")), ms(sampled.median("per_step_s", name))]
         if name == "plain PyTorch":
             sec.rows.append(row + ["reference", "", ""])
             continue
-        ratios, unit = ratio_values([round_ratios(run["per_step_s"], name, "plain PyTorch") for run in runs])
+        ratios = sampled.ratios("per_step_s", name, "plain PyTorch")
         ratio = median(ratios)
         cells = (sec.goal(f"{name} / plain, per step", ratio, 1.05, "≤ 1.05x", f"{ratio:.3f}x", rounds=ratios,
-                          unit=unit) if "ViTClassifier" in name else ["(loop alone)", "—"])
+                          unit=sampled.unit) if "ViTClassifier" in name else ["(loop alone)", "—"])
         sec.rows.append(row + [ratio_cell(ratios), *cells])
     sec.notes += ["set-up = a loop run for 0 steps (optimizer and scheduler, plus the Trainer and fit set-up for "
                   f"Lightning); ms/step = (time of {s.loop_steps} steps - set-up) / {s.loop_steps}, paired per round.",
                   "'bare module' is a LightningModule whose training_step only computes the loss: the gap from it to "
                   "the plain loop is Lightning's loop, the gap from it to ViTClassifier is the module's per-step "
                   "metrics and logging. The trial model's step is small (few tokens), so fixed per-step costs weigh "
-                  "more here than at ViT-Tiny width."]
-    one = len(runs) == 1
-    sec.data = {"times_s": runs[0]["times_s"] if one else [run["times_s"] for run in runs],
-                "per_step_s": runs[0]["per_step_s"] if one else [run["per_step_s"] for run in runs],
-                "steps": s.loop_steps, "config": runs[0]["config"], "processes": len(runs)}
+                  "more here than at ViT-Tiny width.", *sampled.notes()]
+    sec.data = {"steps": s.loop_steps, "config": c} | sampled.data("times_s", "per_step_s")
     return sec
 
 

@@ -7,6 +7,7 @@ import copy
 import time
 
 from .harness import (
+    Sampled,
     Section,
     Settings,
     is_dca,
@@ -15,7 +16,6 @@ from .harness import (
     ours,
     random_batch,
     ratio_cell,
-    ratio_values,
     runs_of,
     selected_configs,
     set_fused_attn,
@@ -295,40 +295,36 @@ def bench_overhead(s: Settings) -> Section:
     FLOPs (each adds ≤ 10 % FLOPs). The multi-stream variants run the kernels training picks here
     (``stream_kernels: auto``); when those are the compiled ones, a row per variant with the eager kernels too.
 
-    ``processes`` > 1 (``--processes K``): the same measurement in K fresh processes (``runs_of``); a variant's ratio is
-    then the median over processes of each process's (paired, in-round) median ratio, and its brackets hold the
-    smallest and largest process's. On this project's VM mHC's ratio ranged 1.39-1.55x over seven processes (a
-    per-process effect, like the ±20% of one model's step time between processes, that rounds within one process
-    do not sample)."""
-    runs = runs_of(s, "overhead", overhead_times)
-    first = runs[0]
+    ``processes`` > 1 (``--processes K``): the same measurement in K fresh processes (``runs_of``, ``Sampled``): a
+    ratio is the median of the processes' median ratios, its brackets the smallest and largest process's."""
+    sampled = Sampled(runs_of(s, "overhead", overhead_times))
+    first = sampled.runs[0]
     labels, kernels, flops = list(first["times_s"]), first["stream_kernels"], first["flops"]
-    ratios, unit = {}, "rounds"
-    for label in (label for label in labels if label != "standard"):  # each round's ratio, or each process's median
-        ratios[label], unit = ratio_values([round_ratios(run["times_s"], label, "standard") for run in runs])
-    step_s = {label: median([median(run["times_s"][label]) for run in runs]) for label in labels}
-    where = (f"{s.overhead_reps} rounds x {s.steps} steps in each of {len(runs)} fresh processes (a ratio: the "
-             f"median of the processes' medians)" if len(runs) > 1 else f"{s.overhead_reps} rounds x {s.steps} steps")
     sec = Section("overhead", "11. The new designs' step time vs standard (issue 27)",
-                  f"{s.describe(s.overhead_depth, s.overhead_batch)}; {s.mode_text()}, AdamW; {where}; each variant "
-                  f"at its defaults; multi-stream kernels: {kernels} (what stream_kernels auto picks here)",
-                  ["variant", "+FLOPs", "ms/step", f"time vs standard [{'process' if len(runs) > 1 else 'round'} min-max]", "goal", "mark"])
-    base = flops["standard"]
+                  f"{s.describe(s.overhead_depth, s.overhead_batch)}; {s.mode_text()}, AdamW; "
+                  f"{sampled.how(f'{s.overhead_reps} rounds x {s.steps} steps')}; each variant at its defaults; "
+                  f"multi-stream kernels: {kernels} (what stream_kernels auto picks here)",
+                  ["variant", "+FLOPs", "ms/step", f"time vs standard {sampled.bracket()}", "goal", "mark"])
+    base, ratios = flops["standard"], {}
     for label in labels:
         variant = label.split(" (")[0]
-        row = [label, f"{100.0 * (flops[variant] - base) / base:+.2f}%", ms(step_s[label])]
+        row = [label, f"{100.0 * (flops[variant] - base) / base:+.2f}%", ms(sampled.median("times_s", label))]
         if label == "standard":
             sec.rows.append(row + ["reference", "", ""])
             continue
+        ratios[label] = sampled.ratios("times_s", label, "standard")
         if label not in OVERHEAD_GOALS:  # the eager kernels: for comparison, no goal
             sec.rows.append(row + [ratio_cell(ratios[label]), "", ""])
             continue
         ratio, limit = median(ratios[label]), OVERHEAD_GOALS[label]
         sec.rows.append(row + [ratio_cell(ratios[label]), *sec.goal(
-            f"{label} / standard", ratio, limit, f"≤ {limit:.2f}x", f"{ratio:.3f}x", rounds=ratios[label], unit=unit)])
-    if len(runs) == 1:
-        sec.notes.append("One process: a ratio can differ between processes by more than between its rounds (on "
-                         "this project's VM mHC's ranged 1.39-1.55x over seven); `--processes K` samples K of them.")
-    sec.data = {"ratios": ratios, "times_s": first["times_s"] if len(runs) == 1 else [r["times_s"] for r in runs],
-                "flops": flops, "stream_kernels": kernels, "processes": len(runs)}
+            f"{label} / standard", ratio, limit, f"≤ {limit:.2f}x", f"{ratio:.3f}x", rounds=ratios[label],
+            unit=sampled.unit)])
+    sec.notes += sampled.notes() or [ONE_PROCESS_NOTE]
+    sec.data = {"ratios": ratios, "flops": flops, "stream_kernels": kernels} | sampled.data("times_s")
     return sec
+
+
+#: measured with seven processes of standard and mHC (results/device/cpu/issue27-s22-evidence/ab_processes_avx2.txt)
+ONE_PROCESS_NOTE = ("One process: a ratio can differ between processes by more than between its rounds (on this "
+                    "project's VM mHC's ranged 1.39-1.55x over seven); `--processes K` samples K of them.")
