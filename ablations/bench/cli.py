@@ -10,8 +10,8 @@
 Writes ``<out>/bench.md`` (each figure beside its goal with a pass/miss mark, plus the machine facts) and
 ``<out>/bench.json`` (the raw timings). Sections: 1 timm, 2 variants, 3 lightning, 4 mfu, 5 study, 6 memory,
 7 data, 8 modes, 9 compile (only with ``--compile``), 10 auto (precision auto vs both fixed precisions),
-11 overhead (``--processes K``: sections 3 and 11 in K fresh child processes), 12 malloc (only when asked: ``--sections malloc`` or
-``12``; child processes per malloc setting).
+11 overhead, 12 malloc (only when asked: ``--sections malloc`` or ``12``; child processes per malloc setting).
+``--processes K`` runs sections 3 and 11 in K fresh child processes each (a ratio: the median of theirs).
 Section 8 also writes ``<out>/modes-<device>.json``, the table ``ablations.bench.modes`` chooses a training run's
 precision and attention kernel from: it looks for the user's own at ``results/device/modes-<device>.json`` (hence
 ``--out results/device`` above).
