@@ -282,6 +282,40 @@ def test_runs_of_starts_one_child_per_process_only_when_asked(monkeypatch):
     assert calls == [("lightning", 3, torch.get_num_threads())] * 3
 
 
+def test_isolate_times_every_model_in_its_own_process_in_rotating_rounds(monkeypatch):
+    """``--isolate K``: K rounds; in each, one child process per model (task ``one_model``), the first model of the
+    round rotating; each label gets one time per round, in round order."""
+    calls = []
+
+    def run(task, s, threads, label):
+        calls.append((task, label))
+        return {"s": 1.0 + len(calls) / 100}
+
+    monkeypatch.setattr(child, "run", run)
+    labels = ["standard", "mhc", "dca"]
+    times = steps.isolated_times(replace(harness.TINY, isolate=2), labels)
+    assert calls == [("one_model", "standard"), ("one_model", "mhc"), ("one_model", "dca"),
+                     ("one_model", "mhc"), ("one_model", "dca"), ("one_model", "standard")]
+    assert times == {"standard": [1.01, 1.06], "mhc": [1.02, 1.04], "dca": [1.03, 1.05]}
+    assert steps.overhead_labels("compiled") == ["standard", *steps.OVERHEAD_GOALS, "hyper_connections (eager kernels)",
+                                                 "mhc (eager kernels)"]
+    assert steps.overhead_labels("eager") == ["standard", *steps.OVERHEAD_GOALS]
+
+
+@pytest.mark.slow  # twelve child processes (imports and a few tiny steps each: ~1 min)
+def test_overhead_section_with_every_model_in_its_own_process(tmp_path, monkeypatch):
+    monkeypatch.setenv("ABLATIONS_STREAM_KERNELS", "eager")  # the children inherit it: no compile
+    md, report = run_bench(tmp_path, "--tiny", "--threads", "1", "--sections", "overhead", "--isolate", "2")
+    check_report(md, report, ["overhead"])
+    sec = report["sections"]["overhead"]
+    assert set(sec["data"]["times_s"]) == {"standard", *steps.OVERHEAD_GOALS}
+    assert all(len(t) == 2 and len(set(t)) == 2 for t in sec["data"]["times_s"].values())  # two processes each
+    for goal in sec["goals"]:
+        label = goal["what"].split(" / ")[0]
+        assert goal["rounds"] == pytest.approx(timing.round_ratios(sec["data"]["times_s"], label, "standard"))
+    assert "every model in a fresh process of its own" in sec["setup"] and "2 rounds in rotating order" in sec["setup"]
+
+
 def lightning_run(vit: list[float], setup: float) -> dict:
     """A stand-in for one process's section-3 measurement: the plain loop 1 s a step in every round, the bare
     module 1.01 s, ViTClassifier ``vit``; every loop's set-up ``setup`` s."""
@@ -390,7 +424,9 @@ def test_sections_by_name_or_number():
 
 @pytest.mark.parametrize("argv", [["--sections", "nope"], ["--sections", "13"], ["--threads", "0"],
                                   ["--device", "tpu"], ["--variants", "standard,nope"],
-                                  ["--processes", "0"], ["--processes", "3", "--sections", "timm,mfu"]])
+                                  ["--processes", "0"], ["--processes", "3", "--sections", "timm,mfu"],
+                                  ["--isolate", "-1"], ["--isolate", "2", "--processes", "2"],
+                                  ["--isolate", "2", "--sections", "lightning"]])
 def test_bad_arguments_exit_2_with_one_line(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(argv)

@@ -1,5 +1,6 @@
 """Timings that need a process of their own, run as ``python -m ablations.bench.child '<json>'``: section 12's,
-whose malloc settings are per process, and sections 3 and 11's with ``--processes``. The payload names a
+whose malloc settings are per process, sections 3 and 11's with ``--processes`` and section 11's models with
+``--isolate``. The payload names a
 ``task``, the benchmark's ``settings``, the parent's ``threads`` and the task's ``arguments``; the child prints its
 result as one JSON line."""
 
@@ -44,9 +45,10 @@ def main(payload: str) -> None:
 
     from .loops import lightning_times
     from .malloc import time_both_sizes
-    from .steps import overhead_times
+    from .steps import one_model_time, overhead_times
 
-    tasks = {"lightning": lightning_times, "malloc": time_both_sizes, "overhead": overhead_times}
+    tasks = {"lightning": lightning_times, "malloc": time_both_sizes, "one_model": one_model_time,
+             "overhead": overhead_times}
     request = json.loads(payload)
     torch.set_num_threads(request["threads"])
     if request["settings"]["device"] == "cpu":

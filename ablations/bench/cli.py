@@ -11,7 +11,8 @@ Writes ``<out>/bench.md`` (each figure beside its goal with a pass/miss mark, pl
 ``<out>/bench.json`` (the raw timings). Sections: 1 timm, 2 variants, 3 lightning, 4 mfu, 5 study, 6 memory,
 7 data, 8 modes, 9 compile (only with ``--compile``), 10 auto (precision auto vs both fixed precisions),
 11 overhead, 12 malloc (only when asked: ``--sections malloc`` or ``12``; child processes per malloc setting).
-``--processes K`` runs sections 3 and 11 in K fresh child processes each (a ratio: the median of theirs).
+``--processes K`` runs sections 3 and 11 in K fresh child processes each (a ratio: the median of theirs);
+``--isolate K`` runs section 11 with every model in a fresh child process of its own, K rounds.
 Section 8 also writes ``<out>/modes-<device>.json``, the table ``ablations.bench.modes`` chooses a training run's
 precision and attention kernel from: it looks for the user's own at ``results/device/modes-<device>.json`` (hence
 ``--out results/device`` above).
@@ -177,6 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sections 3 and 11: time in K fresh child processes, one after the other, and take the "
                         "median of their ratios (default 1: in this process); a ratio can differ more between "
                         "processes than between rounds")
+    p.add_argument("--isolate", type=int, default=0, metavar="K",
+                   help="section 11: every model in a fresh child process of its own, as a training run holds one "
+                        "model, in K rounds (order rotating); a ratio pairs a design's process with standard's of "
+                        "the same round (default 0: all models interleaved in one process)")
     p.add_argument("--variants", metavar="LABEL,...",
                    help="sections 2 and 6: only these labels of ablations.costs.all_configs() (standard, their "
                         "reference, is always included); default: all")
@@ -189,16 +194,21 @@ def main(argv: list[str] | None = None) -> int:
         build_parser().error(f"--threads must be >= 1, got {args.threads}")
     if args.processes < 1:
         build_parser().error(f"--processes must be >= 1, got {args.processes}")
+    if args.isolate < 0 or (args.isolate and args.processes > 1):
+        build_parser().error(f"--isolate must be >= 0 and is not combined with --processes (got --isolate "
+                             f"{args.isolate}, --processes {args.processes})")
     try:
         allocator.choice()
     except ValueError as exc:
         build_parser().error(str(exc))
     settings = replace(TINY if args.tiny else QUICK if args.quick else FULL, device=args.device,
-                       processes=args.processes)
+                       processes=args.processes, isolate=args.isolate)
     names = args.sections or list(DEFAULT_SECTIONS)
     if args.processes > 1 and not {"lightning", "overhead"} & set(names):
         build_parser().error(f"--processes applies to sections lightning (3) and overhead (11) only, and --sections "
                              f"chose {', '.join(names)}")
+    if args.isolate and "overhead" not in names:
+        build_parser().error(f"--isolate applies to section overhead (11) only, and --sections chose {', '.join(names)}")
     if args.compile and "compile" not in names:
         names.append("compile")
 

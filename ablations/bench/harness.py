@@ -60,6 +60,7 @@ class Settings:
     overhead_reps: int = 9  # ... in more rounds than section 2: the goals are tight, the rounds cheap
     malloc_reps: int = 5  # section 12: rounds of two child processes (~20 s each at full size)
     processes: int = 1  # sections 3 and 11 in this process, or (> 1, --processes) in that many fresh child processes
+    isolate: int = 0  # section 11: > 0 (--isolate K): every model in a fresh process of its own, K rounds
 
     @property
     def precision(self) -> str:

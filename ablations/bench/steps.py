@@ -266,27 +266,66 @@ def bench_compile(s: Settings) -> Section:
 OVERHEAD_GOALS = {"attn_res": 1.3, "hyper_connections": 1.3, "dca": 1.3, "mhc": 1.5, "denseformer": 1.1}
 
 
+def overhead_model(label: str, s: Settings, kernels: str):
+    """One model of section 11: ``label`` is a design at its defaults, or "<design> (eager kernels)"."""
+    model = ours(label.split(" (")[0], {}, s.vit(s.overhead_depth))
+    if model.multi_stream_sites():
+        model.set_stream_kernels("eager" if label.endswith("(eager kernels)") else kernels)
+    return model.to(s.device)
+
+
+def overhead_labels(kernels: str) -> list[str]:
+    """Section 11's rows: standard, each design of ``OVERHEAD_GOALS``, and the multi-stream ones again with the eager
+    kernels when training's pick here (``kernels``) is the compiled ones."""
+    from lit_modules import RESIDUALS
+    from lit_modules.residual.hyper_connections import MultiStreamSite
+
+    multi = [label for label in OVERHEAD_GOALS if issubclass(RESIDUALS[label], MultiStreamSite)]
+    return ["standard", *OVERHEAD_GOALS, *([f"{label} (eager kernels)" for label in multi] if kernels != "eager" else [])]
+
+
 def overhead_times(s: Settings) -> dict:
-    """Section 11's measurement in this process: each of ``OVERHEAD_GOALS``' variants at its defaults and standard
-    (and the multi-stream ones with the eager kernels too, when training's pick here is the compiled ones),
-    interleaved in ``s.overhead_reps`` rounds; their times, FLOPs and the kernels (JSON: a child returns it)."""
+    """Section 11's measurement: every model of ``overhead_labels`` interleaved in ``s.overhead_reps`` rounds in this
+    process or, with ``s.isolate`` = K, each in a fresh process of its own (``one_model_time``) in K rounds; their
+    times, FLOPs and the kernels (JSON: a child returns it)."""
     from ablations.costs import measure
     from lit_modules.residual import stream_kernels
 
-    size = s.vit(s.overhead_depth)
     kernels = stream_kernels.resolve("auto", s.device)
-    models = {label: ours(label, {}, size) for label in ["standard", *OVERHEAD_GOALS]}
-    for label, model in list(models.items()):
-        if model.multi_stream_sites():
-            model.set_stream_kernels(kernels)
-            if kernels != "eager":
-                models[f"{label} (eager kernels)"] = eager = ours(label, {}, size)
-                eager.set_stream_kernels("eager")
-    batch = random_batch(s, s.overhead_batch)
-    times = interleave({k: train_step(m.to(s.device), batch, s.precision) for k, m in models.items()},
-                       reps=s.overhead_reps, steps=s.steps, warmup=s.warmup, device=s.device)
-    flops = {label: measure(label, {}, **size)["flops"] for label in ["standard", *OVERHEAD_GOALS]}
+    labels = overhead_labels(kernels)
+    if s.isolate:
+        times = isolated_times(s, labels)
+    else:
+        batch = random_batch(s, s.overhead_batch)
+        times = interleave({label: train_step(overhead_model(label, s, kernels), batch, s.precision)
+                            for label in labels}, reps=s.overhead_reps, steps=s.steps, warmup=s.warmup, device=s.device)
+    flops = {label: measure(label, {}, **s.vit(s.overhead_depth))["flops"] for label in ["standard", *OVERHEAD_GOALS]}
     return {"times_s": times, "flops": flops, "stream_kernels": kernels}
+
+
+def isolated_times(s: Settings, labels: list[str]) -> dict[str, list[float]]:
+    """``s.isolate`` rounds; in each, every label's model in a fresh child process of its own (one model, as a
+    training run holds), the order rotating from round to round: per label, each round's median seconds a step."""
+    import torch
+
+    from . import child
+
+    times: dict[str, list[float]] = {label: [] for label in labels}
+    for r in range(s.isolate):
+        for label in labels[r % len(labels):] + labels[:r % len(labels)]:
+            times[label].append(child.run("one_model", s, torch.get_num_threads(), label=label)["s"])
+    return times
+
+
+def one_model_time(s: Settings, label: str) -> dict:
+    """In a child process (task ``one_model``): ``label``'s model alone, warmed up, then ``s.overhead_reps`` rounds
+    of ``s.steps`` steps; the median seconds a step."""
+    from lit_modules.residual import stream_kernels
+
+    step = train_step(overhead_model(label, s, stream_kernels.resolve("auto", s.device)),
+                      random_batch(s, s.overhead_batch), s.precision)
+    return {"s": median(interleave({label: step}, reps=s.overhead_reps, steps=s.steps, warmup=s.warmup,
+                                   device=s.device)[label])}
 
 
 def bench_overhead(s: Settings) -> Section:
@@ -300,9 +339,14 @@ def bench_overhead(s: Settings) -> Section:
     sampled = Sampled(runs_of(s, "overhead", overhead_times))
     first = sampled.runs[0]
     labels, kernels, flops = list(first["times_s"]), first["stream_kernels"], first["flops"]
+    rounds = f"{s.overhead_reps} rounds x {s.steps} steps"
+    if s.isolate:
+        rounds = (f"every model in a fresh process of its own (one model, as a training run holds), {s.isolate} "
+                  f"rounds in rotating order, each process's time the median of its {rounds}; a ratio pairs a "
+                  f"design's process with standard's of the same round")
     sec = Section("overhead", "11. The new designs' step time vs standard (issue 27)",
                   f"{s.describe(s.overhead_depth, s.overhead_batch)}; {s.mode_text()}, AdamW; "
-                  f"{sampled.how(f'{s.overhead_reps} rounds x {s.steps} steps')}; each variant at its defaults; "
+                  f"{sampled.how(rounds)}; each variant at its defaults; "
                   f"multi-stream kernels: {kernels} (what stream_kernels auto picks here)",
                   ["variant", "+FLOPs", "ms/step", f"time vs standard {sampled.bracket()}", "goal", "mark"])
     base, ratios = flops["standard"], {}
@@ -320,7 +364,7 @@ def bench_overhead(s: Settings) -> Section:
         sec.rows.append(row + [ratio_cell(ratios[label]), *sec.goal(
             f"{label} / standard", ratio, limit, f"≤ {limit:.2f}x", f"{ratio:.3f}x", rounds=ratios[label],
             unit=sampled.unit)])
-    sec.notes += sampled.notes() or [ONE_PROCESS_NOTE]
+    sec.notes += sampled.notes() or ([] if s.isolate else [ONE_PROCESS_NOTE])
     sec.data = {"ratios": ratios, "flops": flops, "stream_kernels": kernels} | sampled.data("times_s")
     return sec
 
