@@ -1,8 +1,7 @@
 """Timings that need a process of their own, run as ``python -m ablations.bench.child '<json>'``: section 12's,
 whose malloc settings are per process, sections 3 and 11's with ``--processes`` and section 11's models with
-``--isolate``. The payload names a
-``task``, the benchmark's ``settings``, the parent's ``threads`` and the task's ``arguments``; the child prints its
-result as one JSON line."""
+``--isolate``. The payload names a ``task``, the benchmark's ``settings``, the parent's ``threads`` and the task's
+``arguments``; the child prints its result as one JSON line."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from dataclasses import replace
 from .. import allocator
 from . import child
 from .harness import Section, Settings, ms, ours, random_batch, ratio_cell
-from .timing import median, train_step
+from .timing import median, rotated, train_step
 
 SETTINGS = ("system", "keep")
 LABELS = ("standard", "mhc")
@@ -71,7 +71,7 @@ def bench_malloc(s: Settings) -> Section:
     env = allocator.without_user_malloc(dict(os.environ))  # glibc's own malloc under the two settings
     runs: dict[str, list[dict]] = {name: [] for name in SETTINGS}
     for r in range(s.malloc_reps):
-        for name in SETTINGS[r % 2:] + SETTINGS[:r % 2]:
+        for name in rotated(SETTINGS, r):
             runs[name].append(child.run("malloc", s, torch.get_num_threads(), env=env | {"ABLATIONS_MALLOC": name}))
     keys = list(runs["keep"][0]["times"])
     sec = Section("malloc", "12. glibc's malloc: kept freed memory vs the defaults (ablations.allocator)",

@@ -20,7 +20,7 @@ from .harness import (
     selected_configs,
     set_fused_attn,
 )
-from .timing import interleave, median, paired_ratio, round_ratios, synchronised, train_step
+from .timing import interleave, median, paired_ratio, rotated, round_ratios, synchronised, train_step
 
 
 # --- 1. our backbone vs timm's --------------------------------------------------------------------------------------
@@ -312,7 +312,7 @@ def isolated_times(s: Settings, labels: list[str]) -> dict[str, list[float]]:
 
     times: dict[str, list[float]] = {label: [] for label in labels}
     for r in range(s.isolate):
-        for label in labels[r % len(labels):] + labels[:r % len(labels)]:
+        for label in rotated(labels, r):
             times[label].append(child.run("one_model", s, torch.get_num_threads(), label=label)["s"])
     return times
 
@@ -326,6 +326,11 @@ def one_model_time(s: Settings, label: str) -> dict:
                       random_batch(s, s.overhead_batch), s.precision)
     return {"s": median(interleave({label: step}, reps=s.overhead_reps, steps=s.steps, warmup=s.warmup,
                                    device=s.device)[label])}
+
+
+#: measured with seven processes of standard and mHC (results/device/cpu/issue27-s22-evidence/ab_processes_avx2.txt)
+ONE_PROCESS_NOTE = ("One process: a ratio can differ between processes by more than between its rounds (on this "
+                    "project's VM mHC's ranged 1.39-1.55x over seven); `--processes K` samples K of them.")
 
 
 def bench_overhead(s: Settings) -> Section:
@@ -368,7 +373,3 @@ def bench_overhead(s: Settings) -> Section:
     sec.data = {"ratios": ratios, "flops": flops, "stream_kernels": kernels} | sampled.data("times_s")
     return sec
 
-
-#: measured with seven processes of standard and mHC (results/device/cpu/issue27-s22-evidence/ab_processes_avx2.txt)
-ONE_PROCESS_NOTE = ("One process: a ratio can differ between processes by more than between its rounds (on this "
-                    "project's VM mHC's ranged 1.39-1.55x over seven); `--processes K` samples K of them.")

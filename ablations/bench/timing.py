@@ -37,7 +37,7 @@ def interleave(fns: dict[str, Callable[[], Any]], *, reps: int, steps: int, warm
     gc.disable()  # as timeit does: a full collection of a torch + Lightning process takes ~1 s
     try:
         for r in range(reps):
-            for name in names[r % len(names):] + names[: r % len(names)]:
+            for name in rotated(names, r):
                 fn = fns[name]
                 t0 = time.perf_counter()
                 for _ in range(steps):
@@ -47,6 +47,12 @@ def interleave(fns: dict[str, Callable[[], Any]], *, reps: int, steps: int, warm
         if gc_was_enabled:
             gc.enable()
     return times
+
+
+def rotated(names: list | tuple, r: int) -> list:
+    """``names`` starting at the one ``r`` places in (round ``r`` of an interleaved, rotating order)."""
+    names = list(names)
+    return names[r % len(names):] + names[:r % len(names)]
 
 
 def synchronised(fn: Callable[[], Any]) -> Callable[[], None]:

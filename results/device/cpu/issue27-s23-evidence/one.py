@@ -1,6 +1,7 @@
 """One model per fresh process, as a training run holds one: ``python one.py LABEL`` times LABEL's train step at
 section 11's size (fp32, 1 thread, compiled stream kernels, warm-up 2, then 9 x 3 steps) and prints its median
-ms/step as JSON."""
+ms/step as JSON. With NOGC=1 the garbage collector is off during the timed rounds, as the bench's interleave has
+it (gc.sh ran a copy of this file that differed in that switch only; the copy was folded in here after the run)."""
 import json, sys, time
 import torch
 torch.set_num_threads(1)
@@ -16,6 +17,8 @@ step = train_step(model, random_batch(s, s.overhead_batch))
 for _ in range(s.warmup):
     step()
 rounds = []
+import gc, os
+if os.environ.get("NOGC"): gc.disable()
 for _ in range(s.overhead_reps):
     t0 = time.perf_counter()
     for _ in range(s.steps):
