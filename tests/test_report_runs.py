@@ -605,3 +605,24 @@ def test_readme_quotes_every_verdict_of_the_headline_and_links_every_claims_file
     assert verdicts and [line for line in verdicts if line not in readme.splitlines()] == []
     for path in sorted((REPO / "results").glob("*/claims.md")):
         assert f"(results/{path.parent.name}/claims.md)" in readme, path
+
+
+def test_a_first_look_budget_labels_every_table_and_the_default_none(reports):
+    """``--budget quick`` (or smoke): every table's title and caption says it is a first look, not evidence; the
+    default budget's tables (the ``reports`` fixture) say nothing of the kind."""
+    root, printed, _ = reports
+    spec = str(root / "claims_tiny.yaml")
+    code, out, err = _report("--study", spec, "--budget", "quick", "--runs", str(root / "storage" / "runs.csv"),
+                             "--out", str(root / "quick"))
+    assert code == 0, err
+    assert "note: budget 'quick' is a first look, underpowered by design" in out
+    for name in REGENERATED:
+        text = (root / "quick" / f"{name}.md").read_text()
+        assert text.splitlines()[0].endswith("(first look: budget quick, underpowered)"), (name, text.splitlines()[0])
+        assert "Budget 'quick' is a first look, underpowered by design: its differences and verdicts are not " \
+               "evidence" in text, name
+        assert "first look" in (root / "quick" / f"{name}.tex").read_text(), name
+        assert "first look" not in (root / "storage" / f"{name}.md").read_text(), name
+    assert "first look" not in printed
+    assert load_spec("residual_variants", "smoke").first_look() and load_spec("residual_variants", "quick").first_look()
+    assert load_spec("residual_variants").first_look() is None and load_spec("residual_variants", "paper").first_look() is None

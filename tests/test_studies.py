@@ -149,6 +149,7 @@ def test_smoke_study_completes_every_grid_point_once_and_rerun_adds_nothing(tmp_
     first = run_cli(*args, cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     assert "Traceback" not in first.stderr
+    assert "study 'residual_variants-smoke': budget 'smoke' is a first look, underpowered by design" in first.stderr
     complete = assert_grid_complete_once(db, spec)
     trials = trials_of(db, spec.study_name)
     assert len(trials) == len(spec.grid()) == 10

@@ -82,6 +82,12 @@ def _main(args: argparse.Namespace) -> int:
                               f"({_states(study, data)}); nothing to report")
         return _tuning_only(data, out, figures=not args.no_figures)
     tables, cells, notes = build_tables(data, spec, study)
+    label = spec.first_look()
+    if label:  # in every table's title and caption, so no copied table loses it
+        for table in tables:
+            table.title += f" (first look: budget {spec.budget}, underpowered)"
+            table.caption = f"{label[0].upper()}{label[1:]}. {table.caption}"
+        notes.insert(0, label)
     overrides = spec.overrides if study is None else study.user_attrs.get(OVERRIDES_ATTR, {})
     if overrides:  # in main.md (the first table's notes) and on stdout
         tables[0].notes.append(f"run with overrides of the study's base (--set): {describe(overrides)}")

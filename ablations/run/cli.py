@@ -208,6 +208,8 @@ def _main(args: argparse.Namespace) -> int:
         return _work(spec, storage, study_name, args, overrides, tuned=_stored_choice(storage, study_name))
 
     study = _create_study(spec, storage, study_name, seed=0)  # refuses a stored study of other overrides
+    if spec.first_look():
+        print(f"study '{study_name}': {spec.first_look()}", file=sys.stderr)
     if spec.overrides:
         print(f"--set {describe(spec.overrides)}: its own stored study '{study_name}' (a study never mixes two "
               "configurations)", file=sys.stderr)

@@ -57,6 +57,9 @@ from .recipes import with_recipe
 
 STUDY_DIR = Path(__file__).parent.parent / "studies"
 BUDGETS = ("smoke", "quick", "default", "paper")
+#: budgets that check a study runs (smoke) or give a first look in minutes (quick): too few seeds for evidence, and
+#: the run and every report table say so (:meth:`StudySpec.first_look`)
+FIRST_LOOK_BUDGETS = ("smoke", "quick")
 _TOP_KEYS = ("name", "description", "kind", "metric", "direction", "base", "variants", "axes", "search", "tune",
              "budgets", "claims")
 _BUDGET_KEYS = ("base", "variants", "axes", "search", "tune", "description")
@@ -157,6 +160,14 @@ class StudySpec:
         name = self.name if self.budget == "default" else f"{self.name}-{self.budget}"
         name += name_suffix(self.overrides)
         return tune_name(name) if self.stage == "tune" else name
+
+    def first_look(self) -> str | None:
+        """The label of a budget that is not evidence (``FIRST_LOOK_BUDGETS``), for the run's first line and the
+        report's tables; None for the default and paper budgets."""
+        if self.budget not in FIRST_LOOK_BUDGETS:
+            return None
+        return (f"budget '{self.budget}' is a first look, underpowered by design: its differences and verdicts are "
+                "not evidence (the default budget is the study's evidence)")
 
     def tune_stage(self) -> StudySpec:
         """The tuning stage as a grid of its own: the study's other axes (or ``tune.axes``) × ``lr`` × tuning seeds."""
