@@ -128,7 +128,7 @@ def _report(*argv: str) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-REGENERATED = ("main", "paired", "claims", "tuning", "convergence")
+REGENERATED = ("main", "paired", "claims", "power", "tuning", "convergence")
 
 
 def _report_process(*args, hash_seed: str | None = None) -> subprocess.CompletedProcess:

@@ -160,6 +160,7 @@ def build_tables(data: StudyData, spec, study=None) -> tuple[list, list | None, 
     from . import tables as tb
     from .claims import claims_table
     from .load import best_per_row
+    from .power import power_table
     from .stats import main_cells
     from .tuning import tuning_records, tuning_table
 
@@ -167,6 +168,9 @@ def build_tables(data: StudyData, spec, study=None) -> tuple[list, list | None, 
     if spec.kind == "grid":
         cells = main_cells(data)
         tables = [tb.main_table(data, cells), tb.paired_table(data, cells)]
+        power = power_table(data, cells)
+        if power is not None:
+            tables.append(power)
         if spec.claims:
             tables.append(claims_table(data, spec.claims))
     else:

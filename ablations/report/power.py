@@ -1,0 +1,118 @@
+"""How many seeds a study needs: the ``power`` table, a planning estimate from the study's own paired differences.
+
+For each comparison of the paired table, the seeds n at which the paired two-sided t-test at the table's Bonferroni
+level α′ = α/m (the MDE's level, :func:`ablations.report.stats.mde`) detects a true Δ of each target with power
+0.8, if the paired differences keep the sample sd s_d they have now. The caption adds what a whole study would
+cost: the seeds per row at which the table's median and largest MDE reach a target, and the trials and
+worker-hours that takes at the study's own mean wall time per trial and worker (the tuning stage as it was).
+
+s_d is itself an estimate: with n pairs its 95% interval is s_d·√((n−1)/χ²) between the χ² quantiles of n − 1
+degrees of freedom (about 0.76–1.46 × s_d at n = 20), and the seeds needed scale roughly with its square — the
+caption gives that range for the table's n.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .format import Column, Table, frame
+from .load import WALL_TIME_KEY, StudyData
+from .stats import ALPHA, POWER, Cell, family_size, mde
+
+TARGETS_PP = (2.0, 1.0, 0.5)  # the MDEs a plan asks for, in percentage points
+MAX_SEEDS = 10_000  # beyond this a target reads "> 10000": the differences are too noisy for it
+POWER_KEYS = ["variant", "depth", "n_pairs", "sd", "mde", *(f"seeds_{t:g}pp" for t in TARGETS_PP)]
+
+
+def seeds_needed(mde_at: Callable[[int], float | None], target: float) -> int | None:
+    """The smallest n ≥ 2 with ``mde_at(n)`` ≤ ``target`` (``mde_at`` decreases in n), None above ``MAX_SEEDS``
+    or when ``mde_at`` is undefined."""
+    low, high = 2, MAX_SEEDS
+    top = mde_at(high)
+    if top is None or top > target:
+        return None
+    while low < high:  # bisection: mde_at(high) <= target throughout
+        mid = (low + high) // 2
+        if mde_at(mid) <= target:
+            high = mid
+        else:
+            low = mid + 1
+    return low
+
+
+def _seeds_text(n: int | None) -> str:
+    return f"> {MAX_SEEDS}" if n is None else str(n)
+
+
+def sd_range(n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """The factors (low, high) of the sample sd's ``confidence`` interval with n observations (χ², n − 1 df)."""
+    from scipy import stats
+
+    df = n - 1
+    tail = (1 - confidence) / 2
+    return math.sqrt(df / stats.chi2.ppf(1 - tail, df)), math.sqrt(df / stats.chi2.ppf(tail, df))
+
+
+def _trial_seconds(data: StudyData) -> float | None:
+    """The study's mean wall time per trial and worker (report and tuning runs alike), None when none recorded it."""
+    times = [t for r in [*data.runs, *data.tune_runs]
+             if isinstance(t := r.summary.get(WALL_TIME_KEY), (int, float)) and t > 0]
+    return statistics.fmean(times) if times else None
+
+
+def _cost_text(data: StudyData, seeds: int) -> str:
+    """Reported trials at ``seeds`` per cell, plus the tuning stage's trials as run, and their worker-hours."""
+    per_seed = len(data.runs) / max(1, len({r.seed for r in data.runs}))  # rows × depths × any other axes
+    reported = round(per_seed * seeds)
+    text = f"{reported} reported" + (f" + {len(data.tune_runs)} tuning" if data.tune_runs else "") + " trials"
+    seconds = _trial_seconds(data)
+    if seconds is not None:
+        text += f", {(reported + len(data.tune_runs)) * seconds / 3600:.1f} worker-hours"
+    return text
+
+
+def power_table(data: StudyData, cells: Sequence[Cell]) -> Table | None:
+    """Seeds needed per comparison for each MDE target; None when no comparison has an sd to plan from."""
+    planned = [c for c in cells if c.comparison is not None and c.mde is not None]
+    if not planned:
+        return None
+    alpha = ALPHA / max(1, family_size(cells))
+    records: list[dict[str, Any]] = []
+    for c in planned:
+        rec = {"variant": c.row, "depth": c.depth, "n_pairs": c.comparison.n, "sd": c.comparison.sd, "mde": c.mde}
+        for t in TARGETS_PP:
+            rec[f"seeds_{t:g}pp"] = seeds_needed(lambda n, sd=c.comparison.sd: mde(sd, n, alpha), t / 100)
+        records.append(rec)
+
+    def summary_mde(pick: Callable[[list[float]], float]) -> Callable[[int], float]:
+        return lambda n: pick([mde(c.comparison.sd, n, alpha) for c in planned])
+
+    plans = []
+    for name, pick, target in (("median", statistics.median, 1.0), ("largest", max, 2.0), ("largest", max, 1.0)):
+        n = seeds_needed(summary_mde(pick), target / 100)
+        plans.append(f"the {name} MDE ≤ {target:.1f} pp needs {_seeds_text(n)} seeds per row"
+                     + (f" ({_cost_text(data, n)})" if n is not None else ""))
+    seconds = _trial_seconds(data)
+    pace = f" (worker-hours at this study's mean {seconds:.0f} s per trial and worker)" if seconds else ""
+    pairs = sorted({c.comparison.n for c in planned})
+    low, high = sd_range(pairs[len(pairs) // 2])
+    columns = [Column("variant", "variant"), Column("depth", "depth", fmt="d"), Column("n_pairs", "pairs", fmt="d"),
+               Column("sd", "s_d (pp)", fmt=".2f", scale=100.0), Column("mde", "MDE now (pp)", fmt=".2f", scale=100.0),
+               *(Column(f"seeds_{t:g}pp", f"seeds for MDE ≤ {t:g} pp",
+                        render=lambda rec, style, k=f"seeds_{t:g}pp": _seeds_text(rec[k])) for t in TARGETS_PP)]
+    csv_cols = [("variant", "variant", ""), ("depth", "depth", ""), ("n_pairs", "n_pairs", ""),
+                ("sd", "sd_differences", ".6f"), ("mde", "mde", ".6f"),
+                *((f"seeds_{t:g}pp", f"seeds_for_mde_{t:g}pp", "") for t in TARGETS_PP)]
+    caption = (f"Seeds needed in study {data.name} ({data.metric}), a planning estimate: per comparison of table "
+               f"'paired', the smallest number of paired seeds n at which the paired two-sided t-test at the "
+               f"Bonferroni level α′ = α/m = {alpha:.4g} (α = {ALPHA}, m = {family_size(cells)}, as the MDE) detects "
+               f"a true Δ of {' / '.join(f'{t:g}' for t in TARGETS_PP)} pp with power {POWER} (noncentral t), if "
+               f"the paired differences keep their present sample sd s_d; '> {MAX_SEEDS}': out of reach. For the "
+               f"whole table{pace}, {'; '.join(plans)}. s_d is itself estimated: at n = {pairs[len(pairs) // 2]} pairs "
+               f"its 95% interval is {low:.2f}–{high:.2f} × s_d (χ²), and the seeds needed scale about with its "
+               f"square.")
+    return Table("power", f"{data.name}: seeds needed for a detectable effect", caption, frame(records, POWER_KEYS),
+                 columns, csv_cols)
