@@ -18,7 +18,6 @@ def test_seeds_needed_matches_the_textbook_sample_sizes():
     # the smallest such n: one seed fewer misses the target
     assert mde(0.01, 9, 0.05) > 0.01 >= mde(0.01, 10, 0.05)
     assert seeds_needed(lambda n: mde(1.0, n, 0.05), 1e-4) is None  # beyond MAX_SEEDS
-    assert seeds_needed(lambda n: None, 0.01) is None
 
 
 def test_sd_interval_from_the_chi_square_table():
@@ -61,4 +60,46 @@ def test_power_table_from_hand_made_differences():
            f"{3 * n * 20 / 3600:.1f} worker-hours)" in table.caption
     # n = 6: χ²(5) quantiles 0.831 and 12.833: √(5/12.833) = 0.62, √(5/0.831) = 2.45
     assert "mean 20 s per trial and worker" in table.caption and "0.62–2.45 × s_d" in table.caption
-    assert "> " + str(MAX_SEEDS) not in table.markdown().split("\n\n")[1]
+    assert "| noisy     |       4 |       6 |       1.10 |" in table.markdown()
+
+
+def test_power_plan_over_depths_with_a_tuning_stage_and_without_wall_times():
+    """Two depths (4 cells per seed), two tuning runs: the plan counts cells × seeds + the tuning trials; without
+    any recorded wall time it gives no worker-hours; a hopeless sd reads '> 10000'."""
+    runs, number = [], 0
+    for depth, spread in ((4, 0.001), (8, 0.45)):  # depth 8: differences of ±45 pp, out of reach at 0.5 pp
+        for s in range(4):
+            base = 0.5
+            runs.append(Run(number=number, state="complete", row="standard", variant="standard", depth=depth, seed=s,
+                            acc=base))
+            runs.append(Run(number=number + 1, state="complete", row="other", variant="other", depth=depth, seed=s,
+                            acc=base + (spread if s % 2 else -spread) + 0.01))
+            number += 2
+    tune = [Run(number=100 + i, state="complete", row="standard", variant="standard", depth=4, seed=100, acc=0.5,
+                phase="tune") for i in range(2)]
+    data = StudyData(name="t", kind="grid", metric="test_acc", runs=runs, rows=["standard", "other"],
+                     row_variant={"standard": "standard", "other": "other"},
+                     row_extras={"standard": (), "other": ()}, depths=[4, 8], tune_runs=tune)
+    table = power_table(data, main_cells(data))
+    records = {r["depth"]: r for r in table.frame.to_dict("records")}
+    assert set(records) == {4, 8} and records[8]["seeds_0.5pp"] is None
+    assert f"> {MAX_SEEDS}" in table.markdown() and "worker-hours" not in table.caption
+    n = records[4]["seeds_2pp"]
+    assert n is not None
+    # the median of two comparisons is their mean sd: its seeds for 1 pp, 4 cells per seed + 2 tuning trials
+    assert "needs" in table.caption and " + 2 tuning trials)" in table.caption
+    import re
+
+    counts = [(int(a), int(b)) for a, b in re.findall(r"needs (\d+) seeds per row \((\d+) reported", table.caption)]
+    assert counts and all(reported == 4 * seeds for seeds, reported in counts)
+
+
+def test_no_power_table_without_an_sd_to_plan_from():
+    """Every comparison with all paired differences equal: no MDE, so no table (the report leaves it out)."""
+    runs = [Run(number=i, state="complete", row=row, variant=row, depth=4, seed=i // 2,
+                acc=0.5 + (0.02 if row == "other" else 0.0) + 0.01 * (i // 2))
+            for i, row in enumerate(["standard", "other"] * 3)]
+    data = StudyData(name="t", kind="grid", metric="test_acc", runs=runs, rows=["standard", "other"],
+                     row_variant={"standard": "standard", "other": "other"},
+                     row_extras={"standard": (), "other": ()}, depths=[4])
+    assert power_table(data, main_cells(data)) is None

@@ -50,6 +50,8 @@ variants:
   - {label: rezero, residual: rezero}
   - {label: flat, residual: standard}
 axes: {depth: [2], seed: [0, 1, 2, 3, 4, 5]}
+budgets:
+  quick: {description: "a first look at the same trials (labelled so)"}
 claims:
   - {id: layerscale_better, claim: "LayerScale improves accuracy", variant: layerscale, baseline: standard,
      depth: 2, direction: higher, source: "Touvron et al. 2021 (CaiT), Table 1",
@@ -607,22 +609,42 @@ def test_readme_quotes_every_verdict_of_the_headline_and_links_every_claims_file
         assert f"(results/{path.parent.name}/claims.md)" in readme, path
 
 
-def test_a_first_look_budget_labels_every_table_and_the_default_none(reports):
-    """``--budget quick`` (or smoke): every table's title and caption says it is a first look, not evidence; the
-    default budget's tables (the ``reports`` fixture) say nothing of the kind."""
+def test_a_first_look_budget_labels_every_table_and_the_default_none(reports, tmp_path):
+    """``--budget quick`` (or smoke) where the study file defines it: every table's title and caption says it is a
+    first look, not evidence, also while the study is in its tuning stage; the default budget's tables (the
+    ``reports`` fixture) say nothing of the kind, nor does a budget the file does not define (it runs the
+    default's settings)."""
     root, printed, _ = reports
     spec = str(root / "claims_tiny.yaml")
-    code, out, err = _report("--study", spec, "--budget", "quick", "--runs", str(root / "storage" / "runs.csv"),
-                             "--out", str(root / "quick"))
+    runs = root / "storage" / "runs.csv"
+    code, out, err = _report("--study", spec, "--budget", "quick", "--runs", str(runs), "--out", str(tmp_path / "q"))
     assert code == 0, err
-    assert "note: budget 'quick' is a first look, underpowered by design" in out
+    label = ("Budget 'quick' is a first look, underpowered by design: its numbers and verdicts are not evidence (the "
+             "default budget is the study's evidence)")
+    assert f"note: {label}" in out
     for name in REGENERATED:
-        text = (root / "quick" / f"{name}.md").read_text()
+        text = (tmp_path / "q" / f"{name}.md").read_text()
         assert text.splitlines()[0].endswith("(first look: budget quick, underpowered)"), (name, text.splitlines()[0])
-        assert "Budget 'quick' is a first look, underpowered by design: its differences and verdicts are not " \
-               "evidence" in text, name
-        assert "first look" in (root / "quick" / f"{name}.tex").read_text(), name
+        assert f"{label}. " in text, name
+        assert "first look" in (tmp_path / "q" / f"{name}.tex").read_text(), name
         assert "first look" not in (root / "storage" / f"{name}.md").read_text(), name
     assert "first look" not in printed
+    # in the tuning stage: runs.csv and the tuning table only, labelled as well
+    lines = runs.read_text().splitlines()
+    phase = lines[0].split(",").index("phase")
+    (tmp_path / "tune.csv").write_text("\n".join([lines[0], *(x for x in lines[1:] if x.split(",")[phase] == "tune")])
+                                       + "\n")
+    code, out, err = _report("--study", spec, "--budget", "quick", "--runs", str(tmp_path / "tune.csv"), "--out",
+                             str(tmp_path / "t"))
+    assert code == 0 and "wrote runs.csv and the tuning table only" in out, err
+    assert (tmp_path / "t" / "tuning.md").read_text().splitlines()[0].endswith("(first look: budget quick, underpowered)")
     assert load_spec("residual_variants", "smoke").first_look() and load_spec("residual_variants", "quick").first_look()
     assert load_spec("residual_variants").first_look() is None and load_spec("residual_variants", "paper").first_look() is None
+    assert load_spec("norm_placement", "quick").first_look() is None  # no quick budget: the default's settings
+
+
+def test_every_committed_latex_table_is_ascii():
+    """pdflatex without inputenc tricks rejects a raw χ or ⋯: the formatter maps every symbol a caption uses."""
+    bad = {path.relative_to(REPO).as_posix(): sorted({ch for ch in path.read_text() if ord(ch) > 127})
+           for path in sorted((REPO / "results").rglob("*.tex"))}
+    assert bad and {k: v for k, v in bad.items() if v} == {}

@@ -149,7 +149,8 @@ def test_smoke_study_completes_every_grid_point_once_and_rerun_adds_nothing(tmp_
     first = run_cli(*args, cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     assert "Traceback" not in first.stderr
-    assert "study 'residual_variants-smoke': budget 'smoke' is a first look, underpowered by design" in first.stderr
+    assert ("Budget 'smoke' is a first look, underpowered by design: its numbers and verdicts are not evidence (the "
+            "default budget is the study's evidence) (study 'residual_variants-smoke')") in first.stderr.splitlines()
     complete = assert_grid_complete_once(db, spec)
     trials = trials_of(db, spec.study_name)
     assert len(trials) == len(spec.grid()) == 10

@@ -16,27 +16,29 @@ Writes to ``<results-dir>/<study name>/`` (or ``--out``):
   to the ``standard`` variant with its unadjusted 95% CI, Holm-significant ones marked), ``paired`` (one line per
   variant × depth: pairs, Δ, CI, paired t-test and Wilcoxon p-values raw and Holm-adjusted over one family,
   noncentral-t minimum detectable effect, diverged runs counted at chance level), ``claims`` (the verdict of each
-  claim the study file lists: held / not held / not resolved / untestable, :mod:`.claims`), ``tuning`` (val
-  accuracy per variant × LR of the ``phase: tune`` trials, with a figure), ``convergence`` and ``cost`` tables, and ``collapse`` (DeepViT's number of similar blocks per variant × depth
-  with the adjacent-block similarity) when the trials logged ``diag/similar_blocks``, and ``mixing`` (the
-  composite gain of Hyper-Connections' / mHC's stream mixing per variant × depth) when they logged
-  ``diag/composite_gain``;
+  claim the study file lists: held / not held / not resolved / untestable, :mod:`.claims`), ``power`` (the seeds
+  each comparison would need for an MDE of 2 / 1 / 0.5 pp, and what the whole table would cost, :mod:`.power`),
+  ``tuning`` (val accuracy per variant × LR of the ``phase: tune`` trials, with a figure), ``convergence`` and
+  ``cost`` tables, and ``collapse`` (DeepViT's number of similar blocks per variant × depth with the adjacent-block
+  similarity) when the trials logged ``diag/similar_blocks``, and ``mixing`` (the composite gain of
+  Hyper-Connections' / mHC's stream mixing per variant × depth) when they logged ``diag/composite_gain``;
 * search studies: ``search_best`` (best trial per variant), ``importance`` (parameter importances) and ``cost``;
 
 each as ``.md``, ``.tex`` (booktabs) and ``.csv``; ``runs.csv`` lists every result trial of both phases with its
 TensorBoard run name (``<variant>/depth=<d>/seed=<s>``), axes, LR, every summary metric, diverged flag and mode
-(:mod:`.runs`), and ``--runs runs.csv`` regenerates main, paired, claims, tuning and convergence from it alone,
-byte-identical to the report from the storage; figures as ``.png`` and ``.pdf``. The headline table (``main``, or
-``search_best`` for search studies) is printed; all tables are written to TensorBoard as text (run ``_report``
-next to the trials' runs, ``<results-dir>/runs/<study name>/_report``; it carries no hparams data, so the HParams
-table of the trials is unchanged) and attached to the study as an optuna-dashboard note. Two reports of the same
-storage give byte-identical tables. A missing storage or study, or one without completed trials, exits 2 with one
-line.
+(:mod:`.runs`), and ``--runs runs.csv`` regenerates main, paired, claims, power, tuning and convergence from it
+alone, byte-identical to the report from the storage; figures as ``.png`` and ``.pdf``. The headline table
+(``main``, or ``search_best`` for search studies) is printed; all tables are written to TensorBoard as text (run
+``_report`` next to the trials' runs, ``<results-dir>/runs/<study name>/_report``; it carries no hparams data, so
+the HParams table of the trials is unchanged) and attached to the study as an optuna-dashboard note. Two reports of
+the same storage give byte-identical tables. A ``smoke`` or ``quick`` budget the study file defines is labelled a
+first look, not evidence, in every table's title and caption. A missing storage or study, or one without completed
+trials, exits 2 with one line.
 
-Package layout: :mod:`.load` (storage → runs), :mod:`.runs` (runs.csv ↔ runs), :mod:`.stats` (paired
-statistics), :mod:`.tables` (tables as DataFrames and their one Markdown / LaTeX / CSV formatter), :mod:`.claims`
-(claim verdicts), :mod:`.tuning` (the LR tuning table and figure), :mod:`.cli` (arguments, writing);
-figures are drawn by :mod:`ablations.report.figures`.
+Package layout: :mod:`.load` (storage → runs), :mod:`.runs` (runs.csv ↔ runs), :mod:`.stats` (paired statistics),
+:mod:`.tables` (tables as DataFrames and their one Markdown / LaTeX / CSV formatter), :mod:`.claims` (claim
+verdicts), :mod:`.power` (seeds needed), :mod:`.tuning` (the LR tuning table and figure), :mod:`.cli` (arguments,
+writing); figures are drawn by :mod:`ablations.report.figures`.
 """
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
                         f"<dir>/{layout.RUNS}/")
     p.add_argument("--out", help="folder for tables and figures (default: <results-dir>/<study name>)")
     p.add_argument("--runs", metavar="CSV",
-                   help="regenerate the tables from a runs.csv alone (no storage): main, paired, convergence, claims, "
-                        "tuning (byte-identical to the report from the storage); tables that need the storage or the "
+                   help="regenerate the tables from a runs.csv alone (no storage): main, paired, power, convergence, "
+                        "claims, tuning (byte-identical to the report from the storage); tables that need the storage or the "
                         "event files (cost, collapse, mixing, importance) and the figures but tuning are skipped")
     p.add_argument("--no-figures", action="store_true", help="tables only")
     p.add_argument("--no-tensorboard", action="store_true", help="do not write the tables to TensorBoard")
@@ -80,14 +80,10 @@ def _main(args: argparse.Namespace) -> int:
         if not any(r.state == "complete" for r in data.tune_runs):
             raise ReportError(f"study '{study_name}' has no completed trials in its report phase "
                               f"({_states(study, data)}); nothing to report")
-        return _tuning_only(data, out, figures=not args.no_figures)
+        return _tuning_only(data, spec, out, figures=not args.no_figures)
     tables, cells, notes = build_tables(data, spec, study)
-    label = spec.first_look()
-    if label:  # in every table's title and caption, so no copied table loses it
-        for table in tables:
-            table.title += f" (first look: budget {spec.budget}, underpowered)"
-            table.caption = f"{label[0].upper()}{label[1:]}. {table.caption}"
-        notes.insert(0, label)
+    if label_first_look(tables, spec):
+        notes.insert(0, spec.first_look())
     overrides = spec.overrides if study is None else study.user_attrs.get(OVERRIDES_ATTR, {})
     if overrides:  # in main.md (the first table's notes) and on stdout
         tables[0].notes.append(f"run with overrides of the study's base (--set): {describe(overrides)}")
@@ -130,7 +126,17 @@ def _main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _tuning_only(data: StudyData, out: Path, figures: bool) -> int:
+def label_first_look(tables: Sequence, spec) -> bool:
+    """Put a first-look budget's label (``StudySpec.first_look``) into every table's title and caption, so that no
+    copied table loses it; whether there was one."""
+    label = spec.first_look()
+    for table in tables if label else ():
+        table.title += f" (first look: budget {spec.budget}, underpowered)"
+        table.caption = f"{label}. {table.caption}"
+    return label is not None
+
+
+def _tuning_only(data: StudyData, spec, out: Path, figures: bool) -> int:
     """A study still in its tuning stage: its runs.csv (what ``python -m ablations.run --import-runs`` continues it
     from elsewhere) and the tuning table (and figure) so far; the reported tables wait for reported trials."""
     from . import format as fmt
@@ -138,6 +144,7 @@ def _tuning_only(data: StudyData, out: Path, figures: bool) -> int:
     from .tuning import tuning_figure, tuning_records, tuning_table
 
     table = tuning_table(data, tuning_records(data))
+    label_first_look([table], spec)
     written = [*fmt.write_table(table, out, data.name), runs_csv.write(data, out / "runs.csv")]
     if figures:
         written += tuning_figure(data, tuning_records(data), out)

@@ -13,6 +13,7 @@ caption gives that range for the table's n.
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections.abc import Callable, Sequence
@@ -24,15 +25,19 @@ from .stats import ALPHA, POWER, Cell, family_size, mde
 
 TARGETS_PP = (2.0, 1.0, 0.5)  # the MDEs a plan asks for, in percentage points
 MAX_SEEDS = 10_000  # beyond this a target reads "> 10000": the differences are too noisy for it
-POWER_KEYS = ["variant", "depth", "n_pairs", "sd", "mde", *(f"seeds_{t:g}pp" for t in TARGETS_PP)]
 
 
-def seeds_needed(mde_at: Callable[[int], float | None], target: float) -> int | None:
-    """The smallest n ≥ 2 with ``mde_at(n)`` ≤ ``target`` (``mde_at`` decreases in n), None above ``MAX_SEEDS``
-    or when ``mde_at`` is undefined."""
+def _key(target: float) -> str:
+    return f"seeds_{target:g}pp"
+
+
+POWER_KEYS = ["variant", "depth", "n_pairs", "sd", "mde", *map(_key, TARGETS_PP)]
+
+
+def seeds_needed(mde_at: Callable[[int], float], target: float) -> int | None:
+    """The smallest n ≥ 2 with ``mde_at(n)`` ≤ ``target`` (``mde_at`` decreases in n), None above ``MAX_SEEDS``."""
     low, high = 2, MAX_SEEDS
-    top = mde_at(high)
-    if top is None or top > target:
+    if mde_at(high) > target:
         return None
     while low < high:  # bisection: mde_at(high) <= target throughout
         mid = (low + high) // 2
@@ -63,55 +68,59 @@ def _trial_seconds(data: StudyData) -> float | None:
     return statistics.fmean(times) if times else None
 
 
-def _cost_text(data: StudyData, seeds: int) -> str:
-    """Reported trials at ``seeds`` per cell, plus the tuning stage's trials as run, and their worker-hours."""
-    per_seed = len(data.runs) / max(1, len({r.seed for r in data.runs}))  # rows × depths × any other axes
-    reported = round(per_seed * seeds)
+def _cost_text(data: StudyData, seeds: int, seconds: float | None) -> str:
+    """Reported trials at ``seeds`` per cell (row × depth, extra axes in the row), plus the tuning stage's trials as
+    run, and their worker-hours at ``seconds`` per trial."""
+    reported = len({(r.row, r.depth) for r in data.runs}) * seeds
     text = f"{reported} reported" + (f" + {len(data.tune_runs)} tuning" if data.tune_runs else "") + " trials"
-    seconds = _trial_seconds(data)
     if seconds is not None:
         text += f", {(reported + len(data.tune_runs)) * seconds / 3600:.1f} worker-hours"
     return text
 
 
-def power_table(data: StudyData, cells: Sequence[Cell]) -> Table | None:
-    """Seeds needed per comparison for each MDE target; None when no comparison has an sd to plan from."""
+def power_table(data: StudyData, cells: Sequence[Cell], alpha: float = ALPHA, power: float = POWER) -> Table | None:
+    """Seeds needed per comparison for each MDE target, at the level and power ``main_cells`` gave the MDE; None
+    when no comparison has an sd to plan from."""
     planned = [c for c in cells if c.comparison is not None and c.mde is not None]
     if not planned:
         return None
-    alpha = ALPHA / max(1, family_size(cells))
+    level = alpha / max(1, family_size(cells))
+
+    @functools.cache
+    def unit(n: int) -> float:  # the MDE is proportional to s_d (noncentrality δ√n/s_d): one solve per n
+        return mde(1.0, n, level, power)
+
     records: list[dict[str, Any]] = []
     for c in planned:
         rec = {"variant": c.row, "depth": c.depth, "n_pairs": c.comparison.n, "sd": c.comparison.sd, "mde": c.mde}
         for t in TARGETS_PP:
-            rec[f"seeds_{t:g}pp"] = seeds_needed(lambda n, sd=c.comparison.sd: mde(sd, n, alpha), t / 100)
+            rec[_key(t)] = seeds_needed(lambda n, sd=c.comparison.sd: sd * unit(n), t / 100)
         records.append(rec)
 
-    def summary_mde(pick: Callable[[list[float]], float]) -> Callable[[int], float]:
-        return lambda n: pick([mde(c.comparison.sd, n, alpha) for c in planned])
-
+    sds = [c.comparison.sd for c in planned]
+    seconds = _trial_seconds(data)
     plans = []
     for name, pick, target in (("median", statistics.median, 1.0), ("largest", max, 2.0), ("largest", max, 1.0)):
-        n = seeds_needed(summary_mde(pick), target / 100)
+        n = seeds_needed(lambda n, sd=pick(sds): sd * unit(n), target / 100)
         plans.append(f"the {name} MDE ≤ {target:.1f} pp needs {_seeds_text(n)} seeds per row"
-                     + (f" ({_cost_text(data, n)})" if n is not None else ""))
-    seconds = _trial_seconds(data)
+                     + (f" ({_cost_text(data, n, seconds)})" if n is not None else ""))
     pace = f" (worker-hours at this study's mean {seconds:.0f} s per trial and worker)" if seconds else ""
-    pairs = sorted({c.comparison.n for c in planned})
-    low, high = sd_range(pairs[len(pairs) // 2])
+    pairs = sorted(c.comparison.n for c in planned)
+    middle = pairs[len(pairs) // 2]
+    low, high = sd_range(middle)
     columns = [Column("variant", "variant"), Column("depth", "depth", fmt="d"), Column("n_pairs", "pairs", fmt="d"),
                Column("sd", "s_d (pp)", fmt=".2f", scale=100.0), Column("mde", "MDE now (pp)", fmt=".2f", scale=100.0),
-               *(Column(f"seeds_{t:g}pp", f"seeds for MDE ≤ {t:g} pp",
-                        render=lambda rec, style, k=f"seeds_{t:g}pp": _seeds_text(rec[k])) for t in TARGETS_PP)]
+               *(Column(_key(t), f"seeds for MDE ≤ {t:g} pp", render=lambda rec, style, k=_key(t): _seeds_text(rec[k]))
+                 for t in TARGETS_PP)]
     csv_cols = [("variant", "variant", ""), ("depth", "depth", ""), ("n_pairs", "n_pairs", ""),
                 ("sd", "sd_differences", ".6f"), ("mde", "mde", ".6f"),
-                *((f"seeds_{t:g}pp", f"seeds_for_mde_{t:g}pp", "") for t in TARGETS_PP)]
+                *((_key(t), f"seeds_for_mde_{t:g}pp", "") for t in TARGETS_PP)]
     caption = (f"Seeds needed in study {data.name} ({data.metric}), a planning estimate: per comparison of table "
                f"'paired', the smallest number of paired seeds n at which the paired two-sided t-test at the "
-               f"Bonferroni level α′ = α/m = {alpha:.4g} (α = {ALPHA}, m = {family_size(cells)}, as the MDE) detects "
-               f"a true Δ of {' / '.join(f'{t:g}' for t in TARGETS_PP)} pp with power {POWER} (noncentral t), if "
+               f"Bonferroni level α′ = α/m = {level:.4g} (α = {alpha}, m = {family_size(cells)}, as the MDE) detects "
+               f"a true Δ of {' / '.join(f'{t:g}' for t in TARGETS_PP)} pp with power {power} (noncentral t), if "
                f"the paired differences keep their present sample sd s_d; '> {MAX_SEEDS}': out of reach. For the "
-               f"whole table{pace}, {'; '.join(plans)}. s_d is itself estimated: at n = {pairs[len(pairs) // 2]} pairs "
+               f"whole table{pace}, {'; '.join(plans)}. s_d is itself estimated: at n = {middle} pairs "
                f"its 95% interval is {low:.2f}–{high:.2f} × s_d (χ²), and the seeds needed scale about with its "
                f"square.")
     return Table("power", f"{data.name}: seeds needed for a detectable effect", caption, frame(records, POWER_KEYS),

@@ -171,6 +171,8 @@ def _main(args: argparse.Namespace) -> int:
     if args.import_runs and not Path(args.import_runs).is_file():
         raise ValueError(f"--import-runs: runs file '{args.import_runs}' does not exist")
     check_loggers(args.loggers)
+    if spec.first_look() and args.worker_index is None:  # the run's (and the dry run's) first line
+        print(f"{spec.first_look()} (study '{args.study_name or spec.study_name}')", file=sys.stderr)
     overrides = {k: v for k, v in sets.items() if k in RUN_ONLY} | _overrides(args)
     _validate_points(spec, overrides, check_data=False)  # the data folders after --download, and not in a dry run
     if args.download and args.worker_index is None:  # a dry run says what it would fetch
@@ -208,8 +210,6 @@ def _main(args: argparse.Namespace) -> int:
         return _work(spec, storage, study_name, args, overrides, tuned=_stored_choice(storage, study_name))
 
     study = _create_study(spec, storage, study_name, seed=0)  # refuses a stored study of other overrides
-    if spec.first_look():
-        print(f"study '{study_name}': {spec.first_look()}", file=sys.stderr)
     if spec.overrides:
         print(f"--set {describe(spec.overrides)}: its own stored study '{study_name}' (a study never mixes two "
               "configurations)", file=sys.stderr)
