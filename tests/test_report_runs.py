@@ -518,7 +518,11 @@ def test_every_study_file_lists_claims_that_load_under_every_budget():
     from ablations.run.spec import BUDGETS, available_studies
 
     for name in available_studies():
-        specs = [load_spec(name, budget) for budget in BUDGETS]
+        specs = [load_spec(name)]
+        for budget in BUDGETS:  # every budget the file defines
+            with contextlib.suppress(ValueError):
+                specs.append(load_spec(name, budget))
+        assert len(specs) >= 3, name  # default twice, smoke and paper at least
         labels = {v.label for v in specs[0].variants}
         for claim in specs[0].claims:
             assert not claim.testable or {claim.variant, claim.baseline} <= labels
@@ -610,10 +614,9 @@ def test_readme_quotes_every_verdict_of_the_headline_and_links_every_claims_file
 
 
 def test_a_first_look_budget_labels_every_table_and_the_default_none(reports, tmp_path):
-    """``--budget quick`` (or smoke) where the study file defines it: every table's title and caption says it is a
-    first look, not evidence, also while the study is in its tuning stage; the default budget's tables (the
-    ``reports`` fixture) say nothing of the kind, nor does a budget the file does not define (it runs the
-    default's settings)."""
+    """``--budget quick`` (or smoke): every table's title and caption says it is a first look, not evidence, also
+    while the study is in its tuning stage; the default budget's tables (the ``reports`` fixture) say nothing of
+    the kind; a budget the study file does not define is refused, not run at the default's settings."""
     root, printed, _ = reports
     spec = str(root / "claims_tiny.yaml")
     runs = root / "storage" / "runs.csv"
@@ -640,7 +643,8 @@ def test_a_first_look_budget_labels_every_table_and_the_default_none(reports, tm
     assert (tmp_path / "t" / "tuning.md").read_text().splitlines()[0].endswith("(first look: budget quick, underpowered)")
     assert load_spec("residual_variants", "smoke").first_look() and load_spec("residual_variants", "quick").first_look()
     assert load_spec("residual_variants").first_look() is None and load_spec("residual_variants", "paper").first_look() is None
-    assert load_spec("norm_placement", "quick").first_look() is None  # no quick budget: the default's settings
+    with pytest.raises(ValueError, match="defines no 'quick' budget; valid choices: smoke, default, paper"):
+        load_spec("norm_placement", "quick")  # never the default's settings under the quick budget's name
 
 
 def test_every_committed_latex_table_is_ascii():

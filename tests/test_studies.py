@@ -21,6 +21,7 @@ from types import SimpleNamespace
 
 import optuna
 import pytest
+import yaml
 from helpers import (
     LONG_TRIAL_EPOCHS,
     STUDY_TEST_MARKS,
@@ -130,6 +131,7 @@ def quick_calls(tmp_path_factory):
         case("unknown_option", "--study", "unknown_option.yaml"),
         case("unknown_pruner_option", "--study", "unknown_pruner_option.yaml"),
         case("unknown_budget", "--study", "tiny.yaml", "--budget", "huge"),
+        case("undefined_budget", "--study", "tiny.yaml", "--budget", "quick"),
         case("measure_without_dry_run", "--study", "tiny.yaml", "--measure"),
         ("unreachable_storage", ("--study", "tiny.yaml", "--storage", "postgresql://nobody@127.0.0.1:1/none")),
         ("missing_sqlite_folder", ("--study", "tiny.yaml", "--storage", url_of(root / "no_such_dir" / "o.db"))),
@@ -383,6 +385,7 @@ BAD_INPUT = {
     "unknown_option": ("'bogus_opt'", "layerscale"),
     "unknown_pruner_option": ("unknown_pruner_option.yaml", "'n_startup'"),
     "unknown_budget": ("unknown budget 'huge'", *BUDGETS),
+    "undefined_budget": ("study file 'tiny.yaml' defines no 'quick' budget; valid choices: default",),
     "measure_without_dry_run": ("--measure prices a study for --dry-run: give both",),
     "unreachable_storage": ("cannot reach storage 'postgresql://nobody@127.0.0.1:1/none'",),
     "missing_sqlite_folder": ("no_such_dir", "does not exist"),
@@ -465,9 +468,11 @@ def test_list_shows_every_study_with_its_sizes(quick_calls):
     rows = {line.split()[0]: line.split() for line in result.stdout.splitlines()[1:]}
     assert sorted(rows) == sorted(available_studies()) and len(rows) == 10
     for name, row in rows.items():
-        specs = [load_spec(name, budget) for budget in BUDGETS]
-        assert row[1] == specs[0].kind
-        assert [int(size) for size in row[2:2 + len(BUDGETS)]] == [s.size for s in specs]
+        budgets = yaml.safe_load(available_studies()[name].read_text())["budgets"]
+        defined = {b for b in BUDGETS if b == "default" or b in budgets}
+        assert row[1] == load_spec(name).kind
+        assert row[2:2 + len(BUDGETS)] == [str(load_spec(name, b).size) if b in defined else "—" for b in BUDGETS]
+    assert rows["norm_placement"][2 + BUDGETS.index("quick")] == "—"  # it defines no quick budget
 
 
 def test_dry_run_prints_points_and_estimate_and_touches_no_storage(quick_calls):

@@ -247,11 +247,18 @@ def _overrides(args: argparse.Namespace) -> dict:
 
 
 def _list(studies: dict, budgets: tuple, load_spec) -> int:
+    """One line per study: its kind, its size under each budget it defines ('—' where it defines none) and the
+    start of its description."""
     print(f"{'study':<20} {'kind':<7} " + " ".join(f"{b:>8}" for b in budgets) + "  description")
     for name in studies:
-        specs = [load_spec(name, b) for b in budgets]
-        print(f"{name:<20} {specs[0].kind:<7} " + " ".join(f"{s.size:>8}" for s in specs)
-              + f"  {specs[0].description[:70]}")
+        default = load_spec(name)
+        sizes = []
+        for budget in budgets:
+            try:
+                sizes.append(str(load_spec(name, budget).size))
+            except ValueError:  # a budget this study file does not define
+                sizes.append("—")
+        print(f"{name:<20} {default.kind:<7} " + " ".join(f"{s:>8}" for s in sizes) + f"  {default.description[:70]}")
     return 0
 
 

@@ -58,7 +58,7 @@ from .recipes import with_recipe
 STUDY_DIR = Path(__file__).parent.parent / "studies"
 BUDGETS = ("smoke", "quick", "default", "paper")
 #: budgets that check a study runs (smoke) or give a first look in minutes (quick): too few seeds for evidence, and
-#: where a study file defines one the run and every report table say so (:meth:`StudySpec.first_look`)
+#: the run and every report table say so (:meth:`StudySpec.first_look`)
 FIRST_LOOK_BUDGETS = ("smoke", "quick")
 _TOP_KEYS = ("name", "description", "kind", "metric", "direction", "base", "variants", "axes", "search", "tune",
              "budgets", "claims")
@@ -150,8 +150,6 @@ class StudySpec:
     claims: tuple[Claim, ...] = ()
     #: ``--set`` fields that change what a trial trains, as text (:func:`ablations.run.overrides.apply_sets`)
     overrides: dict = field(default_factory=dict)
-    #: the study file defines this budget (a budget it does not define runs the default's settings)
-    budget_defined: bool = False
 
     @property
     def study_name(self) -> str:
@@ -164,10 +162,9 @@ class StudySpec:
         return tune_name(name) if self.stage == "tune" else name
 
     def first_look(self) -> str | None:
-        """The label of a budget that is not evidence (``FIRST_LOOK_BUDGETS``, as the study file defines it), for
-        the run's first line and the report's tables; None otherwise (the default and paper budgets, and a budget
-        the study file does not define, which runs the default's settings)."""
-        if self.budget not in FIRST_LOOK_BUDGETS or not self.budget_defined:
+        """The label of a budget that is not evidence (``FIRST_LOOK_BUDGETS``), for the run's first line and the
+        report's tables; None for the default and paper budgets."""
+        if self.budget not in FIRST_LOOK_BUDGETS:
             return None
         return (f"Budget '{self.budget}' is a first look, underpowered by design: its numbers and verdicts are not "
                 "evidence (the default budget is the study's evidence)")
@@ -293,6 +290,9 @@ def _build(raw: dict, budget: str, source: str) -> StudySpec:
             raise ValueError(f"{where}: missing required key '{key}'")
     budgets = raw.get("budgets") or {}
     _check_keys(budgets, BUDGETS, f"{where} budgets")
+    if budget != "default" and budget not in budgets:  # never the default's settings under another budget's name
+        raise ValueError(f"{where} defines no '{budget}' budget; valid choices: "
+                         + ", ".join(b for b in BUDGETS if b == "default" or b in budgets))
     merged = copy.deepcopy({k: v for k, v in raw.items() if k != "budgets"})
     override = budgets.get(budget) or {}
     _check_keys(override, _BUDGET_KEYS, f"{where} budgets.{budget}")
@@ -343,7 +343,7 @@ def _build(raw: dict, budget: str, source: str) -> StudySpec:
     return StudySpec(name=str(merged["name"]), budget=budget, kind=kind, description=str(merged.get("description", "")),
                      metric=str(merged.get("metric", "best_val_acc")), direction=direction, base=base,
                      variants=variants, axes=axes, n_trials=n_trials, pruner=pruner, space=space, source=source,
-                     tune=tune, claims=_claims(merged.get("claims"), labels, where), budget_defined=budget in budgets)
+                     tune=tune, claims=_claims(merged.get("claims"), labels, where))
 
 
 def _tune(raw: Any, kind: str, axes: dict, where: str) -> TuneSpec | None:
