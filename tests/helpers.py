@@ -275,6 +275,14 @@ def saved_checkpoint(path: Path) -> dict | None:
         return None
 
 
+def mid_run_checkpoint(path: Path, max_epochs: int) -> dict | None:
+    """``saved_checkpoint`` of a run that is still training: not one of its last two epochs'. After its last epoch
+    the trial writes its summary with the file still there, and a signal sent then lands once the trial has
+    completed (seen under load: the trial COMPLETE, not FAIL)."""
+    saved = saved_checkpoint(path)
+    return saved if saved is not None and saved["epoch"] < max_epochs - 2 else None
+
+
 def assert_resumed_from(retry: optuna.trial.FrozenTrial, saved: dict, max_epochs: int, cwd: Path) -> None:
     """(``cwd``: the CLI's working directory, which its ``log_dir`` attribute is relative to.) The retried trial *started at* the checkpoint the dead attempt saved, as Lightning restored it, and trained
     only the remaining epochs in its own process: its steps and images say so. A retry that ignored the checkpoint
@@ -339,7 +347,7 @@ def check_killed_trial_is_retried_and_resumes(tmp_path: Path, storage: Path | st
 
     # The storage is read in the condition too: frozen in the middle of a commit, the worker holds SQLite's
     # exclusive lock and a read fails; freeze_when then lets it run on and tries again.
-    kill_9_when(args, tmp_path, lambda: saved_checkpoint(last_ckpt)
+    kill_9_when(args, tmp_path, lambda: mid_run_checkpoint(last_ckpt, max_epochs)
                 and trial_states(storage, "crash").get(1) == TrialState.RUNNING, "trial 1 wrote a checkpoint")
     saved = saved_checkpoint(last_ckpt)  # the file the killed worker left
 

@@ -35,6 +35,7 @@ from helpers import (
     assert_resumed_from,
     finish,
     freeze_when,
+    mid_run_checkpoint,
     run_cli,
     run_dir_name,
     run_in_process,
@@ -182,7 +183,7 @@ def test_sigterm_mid_trial_exits_143_keeps_completed_trials_and_the_rerun_resume
     args = ("--study", "term.yaml", "--storage", url_of(db), "--results-dir", "results", "--no-progress")
     last_ckpt = tmp_path / "results" / "runs" / "term" / run_dir_name(spec, "long") / "checkpoints" / "last.ckpt"
 
-    stopped = signal_mid_trial(args, tmp_path, lambda: saved_checkpoint(last_ckpt), signal.SIGTERM,
+    stopped = signal_mid_trial(args, tmp_path, lambda: mid_run_checkpoint(last_ckpt, max_epochs), signal.SIGTERM,
                                "trial 1 saved a checkpoint")  # trial 1's checkpoint: trial 0 is COMPLETE
     assert stopped.returncode == 143, stopped.stderr
     assert stopped.stderr.strip().splitlines()[-1] == SIGTERM_LINE

@@ -33,6 +33,7 @@ from helpers import (
     check_killed_trial_is_retried_and_resumes,
     check_two_workers_complete_each_point_once,
     kill_9_when,
+    mid_run_checkpoint,
     run_cli,
     run_cli_many,
     run_dir_name,
@@ -223,7 +224,7 @@ def test_interrupted_run_exits_130_and_the_rerun_resumes_the_interrupted_trial(t
     args = ("--study", "interrupted.yaml", "--storage", url_of(db), "--results-dir", "results", "--no-progress")
     last_ckpt = tmp_path / "results" / "runs" / "interrupted" / run_dir_name(spec, "standard") / "checkpoints" / "last.ckpt"
 
-    interrupted = signal_mid_trial(args, tmp_path, lambda: saved_checkpoint(last_ckpt), signal.SIGINT,
+    interrupted = signal_mid_trial(args, tmp_path, lambda: mid_run_checkpoint(last_ckpt, max_epochs), signal.SIGINT,
                                    "trial 0 wrote a checkpoint")
     assert interrupted.returncode == 130, interrupted.stderr
     assert interrupted.stderr.strip().splitlines()[-1].startswith("interrupted: completed trials are kept")
