@@ -252,12 +252,7 @@ def _list(studies: dict, budgets: tuple, load_spec) -> int:
     print(f"{'study':<20} {'kind':<7} " + " ".join(f"{b:>8}" for b in budgets) + "  description")
     for name in studies:
         default = load_spec(name)
-        sizes = []
-        for budget in budgets:
-            try:
-                sizes.append(str(load_spec(name, budget).size))
-            except ValueError:  # a budget this study file does not define
-                sizes.append("—")
+        sizes = [str(load_spec(name, b).size) if b in default.budgets else "—" for b in budgets]
         print(f"{name:<20} {default.kind:<7} " + " ".join(f"{s:>8}" for s in sizes) + f"  {default.description[:70]}")
     return 0
 

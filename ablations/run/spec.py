@@ -150,6 +150,8 @@ class StudySpec:
     claims: tuple[Claim, ...] = ()
     #: ``--set`` fields that change what a trial trains, as text (:func:`ablations.run.overrides.apply_sets`)
     overrides: dict = field(default_factory=dict)
+    #: the budgets the study file defines, in ``BUDGETS`` order (always ``default``): any other is refused
+    budgets: tuple[str, ...] = ("default",)
 
     @property
     def study_name(self) -> str:
@@ -290,9 +292,9 @@ def _build(raw: dict, budget: str, source: str) -> StudySpec:
             raise ValueError(f"{where}: missing required key '{key}'")
     budgets = raw.get("budgets") or {}
     _check_keys(budgets, BUDGETS, f"{where} budgets")
-    if budget != "default" and budget not in budgets:  # never the default's settings under another budget's name
-        raise ValueError(f"{where} defines no '{budget}' budget; valid choices: "
-                         + ", ".join(b for b in BUDGETS if b == "default" or b in budgets))
+    defined = tuple(b for b in BUDGETS if b == "default" or b in budgets)
+    if budget not in defined:  # never the default's settings under another budget's name
+        raise ValueError(f"{where} defines no '{budget}' budget; valid choices: {', '.join(defined)}")
     merged = copy.deepcopy({k: v for k, v in raw.items() if k != "budgets"})
     override = budgets.get(budget) or {}
     _check_keys(override, _BUDGET_KEYS, f"{where} budgets.{budget}")
@@ -343,7 +345,8 @@ def _build(raw: dict, budget: str, source: str) -> StudySpec:
     return StudySpec(name=str(merged["name"]), budget=budget, kind=kind, description=str(merged.get("description", "")),
                      metric=str(merged.get("metric", "best_val_acc")), direction=direction, base=base,
                      variants=variants, axes=axes, n_trials=n_trials, pruner=pruner, space=space, source=source,
-                     tune=tune, claims=_claims(merged.get("claims"), labels, where))
+                     tune=tune, claims=_claims(merged.get("claims"), labels, where),
+                     budgets=defined)
 
 
 def _tune(raw: Any, kind: str, axes: dict, where: str) -> TuneSpec | None:
