@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -286,6 +287,38 @@ def test_the_main_process_passes_a_stop_signal_on_to_its_workers_and_kills_one_t
         stubborn.wait()
 
 
+def test_the_main_process_fails_the_trials_its_stopped_workers_left_running(tmp_path, capsys):
+    """The fast check of the main process's clean-up after Ctrl-C / SIGTERM (the slow tier kills a stuck worker
+    end to end): once its workers have ended, a trial that one of them left RUNNING (``worker`` = this host and
+    that pid) is marked FAIL with ``stopped_by``, so the rerun retries it at once; a RUNNING trial of a worker on
+    another machine or of another process of this one, and a finished trial, are left as they are."""
+    from ablations.run import workers as run
+    from ablations.run.objective import worker_id
+    from ablations.run.storage import open_storage
+
+    storage = open_storage(url_of(tmp_path / "o.db"))
+    study = optuna.create_study(study_name="s", storage=storage)
+    owners = {"ours": worker_id(4242), "other host": "elsewhere:4242", "other pid": worker_id(4343)}
+    for owner in owners.values():
+        trial = study.ask()
+        trial.set_user_attr("worker", owner)
+    done = study.ask()
+    done.set_user_attr("worker", owners["ours"])
+    study.tell(done, 1.0)
+
+    run._fail_left_running([SimpleNamespace(pid=4242)], storage, "s")
+    trials = study.get_trials(deepcopy=False)
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.RUNNING, TrialState.RUNNING, TrialState.COMPLETE]
+    assert trials[0].user_attrs["stopped_by"] == "SIGINT"  # no signal came in this test: Ctrl-C is the default
+    assert "stopped_by" not in trials[1].user_attrs and "stopped_by" not in trials[3].user_attrs
+    assert capsys.readouterr().err.splitlines() == [
+        f"trial(s) 0: the worker did not mark it failed within {run.WORKER_STOP_S} s of the signal; marked failed here "
+        "(checkpoints kept: the rerun resumes it)"]
+
+    run._fail_left_running([SimpleNamespace(pid=4242)], storage, "s")  # nothing left: nothing done, nothing said
+    assert capsys.readouterr().err == ""
+
+
 def _live_workers(pid: int) -> list[int]:
     """The worker processes of the CLI ``pid`` still running (not yet exited; an exited one stays listed as a zombie
     until the main process reaps it)."""
@@ -358,26 +391,31 @@ def test_sigterm_with_two_workers_fails_the_running_trials_with_their_checkpoint
             assert len(workers) == (1 if last else 2)
             os.kill(workers[0], signal.SIGTERM)
         thaw(proc)
+        thawed = time.monotonic()
         stopped = finish(proc, timeout=600)
+        stop_s = time.monotonic() - thawed
     finally:
         stop_group(proc)
     _assert_no_traceback(stopped)
     trials = trials_of(db, "workers")
-    timeline = [(t.number, t.state.name, t.params["variant"], str(t.datetime_start), str(t.datetime_complete),
-                 t.user_attrs.get("worker")) for t in trials]
+    # a string, so that pytest shows it whole (it shortens the repr of anything else)
+    timeline = "\n".join(f"trial {t.number} {t.state.name} {t.params['variant']} {t.datetime_start} -> "
+                         f"{t.datetime_complete} worker {t.user_attrs.get('worker')} stopped_by "
+                         f"{t.user_attrs.get('stopped_by')}" for t in trials)
+    why = f"exit {stopped.returncode} {stop_s:.1f} s after the signal\n{timeline}\nstderr:\n{stopped.stderr[-4000:]}"
     assert [t.state for t in trials[:2]] == [TrialState.COMPLETE] * 2
     failed = [t for t in trials if t.state == TrialState.FAIL]
-    assert all(t.user_attrs["stopped_by"] == "SIGTERM" for t in failed)
+    assert all(t.user_attrs["stopped_by"] == "SIGTERM" for t in failed), why
 
     if to in ("one worker", "the last worker"):
-        assert stopped.returncode == 0, (stopped.stderr, timeline)
+        assert stopped.returncode == 0, why
         assert SIGTERM_LINE in stopped.stderr.splitlines()  # the stopped worker's line
-        assert len(failed) == 1 and failed[0].number in ((3,) if last else (2, 3)), timeline
+        assert len(failed) == 1 and failed[0].number in ((3,) if last else (2, 3)), why
         assert f"retrying failed trial(s) {failed[0].number} (same parameters)" in stopped.stderr
     else:
-        assert stopped.returncode == 143, (stopped.stderr[-4000:], timeline)
-        assert stopped.stderr.strip().splitlines()[-1] == SIGTERM_LINE, (stopped.stderr[-4000:], timeline)
-        assert [t.number for t in failed] == [2, 3] and len(trials) == 4, (stopped.stderr[-4000:], timeline)
+        assert stopped.returncode == 143, why
+        assert stopped.stderr.strip().splitlines()[-1] == SIGTERM_LINE, why
+        assert [t.number for t in failed] == [2, 3] and len(trials) == 4, why
         assert all(map(saved_checkpoint, ckpts))
         rerun = run_cli(*args, cwd=tmp_path)
         assert rerun.returncode == 0, rerun.stderr
@@ -386,6 +424,65 @@ def test_sigterm_with_two_workers_fails_the_running_trials_with_their_checkpoint
     for interrupted in failed:
         epochs = long_b_epochs if interrupted.params["variant"] == "long_b" else max_epochs
         _assert_resumed(complete[(("variant", interrupted.params["variant"]),)], interrupted.number, epochs)
+
+
+@pytest.mark.slow
+def test_a_worker_that_does_not_stop_in_time_is_killed_and_the_main_process_fails_its_trial(tmp_path):
+    """``--workers 2``, SIGTERM to the main process while one worker cannot answer it (frozen by SIGSTOP: a worker
+    stuck where the signal does not reach it; in CI a stopped worker once took two minutes to mark its trial
+    failed). The main process passes the signal on; the other worker fails its trial and leaves; after
+    WORKER_STOP_S the main process kills the stuck worker and marks its trial failed itself, with one line, so
+    that the rerun resumes it at once from its checkpoint (not after the heartbeat's grace) and exits 0."""
+    from ablations.run.workers import WORKER_STOP_S
+
+    max_epochs = 4 * LONG_TRIAL_EPOCHS
+    write_study(tmp_path / "workers.yaml", base={"max_epochs": max_epochs}, variants=[
+        {"label": "short_a", "residual": "standard", "overrides": {"max_epochs": 1}},
+        {"label": "short_b", "residual": "rezero", "overrides": {"max_epochs": 1}},
+        {"label": "long_a", "residual": "layerscale"}, {"label": "long_b", "residual": "skipinit"}])
+    spec = load_spec(str(tmp_path / "workers.yaml"))
+    db = tmp_path / "o.db"
+    # a grace far beyond the test: only the main process's own marking can fail the stuck worker's trial in time
+    args = ("--study", "workers.yaml", "--workers", "2", "--storage", url_of(db), "--results-dir", "results",
+            "--no-progress", "--heartbeat", "1", "--grace", "3600")
+    runs = tmp_path / "results" / "runs" / "workers"
+    ckpts = [runs / run_dir_name(spec, label) / "checkpoints" / "last.ckpt" for label in ("long_a", "long_b")]
+    expected = {0: TrialState.COMPLETE, 1: TrialState.COMPLETE, 2: TrialState.RUNNING, 3: TrialState.RUNNING}
+
+    proc = start_cli(*args, cwd=tmp_path)
+    try:
+        freeze_when(lambda: trial_states(db, "workers") == expected and all(map(saved_checkpoint, ckpts)), proc,
+                    "both long trials saved a checkpoint")
+        stuck, other = _live_workers(proc.pid)
+        os.kill(proc.pid, signal.SIGTERM)
+        for pid in (proc.pid, other):  # the stuck worker stays frozen
+            os.kill(pid, signal.SIGCONT)
+        thawed = time.monotonic()
+        stopped = finish(proc, timeout=600)
+        stop_s = time.monotonic() - thawed
+    finally:
+        stop_group(proc)
+    _assert_no_traceback(stopped)
+    trials = trials_of(db, "workers")
+    by_worker = {t.user_attrs.get("worker", "").rsplit(":", 1)[-1]: t.number for t in trials[2:]}
+    why = f"exit {stopped.returncode} {stop_s:.1f} s after the signal; workers {by_worker}\nstderr:\n{stopped.stderr[-4000:]}"
+    assert stopped.returncode == 143, why
+    assert stop_s >= WORKER_STOP_S, why  # the main process waited for the stuck worker before it killed it
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 2 + [TrialState.FAIL] * 2, why
+    assert all(t.user_attrs["stopped_by"] == "SIGTERM" for t in trials[2:]), why
+    killed = by_worker[str(stuck)]
+    assert (f"trial(s) {killed}: the worker did not mark it failed within {WORKER_STOP_S} s of the signal; marked "
+            "failed here (checkpoints kept: the rerun resumes it)") in stopped.stderr.splitlines(), why
+    assert stopped.stderr.strip().splitlines()[-1] == SIGTERM_LINE, why
+    assert all(map(saved_checkpoint, ckpts))
+
+    rerun = run_cli(*args, cwd=tmp_path)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "retrying failed trial(s) 2, 3 (same parameters)" in rerun.stderr, rerun.stderr
+    assert snapshot(trials_of(db, "workers")[:4]) == snapshot(trials)  # nothing finished was touched
+    complete = assert_grid_complete_once(db, spec)
+    for interrupted in trials[2:]:
+        _assert_resumed(complete[(("variant", interrupted.params["variant"]),)], interrupted.number, max_epochs)
 
 
 # --- (b) the results folder fills up or turns read-only mid-study --------------------------------------------------

@@ -222,10 +222,10 @@ class Objective:
         return None
 
 
-def worker_id() -> str:
+def worker_id(pid: int | None = None) -> str:
     """``<host>:<pid>`` of the process that trains a trial (the ``worker`` user attr): which machine and process
-    ran it, for a study shared by many."""
-    return f"{socket.gethostname()}:{os.getpid()}"
+    ran it, for a study shared by many. ``pid``: another process of this machine (default: this one)."""
+    return f"{socket.gethostname()}:{os.getpid() if pid is None else pid}"
 
 
 def _check_pruned(pruning, summary: dict[str, Any]) -> None:
