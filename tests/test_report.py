@@ -136,6 +136,7 @@ def test_report_writes_every_file(study):
         depth2 = collapse[variant, 2]
         assert depth2["n"] == "2" and depth2["epochs"] == "2" and 0.0 <= float(depth2["similar_blocks_mean"]) <= 1.0
     assert "K = 3" in (study.out / "collapse.md").read_text()
+    assert "note: diagnostic figures use all seeds at depth 2, last logged epoch." in out.splitlines()
     tb = study.results / "runs" / STUDY / report.REPORT_RUN
     assert list(tb.glob("events.out.tfevents.*"))
     import optuna  # runs.csv: every result trial with its TensorBoard run name, as the trial's user attribute
@@ -149,6 +150,25 @@ def test_report_writes_every_file(study):
             == f"{params['variant']}/depth={params['depth']}/seed={params['seed']}"
         assert (study.results / "runs" / STUDY / row["run_name"]).is_dir()
     print(f"\nreport of the tiny study: {study.seconds:.1f} s (first, in-process)")
+
+
+@pytest.mark.slow
+def test_the_diagnostics_note_counts_the_runs_whose_event_files_are_here(study, tmp_path):
+    """A run whose event files are not here (imported from a runs.csv: they stayed on the machine that trained
+    it) drops out of the diagnostic figures, and the note says how many runs they stand on instead of "all"."""
+    gone = study.results / "runs" / STUDY / "layerscale" / "depth=2" / "seed=1"
+    aside = tmp_path / "aside"
+    gone.rename(aside)
+    try:
+        code, out, err = _run_report(["--study", str(study.spec), "--storage", study.storage, "--results-dir",
+                                      str(study.results), "--out", str(tmp_path / "out"), "--no-tensorboard",
+                                      "--no-note"])
+    finally:
+        aside.rename(gone)
+    assert code == 0, err
+    assert ("note: diagnostic figures use 3 of the 4 runs (all seeds) at depth 2, the ones whose event files hold "
+            "diagnostics (the others were imported from a runs.csv or their folders removed), last logged "
+            "epoch.") in out.splitlines(), out[-2000:]
 
 
 @pytest.mark.slow
@@ -475,6 +495,18 @@ def test_undefined_tests_are_none():
     assert report.family_size(list(cells.values())) == 0
     text = report.paired_table(data, list(cells.values())).markdown()
     assert "no comparison has a test" in text and "no cell has an MDE" in text
+
+
+def test_the_diagnostics_note_says_how_many_runs_the_figures_stand_on():
+    from ablations.report.figures import diagnostics_note
+
+    assert diagnostics_note("all seeds", 16, found=50, total=50) == \
+        "diagnostic figures use all seeds at depth 16, last logged epoch."
+    assert diagnostics_note("all seeds", 16, found=7, total=50).startswith(
+        "diagnostic figures use 7 of the 50 runs (all seeds) at depth 16, the ones whose event files hold diagnostics")
+    assert diagnostics_note("best trial per variant", 4, found=0, total=3) == (
+        "no diagnostic figures at depth 4: none of its 3 runs has diagnostics in its event files (diagnostics_every "
+        "0, runs imported from a runs.csv, or their folders removed).")
 
 
 def test_collapse_table_from_hand_made_events():

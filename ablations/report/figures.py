@@ -425,8 +425,24 @@ def report_figures(study, data, cells, out: Path) -> tuple[list[Path], list[str]
         keep(fig, "param_evolution")
     if data.kind == "grid" or selected:
         which = "best trial per variant" if data.kind == "search" else "all seeds"
-        notes.append(f"diagnostic figures use {which} at depth {depth}, last logged epoch.")
+        notes.append(diagnostics_note(which, depth, found=sum(map(len, events.values())),
+                                      total=sum(map(len, selected.values()))))
     return written, notes
+
+
+def diagnostics_note(which: str, depth: int, *, found: int, total: int) -> str:
+    """The report's note on what the diagnostic figures read: ``found`` of the ``total`` selected runs at
+    ``depth`` have diagnostics in their event files. A run imported from a runs.csv (``--import-runs``: its event
+    files stayed on the machine that trained it) or whose folder was removed has none, and neither has a run
+    trained with ``diagnostics_every: 0``: the note says how many the figures stand on instead of "all"."""
+    if found == 0:
+        return (f"no diagnostic figures at depth {depth}: none of its {total} runs has diagnostics in its event "
+                "files (diagnostics_every 0, runs imported from a runs.csv, or their folders removed).")
+    if found < total:
+        return (f"diagnostic figures use {found} of the {total} runs ({which}) at depth {depth}, the ones whose event "
+                "files hold diagnostics (the others were imported from a runs.csv or their folders removed), last "
+                "logged epoch.")
+    return f"diagnostic figures use {which} at depth {depth}, last logged epoch."
 
 
 def _tag(name: str) -> str:
