@@ -45,6 +45,7 @@ from helpers import (
     snapshot,
     start_cli,
     stop_group,
+    storage_unlocked,
     thaw,
     trial_states,
     trials_of,
@@ -312,11 +313,35 @@ def test_the_main_process_fails_the_trials_its_stopped_workers_left_running(tmp_
     assert trials[0].user_attrs["stopped_by"] == "SIGINT"  # no signal came in this test: Ctrl-C is the default
     assert "stopped_by" not in trials[1].user_attrs and "stopped_by" not in trials[3].user_attrs
     assert capsys.readouterr().err.splitlines() == [
-        f"trial(s) 0: the worker did not mark it failed within {run.WORKER_STOP_S} s of the signal; marked failed here "
-        "(checkpoints kept: the rerun resumes it)"]
+        f"trial(s) 0: left running by a worker that ended without marking it failed (killed {run.WORKER_STOP_S} s "
+        "after the signal, or gone before it); marked failed here (checkpoints kept: the rerun resumes it)"]
 
     run._fail_left_running([SimpleNamespace(pid=4242)], storage, "s")  # nothing left: nothing done, nothing said
     assert capsys.readouterr().err == ""
+
+
+def test_a_retry_does_not_inherit_the_worker_of_the_attempt_it_retries(tmp_path):
+    """The retry callback of the study's storage copies a failed trial's user attrs but ``worker``: a retry that
+    another process claims must not name the dead attempt's worker, or the main process of that worker would fail
+    it as one its stopped workers left running."""
+    from ablations.run import workers as run
+    from ablations.run.objective import worker_id
+    from ablations.run.storage import open_storage
+
+    storage = open_storage(url_of(tmp_path / "o.db"))
+    study = optuna.create_study(study_name="s", storage=storage)
+    trial = study.ask({"x": optuna.distributions.IntDistribution(0, 3)})
+    trial.set_user_attr("worker", worker_id(4242))
+    trial.set_user_attr("run_name", "standard/seed=0")
+    study.tell(trial, state=TrialState.FAIL)
+    storage.get_heartbeat_stale_trial_callback()(study, study.trials[0])
+    retry = study.trials[1]
+    assert retry.state == TrialState.WAITING and retry.system_attrs["failed_trial"] == 0
+    assert retry.user_attrs == {"run_name": "standard/seed=0"} and retry.params == {"x": trial.params["x"]}
+    claimed = study.ask()  # another process takes the retry; until it sets its own worker, it names none
+    assert claimed.number == 1 and "worker" not in claimed.user_attrs
+    run._fail_left_running([SimpleNamespace(pid=4242)], storage, "s")
+    assert study.trials[1].state == TrialState.RUNNING
 
 
 def _live_workers(pid: int) -> list[int]:
@@ -451,8 +476,8 @@ def test_a_worker_that_does_not_stop_in_time_is_killed_and_the_main_process_fail
 
     proc = start_cli(*args, cwd=tmp_path)
     try:
-        freeze_when(lambda: trial_states(db, "workers") == expected and all(map(saved_checkpoint, ckpts)), proc,
-                    "both long trials saved a checkpoint")
+        freeze_when(lambda: trial_states(db, "workers") == expected and all(map(saved_checkpoint, ckpts))
+                    and storage_unlocked(db), proc, "both long trials saved a checkpoint, the storage unlocked")
         stuck, other = _live_workers(proc.pid)
         os.kill(proc.pid, signal.SIGTERM)
         for pid in (proc.pid, other):  # the stuck worker stays frozen
@@ -471,8 +496,9 @@ def test_a_worker_that_does_not_stop_in_time_is_killed_and_the_main_process_fail
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 2 + [TrialState.FAIL] * 2, why
     assert all(t.user_attrs["stopped_by"] == "SIGTERM" for t in trials[2:]), why
     killed = by_worker[str(stuck)]
-    assert (f"trial(s) {killed}: the worker did not mark it failed within {WORKER_STOP_S} s of the signal; marked "
-            "failed here (checkpoints kept: the rerun resumes it)") in stopped.stderr.splitlines(), why
+    assert (f"trial(s) {killed}: left running by a worker that ended without marking it failed (killed "
+            f"{WORKER_STOP_S} s after the signal, or gone before it); marked failed here (checkpoints kept: the rerun "
+            "resumes it)") in stopped.stderr.splitlines(), why
     assert stopped.stderr.strip().splitlines()[-1] == SIGTERM_LINE, why
     assert all(map(saved_checkpoint, ckpts))
 

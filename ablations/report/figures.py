@@ -435,13 +435,15 @@ def diagnostics_note(which: str, depth: int, *, found: int, total: int) -> str:
     ``depth`` have diagnostics in their event files. A run imported from a runs.csv (``--import-runs``: its event
     files stayed on the machine that trained it) or whose folder was removed has none, and neither has a run
     trained with ``diagnostics_every: 0``: the note says how many the figures stand on instead of "all"."""
+    if total == 0:
+        return f"no diagnostic figures at depth {depth}: no run there."
     if found == 0:
         return (f"no diagnostic figures at depth {depth}: none of its {total} runs has diagnostics in its event "
                 "files (diagnostics_every 0, runs imported from a runs.csv, or their folders removed).")
     if found < total:
         return (f"diagnostic figures use {found} of the {total} runs ({which}) at depth {depth}, the ones whose event "
-                "files hold diagnostics (the others were imported from a runs.csv or their folders removed), last "
-                "logged epoch.")
+                "files hold diagnostics (the others ran with diagnostics_every 0, were imported from a runs.csv or "
+                "had their folders removed), last logged epoch.")
     return f"diagnostic figures use {which} at depth {depth}, last logged epoch."
 
 

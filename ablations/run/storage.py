@@ -52,7 +52,7 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_s: int = HEARTBEAT_S, 
     def rdb_storage():
         return _storage_class()(
             target, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat_s, grace_period=grace_s,
-            **{callback_arg: Retry(max_retry=MAX_RETRY, inherit_intermediate_values=True)})
+            **{callback_arg: _fresh_attempts(Retry)(max_retry=MAX_RETRY, inherit_intermediate_values=True)})
 
     try:
         try:
@@ -74,6 +74,26 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_s: int = HEARTBEAT_S, 
         raise ValueError(unusable_storage_message(url, exc)) from None
     except ImportError as exc:
         raise ValueError(f"storage '{_redact(url)}' needs a database driver that is not installed: {exc}") from None
+
+
+#: User attrs a retry does not inherit from the attempt it retries: they describe that attempt's process.
+NOT_INHERITED = ("worker",)
+
+
+@functools.cache
+def _fresh_attempts(retry: type) -> type:
+    """optuna's retry callback (``retry``), whose WAITING copy of a failed or stale trial leaves out
+    :data:`NOT_INHERITED`. With the dead attempt's ``worker`` (``<host>:<pid>``), a retry claimed by another process
+    would name the dead worker until it set its own, and the main process of ``--workers N`` fails the RUNNING
+    trials of its own stopped workers by that attr (``workers._fail_left_running``)."""
+    import copy
+
+    def __call__(self, study, trial) -> None:
+        trial = copy.copy(trial)
+        trial.user_attrs = {k: v for k, v in trial.user_attrs.items() if k not in NOT_INHERITED}
+        retry.__call__(self, study, trial)
+
+    return type(retry.__name__, (retry,), {"__module__": __name__, "__call__": __call__})
 
 
 @functools.cache

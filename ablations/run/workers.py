@@ -3,6 +3,7 @@ trial's guard (a failed write to the results folder stops the run with one line)
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -293,39 +294,60 @@ def _stop_workers(procs: list) -> None:
         try:
             p.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
+            for child in _descendants(p.pid):  # its ddp_spawn ranks: nothing else would stop them
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child, signal.SIGKILL)
             p.kill()
             p.wait()
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes started by ``pid`` and by them, on Linux (``/proc``); [] elsewhere or once it has ended."""
+    try:
+        children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (OSError, ValueError):
+        return []
+    return [d for c in children for d in (c, *_descendants(c))]
 
 
 def _fail_left_running(procs: list, storage, study_name: str) -> None:
     """After Ctrl-C / SIGTERM, once every worker has ended: mark failed (:data:`STOPPED`, checkpoints kept) the
     trials that a worker of this process left RUNNING, because it did not mark them within :data:`WORKER_STOP_S`
-    and was killed, or ended without marking them. Nothing else can still be training them (their worker is gone),
-    so the rerun retries them at once from their last checkpoint instead of after the heartbeat's grace period, as
-    it does a trial its worker stopped in time. Trials of workers elsewhere (other machines) are not touched. In CI
-    a stopped worker once took two minutes to mark its trial failed."""
+    and was killed (with its ``ddp_spawn`` ranks), or ended without marking them. Nothing else can still be
+    training them (a retry does not inherit its attempt's ``worker``: ``storage.NOT_INHERITED``), so the rerun
+    retries them at once from their last checkpoint instead of after the heartbeat's grace period, as it does a
+    trial its worker stopped in time. Trials of workers elsewhere (other machines) are not touched. In CI a stopped
+    worker once took two minutes to mark its trial failed. Only a scheduler that waits longer than
+    :data:`WORKER_STOP_S` after its SIGTERM lets this happen (SLURM's KillWait and Kubernetes'
+    terminationGracePeriodSeconds are 30 s by default); after a SIGKILL the heartbeat retries them."""
     import optuna
+    from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
 
     from .objective import worker_id
 
     ours = {worker_id(p.pid) for p in procs}
     stopped_by = signal.Signals(stop_signal() or signal.SIGINT).name
+    marked = []
     try:
         study = optuna.load_study(study_name=study_name, storage=storage)
         left = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
                 if t.user_attrs.get("worker") in ours]
         for t in left:
-            storage.set_trial_user_attr(t._trial_id, STOPPED, stopped_by)
-            storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+            try:
+                storage.set_trial_user_attr(t._trial_id, STOPPED, stopped_by)
+                storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+            except UpdateFinishedTrialError:  # another machine's stale-heartbeat check failed it meanwhile
+                continue
+            marked.append(t.number)
     except Exception as exc:  # noqa: BLE001 - the storage may be what failed; the heartbeat retries them then
         print(f"could not mark the stopped workers' trials failed ({_one_line(exc)}); the next run retries them once "
               "their heartbeat is stale", file=sys.stderr)
         return
-    if left:
-        print(f"trial(s) {', '.join(str(t.number) for t in left)}: the worker did not mark it failed within "
-              f"{WORKER_STOP_S} s of the signal; marked failed here (checkpoints kept: the rerun resumes it)",
-              file=sys.stderr)
+    if marked:
+        print(f"trial(s) {', '.join(map(str, marked))}: left running by a worker that ended without marking it "
+              f"failed (killed {WORKER_STOP_S} s after the signal, or gone before it); marked failed here "
+              "(checkpoints kept: the rerun resumes it)", file=sys.stderr)
 
 
 def _finish(study_name: str, storage, spec, elapsed: float) -> int:
