@@ -167,8 +167,8 @@ def test_the_diagnostics_note_counts_the_runs_whose_event_files_are_here(study, 
         aside.rename(gone)
     assert code == 0, err
     assert ("note: diagnostic figures use 3 of the 4 runs (all seeds) at depth 2, the ones whose event files hold "
-            "diagnostics (the others were imported from a runs.csv or their folders removed), last logged "
-            "epoch.") in out.splitlines(), out[-2000:]
+            "diagnostics (the others ran with diagnostics_every 0, were imported from a runs.csv or had their "
+            "folders removed), last logged epoch.") in out.splitlines(), out[-2000:]
 
 
 @pytest.mark.slow
