@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import os
+import pickle
 import random
 import shutil
 import signal
@@ -342,6 +343,9 @@ def test_a_retry_does_not_inherit_the_worker_of_the_attempt_it_retries(tmp_path)
     assert claimed.number == 1 and "worker" not in claimed.user_attrs
     run._fail_left_running([SimpleNamespace(pid=4242)], storage, "s")
     assert study.trials[1].state == TrialState.RUNNING
+    # a DDP rank unpickles the storage, and the callback with it
+    again = pickle.loads(pickle.dumps(storage))
+    assert type(again.get_heartbeat_stale_trial_callback()) is type(storage.get_heartbeat_stale_trial_callback())
 
 
 def _live_workers(pid: int) -> list[int]:

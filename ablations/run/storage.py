@@ -24,12 +24,7 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_s: int = HEARTBEAT_S, 
     its driver is missing or the server cannot be reached. Never creates anything but the SQLite file itself."""
     import sqlalchemy.exc
 
-    try:
-        from optuna.storages import RetryHeartbeatStaleTrialCallback as Retry
-        callback_arg = "heartbeat_stale_trial_callback"
-    except ImportError:  # optuna < 4.9
-        from optuna.storages import RetryFailedTrialCallback as Retry
-        callback_arg = "failed_trial_callback"
+    Retry, callback_arg = _retry_class(), _retry_callback_arg()
 
     if "://" not in url:
         raise ValueError(f"storage '{url}' is not a URL; e.g. {DEFAULT_STORAGE} or postgresql://user@host:5432/db")
@@ -52,7 +47,7 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_s: int = HEARTBEAT_S, 
     def rdb_storage():
         return _storage_class()(
             target, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat_s, grace_period=grace_s,
-            **{callback_arg: _fresh_attempts(Retry)(max_retry=MAX_RETRY, inherit_intermediate_values=True)})
+            **{callback_arg: Retry(max_retry=MAX_RETRY, inherit_intermediate_values=True)})
 
     try:
         try:
@@ -80,20 +75,36 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_s: int = HEARTBEAT_S, 
 NOT_INHERITED = ("worker",)
 
 
+def _retry_callback_arg() -> str:
+    """The ``RDBStorage`` argument of the retry callback: optuna 4.9 renamed it."""
+    try:
+        from optuna.storages import RetryHeartbeatStaleTrialCallback  # noqa: F401
+    except ImportError:  # optuna < 4.9
+        return "failed_trial_callback"
+    return "heartbeat_stale_trial_callback"
+
+
 @functools.cache
-def _fresh_attempts(retry: type) -> type:
-    """optuna's retry callback (``retry``), whose WAITING copy of a failed or stale trial leaves out
-    :data:`NOT_INHERITED`. With the dead attempt's ``worker`` (``<host>:<pid>``), a retry claimed by another process
-    would name the dead worker until it set its own, and the main process of ``--workers N`` fails the RUNNING
-    trials of its own stopped workers by that attr (``workers._fail_left_running``)."""
+def _retry_class() -> type:
+    """optuna's retry callback, whose WAITING copy of a failed or stale trial leaves out :data:`NOT_INHERITED`.
+    With the dead attempt's ``worker`` (``<host>:<pid>``), a retry claimed by another process would name the dead
+    worker until it set its own, and the main process of ``--workers N`` fails the RUNNING trials of its own
+    stopped workers by that attr (``workers._fail_left_running``). Found here as ``FreshRetry`` when a storage is
+    unpickled (a DDP rank: the storage carries its callback)."""
     import copy
+
+    try:
+        from optuna.storages import RetryHeartbeatStaleTrialCallback as base
+    except ImportError:  # optuna < 4.9
+        from optuna.storages import RetryFailedTrialCallback as base
 
     def __call__(self, study, trial) -> None:
         trial = copy.copy(trial)
         trial.user_attrs = {k: v for k, v in trial.user_attrs.items() if k not in NOT_INHERITED}
-        retry.__call__(self, study, trial)
+        base.__call__(self, study, trial)
 
-    return type(retry.__name__, (retry,), {"__module__": __name__, "__call__": __call__})
+    return type("FreshRetry", (base,), {"__module__": __name__, "__qualname__": "FreshRetry", "__call__": __call__,
+                                        "__doc__": _retry_class.__doc__})
 
 
 @functools.cache
@@ -117,6 +128,8 @@ def _storage_class():
 def __getattr__(name: str):
     if name == "StudyStorage":  # made on first use (optuna imports slowly); found here when a storage is unpickled
         return _storage_class()
+    if name == "FreshRetry":  # the retry callback a storage carries, the same way
+        return _retry_class()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
