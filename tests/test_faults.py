@@ -366,6 +366,42 @@ def _live_workers(pid: int) -> list[int]:
     return live
 
 
+#: The two-worker SIGTERM tests' trial states while both workers train a long trial.
+BOTH_LONG_RUNNING = {0: TrialState.COMPLETE, 1: TrialState.COMPLETE, 2: TrialState.RUNNING, 3: TrialState.RUNNING}
+
+
+def _two_worker_study(tmp_path: Path, max_epochs: int, long_a: int | None = None, long_b: int | None = None):
+    """The two-worker SIGTERM tests' study ``workers``: trials 0 and 1 train one epoch, trials 2 (``long_a``) and 3
+    (``long_b``) ``max_epochs`` unless given. Returns the spec, the SQLite file and the long trials' last.ckpt."""
+    def long(label: str, residual: str, epochs: int | None) -> dict:
+        return {"label": label, "residual": residual, **({"overrides": {"max_epochs": epochs}} if epochs else {})}
+
+    write_study(tmp_path / "workers.yaml", base={"max_epochs": max_epochs}, variants=[
+        {"label": "short_a", "residual": "standard", "overrides": {"max_epochs": 1}},
+        {"label": "short_b", "residual": "rezero", "overrides": {"max_epochs": 1}},
+        long("long_a", "layerscale", long_a), long("long_b", "skipinit", long_b)])
+    spec = load_spec(str(tmp_path / "workers.yaml"))
+    runs = tmp_path / "results" / "runs" / "workers"
+    return spec, tmp_path / "o.db", [runs / run_dir_name(spec, label) / "checkpoints" / "last.ckpt"
+                                     for label in ("long_a", "long_b")]
+
+
+def _finish_timed(proc: subprocess.Popen) -> tuple[subprocess.CompletedProcess, float]:
+    """The stopped CLI's result and the seconds it took to end, from now (its workers just thawed)."""
+    started = time.monotonic()
+    stopped = finish(proc, timeout=600)
+    return stopped, time.monotonic() - started
+
+
+def _why(stopped: subprocess.CompletedProcess, stop_s: float, trials) -> str:
+    """An assertion message: the exit, the stop's duration, the trials' timeline and the end of stderr; a string,
+    so that pytest shows it whole (it shortens the repr of anything else)."""
+    timeline = "\n".join(f"trial {t.number} {t.state.name} {t.params['variant']} {t.datetime_start} -> "
+                         f"{t.datetime_complete} worker {t.user_attrs.get('worker')} stopped_by "
+                         f"{t.user_attrs.get('stopped_by')}" for t in trials)
+    return f"exit {stopped.returncode} {stop_s:.1f} s after the signal\n{timeline}\nstderr:\n{stopped.stderr[-4000:]}"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("to", ["process group", "main process", "one worker", "the last worker"])
 def test_sigterm_with_two_workers_fails_the_running_trials_with_their_checkpoints_and_they_resume(tmp_path, to):
@@ -389,18 +425,10 @@ def test_sigterm_with_two_workers_fails_the_running_trials_with_their_checkpoint
     max_epochs = 4 * LONG_TRIAL_EPOCHS
     last = to == "the last worker"
     long_b_epochs = 2 * max_epochs if last else max_epochs  # it outlasts the short trial 2 by seconds
-    write_study(tmp_path / "workers.yaml", base={"max_epochs": max_epochs}, variants=[
-        {"label": "short_a", "residual": "standard", "overrides": {"max_epochs": 1}},
-        {"label": "short_b", "residual": "rezero", "overrides": {"max_epochs": 1}},
-        {"label": "long_a", "residual": "layerscale", **({"overrides": {"max_epochs": 2}} if last else {})},
-        {"label": "long_b", "residual": "skipinit", **({"overrides": {"max_epochs": long_b_epochs}} if last else {})}])
-    spec = load_spec(str(tmp_path / "workers.yaml"))
-    db = tmp_path / "o.db"
+    spec, db, ckpts = _two_worker_study(tmp_path, max_epochs, *((2, long_b_epochs) if last else ()))
     args = ("--study", "workers.yaml", "--workers", "2", "--storage", url_of(db), "--results-dir", "results",
             "--no-progress", *LIVE_WORKERS)
-    runs = tmp_path / "results" / "runs" / "workers"
-    ckpts = [runs / run_dir_name(spec, label) / "checkpoints" / "last.ckpt" for label in ("long_a", "long_b")]
-    expected = {0: TrialState.COMPLETE, 1: TrialState.COMPLETE, 2: TrialState.RUNNING, 3: TrialState.RUNNING}
+    expected = dict(BOTH_LONG_RUNNING)
 
     proc = start_cli(*args, cwd=tmp_path)
     try:
@@ -420,18 +448,12 @@ def test_sigterm_with_two_workers_fails_the_running_trials_with_their_checkpoint
             assert len(workers) == (1 if last else 2)
             os.kill(workers[0], signal.SIGTERM)
         thaw(proc)
-        thawed = time.monotonic()
-        stopped = finish(proc, timeout=600)
-        stop_s = time.monotonic() - thawed
+        stopped, stop_s = _finish_timed(proc)
     finally:
         stop_group(proc)
     _assert_no_traceback(stopped)
     trials = trials_of(db, "workers")
-    # a string, so that pytest shows it whole (it shortens the repr of anything else)
-    timeline = "\n".join(f"trial {t.number} {t.state.name} {t.params['variant']} {t.datetime_start} -> "
-                         f"{t.datetime_complete} worker {t.user_attrs.get('worker')} stopped_by "
-                         f"{t.user_attrs.get('stopped_by')}" for t in trials)
-    why = f"exit {stopped.returncode} {stop_s:.1f} s after the signal\n{timeline}\nstderr:\n{stopped.stderr[-4000:]}"
+    why = _why(stopped, stop_s, trials)
     assert [t.state for t in trials[:2]] == [TrialState.COMPLETE] * 2
     failed = [t for t in trials if t.state == TrialState.FAIL]
     assert all(t.user_attrs["stopped_by"] == "SIGTERM" for t in failed), why
@@ -465,36 +487,26 @@ def test_a_worker_that_does_not_stop_in_time_is_killed_and_the_main_process_fail
     from ablations.run.workers import WORKER_STOP_S
 
     max_epochs = 4 * LONG_TRIAL_EPOCHS
-    write_study(tmp_path / "workers.yaml", base={"max_epochs": max_epochs}, variants=[
-        {"label": "short_a", "residual": "standard", "overrides": {"max_epochs": 1}},
-        {"label": "short_b", "residual": "rezero", "overrides": {"max_epochs": 1}},
-        {"label": "long_a", "residual": "layerscale"}, {"label": "long_b", "residual": "skipinit"}])
-    spec = load_spec(str(tmp_path / "workers.yaml"))
-    db = tmp_path / "o.db"
+    spec, db, ckpts = _two_worker_study(tmp_path, max_epochs)
     # a grace far beyond the test: only the main process's own marking can fail the stuck worker's trial in time
     args = ("--study", "workers.yaml", "--workers", "2", "--storage", url_of(db), "--results-dir", "results",
             "--no-progress", "--heartbeat", "1", "--grace", "3600")
-    runs = tmp_path / "results" / "runs" / "workers"
-    ckpts = [runs / run_dir_name(spec, label) / "checkpoints" / "last.ckpt" for label in ("long_a", "long_b")]
-    expected = {0: TrialState.COMPLETE, 1: TrialState.COMPLETE, 2: TrialState.RUNNING, 3: TrialState.RUNNING}
 
     proc = start_cli(*args, cwd=tmp_path)
     try:
-        freeze_when(lambda: trial_states(db, "workers") == expected and all(map(saved_checkpoint, ckpts))
+        freeze_when(lambda: trial_states(db, "workers") == BOTH_LONG_RUNNING and all(map(saved_checkpoint, ckpts))
                     and storage_unlocked(db), proc, "both long trials saved a checkpoint, the storage unlocked")
         stuck, other = _live_workers(proc.pid)
         os.kill(proc.pid, signal.SIGTERM)
         for pid in (proc.pid, other):  # the stuck worker stays frozen
             os.kill(pid, signal.SIGCONT)
-        thawed = time.monotonic()
-        stopped = finish(proc, timeout=600)
-        stop_s = time.monotonic() - thawed
+        stopped, stop_s = _finish_timed(proc)
     finally:
         stop_group(proc)
     _assert_no_traceback(stopped)
     trials = trials_of(db, "workers")
     by_worker = {t.user_attrs.get("worker", "").rsplit(":", 1)[-1]: t.number for t in trials[2:]}
-    why = f"exit {stopped.returncode} {stop_s:.1f} s after the signal; workers {by_worker}\nstderr:\n{stopped.stderr[-4000:]}"
+    why = f"stuck worker {stuck}; " + _why(stopped, stop_s, trials)
     assert stopped.returncode == 143, why
     assert stop_s >= WORKER_STOP_S, why  # the main process waited for the stuck worker before it killed it
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 2 + [TrialState.FAIL] * 2, why
