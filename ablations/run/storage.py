@@ -24,7 +24,7 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_s: int = HEARTBEAT_S, 
     its driver is missing or the server cannot be reached. Never creates anything but the SQLite file itself."""
     import sqlalchemy.exc
 
-    Retry, callback_arg = _retry_class(), _retry_callback_arg()
+    Retry = _retry_class()
 
     if "://" not in url:
         raise ValueError(f"storage '{url}' is not a URL; e.g. {DEFAULT_STORAGE} or postgresql://user@host:5432/db")
@@ -47,7 +47,7 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_s: int = HEARTBEAT_S, 
     def rdb_storage():
         return _storage_class()(
             target, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat_s, grace_period=grace_s,
-            **{callback_arg: Retry(max_retry=MAX_RETRY, inherit_intermediate_values=True)})
+            **{Retry.storage_arg: Retry(max_retry=MAX_RETRY, inherit_intermediate_values=True)})
 
     try:
         try:
@@ -75,15 +75,6 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_s: int = HEARTBEAT_S, 
 NOT_INHERITED = ("worker",)
 
 
-def _retry_callback_arg() -> str:
-    """The ``RDBStorage`` argument of the retry callback: optuna 4.9 renamed it."""
-    try:
-        from optuna.storages import RetryHeartbeatStaleTrialCallback  # noqa: F401
-    except ImportError:  # optuna < 4.9
-        return "failed_trial_callback"
-    return "heartbeat_stale_trial_callback"
-
-
 @functools.cache
 def _retry_class() -> type:
     """optuna's retry callback, whose WAITING copy of a failed or stale trial leaves out :data:`NOT_INHERITED`.
@@ -95,8 +86,10 @@ def _retry_class() -> type:
 
     try:
         from optuna.storages import RetryHeartbeatStaleTrialCallback as base
+        storage_arg = "heartbeat_stale_trial_callback"
     except ImportError:  # optuna < 4.9
         from optuna.storages import RetryFailedTrialCallback as base
+        storage_arg = "failed_trial_callback"  # the RDBStorage argument that takes it (renamed in optuna 4.9)
 
     def __call__(self, study, trial) -> None:
         trial = copy.copy(trial)
@@ -104,6 +97,7 @@ def _retry_class() -> type:
         base.__call__(self, study, trial)
 
     return type("FreshRetry", (base,), {"__module__": __name__, "__qualname__": "FreshRetry", "__call__": __call__,
+                                        "storage_arg": storage_arg,
                                         "__doc__": _retry_class.__doc__})
 
 
