@@ -10,7 +10,8 @@ The setting is the calling process's: processes a strategy spawns (``ddp_spawn``
 
 Why opt-in: ``python -m ablations.bench --sections malloc`` (child processes per setting, 2-core EPYC, 1 thread)
 measured the page faults gone (section 11's model, width 192 and 2,080 tokens: ~15,000 per step to ~300) but no
-step-time gain beyond the machine's noise (0.96x standard, 1.02x mHC), and the study's small model never faults
+step-time gain beyond the machine's noise (0.96x standard, 1.02x mHC; mHC's faults that remained under ``keep`` were
+its own leak of each step's graph, fixed since), and the study's small model never faults
 under either setting (glibc's adaptive mmap threshold already keeps blocks of that size). Worth trying on a machine
 where the kernel's page faults are dearer (many cores, NUMA, memory cgroups): the bench section says.
 

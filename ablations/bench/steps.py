@@ -328,9 +328,10 @@ def one_model_time(s: Settings, label: str) -> dict:
                                    device=s.device)[label])}
 
 
-#: measured with seven processes of standard and mHC (results/device/cpu/issue27-s22-evidence/ab_processes_avx2.txt)
+#: measured with five processes of every design (results/device/cpu/issue27-bench-s26-avx2-processes)
 ONE_PROCESS_NOTE = ("One process: a ratio can differ between processes by more than between its rounds (on this "
-                    "project's VM mHC's ranged 1.39-1.55x over seven); `--processes K` samples K of them.")
+                    "project's VM mHC's ranged 1.35-1.41x over five, 1.47-1.71x while it leaked each step's graph); "
+                    "`--processes K` samples K of them.")
 
 
 def bench_overhead(s: Settings) -> Section:
