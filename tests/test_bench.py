@@ -469,3 +469,33 @@ def test_goal_marks_count_the_rounds_that_meet_it():
     assert sec.goals[0]["rounds_meeting_goal"] == 1 and sec.goals[0]["passed"] is False
     assert harness.ratio_cell(ratios) == "1.100x [1.00-1.30]"
     assert harness.ratio_cell(ratios, percent=True) == "+10.0% [+0, +30]"
+
+
+def test_saved_activation_bytes_counts_the_saved_storages_and_frees_the_graph():
+    """Section 6's CPU measure: the bytes of the storages autograd saves (here a tanh saves its output, the
+    multiply both inputs; the parameter is left out), and once it returns nothing of the graph is alive. Packing a
+    saved output as itself made a cycle through its own grad_fn that kept every measured model's graph (the full
+    run was killed for memory at 22 GiB)."""
+    import gc
+    import weakref
+
+    import torch
+    from torch import nn
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(5))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.out = weakref.ref(h := torch.tanh(x * self.w))  # saved by tanh's backward: an output
+            return h.sum(dim=1, keepdim=True).expand(-1, 3) * 2.0
+
+    net = Net()
+    x, y = torch.randn(4, 5), torch.tensor([0, 1, 2, 0])
+    # x * w saves x (4x5 floats) and w (a parameter: not counted); tanh its output (4x5); sum, expand and the
+    # scalar multiply nothing; cross_entropy its log-softmax (4x3), the int64 targets (4) and NLL's total weight
+    counted = steps.saved_activation_bytes(net, (x, y))
+    assert counted == (20 + 20 + 12) * 4 + 4 * 8 + 4
+    gc.collect()
+    assert net.out() is None  # the graph, and the output it saved, are gone

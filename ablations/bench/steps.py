@@ -203,7 +203,10 @@ def saved_activation_bytes(model, batch) -> int:
         storage = t.untyped_storage()
         if storage.data_ptr() not in params:
             saved[storage.data_ptr()] = storage.nbytes()
-        return t  # kept alive by the graph until backward, so a data pointer identifies one storage
+        # kept alive by the graph until it is freed, so a data pointer identifies one storage. Detached: a saved
+        # output packed as itself holds its own grad_fn, a cycle that kept every measured model's graph alive
+        # (the full run grew by each variant's activations and was killed for memory at 22 GiB)
+        return t.detach()
 
     model.train()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
