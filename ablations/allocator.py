@@ -1,19 +1,19 @@
-"""An opt-in setting of glibc's ``malloc`` for training on a CPU: the memory a step frees stays in the process.
+"""glibc's ``malloc`` set for training on a CPU so that the memory a step frees stays in the process (the default).
 
 PyTorch's CPU tensors come straight from ``malloc``. glibc serves large blocks with ``mmap`` and gives freed memory
 back to the kernel (``munmap``, or trimming the heap's top), so a CPU training step can ask the kernel for its
-activations again every step, and the kernel zero-fills each page on first touch. ``ABLATIONS_MALLOC=keep`` turns
-glibc's ``mmap`` path off (``M_MMAP_MAX = 0``: the main thread's blocks come from the heap; another thread's arena
-may still map a very large block) and its trimming off (``M_TRIM_THRESHOLD`` = 2 GiB − 1, ``M_TOP_PAD`` = 64 MiB):
-the process keeps its peak memory, and no computed value changes. The default, ``system``, leaves glibc as it is.
-The setting is the calling process's: processes a strategy spawns (``ddp_spawn``) start with glibc's defaults.
+activations again every step, and the kernel zero-fills each page on first touch. ``ABLATIONS_MALLOC=keep`` (the
+default) turns glibc's ``mmap`` path off (``M_MMAP_MAX = 0``: the main thread's blocks come from the heap; another
+thread's arena may still map a very large block) and its trimming off (``M_TRIM_THRESHOLD`` = 2 GiB − 1,
+``M_TOP_PAD`` = 64 MiB): the process keeps its peak memory, and no computed value changes. ``system`` leaves glibc as
+it is. The setting is the calling process's: processes a strategy spawns (``ddp_spawn``) start with glibc's
+defaults.
 
-Why opt-in: ``python -m ablations.bench --sections malloc`` (child processes per setting, 2-core EPYC, 1 thread)
-measured the page faults gone (section 11's model, width 192 and 2,080 tokens: ~15,000 per step to ~300) but no
-step-time gain beyond the machine's noise (0.96x standard, 1.02x mHC; mHC's faults that remained under ``keep`` were
-its own leak of each step's graph, fixed since), and the study's small model never faults
-under either setting (glibc's adaptive mmap threshold already keeps blocks of that size). Worth trying on a machine
-where the kernel's page faults are dearer (many cores, NUMA, memory cgroups): the bench section says.
+Why the default (since session 26): with two threads the page faults of glibc's defaults cost far more than with
+one. ``python -m ablations.bench --sections malloc --threads 2`` (child processes per setting, 5 rounds, 2-core
+EPYC) measured section 11's model (width 192, 2,080 tokens) at 0.61x the step time under ``keep`` for ``standard``
+(15,829 faults a step to 130) and 0.81x for mHC (6,992 to 4); with one thread (session 22) the gain was within the
+noise, and at the study's small size neither setting faults. ``keep`` costs only the peak memory staying mapped.
 
 ``keep`` is not applied when the user set glibc's own ``MALLOC_*_`` variables, ``glibc.malloc.*`` tunables in
 ``GLIBC_TUNABLES`` or ``LD_PRELOAD`` (another allocator, e.g. jemalloc or tcmalloc), nor outside glibc (macOS,
@@ -29,6 +29,7 @@ import platform
 
 ENV = "ABLATIONS_MALLOC"
 CHOICES = ("system", "keep")
+DEFAULT = "keep"
 GLIBC_ENV = ("MALLOC_MMAP_MAX_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_MAX = -1, -2, -4  # glibc's malloc.h
 SETTINGS = ((M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, 2**31 - 1), (M_TOP_PAD, 64 << 20))
@@ -46,8 +47,8 @@ def without_user_malloc(env: dict[str, str]) -> dict[str, str]:
 
 
 def choice() -> str:
-    """``ABLATIONS_MALLOC`` (default ``system``); anything else is a one-line ValueError naming the choices."""
-    value = os.environ.get(ENV, "system")
+    """``ABLATIONS_MALLOC`` (default ``keep``); anything else is a one-line ValueError naming the choices."""
+    value = os.environ.get(ENV, DEFAULT)
     if value not in CHOICES:
         raise ValueError(f"{ENV}={value!r} is not a malloc choice; valid choices: {', '.join(CHOICES)}")
     return value
@@ -58,7 +59,7 @@ def set_malloc() -> str:
     """Under ``ABLATIONS_MALLOC=keep``, set glibc's ``malloc`` to keep freed memory (once per process); say what was
     done: ``"keep (glibc: ...)"`` or ``"system (<why>)"``."""
     if choice() == "system":
-        return "system (the default)" if ENV not in os.environ else f"system ({ENV}=system)"
+        return f"system ({ENV}=system)"
     if any(name in os.environ for name in GLIBC_ENV) or "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""):
         return "system (glibc's MALLOC_* variables or malloc tunables are set)"
     if os.environ.get("LD_PRELOAD"):

@@ -89,7 +89,7 @@ def bench_malloc(s: Settings) -> Section:
         sec.rows.append([key, ms(median([t["s"] for t in system])), ms(median([k["s"] for k in keep])),
                          ratio_cell(ratios[key]), f"{median([t['faults'] for t in system]):,.0f}",
                          f"{median([k['faults'] for k in keep]):,.0f}"])
-    sec.notes.append("Report only (no goal): training uses system unless ABLATIONS_MALLOC=keep; a ratio below 1 "
+    sec.notes.append("Report only (no goal): training uses keep unless ABLATIONS_MALLOC=system; a ratio below 1 "
                      "is time keep saves. A child's first touch of memory it had freed and handed back is a page "
                      "fault; what faults remain under keep are not malloc's (on Python 3.11, for one, its frame "
                      "stack's 16 KiB chunks are mapped and unmapped as the call depth crosses a chunk's end).")
