@@ -9,9 +9,10 @@ stop the others):
 
   cuda_tests  ``python -m pytest -m cuda -q --continue-on-collection-errors``: the tests marked ``cuda`` (skipped
               without a GPU: on ``--device cpu`` a skip is expected, on ``--device cuda`` it is a failure);
-  bench       ``python -m ablations.bench --device D --quick --sections timm,variants,mfu,data --variants
+  bench       ``python -m ablations.bench --device D --quick --sections timm,variants,mfu,data,overhead --variants
               standard,<the DCA labels> --out <out>/bench`` (``--short``: ``--tiny``): our train step vs timm's,
-              DCA vs standard per step (the DCA paper measures 1.31-1.54x), MFU, the data path's images/s;
+              DCA vs standard per step (the DCA paper measures 1.31-1.54x), MFU, the data path's images/s, and
+              section 11: issue 27's designs (AttnRes, HC, DCA, mHC, DenseFormer) vs standard at depth 6, batch 32;
   train       the first grid point of ``residual_variants`` at its ``paper`` budget for 2 epochs
               (``ablations.training.run_training``): images/s, wall time, time per epoch. The paper budget reads
               CIFAR-10 from ``--data-dir``; without it the run uses ``synthetic`` data of CIFAR-10's shape
@@ -36,6 +37,7 @@ stage, so a killed check keeps what ran::
                                "figures": {"passed", "skipped", "failed", "errors"}},
                 "bench": {..., "figures": {"ours_vs_timm", "step_time_vs_standard": {<label>: <ratio>}, "mfu",
                                            "step_flops_per_s", "peak_flops_per_s", "data_images_per_s": {...},
+                                           "overhead_vs_standard": {<design>: {"ratio", "limit"}},
                                            "goals_met": "<met>/<all>", "section_errors": {}}},
                 "train": {..., "figures": {"train_images_per_s", "wall_time_s", "time_per_epoch_s",
                                            "best_val_acc", "final_val_acc", "diverged", "epochs_completed",
@@ -367,6 +369,8 @@ def _figure_text(name: str, f: dict) -> str:
         parts = [f"ours/timm {f['ours_vs_timm']:.3f}x"] if f.get("ours_vs_timm") else []
         parts += [f"{label} {ratio:.2f}x vs standard (paper 1.31-1.54x)" for label, ratio
                   in f["step_time_vs_standard"].items() if ratio]
+        parts += [f"{label} {g['ratio']:.2f}x vs standard (goal <= {g['limit']:g}x)" for label, g
+                  in f.get("overhead_vs_standard", {}).items()]
         parts += [f"MFU {100 * f['mfu']:.1f}%"] if f.get("mfu") else []
         parts += [f"{key} {value:,.0f}" for key, value in f["data_images_per_s"].items()]
         return "; ".join(parts + [f"goals met {f['goals_met']}"])

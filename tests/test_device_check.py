@@ -38,7 +38,7 @@ def test_bench_command_times_standard_and_the_dca_labels_on_the_device(tmp_path)
     command = dc.bench_command("cuda", False, tmp_path / "bench", python="python")
     assert command[:3] == ["python", "-m", "ablations.bench"]
     assert command[command.index("--device") + 1] == "cuda" and "--quick" in command and "--tiny" not in command
-    assert command[command.index("--sections") + 1] == "timm,variants,mfu,data"
+    assert command[command.index("--sections") + 1] == "timm,variants,mfu,data,overhead"
     labels = command[command.index("--variants") + 1].split(",")
     assert labels[0] == "standard" and "dca (default)" in labels and "dca k=2" in labels
     assert not any("seed" in label for label in labels)  # the seed notes' mix is not DCA proper
@@ -156,12 +156,15 @@ def test_bench_figures_pick_the_checks_numbers():
         "mfu": {"goals": [{"what": "MFU", "value": 0.2, "passed": False}], "error": None,
                 "data": {"mfu": 0.2, "step_flops_per_s": 2e14, "peak_flops_per_s": 1e15}},
         "data": {"goals": [], "error": "RuntimeError: boom", "data": {"images_per_s": {"basic": [10.0, 30.0, 20.0]}}},
+        "overhead": {"goals": [{"what": "mhc / standard", "value": 1.62, "limit": 1.5, "passed": False},
+                               {"what": "dca / standard", "value": 1.1, "limit": 1.3, "passed": True}], "error": None},
     }}
     figures = device_figures.bench_figures(report)
     assert figures["ours_vs_timm"] == 1.01 and figures["step_time_vs_standard"] == {"dca (default)": 1.4}
     assert figures["mfu"] == 0.2 and figures["step_flops_per_s"] == 2e14
     assert figures["data_images_per_s"] == {"images_per_s/basic": 20.0}
-    assert figures["goals_met"] == "2/3" and figures["section_errors"] == {"data": "RuntimeError: boom"}
+    assert figures["overhead_vs_standard"] == {"mhc": {"ratio": 1.62, "limit": 1.5}, "dca": {"ratio": 1.1, "limit": 1.3}}
+    assert figures["goals_met"] == "3/5" and figures["section_errors"] == {"data": "RuntimeError: boom"}
 
 
 # --- the real thing, on the CPU -------------------------------------------------------------------------------------
@@ -186,6 +189,8 @@ def test_short_cpu_check_writes_its_report(tmp_path):
     assert (out / "bench" / "bench.json").is_file() and (out / "bench" / "bench.md").is_file()
     assert "dca (default)" in stages["bench"]["figures"]["step_time_vs_standard"]
     assert stages["bench"]["figures"]["mfu"] > 0 and stages["bench"]["figures"]["data_images_per_s"]
+    assert set(stages["bench"]["figures"]["overhead_vs_standard"]) == {"attn_res", "hyper_connections", "dca", "mhc",
+                                                                        "denseformer"}
     # train: the tiny run's summary figures
     train = stages["train"]
     assert train["status"] == "passed", train["error"]

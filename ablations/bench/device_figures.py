@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-BENCH_SECTIONS = ("timm", "variants", "mfu", "data")  # the benchmark sections the check runs
+BENCH_SECTIONS = ("timm", "variants", "mfu", "data", "overhead")  # the benchmark sections the check runs
 
 @dataclass
 class StageResult:
@@ -80,7 +80,8 @@ def read_bench(result: StageResult, bench_out: Path) -> None:
 
 
 def bench_figures(report: dict) -> dict:
-    """The check's figures from a benchmark report: ours/timm, each DCA label vs standard, MFU, images/s, goals."""
+    """The check's figures from a benchmark report: ours/timm, each DCA label vs standard, MFU, images/s, issue 27's
+    designs vs standard (section 11: the median ratio and its goal), goals."""
     sections = report.get("sections", {})
     figures: dict[str, Any] = {}
     timm = sections.get("timm") or {}
@@ -92,6 +93,9 @@ def bench_figures(report: dict) -> dict:
     mfu = (sections.get("mfu") or {}).get("data") or {}
     figures |= {key: mfu.get(key) for key in ("mfu", "step_flops_per_s", "peak_flops_per_s")}
     figures["data_images_per_s"] = _rates((sections.get("data") or {}).get("data") or {})
+    overhead = sections.get("overhead") or {}
+    figures["overhead_vs_standard"] = {g["what"].removesuffix(" / standard"): {"ratio": g["value"], "limit": g["limit"]}
+                                       for g in overhead.get("goals", [])}
     goals = [g for s in sections.values() for g in s.get("goals", [])]
     figures["goals_met"] = f"{sum(bool(g['passed']) for g in goals)}/{len(goals)}"
     figures["section_errors"] = {name: s["error"] for name, s in sections.items() if s.get("error")}
