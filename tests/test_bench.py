@@ -316,6 +316,14 @@ def test_overhead_section_with_every_model_in_its_own_process(tmp_path, monkeypa
     assert "every model in a fresh process of its own" in sec["setup"] and "2 rounds in rotating order" in sec["setup"]
 
 
+def test_overhead_batch_sets_section_11s_batch(tmp_path, monkeypatch):
+    monkeypatch.setenv("ABLATIONS_STREAM_KERNELS", "eager")  # no compile: seconds
+    md, report = run_bench(tmp_path, "--tiny", "--threads", "1", "--sections", "overhead", "--overhead-batch", "3")
+    sec = report["sections"]["overhead"]
+    assert report["meta"]["settings"]["overhead_batch"] == 3 and "batch 3;" in sec["setup"]
+    assert set(sec["data"]["times_s"]) == {"standard", *steps.OVERHEAD_GOALS}
+
+
 def lightning_run(vit: list[float], setup: float) -> dict:
     """A stand-in for one process's section-3 measurement: the plain loop 1 s a step in every round, the bare
     module 1.01 s, ViTClassifier ``vit``; every loop's set-up ``setup`` s."""
@@ -426,7 +434,8 @@ def test_sections_by_name_or_number():
                                   ["--device", "tpu"], ["--variants", "standard,nope"],
                                   ["--processes", "0"], ["--processes", "3", "--sections", "timm,mfu"],
                                   ["--isolate", "-1"], ["--isolate", "2", "--processes", "2"],
-                                  ["--isolate", "2", "--sections", "lightning"]])
+                                  ["--isolate", "2", "--sections", "lightning"], ["--overhead-batch", "0"],
+                                  ["--overhead-batch", "64", "--sections", "variants"]])
 def test_bad_arguments_exit_2_with_one_line(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(argv)

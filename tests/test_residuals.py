@@ -591,6 +591,21 @@ def test_relu_mix_gradients_match_plain_autograd(monkeypatch, chunk_elements):
     assert torch.autograd.gradcheck(ReLUMix.apply, inputs)
 
 
+def test_relu_mix_chunks_are_cache_sized_on_a_cpu_and_large_elsewhere():
+    """A chunk is ~CHUNK_ELEMENTS elements on a CPU and ~DEVICE_CHUNK_ELEMENTS on another device (a 'meta' tensor
+    stands in: a GPU's launch-bound chunks made DCA's step grow with the batch); the slices cover every token once."""
+    from lit_modules.residual.dca import ReLUMix
+
+    tokens, t, D, outputs = 1024 * 65, 7, 192, 3
+    for device, limit in (("cpu", ReLUMix.CHUNK_ELEMENTS), ("meta", ReLUMix.DEVICE_CHUNK_ELEMENTS)):
+        G = torch.empty(tokens, t, D, device=device)
+        chunks = ReLUMix.chunks(G, outputs)
+        assert chunks[0].stop - chunks[0].start == limit // (outputs * t * D), device
+        assert [i for c in chunks for i in range(tokens)[c]] == list(range(tokens))
+    assert len(ReLUMix.chunks(torch.empty(tokens, t, D), outputs)) == 512  # 130 tokens a chunk
+    assert len(ReLUMix.chunks(torch.empty(tokens, t, D, device="meta"), outputs)) == 4  # 16,644 tokens a chunk
+
+
 @pytest.mark.parametrize("fused", [True, False])
 def test_dca_block_wiring(fused):
     """a = MHSA(LN_q q_in, LN_k k_in, LN_v v_in), f_t = a + MLP(LN₂(q_in + a)), written out with an explicit

@@ -182,6 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="section 11: every model in a fresh child process of its own, as a training run holds one "
                         "model, in K rounds (order rotating); a ratio pairs a design's process with standard's of "
                         "the same round (default 0: all models interleaved in one process)")
+    p.add_argument("--overhead-batch", type=int, metavar="N",
+                   help="section 11's batch (default 32, issue 27's size); on a GPU a larger one shows the designs' "
+                        "cost once their kernels, not the launches, take the time")
     p.add_argument("--variants", metavar="LABEL,...",
                    help="sections 2 and 6: only these labels of ablations.costs.all_configs() (standard, their "
                         "reference, is always included); default: all")
@@ -209,6 +212,11 @@ def main(argv: list[str] | None = None) -> int:
                              f"chose {', '.join(names)}")
     if args.isolate and "overhead" not in names:
         build_parser().error(f"--isolate applies to section overhead (11) only, and --sections chose {', '.join(names)}")
+    if args.overhead_batch is not None:
+        if args.overhead_batch < 1 or "overhead" not in names:
+            build_parser().error(f"--overhead-batch must be >= 1 and applies to section overhead (11) only (got "
+                                 f"{args.overhead_batch}, sections {', '.join(names)})")
+        settings = replace(settings, overhead_batch=args.overhead_batch)
     if args.compile and "compile" not in names:
         names.append("compile")
 

@@ -209,13 +209,19 @@ class ReLUMix(torch.autograd.Function):
     tokens, D). ReLU'(0) = 0, as ``F.relu``. Not twice differentiable.
     """
 
-    CHUNK_ELEMENTS = 1 << 19  # elements of one (outputs, tokens, t, D) chunk: ~2 MiB of fp32
+    CHUNK_ELEMENTS = 1 << 19  # elements of one (outputs, tokens, t, D) chunk on a CPU: ~2 MiB of fp32, in cache
+    #: ... on an accelerator: each chunk costs a dozen kernel launches, and cache-sized chunks made DCA's step grow
+    #: with the batch (an H200, depth 6, batch 1024: 23x standard's step); 2^26 elements bound a chunk's
+    #: temporaries at 256 MiB of fp32 (results/device/cuda/issue27-overhead-batch)
+    DEVICE_CHUNK_ELEMENTS = 1 << 26
 
     @staticmethod
     def chunks(G: torch.Tensor, outputs: int) -> list[slice]:
-        """Token slices of G, each ~CHUNK_ELEMENTS elements once expanded to (outputs, m, t, D)."""
+        """Token slices of G, each ~CHUNK_ELEMENTS (on a CPU) or ~DEVICE_CHUNK_ELEMENTS (elsewhere) elements once
+        expanded to (outputs, m, t, D)."""
         tokens, t, D = G.shape
-        step = max(8, ReLUMix.CHUNK_ELEMENTS // (outputs * t * D))
+        limit = ReLUMix.CHUNK_ELEMENTS if G.device.type == "cpu" else ReLUMix.DEVICE_CHUNK_ELEMENTS
+        step = max(8, limit // (outputs * t * D))
         return [slice(c0, c0 + step) for c0 in range(0, tokens, step)]
 
     @staticmethod
