@@ -44,7 +44,7 @@ stage, so a killed check keeps what ran::
                                            "param_count", "precision", "forward_flops_per_image",
                                            "dataset_note", "config": {RunConfig.to_dict()}}}}}
 
-(a schema, not a measurement: no GPU has run this check yet).
+(a schema; the first real one, an H200's, is results/device/cuda/device_check.json).
 
 ``status`` is ``passed``, ``failed`` or ``timeout`` (a timed-out train stage has ``figures.progress``: epoch,
 images, seconds, images/s so far). The train stage's ``precision`` is what the run trained at (``auto``
