@@ -206,3 +206,38 @@ def test_the_step_floor_is_the_steps_at_the_assumed_step_time(tmp_path):
                                     "launches and Python, and this floor is the better guide")
     heavy = dataclasses.replace(est, per_trial_s=1e6)  # FLOPs far above the floor: the estimate stands
     assert gpu_hours.describe_estimate(heavy)[-1].endswith("below the FLOP estimate, which therefore stands")
+
+
+def write_cuda_bench(results: Path, times: list[float], *, gpu: str = "NVIDIA H200", device: str = "cuda",
+                     depth: int = 6, error: str | None = None, folder: str = "b") -> Path:
+    """A bench.json with section 11 (overhead) as ``ablations.bench --device cuda`` writes it (the fields read)."""
+    path = results / "device" / "cuda" / folder / "bench.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    section = {"error": error, "goals": [], "data": {"times_s": {"standard": times, "mhc": [1.0] * len(times)}}}
+    path.write_text(json.dumps({"meta": {"device": device, "started": "2026-12-04 10:15:47",
+                                         "settings": {"device": device, "overhead_depth": depth, "overhead_batch": 32},
+                                         "machine": {"gpu": gpu}},
+                                "sections": {"overhead": section}}))
+    return path
+
+
+def test_a_measured_step_sets_the_floor_scaled_by_depth_with_evaluation_at_a_third(tmp_path):
+    """standard's step in a CUDA bench's section 11 (median 12 ms at depth 6) prices the tiny trial's steps: 2 ms a
+    training step at depth 1, an evaluation batch a third of that; a CPU bench or a failed section is no
+    measurement; a measurement on another class is applied to the asked one and says so."""
+    write_cuda_bench(tmp_path, [0.010, 0.014, 0.012])
+    write_cuda_bench(tmp_path, [0.5, 0.5, 0.5], device="cpu", folder="cpu")  # not a GPU step
+    write_cuda_bench(tmp_path, [0.9, 0.9, 0.9], error="RuntimeError: boom", folder="failed")
+    config = RunConfig.from_dict(TINY | {"batch_size": 16})
+    est = gpu_hours.estimate([config], trials=3, gpu="h200", results_dir=tmp_path)
+    floor = 0.012 / 6 * (2 * 4 + 2 * 3 / 3)  # 8 training batches, 6 evaluation batches at a third
+    assert est.floor_s_per_trial == pytest.approx(floor, rel=1e-12)
+    assert est.floor_gpu_hours == pytest.approx(3 * floor / 3600, rel=1e-12)
+    line = gpu_hours.describe_estimate(est)[-1]
+    assert "standard's train step measured on NVIDIA H200 (12 ms at depth 6, batch 32" in line
+    assert "applied to" not in line and f"at least {est.floor_gpu_hours:.3g} GPU-hours" in line
+    other = gpu_hours.describe_estimate(gpu_hours.estimate([config], trials=3, gpu="h100", results_dir=tmp_path))[-1]
+    assert "applied to h100: none measured on it" in other
+    deeper = gpu_hours.estimate([RunConfig.from_dict(TINY | {"batch_size": 16, "depth": 3})], trials=3, gpu="h200",
+                                results_dir=tmp_path)
+    assert deeper.floor_s_per_trial == pytest.approx(3 * floor, rel=1e-12)  # three blocks: three times the launches

@@ -19,6 +19,12 @@ The MFU comes from the first of these that exists (:func:`choose_basis`), and th
 4. :data:`ASSUMED_MFU`.
 
 Newer measurements win within a rung. Nothing here imports torch until a FLOP count is needed.
+
+Small models do not reach any FLOP rate: their steps wait on kernel launches and Python. Beside the FLOP estimate
+the dry run prints the **step floor**, the trial's steps at a step time: ``standard``'s train step measured by a
+CUDA bench's section 11 (``overhead``: the device check runs it), scaled by depth (a launch-bound step's time grows
+with its blocks, not its batch: on an H200 13-16 ms at depth 6 from batch 32 to 1024), with evaluation batches
+(forward only) at a third of it — measured on the same class, else on another, else :data:`ASSUMED_STEP_FLOOR_S`.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,9 +76,12 @@ DEFAULT_GPU = "h100"
 ASSUMED_MFU = 0.25
 #: The least time one step (a training step, or an evaluation batch) takes on a GPU however small the model: its
 #: kernel launches (a few hundred for a ViT block stack's forward, backward and AdamW, ~5 µs each) and the Python of
-#: the step and of Lightning's loop. Assumed, not measured (no GPU was at hand): a device check measures the real
-#: step time. The dry run prints the floor it implies beside the FLOP estimate.
+#: the step and of Lightning's loop. Used only where no CUDA bench has measured a step (:func:`find_step_times`;
+#: an H200 took 9-16 ms for standard's train step at depth 6).
 ASSUMED_STEP_FLOOR_S = 0.005
+#: An evaluation batch's share of a training step's time where the floor is measured: a forward alone, without the
+#: backward and the optimizer (about a third of the launches). Assumed.
+EVAL_STEP_SHARE = 1 / 3
 #: The folder under the results folder where ``scripts/device_check.py`` and ``ablations.bench --device cuda``
 #: write their measurements (``<results>/device/<device>/...``).
 DEVICE_RESULTS = layout.DEVICE
@@ -134,14 +144,28 @@ def _forward_flops(key: str) -> float:
     return float(measure(ViTConfig(**json.loads(key)))["flops"])
 
 
-def trial_steps(config: Any) -> int:
-    """Steps of one trial: epochs × (training batches + evaluation batches of the validation and test images
-    together), from the dataset's split sizes."""
+def trial_batches(config: Any) -> tuple[int, int]:
+    """(training batches, evaluation batches of the validation and test images together) of one trial's epochs,
+    from the dataset's split sizes."""
     from data import dataset_shape
 
     train, val = dataset_shape(config)["sizes"]
     batch = config.batch_size
-    return config.max_epochs * (-(-train // batch) + -(-val // batch))
+    return config.max_epochs * -(-train // batch), config.max_epochs * -(-val // batch)
+
+
+def trial_steps(config: Any) -> int:
+    """Steps of one trial: epochs × (training batches + evaluation batches)."""
+    return sum(trial_batches(config))
+
+
+def floor_seconds(config: Any, step: StepTime | None) -> float:
+    """The trial's steps at ``step``'s time scaled to its depth, evaluation batches at :data:`EVAL_STEP_SHARE` of
+    it; without a measurement every step at :data:`ASSUMED_STEP_FLOOR_S`."""
+    train, evaluation = trial_batches(config)
+    if step is None:
+        return (train + evaluation) * ASSUMED_STEP_FLOOR_S
+    return step.train_step_s(config.depth) * (train + EVAL_STEP_SHARE * evaluation)
 
 
 def training_flops(config: Any) -> float:
@@ -175,22 +199,67 @@ class Measurement:
         return self.flops_per_s / peak_flops(self.gpu_class, precision_kind(self.precision))
 
 
-def find_measurements(results_dir: str | Path = layout.RESULTS_DIR) -> list[Measurement]:
-    """Every GPU measurement under ``<results_dir>/device`` (device checks and benchmark reports), newest first.
-    Files that cannot be read, CPU runs, failed stages and sections are skipped."""
+@dataclass(frozen=True)
+class StepTime:
+    """``standard``'s train step (forward, backward, AdamW) timed on a GPU by section 11 of an ``ablations.bench
+    --device cuda`` report, at that section's depth and batch."""
+
+    gpu: str
+    gpu_class: str | None
+    seconds: float  # median over the section's rounds
+    depth: int
+    batch: int
+    source: str
+    date: str
+
+    def train_step_s(self, depth: int) -> float:
+        """The step at ``depth`` blocks: launch-bound, so in proportion to the blocks."""
+        return self.seconds * depth / self.depth
+
+
+def _read_reports(results_dir: str | Path, readers: dict) -> list:
+    """What ``readers`` (file name -> reader of its JSON) make of the reports under ``<results_dir>/device``; a file
+    that cannot be read or is not of the reader's form gives nothing."""
     root = Path(results_dir) / DEVICE_RESULTS
-    found: list[Measurement] = []
+    found = []
     for path in sorted(root.rglob("*.json")) if root.is_dir() else []:
-        reader = {"device_check.json": _from_device_check, "bench.json": _from_bench}.get(path.name)
+        reader = readers.get(path.name)
         if reader is None:
             continue
         try:
-            measurement = reader(json.loads(path.read_text()), path)
+            item = reader(json.loads(path.read_text()), path)
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue  # not a report of the expected form: not a measurement
-        if measurement is not None and measurement.flops_per_s > 0:
-            found.append(measurement)
-    return sorted(found, key=lambda m: m.date, reverse=True)
+        if item is not None:
+            found.append(item)
+    return found
+
+
+def find_measurements(results_dir: str | Path = layout.RESULTS_DIR) -> list[Measurement]:
+    """Every GPU measurement under ``<results_dir>/device`` (device checks and benchmark reports), newest first.
+    Files that cannot be read, CPU runs, failed stages and sections are skipped."""
+    found = _read_reports(results_dir, {"device_check.json": _from_device_check, "bench.json": _from_bench})
+    return sorted((m for m in found if m.flops_per_s > 0), key=lambda m: m.date, reverse=True)
+
+
+def find_step_times(results_dir: str | Path = layout.RESULTS_DIR) -> list[StepTime]:
+    """Every ``standard`` train step timed by a CUDA bench's section 11 under ``<results_dir>/device`` (the device
+    check's bench among them), newest first."""
+    found = _read_reports(results_dir, {"bench.json": _step_time_from_bench})
+    return sorted((t for t in found if t.seconds > 0), key=lambda t: t.date, reverse=True)
+
+
+def _step_time_from_bench(report: dict, path: Path) -> StepTime | None:
+    meta = report["meta"]
+    settings, machine = meta.get("settings") or {}, meta.get("machine") or {}
+    section = report["sections"].get("overhead")
+    if (meta.get("device") or settings.get("device")) != "cuda" or not section or section.get("error"):
+        return None
+    gpu = machine.get("gpu") or machine.get("cuda")
+    seconds = statistics.median(section["data"]["times_s"]["standard"])
+    return StepTime(gpu=gpu, gpu_class=gpu_class_of(gpu), seconds=seconds,
+                    depth=int(settings["overhead_depth"]), batch=int(settings["overhead_batch"]), source=str(path),
+                    date=str(meta.get("started", "")))
 
 
 def _from_device_check(report: dict, path: Path) -> Measurement | None:
@@ -285,6 +354,8 @@ class Estimate:
     per_trial_s: float
     bases: dict[str, Basis]  # the points' precision ('auto (bf16-mixed)' for a resolved auto) -> its basis
     steps_per_trial: float = 0.0  # mean over the points of :func:`trial_steps`
+    floor_s_per_trial: float | None = None  # mean over the points of :func:`floor_seconds` (None: assumed steps)
+    step_time: StepTime | None = None  # the measured step the floor scales (None: ASSUMED_STEP_FLOOR_S)
 
     @property
     def gpu_hours(self) -> float:
@@ -292,8 +363,10 @@ class Estimate:
 
     @property
     def floor_gpu_hours(self) -> float:
-        """The GPU-hours the steps alone take at :data:`ASSUMED_STEP_FLOOR_S` a step, whatever their FLOPs."""
-        return self.steps_per_trial * ASSUMED_STEP_FLOOR_S * self.trials / 3600.0
+        """The GPU-hours the steps alone take (:func:`floor_seconds`), whatever their FLOPs."""
+        per_trial = (self.steps_per_trial * ASSUMED_STEP_FLOOR_S if self.floor_s_per_trial is None
+                     else self.floor_s_per_trial)
+        return per_trial * self.trials / 3600.0
 
 
 def estimate(configs: Iterable[Any], trials: int, gpu: str = DEFAULT_GPU,
@@ -303,11 +376,14 @@ def estimate(configs: Iterable[Any], trials: int, gpu: str = DEFAULT_GPU,
     if gpu not in GPU_CLASSES:
         raise ValueError(f"unknown GPU class '{gpu}'; valid choices: {', '.join(GPU_CLASSES)}")
     measurements = find_measurements(results_dir)
+    step_times = find_step_times(results_dir)
+    step_time = next((t for t in step_times if t.gpu_class == gpu), step_times[0] if step_times else None)
     searched = _short(str(Path(results_dir) / DEVICE_RESULTS))
     bases: dict[str, Basis] = {}
-    seconds, steps = [], []
+    seconds, steps, floors = [], [], []
     for config in configs:
         steps.append(trial_steps(config))
+        floors.append(floor_seconds(config, step_time))
         precision = resolve_precision(config, "cuda", results_dir)
         label = precision if precision == config.precision else f"{config.precision} ({precision})"
         if label not in bases:
@@ -316,7 +392,8 @@ def estimate(configs: Iterable[Any], trials: int, gpu: str = DEFAULT_GPU,
     if not seconds:
         raise ValueError("no study points to estimate")
     return Estimate(gpu=gpu, trials=trials, per_trial_s=sum(seconds) / len(seconds), bases=bases,
-                    steps_per_trial=sum(steps) / len(steps))
+                    steps_per_trial=sum(steps) / len(steps),
+                    floor_s_per_trial=sum(floors) / len(floors) if step_time else None, step_time=step_time)
 
 
 def describe_estimate(est: Estimate) -> list[str]:
@@ -337,9 +414,16 @@ def describe_estimate(est: Estimate) -> list[str]:
         verdict = (f"{floor / est.gpu_hours:,.0f}x the FLOP estimate: at this model size the GPU waits on launches "
                    "and Python, and this floor is the better guide" if floor > est.gpu_hours else
                    "below the FLOP estimate, which therefore stands")
-        lines.append(f"  step floor: {est.steps_per_trial:,.0f} steps per trial (training and validation batches) at "
-                     f"{ASSUMED_STEP_FLOOR_S * 1e3:g} ms each (assumed: ASSUMED_STEP_FLOOR_S) = at least {floor:.3g} "
-                     f"GPU-hours, {verdict}")
+        t = est.step_time
+        if t is None:
+            at = f"at {ASSUMED_STEP_FLOOR_S * 1e3:g} ms each (assumed: ASSUMED_STEP_FLOOR_S)"
+        else:
+            where = "" if t.gpu_class == est.gpu else f", applied to {est.gpu}: none measured on it"
+            at = (f"at standard's train step measured on {t.gpu} ({t.seconds * 1e3:.3g} ms at depth {t.depth}, batch "
+                  f"{t.batch}: {_short(t.source)}, {t.date}{where}) scaled by each trial's depth, an evaluation "
+                  f"batch at {EVAL_STEP_SHARE:.2g} of it (assumed)")
+        lines.append(f"  step floor: {est.steps_per_trial:,.0f} steps per trial (training and validation batches) "
+                     f"{at} = at least {floor:.3g} GPU-hours, {verdict}")
     return lines
 
 
