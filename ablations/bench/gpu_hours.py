@@ -354,7 +354,7 @@ class Estimate:
     per_trial_s: float
     bases: dict[str, Basis]  # the points' precision ('auto (bf16-mixed)' for a resolved auto) -> its basis
     steps_per_trial: float = 0.0  # mean over the points of :func:`trial_steps`
-    floor_s_per_trial: float | None = None  # mean over the points of :func:`floor_seconds` (None: assumed steps)
+    floor_s_per_trial: float = 0.0  # mean over the points of :func:`floor_seconds`
     step_time: StepTime | None = None  # the measured step the floor scales (None: ASSUMED_STEP_FLOOR_S)
 
     @property
@@ -364,9 +364,7 @@ class Estimate:
     @property
     def floor_gpu_hours(self) -> float:
         """The GPU-hours the steps alone take (:func:`floor_seconds`), whatever their FLOPs."""
-        per_trial = (self.steps_per_trial * ASSUMED_STEP_FLOOR_S if self.floor_s_per_trial is None
-                     else self.floor_s_per_trial)
-        return per_trial * self.trials / 3600.0
+        return self.floor_s_per_trial * self.trials / 3600.0
 
 
 def estimate(configs: Iterable[Any], trials: int, gpu: str = DEFAULT_GPU,
@@ -393,7 +391,7 @@ def estimate(configs: Iterable[Any], trials: int, gpu: str = DEFAULT_GPU,
         raise ValueError("no study points to estimate")
     return Estimate(gpu=gpu, trials=trials, per_trial_s=sum(seconds) / len(seconds), bases=bases,
                     steps_per_trial=sum(steps) / len(steps),
-                    floor_s_per_trial=sum(floors) / len(floors) if step_time else None, step_time=step_time)
+                    floor_s_per_trial=sum(floors) / len(floors), step_time=step_time)
 
 
 def describe_estimate(est: Estimate) -> list[str]:
