@@ -232,19 +232,20 @@ def wait_for(condition, proc: subprocess.Popen, what: str, log: Path | None = No
         time.sleep(0.1)
 
 
-def freeze_when(condition, proc: subprocess.Popen, what: str, log: Path | None = None) -> None:
-    """Wait until ``condition()``, then stop the CLI's whole process group (SIGSTOP) and check the condition again
-    while it is frozen (resuming it and waiting on if it no longer holds): on return the workers are frozen at a
-    moment where ``condition`` holds. The caller sends its signal (or stops a server), then :func:`thaw` or kills.
-    Keep ``condition`` cheap (a file, a read-only storage read): the workers run on while it is polled. A storage
-    read belongs in ``condition`` rather than after the freeze: a worker frozen in the middle of a SQLite commit
-    holds the exclusive lock, and every read fails until it runs again."""
+def freeze_when(condition, proc: subprocess.Popen, what: str, log: Path | None = None, frozen_check=None) -> None:
+    """Wait until ``condition()``, then stop the CLI's whole process group (SIGSTOP) and check ``frozen_check()``
+    (default: the condition again) while it is frozen (resuming it a moment and waiting on if it does not hold): on
+    return the workers are frozen at a moment where it holds. The caller sends its signal (or stops a server), then
+    :func:`thaw` or kills. Keep ``condition`` cheap (a file, a read-only storage read): the workers run on while it
+    is polled. A storage read belongs in ``condition`` or ``frozen_check`` (which a read that fails while a frozen
+    worker holds SQLite's exclusive lock makes false, not stuck)."""
     while True:
         wait_for(condition, proc, what, log)
         os.killpg(proc.pid, signal.SIGSTOP)
-        if condition():
+        if (frozen_check or condition)():
             return
         thaw(proc)
+        time.sleep(0.05)
 
 
 def thaw(proc: subprocess.Popen) -> None:

@@ -39,7 +39,6 @@ from helpers import (
     thaw,
     trials_of,
     url_of,
-    wait_for,
     write_study,
 )
 from optuna.trial import TrialState
@@ -83,10 +82,10 @@ def start_staggered(args, tmp_path: Path, storage, study: str, logs: list[Path])
     trains too, so that none of them can finish the grid alone. A process is frozen as soon as a new TensorBoard
     event file shows it training (the others are frozen: the file is its), a file check between polls: a storage
     read per poll (about a second on PostgreSQL, which opens the storage as the CLI does) let the first processes
-    finish several of the tiny points before the freeze and leave the last one none (CI, stop 44). Frozen, it stays
-    so only if the storage shows it RUNNING a point outside a storage call (:func:`storage_unlocked`: frozen inside
-    one, it would hold SQLite's write lock and lock the next process out); else it runs on a moment and the check is
-    repeated. Returns them all running."""
+    finish several of the tiny points before the freeze and leave the last one none (session 27's slow tier).
+    Frozen, it stays so only if the storage shows it RUNNING a point outside a storage call
+    (:func:`storage_unlocked`: frozen inside one, it would hold SQLite's write lock and lock the next process out);
+    else it runs on a moment and the check is repeated. Returns them all running."""
     runs = tmp_path / "results" / "runs"
 
     def event_files() -> int:
@@ -99,13 +98,8 @@ def start_staggered(args, tmp_path: Path, storage, study: str, logs: list[Path])
             with open(logs[i], "w") as log:
                 proc = start_cli(*args, cwd=tmp_path, log=log)
             procs.append(proc)
-            while True:
-                wait_for(lambda before=before: event_files() > before, proc, f"process {i} trains a point", logs[i])
-                os.killpg(proc.pid, signal.SIGSTOP)
-                if running_in(storage, study, proc) and storage_unlocked(storage):
-                    break
-                thaw(proc)
-                time.sleep(0.05)
+            freeze_when(lambda before=before: event_files() > before, proc, f"process {i} trains a point", logs[i],
+                        frozen_check=lambda proc=proc: running_in(storage, study, proc) and storage_unlocked(storage))
         return procs
     except BaseException:
         for proc in procs:
