@@ -201,3 +201,20 @@ def test_study_refuses_a_multi_device_strategy_that_relaunches_the_script(tmp_pa
     result = run_cli("--study", "fsdp.yaml", "--storage", url_of(tmp_path / "o.db"), cwd=tmp_path)
     assert_one_line_error(result, "strategy 'fsdp' with devices=2 cannot run inside a study", "ddp_spawn")
     assert not (tmp_path / "o.db").exists()
+
+
+@pytest.mark.parametrize("url, fragments", [
+    ("postgresql://postgres@127.0.0.1:notaport/db", ("is not valid", "notaport")),
+    ("mysql://user@127.0.0.1/db", ("needs a database driver that is not installed",)),
+    ("nosuchdb://user@127.0.0.1/db", ("unknown database kind", "nosuchdb")),
+    ("results/optuna.db", ("is not a URL", "sqlite:///")),
+], ids=["bad-port", "missing-driver", "unknown-scheme", "not-a-url"])
+def test_a_dry_run_refuses_the_storage_urls_a_run_refuses(tmp_path, url, fragments):
+    """A dry run reads what is stored to say what is left, and prices the whole study when the storage cannot be
+    reached; a URL that the run would refuse before asking any server is refused by the dry run too, in one line."""
+    write_study(tmp_path / "tiny.yaml")
+    result = run_in_process("--study", "tiny.yaml", "--storage", url, "--dry-run", cwd=tmp_path)
+    assert_one_line_error(result, *fragments)
+    ok = run_in_process("--study", "tiny.yaml", "--storage", "postgresql://postgres@no-such-host.invalid/db",
+                        "--dry-run", cwd=tmp_path)  # well-formed but unreachable: priced whole, exit 0
+    assert ok.returncode == 0 and "trials" in ok.stdout + ok.stderr

@@ -37,6 +37,7 @@ from .stopping import interrupted, stop_on_signals
 from .storage import (
     GRACE_S,
     HEARTBEAT_S,
+    check_url,
     lost_storage_error,
     lost_storage_message,
     unusable_storage_error,
@@ -186,6 +187,7 @@ def _main(args: argparse.Namespace) -> int:
                   f"its tuning stage's); stored as {where} '{args.study_name or spec.study_name}'"
                   + (" (threads, data_dir: run-only, not in the name)" if set(sets) & set(RUN_ONLY) else ""))
         study_name = args.study_name or spec.study_name
+        check_url(args.storage)  # a URL the run would refuse is refused here too, before what is stored is read
         stored = _stored_done(args.storage, study_name, spec)
         if args.import_runs and stored is None:  # a new storage: what the file brings is what is done
             stored = imported_done(args.import_runs, spec, study_name)

@@ -19,31 +19,48 @@ SQLITE_LOCK_TIMEOUT_S = 60
 MAX_RETRY = 3
 
 
-def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_s: int = HEARTBEAT_S, grace_s: int = GRACE_S):
-    """An ``RDBStorage`` with heartbeat + retry of stale trials; ValueError (one line) when the URL is malformed,
-    its driver is missing or the server cannot be reached. Never creates anything but the SQLite file itself."""
+def check_url(url: str) -> str:
+    """The checks of a storage URL that connect to nothing (a dry run makes them too): ValueError (one line) for a
+    string that is not a URL, a SQLite file in a folder that does not exist or that is not a SQLite database, a
+    malformed URL, or a database kind or driver that SQLAlchemy cannot load. Returns the URL to connect to (with the
+    installed PostgreSQL driver: ``_with_installed_driver``)."""
     import sqlalchemy.exc
-
-    Retry = _retry_class()
 
     if "://" not in url:
         raise ValueError(f"storage '{url}' is not a URL; e.g. {DEFAULT_STORAGE} or postgresql://user@host:5432/db")
     if url.startswith("sqlite:///"):
         path = Path(url[len("sqlite:///"):])
-        if url == DEFAULT_STORAGE:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        elif str(path) != ":memory:" and not path.parent.is_dir():
+        if url != DEFAULT_STORAGE and str(path) != ":memory:" and not path.parent.is_dir():
             raise ValueError(f"storage '{url}': folder '{path.parent}' does not exist")
     check_sqlite_file(url)
     target = _with_installed_driver(url)
+    try:
+        sqlalchemy.engine.make_url(target).get_dialect().import_dbapi()
+    except sqlalchemy.exc.NoSuchModuleError as exc:  # before ArgumentError, its base class
+        raise ValueError(f"storage URL '{_redact(url)}' has an unknown database kind: {_first_line(exc)}") from None
+    except (sqlalchemy.exc.ArgumentError, ValueError) as exc:  # ValueError: e.g. a port that is not a number
+        raise ValueError(f"storage URL '{_redact(url)}' is not valid: {_first_line(exc)}") from None
+    except ImportError as exc:
+        raise ValueError(f"storage '{_redact(url)}' needs a database driver that is not installed: {exc}") from None
+    return target
+
+
+def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_s: int = HEARTBEAT_S, grace_s: int = GRACE_S):
+    """An ``RDBStorage`` with heartbeat + retry of stale trials; ValueError (one line) when the URL is malformed
+    (:func:`check_url`), its driver is missing or the server cannot be reached. Never creates anything but the
+    SQLite file itself (and, for the default storage, its folder)."""
+    import sqlalchemy.exc
+
+    Retry = _retry_class()
+
+    target = check_url(url)
+    if url == DEFAULT_STORAGE:
+        Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
     engine_kwargs = ({"connect_args": {"timeout": SQLITE_LOCK_TIMEOUT_S}} if url.startswith("sqlite")
                      else {"pool_pre_ping": True})
     if target.startswith("postgresql"):
         engine_kwargs["connect_args"] = {"connect_timeout": 10}
-    try:
-        sqlalchemy.engine.make_url(target)
-    except (sqlalchemy.exc.ArgumentError, ValueError) as exc:  # ValueError: e.g. a port that is not a number
-        raise ValueError(f"storage URL '{_redact(url)}' is not valid: {_first_line(exc)}") from None
+
     def rdb_storage():
         return _storage_class()(
             target, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat_s, grace_period=grace_s,
@@ -59,8 +76,6 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_s: int = HEARTBEAT_S, 
         if sqlite_path(url) is not None:  # a file that several processes can share (not ":memory:")
             serialize_sqlite_transactions(storage.engine)
         return storage
-    except sqlalchemy.exc.NoSuchModuleError as exc:
-        raise ValueError(f"storage URL '{_redact(url)}' has an unknown database kind: {_first_line(exc)}") from None
     except sqlalchemy.exc.OperationalError as exc:
         raise ValueError(f"cannot reach storage '{_redact(url)}': {_first_line(exc.orig or exc)}") from None
     except sqlalchemy.exc.DatabaseError as exc:
