@@ -28,10 +28,9 @@ def check_url(url: str) -> str:
 
     if "://" not in url:
         raise ValueError(f"storage '{url}' is not a URL; e.g. {DEFAULT_STORAGE} or postgresql://user@host:5432/db")
-    if url.startswith("sqlite:///"):
-        path = Path(url[len("sqlite:///"):])
-        if url != DEFAULT_STORAGE and str(path) != ":memory:" and not path.parent.is_dir():
-            raise ValueError(f"storage '{url}': folder '{path.parent}' does not exist")
+    path = sqlite_path(url)
+    if path is not None and url != DEFAULT_STORAGE and not path.parent.is_dir():
+        raise ValueError(f"storage '{url}': folder '{path.parent}' does not exist")
     check_sqlite_file(url)
     target = _with_installed_driver(url)
     try:
@@ -55,7 +54,7 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_s: int = HEARTBEAT_S, 
 
     target = check_url(url)
     if url == DEFAULT_STORAGE:
-        Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        sqlite_path(url).parent.mkdir(parents=True, exist_ok=True)
     engine_kwargs = ({"connect_args": {"timeout": SQLITE_LOCK_TIMEOUT_S}} if url.startswith("sqlite")
                      else {"pool_pre_ping": True})
     if target.startswith("postgresql"):
@@ -82,8 +81,6 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_s: int = HEARTBEAT_S, 
         if unusable_storage_error(exc) is None:
             raise
         raise ValueError(unusable_storage_message(url, exc)) from None
-    except ImportError as exc:
-        raise ValueError(f"storage '{_redact(url)}' needs a database driver that is not installed: {exc}") from None
 
 
 #: User attrs a retry does not inherit from the attempt it retries: they describe that attempt's process.
