@@ -39,7 +39,7 @@ from .tables import CI_LABEL, boot_text, ci_text, signed
 LEDGER_KEYS = ["group", "study", "setting", "tuning_seeds", "id", "claim", "source", "variant", "baseline", "depth",
                "metric", "direction", "n_pairs", "delta", "sd", "ci_low", "ci_high", "boot_low", "boot_high", "p_t",
                "p_t_holm", "m", "verdict", "p_all_holm", "m_all", "verdict_all", "same_runs_as", "shared_side",
-               "detail"]
+               "premise", "premise_delta", "premise_ci_low", "premise_ci_high", "premise_n", "detail"]
 
 
 @dataclass
