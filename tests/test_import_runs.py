@@ -97,7 +97,7 @@ def test_a_partial_runs_csv_continues_the_study_and_only_the_rest_trains(first, 
 @pytest.mark.parametrize(("phase", "column", "value", "fault"), [
     ("tune", "param_count", "999", "999 parameters, this study's model"),
     ("tune", "residual", "layerscale", "residual layerscale {}, the study file now"),
-    ("report", "lr", "0.002", "learning rate 0.002, this study 0."),
+    ("report", "param_count", "999", "999 parameters, this study's model"),
     ("tune", "epochs_completed", "5", "5 epochs, this study 1"),  # another budget or --set max_epochs
     ("tune", "num_classes", "100", "100 classes, this study's dataset 4"),
 ])
@@ -121,6 +121,24 @@ def test_a_row_of_another_configuration_is_refused_and_nothing_is_added(first, t
     assert len(trials_of(db, f"{NAME}-tune")) == (12 if phase == "report" else 0)
     assert trials_of(db, NAME) == []
     assert not (tmp_path / "results" / "runs" / (f"{NAME}-tune" if phase == "tune" else NAME)).exists()
+
+
+def test_a_reported_row_at_another_rate_than_the_tuning_chose_trains_again(first, tmp_path):
+    """A reported row that differs only in its learning rate (the tuning stage of this study chose another rate for
+    its cell, e.g. after more tuning seeds) is no result of this study: it is left out with a count, and its point
+    trains again; the other rows are imported."""
+    root, study, rows = first
+    changed = [dict(r) for r in rows]
+    target = next(r for r in changed if r["phase"] == "report" and r["variant"] == "rezero" and r["seed"] == "1")
+    target["lr"] = "0.00025"
+    _write(tmp_path / "runs.csv", changed)
+    db = tmp_path / "g.db"
+    result = _continue(study, db, tmp_path / "runs.csv", tmp_path, "--no-progress")
+    assert result.returncode == 0, result.stderr
+    assert ("5 completed reported trial(s) joined 'carried' as done; 1 trained at another learning rate than this "
+            "study's tuning stage chose (they train again)") in result.stderr
+    trained = [t for t in trials_of(db, NAME) if "worker" in t.user_attrs]
+    assert [(t.params["variant"], t.params["seed"]) for t in trained] == [("rezero", 1)]
 
 
 def test_a_missing_runs_file_or_a_search_study_is_one_line(first, tmp_path):
