@@ -136,7 +136,7 @@ def ledger_records(studies: Sequence[StudyClaims], alpha: float = ALPHA) -> list
               and rec["p_t"] is not None]
     adjusted = holm([rec["p_t"] for _, rec in family])
     by_line = {}
-    for (out, rec), p in zip(family, adjusted, strict=True):
+    for (out, _), p in zip(family, adjusted, strict=True):
         out["p_all_holm"], out["m_all"] = p, len(family)
         by_line[f"{out['study']}{'-' + out['setting'] if out['setting'] else ''} ({out['id']})"] = p
     for out, rec in lines:
