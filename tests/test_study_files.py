@@ -75,6 +75,23 @@ def test_every_study_extends_the_protocol_and_restates_none_of_it():
         assert "dataset: mnist5k" not in path.read_text(), name
 
 
+def test_every_study_point_builds_a_model_of_its_dataset_s_geometry():
+    """Every point (tuning stage included) of every committed study and budget gives a backbone the dataset's images
+    fit (e.g. a patch size that divides the image side), checked before any data is loaded."""
+    from data import dataset_shape
+
+    for name in available_studies():
+        for budget in load_spec(name).budgets:
+            spec = load_spec(name, budget)
+            for stage in [spec, *([spec.tune_stage()] if spec.tune else [])]:
+                for point in stage.grid():
+                    config = stage.run_config(point)
+                    try:
+                        config.model_config(dataset_shape(config)).check()
+                    except ValueError as exc:
+                        pytest.fail(f"{name} ({budget}) {point}: {exc}")
+
+
 def test_base_files_are_not_studies():
     studies = available_studies()
     assert "mnist5k" not in studies and all(p.parent == STUDY_DIR for p in studies.values())
