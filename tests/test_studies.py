@@ -600,3 +600,19 @@ def test_dry_run_of_a_stored_study_prices_what_is_left_from_its_own_trials(tmp_p
     line = run.measured_left(stored, 2, fallback, {other: 1000.0})
     again = expected + sum(1000.0 - fallback for c in left if c == other) / 2
     assert line.startswith(f"time left as measured by this study's completed trials: {run._duration(again)} "), line
+
+
+def test_ngpt_rows_train_with_the_papers_recipe_unless_the_row_says_otherwise():
+    """nGPT's reference trains without weight decay and without warm-up (``NGPT.paper_training``): norm_placement's
+    ngpt row resolves to both, its other rows keep the study's base, and a row's own overrides win."""
+    import dataclasses
+
+    from ablations.run.spec import Variant
+
+    spec = load_spec("norm_placement")
+    ngpt = spec.run_config({"variant": "ngpt", "depth": 4, "seed": 0})
+    standard = spec.run_config({"variant": "standard", "depth": 4, "seed": 0})
+    assert (ngpt.weight_decay, ngpt.warmup_epochs) == (0.0, 0.0)
+    assert (standard.weight_decay, standard.warmup_epochs) == (spec.base["weight_decay"], spec.base["warmup_epochs"])
+    own = dataclasses.replace(spec, variants=(Variant("ngpt_wd", "ngpt", overrides={"weight_decay": 0.1}),))
+    assert own.run_config({"variant": "ngpt_wd", "depth": 4, "seed": 0}).weight_decay == 0.1

@@ -236,12 +236,18 @@ class StudySpec:
         return len(self.grid()) if self.kind == "grid" else self.n_trials
 
     def config_for(self, params: dict) -> dict:
-        """RunConfig fields of one trial: base, then the variant, then grid axes / searched options."""
+        """RunConfig fields of one trial: base, then the residual's paper training settings
+        (``ResidualSite.paper_training``, e.g. nGPT's no weight decay and no warm-up), then the variant's overrides,
+        then grid axes / searched options."""
+        from lit_modules import RESIDUALS
+
         variant = self.variant(params["variant"])
         options = dict(variant.options)
         prefix = f"{variant.label}."
         options |= {k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)}
-        fields = with_recipe(dict(self.base), dict(variant.overrides))  # a later recipe replaces earlier fields
+        paper = RESIDUALS[variant.residual].paper_training if variant.residual in RESIDUALS else {}
+        fields = dict(self.base) | dict(paper)
+        fields = with_recipe(fields, dict(variant.overrides))  # a later recipe replaces earlier fields
         fields = with_recipe(fields, {k: v for k, v in params.items() if k in self.axes})
         return fields | {"residual": variant.residual, "residual_options": options}
 
