@@ -317,7 +317,7 @@ class ConvergenceTracker(pl.Callback):
         return end - self._fit_start
 
     def this_process(self) -> dict[str, Any]:
-        """Where this fit session started (as Lightning restored it) and what it trained itself."""
+        """Where this fit started (as Lightning restored it) and what it trained itself."""
         start = self._start
         return {
             "resumed_from_checkpoint": start["global_step"] > 0,

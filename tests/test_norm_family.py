@@ -1,4 +1,4 @@
-"""The normalisation family (issue 26): where the norm sits and what replaces it.
+"""The normalisation family: where the norm sits and what replaces it.
 
 - ``post_ln`` (arXiv 1706.03762): x ← LN(x + F(x));
 - ``res_post_norm`` (Swin-V2, arXiv 2111.09883): x ← x + LN(F(x));

@@ -1,4 +1,4 @@
-"""The report side of issue #22 without training: claims as data (spec + verdicts), runs.csv as the tables' one
+"""The report without training: claims as data (spec + verdicts), runs.csv as the tables' one
 input (byte-identical to the report from the storage, under two PYTHONHASHSEEDs), the tuning table, and the
 statistics fixes pinned against scipy on hand-made data."""
 

@@ -21,7 +21,6 @@ from types import SimpleNamespace
 
 import optuna
 import pytest
-import yaml
 from helpers import (
     LONG_TRIAL_EPOCHS,
     STUDY_TEST_MARKS,
@@ -66,12 +65,10 @@ def test_every_committed_study_point_has_valid_residual_options():
     labels) or a value its model size does not allow."""
     import itertools
 
-    import yaml
-
     from ablations.run.study import _check_residual, _validate_points
 
-    for name, path in available_studies().items():
-        for budget in ["default", *(yaml.safe_load(path.read_text()).get("budgets") or {})]:
+    for name in available_studies():
+        for budget in load_spec(name).budgets:
             spec = load_spec(name, budget)
             _validate_points(spec, {}, check_data=False)
             for label, space in spec.space.items():
@@ -469,8 +466,7 @@ def test_list_shows_every_study_with_its_sizes(quick_calls):
     rows = {line.split()[0]: line.split() for line in result.stdout.splitlines()[1:]}
     assert sorted(rows) == sorted(available_studies()) and len(rows) == 10
     for name, row in rows.items():
-        budgets = yaml.safe_load(available_studies()[name].read_text())["budgets"]
-        defined = {b for b in BUDGETS if b == "default" or b in budgets}
+        defined = load_spec(name).budgets
         assert row[1] == load_spec(name).kind
         assert row[2:2 + len(BUDGETS)] == [str(load_spec(name, b).size) if b in defined else "—" for b in BUDGETS]
     assert rows["norm_placement"][2 + BUDGETS.index("quick")] == "—"  # it defines no quick budget
@@ -483,6 +479,8 @@ def test_dry_run_prints_points_and_estimate_and_touches_no_storage(quick_calls):
     lines = result.stdout.splitlines()
     assert lines[0].startswith("tuning stage residual_variants-smoke-tune: 20 trials first")
     assert lines[1].startswith("study residual_variants-smoke: grid, 10 trials")
+    assert lines[2] == "base (resolved): " + ", ".join(f"{k}={v}" for k, v in spec.base.items())
+    assert "dataset=digits" in lines[2] and "weight_decay=0.05" in lines[2]  # the smoke budget over the protocol
     points = [line.strip() for line in lines if line.startswith("  variant=")]
     assert points == [", ".join(f"{k}={v}" for k, v in p.items()) for p in spec.grid()]
     (estimate,) = [line for line in lines if line.startswith("estimated time on this machine: ")]

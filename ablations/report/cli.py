@@ -114,6 +114,7 @@ def _main(args: argparse.Namespace) -> int:
     for table in tables:
         written += fmt.write_table(table, out, study_name)
     written.append(runs_csv.write(data, out / "runs.csv"))  # every result trial: the tables' one input
+    written.append(write_resolved(spec, out / "study.yaml"))  # the study as it ran: base files and budget resolved
     notes = [f"{t.name}: {n}" for t in tables for n in t.notes] + notes
     modes = data.modes()
     if len(modes) > 1:  # e.g. a study continued after precision auto: its pairs mix numerics (runs.csv: 'mode')
@@ -146,6 +147,17 @@ def _main(args: argparse.Namespace) -> int:
     for path in written:
         print(f"  {path}")
     return 0
+
+
+def write_resolved(spec, path: Path) -> Path:
+    """The study as trained (:func:`ablations.run.spec.resolved`) as YAML at ``path``."""
+    import yaml
+
+    from ..run.spec import resolved
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(resolved(spec), sort_keys=False, allow_unicode=True, width=120))
+    return path
 
 
 def label_first_look(tables: Sequence, spec) -> bool:

@@ -123,6 +123,7 @@ def _dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = 
               + f"lr {list(spec.tune.lr)} x tuning seeds {list(spec.tune.seeds)}{extend}); each variant's lr = the "
               f"highest mean {spec.tune.metric}; the reported grid below then trains at it")
     print(f"study {spec.study_name}: {spec.kind}, {spec.size} trials, metric {spec.metric} ({spec.direction})")
+    print("base (resolved): " + ", ".join(f"{k}={v}" for k, v in spec.base.items()))
     tune_done, report_done = stored[:2] if stored else (0, 0)
     if stored:
         print(f"stored in {stored[2]}: {report_done} of the {spec.size} reported trials done"

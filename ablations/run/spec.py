@@ -30,6 +30,25 @@ A study file (see ``ablations/studies/*.yaml``) says what to run, never how::
          variant: layerscale, baseline: standard, direction: higher, depth: 12}
       - {id: reattn_similarity, claim: "...", source: "...", testable: false, reason: "..."}
 
+**Shared settings** (``extends:``): a study file may name a base file, its path relative to the study file::
+
+    extends: protocol/mnist5k.yaml   # ablations/studies/protocol/: the protocol the committed studies share
+
+The base file holds any of the keys above (here: kind, metric, direction, base, tune and the smoke and paper
+budgets); the study file is laid over it, and what results is loaded as if it were one file. The rules:
+
+- a mapping updates the base file's mapping of the same key, key by key and recursively: the study's ``base``
+  updates the base file's ``base``, a study's budget updates the base file's budget of that name (its ``base``,
+  ``axes`` and ``tune`` each key by key), ``tune`` updates ``tune``;
+- a ``base`` that sets ``recipe`` first drops the recipe fields of the ``base`` it updates (as a budget does below);
+- a list or a single value replaces: ``variants``, ``claims``, an axis' values, ``tune.lr``, ``description``;
+- a key of the base file the study does not set stays; a mapping's keys keep the base file's order, then the
+  study's new ones (an axis' place sets the grid's order);
+- a base file may extend another; a file that extends itself (directly or not) is refused.
+
+Only the files directly in ``ablations/studies/`` are studies (``--list``, ``--study NAME``): base files live in
+a folder below it. ``--dry-run`` prints the resolved base of the trials and the report's README the resolved study.
+
 A ``recipe`` (``basic``, ``paper``: :mod:`ablations.run.recipes`) set by a budget's base, a variant's overrides or an
 axis replaces the recipe fields of the layers before it (the study's base), unless it sets them itself.
 
@@ -70,8 +89,8 @@ BUDGETS = ("smoke", "quick", "default", "paper")
 #: budgets that check a study runs (smoke) or give a first look in minutes (quick): too few seeds for evidence, and
 #: the run and every report table say so (:meth:`StudySpec.first_look`)
 FIRST_LOOK_BUDGETS = ("smoke", "quick")
-_TOP_KEYS = ("name", "description", "kind", "metric", "direction", "base", "variants", "axes", "search", "tune",
-             "floor", "budgets", "claims")
+_TOP_KEYS = ("extends", "name", "description", "kind", "metric", "direction", "base", "variants", "axes", "search",
+             "tune", "floor", "budgets", "claims")
 _BUDGET_KEYS = ("base", "variants", "axes", "search", "tune", "description")
 _TUNE_KEYS = ("lr", "seeds", "bounds", "metric", "axes")
 #: tuning seeds an evidence budget needs (the mean over them picks the rate; ``smoke``/``quick`` may use fewer)
@@ -353,6 +372,25 @@ def tune_name(study_name: str) -> str:
     return f"{study_name}-tune"
 
 
+def resolved(spec: StudySpec) -> dict:
+    """What a study trains under its budget, with its base files and the budget resolved (``extends:``, the module
+    docstring): the report's ``study.yaml``, and the dry run's ``base`` line."""
+    source = Path(spec.source).resolve()
+    if source.is_relative_to(STUDY_DIR.parent.parent):  # a committed study: its path in the repository
+        source = source.relative_to(STUDY_DIR.parent.parent)
+    out = {"name": spec.name, "budget": spec.budget, "source": str(source), "kind": spec.kind, "metric": spec.metric,
+           "direction": spec.direction, "base": dict(spec.base),
+           "variants": [{k: v for k, v in dataclasses.asdict(variant).items() if v != {}} for variant in spec.variants],
+           "axes": {k: list(v) for k, v in spec.axes.items()}}
+    if spec.tune is not None:
+        out["tune"] = spec.tune.as_dict()
+    if spec.kind == "search":
+        out["search"] = {"n_trials": spec.n_trials, "pruner": dict(spec.pruner), "space": dict(spec.space)}
+    if spec.overrides:
+        out["overrides"] = dict(spec.overrides)
+    return out
+
+
 def available_studies() -> dict[str, Path]:
     return {p.stem: p for p in sorted(STUDY_DIR.glob("*.yaml"))}
 
@@ -368,17 +406,50 @@ def load_spec(name_or_path: str, budget: str = "default") -> StudySpec:
             raise ValueError(f"study file '{path}' does not exist")
         raise ValueError(f"unknown study '{name_or_path}'; valid studies: {', '.join(studies)} "
                          "(or a path to a .yaml file)")
+    return _build(_read_study_file(path), budget, str(path))
+
+
+def _read_study_file(path: Path, chain: tuple[Path, ...] = ()) -> dict:
+    """The mapping of a study file with its ``extends:`` chain resolved (the module docstring's rules); ValueError
+    (one line) on any problem."""
     import yaml
 
+    where = f"study file '{path}'" if not chain else f"base file '{path}' (extended by '{chain[-1]}')"
     try:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         line = getattr(getattr(exc, "problem_mark", None), "line", None)
         at = f" (line {line + 1})" if line is not None else ""
-        raise ValueError(f"study file '{path}' is not valid YAML{at}") from None
+        raise ValueError(f"{where} is not valid YAML{at}") from None
     if not isinstance(raw, dict):
-        raise ValueError(f"study file '{path}' must hold a mapping with keys: {', '.join(_TOP_KEYS)}")
-    return _build(raw, budget, str(path))
+        raise ValueError(f"{where} must hold a mapping with keys: {', '.join(_TOP_KEYS)}")
+    _check_keys(raw, _TOP_KEYS, where)
+    if "extends" not in raw:
+        return raw
+    extends = raw.pop("extends")
+    if not isinstance(extends, str) or not extends.strip():
+        raise ValueError(f"{where}: 'extends' must be the path of a base file, relative to the study file")
+    base_path = (path.parent / extends).resolve()
+    if not base_path.is_file():
+        raise ValueError(f"{where}: extends '{extends}', but '{base_path}' does not exist")
+    if base_path in chain or base_path == path.resolve():
+        raise ValueError(f"{where}: extends '{extends}', which extends it in turn (a circle of base files)")
+    return _laid_over(_read_study_file(base_path, (*chain, path.resolve())), raw)
+
+
+def _laid_over(earlier: dict, later: dict) -> dict:
+    """``later`` laid over ``earlier`` (a study file over its base file): mappings merge key by key, recursively (a
+    ``base`` that sets a recipe first drops the recipe fields of the base it updates); lists and values replace."""
+    merged = copy.deepcopy(earlier)
+    for key, value in later.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            if key == "base":
+                merged[key] = with_recipe(merged[key], copy.deepcopy(value))
+            else:
+                merged[key] = _laid_over(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
 
 
 def _build(raw: dict, budget: str, source: str) -> StudySpec:
