@@ -145,10 +145,10 @@ def test_recipe_line_names_the_pieces_the_recipe_switches_on():
 
 
 @pytest.mark.parametrize("study, budget, gpu, trials", [("residual_variants", "smoke", "rtx4090", 20 + 10),
-                                                        ("class_attention", "paper", "h100", 24 + 18)])
+                                                        ("class_attention", "paper", "h100", 72 + 18)])
 def test_dry_run_prints_gpu_hours_for_the_chosen_class(tmp_path, capsys, study, budget, gpu, trials):
     """smoke: 20 tuning trials then 10 reported ones; paper (CIFAR-10, the paper recipe, ViT-Tiny width at depth
-    12): 6 rows x 4 learning rates, then 6 rows x 3 seeds."""
+    12): 6 rows x 4 learning rates x 3 tuning seeds (before any rate the grid adds), then 6 rows x 3 seeds."""
     code = run_main(["--study", study, "--budget", budget, "--dry-run", "--gpu", gpu, "--results-dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 0
