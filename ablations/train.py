@@ -23,13 +23,12 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ablations import allocator
-from ablations.choices import INIT_VALUE_OPTIONS
-from ablations.cli import OneLineParser, fail
-from ablations.config import GROUPS, RunConfig, config_fields, option_fields
+from ablations.cli import OneLineParser, fail, parse_value
+from ablations.config import GROUPS, INIT_VALUE_OPTIONS, RunConfig, config_fields, option_fields
 from ablations.dashboard import check_loggers
 from ablations.layout import RESULTS_DIR, runs_dir
-from ablations.run.recipes import RECIPES, with_recipe
+from ablations.machine import allocator
+from ablations.recipes import RECIPES, with_recipe
 
 DEFAULT_LOG_DIR = runs_dir(RESULTS_DIR, "train").as_posix()  # results/runs/train
 
@@ -41,26 +40,6 @@ class CLIError(Exception):
 
 
 # --- value parsing -------------------------------------------------------------------------------------------------
-def parse_value(text: str) -> Any:
-    """A CLI value with a type: YAML scalars/lists (``true``, ``3``, ``[1, 2]``, ``null``), plus ``None``/``none``
-    as null and ``1e-5`` as a float (YAML 1.1 would keep it a string); anything else stays a string."""
-    stripped = text.strip()
-    if stripped in ("None", "none", "null", "~", ""):
-        return None
-    import yaml
-
-    try:
-        value = yaml.safe_load(stripped)
-    except yaml.YAMLError:
-        return stripped
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return value
-    return value
-
-
 def _optional(convert):
     def parse(text: str) -> Any:
         return None if text.strip() in ("None", "none", "null") else convert(text)

@@ -22,8 +22,8 @@ import yaml
 from optuna.trial import TrialState
 
 from ablations.run.objective import suggest
-from ablations.run.spec import load_spec
-from ablations.run.storage import SQLITE_LOCK_TIMEOUT_S, open_storage
+from ablations.studies.spec import load_spec
+from ablations.studies.storage import SQLITE_LOCK_TIMEOUT_S, open_storage
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 #: ``pytestmark`` of the study test modules: Optuna's experimental-feature and heartbeat warnings are expected there.

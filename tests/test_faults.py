@@ -56,7 +56,7 @@ from helpers import (
 from optuna.trial import TrialState
 from prerequisites import missing
 
-from ablations.run.spec import load_spec
+from ablations.studies.spec import load_spec
 
 pytestmark = STUDY_TEST_MARKS
 
@@ -210,7 +210,7 @@ def test_sigterm_mid_trial_exits_143_keeps_completed_trials_and_the_rerun_resume
 
 FINALIZER_SCRIPT = """
 import os, signal, sys, time
-from ablations.run import stopping
+from ablations.studies import stopping
 
 stopping.stop_on_signals()
 
@@ -241,7 +241,7 @@ def test_a_stop_signal_that_lands_in_a_finalizer_still_stops_the_process():
 
 WORKER_SCRIPT = """
 import signal, sys, time
-from ablations.run import stopping
+from ablations.studies import stopping
 
 if sys.argv[1] == "ignores":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -296,7 +296,7 @@ def test_the_main_process_fails_the_trials_its_stopped_workers_left_running(tmp_
     another machine or of another process of this one, and a finished trial, are left as they are."""
     from ablations.run import workers as run
     from ablations.run.objective import worker_id
-    from ablations.run.storage import open_storage
+    from ablations.studies.storage import open_storage
 
     storage = open_storage(url_of(tmp_path / "o.db"))
     study = optuna.create_study(study_name="s", storage=storage)
@@ -327,7 +327,7 @@ def test_a_retry_does_not_inherit_the_worker_of_the_attempt_it_retries(tmp_path)
     it as one its stopped workers left running."""
     from ablations.run import workers as run
     from ablations.run.objective import worker_id
-    from ablations.run.storage import open_storage
+    from ablations.studies.storage import open_storage
 
     storage = open_storage(url_of(tmp_path / "o.db"))
     study = optuna.create_study(study_name="s", storage=storage)
@@ -750,7 +750,7 @@ def test_study_file_edits_that_cannot_continue_the_stored_study_are_refused_up_f
     a numeric axis continue it; a changed variant list, or an axis that changes kind (a float axis turning
     log-scaled), cannot (optuna fixes a parameter's kind and a categorical's choices): one-line ValueError."""
     from ablations.run.objective import suggest
-    from ablations.run.study import _check_same_choices
+    from ablations.run.study import check_same_choices
 
     def stored(axes: dict, variants=TWO_VARIANTS):
         write_study(tmp_path / "s.yaml", variants=variants, axes=axes)
@@ -768,10 +768,10 @@ def test_study_file_edits_that_cannot_continue_the_stored_study_are_refused_up_f
         return load_spec(str(tmp_path / "s.yaml"))
 
     study = stored({"seed": [0, 1], "lr": [0.001, 0.002]})
-    _check_same_choices(study, spec_with({"seed": [0, 1, 2, 5], "lr": [0.001, 0.002, 0.004]}))  # continues
+    check_same_choices(study, spec_with({"seed": [0, 1, 2, 5], "lr": [0.001, 0.002, 0.004]}))  # continues
     with pytest.raises(ValueError, match=r"run with variant = \['standard', 'rezero'\], the study file has"):
-        _check_same_choices(study, spec_with({"seed": [0, 1], "lr": [0.001, 0.002]},
+        check_same_choices(study, spec_with({"seed": [0, 1], "lr": [0.001, 0.002]},
                                              variants=[*TWO_VARIANTS, {"label": "skip", "residual": "skipinit"}]))
     with pytest.raises(ValueError, match=r"run with lr as a number in \[0.001, 0.002\], the study file makes it a "
                                          r"number in \[0.001, 0.5\] on a log scale .*--study-name NEW_NAME"):
-        _check_same_choices(study, spec_with({"seed": [0, 1], "lr": [0.001, 0.5]}))
+        check_same_choices(study, spec_with({"seed": [0, 1], "lr": [0.001, 0.5]}))

@@ -601,7 +601,7 @@ def test_one_formatter_renders_every_form():
 
 def test_layout_names_the_paths_other_tools_use():
     from ablations import layout, train
-    from ablations.run import storage
+    from ablations.studies import storage
 
     assert layout.DEFAULT_STORAGE == storage.DEFAULT_STORAGE == "sqlite:///results/optuna.db"
     assert Path(train.DEFAULT_LOG_DIR) == layout.runs_dir(layout.RESULTS_DIR, "train")
@@ -612,7 +612,7 @@ def test_search_tables_handle_few_trials():
     import optuna
     from optuna.distributions import CategoricalDistribution, FloatDistribution
 
-    from ablations.run.spec import load_spec
+    from ablations.studies.spec import load_spec
 
     spec = load_spec(EXAMPLE_SEARCH, "smoke")
     study = optuna.create_study(direction="maximize")

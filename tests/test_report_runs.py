@@ -21,7 +21,7 @@ from ablations import report
 from ablations.report import claims as claims_mod
 from ablations.report import runs as runs_mod
 from ablations.report.stats import chance_level, t_power
-from ablations.run.spec import _build, load_spec
+from ablations.studies.spec import _build, load_spec
 from ablations.training import HP_SUMMARY_KEYS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -183,7 +183,7 @@ def test_a_report_from_postgresql_under_another_hash_seed_is_byte_identical(repo
     table and runs.csv byte for byte, from a process with another PYTHONHASHSEED than the SQLite report's."""
     import optuna
 
-    from ablations.run.storage import open_storage
+    from ablations.studies.storage import open_storage
 
     root, _, _ = reports
     url = postgres.create_database("report_copy")
@@ -515,7 +515,7 @@ def test_tune_phase_trials_are_set_apart_and_a_diverged_tuning_run_counts_zero()
 
 
 def test_every_study_file_lists_claims_that_load_under_every_budget():
-    from ablations.run.spec import BUDGETS, available_studies
+    from ablations.studies.spec import BUDGETS, available_studies
 
     for name in available_studies():
         specs = [load_spec(name)]

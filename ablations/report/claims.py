@@ -1,4 +1,4 @@
-"""Verdicts for the papers' claims a study file lists (``claims:`` in the YAML, :class:`ablations.run.spec.Claim`),
+"""Verdicts for the papers' claims a study file lists (``claims:`` in the YAML, :class:`ablations.studies.spec.Claim`),
 computed from the report-phase runs and written to ``claims.md`` / ``claims.csv``; never written by hand.
 
 Each testable claim is a paired comparison of its variant with its baseline over seeds (at its depth, or one line

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import layout
-from ..run.spec import tune_name
+from ..studies.spec import tune_name
 from ..training import HP_SUMMARY_KEYS
 
 BASELINE = "standard"  # the variant every other one is compared with
@@ -137,7 +137,7 @@ def open_study(url: str, study_name: str, spec=None):
     of them is missing."""
     if "://" not in url:
         raise ReportError(f"storage '{url}' is not a URL; e.g. {layout.DEFAULT_STORAGE}")
-    from ..run.storage import _redact, _with_installed_driver
+    from ..studies.storage import redact, with_installed_driver
 
     names: list[str] | None = None
     if url.startswith("sqlite:"):
@@ -154,14 +154,14 @@ def open_study(url: str, study_name: str, spec=None):
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        storage = optuna.storages.RDBStorage(_with_installed_driver(url), skip_table_creation=True,
+        storage = optuna.storages.RDBStorage(with_installed_driver(url), skip_table_creation=True,
                                              skip_compatibility_check=True)  # postgresql:// with psycopg2 too
         if names is None:
             names = [s.study_name for s in storage.get_all_studies()]
     except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError, ImportError) as exc:
         if isinstance(exc, optuna.exceptions.StorageInternalError):  # Optuna wraps a failed connection
             exc = exc.__cause__ or exc
-        raise ReportError(f"cannot read storage '{_redact(url)}': {first_line(getattr(exc, 'orig', None) or exc)}"
+        raise ReportError(f"cannot read storage '{redact(url)}': {first_line(getattr(exc, 'orig', None) or exc)}"
                           ) from None
     if study_name not in names:
         hint = ""
@@ -170,9 +170,9 @@ def open_study(url: str, study_name: str, spec=None):
                       if (spec.name if b == "default" else f"{spec.name}-{b}") in names and b != spec.budget]
             if others:
                 hint = f" (run with --budget {others[0]}?)"
-            elif any(n.startswith(f"{study_name}+") for n in names):  # ablations.run.overrides' naming rule
+            elif any(n.startswith(f"{study_name}+") for n in names):  # ablations.studies.overrides' naming rule
                 hint = " (a study run with --set: pass the same --set arguments)"
-        raise ReportError(f"study '{study_name}' not found in {_redact(url)}; studies there: "
+        raise ReportError(f"study '{study_name}' not found in {redact(url)}; studies there: "
                           f"{', '.join(sorted(names)) or 'none'}{hint}")
     return optuna.load_study(study_name=study_name, storage=storage)
 

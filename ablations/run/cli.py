@@ -26,15 +26,13 @@ import sys
 import threading
 from pathlib import Path
 
-from .. import allocator, layout
-from ..bench.gpu_hours import DEFAULT_GPU, DEVICE_RESULTS, GPU_CLASSES
+from .. import layout
 from ..cli import OneLineParser, add_study_arguments
 from ..dashboard import check_loggers
-from .imported import imported_done
-from .overrides import RUN_ONLY, apply_sets, describe, parse_sets, value_text
-from .plan import _dry_run, _stored_done
-from .stopping import interrupted, stop_on_signals
-from .storage import (
+from ..machine import allocator
+from ..studies.overrides import RUN_ONLY, apply_sets, describe, parse_sets, value_text
+from ..studies.stopping import interrupted, stop_on_signals
+from ..studies.storage import (
     GRACE_S,
     HEARTBEAT_S,
     check_url,
@@ -43,20 +41,23 @@ from .storage import (
     unusable_storage_error,
     unusable_storage_message,
 )
+from .gpu_hours import DEFAULT_GPU, DEVICE_RESULTS, GPU_CLASSES
+from .imported import imported_done
+from .plan import dry_run, stored_done
 from .study import (
     TUNE_GRID,
     TUNE_MEANS,
     TUNED_LR,
-    _cell_text,
-    _check_data,
-    _create_study,
-    _data_configs,
-    _load,
-    _stored_choice,
-    _validate_points,
+    cell_text,
+    check_data_folder,
     choose_lrs,
+    create_study,
+    data_configs,
+    load_study,
+    stored_choice,
+    validate_points,
 )
-from .workers import ResultsWriteError, _one_line, _quiet, _run_grid, _work, write_error
+from .workers import ResultsWriteError, one_line, quiet, run_grid, work, write_error
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (see ablations.run.stopping)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (see ablations.studies.stopping)
         return interrupted()
     except ResultsWriteError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         write = write_error(exc, Path(args.results_dir))
         if write is None:
             raise
-        print(f"error: cannot write the results folder: {_one_line(write)}; completed trials are kept: free space "
+        print(f"error: cannot write the results folder: {one_line(write)}; completed trials are kept: free space "
               "or make the folder writable, then rerun the same command", file=sys.stderr)
         return 1
     finally:
@@ -150,7 +151,7 @@ def _no_thread_traceback_for_write_errors(results_dir: Path) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from .spec import BUDGETS, available_studies, load_spec, tune_name
+    from ..studies.spec import BUDGETS, available_studies, load_spec, tune_name
 
     if args.list:
         return _list(available_studies(), BUDGETS, load_spec)
@@ -175,11 +176,11 @@ def _main(args: argparse.Namespace) -> int:
     if spec.first_look() and args.worker_index is None:  # the run's (and the dry run's) first line
         print(f"{spec.first_look()} (study '{args.study_name or spec.study_name}')", file=sys.stderr)
     overrides = {k: v for k, v in sets.items() if k in RUN_ONLY} | _overrides(args)
-    _validate_points(spec, overrides, check_data=False)  # the data folders after --download, and not in a dry run
+    validate_points(spec, overrides, check_data=False)  # the data folders after --download, and not in a dry run
     if args.download and args.worker_index is None:  # a dry run says what it would fetch
         from data.fetch import ensure_all
 
-        ensure_all([(c.dataset, c.data_dir) for c in _data_configs(spec, overrides)], dry_run=args.dry_run)
+        ensure_all([(c.dataset, c.data_dir) for c in data_configs(spec, overrides)], dry_run=args.dry_run)
     if args.dry_run:
         if sets:
             where = "its own study" if spec.overrides else "the study"
@@ -188,30 +189,30 @@ def _main(args: argparse.Namespace) -> int:
                   + (" (threads, data_dir: run-only, not in the name)" if set(sets) & set(RUN_ONLY) else ""))
         study_name = args.study_name or spec.study_name
         check_url(args.storage)  # a URL the run would refuse is refused here too, before what is stored is read
-        stored = _stored_done(args.storage, study_name, spec)
+        stored = stored_done(args.storage, study_name, spec)
         if args.import_runs and stored is None:  # a new storage: what the file brings is what is done
             stored = imported_done(args.import_runs, spec, study_name)
         elif args.import_runs:
             print(f"--import-runs {args.import_runs}: not read by this dry run, the storage already holds trials of "
                   f"'{study_name}' (below); the run adds the file's rows it lacks")
-        return _dry_run(spec, overrides, gpu=args.gpu, results_dir=Path(args.results_dir), workers=args.workers,
+        return dry_run(spec, overrides, gpu=args.gpu, results_dir=Path(args.results_dir), workers=args.workers,
                         stored=stored, measure=args.measure)
-    for config in _data_configs(spec, overrides):
-        _check_data(config)  # before anything is stored: a missing or malformed folder is one line
+    for config in data_configs(spec, overrides):
+        check_data_folder(config)  # before anything is stored: a missing or malformed folder is one line
 
-    from .storage import exit_when_heartbeat_fails, open_storage
+    from ..studies.storage import exit_when_heartbeat_fails, open_storage
 
-    _quiet()
+    quiet()
     storage = open_storage(args.storage, heartbeat_s=args.heartbeat, grace_s=args.grace)
     exit_when_heartbeat_fails(args.storage)
     _no_thread_traceback_for_write_errors(Path(args.results_dir))
     study_name = args.study_name or spec.study_name
     if args.worker_index is not None:
         if args.stage == "tune":
-            return _work(spec.tune_stage(), storage, study_name, args, overrides)
-        return _work(spec, storage, study_name, args, overrides, tuned=_stored_choice(storage, study_name))
+            return work(spec.tune_stage(), storage, study_name, args, overrides)
+        return work(spec, storage, study_name, args, overrides, tuned=stored_choice(storage, study_name))
 
-    study = _create_study(spec, storage, study_name, seed=0)  # refuses a stored study of other overrides
+    study = create_study(spec, storage, study_name, seed=0)  # refuses a stored study of other overrides
     if spec.overrides:
         print(f"--set {describe(spec.overrides)}: its own stored study '{study_name}' (a study never mixes two "
               "configurations)", file=sys.stderr)
@@ -223,19 +224,19 @@ def _main(args: argparse.Namespace) -> int:
                              "--study-name NEW_NAME for a new study, or restore the file's tune section")
         if stored is None:
             tune = spec.tune_stage()
-            code = _run_grid(tune, storage, tune_name(study_name), args, overrides, stage="tune")
+            code = run_grid(tune, storage, tune_name(study_name), args, overrides, stage="tune")
             if code:
                 print(f"study '{study_name}': the tuning stage is not complete; the reported grid waits for it "
                       "(rerun the same command)", file=sys.stderr)
                 return code
-            choice, means = choose_lrs(spec, _load(storage, tune_name(study_name)))
+            choice, means = choose_lrs(spec, load_study(storage, tune_name(study_name)))
             study.set_user_attr(TUNED_LR, choice)
             study.set_user_attr(TUNE_MEANS, means)
             study.set_user_attr(TUNE_GRID, spec.tune.as_dict())
         print(f"study '{study_name}': learning rate per variant, chosen on tuning seeds {list(spec.tune.seeds)} by "
-              f"mean {spec.tune.metric}: " + "; ".join(f"{_cell_text(k)} {v:g}" for k, v in
+              f"mean {spec.tune.metric}: " + "; ".join(f"{cell_text(k)} {v:g}" for k, v in
                                                         study.user_attrs[TUNED_LR].items()), file=sys.stderr)
-    return _run_grid(spec, storage, study_name, args, overrides, study=study)
+    return run_grid(spec, storage, study_name, args, overrides, study=study)
 
 
 def _overrides(args: argparse.Namespace) -> dict:
