@@ -68,7 +68,7 @@ def private_imports() -> list[str]:
                     continue
                 base = package[: len(package) - node.level + 1] if node.level else []
                 module = ".".join(base + ([node.module] if node.module else []))
-                if not module.split(".")[0] in PACKAGES:
+                if module.split(".")[0] not in PACKAGES:
                     continue
                 for alias in node.names:
                     if alias.name.startswith("_") and not alias.name.startswith("__"):
