@@ -109,7 +109,7 @@ BASE_FILE = """\
 kind: grid
 metric: best_val_acc
 base: {dataset: synthetic, embed_dim: 8, num_heads: 2, lr: 0.002, weight_decay: 0.1, max_epochs: 3}
-tune: {lr: [0.001, 0.002], seeds: [100], metric: final_val_acc}
+tune: {lr: [0.001, 0.002], seeds: [100, 101, 102], bounds: [0.0005, 0.008], metric: final_val_acc}
 variants: [{label: standard, residual: standard}]
 budgets:
   smoke:
@@ -138,7 +138,7 @@ budgets:
     assert spec.base == {"dataset": "synthetic", "embed_dim": 4, "num_heads": 2, "lr": 0.002, "weight_decay": 0.1,
                          "max_epochs": 3, "diagnostics_every": 2}
     assert [v.label for v in spec.variants] == ["a", "b"] and spec.kind == "grid" and spec.metric == "best_val_acc"
-    assert spec.tune.lr == (0.003,) and spec.tune.seeds == (100,) and spec.tune.metric == "final_val_acc"
+    assert spec.tune.lr == (0.003,) and spec.tune.seeds == (100, 101, 102) and spec.tune.metric == "final_val_acc"
     assert spec.budgets == ("smoke", "default", "paper")
     # a budget updates the base file's budget of that name: its base and axes key by key, its tune kept
     smoke = load_spec(str(path), "smoke")

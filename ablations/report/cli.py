@@ -31,6 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-figures", action="store_true", help="tables only")
     p.add_argument("--no-tensorboard", action="store_true", help="do not write the tables to TensorBoard")
     p.add_argument("--no-note", action="store_true", help="do not attach the tables to the study (dashboard note)")
+    p.add_argument("--ledger", action="store_true",
+                   help="write the claims ledger <results-dir>/claims.md and claims.csv from every study's runs.csv "
+                        "(<results-dir>/<study>/runs.csv): each claim's verdict in its study and under one Holm "
+                        "family over all claims, shared runs marked (no --study)")
     return p
 
 
@@ -56,6 +60,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def _ledger(args: argparse.Namespace) -> int:
+    """``--ledger``: the claims ledger from every study folder's runs.csv (:mod:`.ledger`)."""
+    from .ledger import summary, write_ledger
+
+    if args.study:
+        raise ReportError("--ledger reads every study under --results-dir: give no --study")
+    paths, records = write_ledger(Path(args.results_dir))
+    counts = summary(records)
+    for key, label in (("verdict", "in its study"), ("verdict_all", "all claims")):
+        print(f"{label}: " + ", ".join(f"{n} {v}" for v, n in counts[key].items()))
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
 def _main(args: argparse.Namespace) -> int:
     from ..studies.overrides import OVERRIDES_ATTR, apply_sets, describe, parse_sets
     from ..studies.spec import load_spec
@@ -63,6 +81,10 @@ def _main(args: argparse.Namespace) -> int:
     from . import runs as runs_csv
     from .load import collect, open_study, open_tune_study
 
+    if args.ledger:
+        return _ledger(args)
+    if not args.study:
+        raise ReportError("--study is required (or --ledger)")
     spec = apply_sets(load_spec(args.study, args.budget), parse_sets(args.sets))
     study_name = args.study_name or spec.study_name
     results_dir = Path(args.results_dir)
