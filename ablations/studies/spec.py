@@ -47,7 +47,8 @@ budgets); the study file is laid over it, and what results is loaded as if it we
 - a base file may extend another; a file that extends itself (directly or not) is refused.
 
 Only the files directly in ``ablations/studies/`` are studies (``--list``, ``--study NAME``): base files live in
-a folder below it. ``--dry-run`` prints the resolved base of the trials and the report's README the resolved study.
+a folder below it. ``--dry-run`` prints the resolved base of the trials, and the report writes the resolved study
+(``study.yaml``).
 
 A ``recipe`` (``basic``, ``paper``: :mod:`ablations.recipes`) set by a budget's base, a variant's overrides or an
 axis replaces the recipe fields of the layers before it (the study's base), unless it sets them itself.
