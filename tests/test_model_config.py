@@ -40,7 +40,7 @@ def test_the_modules_take_their_defaults_from_the_one_declaration():
     module = ViTClassifier()
     assert module.model.cfg == ViTConfig()
     assert {k: module.hparams[k] for k in OPTIM_FIELDS} == OptimConfig().to_dict()
-    # ViT-Tiny at 32 px, timm's sizes; an edit to the declaration shows up here and in the README's example
+    # ViT-Tiny at 32 px, timm's sizes; an edit to the declaration shows up here and in docs/training.md's example
     assert (ViTConfig().embed_dim, ViTConfig().depth, ViTConfig().num_heads, ViTConfig().mlp_ratio) == (192, 12, 3, 4.0)
     assert OptimConfig().lr == 1e-3
 
