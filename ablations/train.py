@@ -15,6 +15,7 @@ This module imports neither torch nor lightning at import time (``--help`` stays
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -123,7 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", metavar="FILE", help="YAML file of RunConfig fields; options given here override it")
     run.add_argument("--log-dir", default=DEFAULT_LOG_DIR, help=f"TensorBoard root (default: {DEFAULT_LOG_DIR})")
     run.add_argument("--run-name", help="run folder name (default: derived from the config plus a timestamp)")
-    run.add_argument("--json", action="store_true", help="print the summary as one JSON object on the last line")
+    run.add_argument("--json", action="store_true",
+                     help="print the summary as one JSON object, the only output on stdout (progress goes to stderr)")
     run.add_argument("--progress-bar", action=argparse.BooleanOptionalAction, default=True,
                      help="show Lightning's progress bar and model summary (default: on)")
     run.add_argument("--checkpoint", action="store_true",
@@ -216,12 +218,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from ablations.training import SetupError, run_training, summary_table
 
+    # --json: stdout is the summary alone (``... --json > run.json``); the progress bar and model summary go to stderr
+    output = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
     try:
-        summary = run_training(
-            config, log_dir=args.log_dir, run_name=run_name, enable_progress_bar=args.progress_bar,
-            enable_checkpointing=args.checkpoint or args.resume is not None, ckpt_path=args.resume,
-            loggers=args.loggers,
-        )
+        with output:
+            summary = run_training(
+                config, log_dir=args.log_dir, run_name=run_name, enable_progress_bar=args.progress_bar,
+                enable_checkpointing=args.checkpoint or args.resume is not None, ckpt_path=args.resume,
+                loggers=args.loggers,
+            )
     except (SetupError, ValueError) as exc:  # ValueError: e.g. --logger mlflow without mlflow installed
         fail(str(exc))
     except KeyboardInterrupt:

@@ -38,6 +38,7 @@ from helpers import (
     finish,
     freeze_when,
     mid_run_checkpoint,
+    one_worker_unless_told,
     run_cli,
     run_dir_name,
     run_in_process,
@@ -70,7 +71,8 @@ def _default_sigint() -> None:
 
 def _start(module: str, *args, cwd: Path, prefix: tuple = (), env: dict | None = None) -> subprocess.Popen:
     """``python -m MODULE ARGS`` (after ``prefix``, e.g. an nsenter) in its own session, output piped."""
-    return subprocess.Popen([*prefix, sys.executable, "-m", module, *map(str, args)], cwd=cwd, text=True,
+    args = one_worker_unless_told(args) if module == "ablations.run" else [str(a) for a in args]
+    return subprocess.Popen([*prefix, sys.executable, "-m", module, *args], cwd=cwd, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                             preexec_fn=_default_sigint, env=env)
 

@@ -119,3 +119,19 @@ def test_a_checkpoint_of_the_earlier_flat_hyperparameters_still_builds():
     assert module.model.cfg == ViTConfig(**{k: v for k, v in old.items() if k in FIELDS})
     assert module.hparams.lr == 2e-3 and module.hparams.max_epochs == 3
     assert set(old) < set(module.hparams)  # and its own hparams.yaml lists every field
+
+
+@pytest.mark.parametrize("args", ["a config", "a name and options", "keywords"])
+def test_the_backbone_and_the_classifier_take_one_constructor_style(args):
+    """``VisionTransformer`` and ``ViTClassifier`` are built the same three ways — from a ``ViTConfig``, from a
+    residual name with its options and fields, or from keywords alone — and the same arguments give the same
+    backbone (the classifier's ``model`` is the backbone those arguments build)."""
+    cfg = ViTConfig(residual="layerscale", residual_options={"init_value": 0.1}, num_classes=4, **TINY)
+    call = {"a config": ((cfg,), {}),
+            "a name and options": (("layerscale", {"init_value": 0.1}), {"num_classes": 4, **TINY}),
+            "keywords": ((), {"residual": "layerscale", "residual_options": {"init_value": 0.1}, "num_classes": 4,
+                              **TINY})}[args]
+    backbone = VisionTransformer(*call[0], **call[1])
+    classifier = ViTClassifier(*call[0], **call[1])
+    assert backbone.cfg == classifier.model.cfg == cfg
+    assert backbone.residual_options == classifier.model.residual_options == {"init_value": 0.1}

@@ -62,7 +62,7 @@ def study(tmp_path_factory):
     results = root / "results"
     proc = subprocess.run(
         [sys.executable, "-m", "ablations.run", "--study", str(spec), "--storage", storage, "--results-dir",
-         str(results), "--no-progress", "--threads", "1"],
+         str(results), "--no-progress", "--threads", "1", "--workers", "1"],
         cwd=root, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     base = ["--study", str(spec), "--storage", storage, "--results-dir", str(results)]

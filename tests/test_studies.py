@@ -12,6 +12,7 @@ Every CLI process starts in its own session; a test that fails or times out kill
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import signal
 import sys
@@ -616,3 +617,25 @@ def test_ngpt_rows_train_with_the_papers_recipe_unless_the_row_says_otherwise():
     assert (standard.weight_decay, standard.warmup_epochs) == (spec.base["weight_decay"], spec.base["warmup_epochs"])
     own = dataclasses.replace(spec, variants=(Variant("ngpt_wd", "ngpt", overrides={"weight_decay": 0.1}),))
     assert own.run_config({"variant": "ngpt_wd", "depth": 4, "seed": 0}).weight_decay == 0.1
+
+
+def test_without_workers_a_cpu_study_runs_one_worker_per_core(tmp_path, capsys):
+    """``--workers`` not given: trials on the CPU get one worker per usable core with one thread each, at most one
+    per trial of the larger stage (``--threads T``: cores // T workers); trials on a GPU get one worker. The dry run
+    prices the study with that layout."""
+    import torch
+
+    from ablations.run import main
+    from ablations.run.cli import cores, default_workers
+
+    spec = load_spec("residual_variants", "smoke")  # 20 tuning trials, 10 reported
+    expected = 1 if torch.cuda.is_available() else min(cores(), 20)
+    assert default_workers(spec) == expected
+    assert default_workers(spec, threads=2) == (1 if torch.cuda.is_available() else max(1, min(cores() // 2, 20)))
+    tiny = dataclasses.replace(spec, axes={"depth": [1], "seed": [0]}, tune=None, variants=spec.variants[:1])
+    assert default_workers(tiny) == 1  # one trial: one worker
+    code = main(["--study", "residual_variants", "--budget", "smoke", "--dry-run", "--storage",
+                 url_of(tmp_path / "none.db")])
+    assert code == 0
+    estimate = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("estimated time"))
+    assert f"; {expected} worker(s) x {max(1, cores() // expected)} thread(s);" in estimate

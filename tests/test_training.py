@@ -295,13 +295,16 @@ def cli(*argv: str) -> subprocess.CompletedProcess:
                           text=True, timeout=HANG_LIMIT_S)  # stops a hung run only
 
 
-def test_cli_json_summary(tmp_path):
+def test_cli_json_summary_is_all_of_stdout(tmp_path):
+    """``--json``: stdout is the summary alone (so ``--json > run.json`` is a JSON file), with the progress bar and
+    model summary on (the default) going to stderr."""
     out = cli("--dataset", "synthetic", "--dataset-option", "num_samples=256", "--dataset-option", "img_size=8",
               "--dataset-option", "in_chans=1", "--depth", "1", "--embed-dim", "16", "--num-heads", "2",
               "--batch-size", "32", "--max-epochs", "2", "--warmup-epochs", "0.5", "--lr", "3e-3", "--threads", "1",
-              "--no-progress-bar", "--json", "--log-dir", str(tmp_path), "--run-name", "cli")
+              "--json", "--log-dir", str(tmp_path), "--run-name", "cli")
     assert out.returncode == 0, out.stderr[-2000:]
-    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    summary = json.loads(out.stdout)
+    assert "Trainable params" in out.stderr and "Epoch 1" in out.stderr  # the model summary and the progress bar
     assert summary["best_val_acc"] > 0.25 + 0.1  # 4 balanced classes: chance is 0.25
     assert summary["run_name"] == "cli" and Path(summary["log_dir"]) == tmp_path / "cli"
     assert "Traceback" not in out.stderr

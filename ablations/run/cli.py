@@ -67,7 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python -m ablations.run", description=__doc__.split("\n\n")[0],
                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     add_study_arguments(p)
-    p.add_argument("--workers", type=int, default=1, help="local worker processes sharing the study (cores split)")
+    p.add_argument("--workers", type=int,
+                   help="local worker processes sharing the study (cores split); default: the fastest layout here, "
+                        "one worker per core with one thread each for trials on the CPU, one for trials on a GPU")
     p.add_argument("--results-dir", default=layout.RESULTS_DIR,
                    help=f"where TensorBoard runs go (<dir>/{layout.RUNS}/<study>/)")
     p.add_argument("--data-dir", help="data folder for folder datasets (cifar10, imagefolder, ...)")
@@ -160,7 +162,7 @@ def _main(args: argparse.Namespace) -> int:
         return _list(available_studies(), BUDGETS, load_spec)
     if not args.study:
         raise ValueError("--study is required (or --list); valid studies: " + ", ".join(available_studies()))
-    if args.workers < 1:
+    if args.workers is not None and args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     allocator.choice()  # a bad ABLATIONS_MALLOC is one line here, not a failed trial
     sets = parse_sets(args.sets)
@@ -176,6 +178,8 @@ def _main(args: argparse.Namespace) -> int:
     if args.import_runs and not Path(args.import_runs).is_file():
         raise ValueError(f"--import-runs: runs file '{args.import_runs}' does not exist")
     check_loggers(args.loggers)
+    if args.workers is None:
+        args.workers = default_workers(spec, args.threads)
     if spec.first_look() and args.worker_index is None:  # the run's (and the dry run's) first line
         print(f"{spec.first_look()} (study '{args.study_name or spec.study_name}')", file=sys.stderr)
     overrides = {k: v for k, v in sets.items() if k in RUN_ONLY} | _overrides(args)
@@ -268,11 +272,31 @@ def _tune(spec, storage, tune_study: str, args: argparse.Namespace, overrides: d
     return 0
 
 
+def cores() -> int:
+    """The CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def default_workers(spec, threads: int | None = None) -> int:
+    """``--workers`` when not given: the fastest layout of this machine for the study's trials. On the CPU one worker
+    per core with one thread each (``--threads`` each when given): on 2 cores, 2 workers x 1 thread train a study's
+    trials faster than 1 x 2 (docs/protocol.md, "Workers and threads"); at most one worker per trial of the larger
+    stage. On a GPU one worker, since the local workers would share it (docs/scaling.md: one worker per GPU)."""
+    import torch
+
+    point = spec.grid()[0] if spec.kind == "grid" else {"variant": spec.variants[0].label}
+    accelerator = spec.run_config(point).accelerator
+    if accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available()):
+        return 1
+    trials = max(spec.size, spec.tune_stage().size if spec.tune is not None else 0)
+    return max(1, min(cores() // (threads or 1), trials))
+
+
 def _overrides(args: argparse.Namespace) -> dict:
     overrides = {}
     if args.data_dir:
         overrides["data_dir"] = args.data_dir
-    threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
+    threads = args.threads or max(1, cores() // args.workers)
     if args.workers > 1 or args.threads:
         overrides["threads"] = threads
     return overrides
