@@ -1,7 +1,8 @@
 """``RunConfig``: the single source of truth for one training run (model, data, optimiser, trainer).
 
 Torch-free on purpose (the CLI's ``--help`` must not pay the ~4 s torch/lightning import): names are checked
-against the tables in :mod:`ablations.choices`, which a test keeps equal to the real registries. Options that
+against the torch-free name tables below (the registries' own names, read from ``lit_modules.names``,
+``lit_modules.config`` and ``data.names``; a test keeps them equal to the real registries). Options that
 need the model to check (a residual variant's own options, dataset folder contents) are checked when the run is
 built and raise ValueError there.
 
@@ -19,27 +20,41 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ablations.choices import (
-    ACCELERATORS,
+from ablations.recipes import RECIPE_FIELDS, RECIPE_HELP, RECIPE_NAMES, recipe_values
+from data.names import DATASET_NAMES
+from lit_modules.config import FIELDS as MODEL_FIELDS
+from lit_modules.config import GEOMETRY, GLOBAL_POOLS, OPTIM_FIELDS, PRESETS, OptimConfig, ViTConfig
+from lit_modules.names import (
     ATTENTION_NAMES,
-    DATASET_NAMES,
-    GLOBAL_POOLS,
     NORM_LAYER_NAMES,
-    OPTIMIZERS,
-    PADDING_MODES,
-    PRECISIONS,
     RESIDUAL_NAMES,
     STREAM_KERNEL_NAMES,
     VALUE_RESIDUAL_NAMES,
 )
-from ablations.run.recipes import RECIPE_FIELDS, RECIPE_HELP, RECIPE_NAMES, recipe_values
-from lit_modules.config import FIELDS as MODEL_FIELDS
-from lit_modules.config import GEOMETRY, OPTIM_FIELDS, PRESETS, OptimConfig, ViTConfig
+from lit_modules.names import OPTIMIZER_NAMES as OPTIMIZERS
+
+# --- the names a run's options take (torch-free: the backbone's and the datasets' are their registries' own, read
+# from ``lit_modules.names``, ``lit_modules.config`` and ``data.names``) -----------------------------------------
+#: The option of each variant that ``--init-value`` sets (its "init knob"); variants not listed have none.
+INIT_VALUE_OPTIONS: dict[str, str] = {
+    "layerscale": "init_value",  # float, 'auto' (CaiT's depth rule) or None (no LayerScale: standard)
+    "rezero": "init_value",
+    "skipinit": "init_value",
+    "highway": "gate_bias",
+}
+
+#: Lightning precision strings accepted by ``RunConfig.precision``, and ``auto`` (:mod:`ablations.machine.modes`).
+PRECISIONS: tuple[str, ...] = ("auto", "32-true", "64-true", "bf16-mixed", "bf16-true", "16-mixed", "16-true")
+
+#: Padding of the random crop (``RunConfig.crop_padding_mode``): zeros, or the image mirrored at its border.
+PADDING_MODES: tuple[str, ...] = ("constant", "reflect")
+
+ACCELERATORS: tuple[str, ...] = ("auto", "cpu", "gpu", "cuda")
 
 GROUPS = ("model", "data", "optim", "trainer")
 #: The model group's defaults: the backbone's ``study`` preset (``lit_modules.config``, the fields' one declaration).
 STUDY = PRESETS["study"]
-#: Default of a field that the run's recipe sets (:mod:`ablations.run.recipes`) unless it is given.
+#: Default of a field that the run's recipe sets (:mod:`ablations.recipes`) unless it is given.
 FROM_RECIPE = object()
 
 
@@ -151,7 +166,7 @@ class RunConfig:
                 set_(self, name, value)
         for f in dataclasses.fields(self):
             value, kind = getattr(self, f.name), f.metadata["kind"]
-            set_(self, f.name, _coerce(f.name, kind, value))
+            set_(self, f.name, coerce_field(f.name, kind, value))
         self._validate()
 
     def _validate(self) -> None:
@@ -241,7 +256,7 @@ class RunConfig:
         return dataclasses.replace(self, **changes)
 
     def recipe_values(self) -> dict[str, Any]:
-        """This run's values of the recipe fields (:data:`ablations.run.recipes.RECIPE_FIELDS`)."""
+        """This run's values of the recipe fields (:data:`ablations.recipes.RECIPE_FIELDS`)."""
         return {name: getattr(self, name) for name in RECIPE_FIELDS}
 
     def model_config(self, shape: dict[str, Any]) -> ViTConfig:
@@ -334,7 +349,7 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _coerce(name: str, kind: str, value: Any) -> Any:
+def coerce_field(name: str, kind: str, value: Any) -> Any:
     """Type-check one field and normalise it (int -> float for float fields, lists -> tuples, dict copies)."""
     bad = ValueError(f"{name} must be {_KIND_TEXT[kind]}, got {value!r}")
     if kind == "int" and not _is_int(value):

@@ -7,7 +7,7 @@ ViT-Tiny (width 192, 12 blocks, 3 heads, MLP ratio 4) at CIFAR's geometry (32 px
 :data:`PRESETS` names the other sizes, as timm's entry points do, including the 2-core study size the CLIs default to.
 
 :class:`OptimConfig` is the same for the optimiser and its schedule; its defaults are the ``basic`` training
-recipe's (:mod:`ablations.run.recipes` reads them from here), so the default learning rate is written once.
+recipe's (:mod:`ablations.recipes` reads them from here), so the default learning rate is written once.
 
 Validation of the backbone's geometry lives in :meth:`ViTConfig.check` (one-line ValueErrors); the registries'
 names (residual, attention, norm layer, value residual) are checked by whoever builds the model.

@@ -24,7 +24,7 @@ from ablations.dashboard import (
     write_study_hparams,
 )
 from ablations.run.objective import categorical_axes, suggest, suggest_axis
-from ablations.run.spec import load_spec
+from ablations.studies.spec import load_spec
 from ablations.training import HP_METRICS
 
 pytestmark = STUDY_TEST_MARKS

@@ -1,4 +1,4 @@
-"""The GPU-hours estimate of ``python -m ablations.run --dry-run --gpu CLASS`` (ablations/bench/gpu_hours.py).
+"""The GPU-hours estimate of ``python -m ablations.run --dry-run --gpu CLASS`` (ablations/run/gpu_hours.py).
 
 Every test reads measurements from its own tmp results folder, never the real ``results/``.
 """
@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from helpers import assert_one_line_error, run_in_process
 
-from ablations.bench import gpu_hours
 from ablations.config import RunConfig
 from ablations.costs import measure
+from ablations.run import gpu_hours
 from ablations.run import main as run_main
-from ablations.run.spec import load_spec
+from ablations.studies.spec import load_spec
 
 #: A tiny trial: 100 synthetic 8x8 images (60 train / 20 val / 20 test at val and test fractions 0.2), 2 epochs;
 #: every epoch trains on the train split and scores val and test (VAL: the images evaluated per epoch).

@@ -14,7 +14,7 @@ from helpers import run_in_process, trials_of, url_of, write_study
 
 from ablations.report.cli import main as report_main
 from ablations.report.runs import curve_text, read_curve
-from ablations.run.plan import _duration
+from ablations.run.plan import duration_text
 
 VARIANTS = [{"label": "standard", "residual": "standard"}, {"label": "rezero", "residual": "rezero"}]
 TUNE = {"lr": [1e-3, 4e-3], "seeds": [100, 101, 102], "bounds": [1e-3, 4e-3]}  # bounds = the grid: no extension
@@ -179,7 +179,7 @@ def test_a_dry_run_prices_what_the_runs_file_leaves(first, tmp_path):
     median = {v: statistics.median(w) for v, w in walls.items()}  # six tuning and two reported runs each
     (line,) = [x for x in out if x.startswith("time left as measured")]
     assert line.startswith(f"time left as measured by this study's completed trials: "
-                           f"{_duration(median['standard'] + median['rezero'])} (2 trials, 2 priced at their cell's "
+                           f"{duration_text(median['standard'] + median['rezero'])} (2 trials, 2 priced at their cell's "
                            "median wall time, 0 at the estimate above; 1 worker(s))"), line
     assert not db.exists()
 

@@ -19,7 +19,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 #: what is checked: the documentation, the packages, the scripts, the tests, the examples, the study files, the
 #: generated reports and the CI script
-ROOTS = ("docs", "ablations", "lit_modules", "data", "scripts", "tests", "examples", "results", ".ci",
+ROOTS = ("README.md", "docs", "ablations", "lit_modules", "data", "scripts", "tests", "examples", "results", ".ci",
          "pyproject.toml")
 TEXT_SUFFIXES = (".md", ".py", ".yaml", ".yml", ".toml", ".sh", ".txt", ".cfg")
 SKIP_DIRS = {".venv", "__pycache__", ".git", ".pytest_cache", ".ruff_cache", "runs"}

@@ -16,7 +16,7 @@ from ablations.report.load import assemble
 from ablations.report.runs import read, to_csv
 from ablations.report.stats import main_cells
 from ablations.report.tables import acc_text, cell_records, paired_table
-from ablations.run.spec import _build
+from ablations.studies.spec import _build
 from lit_modules.predictions import pack, unpack
 
 SEEDS = list(range(6))

@@ -62,7 +62,7 @@ def study(tmp_path_factory):
     results = root / "results"
     proc = subprocess.run(
         [sys.executable, "-m", "ablations.run", "--study", str(spec), "--storage", storage, "--results-dir",
-         str(results), "--no-progress", "--threads", "1"],
+         str(results), "--no-progress", "--threads", "1", "--workers", "1"],
         cwd=root, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     base = ["--study", str(spec), "--storage", storage, "--results-dir", str(results)]
@@ -601,7 +601,7 @@ def test_one_formatter_renders_every_form():
 
 def test_layout_names_the_paths_other_tools_use():
     from ablations import layout, train
-    from ablations.run import storage
+    from ablations.studies import storage
 
     assert layout.DEFAULT_STORAGE == storage.DEFAULT_STORAGE == "sqlite:///results/optuna.db"
     assert Path(train.DEFAULT_LOG_DIR) == layout.runs_dir(layout.RESULTS_DIR, "train")
@@ -612,7 +612,7 @@ def test_search_tables_handle_few_trials():
     import optuna
     from optuna.distributions import CategoricalDistribution, FloatDistribution
 
-    from ablations.run.spec import load_spec
+    from ablations.studies.spec import load_spec
 
     spec = load_spec(EXAMPLE_SEARCH, "smoke")
     study = optuna.create_study(direction="maximize")

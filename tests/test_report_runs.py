@@ -21,7 +21,7 @@ from ablations import report
 from ablations.report import claims as claims_mod
 from ablations.report import runs as runs_mod
 from ablations.report.stats import chance_level, t_power
-from ablations.run.spec import _build, load_spec
+from ablations.studies.spec import _build, load_spec
 from ablations.training import HP_SUMMARY_KEYS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -183,7 +183,7 @@ def test_a_report_from_postgresql_under_another_hash_seed_is_byte_identical(repo
     table and runs.csv byte for byte, from a process with another PYTHONHASHSEED than the SQLite report's."""
     import optuna
 
-    from ablations.run.storage import open_storage
+    from ablations.studies.storage import open_storage
 
     root, _, _ = reports
     url = postgres.create_database("report_copy")
@@ -521,7 +521,7 @@ def test_tune_phase_trials_are_set_apart_and_a_diverged_tuning_run_counts_zero()
 
 
 def test_every_study_file_lists_claims_that_load_under_every_budget():
-    from ablations.run.spec import BUDGETS, available_studies
+    from ablations.studies.spec import BUDGETS, available_studies
 
     for name in available_studies():
         specs = [load_spec(name)]
@@ -594,11 +594,12 @@ def test_extra_grid_axes_round_trip_through_runs_csv(tmp_path):
     assert runs_mod.to_csv(back) == path.read_text()
 
 
-def test_readme_quotes_claim_verdicts_verbatim():
-    """Any README line that quotes a claim of a committed results/<study>/claims.md is that file's line, verbatim
-    (the verdicts are computed; a hand edit of a quoted verdict fails here)."""
+def test_the_docs_quote_claim_verdicts_verbatim():
+    """Any line of the README or of docs/ that quotes a claim of a committed results/<study>/claims.md is that
+    file's line, verbatim (the verdicts are computed; a hand edit of a quoted verdict fails here)."""
     files = {str(p): p.read_text() for p in sorted((REPO / "results").glob("*/claims.md"))}
-    assert claims_mod.misquoted((REPO / "README.md").read_text(), files) == []
+    for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        assert claims_mod.misquoted(doc.read_text(), files) == [], doc
     line = ("- **dca_accuracy**: DCA improves accuracy (x). dca vs standard, test_acc (paper: higher): Δ = +1.00 pp "
             "[+0.10, +1.90] (95% CI, unadjusted), n = 10 pairs, Holm p = 0.030 (m = 6), MDE 0.90 pp: **held** "
             "(significant in the paper's direction).")
@@ -608,15 +609,15 @@ def test_readme_quotes_claim_verdicts_verbatim():
     assert claims_mod.misquoted(f"intro\n{edited}\n- **other**: text\n", made) == [edited]
 
 
-def test_readme_quotes_every_verdict_of_the_headline_and_links_every_claims_file():
-    """The README's findings are the computed verdicts: every verdict line of results/residual_variants/claims.md
-    appears in it verbatim, and every committed claims.md is linked."""
-    readme = (REPO / "README.md").read_text()
+def test_the_studies_page_quotes_every_verdict_of_the_headline_and_links_every_claims_file():
+    """docs/studies.md's findings are the computed verdicts: every verdict line of
+    results/residual_variants/claims.md appears in it verbatim, and every committed claims.md is linked."""
+    studies = (REPO / "docs" / "studies.md").read_text()
     headline = REPO / "results" / "residual_variants" / "claims.md"
     verdicts = [line for line in headline.read_text().splitlines() if line.startswith("- **")]
-    assert verdicts and [line for line in verdicts if line not in readme.splitlines()] == []
+    assert verdicts and [line for line in verdicts if line not in studies.splitlines()] == []
     for path in sorted((REPO / "results").glob("*/claims.md")):
-        assert f"(results/{path.parent.name}/claims.md)" in readme, path
+        assert f"(../results/{path.parent.name}/claims.md)" in studies, path
 
 
 def test_a_first_look_budget_labels_every_table_and_the_default_none(reports, tmp_path):

@@ -1,4 +1,4 @@
-"""The committed study files and their shared protocol (``extends:``, :mod:`ablations.run.spec`).
+"""The committed study files and their shared protocol (``extends:``, :mod:`ablations.studies.spec`).
 
 ``data/resolved_studies.json`` holds every committed study resolved under every budget (``dataclasses.asdict`` of
 its ``StudySpec`` without ``source`` and ``description``; null for a budget the study does not define), written by
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ablations.run.spec import BUDGETS, STUDY_DIR, available_studies, load_spec, resolved
+from ablations.studies.spec import BUDGETS, STUDY_DIR, available_studies, load_spec, resolved
 
 FROZEN = Path(__file__).parent / "data" / "resolved_studies.json"
 PROTOCOL = STUDY_DIR / "protocol" / "mnist5k.yaml"

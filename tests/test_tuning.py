@@ -11,8 +11,8 @@ import pytest
 from helpers import run_in_process, url_of, write_study
 from optuna.trial import TrialState, create_trial
 
-from ablations.run.spec import MIN_TUNE_SEEDS, available_studies, load_spec
 from ablations.run.study import TUNE_GRID, choose_lrs, tune_outcome
+from ablations.studies.spec import MIN_TUNE_SEEDS, available_studies, load_spec
 
 VARIANTS = [{"label": "standard", "residual": "standard"}, {"label": "rezero", "residual": "rezero"}]
 

@@ -43,8 +43,8 @@ from helpers import (
 )
 from optuna.trial import TrialState
 
-from ablations.run.spec import load_spec
-from ablations.run.storage import open_storage
+from ablations.studies.spec import load_spec
+from ablations.studies.storage import open_storage
 
 pytestmark = [*STUDY_TEST_MARKS, pytest.mark.slow]
 PROCESSES = 3

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from lit_modules.config import ViTConfig
 
 from ..cli import markdown_table
-from .timing import image_batch, median, round_ratios
+from ..machine.timing import image_batch, median, round_ratios
 
 BACKBONE = ViTConfig()  # the timed backbone's fields other than those Settings sets
 
@@ -164,7 +164,7 @@ def is_dca(residual: str, options: dict) -> bool:
 def study_trial(s: Settings):
     """The RunConfig of the study's representative trial (first variant, middle depth, seed 0) with the mode's
     overrides, and the spec."""
-    from ablations.run.spec import load_spec
+    from ablations.studies.spec import load_spec
 
     spec = load_spec(STUDY)
     grid = spec.grid()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import time
 
+from ..machine.timing import interleave, median, paired_ratio, rotated, round_ratios, synchronised, train_step
 from .harness import (
     Sampled,
     Section,
@@ -20,7 +21,6 @@ from .harness import (
     selected_configs,
     set_fused_attn,
 )
-from .timing import interleave, median, paired_ratio, rotated, round_ratios, synchronised, train_step
 
 
 # --- 1. our backbone vs timm's --------------------------------------------------------------------------------------

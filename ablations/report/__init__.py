@@ -7,7 +7,7 @@
     python -m ablations.report --study residual_variants --budget smoke --set max_epochs=2   # a --set study
 
 ``--set FIELD=VALUE`` (as given to ``ablations.run``) finds the study those overrides ran as
-(:mod:`ablations.run.overrides`); the main table's notes say which overrides the study ran with.
+(:mod:`ablations.studies.overrides`); the main table's notes say which overrides the study ran with.
 
 Writes to ``<results-dir>/<study name>/`` (or ``--out``):
 

@@ -1,4 +1,4 @@
-"""Verdicts for the papers' claims a study file lists (``claims:`` in the YAML, :class:`ablations.run.spec.Claim`),
+"""Verdicts for the papers' claims a study file lists (``claims:`` in the YAML, :class:`ablations.studies.spec.Claim`),
 computed from the report-phase runs and written to ``claims.md`` / ``claims.csv``; never written by hand.
 
 Each testable claim is a paired comparison of its variant with its baseline over seeds (at its depth, or one line
@@ -82,7 +82,7 @@ def comparison_cells(data: StudyData, row: str, depth, base_row: str, base_depth
 
 
 def premise_holds(direction: str, cmp) -> bool:
-    """Whether a premise's paired comparison shows what it asserts (:data:`ablations.run.spec.PREMISE_DIRECTIONS`):
+    """Whether a premise's paired comparison shows what it asserts (:data:`ablations.studies.spec.PREMISE_DIRECTIONS`):
     ``lower``/``higher``: the 95% t-interval lies below/above 0 (all differences equal: their sign); ``not_higher``
     / ``not_lower``: it does not lie above/below 0. Without 2 pairs nothing is shown: False."""
     if cmp is None or cmp.n < 2 or cmp.delta is None:

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the interpreter's flush at exit
         return 0
     except Exception as exc:  # a storage file found damaged past the check in _main: one line, not a traceback
-        from ..run.storage import unusable_storage_error, unusable_storage_message
+        from ..studies.storage import unusable_storage_error, unusable_storage_message
 
         damaged = unusable_storage_error(exc)
         if damaged is None:
@@ -75,8 +75,8 @@ def _ledger(args: argparse.Namespace) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from ..run.overrides import OVERRIDES_ATTR, apply_sets, describe, parse_sets
-    from ..run.spec import load_spec
+    from ..studies.overrides import OVERRIDES_ATTR, apply_sets, describe, parse_sets
+    from ..studies.spec import load_spec
     from . import format as fmt
     from . import runs as runs_csv
     from .load import collect, open_study, open_tune_study
@@ -92,7 +92,7 @@ def _main(args: argparse.Namespace) -> int:
     if args.runs:
         data = runs_csv.read(Path(args.runs), spec, study_name)
     else:
-        from ..run.storage import check_sqlite_file
+        from ..studies.storage import check_sqlite_file
 
         check_sqlite_file(args.storage)  # garbage or a truncated file: one line, and the file is never written
         study = open_study(args.storage, study_name, spec)
@@ -150,10 +150,10 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def write_resolved(spec, path: Path) -> Path:
-    """The study as trained (:func:`ablations.run.spec.resolved`) as YAML at ``path``."""
+    """The study as trained (:func:`ablations.studies.spec.resolved`) as YAML at ``path``."""
     import yaml
 
-    from ..run.spec import resolved
+    from ..studies.spec import resolved
 
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(resolved(spec), sort_keys=False, allow_unicode=True, width=120))

@@ -57,7 +57,7 @@ class StudyClaims:
 def study_folders(results_dir: Path) -> list[tuple[str, str, str]]:
     """(folder, study, budget) of every ``<results-dir>/<folder>/runs.csv`` whose folder names a registered study
     (``<study>`` or ``<study>-<budget>``), sorted by folder name."""
-    from ..run.spec import BUDGETS, available_studies
+    from ..studies.spec import BUDGETS, available_studies
 
     studies = available_studies()
     found = []
@@ -74,7 +74,7 @@ def study_folders(results_dir: Path) -> list[tuple[str, str, str]]:
 
 def load_study_claims(results_dir: Path) -> list[StudyClaims]:
     """Every study folder's claim lines (:func:`study_folders`), judged from its runs.csv under its study file."""
-    from ..run.spec import load_spec
+    from ..studies.spec import load_spec
     from .runs import read
 
     out = []

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import layout
-from ..run.spec import tune_name
+from ..studies.spec import tune_name
 from ..training import HP_SUMMARY_KEYS
 
 BASELINE = "standard"  # the variant every other one is compared with
@@ -69,7 +69,7 @@ class Run:
     run_name: str | None = None  # the TensorBoard run (``<variant>/depth=<d>/seed=<s>``; older studies: trial_NNNN)
     phase: str = "report"  # tune (LR tuning seeds) | report (the reported seeds)
     mode: str | None = None  # precision + attention kernel as runs.csv recorded it (None: from summary / config)
-    #: completed below the study's floor (``floor:``, :class:`ablations.run.spec.Floor`): counted like a diverged run
+    #: completed below the study's floor (``floor:``, :class:`ablations.studies.spec.Floor`): counted like a diverged run
     failed_training: bool = False
 
     @property
@@ -148,7 +148,7 @@ def open_study(url: str, study_name: str, spec=None):
     of them is missing."""
     if "://" not in url:
         raise ReportError(f"storage '{url}' is not a URL; e.g. {layout.DEFAULT_STORAGE}")
-    from ..run.storage import _redact, _with_installed_driver
+    from ..studies.storage import redact, with_installed_driver
 
     names: list[str] | None = None
     if url.startswith("sqlite:"):
@@ -165,14 +165,14 @@ def open_study(url: str, study_name: str, spec=None):
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        storage = optuna.storages.RDBStorage(_with_installed_driver(url), skip_table_creation=True,
+        storage = optuna.storages.RDBStorage(with_installed_driver(url), skip_table_creation=True,
                                              skip_compatibility_check=True)  # postgresql:// with psycopg2 too
         if names is None:
             names = [s.study_name for s in storage.get_all_studies()]
     except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError, ImportError) as exc:
         if isinstance(exc, optuna.exceptions.StorageInternalError):  # Optuna wraps a failed connection
             exc = exc.__cause__ or exc
-        raise ReportError(f"cannot read storage '{_redact(url)}': {first_line(getattr(exc, 'orig', None) or exc)}"
+        raise ReportError(f"cannot read storage '{redact(url)}': {first_line(getattr(exc, 'orig', None) or exc)}"
                           ) from None
     if study_name not in names:
         hint = ""
@@ -181,9 +181,9 @@ def open_study(url: str, study_name: str, spec=None):
                       if (spec.name if b == "default" else f"{spec.name}-{b}") in names and b != spec.budget]
             if others:
                 hint = f" (run with --budget {others[0]}?)"
-            elif any(n.startswith(f"{study_name}+") for n in names):  # ablations.run.overrides' naming rule
+            elif any(n.startswith(f"{study_name}+") for n in names):  # ablations.studies.overrides' naming rule
                 hint = " (a study run with --set: pass the same --set arguments)"
-        raise ReportError(f"study '{study_name}' not found in {_redact(url)}; studies there: "
+        raise ReportError(f"study '{study_name}' not found in {redact(url)}; studies there: "
                           f"{', '.join(sorted(names)) or 'none'}{hint}")
     return optuna.load_study(study_name=study_name, storage=storage)
 
@@ -301,7 +301,7 @@ def assemble(name: str, spec, runs: list[Run], pending: int = 0, skipped: int = 
         run.row = row_label(run.variant, run.extras)
         if floor is not None and run.state == "complete" and not run.diverged:
             value = run.summary.get(floor.metric)
-            run.failed_training = finite(value) and floor.failed(float(value), _classes(run))
+            run.failed_training = finite(value) and floor.failed(float(value), classes_of(run))
 
     def row_key(run: Run):
         index = labels.index(run.variant) if run.variant in labels else len(labels)
@@ -330,7 +330,7 @@ def assemble(name: str, spec, runs: list[Run], pending: int = 0, skipped: int = 
     )
 
 
-def _classes(run: Run) -> int | None:
+def classes_of(run: Run) -> int | None:
     """The run's number of classes as its summary or config recorded it (also inside ``dataset_options``)."""
     config = run.config or {}
     for value in (run.summary.get("num_classes"), config.get("num_classes"),

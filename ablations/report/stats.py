@@ -29,7 +29,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .load import BASELINE, Run, StudyData, _classes
+from .load import BASELINE, Run, StudyData, classes_of
 
 ALPHA = 0.05  # family-wise significance level (Holm–Bonferroni over the table)
 POWER = 0.8  # power of the minimum detectable effect
@@ -135,7 +135,7 @@ def mde(sd: float | None, n: int, alpha: float, power: float = POWER) -> float |
 
 def num_classes(run: Run) -> int | None:
     """The run's number of classes as its summary or config recorded it (also inside ``dataset_options``)."""
-    return _classes(run)
+    return classes_of(run)
 
 
 def chance_level(run: Run) -> float:

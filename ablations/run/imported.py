@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import layout
-from .study import _create_study, _done_trials, _point_key, _trial_point
+from .study import Stored, create_study, done_trials, point_key, trial_point
 
 IMPORTED = "imported_from"  # user attr of an imported trial: the runs.csv it came from
 
@@ -103,7 +103,7 @@ def _only_the_rate(run, config, cache: dict) -> bool:
 def _user_attrs(run, config, stage: str, path: Path) -> dict[str, Any]:
     from data import dataset_shape
 
-    from .objective import _jsonable
+    from .objective import jsonable
 
     attrs = {k: v for k, v in run.summary.items() if v is not None}
     if (run.config or {}).get("num_classes") is not None:  # a diverged run's chance level in the paired tests
@@ -112,8 +112,8 @@ def _user_attrs(run, config, stage: str, path: Path) -> dict[str, Any]:
         precision, _, attention = run.mode.partition(" + ")
         attrs |= {"precision": precision, "fused_attn": attention.startswith("fused")}
     return attrs | {"run_name": run.run_name, "phase": stage, IMPORTED: str(path),
-                    "config": _jsonable(config.to_dict()),
-                    layout.MODEL_KEY: _jsonable(config.model_config(dataset_shape(config)).to_dict())}
+                    "config": jsonable(config.to_dict()),
+                    layout.MODEL_KEY: jsonable(config.model_config(dataset_shape(config)).to_dict())}
 
 
 def _read(path: Path, spec, study_name: str):
@@ -141,22 +141,20 @@ def _read(path: Path, spec, study_name: str):
 
 
 def imported_done(path: str | Path, spec, study_name: str):
-    """What the runs file would bring (:class:`ablations.run.plan.Stored`, for a dry run): the points of each
+    """What the runs file would bring (:class:`ablations.run.study.Stored`, for a dry run): the points of each
     stage it completed, the points left, and its trials' wall times by (variant, depth) cell. Nothing is checked
     against the study file beyond the points (the run does that)."""
-    from .plan import Stored
-
     path = Path(path)
     stages = ([spec.tune_stage()] if spec.tune is not None else []) + [spec]
     done, left, seconds = [], [], {}
     for stage in stages:
         rows = [(r, p) for r, p in _matched(path, stage, study_name) if r.state == "complete" and p is not None]
-        finished = {_point_key(p) for _, p in rows}
+        finished = {point_key(p) for _, p in rows}
         done.append(len(finished))
-        left += [p for p in stage.grid() if _point_key(p) not in finished]
+        left += [p for p in stage.grid() if point_key(p) not in finished]
         for r, point in rows:
             wall = r.summary.get("wall_time_s")
-            if isinstance(wall, (int, float)) and wall > 0:  # the cell as _stored_done keys it
+            if isinstance(wall, (int, float)) and wall > 0:  # the cell as stored_done keys it
                 seconds.setdefault((point["variant"], point.get("depth")), []).append(float(wall))
     tune_done, report_done = done if len(done) == 2 else (0, done[0])
     return Stored(tune_done, report_done, f"runs file {path} (--import-runs)", seconds, tuple(left))
@@ -174,8 +172,8 @@ def import_runs(path: str | Path, spec, storage, study_name: str, overrides: dic
 
     path = Path(path)
     matched = _matched(path, spec, study_name)
-    study = _create_study(spec, storage, study_name, seed=0)
-    done = {_point_key(_trial_point(t)) for t in _done_trials(study)}
+    study = create_study(spec, storage, study_name, seed=0)
+    done = {point_key(trial_point(t)) for t in done_trials(study)}
     objective = Objective(spec, log_root=Path("."), overrides=overrides, tuned=tuned)
     categorical, cache = categorical_axes(study, spec), {}
     trials, here, outside, incomplete, other_rate = [], 0, 0, 0, 0
@@ -184,7 +182,7 @@ def import_runs(path: str | Path, spec, storage, study_name: str, overrides: dic
             incomplete += 1
         elif point is None:
             outside += 1
-        elif _point_key(point) in done:
+        elif point_key(point) in done:
             here += 1
         else:
             config = objective.config(point)
@@ -205,7 +203,7 @@ def import_runs(path: str | Path, spec, storage, study_name: str, overrides: dic
                                        distributions=fixed.distributions, user_attrs=_user_attrs(
                                            run, config, spec.stage, path), system_attrs={"fixed_params": point},
                                        intermediate_values={epoch - 1: v for epoch, v in run.curve.items()}))
-            done.add(_point_key(point))
+            done.add(point_key(point))
     if outside and not trials and not here:
         raise ValueError(f"--import-runs: no completed row of '{path}' is a point of {spec.stage} study "
                          f"'{study_name}' ({outside} row(s) of other points): is it another study's runs.csv?")

@@ -6,7 +6,7 @@ configuration.
 
 - A value is read as YAML (``2``, ``32-true``, ``1e-3``, ``true``, ``null``, ``[0.9, 0.999]``) and the field is any
   :class:`~ablations.config.RunConfig` field; it is applied over the study's base (as if the study file's ``base``
-  had it, a ``recipe`` with the recipe rule of :func:`ablations.run.recipes.with_recipe`), so the tuning stage trains
+  had it, a ``recipe`` with the recipe rule of :func:`ablations.recipes.with_recipe`), so the tuning stage trains
   with it too. A field the study varies itself (a grid axis, a field a variant sets, the residual and its
   options, the learning rate of a study with a tuning stage) is refused: the study, not the command line, decides it.
 - **Naming rule.** A study never mixes trials of two configurations: a ``--set`` that changes what a trial trains
@@ -38,8 +38,8 @@ _SAFE = re.compile(r"[A-Za-z0-9._,-]*")
 def parse_sets(items: Sequence[str] | None) -> dict[str, Any]:
     """``["max_epochs=2", ...]`` -> ``{"max_epochs": 2, ...}``, each field a RunConfig field and each value of the
     field's type. ValueError (one line) for a malformed item, an unknown field, a bad value or a field given twice."""
-    from ..config import _coerce, config_fields
-    from ..train import parse_value
+    from ..cli import parse_value
+    from ..config import coerce_field, config_fields
 
     kinds = {f.name: f.metadata["kind"] for f in config_fields()}
     values: dict[str, Any] = {}
@@ -54,7 +54,7 @@ def parse_sets(items: Sequence[str] | None) -> dict[str, Any]:
             raise ValueError(f"--set {name} is given twice; give it once")
         value = parse_value(text)
         try:
-            _coerce(name, kinds[name], value)
+            coerce_field(name, kinds[name], value)
         except ValueError as exc:
             raise ValueError(f"--set {name}: {exc}") from None
         values[name] = value
@@ -66,10 +66,10 @@ def value_text(name: str, value: Any) -> str:
     for an int, ``0.001`` for ``1e-3``), ``true``/``false``/``none``, lists comma-joined."""
     import json
 
-    from ..config import _coerce, config_fields
+    from ..config import coerce_field, config_fields
 
     kind = next(f.metadata["kind"] for f in config_fields() if f.name == name)
-    value = _coerce(name, kind, value)
+    value = coerce_field(name, kind, value)
     if value is None or isinstance(value, bool):
         return {None: "none", True: "true", False: "false"}[value]
     if isinstance(value, (tuple, list)):
@@ -101,7 +101,7 @@ def apply_sets(spec, sets: dict[str, Any]):
     value that makes a point's configuration invalid."""
     if not sets:
         return spec
-    from .recipes import RECIPE_FIELDS, with_recipe
+    from ..recipes import RECIPE_FIELDS, with_recipe
 
     owners = _owners(spec)
     for name in sets:

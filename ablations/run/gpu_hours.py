@@ -105,13 +105,13 @@ def precision_kind(precision: str) -> str:
 
 def resolve_precision(config: Any, accelerator: str = "cuda", results_dir: str | Path = layout.RESULTS_DIR) -> str:
     """The Lightning precision a run of ``config`` trains at on ``accelerator``: its own, or for ``auto`` what the
-    training run would pick (``ablations.bench.modes.auto_mode``: a measured ``<results_dir>/device/modes-cuda.json``, else
+    training run would pick (``ablations.machine.modes.auto_mode``: a measured ``<results_dir>/device/modes-cuda.json``, else
     bf16 autocast on CUDA)."""
     if config.precision != "auto":
         return config.precision
     from data import dataset_shape
 
-    from .modes import auto_mode, tokens
+    from ..machine.modes import auto_mode, tokens
 
     shape = dataset_shape(config)
     count = tokens(shape["img_size"], config.patch_size or shape["patch_size"])
@@ -426,7 +426,7 @@ def describe_estimate(est: Estimate) -> list[str]:
 
 
 def recipe_line(config: Any) -> str:
-    """``recipe: NAME (the pieces it switches on)`` of a RunConfig (:func:`ablations.run.recipes.describe`)."""
-    from ..run.recipes import describe
+    """``recipe: NAME (the pieces it switches on)`` of a RunConfig (:func:`ablations.recipes.describe`)."""
+    from ..recipes import describe
 
     return f"recipe: {config.recipe} ({describe(config.recipe_values())})"

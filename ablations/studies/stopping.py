@@ -103,7 +103,7 @@ def _force() -> None:
 @contextlib.contextmanager
 def held_during():
     """Hold a stop signal that arrives in the block (in the main thread) and raise it as the block ends. The study's
-    storage runs every call in one (:func:`ablations.run.storage.open_storage`), so that the KeyboardInterrupt never
+    storage runs every call in one (:func:`ablations.studies.storage.open_storage`), so that the KeyboardInterrupt never
     lands inside a transaction. Without the CLI's handler (:func:`stop_on_signals`) this changes nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield

@@ -14,7 +14,7 @@ measurement applies only to the machine it was made on:
 - **Lookup, CPU** (:func:`choose_mode`): the user's bench table ``results/device/modes-cpu.json`` (``python -m
   ablations.bench --sections modes --out results/device``), then this machine's cache of measured cells
   ``results/device/modes-cpu-<signature>.json``, then the table that ships with the project
-  (``ablations/bench/modes_cpu.json``, measured on the development machine) — each only if its signature is this
+  (``ablations/machine/modes_cpu.json``, measured on the development machine) — each only if its signature is this
   machine's. A grid table answers with its nearest cell in (log width, log tokens); the cache only for the exact
   (width, tokens) cell.
 - **Otherwise it measures** (:func:`measure_cell`, when the caller allows it: a training run and the study runner
@@ -369,7 +369,7 @@ def measure_cell(size: dict[str, Any], batch: int, *, device: str = "cpu", reps:
                  steps: int = PROBE_STEPS, warmup: int = PROBE_WARMUP) -> dict[str, Any]:
     """Time one train step of ``standard`` (``size``: VisionTransformer's img_size, patch_size, in_chans,
     num_classes, embed_dim, depth, num_heads, mlp_ratio) on a fixed random batch in the four modes, interleaved
-    (:mod:`ablations.bench.timing`). Returns ``times_s`` (the reference ``32-true/fused``'s median x each mode's median
+    (:mod:`ablations.machine.timing`). Returns ``times_s`` (the reference ``32-true/fused``'s median x each mode's median
     in-round ratio to it: the paired estimate), ``median_s``, ``ratios`` and ``rounds_s``. The global RNGs are left
     as they were (a training run measures between seeding and building its model)."""
     import torch

@@ -1,5 +1,5 @@
 """The timing harness shared by the benchmark (:mod:`ablations.bench`) and precision ``auto``'s on-the-spot
-measurement (:mod:`ablations.bench.modes`): zero-argument functions timed in interleaved rounds, medians and paired
+measurement (:mod:`ablations.machine.modes`): zero-argument functions timed in interleaved rounds, medians and paired
 in-round ratios, and one training step (forward, cross-entropy, backward, AdamW) as such a function.
 
 Method: every function is called untimed first (warm-up), then ``reps`` rounds run; in a round every function in
@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..run.recipes import RECIPES
+from ..recipes import RECIPES
 
 #: the timed step's AdamW settings: the default (``basic``) recipe's
 LR, WEIGHT_DECAY = RECIPES["basic"]["lr"], RECIPES["basic"]["weight_decay"]

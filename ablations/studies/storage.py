@@ -23,7 +23,7 @@ def check_url(url: str) -> str:
     """The checks of a storage URL that connect to nothing (a dry run makes them too): ValueError (one line) for a
     string that is not a URL, a SQLite file in a folder that does not exist or that is not a SQLite database, a
     malformed URL, or a database kind or driver that SQLAlchemy cannot load. Returns the URL to connect to (with the
-    installed PostgreSQL driver: ``_with_installed_driver``)."""
+    installed PostgreSQL driver: ``with_installed_driver``)."""
     import sqlalchemy.exc
 
     if "://" not in url:
@@ -32,15 +32,15 @@ def check_url(url: str) -> str:
     if path is not None and url != DEFAULT_STORAGE and not path.parent.is_dir():
         raise ValueError(f"storage '{url}': folder '{path.parent}' does not exist")
     check_sqlite_file(url)
-    target = _with_installed_driver(url)
+    target = with_installed_driver(url)
     try:
         sqlalchemy.engine.make_url(target).get_dialect().import_dbapi()
     except sqlalchemy.exc.NoSuchModuleError as exc:  # before ArgumentError, its base class
-        raise ValueError(f"storage URL '{_redact(url)}' has an unknown database kind: {_first_line(exc)}") from None
+        raise ValueError(f"storage URL '{redact(url)}' has an unknown database kind: {_first_line(exc)}") from None
     except (sqlalchemy.exc.ArgumentError, ValueError) as exc:  # ValueError: e.g. a port that is not a number
-        raise ValueError(f"storage URL '{_redact(url)}' is not valid: {_first_line(exc)}") from None
+        raise ValueError(f"storage URL '{redact(url)}' is not valid: {_first_line(exc)}") from None
     except ImportError as exc:
-        raise ValueError(f"storage '{_redact(url)}' needs a database driver that is not installed: {exc}") from None
+        raise ValueError(f"storage '{redact(url)}' needs a database driver that is not installed: {exc}") from None
     return target
 
 
@@ -76,7 +76,7 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_s: int = HEARTBEAT_S, 
             serialize_sqlite_transactions(storage.engine)
         return storage
     except sqlalchemy.exc.OperationalError as exc:
-        raise ValueError(f"cannot reach storage '{_redact(url)}': {_first_line(exc.orig or exc)}") from None
+        raise ValueError(f"cannot reach storage '{redact(url)}': {_first_line(exc.orig or exc)}") from None
     except sqlalchemy.exc.DatabaseError as exc:
         if unusable_storage_error(exc) is None:
             raise
@@ -115,7 +115,7 @@ def _retry_class() -> type:
 
 @functools.cache
 def _storage_class():
-    """``RDBStorage`` whose every call holds a Ctrl-C / SIGTERM until it returns (:func:`ablations.run.stopping.held_during`):
+    """``RDBStorage`` whose every call holds a Ctrl-C / SIGTERM until it returns (:func:`ablations.studies.stopping.held_during`):
     a KeyboardInterrupt raised in the middle of a transaction could leave it open, and the lock with it."""
     import optuna
 
@@ -233,11 +233,11 @@ def unusable_storage_error(exc: BaseException) -> BaseException | None:
 
 def unusable_storage_message(url: str, error: BaseException) -> str:
     """One line for a storage file found damaged while it was being used."""
-    return (f"storage '{_redact(url)}' is not a usable SQLite database ({_first_line(getattr(error, 'orig', None) or error)}); "
+    return (f"storage '{redact(url)}' is not a usable SQLite database ({_first_line(getattr(error, 'orig', None) or error)}); "
             "it was left as it is: restore it from a backup, or pass --storage with another file")
 
 
-def _with_installed_driver(url: str) -> str:
+def with_installed_driver(url: str) -> str:
     """``postgresql://`` with the PostgreSQL driver that is installed. SQLAlchemy 2.1 maps the bare scheme to
     psycopg (3), 2.0 to psycopg2; this project depends on psycopg2-binary, so without psycopg 3 the bare URL would
     fail with "driver not installed". An explicit ``postgresql+driver://`` is left alone; ``postgres://`` (libpq's
@@ -274,7 +274,7 @@ def lost_storage_error(exc: BaseException) -> BaseException | None:
 
 def lost_storage_message(url: str, error: BaseException) -> str:
     """One line for a worker that lost its storage mid-study."""
-    return (f"lost storage '{_redact(url)}': {_first_line(getattr(error, 'orig', None) or error)}; completed "
+    return (f"lost storage '{redact(url)}': {_first_line(getattr(error, 'orig', None) or error)}; completed "
             "trials are kept and a trial that was running is retried from its last checkpoint: rerun the same "
             "command once the database is reachable again")
 
@@ -310,7 +310,7 @@ def _first_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
-def _redact(url: str) -> str:
+def redact(url: str) -> str:
     """Hide a password in a URL before printing it."""
     import re
 

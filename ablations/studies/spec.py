@@ -47,9 +47,10 @@ budgets); the study file is laid over it, and what results is loaded as if it we
 - a base file may extend another; a file that extends itself (directly or not) is refused.
 
 Only the files directly in ``ablations/studies/`` are studies (``--list``, ``--study NAME``): base files live in
-a folder below it. ``--dry-run`` prints the resolved base of the trials and the report's README the resolved study.
+a folder below it. ``--dry-run`` prints the resolved base of the trials, and the report writes the resolved study
+(``study.yaml``).
 
-A ``recipe`` (``basic``, ``paper``: :mod:`ablations.run.recipes`) set by a budget's base, a variant's overrides or an
+A ``recipe`` (``basic``, ``paper``: :mod:`ablations.recipes`) set by a budget's base, a variant's overrides or an
 axis replaces the recipe fields of the layers before it (the study's base), unless it sets them itself.
 
 Every unknown key is a one-line ``ValueError`` naming the key, where it is, and the valid keys.
@@ -82,9 +83,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .recipes import with_recipe
+from ..recipes import with_recipe
 
-STUDY_DIR = Path(__file__).parent.parent / "studies"
+STUDY_DIR = Path(__file__).parent  # the study files beside this loader
 BUDGETS = ("smoke", "quick", "default", "paper")
 #: budgets that check a study runs (smoke) or give a first look in minutes (quick): too few seeds for evidence, and
 #: the run and every report table say so (:meth:`StudySpec.first_look`)
@@ -243,7 +244,7 @@ class StudySpec:
     tune: TuneSpec | None = None
     stage: str = "report"  # "tune": the tuning stage's own grid (tune_stage)
     claims: tuple[Claim, ...] = ()
-    #: ``--set`` fields that change what a trial trains, as text (:func:`ablations.run.overrides.apply_sets`)
+    #: ``--set`` fields that change what a trial trains, as text (:func:`ablations.studies.overrides.apply_sets`)
     overrides: dict = field(default_factory=dict)
     #: the budgets the study file defines, in ``BUDGETS`` order (always ``default``): any other is refused
     budgets: tuple[str, ...] = ("default",)
@@ -257,7 +258,7 @@ class StudySpec:
     @property
     def study_name(self) -> str:
         """The name in the Optuna storage: budgets never share a study, nor do ``--set`` overrides
-        (``+FIELD=VALUE``, :mod:`ablations.run.overrides`); the tuning stage is ``<name>-tune``."""
+        (``+FIELD=VALUE``, :mod:`ablations.studies.overrides`); the tuning stage is ``<name>-tune``."""
         from .overrides import name_suffix
 
         name = self.name if self.budget == "default" else f"{self.name}-{self.budget}"
