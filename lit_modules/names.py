@@ -36,6 +36,7 @@ RESIDUAL_CLASSES: dict[str, str] = {
     "keel": "Keel",
     "resi_dual": "ResiDual",
     "ngpt": "NGPT",
+    "gpas": "GPAS",
 }
 
 #: attention kind -> its class in ``lit_modules/attention.py``

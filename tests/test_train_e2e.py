@@ -48,6 +48,7 @@ PARAMS = {  # (sublayer, key) the variant must log for every layer
     "keel": (("mlp", "branch_skip_ratio"),),
     "resi_dual": (("attn", "branch_skip_ratio"), ("mlp", "branch_skip_ratio")),
     "ngpt": (("attn", "alpha_mean"), ("mlp", "alpha_std")),
+    "gpas": (("attn", "gate"), ("attn", "scale")),  # one g per block, reported by its attention site
 }
 
 

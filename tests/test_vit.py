@@ -113,6 +113,9 @@ RETROFIT = {
     "keel": ("keel", {"final_norm": True}, _blocks(3, *(f"ls{s}.post_norm.{p}" for s in (1, 2)
                                                         for p in ("weight", "bias")))
              - {"blocks.0.ls1.post_norm.weight", "blocks.0.ls1.post_norm.bias"}, False),
+    # the 2025-26 frontier
+    "gpas": ("gpas", {}, _blocks(3, "ls1.gate"), True),  # SiLU(0) = 0: pre-LN exactly
+    "gpas_sublayer": ("gpas", {"gate": "sublayer"}, _blocks(3, "ls1.gate", "ls2.gate"), True),
 }
 
 # variants whose layout cannot hold a timm ViT checkpoint: the keys the error names first
