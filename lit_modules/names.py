@@ -37,6 +37,7 @@ RESIDUAL_CLASSES: dict[str, str] = {
     "resi_dual": "ResiDual",
     "ngpt": "NGPT",
     "gpas": "GPAS",
+    "siamese_norm": "SiameseNorm",
 }
 
 #: attention kind -> its class in ``lit_modules/attention.py``

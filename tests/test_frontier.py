@@ -84,7 +84,7 @@ def decay_of(model: VisionTransformer) -> dict[str, float]:
 
 
 def test_frontier_variants_are_registered_with_their_papers():
-    for name in ("gpas",):
+    for name in ("gpas", "siamese_norm"):
         assert RESIDUALS[name].name == name and "arXiv" in RESIDUALS[name].paper
 
 
@@ -150,3 +150,105 @@ def test_gpas_gates_are_live_and_undecayed():
 ])
 def test_gpas_bad_options(options, words):
     assert_bad_options("gpas", options, words)
+
+
+# ================================================================================================================
+# SiameseNorm (arXiv 2602.08064): x ← N_post(x); f = F(N_in(x + N_pre(y))); x ← x + f/c; y ← y + f
+
+
+def layer_norm_hand(row, eps=1e-5):
+    """LayerNorm of one token by hand (unit gain, zero bias): biased variance, ε inside the square root."""
+    mean = sum(row) / len(row)
+    var = sum((v - mean) ** 2 for v in row) / len(row)
+    return [(v - mean) / math.sqrt(var + eps) for v in row]
+
+
+def tokens(model: VisionTransformer, imgs: torch.Tensor) -> torch.Tensor:
+    x = model.patch_embed(imgs)
+    return torch.cat([model.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + model.pos_embed
+
+
+def siamese_reference(model: VisionTransformer, imgs: torch.Tensor) -> torch.Tensor:
+    """The reference's DeiT forward (Qwen-Applications/SiameseNorm ``deit-model-siamesenorm.py``: ``Block.forward``
+    and ``forward_features``), written out on the model's own modules."""
+    x = tokens(model, imgs)
+    y = x.clone()
+    for i, blk in enumerate(model.blocks):
+        c = ((i + 1) * 2) ** 0.5
+        for site, norm, sub in ((blk.ls1, blk.norm1, blk.attn), (blk.ls2, blk.norm2, blk.mlp)):
+            x = site.post_norm(x)
+            z = sub(norm(x + site.y_norm(y)))
+            x, y = x + z / c, y + z
+    x = model.norm(model.stream.norm_x(x) + model.stream.norm_y(y))
+    return model.head(x[:, 0])
+
+
+def test_siamese_norm_equals_the_reference_forward():
+    model = perturb(build("siamese_norm"), scale=0.2).eval()
+    imgs = images()
+    with torch.no_grad():
+        assert torch.allclose(model(imgs), siamese_reference(model, imgs), atol=1e-12, rtol=0)
+    assert [round(b.ls2.c ** 2, 12) for b in model.blocks] == [2.0, 4.0, 6.0]  # c² = 2(l + 1)
+
+
+def test_siamese_norm_site_by_hand():
+    """Δ = LN_post(x) + f/c − x (block 1: c = 2) and y ← y + f, with LN computed by hand."""
+    from lit_modules.residual.siamese_norm import SiameseNorm
+
+    site = SiameseNorm(4, args=block_args(layer=1))
+    y0 = T(U)
+    history = [y0]
+    out = site(T(X), T(U), T(FB), history)
+    want = [[layer_norm_hand(X[n])[d] + FB[n][d] / 2.0 - X[n][d] for d in range(4)] for n in range(2)]
+    assert torch.allclose(out, T(want), atol=1e-14, rtol=0)
+    assert torch.allclose(history[0], y0 + T(FB), atol=0, rtol=0)
+    branch, skip = site.decompose(T(X), T(U), T(FB))
+    assert torch.allclose(branch + (skip - 1) * T(X), out, atol=1e-13, rtol=0)
+    assert site(T(X), T(U), T(FB), None).shape == (1, 2, 4)  # outside the stream: y left alone
+
+
+def test_siamese_norm_first_input_is_pre_ln_and_the_model_is_not_standard():
+    """N_in(N_post(x₀) + N_pre(x₀)) = LN(2·LN x₀) = LN x₀ up to ε: block 0's attention reads pre-LN's input
+    (ε = 1e-20 here: the class token's tiny norm makes ε visible otherwise)."""
+    std, var = build("standard", norm_eps=1e-20).eval(), build("siamese_norm", norm_eps=1e-20).eval()
+    seen = {}
+    for name, model in (("std", std), ("var", var)):
+        model.blocks[0].attn.register_forward_pre_hook(lambda m, a, name=name: seen.__setitem__(name, a[0]))
+    imgs = images()
+    with torch.no_grad():
+        out, ref = var(imgs), std(imgs)
+    assert torch.allclose(seen["var"], seen["std"], atol=1e-10, rtol=0)
+    assert (out - ref).abs().max() > 1e-4
+
+
+def test_siamese_norm_drop_path_one_keeps_the_post_norm_and_leaves_y():
+    from timm.layers import DropPath
+
+    model = perturb(build("siamese_norm", drop_path_rate=1.0), scale=0.2).train()
+    for blk in model.blocks:
+        blk.drop_path1, blk.drop_path2 = DropPath(1.0), DropPath(1.0)
+    x0 = tokens(model, images())
+    with torch.no_grad():
+        got = model.stream(x0, model.blocks)
+        x = x0
+        for blk in model.blocks:
+            x = blk.ls2.post_norm(blk.ls1.post_norm(x))
+        want = model.stream.norm_x(x) + model.stream.norm_y(x0)
+    assert torch.allclose(got, want, atol=1e-13, rtol=0)
+
+
+def test_siamese_norm_parameters_live_undecayed_and_counted():
+    model = build("siamese_norm")
+    assert_live(model)
+    wd = decay_of(model)
+    assert all(wd[n] == 0.0 for n in wd if "norm" in n)
+    extra = sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in build("standard").parameters())
+    assert extra == TINY["depth"] * 8 * TINY["embed_dim"] + 4 * TINY["embed_dim"]  # +8D per block, 2 final LNs
+    divided = build("siamese_norm", {"branch_divisor": 1.0})
+    assert [b.ls1.c for b in divided.blocks] == [1.0] * TINY["depth"]
+
+
+def test_siamese_norm_bad_options():
+    assert_bad_options("siamese_norm", {"branch_divisor": 0.0}, ["branch_divisor=0.0", "'auto'"])
+    with pytest.raises(RuntimeError, match="needs the stream's history"):
+        build("siamese_norm").blocks[0](torch.randn(1, 5, 8))

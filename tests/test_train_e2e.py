@@ -49,6 +49,7 @@ PARAMS = {  # (sublayer, key) the variant must log for every layer
     "resi_dual": (("attn", "branch_skip_ratio"), ("mlp", "branch_skip_ratio")),
     "ngpt": (("attn", "alpha_mean"), ("mlp", "alpha_std")),
     "gpas": (("attn", "gate"), ("attn", "scale")),  # one g per block, reported by its attention site
+    "siamese_norm": (("attn", "branch_divisor"), ("mlp", "branch_divisor")),
 }
 
 

@@ -116,6 +116,10 @@ RETROFIT = {
     # the 2025-26 frontier
     "gpas": ("gpas", {}, _blocks(3, "ls1.gate"), True),  # SiLU(0) = 0: pre-LN exactly
     "gpas_sublayer": ("gpas", {"gate": "sublayer"}, _blocks(3, "ls1.gate", "ls2.gate"), True),
+    # timm's norm1/norm2 load into the input norms N_in; the post/y norms and the streams' final norms are new
+    "siamese_norm": ("siamese_norm", {}, _blocks(3, *(f"ls{s}.{n}.{p}" for s in (1, 2) for n in ("post_norm", "y_norm")
+                                                      for p in ("weight", "bias")))
+                     | {f"stream.norm_{s}.{p}" for s in "xy" for p in ("weight", "bias")}, False),
 }
 
 # variants whose layout cannot hold a timm ViT checkpoint: the keys the error names first
