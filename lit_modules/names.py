@@ -38,6 +38,7 @@ RESIDUAL_CLASSES: dict[str, str] = {
     "ngpt": "NGPT",
     "gpas": "GPAS",
     "siamese_norm": "SiameseNorm",
+    "deep_delta": "DeepDelta",
 }
 
 #: attention kind -> its class in ``lit_modules/attention.py``

@@ -84,7 +84,7 @@ def decay_of(model: VisionTransformer) -> dict[str, float]:
 
 
 def test_frontier_variants_are_registered_with_their_papers():
-    for name in ("gpas", "siamese_norm"):
+    for name in ("gpas", "siamese_norm", "deep_delta"):
         assert RESIDUALS[name].name == name and "arXiv" in RESIDUALS[name].paper
 
 
@@ -252,3 +252,86 @@ def test_siamese_norm_bad_options():
     assert_bad_options("siamese_norm", {"branch_divisor": 0.0}, ["branch_divisor=0.0", "'auto'"])
     with pytest.raises(RuntimeError, match="needs the stream's history"):
         build("siamese_norm").blocks[0](torch.randn(1, 5, 8))
+
+
+# ================================================================================================================
+# Deep Delta Learning (arXiv 2601.00417): x ← x + β (v − kᵀx) k, k = F(u)/‖F(u)‖
+
+
+def delta_reference(site, x: torch.Tensor, context: torch.Tensor, k_in: torch.Tensor) -> torch.Tensor:
+    """The reference's ``DeepDeltaResidualVdim1.forward`` (yifanzhang-pro/deep-delta-learning,
+    ``model/DDL-vdim1-gpt-mha-rope.py``) written out, on the site's ``beta`` and ``value`` layers: x + update."""
+    k_dim = k_in.shape[-1]
+    k_rms = F.rms_norm(k_in, [k_dim], eps=(1e-5 * 1e-5) / k_dim)
+    k_scale = 1.0 / math.sqrt(k_dim)
+    beta = 2.0 * torch.sigmoid(site.beta(context))
+    proj = torch.sum(k_rms * x, dim=-1, keepdim=True) * k_scale
+    v = torch.sigmoid(site.value(x)) * 4.0 if site.value is not None else torch.full_like(proj, 2.0)
+    return x + (beta * (v - proj) * k_scale) * k_rms
+
+
+@pytest.mark.parametrize("value", ["sigmoid", "constant"])
+def test_deep_delta_equals_the_reference_update(value):
+    from lit_modules.residual.deep_delta import DeepDelta
+
+    site = DeepDelta(4, args=block_args(), value=value)
+    site.init_weights()
+    perturb(site, scale=0.5)
+    x, u, f = T(X), T(U), T(FB)
+    assert torch.allclose(x + site(x, u, f, None), delta_reference(site, x, u, f), atol=1e-14, rtol=0)
+
+
+def test_deep_delta_by_hand_and_the_skip_operator():
+    """One token by hand: k = f/‖f‖, β = 2σ(w_β·u + b_β), v = 4σ(w_v·x + b_v); with β = 1 and v = 0 the update erases
+    x's component along k (x_new ⟂ k), with β = 2 and v = 0 it reflects it (kᵀx_new = −kᵀx)."""
+    from lit_modules.residual.deep_delta import DeepDelta
+
+    site = DeepDelta(4, args=block_args())
+    wb, bb, wv, bv = [0.3, -0.2, 0.1, 0.5], 0.4, [-0.1, 0.2, 0.05, 0.3], -0.25
+    with torch.no_grad():
+        site.beta.weight.copy_(torch.tensor([wb]))
+        site.beta.bias.fill_(bb)
+        site.value.weight.copy_(torch.tensor([wv]))
+        site.value.bias.fill_(bv)
+    x, u, f = X[0], U[0], FB[0]
+    norm = math.sqrt(sum(v * v for v in f) + 1e-10)
+    k = [v / norm for v in f]
+    beta = 2 * sig(sum(a * b for a, b in zip(wb, u, strict=True)) + bb)
+    val = 4 * sig(sum(a * b for a, b in zip(wv, x, strict=True)) + bv)
+    proj = sum(a * b for a, b in zip(k, x, strict=True))
+    want = [beta * (val - proj) * kd for kd in k]
+    assert torch.allclose(site(T([x]), T([u]), T([f]), None), T([want]), atol=1e-14, rtol=0)
+    with torch.no_grad():
+        site.beta.weight.zero_()
+        site.value.weight.zero_()
+        site.value.bias.fill_(-1e4)  # v = 4σ(−10⁴) = 0
+    kt = torch.tensor(k)
+    for b0, sign in ((1.0, 0.0), (2.0, -1.0)):
+        with torch.no_grad():
+            site.beta.bias.fill_(math.log(b0 / 2 / (1 - b0 / 2)) if b0 < 2 else 30.0)
+        new = T(X)[0, 0] + site(T(X), T(U), T(FB), None)[0, 0]
+        assert (new @ kt).item() == pytest.approx(sign * (T(X)[0, 0] @ kt).item(), abs=1e-9)
+
+
+def test_deep_delta_init_liveness_and_decay():
+    model = build("deep_delta")
+    site = model.blocks[1].ls2
+    assert torch.allclose(site.beta.bias, torch.zeros(1)) and site.beta_init == 1.0  # logit(1/2) = 0: β = 1
+    assert 0.5 * site.beta.weight.std().item() < 0.5 / math.sqrt(8) < 2 * site.beta.weight.std().item()
+    assert site.value.bias.abs().item() <= 1 / math.sqrt(8)
+    assert build("deep_delta", {"beta_init": 0.5}).blocks[0].ls1.beta.bias.item() == pytest.approx(math.log(1 / 3))
+    assert not hasattr(build("deep_delta", {"value": "constant"}).blocks[0].ls1.value, "weight")
+    out, ref = logits_pair("deep_delta")
+    assert (out - ref).abs().max() > 1e-4  # β ≈ 1 projects x off k: not the standard ViT
+    assert_live(model)
+    wd = decay_of(model)
+    assert wd["blocks.0.ls1.beta.weight"] == 0.05 and wd["blocks.0.ls1.beta.bias"] == 0.0
+    assert wd["blocks.0.ls1.value.weight"] == 0.05 and wd["blocks.0.ls1.value.bias"] == 0.0
+
+
+@pytest.mark.parametrize("options, words", [
+    ({"value": "learned"}, ["value='learned'", "sigmoid, constant"]),
+    ({"beta_init": 2.5}, ["beta_init=2.5", "[0, 2]"]),
+])
+def test_deep_delta_bad_options(options, words):
+    assert_bad_options("deep_delta", options, words)

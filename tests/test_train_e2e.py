@@ -50,6 +50,7 @@ PARAMS = {  # (sublayer, key) the variant must log for every layer
     "ngpt": (("attn", "alpha_mean"), ("mlp", "alpha_std")),
     "gpas": (("attn", "gate"), ("attn", "scale")),  # one g per block, reported by its attention site
     "siamese_norm": (("attn", "branch_divisor"), ("mlp", "branch_divisor")),
+    "deep_delta": (("attn", "beta_mean"), ("mlp", "value_mean"), ("mlp", "skip_eigen_k_mean")),
 }
 
 

@@ -120,6 +120,8 @@ RETROFIT = {
     "siamese_norm": ("siamese_norm", {}, _blocks(3, *(f"ls{s}.{n}.{p}" for s in (1, 2) for n in ("post_norm", "y_norm")
                                                       for p in ("weight", "bias")))
                      | {f"stream.norm_{s}.{p}" for s in "xy" for p in ("weight", "bias")}, False),
+    "deep_delta": ("deep_delta", {}, _blocks(3, *(f"ls{s}.{n}.{p}" for s in (1, 2) for n in ("beta", "value")
+                                                  for p in ("weight", "bias"))), False),
 }
 
 # variants whose layout cannot hold a timm ViT checkpoint: the keys the error names first
