@@ -39,6 +39,8 @@ RESIDUAL_CLASSES: dict[str, str] = {
     "gpas": "GPAS",
     "siamese_norm": "SiameseNorm",
     "deep_delta": "DeepDelta",
+    "mhc_lite": "MHCLite",
+    "kromhc": "KromHC",
 }
 
 #: attention kind -> its class in ``lit_modules/attention.py``

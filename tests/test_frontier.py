@@ -84,7 +84,7 @@ def decay_of(model: VisionTransformer) -> dict[str, float]:
 
 
 def test_frontier_variants_are_registered_with_their_papers():
-    for name in ("gpas", "siamese_norm", "deep_delta"):
+    for name in ("gpas", "siamese_norm", "deep_delta", "mhc_lite", "kromhc"):
         assert RESIDUALS[name].name == name and "arXiv" in RESIDUALS[name].paper
 
 
@@ -335,3 +335,130 @@ def test_deep_delta_init_liveness_and_decay():
 ])
 def test_deep_delta_bad_options(options, words):
     assert_bad_options("deep_delta", options, words)
+
+
+# ================================================================================================================
+# mHC-lite (arXiv 2601.05732) and KromHC (arXiv 2601.21579): doubly stochastic mixing without Sinkhorn
+
+
+def lite_reference(site, x: torch.Tensor, f: torch.Tensor, kron: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference's ``width_connection`` and ``depth_connection`` (FFTYYY/mhc-lite ``hyper_conn/mhc_lite.py``;
+    wz1119/KromHC ``hyper_conn/Kromhc.py``, ``_build_kronecker_hres``), written out for streams x (T, n, D) and a
+    branch output f (T, D), on the site's parameters: (branch input, new streams)."""
+    import itertools
+
+    T_, n, D = x.shape
+    normed = F.normalize(x.reshape(T_, n * D), dim=-1) * (n * D) ** 0.5 * (site.gamma + 1)
+    dynamic_alpha_fn = torch.cat([site.phi_pre, site.phi_res], dim=1)  # (nD, n + R): pre first, then the residual
+    wc = normed @ dynamic_alpha_fn
+    dynamic_pre, dynamic_residual = wc[..., :n], wc[..., n:]
+    res_coeff = site.alpha_res * dynamic_residual + site.b_res
+    if kron:
+        weights = F.softmax(res_coeff.view(T_, -1, 2), dim=-1)
+        p = weights[..., 0]
+        mats = torch.stack([torch.stack([p, 1 - p], -1), torch.stack([1 - p, p], -1)], -2)  # (T, K, 2, 2)
+        alpha_residual = mats[:, 0]
+        for k in range(1, mats.shape[1]):
+            kr = alpha_residual[:, :, None, :, None] * mats[:, k][:, None, :, None, :]
+            alpha_residual = kr.reshape(T_, alpha_residual.shape[1] * 2, alpha_residual.shape[2] * 2)
+    else:
+        perms = torch.eye(n)[torch.tensor(list(itertools.permutations(range(n))))]
+        alpha_residual = torch.einsum("tr,rij->tij", torch.softmax(res_coeff, dim=-1), perms)
+    alpha_pre = torch.sigmoid(site.alpha_pre * dynamic_pre + site.b_pre)  # (T, n)
+    alpha = torch.cat([alpha_pre[..., None], alpha_residual], dim=-1)  # (T, s, 1 + s)
+    mix_h = torch.einsum("tsu,tsd->tud", alpha, x)
+    branch_input, residuals = mix_h[:, 0], mix_h[:, 1:]
+    beta = 2 * torch.sigmoid((normed @ site.phi_post) * site.alpha_post + site.b_post)
+    return branch_input, torch.einsum("td,ts->tsd", f, beta) + residuals
+
+
+@pytest.mark.parametrize("residual, n", [("mhc_lite", 3), ("mhc_lite", 4), ("kromhc", 4), ("kromhc", 8)])
+def test_lite_and_krom_equal_the_reference_equations(residual, n):
+    site = RESIDUALS[residual](4, 1, args=block_args(layer=1), n=n)
+    perturb(site, scale=0.3)
+    g = torch.Generator().manual_seed(3)
+    x, f = torch.randn(5, n, 4, generator=g), torch.randn(5, 4, generator=g)
+    mixing = site.mixing(x)
+    want_h, want_new = lite_reference(site, x, f, kron=residual == "kromhc")
+    assert torch.allclose(site.read(x, mixing), want_h, atol=1e-12, rtol=0)
+    assert torch.allclose(site.write(x, f, mixing), want_new, atol=1e-12, rtol=0)
+    assert torch.allclose(x + site(x, None, f, None), want_new, atol=1e-12, rtol=0)
+    res = mixing.res  # exactly doubly stochastic, every token
+    assert torch.allclose(res.sum(-1), torch.ones(5, n), atol=1e-13) and torch.allclose(res.sum(-2), torch.ones(5, n))
+    assert (res >= 0).all()
+
+
+def test_kromhc_factors_by_hand():
+    """n = 4, logits (a, b) and (c, d): p = σ(a − b), q = σ(c − d), A = [[p, 1−p], [1−p, p]] ⊗ [[q, 1−q], [1−q, q]]."""
+    from lit_modules.residual.kromhc import KromHC
+
+    site = KromHC(4, 0, args=block_args(), n=4)
+    a, b, c, d = 0.3, -0.4, 1.2, 0.1
+    res = site.residual_matrix(torch.tensor([a, b, c, d]))
+    p, q = sig(a - b), sig(c - d)
+    U, V = [[p, 1 - p], [1 - p, p]], [[q, 1 - q], [1 - q, q]]
+    want = [[U[i // 2][j // 2] * V[i % 2][j % 2] for j in range(4)] for i in range(4)]
+    assert torch.allclose(res, torch.tensor(want), atol=1e-15, rtol=0)
+
+
+def test_lite_and_krom_init_and_parameter_counts():
+    """The reference's static logits: H_pre = σ(±1), H_post = 2σ(±1) (+1 on the home stream k mod n), the identity
+    permutation at 0 and every other at −8; per site 132D + 35 (mHC-lite) and 52D + 15 (KromHC) at n = 4."""
+    e8 = math.exp(-8)
+    for residual, per_site, diag in (("mhc_lite", 132 * 8 + 35, (1 + 5 * e8) / (1 + 23 * e8)),
+                                     ("kromhc", 52 * 8 + 15, (1 / (1 + e8)) ** 2)):
+        model = build(residual)
+        site = model.blocks[1].ls2  # layer k = 3: home stream 3
+        assert site.b_pre.tolist() == [-1.0, -1.0, -1.0, 1.0] == site.b_post.tolist()
+        mixing = site.mixing(torch.zeros(4, 8))
+        assert torch.allclose(mixing.read, torch.tensor([sig(-1)] * 3 + [sig(1)]), atol=1e-15)
+        assert torch.allclose(mixing.write, torch.tensor([2 * sig(-1)] * 3 + [2 * sig(1)]), atol=1e-15)
+        assert torch.allclose(mixing.res.diagonal(), torch.full((4,), diag), atol=1e-12)
+        assert sum(p.numel() for p in site.parameters()) == per_site
+        out, ref = logits_pair(residual)
+        assert (out - ref).abs().max() > 1e-3  # the write weights differ per stream: not the standard ViT
+
+
+def test_lite_stream_ends():
+    """norm_each (the reference): Σ_i Norm(H_i), no final norm; sum: the streams summed, then the final norm."""
+    from lit_modules.residual.hyper_connections import MultiStream
+    from lit_modules.residual.mhc_lite import NormEachStream
+
+    each, summed = build("mhc_lite"), build("mhc_lite", {"stream_out": "sum"})
+    assert isinstance(each.stream, NormEachStream) and isinstance(each.norm, nn.Identity)
+    assert type(summed.stream) is MultiStream and isinstance(summed.norm, nn.LayerNorm)
+    h = torch.randn(2, 5, 4, 8)
+    with torch.no_grad():
+        assert torch.allclose(each.stream.norm(h).sum(-2), sum(each.stream.norm(h[..., i, :]) for i in range(4)))
+    assert (build("kromhc", {"stream_out": "sum"}).residual_options["stream_out"]) == "sum"
+
+
+@pytest.mark.parametrize("residual", ["mhc_lite", "kromhc"])
+def test_lite_and_krom_liveness_and_decay(residual):
+    """Dead at step 0 by design: γ and the three α (their factor φ is 0); at the network's first site the streams are
+    equal, so any doubly stochastic mixing leaves them alone: b_res and φ_res get no gradient there (to rounding).
+    Every other parameter is live. γ, b and α are undecayed, φ is decayed."""
+    model = build(residual)
+    grads = grads_at_init(model)
+    for name, g in grads.items():
+        if name.endswith(("gamma", "alpha_pre", "alpha_res", "alpha_post")):
+            assert torch.all(g == 0), name
+        elif name in ("blocks.0.ls1.b_res", "blocks.0.ls1.phi_res"):
+            assert g.abs().max() < 1e-12, name
+        else:
+            assert g.norm() > 0, name
+    wd = decay_of(model)
+    for name, decay in wd.items():
+        if ".ls" in name:
+            assert decay == (0.05 if ".phi_" in name else 0.0), name
+
+
+@pytest.mark.parametrize("residual, options, words", [
+    ("mhc_lite", {"n": 7}, ["n=7", "n! permutation matrices", "1..6"]),
+    ("kromhc", {"n": 3}, ["n=3", "power of 2"]),
+    ("kromhc", {"n": 1}, ["n=1", "power of 2"]),
+    ("mhc_lite", {"stream_out": "mean"}, ["stream_out='mean'", "norm_each, sum"]),
+    ("kromhc", {"sinkhorn_iters": 20}, ["'sinkhorn_iters'", "belongs to mhc"]),
+])
+def test_lite_and_krom_bad_options(residual, options, words):
+    assert_bad_options(residual, options, words)

@@ -51,6 +51,8 @@ PARAMS = {  # (sublayer, key) the variant must log for every layer
     "gpas": (("attn", "gate"), ("attn", "scale")),  # one g per block, reported by its attention site
     "siamese_norm": (("attn", "branch_divisor"), ("mlp", "branch_divisor")),
     "deep_delta": (("attn", "beta_mean"), ("mlp", "value_mean"), ("mlp", "skip_eigen_k_mean")),
+    "mhc_lite": (("attn", "res_diag_mean"), ("mlp", "pre_mean"), ("mlp", "alpha_res")),
+    "kromhc": (("attn", "res_diag_mean"), ("mlp", "post_mean"), ("attn", "alpha_pre")),
 }
 
 
@@ -111,10 +113,12 @@ def test_variant_trains_and_logs_every_diagnostic(residual, tmp_path, keep_threa
         assert all(v > 0 for v in series(f"diag/grad_norm/{layer:02d}"))
         for sublayer, key in PARAMS[residual]:
             series(f"diag/param/{sublayer}/{layer:02d}/{key}")
-    if residual in ("hyper_connections", "mhc"):  # multi-stream: the composite gain of the stream mixing
+    if residual in ("hyper_connections", "mhc", "mhc_lite", "kromhc"):  # multi-stream: the mixing's composite gain
         gains = series("diag/composite_gain/forward") + series("diag/composite_gain/backward")
         if residual == "mhc":  # doubly stochastic H_res: near 1 (rows to Sinkhorn's precision, columns exact)
             assert all(abs(v - 1) < 0.1 for v in gains), gains
+        if residual in ("mhc_lite", "kromhc"):  # exactly doubly stochastic: 1 to float32 rounding
+            assert all(abs(v - 1) < 1e-4 for v in gains), gains
     else:
         assert "diag/composite_gain/forward" not in scalars
     for layer in range(DEPTH - 1):  # layer l vs l + 1
