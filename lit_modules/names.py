@@ -41,6 +41,7 @@ RESIDUAL_CLASSES: dict[str, str] = {
     "deep_delta": "DeepDelta",
     "mhc_lite": "MHCLite",
     "kromhc": "KromHC",
+    "muddformer": "MUDDFormer",
 }
 
 #: attention kind -> its class in ``lit_modules/attention.py``

@@ -84,7 +84,7 @@ def decay_of(model: VisionTransformer) -> dict[str, float]:
 
 
 def test_frontier_variants_are_registered_with_their_papers():
-    for name in ("gpas", "siamese_norm", "deep_delta", "mhc_lite", "kromhc"):
+    for name in ("gpas", "siamese_norm", "deep_delta", "mhc_lite", "kromhc", "muddformer"):
         assert RESIDUALS[name].name == name and "arXiv" in RESIDUALS[name].paper
 
 
@@ -462,3 +462,88 @@ def test_lite_and_krom_liveness_and_decay(residual):
 ])
 def test_lite_and_krom_bad_options(residual, options, words):
     assert_bad_options(residual, options, words)
+
+
+# ================================================================================================================
+# MUDDFormer (arXiv 2502.12170): multiway dynamic dense connections
+
+
+def mudd_reference(model: VisionTransformer, imgs: torch.Tensor) -> torch.Tensor:
+    """The reference's forward (Caiyun-AI/MUDDFormer ``pytorch/muddformer/modeling_muddformer.py``: ``MUDDFormer
+    .forward``, ``TransformerBlock.forward``, ``MultiwayDynamicDenseBlock``; ``sepln``, ``dense_type='qkvr'``)
+    written out on the model's modules; the attention is this backbone's (q, k, v from three inputs)."""
+    from lit_modules.residual.dca import cross_attention
+
+    x = tokens(model, imgs)
+    hiddens = [x]
+    for i, blk in enumerate(model.blocks):
+        if i == 0:
+            res, attn_out = x, blk.attn(blk.norm1(x))
+        else:
+            res = x[-1]
+            attn_out = cross_attention(blk.attn, blk.norm1(x[0]), blk.norm1_k(x[1]), blk.norm1_v(x[2]))
+        h = res + attn_out
+        x = h + blk.mlp(blk.norm2(h))
+        hiddens.append(x)
+        dense = model.stream.dense[i]
+        normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)  # RMSnormNoscale
+        dw = dense.w2(F.gelu(dense.w1(normed)))  # B T (C L)
+        C, L = dense.bias.shape
+        dw = dw.reshape(*dw.shape[:2], C, L).permute(2, 0, 1, 3) + dense.bias[:, None, None, :]  # C B T L
+        x = tuple(sum(dw[c, :, :, j, None] * hiddens[j] for j in range(i + 2)) for c in range(C))
+    return model.head(model.norm(x[0])[:, 0])
+
+
+def test_muddformer_equals_the_reference_forward():
+    model = perturb(build("muddformer"), scale=0.2).eval()
+    imgs = images()
+    with torch.no_grad():
+        assert torch.allclose(model(imgs), mudd_reference(model, imgs), atol=1e-12, rtol=0)
+    assert [d.bias.shape for d in model.stream.dense] == [(4, 2), (4, 3), (1, 4)]  # C = 1 after the last block
+
+
+def test_muddformer_is_standard_at_init():
+    """B = 1 on the newest output, W₂ = 0: every composition is the newest output, the pre-norm ViT exactly (with a
+    standard checkpoint's norm1 copied into norm1_k, norm1_v)."""
+    std = perturb(build("standard"), scale=0.2).eval()
+    for options in ({}, {"multiway": False}, {"dynamic": False}):
+        var = build("muddformer", options, seed=1).eval()
+        report = var.load_pretrained(std.state_dict())
+        assert set(report.derived) == ({f"blocks.{i}.norm1_{s}.{p}" for i in (1, 2) for s in "kv"
+                                        for p in ("weight", "bias")} if options.get("multiway", True) else set())
+        imgs = images()
+        with torch.no_grad():
+            assert (var(imgs) - std(imgs)).abs().max().item() < 1e-12
+
+
+def test_muddformer_hidden_widths_and_parameters():
+    from lit_modules.residual.muddformer import dense_hidden
+
+    assert [dense_hidden(4, s, False, "round64") for s in (2, 15, 16, 17)] == [64, 64, 128, 128]
+    assert dense_hidden(1, 13, True, "round64") == 64 and dense_hidden(1, 13, True, "exact") == 52
+    model = build("muddformer", {"hidden": "exact"})
+    dense = model.stream.dense
+    assert [(d.w1.out_features, d.w2.out_features) for d in dense] == [(8, 8), (12, 12), (16, 4)]
+    extra = sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in build("standard").parameters())
+    D = TINY["embed_dim"]
+    want = sum(D * h + h * o + o for h, o in ((8, 8), (12, 12), (16, 4))) + 2 * 4 * D  # + norm1_k, norm1_v (blocks 1, 2)
+    assert extra == want
+    static = build("muddformer", {"dynamic": False})
+    assert all(d.w1 is None for d in static.stream.dense)
+
+
+def test_muddformer_liveness_and_decay():
+    """W₁ is dead at step 0 (its only path is through W₂ = 0); everything else, B included, is live. B undecayed."""
+    model = build("muddformer")
+    assert_live(model, dead=("w1.weight",))
+    wd = decay_of(model)
+    assert all(wd[n] == (0.0 if n.endswith("bias") else 0.05) for n in wd if n.startswith("stream.dense"))
+
+
+def test_muddformer_options():
+    assert_bad_options("muddformer", {"dynamic": False, "hidden": "exact"},
+                       ["'hidden' does not apply", "dynamic=False"])
+    assert_bad_options("muddformer", {"hidden": "round128"}, ["hidden='round128'", "round64, exact"])
+    assert_bad_options("muddformer", {"multiway": "yes"}, ["multiway='yes'", "True, False"])
+    single = build("muddformer", {"multiway": False})
+    assert not hasattr(single.blocks[1], "norm1_k") and [d.ways for d in single.stream.dense] == [1, 1, 1]

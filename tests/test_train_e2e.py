@@ -53,6 +53,7 @@ PARAMS = {  # (sublayer, key) the variant must log for every layer
     "deep_delta": (("attn", "beta_mean"), ("mlp", "value_mean"), ("mlp", "skip_eigen_k_mean")),
     "mhc_lite": (("attn", "res_diag_mean"), ("mlp", "pre_mean"), ("mlp", "alpha_res")),
     "kromhc": (("attn", "res_diag_mean"), ("mlp", "post_mean"), ("attn", "alpha_pre")),
+    "muddformer": (),  # its dense-connection weights are in diag/depth_weights
 }
 
 
@@ -76,7 +77,7 @@ def text(ea, tag: str) -> list[str]:
 
 
 IDENTITY_SKIP = ("standard", "layerscale", "rezero", "skipinit", "dca", "skipdense",
-                 "denseformer", "attn_res", "ortho")  # variants whose skip does not rescale x
+                 "denseformer", "attn_res", "ortho", "muddformer")  # variants whose skip does not rescale x
 
 
 @pytest.mark.slow
@@ -156,10 +157,10 @@ def test_variant_trains_and_logs_every_diagnostic(residual, tmp_path, keep_threa
         assert len(weights) == DEPTH + 1 and all(len(row) == DEPTH + 1 for row in weights)
         assert weights[0][1:] == [None, None] and weights[1][2] is None and None not in weights[DEPTH]
         series(f"diag/param/out/{DEPTH:02d}/weight_{DEPTH}")
-    elif residual in ("denseformer", "attn_res"):  # rows: DWA after block i / the 2L layers and the final mix
-        assert [e.step for e in ea.Images(display_tag("diag/depth_weights"))] == epochs
+    elif residual in ("denseformer", "attn_res", "muddformer"):  # rows: the DWA / dense connection after block i,
+        assert [e.step for e in ea.Images(display_tag("diag/depth_weights"))] == epochs  # or the 2L layers and the mix
         weights = json.loads(text(ea, "diag/depth_weights_json")[-1])
-        rows, cols = (DEPTH, DEPTH + 1) if residual == "denseformer" else (2 * DEPTH + 1, 2 * DEPTH + 1)
+        rows, cols = (2 * DEPTH + 1, 2 * DEPTH + 1) if residual == "attn_res" else (DEPTH, DEPTH + 1)
         assert len(weights) == rows and all(len(row) == cols for row in weights)
         assert weights[0][2:] == [None] * (cols - 2) and None not in weights[rows - 1]
     else:

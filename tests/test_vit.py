@@ -129,6 +129,9 @@ RETROFIT = {
     "kromhc": ("kromhc", {"stream_out": "sum"}, _blocks(3, *(f"ls{s}.{p}" for s in (1, 2) for p in (
         "gamma", "phi_pre", "phi_res", "phi_post", "b_pre", "b_res", "b_post", "alpha_pre", "alpha_res",
         "alpha_post"))), False),
+    # R-exact: W₂ = 0 and B = 1 on the newest output; norm1_k, norm1_v are copied from norm1 (blocks 1, 2)
+    "muddformer": ("muddformer", {}, {f"stream.dense.{i}.{p}" for i in range(3) for p in ("bias", "w1.weight",
+                                                                                           "w2.weight")}, True),
 }
 
 # variants whose layout cannot hold a timm ViT checkpoint: the keys the error names first
@@ -170,6 +173,9 @@ def test_retrofit_timm_checkpoint(case):
     derived = {}
     if residual == "dca" and options.get("form", "dca") == "dca":  # per-input norms copied from norm1
         derived = {f"blocks.{i}.norm1_{s}.{p}": f"blocks.{i}.norm1.{p}" for i in range(3) for s in "kv"
+                   for p in ("weight", "bias")}
+    if residual == "muddformer":  # the key and value norms of the multiway blocks (all but block 0)
+        derived = {f"blocks.{i}.norm1_{s}.{p}": f"blocks.{i}.norm1.{p}" for i in (1, 2) for s in "kv"
                    for p in ("weight", "bias")}
     assert report.derived == derived
     own = model.state_dict()
