@@ -10,8 +10,10 @@ from __future__ import annotations
 from data.names import DATASET_NAMES
 from lit_modules.config import GLOBAL_POOLS
 from lit_modules.names import (
+    ATTENTION_GATE_NAMES,
     ATTENTION_NAMES,
     NORM_LAYER_NAMES,
+    QK_NORM_NAMES,
     RESIDUAL_NAMES,
     STREAM_KERNEL_NAMES,
     VALUE_RESIDUAL_NAMES,
@@ -20,7 +22,7 @@ from lit_modules.names import OPTIMIZER_NAMES as OPTIMIZERS
 
 __all__ = ["RESIDUAL_NAMES", "ATTENTION_NAMES", "NORM_LAYER_NAMES", "VALUE_RESIDUAL_NAMES", "DATASET_NAMES",
            "INIT_VALUE_OPTIONS", "PRECISIONS", "OPTIMIZERS", "PADDING_MODES", "GLOBAL_POOLS", "ACCELERATORS",
-           "STREAM_KERNEL_NAMES"]
+           "STREAM_KERNEL_NAMES", "QK_NORM_NAMES", "ATTENTION_GATE_NAMES"]
 
 #: The option of each variant that ``--init-value`` sets (its "init knob"); variants not listed have none.
 INIT_VALUE_OPTIONS: dict[str, str] = {

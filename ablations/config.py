@@ -21,6 +21,7 @@ from typing import Any
 
 from ablations.choices import (
     ACCELERATORS,
+    ATTENTION_GATE_NAMES,
     ATTENTION_NAMES,
     DATASET_NAMES,
     GLOBAL_POOLS,
@@ -28,6 +29,7 @@ from ablations.choices import (
     OPTIMIZERS,
     PADDING_MODES,
     PRECISIONS,
+    QK_NORM_NAMES,
     RESIDUAL_NAMES,
     STREAM_KERNEL_NAMES,
     VALUE_RESIDUAL_NAMES,
@@ -74,6 +76,12 @@ class RunConfig:
     attention: str = _f(STUDY.attention, "model", "str", "attention of the blocks: " + ", ".join(ATTENTION_NAMES))
     attention_options: dict[str, Any] = _f(
         {}, "model", "options", "the attention's own options, e.g. head_norm=layer, theta_init=randn (re_attention)")
+    qk_norm: str = _f(STUDY.qk_norm, "model", "str",
+                      "QK-norm of every self-attention: " + ", ".join(QK_NORM_NAMES)
+                      + " (rmsnorm: ViT-5's RMSNorm over each head, fp32; layernorm: timm's)")
+    attention_gate: str = _f(STUDY.attention_gate, "model", "str",
+                             "output gate of every self-attention (Gated Attention): " + ", ".join(ATTENTION_GATE_NAMES)
+                             + " (elementwise: one sigmoid gate per head channel; headwise: one per head)")
     class_attention_blocks: int = _f(STUDY.class_attention_blocks, "model", "int",
                                      "CaiT class-attention blocks after the self-attention blocks (0: plain ViT)")
     norm_layer: str = _f(STUDY.norm_layer, "model", "str", "norm layer: " + ", ".join(NORM_LAYER_NAMES))
@@ -159,6 +167,8 @@ class RunConfig:
         _choice("attention", self.attention, ATTENTION_NAMES)
         _choice("norm_layer", self.norm_layer, NORM_LAYER_NAMES)
         _choice("value_residual", self.value_residual, VALUE_RESIDUAL_NAMES)
+        _choice("qk_norm", self.qk_norm, QK_NORM_NAMES)
+        _choice("attention_gate", self.attention_gate, ATTENTION_GATE_NAMES)
         _choice("dataset", self.dataset, DATASET_NAMES)
         _choice("precision", self.precision, PRECISIONS)
         _choice("stream_kernels", self.stream_kernels, STREAM_KERNEL_NAMES)
@@ -294,6 +304,10 @@ class RunConfig:
             opts += f"+{self.norm_layer}"
         if self.value_residual != RunConfig.value_residual:
             opts += f"+vr_{self.value_residual}"
+        if self.qk_norm != RunConfig.qk_norm:
+            opts += f"+qk_{self.qk_norm}"
+        if self.attention_gate != RunConfig.attention_gate:
+            opts += f"+gate_{self.attention_gate}"
         name = f"{self.residual}{opts}_d{self.depth}_w{self.embed_dim}_{self.dataset}_s{self.seed}"
         return re.sub(r"[^A-Za-z0-9._=+-]", "", name.replace(" ", ""))
 

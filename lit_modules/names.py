@@ -42,12 +42,20 @@ RESIDUAL_CLASSES: dict[str, str] = {
     "mhc_lite": "MHCLite",
     "kromhc": "KromHC",
     "muddformer": "MUDDFormer",
+    "hybrid_norm": "HybridNorm",
 }
 
 #: attention kind -> its class in ``lit_modules/attention.py``
 ATTENTION_CLASSES: dict[str, str] = {
     "self": "SelfAttention",
     "re_attention": "ReAttention",
+}
+
+#: QK-norm (the backbone's ``qk_norm``) -> its class in ``lit_modules/attention.py`` ("": none)
+QK_NORM_CLASSES: dict[str, str] = {
+    "none": "",
+    "rmsnorm": "QKRMSNorm",
+    "layernorm": "QKLayerNorm",
 }
 
 #: norm layer name -> its class, ``module:Class`` (timm's norms, or the normalisation-free maps of
@@ -67,6 +75,9 @@ OPTIMIZER_CLASSES: dict[str, str] = {
 }
 
 RESIDUAL_NAMES: tuple[str, ...] = tuple(RESIDUAL_CLASSES)
+QK_NORM_NAMES: tuple[str, ...] = tuple(QK_NORM_CLASSES)
+#: the attention's output gate (Gated Attention, arXiv 2505.06708): none, one gate per head channel, one per head
+ATTENTION_GATE_NAMES: tuple[str, ...] = ("none", "elementwise", "headwise")
 ATTENTION_NAMES: tuple[str, ...] = tuple(ATTENTION_CLASSES)
 NORM_LAYER_NAMES: tuple[str, ...] = tuple(NORM_LAYER_CLASSES)
 OPTIMIZER_NAMES: tuple[str, ...] = tuple(OPTIMIZER_CLASSES)

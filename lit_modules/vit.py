@@ -28,9 +28,9 @@ from timm.models.vision_transformer import init_weights_vit_timm
 from timm.optim import param_groups_weight_decay
 from torch import nn
 
-from .attention import ATTENTIONS
+from .attention import ATTENTIONS, QK_NORMS
 from .config import ViTConfig
-from .names import NORM_LAYER_CLASSES, resolve
+from .names import ATTENTION_GATE_NAMES, NORM_LAYER_CLASSES, resolve
 from .residual import RESIDUALS, BlockArgs, cait_init_value
 from .residual.hyper_connections import MultiStreamSite
 from .residual.stream_kernels import check
@@ -101,6 +101,8 @@ class VisionTransformer(nn.Module):
         variant = _lookup("residual", cfg.residual, RESIDUALS)
         attn_kind = _lookup("attention", cfg.attention, ATTENTIONS)
         norm_cls = _lookup("norm_layer", cfg.norm_layer, NORM_LAYERS)
+        qk_cls = _lookup("qk_norm", cfg.qk_norm, QK_NORMS)
+        _lookup("attention_gate", cfg.attention_gate, dict.fromkeys(ATTENTION_GATE_NAMES))
         cfg.check()
         depth, embed_dim, blocks_ca = cfg.depth, cfg.embed_dim, cfg.class_attention_blocks
         options = variant.validate_options(dict(cfg.residual_options),
@@ -132,13 +134,18 @@ class VisionTransformer(nn.Module):
         dpr = calculate_drop_path_rates(cfg.drop_path_rate, depth)  # timm's linear stochastic-depth rule
         block_args = [
             BlockArgs(dim=embed_dim, num_heads=cfg.num_heads, mlp_ratio=cfg.mlp_ratio, qkv_bias=cfg.qkv_bias,
-                      qk_norm=cfg.qk_norm, proj_drop=cfg.proj_drop_rate, attn_drop=cfg.attn_drop_rate, drop_path=dpr[i],
+                      qk_norm=False, proj_drop=cfg.proj_drop_rate, attn_drop=cfg.attn_drop_rate, drop_path=dpr[i],
                       norm_layer=norm_layer, act_layer=nn.GELU, layer=i, depth=depth,
                       num_prefix_tokens=block_prefix_tokens, attn_layer=attn_kind.layer_for(i, depth, attn_options),
-                      value_residual=values)
+                      value_residual=values, qk_norm_layer=partial(qk_cls, eps=cfg.norm_eps) if qk_cls else None,
+                      attention_gate=cfg.attention_gate)
             for i in range(depth)
         ]
         self.blocks = nn.ModuleList(variant.build_block(a, **options) for a in block_args)
+        if qk_cls is not None and not all(isinstance(b.attn.q_norm, qk_cls) and isinstance(b.attn.k_norm, qk_cls)
+                                          for b in self.blocks):
+            raise ValueError(f"qk_norm={cfg.qk_norm!r} does not apply to residual '{cfg.residual}': its attention "
+                             f"normalises queries and keys its own way; it applies with qk_norm='none'")
         self.stream = variant.build_stream(embed_dim, depth, norm_layer, **options)
         self.blocks_token_only = nn.ModuleList(
             LayerScaleBlockClassAttn(embed_dim, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, qkv_bias=cfg.qkv_bias,

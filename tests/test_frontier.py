@@ -84,7 +84,7 @@ def decay_of(model: VisionTransformer) -> dict[str, float]:
 
 
 def test_frontier_variants_are_registered_with_their_papers():
-    for name in ("gpas", "siamese_norm", "deep_delta", "mhc_lite", "kromhc", "muddformer"):
+    for name in ("gpas", "siamese_norm", "deep_delta", "mhc_lite", "kromhc", "muddformer", "hybrid_norm"):
         assert RESIDUALS[name].name == name and "arXiv" in RESIDUALS[name].paper
 
 
@@ -547,3 +547,75 @@ def test_muddformer_options():
     assert_bad_options("muddformer", {"multiway": "yes"}, ["multiway='yes'", "True, False"])
     single = build("muddformer", {"multiway": False})
     assert not hasattr(single.blocks[1], "norm1_k") and [d.ways for d in single.stream.dense] == [1, 1, 1]
+
+
+# ================================================================================================================
+# HybridNorm (arXiv 2503.04598): QKV-norm inside the attention, post-norm on the MLP
+
+
+def hybrid_reference(model: VisionTransformer, imgs: torch.Tensor, star: bool = False) -> torch.Tensor:
+    """The reference's ``OLMoSequentialBlock.forward`` (BryceZhuo/HybridNorm ``dense_model/olmo/model.py``) with
+    ``attn_norm: false``, ``ffn_norm: true``, ``ffn_residual_after_norm: true`` and q/k/v norms (``attention``:
+    the norms on the (B, H, T, d) heads before SDPA), written out on the model's modules; ``star``: HybridNorm*,
+    block 0 with ``attn_norm: true, ffn_residual: false``."""
+    x = tokens(model, imgs)
+    for i, blk in enumerate(model.blocks):
+        pre = star and i == 0
+        h = blk.norm1(x) if pre else x
+        a = blk.attn
+        B, N, D = h.shape
+        q, k, v = a.qkv(h).split(D, dim=-1)
+        q, k, v = (t.view(B, N, a.num_heads, -1).transpose(1, 2) for t in (q, k, v))
+        q, k, v = a.q_norm(q), a.k_norm(k), a.v_norm(v)
+        att = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1) @ v
+        x = x + a.proj(att.transpose(1, 2).reshape(B, N, D))
+        og_x = x
+        x = blk.norm2(x)
+        if not pre:
+            og_x = x
+        x = og_x + blk.mlp(x)
+    return model.head(model.norm(x)[:, 0])
+
+
+@pytest.mark.parametrize("first_block", ["hybrid", "pre_norm"])
+def test_hybrid_norm_equals_the_reference_forward(first_block):
+    model = perturb(build("hybrid_norm", {"first_block": first_block}), scale=0.2).eval()
+    imgs = images()
+    with torch.no_grad():
+        want = hybrid_reference(model, imgs, star=first_block == "pre_norm")
+        assert torch.allclose(model(imgs), want, atol=1e-12, rtol=0)
+    assert isinstance(model.blocks[0].norm1, nn.Identity if first_block == "hybrid" else nn.LayerNorm)
+    assert isinstance(model.blocks[1].norm1, nn.Identity) and isinstance(model.blocks[1].attn.v_norm, nn.LayerNorm)
+    assert model.blocks[0].ls2.post == (first_block == "hybrid") and model.blocks[1].ls2.post
+
+
+def test_hybrid_norm_mlp_site_by_hand_and_drop_path():
+    """Δ = LN(x) + f − x at the MLP site (u = LN x by hand); with DropPath p = 1 a block is x ← LN(x + 0)."""
+    from timm.layers import DropPath
+
+    model = build("hybrid_norm", embed_dim=4, num_heads=1)
+    site = model.blocks[1].ls2
+    u = T([layer_norm_hand(row, eps=1e-6) for row in X])
+    out = site(T(X), u, T(FB), None)
+    want = [[u[0, n, d].item() + FB[n][d] - X[n][d] for d in range(4)] for n in range(2)]
+    assert torch.allclose(out, T(want), atol=1e-14, rtol=0)
+    branch, skip = site.decompose(T(X), u, T(FB))
+    assert torch.allclose(branch + (skip - 1) * T(X), out, atol=1e-13, rtol=0)
+    blk = perturb(build("hybrid_norm", drop_path_rate=1.0), scale=0.2).blocks[2].train()
+    blk.drop_path1, blk.drop_path2 = DropPath(1.0), DropPath(1.0)
+    x = torch.randn(2, 5, 8)
+    with torch.no_grad():
+        assert torch.allclose(blk(x), blk.norm2(x), atol=1e-14, rtol=0)
+
+
+def test_hybrid_norm_liveness_decay_and_refusals():
+    model = build("hybrid_norm")
+    assert_live(model)
+    wd = decay_of(model)
+    assert all(wd[n] == 0.0 for n in wd if "_norm." in n)  # the q/k/v norms' gains and biases
+    extra = sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in build("standard").parameters())
+    d, D = TINY["embed_dim"] // TINY["num_heads"], TINY["embed_dim"]
+    assert extra == TINY["depth"] * (3 * 2 * d - 2 * D)  # +3 LayerNorms of size d, −1 of size D, per block
+    with pytest.raises(ValueError, match="qk_norm='rmsnorm' does not apply to residual 'hybrid_norm'"):
+        build("hybrid_norm", qk_norm="rmsnorm")
+    assert_bad_options("hybrid_norm", {"first_block": "post_norm"}, ["first_block='post_norm'", "hybrid, pre_norm"])

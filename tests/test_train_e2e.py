@@ -54,6 +54,7 @@ PARAMS = {  # (sublayer, key) the variant must log for every layer
     "mhc_lite": (("attn", "res_diag_mean"), ("mlp", "pre_mean"), ("mlp", "alpha_res")),
     "kromhc": (("attn", "res_diag_mean"), ("mlp", "post_mean"), ("attn", "alpha_pre")),
     "muddformer": (),  # its dense-connection weights are in diag/depth_weights
+    "hybrid_norm": (),
 }
 
 

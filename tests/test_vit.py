@@ -138,6 +138,7 @@ RETROFIT = {
 NO_RETROFIT = {
     "resi_dual": "norm.bias",  # no final norm (the output ends in LN(x_d)), no option keeps one
     "ngpt": "blocks.0.attn.proj.bias",  # no norms and no biases anywhere
+    "hybrid_norm": "blocks.0.norm1.bias",  # no norm before the attention (its q, k, v norms are per head)
 }
 
 

@@ -7,11 +7,10 @@ import math
 from typing import Any
 
 import torch
-from timm.layers import RmsNorm
 from torch import nn
 
 from ..blocks import add_two_site_skeleton
-from .base import BlockArgs, ResidualSite, check_auto_or_positive
+from .base import BlockArgs, ResidualSite, check_auto_or_positive, inverse_scale
 
 
 def siamese_divisor(layer: int) -> float:
@@ -90,16 +89,6 @@ class SiameseNorm(ResidualSite):
 
     def extra_repr(self) -> str:
         return f"c={self.c:.4g}"
-
-
-def inverse_scale(norm: nn.Module, x: torch.Tensor) -> torch.Tensor | float:
-    """The per-token factor 1/σ a LayerNorm or RMSNorm multiplies its (centred) input by; 1.0 for any other layer."""
-    eps = getattr(norm, "eps", None)
-    if isinstance(norm, nn.LayerNorm):
-        return torch.rsqrt(x.var(dim=-1, unbiased=False, keepdim=True) + eps)
-    if isinstance(norm, RmsNorm):
-        return torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + eps)
-    return 1.0
 
 
 class SiameseBlock(nn.Module):
