@@ -619,3 +619,155 @@ def test_hybrid_norm_liveness_decay_and_refusals():
     with pytest.raises(ValueError, match="qk_norm='rmsnorm' does not apply to residual 'hybrid_norm'"):
         build("hybrid_norm", qk_norm="rmsnorm")
     assert_bad_options("hybrid_norm", {"first_block": "post_norm"}, ["first_block='post_norm'", "hybrid, pre_norm"])
+
+
+# ================================================================================================================
+# QK-norm as in ViT-5 (arXiv 2602.08071): each head's q and k through an RMSNorm over d, in fp32
+
+
+def test_qk_rmsnorm_by_hand_and_in_fp32():
+    """(1, 2, 3, 4)/√(mean of squares = 7.5) times the gain; a bf16 input is normalised in fp32 and returned in bf16."""
+    from lit_modules.attention import QKRMSNorm
+
+    norm = QKRMSNorm(4, eps=1e-6)
+    assert torch.equal(norm.weight, torch.ones(4))
+    with torch.no_grad():
+        norm.weight.copy_(torch.tensor([1.0, 2.0, -1.0, 0.5]))
+    q = torch.tensor([[1.0, 2.0, 3.0, 4.0]])
+    r = math.sqrt(7.5 + 1e-6)
+    assert torch.allclose(norm(q), torch.tensor([[1 / r, 4 / r, -3 / r, 2 / r]]), atol=1e-15, rtol=0)
+    low = torch.tensor([[1.0, 2.0, 3.0, 4.0]], dtype=torch.bfloat16)
+    want = (norm.weight.float() * (low.float() * torch.rsqrt(low.float().square().mean(-1, keepdim=True) + 1e-6))
+            .to(torch.bfloat16)).to(torch.bfloat16)
+    assert norm(low).dtype == torch.bfloat16 and torch.equal(norm(low), want)
+
+
+def vit5_attention(attn, x: torch.Tensor) -> torch.Tensor:
+    """ViT-5's ``Attention.forward`` without RoPE and registers (wangf3014/ViT-5 ``models_vit5.py``), written out on
+    the module's weights: q, k through ``RMSNorm.forward`` (fp32, ``weight * h``), the explicit softmax path."""
+    B, N, C = x.shape
+    q, k, v = attn.qkv(x).reshape(B, N, 3, attn.num_heads, C // attn.num_heads).unbind(dim=2)
+
+    def rms(norm, h):  # the reference's .to(torch.float32); this float64 test stays in float64
+        wide = h.to(torch.promote_types(h.dtype, torch.float32))
+        var = wide.pow(2).mean(-1, keepdim=True)
+        return norm.weight * (wide * torch.rsqrt(var + 1e-6)).to(h.dtype)
+
+    q, k, v = rms(attn.q_norm, q).transpose(1, 2), rms(attn.k_norm, k).transpose(1, 2), v.transpose(1, 2)
+    out = ((q * attn.scale) @ k.transpose(-2, -1)).softmax(dim=-1) @ v
+    return attn.proj(out.transpose(1, 2).reshape(B, N, C))
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_qk_norm_rmsnorm_equals_vit5(fused):
+    model = perturb(build(qk_norm="rmsnorm", fused_attn=fused), scale=0.2).eval()
+    attn = model.blocks[1].attn
+    assert attn.q_norm.weight.shape == (TINY["embed_dim"] // TINY["num_heads"],)  # one gain of size d for all heads
+    x = torch.randn(2, 5, TINY["embed_dim"], generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert torch.allclose(attn(x), vit5_attention(attn, x), atol=1e-12, rtol=0)
+
+
+def test_qk_norm_choices_defaults_and_refusals():
+    from lit_modules.attention import QKLayerNorm, QKRMSNorm
+
+    plain = build()
+    assert isinstance(plain.blocks[0].attn.q_norm, nn.Identity) and plain.cfg.qk_norm == "none"
+    assert isinstance(build(qk_norm="layernorm").blocks[0].attn.k_norm, QKLayerNorm)
+    assert build(qk_norm=True).cfg.qk_norm == "layernorm" and build(qk_norm=False).cfg.qk_norm == "none"  # timm's
+    model = build(qk_norm="rmsnorm")
+    assert isinstance(model.blocks[2].attn.k_norm, QKRMSNorm)
+    std = perturb(build(), scale=0.2).eval()
+    model.load_state_dict(std.state_dict(), strict=False)  # the shared weights; the gains stay 1
+    with torch.no_grad():  # q and k rescaled to unit RMS per head: other logits, not the standard ViT at init
+        assert (model.eval()(images()) - std(images())).abs().max() > 1e-4
+    assert_live(model)
+    wd = decay_of(model)
+    assert wd["blocks.0.attn.q_norm.weight"] == 0.0 and wd["blocks.0.attn.k_norm.weight"] == 0.0
+    for residual in ("ngpt", "hybrid_norm"):
+        with pytest.raises(ValueError, match=f"qk_norm='layernorm' does not apply to residual '{residual}'"):
+            build(residual, qk_norm="layernorm")
+    with pytest.raises(ValueError, match="unknown qk_norm 'l2'; valid choices: none, rmsnorm, layernorm"):
+        build(qk_norm="l2")
+
+
+# ================================================================================================================
+# Gated attention (arXiv 2505.06708): o_h = SDPA_h ⊙ σ(X W_g)_h, from the attention's input
+
+
+def gated_reference(attn, x: torch.Tensor, headwise: bool) -> torch.Tensor:
+    """``Qwen3Attention.forward``'s gate (qiuzh20/gated_attention ``modeling_qwen3.py``) written out: the query
+    projection widened per head to [q_h | g_h] (here assembled from the module's qkv and gate weights, in the
+    reference's layout), split after ``view(bsz, q_len, heads, -1)``, ``attn_output * sigmoid(gate_score)`` before
+    the output projection."""
+    B, N, D = x.shape
+    H, d = attn.num_heads, attn.head_dim
+    wq, wk, wv = attn.qkv.weight.chunk(3)
+    bq, bk, bv = attn.qkv.bias.chunk(3)
+    g = 1 if headwise else d
+    q_proj_w = torch.cat([torch.cat([wq[h * d:(h + 1) * d], attn.gate.weight[h * g:(h + 1) * g]]) for h in range(H)])
+    q_proj_b = torch.cat([torch.cat([bq[h * d:(h + 1) * d], attn.gate.bias[h * g:(h + 1) * g]]) for h in range(H)])
+    query_states = F.linear(x, q_proj_w, q_proj_b).view(B, N, H, -1)
+    query_states, gate_score = torch.split(query_states, [d, g], dim=-1)
+    q = query_states.transpose(1, 2)
+    k, v = (F.linear(x, w, b).view(B, N, H, d).transpose(1, 2) for w, b in ((wk, bk), (wv, bv)))
+    out = torch.softmax(q @ k.transpose(2, 3) / math.sqrt(d), dim=-1) @ v
+    out = out.transpose(1, 2) * torch.sigmoid(gate_score)
+    return attn.proj(out.reshape(B, N, D))
+
+
+@pytest.mark.parametrize("gate", ["elementwise", "headwise"])
+def test_gated_attention_equals_the_reference(gate):
+    model = perturb(build(attention_gate=gate), scale=0.2).eval()
+    attn = model.blocks[1].attn
+    assert attn.gate.weight.shape == (TINY["embed_dim"], TINY["embed_dim"]) if gate == "elementwise" else (
+        TINY["num_heads"], TINY["embed_dim"])
+    x = torch.randn(2, 5, TINY["embed_dim"], generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert torch.allclose(attn(x), gated_reference(attn, x, gate == "headwise"), atol=1e-12, rtol=0)
+
+
+def test_gated_attention_halves_the_heads_at_zero_gate_and_trains():
+    """With W_g = 0, b_g = 0 every gate is σ(0) = ½: the attention output is W_o(½·o) + b_o. At timm's init (W_g ~
+    N(0, 0.02²)) the gates are ≈ ½: not the standard ViT. The gate's weight is decayed, its bias not."""
+    gated, plain = build(attention_gate="elementwise").eval(), build().eval()
+    x = torch.randn(2, 5, TINY["embed_dim"])
+    a, p = gated.blocks[0].attn, plain.blocks[0].attn
+    with torch.no_grad():
+        a.gate.weight.zero_()
+        assert torch.allclose(a(x), 0.5 * (p(x) - p.proj.bias) + p.proj.bias, atol=1e-12, rtol=0)
+    model = build(attention_gate="headwise")
+    assert_live(model)
+    wd = decay_of(model)
+    assert wd["blocks.0.attn.gate.weight"] == 0.05 and wd["blocks.0.attn.gate.bias"] == 0.0
+    with pytest.raises(ValueError, match="unknown attention_gate 'sparse'; valid choices: none, elementwise, headwise"):
+        build(attention_gate="sparse")
+
+
+@pytest.mark.parametrize("residual", sorted(RESIDUALS))
+def test_every_residual_takes_the_attention_gate_and_qk_norm(residual):
+    """The gate and the QK-norm reach every attention a variant builds (``BlockArgs.attention()``); QK-norm is
+    refused where a variant normalises q and k itself (nGPT, HybridNorm)."""
+    options = {"rank": 2} if residual == "laurel" else {}
+    qk = "none" if residual in ("ngpt", "hybrid_norm") else "rmsnorm"
+    model = perturb(build(residual, options, attention_gate="headwise", qk_norm=qk), scale=0.05)
+    out = model(images())
+    assert torch.isfinite(out).all()
+    out.square().sum().backward()
+    assert all(b.attn.gate.weight.grad is not None and b.attn.gate.weight.grad.abs().sum() > 0 for b in model.blocks)
+
+
+def test_qk_norm_and_attention_gate_are_run_config_fields_and_cli_options():
+    from ablations.config import RunConfig
+    from ablations.train import build_parser, config_from_args
+
+    c = config_from_args(build_parser().parse_args(["--qk-norm", "rmsnorm", "--attention-gate", "elementwise"]))
+    assert (c.qk_norm, c.attention_gate) == ("rmsnorm", "elementwise")
+    assert c.run_name() == "standard+qk_rmsnorm+gate_elementwise_d4_w64_digits_s0"
+    cfg = c.model_config({"img_size": 8, "in_chans": 1, "num_classes": 10, "patch_size": 4})
+    assert (cfg.qk_norm, cfg.attention_gate) == ("rmsnorm", "elementwise")
+    assert RunConfig().qk_norm == "none" and RunConfig().attention_gate == "none"
+    with pytest.raises(ValueError, match=r"^unknown qk_norm 'yes'; valid choices: none, rmsnorm, layernorm$"):
+        RunConfig(qk_norm="yes")
+    with pytest.raises(ValueError, match=r"^unknown attention_gate 'on'; valid choices: none, elementwise, headwise$"):
+        RunConfig(attention_gate="on")
