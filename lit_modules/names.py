@@ -65,6 +65,7 @@ NORM_LAYER_CLASSES: dict[str, str] = {
     "rmsnorm": "timm.layers:RmsNorm",
     "dyt": "lit_modules.norms:DynamicTanh",
     "derf": "lit_modules.norms:DynamicErf",
+    "seednorm": "lit_modules.norms:SeeDNorm",
 }
 
 #: optimizer name -> its torch.optim class (``ViTClassifier``; adam: coupled L2 decay, the paper recipe's; adamw:

@@ -35,7 +35,7 @@ def test_a_train_step_under_bf16_autocast_matches_fp32(residual):
     assert cosine > 0.98, f"{residual}: bf16 gradients at cosine {cosine:.4f} to fp32's"
 
 
-@pytest.mark.parametrize("backbone", [{"qk_norm": "rmsnorm"}, {"attention_gate": "elementwise"},
+@pytest.mark.parametrize("backbone", [{"qk_norm": "rmsnorm"}, {"attention_gate": "elementwise"}, {"norm_layer": "seednorm"},
                                       {"attention_gate": "headwise"}], ids=str)
 def test_a_train_step_with_a_backbone_option_under_bf16_autocast_matches_fp32(backbone):
     model = perturb(VisionTransformer("standard", {}, init_seed=0, **SIZE, **backbone), scale=0.2)

@@ -31,6 +31,7 @@ BACKBONE_OPTIONS = [
     {"norm_layer": "rmsnorm"},
     {"norm_layer": "dyt"},
     {"norm_layer": "derf"},
+    {"norm_layer": "seednorm"},
     {"qk_norm": "rmsnorm"},
     {"attention_gate": "elementwise"},
     {"attention_gate": "headwise"},

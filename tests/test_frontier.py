@@ -771,3 +771,49 @@ def test_qk_norm_and_attention_gate_are_run_config_fields_and_cli_options():
         RunConfig(qk_norm="yes")
     with pytest.raises(ValueError, match=r"^unknown attention_gate 'on'; valid choices: none, elementwise, headwise$"):
         RunConfig(attention_gate="on")
+
+
+# ================================================================================================================
+# SeeDNorm (arXiv 2510.22777): [γ + α ⊙ tanh(x·β)] ⊙ x / RMS(x)
+
+
+@pytest.mark.parametrize("groups", [1, 2, 4])
+def test_seednorm_by_hand(groups):
+    from lit_modules.norms import SeeDNorm
+
+    norm = SeeDNorm(4, eps=1e-6, groups=groups)
+    gamma, alpha, beta = [1.0, 0.5, -1.0, 2.0], [0.3, -0.7, 1.2, 0.4], [0.2, -0.1, 0.5, 0.3]
+    with torch.no_grad():
+        for p, v in ((norm.weight, gamma), (norm.alpha, alpha), (norm.beta, beta)):
+            p.copy_(torch.tensor(v))
+    want = []
+    for x in X:
+        rms = math.sqrt(sum(v * v for v in x) / 4 + 1e-6)
+        size = 4 // groups
+        s = [sum(x[j] * beta[j] for j in range(g * size, (g + 1) * size)) for g in range(groups)]
+        want.append([(gamma[i] + alpha[i] * math.tanh(s[i // size])) * x[i] / rms for i in range(4)])
+    assert torch.allclose(norm(T(X)), T(want), atol=1e-14, rtol=0)
+
+
+def test_seednorm_is_rmsnorm_at_init_and_its_groups():
+    from timm.layers import RmsNorm
+
+    from lit_modules.norms import SeeDNorm
+
+    x = torch.randn(3, 5, 32)
+    seed, rms = SeeDNorm(32), RmsNorm(32, eps=1e-6)
+    assert seed.groups == 16 and torch.allclose(seed(x), rms(x), atol=1e-14, rtol=0)
+    assert SeeDNorm(8).groups == 8 and SeeDNorm(24).groups == 8 and SeeDNorm(64).groups == 16
+
+
+def test_seednorm_in_every_norm_liveness_and_decay():
+    """norm_layer='seednorm' replaces every LayerNorm; at init α has zero gradient (tanh(x·0) = 0), β and γ learn;
+    all three are 1-D: undecayed."""
+    from lit_modules.norms import SeeDNorm
+
+    model = build(norm_layer="seednorm")
+    assert not any(isinstance(m, nn.LayerNorm) for m in model.modules())
+    assert sum(isinstance(m, SeeDNorm) for m in model.modules()) == 2 * TINY["depth"] + 1
+    assert_live(model, dead=(".alpha",))
+    wd = decay_of(model)
+    assert all(wd[n] == 0.0 for n in wd if n.endswith((".alpha", ".beta")))
