@@ -13,6 +13,7 @@ from lit_modules.names import (
     ATTENTION_GATE_NAMES,
     ATTENTION_NAMES,
     NORM_LAYER_NAMES,
+    PARAMETRIZATION_NAMES,
     QK_NORM_NAMES,
     RESIDUAL_NAMES,
     STREAM_KERNEL_NAMES,
@@ -22,7 +23,7 @@ from lit_modules.names import OPTIMIZER_NAMES as OPTIMIZERS
 
 __all__ = ["RESIDUAL_NAMES", "ATTENTION_NAMES", "NORM_LAYER_NAMES", "VALUE_RESIDUAL_NAMES", "DATASET_NAMES",
            "INIT_VALUE_OPTIONS", "PRECISIONS", "OPTIMIZERS", "PADDING_MODES", "GLOBAL_POOLS", "ACCELERATORS",
-           "STREAM_KERNEL_NAMES", "QK_NORM_NAMES", "ATTENTION_GATE_NAMES"]
+           "STREAM_KERNEL_NAMES", "QK_NORM_NAMES", "ATTENTION_GATE_NAMES", "PARAMETRIZATION_NAMES"]
 
 #: The option of each variant that ``--init-value`` sets (its "init knob"); variants not listed have none.
 INIT_VALUE_OPTIONS: dict[str, str] = {

@@ -28,6 +28,7 @@ from ablations.choices import (
     NORM_LAYER_NAMES,
     OPTIMIZERS,
     PADDING_MODES,
+    PARAMETRIZATION_NAMES,
     PRECISIONS,
     QK_NORM_NAMES,
     RESIDUAL_NAMES,
@@ -82,6 +83,11 @@ class RunConfig:
     attention_gate: str = _f(STUDY.attention_gate, "model", "str",
                              "output gate of every self-attention (Gated Attention): " + ", ".join(ATTENTION_GATE_NAMES)
                              + " (elementwise: one sigmoid gate per head channel; headwise: one per head)")
+    parametrization: str = _f(STUDY.parametrization, "model", "str",
+                              "how init, multipliers and learning rates follow width and depth: "
+                              + ", ".join(PARAMETRIZATION_NAMES) + " (completep: arXiv 2505.01618)")
+    parametrization_options: dict[str, Any] = _f(
+        {}, "model", "options", "the parametrization's own options, e.g. base_depth=2, base_width=256 (completep)")
     class_attention_blocks: int = _f(STUDY.class_attention_blocks, "model", "int",
                                      "CaiT class-attention blocks after the self-attention blocks (0: plain ViT)")
     norm_layer: str = _f(STUDY.norm_layer, "model", "str", "norm layer: " + ", ".join(NORM_LAYER_NAMES))
@@ -169,6 +175,7 @@ class RunConfig:
         _choice("value_residual", self.value_residual, VALUE_RESIDUAL_NAMES)
         _choice("qk_norm", self.qk_norm, QK_NORM_NAMES)
         _choice("attention_gate", self.attention_gate, ATTENTION_GATE_NAMES)
+        _choice("parametrization", self.parametrization, PARAMETRIZATION_NAMES)
         _choice("dataset", self.dataset, DATASET_NAMES)
         _choice("precision", self.precision, PRECISIONS)
         _choice("stream_kernels", self.stream_kernels, STREAM_KERNEL_NAMES)
@@ -308,6 +315,9 @@ class RunConfig:
             opts += f"+qk_{self.qk_norm}"
         if self.attention_gate != RunConfig.attention_gate:
             opts += f"+gate_{self.attention_gate}"
+        if self.parametrization != RunConfig.parametrization or self.parametrization_options:
+            opts += f"+{self.parametrization}" + "".join(
+                f"-{k}={_scalar(v)}" for k, v in sorted(self.parametrization_options.items()))
         name = f"{self.residual}{opts}_d{self.depth}_w{self.embed_dim}_{self.dataset}_s{self.seed}"
         return re.sub(r"[^A-Za-z0-9._=+-]", "", name.replace(" ", ""))
 

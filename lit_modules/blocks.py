@@ -39,6 +39,7 @@ class BlockArgs:
     value_residual: Any = no_value_residual
     qk_norm_layer: Any = None  # the backbone's QK-norm (``qk_norm``), the norm of each head's q and k; None: off
     attention_gate: str = "none"  # the backbone's output gate of the attention (``lit_modules.attention``)
+    branch_scale: float = 1.0  # the parametrisation's multiplier of the residual branches (CompleteP's m_L^{-α})
 
     def attention(self) -> nn.Module:
         """The block's attention (timm's argument names), of the backbone's chosen kind, with this layer's value

@@ -27,7 +27,9 @@ class ViTConfig:
     """One backbone. Fields mirror timm's ``VisionTransformer`` arguments; ``residual`` names a variant of
     ``lit_modules.RESIDUALS`` and ``residual_options`` its own options; ``attention`` / ``attention_options``,
     ``qk_norm``, ``attention_gate``, ``class_attention_blocks``, ``norm_layer`` / ``norm_eps`` and
-    ``value_residual`` are the backbone options orthogonal to it (see ``lit_modules.vit.VisionTransformer``).
+    ``value_residual`` are the backbone options orthogonal to it (see ``lit_modules.vit.VisionTransformer``);
+    ``parametrization`` / ``parametrization_options`` say how scales and learning rates follow the model's size
+    (``lit_modules.parametrization``).
     ``fused_attn=None`` keeps timm's default. ``qk_norm`` also takes timm's boolean (True: ``"layernorm"``)."""
 
     residual: str = "standard"
@@ -56,6 +58,8 @@ class ViTConfig:
     class_attention_blocks: int = 0
     value_residual: str = "none"
     attention_gate: str = "none"
+    parametrization: str = "standard"
+    parametrization_options: Mapping[str, Any] = field(default_factory=dict)
     fused_attn: bool | None = None
 
     @classmethod
@@ -78,7 +82,7 @@ class ViTConfig:
         return cls(**fields)
 
     def __post_init__(self) -> None:
-        for name in ("residual_options", "attention_options"):  # plain dicts, copied: the config owns them
+        for name in ("residual_options", "attention_options", "parametrization_options"):  # copied: the config owns them
             object.__setattr__(self, name, dict(getattr(self, name) or {}))
         if isinstance(self.qk_norm, bool):  # timm's boolean: False = none, True = its LayerNorm over each head
             object.__setattr__(self, "qk_norm", "layernorm" if self.qk_norm else "none")

@@ -58,6 +58,12 @@ QK_NORM_CLASSES: dict[str, str] = {
     "layernorm": "QKLayerNorm",
 }
 
+#: parametrisation (the backbone's ``parametrization``) -> its class in ``lit_modules/parametrization.py``
+PARAMETRIZATION_CLASSES: dict[str, str] = {
+    "standard": "StandardParametrization",
+    "completep": "CompleteP",
+}
+
 #: norm layer name -> its class, ``module:Class`` (timm's norms, or the normalisation-free maps of
 #: ``lit_modules/norms.py``)
 NORM_LAYER_CLASSES: dict[str, str] = {
@@ -77,6 +83,7 @@ OPTIMIZER_CLASSES: dict[str, str] = {
 
 RESIDUAL_NAMES: tuple[str, ...] = tuple(RESIDUAL_CLASSES)
 QK_NORM_NAMES: tuple[str, ...] = tuple(QK_NORM_CLASSES)
+PARAMETRIZATION_NAMES: tuple[str, ...] = tuple(PARAMETRIZATION_CLASSES)
 #: the attention's output gate (Gated Attention, arXiv 2505.06708): none, one gate per head channel, one per head
 ATTENTION_GATE_NAMES: tuple[str, ...] = ("none", "elementwise", "headwise")
 ATTENTION_NAMES: tuple[str, ...] = tuple(ATTENTION_CLASSES)

@@ -36,7 +36,7 @@ def test_a_train_step_under_bf16_autocast_matches_fp32(residual):
 
 
 @pytest.mark.parametrize("backbone", [{"qk_norm": "rmsnorm"}, {"attention_gate": "elementwise"}, {"norm_layer": "seednorm"},
-                                      {"attention_gate": "headwise"}], ids=str)
+                                      {"attention_gate": "headwise"}, {"parametrization": "completep"}], ids=str)
 def test_a_train_step_with_a_backbone_option_under_bf16_autocast_matches_fp32(backbone):
     model = perturb(VisionTransformer("standard", {}, init_seed=0, **SIZE, **backbone), scale=0.2)
     images = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(0))

@@ -35,6 +35,7 @@ BACKBONE_OPTIONS = [
     {"qk_norm": "rmsnorm"},
     {"attention_gate": "elementwise"},
     {"attention_gate": "headwise"},
+    {"parametrization": "completep"},  # per-group learning rates and ε in the optimizer's state
     {"drop_path_rate": 0.2},
     {"optimizer": "adam"},
     {"mixup": {"mixup_alpha": 0.8, "cutmix_alpha": 1.0, "prob": 1.0, "switch_prob": 0.5}},

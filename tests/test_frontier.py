@@ -10,6 +10,7 @@ whole registry (``test_checkpoints.py``, ``test_autocast.py``); the backbone opt
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -817,3 +818,116 @@ def test_seednorm_in_every_norm_liveness_and_decay():
     assert_live(model, dead=(".alpha",))
     wd = decay_of(model)
     assert all(wd[n] == 0.0 for n in wd if n.endswith((".alpha", ".beta")))
+
+
+# ================================================================================================================
+# CompleteP (arXiv 2505.01618): x ← x + m_L^{−α} F(LN x), μP's init, multipliers and per-group learning rates
+
+
+def completep_reference(model: VisionTransformer, imgs: torch.Tensor, m_l: float, m_n: float, alpha: float = 1.0,
+                        input_alpha: float = 1.0, output_alpha: float = 1.0) -> torch.Tensor:
+    """The reference's forward (EleutherAI/nanoGPT-mup, branch completep, ``model.py``: ``Block.forward`` with
+    ``residual_scaling = 1/m_L^α``, ``CausalSelfAttention`` with ``attention_scale = 1/d``, ``GPT.forward``'s
+    ``x *= mup_input_alpha`` and ``x *= mup_output_alpha / mup_width_multiplier`` before the head), written out on
+    the model's modules (a ViT: the patch embedding is the token embedding, the class token is read)."""
+    x = tokens(model, imgs) * input_alpha
+    scaling = 1 / (m_l ** alpha)
+    for blk in model.blocks:
+        a = blk.attn
+        h = blk.norm1(x)
+        B, N, C = h.shape
+        q, k, v = a.qkv(h).split(C, dim=2)
+        q, k, v = (t.view(B, N, a.num_heads, C // a.num_heads).transpose(1, 2) for t in (q, k, v))
+        y = torch.softmax((q @ k.transpose(-2, -1)) * (1.0 / k.size(-1)), dim=-1) @ v
+        x = x + scaling * a.proj(y.transpose(1, 2).reshape(B, N, C))
+        x = x + scaling * blk.mlp(blk.norm2(x))
+    x = model.norm(x)[:, 0]
+    return model.head(x * (output_alpha / m_n))
+
+
+@pytest.mark.parametrize("options, m_l, m_n", [({}, 1.5, 8 / 256), ({"base_depth": 3, "base_width": 8}, 1.0, 1.0),
+                                               ({"alpha": 0.5, "input_alpha": 2.0, "output_alpha": 0.5}, 1.5, 8 / 256)])
+@pytest.mark.parametrize("fused", [False, True])
+def test_completep_equals_the_reference_forward(options, m_l, m_n, fused):
+    model = perturb(build(parametrization="completep", parametrization_options=options, fused_attn=fused),
+                    scale=0.2).eval()
+    kw = {k: options[k] for k in ("alpha", "input_alpha", "output_alpha") if k in options}
+    imgs = images()
+    with torch.no_grad():
+        assert torch.allclose(model(imgs), completep_reference(model, imgs, m_l, m_n, **kw), atol=1e-12, rtol=0)
+    assert model.blocks[0].ls1.branch_scale == pytest.approx(m_l ** -options.get("alpha", 1.0))
+
+
+def test_completep_init_scales_the_hidden_matrices_only():
+    """Same seed: every matrix of the blocks is standard's × 1/√m_N (σ/√m_N), everything else standard's."""
+    std = build().state_dict()
+    cp = build(parametrization="completep", parametrization_options={"base_width": 32}).state_dict()  # m_N = 1/4
+    for key, value in std.items():
+        factor = 2.0 if key.startswith("blocks.") and value.ndim >= 2 else 1.0
+        assert torch.allclose(cp[key], factor * value, atol=0, rtol=1e-15), key
+
+
+def reference_groups(model: VisionTransformer, lr: float, wd: float, eps: float, m_l: float, m_n: float,
+                     alpha: float = 1.0) -> dict[str, tuple[float, float, float]]:
+    """The reference's ``configure_optimizers`` (CompleteP branch) written out: name -> (lr, weight decay, ε), with
+    its groups mapped to the ViT's parameters — hidden weights (c_attn, c_fc, c_proj: qkv, fc1, proj, fc2), hidden
+    norms and biases, and the rest (embeddings, final norm, head); its ``weight_decay`` for the embeddings is the
+    backbone's rule here (the reference decays its tied token embedding)."""
+    depth_lr, width_lr = m_l ** (alpha - 1), 1 / m_n
+    eps = eps * (1 / m_n) * m_l ** -alpha
+    decayed = {n for g in model.param_groups(wd) for p in g["params"] if g["weight_decay"] > 0
+               for n, q in model.named_parameters() if q is p}
+    out = {}
+    for name, _ in model.named_parameters():
+        if name.startswith("blocks.") and name.endswith(("qkv.weight", "fc1.weight", "proj.weight", "fc2.weight")):
+            out[name] = (lr * width_lr * depth_lr, wd / width_lr, eps)
+        elif name.startswith("blocks."):
+            out[name] = (lr * depth_lr, 0.0, eps)
+        else:
+            out[name] = (lr, wd if name in decayed else 0.0, eps)
+    return out
+
+
+@pytest.mark.parametrize("alpha", [1.0, 0.5])
+def test_completep_optimizer_groups_equal_the_reference(alpha):
+    """Through the LightningModule: each parameter's learning rate, weight decay and ε, and the schedule keeps the
+    ratios (every group's rate follows the same warm-up and cosine)."""
+    from lit_modules.classifier import ViTClassifier
+
+    module = ViTClassifier("standard", **(TINY | {"depth": 4}), parametrization="completep",
+                           parametrization_options={"base_width": 16, "alpha": alpha}, lr=2e-3, weight_decay=0.05,
+                           steps_per_epoch=4, max_epochs=2, warmup_epochs=0.5)
+    configured = module.configure_optimizers()
+    optimizer, scheduler = configured["optimizer"], configured["lr_scheduler"]["scheduler"]
+    want = reference_groups(module.model, 2e-3, 0.05, 1e-8, m_l=2.0, m_n=0.5, alpha=alpha)
+    names = {id(p): n for n, p in module.model.named_parameters()}
+    seen = set()
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            lr, wd, eps = want[names[id(p)]]
+            assert (group["initial_lr"], group["weight_decay"], group["eps"]) == pytest.approx((lr, wd, eps)), names[id(p)]
+            seen.add(names[id(p)])
+    assert seen == set(want)
+    assert optimizer.param_groups[0]["lr_scale"] == 1.0  # the logged "lr" is the base rate's
+    for _ in range(3):
+        optimizer.step()
+        scheduler.step()
+        ratios = {g["lr"] / g["initial_lr"] for g in optimizer.param_groups}
+        assert max(ratios) - min(ratios) < 1e-12
+
+
+def test_completep_refusals():
+    for kw, message in (({"parametrization_options": {"alpha": 0.3}}, "alpha=0.3 is not valid for completep"),
+                        ({"parametrization_options": {"base_depth": 0}}, "base_depth=0 is not valid for completep"),
+                        ({"parametrization_options": {"depth_multiplier": 2}},
+                         "option 'depth_multiplier' is not valid for parametrization 'completep'; valid options: "
+                         "alpha, base_depth, base_width, input_alpha, output_alpha"),
+                        ({"class_attention_blocks": 1}, "does not apply with class_attention_blocks > 0")):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            build(parametrization="completep", **kw)
+    with pytest.raises(ValueError, match="parametrization 'completep' does not apply to residual 'layerscale'"):
+        build("layerscale", parametrization="completep")
+    with pytest.raises(ValueError, match="option 'base_depth' is not valid for parametrization 'standard'"):
+        build(parametrization_options={"base_depth": 2})
+    model = build(parametrization="completep")
+    assert_live(model)
