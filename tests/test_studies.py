@@ -467,7 +467,7 @@ def test_list_shows_every_study_with_its_sizes(quick_calls):
     result = quick_calls.results["list"]
     assert result.returncode == 0, result.stderr
     rows = {line.split()[0]: line.split() for line in result.stdout.splitlines()[1:]}
-    assert sorted(rows) == sorted(available_studies()) and len(rows) == 10
+    assert sorted(rows) == sorted(available_studies()) and len(rows) == 11
     for name, row in rows.items():
         budgets = yaml.safe_load(available_studies()[name].read_text())["budgets"]
         defined = {b for b in BUDGETS if b == "default" or b in budgets}
