@@ -9,11 +9,12 @@ thread's arena may still map a very large block) and its trimming off (``M_TRIM_
 it is. The setting is the calling process's: processes a strategy spawns (``ddp_spawn``) start with glibc's
 defaults.
 
-Why the default (since session 26): with two threads the page faults of glibc's defaults cost far more than with
-one. ``python -m ablations.bench --sections malloc --threads 2`` (child processes per setting, 5 rounds, 2-core
-EPYC) measured section 11's model (width 192, 2,080 tokens) at 0.61x the step time under ``keep`` for ``standard``
-(15,829 faults a step to 130) and 0.81x for mHC (6,992 to 4); with one thread (session 22) the gain was within the
-noise, and at the study's small size neither setting faults. ``keep`` costs only the peak memory staying mapped.
+Why it is the default: with two threads the page faults of glibc's defaults cost far more than with one.
+``python -m ablations.bench --sections malloc --threads 2`` (child processes per setting, 5 rounds, a 2-core AMD
+EPYC with avx512_bf16; ``results/device/cpu-avx512bf16/bench-malloc-2threads``) measured section 11's model (width
+192, 2,080 tokens) at 0.61x the step time under ``keep`` for ``standard`` (15,829 faults a step to 130) and 0.81x
+for mHC (6,992 to 4); with one thread the gain is within the noise, and at the studies' small size neither setting
+faults. ``keep`` costs only the peak memory staying mapped.
 
 ``keep`` is not applied when the user set glibc's own ``MALLOC_*_`` variables, ``glibc.malloc.*`` tunables in
 ``GLIBC_TUNABLES`` or ``LD_PRELOAD`` (another allocator, e.g. jemalloc or tcmalloc), nor outside glibc (macOS,

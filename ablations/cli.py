@@ -25,12 +25,12 @@ def fail(message: str) -> NoReturn:
 
 def add_study_arguments(parser: argparse.ArgumentParser, *, report: bool = False) -> None:
     """``--study``, ``--budget``, ``--storage``, ``--study-name`` and ``--set``: the study file, its size, where it
-    is stored and the overrides that name its stored study. The report's ``--study`` is required and its ``--set``
-    only finds the study; the run's ``--set`` changes what runs."""
+    is stored and the overrides that name its stored study. The report's ``--study`` is required (but for its
+    ``--ledger``) and its ``--set`` only finds the study; the run's ``--set`` changes what runs."""
     from .layout import DEFAULT_STORAGE
 
-    parser.add_argument("--study", required=report,
-                        help="a study name (see python -m ablations.run --list) or a path to a study .yaml file")
+    parser.add_argument("--study", help="a study name (see python -m ablations.run --list) or a path to a study .yaml "
+                                        "file" + (" (required, but with --ledger)" if report else ""))
     parser.add_argument("--budget", default="default",
                         help="study size" + (" the study was run at" if report else "")
                              + ": smoke (CI, < 1 min), quick (minutes), default, paper (GPU)")

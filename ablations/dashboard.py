@@ -212,7 +212,7 @@ def _is_number(v: Any) -> bool:
 
 def write_run_hparams(writer: Any, values: Mapping[str, Any], metrics: Sequence[str], *, run: str,
                       own_experiment: bool) -> None:
-    """Register one run with the HParams plugin: its ``values`` (session start) and, for a run outside a study
+    """Register one run with the HParams plugin: its ``values`` (written as the run starts) and, for a run outside a study
     (``own_experiment``), an experiment of its own listing its values' keys and the ``metrics``.
 
     No placeholder values: the metrics are listed by the experiment (the study's, at its log root), and the run

@@ -32,6 +32,8 @@ HP_SUMMARY_KEYS: tuple[str, ...] = (
     "final_train_loss", "wall_time_s", "time_per_epoch_s", "train_images_per_s",
     "epochs_completed", "diverged", "param_count",
 )
+#: Summary entries too long for the summary table (TensorBoard's text): the per-image test results
+BULK_SUMMARY_KEYS = ("test_correct",)
 #: The checkpoint of a run's latest epoch (``<name>.ckpt``), which resuming continues from.
 LAST_CHECKPOINT = "last"
 HP_METRICS: tuple[str, ...] = tuple(f"hp/{k}" for k in HP_SUMMARY_KEYS)
@@ -71,7 +73,8 @@ def format_value(value: Any) -> str:
 
 def summary_table(summary: Mapping[str, Any], markdown: bool = True) -> str:
     """The scalar entries of a summary as a two-column table (Markdown, or aligned plain text)."""
-    rows = [(k, format_value(v)) for k, v in summary.items() if not isinstance(v, (list, tuple, dict))]
+    rows = [(k, format_value(v)) for k, v in summary.items()
+            if not isinstance(v, (list, tuple, dict)) and k not in BULK_SUMMARY_KEYS]
     if markdown:
         return markdown_table(["metric", "value"], rows)
     width = max(len(k) for k, _ in rows)

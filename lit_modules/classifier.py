@@ -130,6 +130,8 @@ class ViTClassifier(pl.LightningModule):
         self.val_acc5 = MulticlassAccuracy(num_classes, top_k=5, average="micro") if top5 else None
         self.test_acc = MulticlassAccuracy(num_classes, top_k=1, average="micro")
         self._test_loader: Any = None
+        #: which test images the latest validated epoch classified correctly (bool, test-loader order; CPU)
+        self.test_correct: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
@@ -228,9 +230,13 @@ class ViTClassifier(pl.LightningModule):
             self._test_loader = getattr(datamodule, "test_dataloader", lambda: None)() or False
         if self._test_loader is False:
             return
+        correct = []
         with trainer.precision_plugin.val_step_context(), torch.no_grad():
             for x, y in self._test_loader:
-                self.test_acc.update(self(x.to(self.device)), y.to(self.device))
+                logits, y = self(x.to(self.device)), y.to(self.device)
+                self.test_acc.update(logits, y)
+                correct.append(logits.argmax(dim=-1) == y)
+        self.test_correct = torch.cat(correct).cpu() if correct else None  # one host copy per epoch
         self.log("test/acc", self.test_acc.compute(), on_step=False, on_epoch=True)  # compute() syncs across ranks
         self.test_acc.reset()
 

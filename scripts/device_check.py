@@ -12,7 +12,8 @@ stop the others):
   bench       ``python -m ablations.bench --device D --quick --sections timm,variants,mfu,data,overhead --variants
               standard,<the DCA labels> --out <out>/bench`` (``--short``: ``--tiny``): our train step vs timm's,
               DCA vs standard per step (the DCA paper measures 1.31-1.54x), MFU, the data path's images/s, and
-              section 11: issue 27's designs (AttnRes, HC, DCA, mHC, DenseFormer) vs standard at depth 6, batch 32;
+              section 11: the depth-aggregation and multi-stream designs (AttnRes, HC, DCA, mHC, DenseFormer) vs standard
+              at depth 6, batch 32;
   train       the first grid point of ``residual_variants`` at its ``paper`` budget for 2 epochs
               (``ablations.training.run_training``): images/s, wall time, time per epoch. The paper budget reads
               CIFAR-10 from ``--data-dir``; without it the run uses ``synthetic`` data of CIFAR-10's shape

@@ -199,7 +199,7 @@ def test_quick_run_at_its_own_sizes(tmp_path):
 
 @pytest.mark.slow  # a cold torch.compile costs ~85 s on 2 CPU cores
 def test_overhead_section_has_one_goal_per_new_design(tmp_path, monkeypatch):
-    """Section 11: the five designs of issue 27 at their defaults, each against standard with its own goal; the
+    """Section 11: the five depth-aggregation and multi-stream designs at their defaults, each against standard with its own goal; the
     multi-stream ones with the compiled kernels (what ``auto`` picks on a CPU with a compiler; the suite's
     environment says eager) and, beside them without a goal, with the eager ones."""
     from prerequisites import missing

@@ -95,7 +95,7 @@ def test_a_budget_recipe_replaces_the_study_base_recipe_fields():
     paper = load_spec("residual_variants", "paper")
     point = paper.grid()[0]
     config = paper.run_config(point)
-    base_lr = yaml.safe_load(available_studies()["residual_variants"].read_text())["base"]["lr"]
+    base_lr = default.base["lr"]  # the protocol's (ablations/studies/protocol/mnist5k.yaml)
     assert base_lr != PAPER["lr"] and default.run_config(default.grid()[0]).lr == base_lr  # its base's own lr ...
     assert config.recipe_values() == PAPER  # ... which the paper budget's recipe replaces
     assert (config.embed_dim, config.num_heads, config.max_epochs, config.batch_size) == (384, 6, 300, 1024)
@@ -107,7 +107,6 @@ def test_a_budget_recipe_replaces_the_study_base_recipe_fields():
 
 
 def test_every_study_paper_budget_uses_the_paper_recipe():
-    from ablations.run.spec import available_studies
 
     for name in available_studies():
         spec = load_spec(name, "paper")

@@ -267,15 +267,15 @@ def test_dashboard_note_saved(study):
     assert "top-1 val accuracy" in note and "| layerscale" in note
 
 
-def _finite_metrics(session: dict) -> bool:
-    values = [m["value"] for m in session["metricValues"]]
+def _finite_metrics(run: dict) -> bool:
+    values = [m["value"] for m in run["metricValues"]]
     return bool(values) and all(isinstance(v, (int, float)) and math.isfinite(v) for v in values)
 
 
 @pytest.mark.slow
 def test_tensorboard_hparams_table_lists_every_trial(study):
     """The report's ``_report`` run sits next to the trials' runs: the HParams plugin must still list every
-    trial as a session with every ``hp/*`` metric filled."""
+    trial as a run (an entry of its sessionGroups) with every ``hp/*`` metric filled."""
     import optuna
 
     from ablations.dashboard import display_tag
@@ -304,14 +304,14 @@ def test_tensorboard_hparams_table_lists_every_trial(study):
         experiment = wait_until_answers(f"{url}/experiment", proc, body={"experimentName": ""},
                                         ready=study_experiment_loaded, what="TensorBoard's HParams experiment")
         groups = wait_until_answers(f"{url}/session_groups", proc, body=body, ready=all_loaded,
-                                    what="a session with finite hp metrics for every trial")
+                                    what="a run with finite hp metrics for every trial")
         sessions = sessions_of(groups)
         assert set(sessions) == expected, f"sessions {sorted(sessions)} != trials {sorted(expected)}"
         shown = {display_tag(m) for m in HP_METRICS}  # the summary group's TensorBoard tags
         metric_tags = {m["name"]["tag"] for m in experiment["metricInfos"]}
         assert metric_tags == shown
-        for name, session in sessions.items():
-            values = {m["name"]["tag"]: m["value"] for m in session["metricValues"]}
+        for name, run in sessions.items():
+            values = {m["name"]["tag"]: m["value"] for m in run["metricValues"]}
             assert set(values) == shown, name
             bad = {k: v for k, v in values.items() if not isinstance(v, (int, float)) or not math.isfinite(v)}
             assert not bad, f"{name}: non-finite hp metrics {bad}"

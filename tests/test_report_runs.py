@@ -1,4 +1,4 @@
-"""The report side of issue #22 without training: claims as data (spec + verdicts), runs.csv as the tables' one
+"""The report without training: claims as data (spec + verdicts), runs.csv as the tables' one
 input (byte-identical to the report from the storage, under two PYTHONHASHSEEDs), the tuning table, and the
 statistics fixes pinned against scipy on hand-made data."""
 
@@ -224,14 +224,20 @@ def test_main_table_uses_report_phase_metric_and_lr(reports):
     assert "| 0.004 |" in line and "(n=6)" in line  # the chosen LR; 6 report seeds, the tuning runs are not in it
     mean = np.mean(ACC["layerscale"])
     assert f"{100 * mean:.2f}" in line
-    tuning = (root / "storage" / "tuning.csv").read_text().splitlines()
-    assert tuning[0] == "variant,depth,lr,n,mean,std,n_diverged,n_failed,seeds,chosen"
-    chosen = [ln.split(",") for ln in tuning[1:] if ln.endswith(",1")]
-    assert [(c[0], c[2]) for c in chosen] == [("standard", "0.002"), ("layerscale", "0.004"), ("rezero", "0.001")]
-    std = [ln for ln in tuning[1:] if ln.startswith("standard,2,0.002,")][0].split(",")
+    text = (root / "storage" / "tuning.csv").read_text()
+    assert text.splitlines()[0] == ("variant,depth,lr,added,n,mean,std,n_diverged,n_failed_training,n_failed,seeds,"
+                                    "chosen,margin,stability")
+    tuning = list(csv.DictReader(io.StringIO(text)))
+    chosen = [row for row in tuning if row["chosen"] == "1"]
+    assert [(c["variant"], c["lr"]) for c in chosen] == [("standard", "0.002"), ("layerscale", "0.004"),
+                                                          ("rezero", "0.001")]
+    std = next(row for row in tuning if (row["variant"], row["lr"]) == ("standard", "0.002"))
     vals = [0.7 + 0.01 + 0.001 * s / 100 + 0.05 for s in TUNE_SEEDS]
-    assert float(std[4]) == pytest.approx(np.mean(vals) + 0.01, abs=1e-6)  # best_val_acc = acc + 0.01
-    assert std[3] == "2" and std[8] == "100 101"
+    assert float(std["mean"]) == pytest.approx(np.mean(vals) + 0.01, abs=1e-6)  # best_val_acc = acc + 0.01
+    assert std["n"] == "2" and std["seeds"] == "100 101"
+    # the chosen rate's margin over the next-best: 0.002 has +0.05 over the grid's ramp, 0.004 is 0.01 up the ramp
+    assert float(std["margin"]) == pytest.approx(0.05 - 0.01, abs=1e-6)
+    assert float(std["stability"]) == 1.0 and all(not row["margin"] for row in tuning if row["chosen"] != "1")
 
 
 def test_claim_verdicts_are_computed(reports):

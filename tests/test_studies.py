@@ -21,7 +21,6 @@ from types import SimpleNamespace
 
 import optuna
 import pytest
-import yaml
 from helpers import (
     LONG_TRIAL_EPOCHS,
     STUDY_TEST_MARKS,
@@ -66,12 +65,10 @@ def test_every_committed_study_point_has_valid_residual_options():
     labels) or a value its model size does not allow."""
     import itertools
 
-    import yaml
-
     from ablations.run.study import _check_residual, _validate_points
 
-    for name, path in available_studies().items():
-        for budget in ["default", *(yaml.safe_load(path.read_text()).get("budgets") or {})]:
+    for name in available_studies():
+        for budget in load_spec(name).budgets:
             spec = load_spec(name, budget)
             _validate_points(spec, {}, check_data=False)
             for label, space in spec.space.items():
@@ -469,8 +466,7 @@ def test_list_shows_every_study_with_its_sizes(quick_calls):
     rows = {line.split()[0]: line.split() for line in result.stdout.splitlines()[1:]}
     assert sorted(rows) == sorted(available_studies()) and len(rows) == 11
     for name, row in rows.items():
-        budgets = yaml.safe_load(available_studies()[name].read_text())["budgets"]
-        defined = {b for b in BUDGETS if b == "default" or b in budgets}
+        defined = load_spec(name).budgets
         assert row[1] == load_spec(name).kind
         assert row[2:2 + len(BUDGETS)] == [str(load_spec(name, b).size) if b in defined else "—" for b in BUDGETS]
     assert rows["norm_placement"][2 + BUDGETS.index("quick")] == "—"  # it defines no quick budget
@@ -483,6 +479,8 @@ def test_dry_run_prints_points_and_estimate_and_touches_no_storage(quick_calls):
     lines = result.stdout.splitlines()
     assert lines[0].startswith("tuning stage residual_variants-smoke-tune: 20 trials first")
     assert lines[1].startswith("study residual_variants-smoke: grid, 10 trials")
+    assert lines[2] == "base (resolved): " + ", ".join(f"{k}={v}" for k, v in spec.base.items())
+    assert "dataset=digits" in lines[2] and "weight_decay=0.05" in lines[2]  # the smoke budget over the protocol
     points = [line.strip() for line in lines if line.startswith("  variant=")]
     assert points == [", ".join(f"{k}={v}" for k, v in p.items()) for p in spec.grid()]
     (estimate,) = [line for line in lines if line.startswith("estimated time on this machine: ")]
@@ -602,3 +600,19 @@ def test_dry_run_of_a_stored_study_prices_what_is_left_from_its_own_trials(tmp_p
     line = run.measured_left(stored, 2, fallback, {other: 1000.0})
     again = expected + sum(1000.0 - fallback for c in left if c == other) / 2
     assert line.startswith(f"time left as measured by this study's completed trials: {run._duration(again)} "), line
+
+
+def test_ngpt_rows_train_with_the_papers_recipe_unless_the_row_says_otherwise():
+    """nGPT's reference trains without weight decay and without warm-up (``NGPT.paper_training``): norm_placement's
+    ngpt row resolves to both, its other rows keep the study's base, and a row's own overrides win."""
+    import dataclasses
+
+    from ablations.run.spec import Variant
+
+    spec = load_spec("norm_placement")
+    ngpt = spec.run_config({"variant": "ngpt", "depth": 4, "seed": 0})
+    standard = spec.run_config({"variant": "standard", "depth": 4, "seed": 0})
+    assert (ngpt.weight_decay, ngpt.warmup_epochs) == (0.0, 0.0)
+    assert (standard.weight_decay, standard.warmup_epochs) == (spec.base["weight_decay"], spec.base["warmup_epochs"])
+    own = dataclasses.replace(spec, variants=(Variant("ngpt_wd", "ngpt", overrides={"weight_decay": 0.1}),))
+    assert own.run_config({"variant": "ngpt_wd", "depth": 4, "seed": 0}).weight_decay == 0.1

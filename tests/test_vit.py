@@ -103,7 +103,7 @@ RETROFIT = {
     # post-LN: timm's pre-norm weights load into the post-norms norm1/norm2 by name (the function differs); the
     # default drops the final norm, so a timm checkpoint's norm.* loads only with final_norm=True
     "deepnorm": ("deepnorm", {"final_norm": True}, set(), False),
-    # the normalisation family (issue 26): every layout with timm's norm1/norm2 keys loads by name
+    # the normalisation family: every layout with timm's norm1/norm2 keys loads by name
     "post_ln": ("post_ln", {"final_norm": True}, set(), False),  # pre-norm weights into the post-norms
     "res_post_norm": ("res_post_norm", {}, set(), False),  # into the output norms (timm's ResPostBlock names)
     "peri_ln": ("peri_ln", {}, _blocks(3, *(f"ls{s}.norm.{p}" for s in (1, 2) for p in ("weight", "bias"))), False),

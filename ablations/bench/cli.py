@@ -183,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "model, in K rounds (order rotating); a ratio pairs a design's process with standard's of "
                         "the same round (default 0: all models interleaved in one process)")
     p.add_argument("--overhead-batch", type=int, metavar="N",
-                   help="section 11's batch (default 32, issue 27's size); on a GPU a larger one shows the designs' "
+                   help="section 11's batch (default 32); on a GPU a larger one shows the designs' "
                         "cost once their kernels, not the launches, take the time")
     p.add_argument("--variants", metavar="LABEL,...",
                    help="sections 2 and 6: only these labels of ablations.costs.all_configs() (standard, their "

@@ -31,6 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-figures", action="store_true", help="tables only")
     p.add_argument("--no-tensorboard", action="store_true", help="do not write the tables to TensorBoard")
     p.add_argument("--no-note", action="store_true", help="do not attach the tables to the study (dashboard note)")
+    p.add_argument("--ledger", action="store_true",
+                   help="write the claims ledger <results-dir>/claims.md and claims.csv from every study's runs.csv "
+                        "(<results-dir>/<study>/runs.csv): each claim's verdict in its study and under one Holm "
+                        "family over all claims, shared runs marked (no --study)")
     return p
 
 
@@ -56,6 +60,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def _ledger(args: argparse.Namespace) -> int:
+    """``--ledger``: the claims ledger from every study folder's runs.csv (:mod:`.ledger`)."""
+    from .ledger import summary, write_ledger
+
+    if args.study:
+        raise ReportError("--ledger reads every study under --results-dir: give no --study")
+    paths, records = write_ledger(Path(args.results_dir))
+    counts = summary(records)
+    for key, label in (("verdict", "in its study"), ("verdict_all", "all claims")):
+        print(f"{label}: " + ", ".join(f"{n} {v}" for v, n in counts[key].items()))
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
 def _main(args: argparse.Namespace) -> int:
     from ..run.overrides import OVERRIDES_ATTR, apply_sets, describe, parse_sets
     from ..run.spec import load_spec
@@ -63,6 +81,10 @@ def _main(args: argparse.Namespace) -> int:
     from . import runs as runs_csv
     from .load import collect, open_study, open_tune_study
 
+    if args.ledger:
+        return _ledger(args)
+    if not args.study:
+        raise ReportError("--study is required (or --ledger)")
     spec = apply_sets(load_spec(args.study, args.budget), parse_sets(args.sets))
     study_name = args.study_name or spec.study_name
     results_dir = Path(args.results_dir)
@@ -92,6 +114,7 @@ def _main(args: argparse.Namespace) -> int:
     for table in tables:
         written += fmt.write_table(table, out, study_name)
     written.append(runs_csv.write(data, out / "runs.csv"))  # every result trial: the tables' one input
+    written.append(write_resolved(spec, out / "study.yaml"))  # the study as it ran: base files and budget resolved
     notes = [f"{t.name}: {n}" for t in tables for n in t.notes] + notes
     modes = data.modes()
     if len(modes) > 1:  # e.g. a study continued after precision auto: its pairs mix numerics (runs.csv: 'mode')
@@ -124,6 +147,17 @@ def _main(args: argparse.Namespace) -> int:
     for path in written:
         print(f"  {path}")
     return 0
+
+
+def write_resolved(spec, path: Path) -> Path:
+    """The study as trained (:func:`ablations.run.spec.resolved`) as YAML at ``path``."""
+    import yaml
+
+    from ..run.spec import resolved
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(resolved(spec), sort_keys=False, allow_unicode=True, width=120))
+    return path
 
 
 def label_first_look(tables: Sequence, spec) -> bool:

@@ -69,6 +69,8 @@ class Run:
     run_name: str | None = None  # the TensorBoard run (``<variant>/depth=<d>/seed=<s>``; older studies: trial_NNNN)
     phase: str = "report"  # tune (LR tuning seeds) | report (the reported seeds)
     mode: str | None = None  # precision + attention kernel as runs.csv recorded it (None: from summary / config)
+    #: completed below the study's floor (``floor:``, :class:`ablations.run.spec.Floor`): counted like a diverged run
+    failed_training: bool = False
 
     @property
     def lr(self) -> float | None:
@@ -78,8 +80,14 @@ class Run:
 
     @property
     def ok(self) -> bool:
-        """A completed, non-diverged run with a finite accuracy: it enters means, stds and paired tests."""
-        return self.state == "complete" and not self.diverged and finite(self.acc)
+        """A completed run that neither diverged nor failed to train, with a finite accuracy: it enters means, stds
+        and paired tests at its accuracy (a diverged or failed one enters the pairs at chance level)."""
+        return self.state == "complete" and not self.diverged and not self.failed_training and finite(self.acc)
+
+    @property
+    def at_chance(self) -> bool:
+        """A run that counts at chance level in the pairs: it diverged, or completed below the study's floor."""
+        return self.diverged or self.failed_training
 
 
 @dataclass
@@ -96,6 +104,9 @@ class StudyData:
     metric: str = ACC_KEY  # the accuracy key of Run.acc (the study's metric when it is one of ACC_KEYS)
     tune_runs: list[Run] = field(default_factory=list)  # phase "tune": only the tuning table and figure use them
     tune_metric: str = ACC_KEY  # the validation metric the tuning stage chose by (spec.tune.metric)
+    floor: str | None = None  # the study's floor for failed trainings, in words (None: it declares none)
+    tune_grid: tuple[float, ...] = ()  # the tuning stage's starting rates (spec.tune.lr); others were added
+    tune_bounds: tuple[float, float] | None = None  # the rates the grid may extend to (spec.tune.bounds)
 
     def by_row_depth(self, row: str, depth: int | None) -> list[Run]:
         return [r for r in self.runs if r.row == row and r.depth == depth]
@@ -285,8 +296,12 @@ def assemble(name: str, spec, runs: list[Run], pending: int = 0, skipped: int = 
     (spec variant order, extra axes, depth, seed, trial number), tuning-phase runs set apart."""
     labels = [v.label for v in spec.variants]
     extra_axes = [a for a in spec.axes if a not in ("depth", "seed")]
+    floor = getattr(spec, "floor", None)
     for run in runs:
         run.row = row_label(run.variant, run.extras)
+        if floor is not None and run.state == "complete" and not run.diverged:
+            value = run.summary.get(floor.metric)
+            run.failed_training = finite(value) and floor.failed(float(value), _classes(run))
 
     def row_key(run: Run):
         index = labels.index(run.variant) if run.variant in labels else len(labels)
@@ -309,7 +324,20 @@ def assemble(name: str, spec, runs: list[Run], pending: int = 0, skipped: int = 
         depths=sorted({r.depth for r in runs if r.depth is not None}), pending=pending, skipped=skipped,
         metric=accuracy_key(spec.metric), tune_runs=tune,
         tune_metric=getattr(getattr(spec, "tune", None), "metric", None) or ACC_KEY,
+        floor=floor.text() if floor is not None else None,
+        tune_grid=tuple(getattr(getattr(spec, "tune", None), "lr", ()) or ()),
+        tune_bounds=getattr(getattr(spec, "tune", None), "bounds", None),
     )
+
+
+def _classes(run: Run) -> int | None:
+    """The run's number of classes as its summary or config recorded it (also inside ``dataset_options``)."""
+    config = run.config or {}
+    for value in (run.summary.get("num_classes"), config.get("num_classes"),
+                  (config.get("dataset_options") or {}).get("num_classes")):
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 2 and value == int(value):
+            return int(value)
+    return None
 
 
 def best_per_row(data: StudyData) -> dict[str, Run]:

@@ -44,6 +44,8 @@ from .storage import (
     unusable_storage_message,
 )
 from .study import (
+    TUNE_AT_BOUND,
+    TUNE_EXTRA,
     TUNE_GRID,
     TUNE_MEANS,
     TUNED_LR,
@@ -54,7 +56,8 @@ from .study import (
     _load,
     _stored_choice,
     _validate_points,
-    choose_lrs,
+    stored_extra,
+    tune_outcome,
 )
 from .workers import ResultsWriteError, _one_line, _quiet, _run_grid, _work, write_error
 
@@ -208,7 +211,7 @@ def _main(args: argparse.Namespace) -> int:
     study_name = args.study_name or spec.study_name
     if args.worker_index is not None:
         if args.stage == "tune":
-            return _work(spec.tune_stage(), storage, study_name, args, overrides)
+            return _work(spec.tune_stage(stored_extra(storage, study_name)), storage, study_name, args, overrides)
         return _work(spec, storage, study_name, args, overrides, tuned=_stored_choice(storage, study_name))
 
     study = _create_study(spec, storage, study_name, seed=0)  # refuses a stored study of other overrides
@@ -222,20 +225,46 @@ def _main(args: argparse.Namespace) -> int:
                              f"file now has {spec.tune.as_dict()}: its reported trials would mix two choices. Pass "
                              "--study-name NEW_NAME for a new study, or restore the file's tune section")
         if stored is None:
-            tune = spec.tune_stage()
-            code = _run_grid(tune, storage, tune_name(study_name), args, overrides, stage="tune")
+            code = _tune(spec, storage, tune_name(study_name), args, overrides, study)
             if code:
-                print(f"study '{study_name}': the tuning stage is not complete; the reported grid waits for it "
-                      "(rerun the same command)", file=sys.stderr)
                 return code
-            choice, means = choose_lrs(spec, _load(storage, tune_name(study_name)))
-            study.set_user_attr(TUNED_LR, choice)
-            study.set_user_attr(TUNE_MEANS, means)
-            study.set_user_attr(TUNE_GRID, spec.tune.as_dict())
         print(f"study '{study_name}': learning rate per variant, chosen on tuning seeds {list(spec.tune.seeds)} by "
               f"mean {spec.tune.metric}: " + "; ".join(f"{_cell_text(k)} {v:g}" for k, v in
                                                         study.user_attrs[TUNED_LR].items()), file=sys.stderr)
+        at_bound = study.user_attrs.get(TUNE_AT_BOUND) or {}
+        if at_bound:
+            print(f"study '{study_name}': best learning rate at a bound of the tuning grid {list(spec.tune.bounds)} "
+                  "(the report names these rows): " + "; ".join(f"{_cell_text(k)} {side}" for k, side in
+                                                               at_bound.items()), file=sys.stderr)
     return _run_grid(spec, storage, study_name, args, overrides, study=study)
+
+
+def _tune(spec, storage, tune_study: str, args: argparse.Namespace, overrides: dict, study) -> int:
+    """Run the tuning stage to its end: its grid, then, while a cell's best rate is at the edge of the rates it
+    tried, one more rate beyond that edge (``TuneOutcome.extend``, within ``tune.bounds``) on the same tuning seeds;
+    store the choice with ``study``. Returns the exit code of a stage that did not complete (0: done)."""
+    extra = stored_extra(storage, tune_study)
+    while True:
+        code = _run_grid(spec.tune_stage(extra), storage, tune_study, args, overrides, stage="tune")
+        if code:
+            print(f"study '{study.study_name}': the tuning stage is not complete; the reported grid waits for it "
+                  "(rerun the same command)", file=sys.stderr)
+            return code
+        outcome = tune_outcome(spec, _load(storage, tune_study), extra)
+        if not outcome.extend:
+            break
+        for key, rate in outcome.extend.items():
+            extra.setdefault(key, []).append(rate)
+        _load(storage, tune_study).set_user_attr(TUNE_EXTRA, extra)
+        print(f"study '{study.study_name}': best learning rate at the edge of the rates tried; adding "
+              + "; ".join(f"{_cell_text(k)} {rate:g}" for k, rate in outcome.extend.items())
+              + f" (bounds {list(spec.tune.bounds)})", file=sys.stderr)
+    study.set_user_attr(TUNED_LR, outcome.choice)
+    study.set_user_attr(TUNE_MEANS, outcome.means)
+    study.set_user_attr(TUNE_EXTRA, extra)
+    study.set_user_attr(TUNE_AT_BOUND, outcome.at_bound)
+    study.set_user_attr(TUNE_GRID, spec.tune.as_dict())
+    return 0
 
 
 def _overrides(args: argparse.Namespace) -> dict:

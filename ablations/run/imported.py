@@ -5,7 +5,9 @@ so that only the grid points they do not cover train.
 Each row of the file must be a point of this study's grid as this study file and ``--set`` define it now: the same
 residual and options, the same learning rate (a tuning-stage row: its grid's; a reported row: the rate this study's
 tuning stage chose), and the same parameter count (a model built on the meta device: a row from another budget or
-``--set`` differs there). A row that disagrees is a one-line error and nothing is added. Rows that are not complete
+``--set`` differs there). A row that disagrees is a one-line error and nothing is added — except a reported row
+that differs in its learning rate alone: this study's tuning stage chose another rate for its cell, so the point
+trains again (the import says how many). Rows that are not complete
 (failed, pruned) are not imported: their points train again. An imported trial keeps the row's run summary, mode and
 per-epoch validation curve (``val_acc_curve``; a runs.csv written before that column leaves it out of ``val_curves``),
 has no TensorBoard folder (the diagnostics' figures leave it out) and carries ``imported_from`` (the file) instead of
@@ -91,6 +93,13 @@ def _mismatch(run, config, cache: dict) -> str | None:
     return None
 
 
+def _only_the_rate(run, config, cache: dict) -> bool:
+    """Whether a reported row differs from this study's point only in its learning rate: the tuning stage chose
+    another rate for the cell (e.g. a study continued under more tuning seeds), so the row is no result of this
+    study, but not a sign of another version, budget or --set either."""
+    return run.lr is not None and _mismatch(run, config.replace(lr=run.lr), cache) is None
+
+
 def _user_attrs(run, config, stage: str, path: Path) -> dict[str, Any]:
     from data import dataset_shape
 
@@ -169,7 +178,7 @@ def import_runs(path: str | Path, spec, storage, study_name: str, overrides: dic
     done = {_point_key(_trial_point(t)) for t in _done_trials(study)}
     objective = Objective(spec, log_root=Path("."), overrides=overrides, tuned=tuned)
     categorical, cache = categorical_axes(study, spec), {}
-    trials, here, outside, incomplete = [], 0, 0, 0
+    trials, here, outside, incomplete, other_rate = [], 0, 0, 0, 0
     for run, point in matched:
         if run.state != "complete":
             incomplete += 1
@@ -180,6 +189,9 @@ def import_runs(path: str | Path, spec, storage, study_name: str, overrides: dic
         else:
             config = objective.config(point)
             fault = _mismatch(run, config, cache)
+            if fault is not None and spec.stage != "tune" and _only_the_rate(run, config, cache):
+                other_rate += 1  # this study's tuning stage chose another rate for its cell: the point trains again
+                continue
             if fault is not None:
                 raise ValueError(f"--import-runs: {path}: {spec.stage} run {run.run_name or run.number} trained "
                                  f"{fault}: the file is from another version, budget or --set of the study; none of "
@@ -203,6 +215,9 @@ def import_runs(path: str | Path, spec, storage, study_name: str, overrides: dic
     print(f"--import-runs {path}: {len(trials)} completed {stage} trial(s) joined '{study_name}' as done"
           + "".join(f"; {n} {what}" for n, what in ((here, "already done here"),
                                                     (outside, "not points of this study (left out)"),
-                                                    (incomplete, "not complete (they train again)")) if n),
+                                                    (incomplete, "not complete (they train again)"),
+                                                    (other_rate, "trained at another learning rate than this "
+                                                                 "study's tuning stage chose (they train again)"))
+                          if n),
           file=sys.stderr)
     return len(trials)

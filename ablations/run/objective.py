@@ -33,7 +33,7 @@ def suggest(trial, spec: StudySpec, categorical_axes: frozenset[str] = frozenset
     params = {"variant": trial.suggest_categorical("variant", [v.label for v in spec.variants])}
     for axis, values in spec.axes.items():
         params[axis] = suggest_axis(trial, axis, values, grid=spec.kind == "grid",
-                                    categorical=axis in categorical_axes)
+                                    categorical=axis in categorical_axes, bounds=spec.axis_bounds.get(axis))
     for option, dist in spec.space.get(params["variant"], {}).items():
         name = f"{params['variant']}.{option}"
         if "choices" in dist:
@@ -46,7 +46,8 @@ def suggest(trial, spec: StudySpec, categorical_axes: frozenset[str] = frozenset
     return params
 
 
-def suggest_axis(trial, axis: str, values: list, *, grid: bool, categorical: bool = False) -> Any:
+def suggest_axis(trial, axis: str, values: list, *, grid: bool, categorical: bool = False,
+                 bounds: tuple[float, float] | None = None) -> Any:
     """One axis, numeric where its values are numbers, so optuna-dashboard orders its slice, contour and
     importance axes by value (a categorical is ordered as text: 12, 2, 6):
 
@@ -54,12 +55,17 @@ def suggest_axis(trial, axis: str, values: list, *, grid: bool, categorical: boo
       numbers as ``suggest_float`` over [min, max] (log scale when all positive and spanning 100× or more);
     - a search (the sampler draws the values): integers in equal steps as ``suggest_int`` with that step;
     - anything else (labels, booleans, mixed types, unevenly spaced values a search must not interpolate, or
-      ``categorical``) as a categorical."""
+      ``categorical``) as a categorical.
+
+    ``bounds``: a grid axis whose values may grow beyond the listed ones (the tuning stage's extended learning
+    rates): ``suggest_float`` over the whole (low, high) on a log scale, the same distribution whatever was added."""
     numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
     ints = numbers and all(isinstance(v, int) for v in values)
     low, high = (min(values), max(values)) if numbers else (None, None)
     if categorical or not numbers:
         return trial.suggest_categorical(axis, values)
+    if grid and bounds is not None:
+        return trial.suggest_float(axis, float(bounds[0]), float(bounds[1]), log=True)
     if grid and ints:
         return trial.suggest_int(axis, low, high)
     if grid:

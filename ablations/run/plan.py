@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 from .. import layout
 from ..bench.gpu_hours import DEFAULT_GPU
-from .study import _done_trials, _grid_keys, _point_key, _redact, _trial_point
+from .study import TUNE_EXTRA, _done_trials, _grid_keys, _point_key, _redact, _trial_point
 from .workers import _quiet
 
 #: Seconds per trial not proportional to FLOPs (Trainer set-up, data, logging) and effective train-step
@@ -62,6 +62,8 @@ def _stored_done(url: str, study_name: str, spec) -> Stored | None:
                 done.append(0)
                 left += stage.grid() if stage.kind == "grid" else []
                 continue
+            if stage.stage == "tune":  # with the rates it has added beyond its grid's edges
+                stage = spec.tune_stage(study.user_attrs.get(TUNE_EXTRA) or {})
             trials = _done_trials(study)
             if stage.kind != "grid":
                 done.append(len(trials))
@@ -114,11 +116,14 @@ def _dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = 
     if spec.tune is not None:
         tune = spec.tune_stage()
         tune_size = tune.size
+        extend = (f"; while a cell's best lr is at the edge of the rates tried, one more (x2 or /2) within "
+                  f"{list(spec.tune.bounds)}, {len(spec.tune.seeds)} trials each" if spec.tune.bounds else "")
         print(f"tuning stage {tune.study_name}: {tune.size} trials first (each variant x "
               + "".join(f"{a} {v} x " for a, v in tune.axes.items() if a not in ("seed", "lr"))
-              + f"lr {list(spec.tune.lr)} x tuning seeds {list(spec.tune.seeds)}); each variant's lr = the highest "
-              f"mean {spec.tune.metric}; the reported grid below then trains at it")
+              + f"lr {list(spec.tune.lr)} x tuning seeds {list(spec.tune.seeds)}{extend}); each variant's lr = the "
+              f"highest mean {spec.tune.metric}; the reported grid below then trains at it")
     print(f"study {spec.study_name}: {spec.kind}, {spec.size} trials, metric {spec.metric} ({spec.direction})")
+    print("base (resolved): " + ", ".join(f"{k}={v}" for k, v in spec.base.items()))
     tune_done, report_done = stored[:2] if stored else (0, 0)
     if stored:
         print(f"stored in {stored[2]}: {report_done} of the {spec.size} reported trials done"

@@ -13,8 +13,9 @@ A study file (see ``ablations/studies/*.yaml``) says what to run, never how::
       - {label: layerscale, residual: layerscale, options: {init_value: auto}}
     axes: {depth: [2, 6, 12], seed: [0, 1, 2]}                # grid axes: RunConfig fields × values
     tune:                          # optional: each variant's learning rate chosen on tuning seeds first
-      lr: [5.0e-4, 1.0e-3, 2.0e-3, 4.0e-3]
-      seeds: [100, 101]            # disjoint from the reported seeds
+      lr: [5.0e-4, 1.0e-3, 2.0e-3, 4.0e-3]   # the starting grid
+      seeds: [100, 101, 102]       # disjoint from the reported seeds; at least 3 (evidence budgets)
+      bounds: [1.25e-4, 3.2e-2]    # the grid extends (x2 / /2) while the best rate is at its edge, within these
       metric: best_val_acc         # the validation metric the choice maximises (mean over the tuning seeds)
       axes: {depth: [4]}           # optional: tune at these values of an axis only (one value: used for all)
     search:                        # kind: search only
@@ -29,6 +30,25 @@ A study file (see ``ablations/studies/*.yaml``) says what to run, never how::
          variant: layerscale, baseline: standard, direction: higher, depth: 12}
       - {id: reattn_similarity, claim: "...", source: "...", testable: false, reason: "..."}
 
+**Shared settings** (``extends:``): a study file may name a base file, its path relative to the study file::
+
+    extends: protocol/mnist5k.yaml   # ablations/studies/protocol/: the protocol the committed studies share
+
+The base file holds any of the keys above (here: kind, metric, direction, base, tune and the smoke and paper
+budgets); the study file is laid over it, and what results is loaded as if it were one file. The rules:
+
+- a mapping updates the base file's mapping of the same key, key by key and recursively: the study's ``base``
+  updates the base file's ``base``, a study's budget updates the base file's budget of that name (its ``base``,
+  ``axes`` and ``tune`` each key by key), ``tune`` updates ``tune``;
+- a ``base`` that sets ``recipe`` first drops the recipe fields of the ``base`` it updates (as a budget does below);
+- a list or a single value replaces: ``variants``, ``claims``, an axis' values, ``tune.lr``, ``description``;
+- a key of the base file the study does not set stays; a mapping's keys keep the base file's order, then the
+  study's new ones (an axis' place sets the grid's order);
+- a base file may extend another; a file that extends itself (directly or not) is refused.
+
+Only the files directly in ``ablations/studies/`` are studies (``--list``, ``--study NAME``): base files live in
+a folder below it. ``--dry-run`` prints the resolved base of the trials and the report's README the resolved study.
+
 A ``recipe`` (``basic``, ``paper``: :mod:`ablations.run.recipes`) set by a budget's base, a variant's overrides or an
 axis replaces the recipe fields of the layers before it (the study's base), unless it sets them itself.
 
@@ -38,7 +58,16 @@ Every unknown key is a one-line ``ValueError`` naming the key, where it is, and 
 × the study's other axes (or ``tune.axes``) × ``tune.lr`` × ``tune.seeds`` — trains as the study
 ``<study name>-tune``; each variant's learning rate (per cell of the other axes) is the one with the highest mean
 ``tune.metric`` (a validation metric: nothing is chosen on the test split) over the tuning seeds, which never
-appear among the reported seeds. The reported grid then trains every point at its variant's chosen rate.
+appear among the reported seeds (a run that diverged or failed to train counts as 0). **While a cell's best rate is
+the smallest or largest it tried, its grid extends by one rate** (÷2 or ×2) on the same tuning seeds, as long as
+that rate lies within ``tune.bounds``; a cell whose best rate sits at a bound is recorded as such. The reported grid
+then trains every point at its variant's chosen rate. Evidence budgets (not ``smoke``/``quick``) need at least
+:data:`MIN_TUNE_SEEDS` tuning seeds, so that one seed's noise cannot pick the rate, and declared ``bounds``; a
+first-look budget with a ``tune:`` of its own does not inherit the study's ``bounds`` (its short grid runs once).
+
+**A floor for failed trainings** (``floor:``, optional): ``{metric: final_val_acc, chance_multiple: 2}`` says a run
+whose metric ends below that multiple of chance level (1/classes) failed to train; such runs count like diverged
+ones (at chance level in the pairs, as 0 in the tuning stage) and the tables show "k/n failed to train".
 """
 
 from __future__ import annotations
@@ -60,18 +89,28 @@ BUDGETS = ("smoke", "quick", "default", "paper")
 #: budgets that check a study runs (smoke) or give a first look in minutes (quick): too few seeds for evidence, and
 #: the run and every report table say so (:meth:`StudySpec.first_look`)
 FIRST_LOOK_BUDGETS = ("smoke", "quick")
-_TOP_KEYS = ("name", "description", "kind", "metric", "direction", "base", "variants", "axes", "search", "tune",
-             "budgets", "claims")
+_TOP_KEYS = ("extends", "name", "description", "kind", "metric", "direction", "base", "variants", "axes", "search",
+             "tune", "floor", "budgets", "claims")
 _BUDGET_KEYS = ("base", "variants", "axes", "search", "tune", "description")
-_TUNE_KEYS = ("lr", "seeds", "metric", "axes")
+_TUNE_KEYS = ("lr", "seeds", "bounds", "metric", "axes")
+#: tuning seeds an evidence budget needs (the mean over them picks the rate; ``smoke``/``quick`` may use fewer)
+MIN_TUNE_SEEDS = 3
+#: the factor between a grid's edge and the rate the tuning stage adds beyond it (×2 above, ÷2 below)
+TUNE_STEP = 2.0
+_FLOOR_KEYS = ("metric", "chance_multiple")
+FLOOR_METRICS = ("final_val_acc", "best_val_acc")
 TUNE_METRICS = ("best_val_acc", "final_val_acc")  # validation metrics: the tuning stage never reads the test split
 _VARIANT_KEYS = ("label", "residual", "options", "overrides")
 _SEARCH_KEYS = ("n_trials", "pruner", "space", "sampler")
 _PRUNERS = ("none", "median", "hyperband")
 _DIST_KEYS = ("low", "high", "log", "choices")
 _CLAIM_KEYS = ("id", "claim", "source", "variant", "baseline", "depth", "baseline_depth", "direction", "counts",
-               "metric", "testable", "reason")
+               "metric", "testable", "reason", "premise")
 CLAIM_DIRECTIONS = ("higher", "lower")
+_PREMISE_KEYS = ("claim", "variant", "baseline", "depth", "baseline_depth", "direction", "metric")
+#: what a premise asserts of its paired comparison (variant − baseline): ``lower`` / ``higher``: the 95% interval
+#: lies below / above 0; ``not_higher`` / ``not_lower``: it is not significantly above / below 0 (e.g. "saturates")
+PREMISE_DIRECTIONS = ("lower", "higher", "not_higher", "not_lower")
 #: Metrics a claim may compare (fractions, so a diverged run counts at chance level): the accuracies and the AUC.
 CLAIM_METRICS = ("best_val_acc", "final_val_acc", "test_acc", "test_acc_at_best_val", "val_acc_auc")
 #: Strategies that train a multi-device trial in fresh processes started by ``fit`` itself, so the trial stays in
@@ -101,11 +140,50 @@ class TuneSpec:
     seeds: tuple[int, ...]
     metric: str = "best_val_acc"
     axes: dict = field(default_factory=dict)
+    bounds: tuple[float, float] | None = None  # None: the grid never extends
 
     def as_dict(self) -> dict:
         """The stored form (the study's ``tune_grid`` attribute): a changed grid invalidates a stored choice."""
         return {"lr": list(self.lr), "seeds": list(self.seeds), "metric": self.metric,
-                "axes": {k: list(v) for k, v in sorted(self.axes.items())}}
+                "axes": {k: list(v) for k, v in sorted(self.axes.items())},
+                "bounds": None if self.bounds is None else list(self.bounds)}
+
+    def beyond(self, tried: list[float], best: float) -> tuple[float | None, str | None]:
+        """The rate to add to a cell that ``tried`` these rates and found ``best`` best: (rate, None) one step
+        beyond the edge it sits at; (None, "low"/"high") when that step would leave ``bounds`` (the best rate is
+        at a bound); (None, None) when the best is inside the tried range or there are no bounds."""
+        if self.bounds is None or len(tried) < 2 or min(tried) < best < max(tried):
+            return None, None
+        low, high = self.bounds
+        if best == min(tried):
+            rate = lr_value(best / TUNE_STEP)
+            return (rate, None) if rate >= low * (1 - 1e-9) else (None, "low")
+        rate = lr_value(best * TUNE_STEP)
+        return (rate, None) if rate <= high * (1 + 1e-9) else (None, "high")
+
+
+def lr_value(rate: float) -> float:
+    """A learning rate rounded to 12 significant digits, so that ×2 and ÷2 steps give the same number (and the same
+    text in stored keys) on every machine."""
+    return float(f"{rate:.12g}")
+
+
+@dataclass(frozen=True)
+class Floor:
+    """A study's floor for failed trainings: a run whose ``metric`` (a validation accuracy) ends below
+    ``chance_multiple`` × chance level (1/classes) failed to train and counts like a diverged run."""
+
+    metric: str = "final_val_acc"
+    chance_multiple: float = 2.0
+
+    def failed(self, value: float | None, num_classes: int | None) -> bool:
+        """Whether a run with this metric value (None: no value) trained below the floor (classes unknown: 10)."""
+        if value is None:
+            return False
+        return value < self.chance_multiple / (num_classes or 10)
+
+    def text(self) -> str:
+        return f"{self.metric} below {self.chance_multiple:g}x chance level"
 
 
 @dataclass(frozen=True)
@@ -128,6 +206,23 @@ class Claim:
     metric: str | None = None
     testable: bool = True
     reason: str = ""
+    premise: Premise | None = None
+
+
+@dataclass(frozen=True)
+class Premise:
+    """What a claim presupposes, measured in the same study as a paired comparison (``variant`` − ``baseline`` at
+    ``depth`` / ``baseline_depth`` on ``metric``), e.g. "standard's accuracy falls from depth 4 to 16" =
+    ``{variant: standard, depth: 16, baseline: standard, baseline_depth: 4, direction: lower}``. When the study does
+    not show it (:data:`PREMISE_DIRECTIONS`), the claim's verdict is "premise absent", with the premise's numbers."""
+
+    claim: str
+    variant: str
+    baseline: str
+    depth: int | None = None
+    baseline_depth: int | None = None
+    direction: str = "lower"
+    metric: str | None = None
 
 
 @dataclass(frozen=True)
@@ -152,6 +247,12 @@ class StudySpec:
     overrides: dict = field(default_factory=dict)
     #: the budgets the study file defines, in ``BUDGETS`` order (always ``default``): any other is refused
     budgets: tuple[str, ...] = ("default",)
+    floor: Floor | None = None  # below it a run failed to train (counted like a diverged run)
+    #: grid points beyond the axes' product (the tuning stage's extended rates: ``tune_stage(extra)``)
+    extra_points: tuple[dict, ...] = ()
+    #: (low, high) of a numeric axis whose values may grow beyond the listed ones (the tuning stage's lr): its
+    #: distribution covers the whole range on a log scale, so an extended rate fits the stored study
+    axis_bounds: dict = field(default_factory=dict)
 
     @property
     def study_name(self) -> str:
@@ -171,13 +272,21 @@ class StudySpec:
         return (f"Budget '{self.budget}' is a first look, underpowered by design: its numbers and verdicts are not "
                 "evidence (the default budget is the study's evidence)")
 
-    def tune_stage(self) -> StudySpec:
-        """The tuning stage as a grid of its own: the study's other axes (or ``tune.axes``) × ``lr`` × tuning seeds."""
+    def tune_stage(self, extra: dict[str, list[float]] | None = None) -> StudySpec:
+        """The tuning stage as a grid of its own: the study's other axes (or ``tune.axes``) × ``lr`` × tuning seeds,
+        plus, for each cell (:meth:`tune_key`) in ``extra``, its extended rates × the tuning seeds."""
         assert self.tune is not None
         axes = {a: list(self.tune.axes.get(a, v)) for a, v in self.axes.items() if a != "seed"}
         axes |= {"seed": list(self.tune.seeds), "lr": list(self.tune.lr)}
+        points = []
+        for key, rates in sorted((extra or {}).items()):
+            variant, cell = json.loads(key)
+            points += [{"seed": seed, "variant": variant, **dict(cell), "lr": lr_value(lr)}
+                       for lr in rates for seed in self.tune.seeds]
+        bounds = self.tune.bounds or (min(self.tune.lr), max(self.tune.lr))
         return dataclasses.replace(self, axes=axes, tune=None, stage="tune", metric=self.tune.metric,
-                                   direction="maximize")
+                                   direction="maximize", extra_points=tuple(points),
+                                   axis_bounds={"lr": (min(bounds[0], *self.tune.lr), max(bounds[1], *self.tune.lr))})
 
     def tune_axes(self) -> list[str]:
         """The axes a learning rate is chosen per (besides the variant): every axis but the seed."""
@@ -209,20 +318,27 @@ class StudySpec:
         names = ["variant", *self.axes]
         values = [[v.label for v in self.variants], *self.axes.values()]
         order = sorted(range(len(names)), key=lambda i: names[i] != "seed")  # the seed first, the rest as listed
-        return [{names[i]: point[order.index(i)] for i in range(len(names))}
+        grid = [{names[i]: point[order.index(i)] for i in range(len(names))}
                 for point in itertools.product(*(values[i] for i in order))]
+        return grid + [dict(p) for p in self.extra_points]
 
     @property
     def size(self) -> int:
         return len(self.grid()) if self.kind == "grid" else self.n_trials
 
     def config_for(self, params: dict) -> dict:
-        """RunConfig fields of one trial: base, then the variant, then grid axes / searched options."""
+        """RunConfig fields of one trial: base, then the residual's paper training settings
+        (``ResidualSite.paper_training``, e.g. nGPT's no weight decay and no warm-up), then the variant's overrides,
+        then grid axes / searched options."""
+        from lit_modules import RESIDUALS
+
         variant = self.variant(params["variant"])
         options = dict(variant.options)
         prefix = f"{variant.label}."
         options |= {k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)}
-        fields = with_recipe(dict(self.base), dict(variant.overrides))  # a later recipe replaces earlier fields
+        paper = RESIDUALS[variant.residual].paper_training if variant.residual in RESIDUALS else {}
+        fields = dict(self.base) | dict(paper)
+        fields = with_recipe(fields, dict(variant.overrides))  # a later recipe replaces earlier fields
         fields = with_recipe(fields, {k: v for k, v in params.items() if k in self.axes})
         return fields | {"residual": variant.residual, "residual_options": options}
 
@@ -256,6 +372,25 @@ def tune_name(study_name: str) -> str:
     return f"{study_name}-tune"
 
 
+def resolved(spec: StudySpec) -> dict:
+    """What a study trains under its budget, with its base files and the budget resolved (``extends:``, the module
+    docstring): the report's ``study.yaml``, and the dry run's ``base`` line."""
+    source = Path(spec.source).resolve()
+    if source.is_relative_to(STUDY_DIR.parent.parent):  # a committed study: its path in the repository
+        source = source.relative_to(STUDY_DIR.parent.parent)
+    out = {"name": spec.name, "budget": spec.budget, "source": str(source), "kind": spec.kind, "metric": spec.metric,
+           "direction": spec.direction, "base": dict(spec.base),
+           "variants": [{k: v for k, v in dataclasses.asdict(variant).items() if v != {}} for variant in spec.variants],
+           "axes": {k: list(v) for k, v in spec.axes.items()}}
+    if spec.tune is not None:
+        out["tune"] = spec.tune.as_dict()
+    if spec.kind == "search":
+        out["search"] = {"n_trials": spec.n_trials, "pruner": dict(spec.pruner), "space": dict(spec.space)}
+    if spec.overrides:
+        out["overrides"] = dict(spec.overrides)
+    return out
+
+
 def available_studies() -> dict[str, Path]:
     return {p.stem: p for p in sorted(STUDY_DIR.glob("*.yaml"))}
 
@@ -271,17 +406,50 @@ def load_spec(name_or_path: str, budget: str = "default") -> StudySpec:
             raise ValueError(f"study file '{path}' does not exist")
         raise ValueError(f"unknown study '{name_or_path}'; valid studies: {', '.join(studies)} "
                          "(or a path to a .yaml file)")
+    return _build(_read_study_file(path), budget, str(path))
+
+
+def _read_study_file(path: Path, chain: tuple[Path, ...] = ()) -> dict:
+    """The mapping of a study file with its ``extends:`` chain resolved (the module docstring's rules); ValueError
+    (one line) on any problem."""
     import yaml
 
+    where = f"study file '{path}'" if not chain else f"base file '{path}' (extended by '{chain[-1]}')"
     try:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         line = getattr(getattr(exc, "problem_mark", None), "line", None)
         at = f" (line {line + 1})" if line is not None else ""
-        raise ValueError(f"study file '{path}' is not valid YAML{at}") from None
+        raise ValueError(f"{where} is not valid YAML{at}") from None
     if not isinstance(raw, dict):
-        raise ValueError(f"study file '{path}' must hold a mapping with keys: {', '.join(_TOP_KEYS)}")
-    return _build(raw, budget, str(path))
+        raise ValueError(f"{where} must hold a mapping with keys: {', '.join(_TOP_KEYS)}")
+    _check_keys(raw, _TOP_KEYS, where)
+    if "extends" not in raw:
+        return raw
+    extends = raw.pop("extends")
+    if not isinstance(extends, str) or not extends.strip():
+        raise ValueError(f"{where}: 'extends' must be the path of a base file, relative to the study file")
+    base_path = (path.parent / extends).resolve()
+    if not base_path.is_file():
+        raise ValueError(f"{where}: extends '{extends}', but '{base_path}' does not exist")
+    if base_path in chain or base_path == path.resolve():
+        raise ValueError(f"{where}: extends '{extends}', which extends it in turn (a circle of base files)")
+    return _laid_over(_read_study_file(base_path, (*chain, path.resolve())), raw)
+
+
+def _laid_over(earlier: dict, later: dict) -> dict:
+    """``later`` laid over ``earlier`` (a study file over its base file): mappings merge key by key, recursively (a
+    ``base`` that sets a recipe first drops the recipe fields of the base it updates); lists and values replace."""
+    merged = copy.deepcopy(earlier)
+    for key, value in later.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            if key == "base":
+                merged[key] = with_recipe(merged[key], copy.deepcopy(value))
+            else:
+                merged[key] = _laid_over(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
 
 
 def _build(raw: dict, budget: str, source: str) -> StudySpec:
@@ -301,7 +469,11 @@ def _build(raw: dict, budget: str, source: str) -> StudySpec:
     for key, value in override.items():
         if key == "base" and isinstance(value, dict):  # a budget's recipe replaces the study's recipe fields
             merged[key] = with_recipe(merged.get(key) or {}, value)
-        elif key in ("axes", "search", "tune") and isinstance(value, dict) and isinstance(merged.get(key), dict):
+        elif key == "tune" and isinstance(value, dict) and isinstance(merged.get(key), dict):
+            # a first look (smoke, quick) tunes its own short grid once: it extends only where it says so itself
+            inherited = {k: v for k, v in merged[key].items() if k != "bounds" or budget not in FIRST_LOOK_BUDGETS}
+            merged[key] = inherited | value
+        elif key in ("axes", "search") and isinstance(value, dict) and isinstance(merged.get(key), dict):
             merged[key] = (merged.get(key) or {}) | value
         else:
             merged[key] = value
@@ -341,16 +513,32 @@ def _build(raw: dict, budget: str, source: str) -> StudySpec:
     n_trials = int(search.get("n_trials", 0))
     if kind == "search" and n_trials <= 0:
         raise ValueError(f"{where}: a search study needs search.n_trials > 0")
-    tune = _tune(merged.get("tune"), kind, axes, where)
+    tune = _tune(merged.get("tune"), kind, axes, where, evidence=budget not in FIRST_LOOK_BUDGETS)
     return StudySpec(name=str(merged["name"]), budget=budget, kind=kind, description=str(merged.get("description", "")),
                      metric=str(merged.get("metric", "best_val_acc")), direction=direction, base=base,
                      variants=variants, axes=axes, n_trials=n_trials, pruner=pruner, space=space, source=source,
                      tune=tune, claims=_claims(merged.get("claims"), labels, where),
-                     budgets=defined)
+                     budgets=defined, floor=_floor(merged.get("floor"), where))
 
 
-def _tune(raw: Any, kind: str, axes: dict, where: str) -> TuneSpec | None:
-    """The ``tune:`` section checked (one-line ValueErrors), or None when the study has none."""
+def _floor(raw: Any, where: str) -> Floor | None:
+    """The ``floor:`` section checked (one-line ValueErrors), or None when the study has none."""
+    if raw is None:
+        return None
+    _check_keys(raw, _FLOOR_KEYS, f"{where} floor")
+    metric = raw.get("metric", "final_val_acc")
+    if metric not in FLOOR_METRICS:
+        raise ValueError(f"{where} floor: metric '{metric}' is not valid; valid choices: {', '.join(FLOOR_METRICS)}")
+    multiple = raw.get("chance_multiple", 2.0)
+    if isinstance(multiple, bool) or not isinstance(multiple, (int, float)) or not 1.0 <= multiple:
+        raise ValueError(f"{where} floor: chance_multiple must be a number >= 1 (a multiple of chance level), "
+                         f"got {multiple!r}")
+    return Floor(metric=metric, chance_multiple=float(multiple))
+
+
+def _tune(raw: Any, kind: str, axes: dict, where: str, evidence: bool = True) -> TuneSpec | None:
+    """The ``tune:`` section checked (one-line ValueErrors), or None when the study has none. ``evidence``: a budget
+    whose numbers are evidence, which needs :data:`MIN_TUNE_SEEDS` tuning seeds and ``bounds``."""
     if raw is None:
         return None
     where = f"{where} tune"
@@ -385,7 +573,23 @@ def _tune(raw: Any, kind: str, axes: dict, where: str) -> TuneSpec | None:
         if not isinstance(values, list) or not values or any(v not in axes[axis] for v in values):
             raise ValueError(f"{where}: axes.{axis} must list values of the study's axis {axis} {axes[axis]}, "
                              f"got {values}")
-    return TuneSpec(lr=lrs, seeds=tuple(seeds), metric=metric, axes={k: list(v) for k, v in tune_axes.items()})
+    if evidence and len(seeds) < MIN_TUNE_SEEDS:
+        raise ValueError(f"{where}: {len(seeds)} tuning seed(s) {seeds}; a budget that is evidence needs at least "
+                         f"{MIN_TUNE_SEEDS} (the mean over them chooses the rate: one seed's noise is the size of the "
+                         "effects); only the smoke and quick budgets may use fewer")
+    bounds = raw.get("bounds")
+    if bounds is not None:
+        if (not isinstance(bounds, list) or len(bounds) != 2
+                or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and b > 0 for b in bounds)
+                or not bounds[0] <= min(lrs) <= max(lrs) <= bounds[1]):
+            raise ValueError(f"{where}: 'bounds' must be [low, high], two positive numbers around the 'lr' grid "
+                             f"{list(lrs)}, got {bounds}")
+        bounds = (float(bounds[0]), float(bounds[1]))
+    elif evidence:
+        raise ValueError(f"{where}: 'bounds' is missing: declare [low, high] for the learning rates the grid may "
+                         "extend to while its best rate is at an edge")
+    return TuneSpec(lr=lrs, seeds=tuple(seeds), metric=metric, axes={k: list(v) for k, v in tune_axes.items()},
+                    bounds=bounds)
 
 
 def _variant(raw: Any, where: str) -> Variant:
@@ -449,7 +653,35 @@ def _claim(raw: Any, index: int, labels: list[str], where: str) -> Claim:
     return Claim(id=raw["id"], claim=raw["claim"], source=raw["source"], variant=raw["variant"],
                  baseline=raw["baseline"], depth=depth, baseline_depth=baseline_depth, direction=raw["direction"],
                  counts=str(raw.get("counts", "")),
-                 metric=metric)
+                 metric=metric, premise=_premise(raw.get("premise"), labels, at))
+
+
+def _premise(raw: Any, labels: list[str], at: str) -> Premise | None:
+    """A claim's ``premise:`` (:class:`Premise`) checked: one-line ValueErrors, or None when it has none."""
+    if raw is None:
+        return None
+    at = f"{at} premise"
+    _check_keys(raw, _PREMISE_KEYS, at)
+    if not isinstance(raw.get("claim"), str) or not raw["claim"].strip():
+        raise ValueError(f"{at}: 'claim' must say what the premise is, in words")
+    for key in ("variant", "baseline"):
+        if raw.get(key) not in labels:
+            raise ValueError(f"{at}: {key} '{raw.get(key)}' is not a variant label of the study; valid labels: "
+                             f"{', '.join(labels)}")
+    for key in ("depth", "baseline_depth"):
+        value = raw.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{at}: {key} must be a positive integer, got '{value}'")
+    if raw["variant"] == raw["baseline"] and raw.get("baseline_depth") in (None, raw.get("depth")):
+        raise ValueError(f"{at}: variant and baseline are both '{raw['variant']}' at the same depth")
+    direction = raw.get("direction", "lower")
+    if direction not in PREMISE_DIRECTIONS:
+        raise ValueError(f"{at}: direction '{direction}' is not valid; valid choices: {', '.join(PREMISE_DIRECTIONS)}")
+    metric = raw.get("metric")
+    if metric is not None and metric not in CLAIM_METRICS:
+        raise ValueError(f"{at}: metric '{metric}' is not valid; valid choices: {', '.join(CLAIM_METRICS)}")
+    return Premise(claim=raw["claim"], variant=raw["variant"], baseline=raw["baseline"], depth=raw.get("depth"),
+                   baseline_depth=raw.get("baseline_depth"), direction=direction, metric=metric)
 
 
 def _check_keys(mapping: Any, valid: tuple, where: str) -> None:

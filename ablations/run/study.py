@@ -13,6 +13,8 @@ from pathlib import Path
 from .overrides import check_stored
 
 TUNED_LR, TUNE_MEANS, TUNE_GRID = "tuned_lr", "tune_means", "tune_grid"  # study user attrs of the tuning stage
+TUNE_EXTRA = "tune_extra"  # user attr of the tuning stage's study: cell -> the rates added beyond the grid's edges
+TUNE_AT_BOUND = "tune_at_bound"  # study user attr: cell -> "low"/"high", its best rate sits at a declared bound
 REMOVED = "removed_from_study_file"  # user attr of a WAITING trial set aside because its point left the study file
 STOPPED = "stopped_by"  # user attr of a trial failed by Ctrl-C or SIGTERM: SIGINT | SIGTERM
 
@@ -33,35 +35,81 @@ def _cell_text(key: str) -> str:
     return variant + "".join(f" {axis}={value}" for axis, value in cell) + ":"
 
 
-def choose_lrs(spec, study) -> tuple[dict[str, float], dict[str, dict[str, float | None]]]:
+@dataclasses.dataclass
+class TuneOutcome:
+    """What the tuning stage's runs say (:func:`tune_outcome`): each cell's chosen rate, the mean per rate, the
+    rate to add next where the best rate is at the edge of what the cell tried, and the cells whose best rate sits
+    at a declared bound."""
+
+    choice: dict[str, float]
+    means: dict[str, dict[str, float | None]]
+    extend: dict[str, float]
+    at_bound: dict[str, str]
+
+
+def tune_value(attrs: dict, metric: str, floor=None) -> float:
+    """A tuning run's value in the choice: its ``metric``; 0 when it diverged, has no finite value, or trained
+    below the study's floor (:class:`ablations.run.spec.Floor`: failed to train)."""
+    value = attrs.get(metric)
+    if value is None or not math.isfinite(value) or attrs.get("diverged"):
+        return 0.0
+    if floor is not None:
+        classes = attrs.get("num_classes") or (attrs.get("config") or {}).get("num_classes")
+        if floor.failed(attrs.get(floor.metric), classes):
+            return 0.0
+    return float(value)
+
+
+def tune_outcome(spec, study, extra: dict[str, list[float]] | None = None) -> TuneOutcome:
     """Each cell's learning rate (:meth:`StudySpec.tune_key`: the variant and its other axes) from the tuning stage's
-    ``study``: the one whose tuning trials have the highest mean ``spec.tune.metric`` (a validation metric) over
-    the tuning seeds; a diverged run counts as 0; ties go to the rate listed first. Returns (choice,
-    cell -> {lr: mean}); a point of the tuning grid without a completed trial is a ValueError."""
+    ``study`` (its grid plus the ``extra`` rates already added): the one whose tuning trials have the highest mean
+    ``spec.tune.metric`` (a validation metric) over the tuning seeds; a run that diverged or failed to train counts
+    as 0; ties go to the rate listed first (the grid's order, then the added rates). Where the best rate is the
+    smallest or largest the cell tried, :meth:`TuneSpec.beyond` names the rate to add (``extend``) or the bound
+    it sits at (``at_bound``). A point without a completed trial is a ValueError."""
     from optuna.trial import TrialState
 
-    tune_spec, metric = spec.tune_stage(), spec.tune.metric
+    tune_spec, metric = spec.tune_stage(extra), spec.tune.metric
 
     values: dict[tuple[str, float], list[float]] = {}
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         if t.user_attrs.get("surplus") or "duplicate_of" in t.user_attrs:
             continue
         params = _trial_point(t)
-        value = t.user_attrs.get(metric)
-        ok = value is not None and math.isfinite(value) and not t.user_attrs.get("diverged")
-        values.setdefault((spec.tune_key(params), float(params["lr"])), []).append(float(value) if ok else 0.0)
+        values.setdefault((spec.tune_key(params), float(params["lr"])), []).append(
+            tune_value(t.user_attrs, metric, spec.floor))
     means: dict[str, dict[str, float | None]] = {}
     for params in tune_spec.grid():
         key, lr = spec.tune_key(params), float(params["lr"])
         runs = values.get((key, lr), [])
         means.setdefault(key, {})[repr(lr)] = sum(runs) / len(runs) if runs else None
-    choice = {}
+    choice, extend, at_bound = {}, {}, {}
     for key, by_lr in means.items():
         missing = [lr for lr, mean in by_lr.items() if mean is None]
         if missing:
             raise ValueError(f"tuning stage incomplete: {_cell_text(key)} no result at lr {', '.join(missing)}")
         choice[key] = float(max(by_lr, key=lambda lr: (by_lr[lr], -list(by_lr).index(lr))))
-    return choice, means
+        rate, bound = spec.tune.beyond([float(lr) for lr in by_lr], choice[key])
+        if rate is not None:
+            extend[key] = rate
+        elif bound is not None:
+            at_bound[key] = bound
+    return TuneOutcome(choice, means, extend, at_bound)
+
+
+def choose_lrs(spec, study, extra: dict[str, list[float]] | None = None) -> tuple[dict[str, float],
+                                                                                   dict[str, dict[str, float | None]]]:
+    """(choice, cell -> {lr: mean}) of :func:`tune_outcome`."""
+    outcome = tune_outcome(spec, study, extra)
+    return outcome.choice, outcome.means
+
+
+def stored_extra(storage, tune_study_name: str) -> dict[str, list[float]]:
+    """The rates the tuning stage has added beyond its grid (``TUNE_EXTRA`` of its study; {} before any)."""
+    try:
+        return dict(_load(storage, tune_study_name).user_attrs.get(TUNE_EXTRA) or {})
+    except KeyError:  # the tuning stage's study does not exist yet
+        return {}
 
 
 def _measure_modes(spec, overrides: dict, results_dir: Path) -> None:

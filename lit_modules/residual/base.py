@@ -52,6 +52,10 @@ class ResidualSite(nn.Module):
 
     name: ClassVar[str] = ""
     paper: ClassVar[str] = ""
+    #: Training settings (run-config field names) the paper trains this design with where they differ from the
+    #: usual recipe — e.g. nGPT: no weight decay, no warm-up. A study row of this residual takes them over the
+    #: study's base; the row's own ``overrides`` still win (``ablations.run.spec.StudySpec.config_for``).
+    paper_training: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, dim: int, *, args: BlockArgs) -> None:
         super().__init__()

@@ -212,7 +212,7 @@ class ReLUMix(torch.autograd.Function):
     CHUNK_ELEMENTS = 1 << 19  # elements of one (outputs, tokens, t, D) chunk on a CPU: ~2 MiB of fp32, in cache
     #: ... on an accelerator: each chunk costs a dozen kernel launches, and cache-sized chunks made DCA's step grow
     #: with the batch (an H200, depth 6, batch 1024: 23x standard's step); 2^26 elements bound a chunk's
-    #: temporaries at 256 MiB of fp32 (results/device/cuda/issue27-overhead-batch)
+    #: temporaries at 256 MiB of fp32 (results/device/cuda/bench-overhead-batch*)
     DEVICE_CHUNK_ELEMENTS = 1 << 26
 
     @staticmethod
