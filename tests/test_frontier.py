@@ -931,3 +931,34 @@ def test_completep_refusals():
         build(parametrization_options={"base_depth": 2})
     model = build(parametrization="completep")
     assert_live(model)
+
+
+# ================================================================================================================
+# the frontier study
+
+
+def test_every_row_of_the_frontier_smoke_budget_trains_through_lightning():
+    """Each row of the study's smoke budget (its tuning stage has the same rows) is built from its RunConfig on the
+    real digits DataModule and takes one training and one validation batch through Lightning (``fast_dev_run``):
+    the residual forms, the backbone options and CompleteP's per-group learning rates as the study trains them."""
+    import lightning.pytorch as pl
+
+    from ablations.run.spec import load_spec
+    from ablations.training import build_datamodule, build_model
+
+    spec = load_spec("frontier", "smoke")
+    points = spec.grid()
+    assert len(points) == 19 and {p["variant"] for p in points} >= {"gpas", "siamese_norm", "deep_delta", "hybrid_norm",
+                                                                     "mhc_lite", "kromhc", "muddformer", "qk_norm",
+                                                                     "gated_attention", "seednorm", "completep"}
+    dm = build_datamodule(spec.run_config(points[0]).replace(precision="32-true"))
+    torch.set_default_dtype(torch.float32)  # as a run trains (the autouse fixture's float64 is for the formulas)
+    for point in points:
+        config = spec.run_config(point).replace(precision="32-true")
+        module = build_model(config, dm)
+        before = [p.detach().clone() for p in module.parameters()]
+        trainer = pl.Trainer(fast_dev_run=True, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                             enable_model_summary=False, accelerator="cpu")
+        trainer.fit(module, datamodule=dm)
+        assert not module.diverged, point
+        assert any(not torch.equal(b, p) for b, p in zip(before, module.parameters(), strict=True)), point
