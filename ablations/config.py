@@ -25,8 +25,11 @@ from data.names import DATASET_NAMES
 from lit_modules.config import FIELDS as MODEL_FIELDS
 from lit_modules.config import GEOMETRY, GLOBAL_POOLS, OPTIM_FIELDS, PRESETS, OptimConfig, ViTConfig
 from lit_modules.names import (
+    ATTENTION_GATE_NAMES,
     ATTENTION_NAMES,
     NORM_LAYER_NAMES,
+    PARAMETRIZATION_NAMES,
+    QK_NORM_NAMES,
     RESIDUAL_NAMES,
     STREAM_KERNEL_NAMES,
     VALUE_RESIDUAL_NAMES,
@@ -89,6 +92,17 @@ class RunConfig:
     attention: str = _f(STUDY.attention, "model", "str", "attention of the blocks: " + ", ".join(ATTENTION_NAMES))
     attention_options: dict[str, Any] = _f(
         {}, "model", "options", "the attention's own options, e.g. head_norm=layer, theta_init=randn (re_attention)")
+    qk_norm: str = _f(STUDY.qk_norm, "model", "str",
+                      "QK-norm of every self-attention: " + ", ".join(QK_NORM_NAMES)
+                      + " (rmsnorm: ViT-5's RMSNorm over each head, fp32; layernorm: timm's)")
+    attention_gate: str = _f(STUDY.attention_gate, "model", "str",
+                             "output gate of every self-attention (Gated Attention): " + ", ".join(ATTENTION_GATE_NAMES)
+                             + " (elementwise: one sigmoid gate per head channel; headwise: one per head)")
+    parametrization: str = _f(STUDY.parametrization, "model", "str",
+                              "how init, multipliers and learning rates follow width and depth: "
+                              + ", ".join(PARAMETRIZATION_NAMES) + " (completep: arXiv 2505.01618)")
+    parametrization_options: dict[str, Any] = _f(
+        {}, "model", "options", "the parametrization's own options, e.g. base_depth=2, base_width=256 (completep)")
     class_attention_blocks: int = _f(STUDY.class_attention_blocks, "model", "int",
                                      "CaiT class-attention blocks after the self-attention blocks (0: plain ViT)")
     norm_layer: str = _f(STUDY.norm_layer, "model", "str", "norm layer: " + ", ".join(NORM_LAYER_NAMES))
@@ -174,6 +188,9 @@ class RunConfig:
         _choice("attention", self.attention, ATTENTION_NAMES)
         _choice("norm_layer", self.norm_layer, NORM_LAYER_NAMES)
         _choice("value_residual", self.value_residual, VALUE_RESIDUAL_NAMES)
+        _choice("qk_norm", self.qk_norm, QK_NORM_NAMES)
+        _choice("attention_gate", self.attention_gate, ATTENTION_GATE_NAMES)
+        _choice("parametrization", self.parametrization, PARAMETRIZATION_NAMES)
         _choice("dataset", self.dataset, DATASET_NAMES)
         _choice("precision", self.precision, PRECISIONS)
         _choice("stream_kernels", self.stream_kernels, STREAM_KERNEL_NAMES)
@@ -309,6 +326,13 @@ class RunConfig:
             opts += f"+{self.norm_layer}"
         if self.value_residual != RunConfig.value_residual:
             opts += f"+vr_{self.value_residual}"
+        if self.qk_norm != RunConfig.qk_norm:
+            opts += f"+qk_{self.qk_norm}"
+        if self.attention_gate != RunConfig.attention_gate:
+            opts += f"+gate_{self.attention_gate}"
+        if self.parametrization != RunConfig.parametrization or self.parametrization_options:
+            opts += f"+{self.parametrization}" + "".join(
+                f"-{k}={_scalar(v)}" for k, v in sorted(self.parametrization_options.items()))
         name = f"{self.residual}{opts}_d{self.depth}_w{self.embed_dim}_{self.dataset}_s{self.seed}"
         return re.sub(r"[^A-Za-z0-9._=+-]", "", name.replace(" ", ""))
 

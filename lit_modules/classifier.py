@@ -38,6 +38,7 @@ from .vit import VisionTransformer
 #: ``optimizer`` name -> its torch.optim class (names and classes: ``lit_modules.names.OPTIMIZER_CLASSES``)
 OPTIMIZER_CLASSES: dict[str, type[torch.optim.Optimizer]] = resolve(OPTIMIZER_PATHS)
 MIXUP_STREAM = 0x313C  # keeps the Mixup draws apart from the data's streams of the same (seed, epoch)
+ADAM_EPS = 1e-8  # Adam(W)'s ε (torch's default); a parametrisation may scale it per group (``eps_scale``)
 
 
 class WarmupCosine:
@@ -253,9 +254,12 @@ class ViTClassifier(pl.LightningModule):
 
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
+        # a parametrisation's per-group multipliers of the learning rate and Adam's ε (CompleteP's; none by default)
+        groups = [g | {"lr": hp.lr * g["lr_scale"]} if "lr_scale" in g else g
+                  for g in self.model.param_groups(hp.weight_decay)]
+        groups = [g | {"eps": ADAM_EPS * g["eps_scale"]} if "eps_scale" in g else g for g in groups]
         # fused=True: one kernel for all parameters instead of a Python loop with per-parameter ``.item()`` calls
-        optimizer = OPTIMIZER_CLASSES[hp.optimizer](self.model.param_groups(hp.weight_decay), lr=hp.lr,
-                                                    betas=tuple(hp.betas), fused=True)
+        optimizer = OPTIMIZER_CLASSES[hp.optimizer](groups, lr=hp.lr, betas=tuple(hp.betas), eps=ADAM_EPS, fused=True)
         warmup, total = self.schedule_steps()
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(warmup, total, hp.min_lr / hp.lr))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}

@@ -76,7 +76,8 @@ def test_bad_options_are_one_line_errors(residual, options, words):
 
 
 def test_unknown_norm_layer_names_the_choices():
-    with pytest.raises(ValueError, match="unknown norm_layer 'tanh'; valid choices: layernorm, rmsnorm, dyt, derf"):
+    with pytest.raises(ValueError, match="unknown norm_layer 'tanh'; valid choices: layernorm, rmsnorm, dyt, derf, "
+                                         "seednorm"):
         build(norm_layer="tanh")
 
 

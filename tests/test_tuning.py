@@ -256,13 +256,7 @@ def param_count(config) -> int:
     from data import dataset_shape
     from lit_modules import VisionTransformer
 
-    shape = dataset_shape(config)
-    model = VisionTransformer(config.residual, config.residual_options, img_size=shape["img_size"],
-                              patch_size=config.patch_size or shape["patch_size"], in_chans=shape["in_chans"],
-                              num_classes=shape["num_classes"], embed_dim=config.embed_dim, depth=config.depth,
-                              num_heads=config.num_heads, mlp_ratio=config.mlp_ratio, attention=config.attention,
-                              class_attention_blocks=config.class_attention_blocks, norm_layer=config.norm_layer,
-                              value_residual=config.value_residual)
+    model = VisionTransformer(config.model_config(dataset_shape(config)))  # every backbone field the run trains
     return sum(p.numel() for p in model.parameters())
 
 
