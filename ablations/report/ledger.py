@@ -165,6 +165,14 @@ def _numbers(rec: dict) -> str:
     return text + f" (n = {rec['n_pairs']})"
 
 
+def decided_line(rec: dict) -> str:
+    """One line of a claim decided under the all-claims family (quoted verbatim by the README)."""
+    where = rec["study"] + (f" ({rec['setting']})" if rec["setting"] else "")
+    depth = f", depth {rec['depth']}" if rec["depth"] is not None else ""
+    return (f"- **{rec['id']}** ({where}{depth}): {rec['claim']} — {rec['variant']} vs {rec['baseline']}, "
+            f"Δ (pp) = {_numbers(rec)}, Holm p over all claims {p_text(rec['p_all_holm'])}: **{rec['verdict_all']}**.")
+
+
 def ledger_markdown(records: list[dict], studies: Sequence[StudyClaims], alpha: float = ALPHA) -> str:
     """The ledger as Markdown: a summary of both families' verdicts, then one section per group of lines."""
     counts = {family: {v: sum(1 for r in records if r[key] == v) for v in VERDICTS}
@@ -185,6 +193,9 @@ def ledger_markdown(records: list[dict], studies: Sequence[StudyClaims], alpha: 
     lines += ["", "| study | setting | tuning seeds | claim lines |", "|---|---|---:|---:|"]
     for sc in studies:
         lines.append(f"| {sc.study} | {sc.budget} | {sc.tuning_seeds} | {len(sc.records)} |")
+    decided = [r for r in records if r["verdict_all"] in ("held", "not held") and not r["same_runs_as"]]
+    lines += ["", f"Decided with every claim in one family ({len(decided)} lines; the README quotes them):", ""]
+    lines += [decided_line(r) for r in decided] or ["(none)"]
     groups: dict[str, list[dict]] = {}
     for rec in records:
         groups.setdefault(rec["group"], []).append(rec)
