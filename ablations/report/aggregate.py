@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..dashboard import _safe, _short, display_tag, internal_tag
+from ..dashboard import _safe, _short, display_tag
 from ..training import HP_METRICS, HP_SUMMARY_KEYS
 from .load import DIVERGED_KEY, Run, StudyData, finite
 from .stats import CONFIDENCE

@@ -235,7 +235,22 @@ def _main(args: argparse.Namespace) -> int:
         print(f"study '{study_name}': learning rate per variant, chosen on tuning seeds {list(spec.tune.seeds)} by "
               f"mean {spec.tune.metric}: " + "; ".join(f"{_cell_text(k)} {v:g}" for k, v in
                                                         study.user_attrs[TUNED_LR].items()), file=sys.stderr)
+        _tuning_note(spec, storage, study_name, study.user_attrs)
     return _run_grid(spec, storage, study_name, args, overrides, study=study)
+
+
+def _tuning_note(spec, storage, study_name: str, attrs: dict) -> None:
+    """The tuning stage's optuna-dashboard note: the learning rate each variant got (a failure is one line)."""
+    from ..report.notes import save_note, tuning_note
+    from .spec import tune_name
+
+    try:
+        note = tuning_note(study_name, attrs[TUNED_LR], attrs.get(TUNE_MEANS) or {}, metric=spec.tune.metric,
+                           seeds=spec.tune.seeds)
+        save_note(_load(storage, tune_name(study_name)), note)
+    except Exception as exc:  # noqa: BLE001 - a note must never stop the study
+        print(f"tuning stage's dashboard note not saved: {' '.join(str(exc).split()) or type(exc).__name__}",
+              file=sys.stderr)
 
 
 def _overrides(args: argparse.Namespace) -> dict:
