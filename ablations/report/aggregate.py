@@ -241,7 +241,7 @@ def layout(cells: Sequence[CellAggregate], baseline: str) -> Any:
                       and tag in (c.deltas if tags_of is delta_tags else c.curves)
                       for v, lo, up, _ in [tags_of(tag, c)]]
             if series:
-                title = f"{what} {tag}" + ("" if depth is None else f", depth {depth}")
+                title = " ".join(filter(None, (what, tag))) + ("" if depth is None else f", depth {depth}")
                 out.append(layout_pb2.Chart(title=title, margin=layout_pb2.MarginChartContent(series=series)))
         return out
 
