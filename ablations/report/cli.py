@@ -126,7 +126,9 @@ def _main(args: argparse.Namespace) -> int:
 
         html = write_report(data, spec, tables, out, results_dir=results_dir, study=study,
                             source="storage" if study is not None else str(args.runs))
-        written += [html, write_index(results_dir)]
+        written.append(html)
+        if out.resolve().parent == results_dir.resolve():  # results/<study>/report.html: the index lists it
+            written.append(write_index(results_dir))
     if study is not None and not args.no_note:
         from ..run.study import TUNE_MEANS, TUNED_LR
         from .notes import study_note, tuning_note

@@ -478,7 +478,7 @@ def write_report(data: StudyData, spec, tables: Sequence[Table], out: Path, *, r
             '<h2 id="charts">Charts</h2><p class="caption">Interactive: hover for the values, drag to zoom, click a '
             "legend entry to hide it. Intervals are 95% t intervals over seeds (paired by seed for Δ).</p>",
             *charts(data, spec, cells),
-            f'<h2 id="figures">Figures</h2>{figures_html(out)}',
+            f'<section id="figures"><h2>Figures</h2>{figures_html(out)}</section>',
             f'<h2 id="protocol">Protocol</h2>{protocol_html(spec)}',
             '<h2 id="run">Run</h2><dl class="kv">'
             + "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in run_facts(data, study)) + "</dl>",
