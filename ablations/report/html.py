@@ -267,7 +267,8 @@ def tuning_figure(data: StudyData, records: Sequence[Mapping]) -> Any:
             error_y={"type": "data", "array": [100 * (r["std"] or 0.0) for r in mine]},
             customdata=[[r["n"], "chosen" if r["chosen"] else ""] for r in mine],
             hovertemplate=f"{name}: lr %{{x:g}}: %{{y:.2f}}% (n=%{{customdata[0]}}) %{{customdata[1]}}<extra></extra>"))
-    fig.update_xaxes(type="log", title_text="peak learning rate")
+    rates = sorted({r["lr"] for r in points})
+    fig.update_xaxes(type="log", title_text="peak learning rate", tickvals=rates, ticktext=[f"{v:g}" for v in rates])
     fig.update_yaxes(title_text=f"{data.tune_metric} (%), tuning seeds")
     return _style(fig, "learning-rate tuning: mean ± sd over the tuning seeds (star: chosen)")
 
@@ -468,7 +469,8 @@ def write_report(data: StudyData, spec, tables: Sequence[Table], out: Path, *, r
     script, _ = plotly_script(out, Path(results_dir))
     label = spec.first_look()
     summary = summary_line(data, spec)
-    nav = "".join(f'<a href="#{slug(t.name)}">{esc(t.name)}</a>' for t in tables)
+    nav = "".join(f'<a href="#{slug(t.name)}">{esc(t.name if t.name != "claims" else "claims table")}</a>'
+                  for t in tables)
     body = [f"<h1>{esc(data.name)}</h1>", f'<p class="lede">{esc(summary)}</p>',
             f'<p class="warn">{esc(label)}</p>' if label else "",
             f'<nav><a href="../{INDEX}">all studies</a><a href="#claims-verdicts">claims</a>{nav}'
