@@ -417,14 +417,37 @@ def claims_html(tables: Sequence[Table]) -> str:
             f'<p class="caption">{md(claims.caption, inline=True)}</p></section>')
 
 
+#: A figure file larger than this is embedded as a half-size copy (the page links the full file beside it).
+EMBED_BYTES = 512 * 1024
+
+
+def embedded_png(png: Path) -> tuple[bytes, bool]:
+    """(the PNG bytes to embed, whether they are a reduced copy): the file itself, or for a file over
+    :data:`EMBED_BYTES` a copy at half its size in 256 colours (deterministic: no metadata)."""
+    raw = png.read_bytes()
+    if len(raw) <= EMBED_BYTES:
+        return raw, False
+    from PIL import Image
+
+    with Image.open(png) as image:
+        small = image.convert("RGB").resize((max(1, image.width // 2), max(1, image.height // 2)),
+                                            Image.Resampling.LANCZOS).quantize(256)
+    buffer = io.BytesIO()
+    small.save(buffer, format="PNG", optimize=True)
+    return buffer.getvalue(), True
+
+
 def figures_html(out: Path) -> str:
     """The report folder's PNG figures, embedded."""
     parts = []
     for png in sorted(out.glob("*.png")):
-        data = base64.b64encode(png.read_bytes()).decode("ascii")
+        raw, reduced = embedded_png(png)
+        data = base64.b64encode(raw).decode("ascii")
+        note = (f' (a half-size copy; the full figure: <a href="{esc(png.name)}">{esc(png.name)}</a>)' if reduced
+                else "")
         parts.append(f'<figure id="png-{slug(png.stem)}"><img alt="{esc(png.stem)}" '
-                     f'src="data:image/png;base64,{data}"><figcaption>{esc(png.name)} (also as PDF in the report '
-                     "folder)</figcaption></figure>")
+                     f'src="data:image/png;base64,{data}"><figcaption>{esc(png.name)}{note}; also as PDF in the '
+                     "report folder</figcaption></figure>")
     return "".join(parts) or "<p>No figure files in the report folder.</p>"
 
 
