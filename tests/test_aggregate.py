@@ -208,3 +208,36 @@ def test_report_from_runs_csv_alone_writes_the_aggregates(tmp_path):
     assert means[2] == pytest.approx(sum(c[1] for c in VAL["rezero", 2]) / 3, abs=1e-6)
     assert "test/acc/rezero/depth=2/mean" not in acc.Tags()["scalars"]  # runs.csv carries the val curve only
     assert str(results / "runs" / spec.study_name / "agg") in out.getvalue()
+
+
+def test_the_runners_hook_reads_the_storage_and_never_fails_the_study(tmp_path, capsys):
+    """``refresh`` (called by each worker after every trial) aggregates the completed report trials of the storage;
+    the tuning stage is left alone, and a results folder it cannot write is one line on stderr, not an error."""
+    import optuna
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+
+    spec, data = _study(tmp_path)
+    study = optuna.create_study(study_name=spec.study_name, direction="maximize")
+    dists = {"variant": CategoricalDistribution(["standard", "rezero"]), "depth": IntDistribution(2, 4),
+             "seed": IntDistribution(0, 2)}
+    for run in data.runs:
+        attrs = {"phase": "report", "config": run.config, "val_acc_curve": [run.curve[e] for e in (1, 2, 3)],
+                 "test_acc": run.acc, "best_val_acc": run.acc, "diverged": False}
+        study.add_trial(optuna.trial.create_trial(
+            params={"variant": run.variant, "depth": run.depth, "seed": run.seed}, distributions=dists,
+            value=run.acc, user_attrs=attrs))
+    agg.refresh(study, spec, tmp_path / "results")
+    acc = _read(tmp_path / "results" / "runs" / spec.study_name / "agg" / "rezero" / "depth=4")
+    assert _series(acc, "2_val/acc/rezero/depth=4/mean")[3] == pytest.approx(
+        sum(c[2] for c in VAL["rezero", 4]) / 3, abs=1e-6)
+    assert _series(acc, "3_summary/test_acc")[3] == pytest.approx(sum(c[2] - 0.01 for c in VAL["rezero", 4]) / 3,
+                                                                  abs=1e-6)
+    import dataclasses
+
+    agg.refresh(study, dataclasses.replace(spec, stage="tune"), tmp_path / "tuned")
+    assert not (tmp_path / "tuned").exists()
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the results folder should be")
+    agg.refresh(study, spec, blocked)
+    err = capsys.readouterr().err
+    assert err.startswith("aggregate TensorBoard runs not updated: ") and err.count("\n") == 1
