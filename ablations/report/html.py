@@ -54,6 +54,10 @@ dl.kv dd{margin:0}
 """
 
 
+#: Without JavaScript the charts' empty boxes take no room (their PNG twins or a line show instead).
+NOSCRIPT = "<noscript><style>figure.chart>div{display:none}.chart{min-height:0}</style></noscript>"
+
+
 # --- text ---------------------------------------------------------------------------------------------------------
 def md(text: str, inline: bool = False) -> str:
     """Markdown (the tables' own text: ``**bold**``, lists, code) as HTML, with the text's ``<``, ``>`` and ``&``
@@ -286,8 +290,10 @@ def chart_html(fig, name: str, twin: str | None = None) -> str:
 
     div = pio.to_html(fig, include_plotlyjs=False, full_html=False, div_id=f"chart-{name}",
                       config={"displaylogo": False, "responsive": True})
-    fallback = (f'<noscript><img alt="{esc(name)}" src="data:image/png;base64,{twin}"></noscript>' if twin else
-                "<noscript><p>(an interactive chart: JavaScript is off; the numbers are in the tables)</p></noscript>")
+    title = fig.layout.title.text or name
+    fallback = (f'<noscript><img alt="{esc(title)}" src="data:image/png;base64,{twin}"></noscript>' if twin else
+                f"<noscript><p>(the interactive chart “{esc(title)}” needs JavaScript; its numbers are in the tables "
+                "above)</p></noscript>")
     return f'<figure class="chart" id="figure-{name}">{div}{fallback}</figure>'
 
 
@@ -491,7 +497,7 @@ def write_report(data: StudyData, spec, tables: Sequence[Table], out: Path, *, r
         cells = main_cells(data)
     script, _ = plotly_script(out, Path(results_dir))
     label = spec.first_look()
-    summary = summary_line(data, spec)
+    summary = summary_line(data, spec, tables)
     nav = "".join(f'<a href="#{slug(t.name)}">{esc(t.name if t.name != "claims" else "claims table")}</a>'
                   for t in tables)
     body = [f"<h1>{esc(data.name)}</h1>", f'<p class="lede">{esc(summary)}</p>',
@@ -515,7 +521,7 @@ def write_report(data: StudyData, spec, tables: Sequence[Table], out: Path, *, r
             f"<title>{esc(data.name)}: study report</title>"
             f'<meta name="ablations-study" content="{esc(data.name)}">'
             f'<meta name="description" content="{esc(summary)}">'
-            f"<style>{CSS}</style>{script}"
+            f"<style>{CSS}</style>{NOSCRIPT}{script}"
             f"<script>{_asset('tablesort.min.js')}\n{_asset('tablesort.number.min.js')}</script>"
             "</head><body>" + "\n".join(b for b in body if b)
             + "<script>document.querySelectorAll('table.sortable').forEach(function (t) { new Tablesort(t); });"
@@ -525,11 +531,19 @@ def write_report(data: StudyData, spec, tables: Sequence[Table], out: Path, *, r
     return path
 
 
-def summary_line(data: StudyData, spec) -> str:
+def summary_line(data: StudyData, spec, tables: Sequence[Table] = ()) -> str:
+    """One line: rows × depths × seeds, ok runs, metric, budget and the claims' verdicts (the index shows it)."""
     seeds = sorted({r.seed for r in data.runs if r.seed is not None})
     ok = sum(1 for r in data.runs if r.ok)
-    return (f"{len(data.rows)} variants × depth {', '.join(map(str, data.depths)) or '—'} × {len(seeds)} seeds; "
-            f"{ok} ok reported runs; metric {data.metric}; budget {spec.budget}.")
+    line = (f"{len(data.rows)} rows × depth {', '.join(map(str, data.depths)) or '—'} × {len(seeds)} seeds; "
+            f"{ok} ok reported runs; metric {data.metric}; budget {spec.budget}")
+    claims = next((t for t in tables if t.name == "claims"), None)
+    if claims is not None:
+        from .claims import VERDICTS
+
+        verdicts = list(claims.frame["verdict"])
+        line += "; claims: " + ", ".join(f"{verdicts.count(v)} {v}" for v in VERDICTS if verdicts.count(v))
+    return line + "."
 
 
 # --- the index ----------------------------------------------------------------------------------------------------
