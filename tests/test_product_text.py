@@ -25,11 +25,12 @@ TEXT_SUFFIXES = (".md", ".py", ".yaml", ".yml", ".toml", ".sh", ".txt", ".cfg")
 SKIP_DIRS = {".venv", "__pycache__", ".git", ".pytest_cache", ".ruff_cache", "runs"}
 
 ISSUE = re.compile(r"issue ?#?[0-9]+", re.IGNORECASE)  # "issue 27", "Issue #22", "issue27-bench"
-NUMBER_REF = re.compile(r"(?<![\w&/#])#[0-9]+\b")  # "#24", "PR #1849"
+NUMBER_REF = re.compile(r"(?<![\w&/#:\"'])#[0-9]+\b")  # "#24", "PR #1849" (not a colour: color:#444, "#444444")
 SESSION = re.compile(r"\bsession\b", re.IGNORECASE)
 #: the technical uses of "session" (a line holding one of these may say it)
 TECHNICAL_SESSION = (re.compile(r"""scope\s*=\s*["']session["']"""),  # pytest's fixture scope
-                     re.compile(r"\b(own|new) session\b"))  # a POSIX session (start_new_session, setsid)
+                     re.compile(r"\b(own|new) session\b"),  # a POSIX session (start_new_session, setsid)
+                     re.compile(r"\bHParams session\b"))  # TensorBoard's name for an HParams table row
 SESSION_SUFFIX = re.compile(r"(^|[-_])s[0-9]+([-_]|$)")  # a folder named for a work session: "bench-s26-full"
 HEX = re.compile(r"\b[0-9a-f]{7,40}\b")
 SELF = str(Path(__file__).resolve().relative_to(REPO))
@@ -84,6 +85,8 @@ def test_the_checks_catch_history_and_let_technical_uses_pass():
     assert history_in_line('@pytest.fixture(scope="session")', commits) == []
     assert history_in_line("the CLI runs in its own session, so a test can kill it", commits) == []
     assert history_in_line("colour #1f77b4, github.com/owner/repo/issues/4, sha 0000000", commits) == []
+    assert history_in_line('th{color:#444} colours.get(row, "#444444")', commits) == []
+    assert history_in_line("with an HParams session of the cell's variant", commits) == []
     assert history_in_path("results/device/cpu/" + "issue" + "27-bench-s26-avx2") == ["issue27-bench-s26-avx2"]
     assert history_in_path("results/device/cpu/bench-" + "s26" + "-full") == ["bench-s26-full"]
     assert history_in_path("results/device/cpu-avx2/bench-overhead-2threads-5processes/bench.md") == []

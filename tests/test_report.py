@@ -279,12 +279,16 @@ def test_tensorboard_hparams_table_lists_every_trial(study):
     import optuna
 
     from ablations.dashboard import display_tag
+    from ablations.report.aggregate import AGG_METRICS, STUDY_METRICS
     from ablations.training import HP_METRICS
 
     logdir = study.results / "runs" / STUDY
     assert (logdir / report.REPORT_RUN).is_dir()  # written by the report before TensorBoard starts
     trials = optuna.load_study(study_name=STUDY, storage=study.storage).trials
-    expected = {t.user_attrs["run_name"] for t in trials}  # <variant>/depth=<d>/seed=<s>: the run names
+    seeds = {t.user_attrs["run_name"] for t in trials}  # <variant>/depth=<d>/seed=<s>: the run names
+    cells = {name.rsplit("/seed=", 1)[0] for name in seeds}
+    aggregates = {f"agg/{cell}" for cell in cells}  # one aggregate row per variant and depth, beside the seeds
+    expected = seeds | aggregates
     port = free_port()
     tensorboard = Path(sys.executable).with_name("tensorboard")
     body = {"experimentName": "", "startIndex": 0, "sliceSize": 1000,
@@ -309,10 +313,11 @@ def test_tensorboard_hparams_table_lists_every_trial(study):
         assert set(sessions) == expected, f"sessions {sorted(sessions)} != trials {sorted(expected)}"
         shown = {display_tag(m) for m in HP_METRICS}  # the summary group's TensorBoard tags
         metric_tags = {m["name"]["tag"] for m in experiment["metricInfos"]}
-        assert metric_tags == shown
+        assert metric_tags == {display_tag(m) for m in STUDY_METRICS}  # the same columns for every row
         for name, run in sessions.items():
             values = {m["name"]["tag"]: m["value"] for m in run["metricValues"]}
-            assert set(values) == shown, name
+            extra = {display_tag(m) for m in AGG_METRICS} if name in aggregates else set()
+            assert set(values) == shown | extra, name
             bad = {k: v for k, v in values.items() if not isinstance(v, (int, float)) or not math.isfinite(v)}
             assert not bad, f"{name}: non-finite hp metrics {bad}"
 

@@ -11,8 +11,8 @@ import pytest
 from helpers import run_in_process, url_of, write_study
 from optuna.trial import TrialState, create_trial
 
-from ablations.run.study import TUNE_GRID, choose_lrs, tune_outcome
-from ablations.studies.spec import MIN_TUNE_SEEDS, available_studies, load_spec
+from ablations.run.study import choose_lrs, tune_outcome
+from ablations.studies.spec import MIN_TUNE_SEEDS, TUNE_GRID, available_studies, load_spec
 
 VARIANTS = [{"label": "standard", "residual": "standard"}, {"label": "rezero", "residual": "rezero"}]
 
@@ -220,7 +220,7 @@ def test_a_study_extends_its_tuning_grid_until_each_best_rate_is_inside_or_at_a_
     rates it tried or at a declared bound (recorded), every added rate trained on every tuning seed, the stored
     choice equals the highest mean validation accuracy recomputed here from the trials themselves (not by the
     stage's function), and the reported runs trained at it."""
-    from ablations.run.study import TUNE_AT_BOUND, TUNE_EXTRA, TUNED_LR
+    from ablations.studies.spec import TUNE_AT_BOUND, TUNE_EXTRA, TUNED_LR
 
     path = write_study(tmp_path / "ext.yaml", variants=VARIANTS, axes={"seed": [0]},
                        tune={"lr": [1e-3, 2e-3], "seeds": SEEDS, "bounds": [1e-3, 4e-3], "metric": "final_val_acc"})

@@ -29,7 +29,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "claims, tuning (byte-identical to the report from the storage); tables that need the storage or the "
                         "event files (cost, collapse, mixing, importance) and the figures but tuning are skipped")
     p.add_argument("--no-figures", action="store_true", help="tables only")
-    p.add_argument("--no-tensorboard", action="store_true", help="do not write the tables to TensorBoard")
+    p.add_argument("--html", action="store_true",
+                   help="also write <out>/report.html (tables, figures, claims, protocol, run; opens in a browser) and "
+                        "<results-dir>/index.html linking every study's report")
+    p.add_argument("--no-tensorboard", action="store_true",
+                   help="do not write the tables and the seed aggregates (runs agg/<variant>/depth=<d>) to TensorBoard")
     p.add_argument("--no-note", action="store_true", help="do not attach the tables to the study (dashboard note)")
     p.add_argument("--ledger", action="store_true",
                    help="write the claims ledger <results-dir>/claims.md and claims.csv from every study's runs.csv "
@@ -133,10 +137,34 @@ def _main(args: argparse.Namespace) -> int:
             notes += fig_notes
     if study is not None and not args.no_tensorboard:
         written.append(write_tensorboard(tensorboard_dir(data, results_dir, study_name), tables))
+    if not args.no_tensorboard:  # from the storage or from runs.csv alone: the seed aggregates
+        from .aggregate import write_study
+
+        agg = write_study(data, spec, tensorboard_dir(data, results_dir, study_name).parent)
+        if agg is not None:
+            written.append(agg)
+    html = None
+    if args.html:
+        from .html import write_index, write_report
+
+        html = write_report(data, spec, tables, out, results_dir=results_dir, study=study,
+                            source="storage" if study is not None else str(args.runs))
+        written.append(html)
+        if out.resolve().parent == results_dir.resolve():  # results/<study>/report.html: the index lists it
+            written.append(write_index(results_dir))
     if study is not None and not args.no_note:
+        from ..studies.spec import TUNE_MEANS, TUNED_LR
+        from .notes import study_note, tuning_note
+
         try:
-            save_dashboard_note(study, f"## Report: {study_name}\n\n" + "\n".join(t.markdown() for t in tables))
+            save_dashboard_note(study, study_note(study_name, tables, html or out / "report.html"))
             notes.append(f"optuna-dashboard note saved on study '{study_name}'.")
+            tune_study = open_tune_study(study)
+            if tune_study is not None and spec.tune is not None and study.user_attrs.get(TUNED_LR):
+                save_dashboard_note(tune_study, tuning_note(study_name, study.user_attrs[TUNED_LR],
+                                                            study.user_attrs.get(TUNE_MEANS) or {},
+                                                            metric=spec.tune.metric, seeds=spec.tune.seeds))
+                notes.append(f"optuna-dashboard note saved on its tuning stage '{tune_study.study_name}'.")
         except Exception as exc:  # noqa: BLE001 - a read-only storage must not lose the report
             notes.append(f"optuna-dashboard note not saved: {first_line(exc)}")
 

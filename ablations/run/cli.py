@@ -31,6 +31,7 @@ from ..cli import OneLineParser, add_study_arguments
 from ..dashboard import check_loggers
 from ..machine import allocator
 from ..studies.overrides import RUN_ONLY, apply_sets, describe, parse_sets, value_text
+from ..studies.spec import TUNE_AT_BOUND, TUNE_EXTRA, TUNE_GRID, TUNE_MEANS, TUNED_LR
 from ..studies.stopping import interrupted, stop_on_signals
 from ..studies.storage import (
     GRACE_S,
@@ -45,11 +46,6 @@ from .gpu_hours import DEFAULT_GPU, DEVICE_RESULTS, GPU_CLASSES
 from .imported import imported_done
 from .plan import dry_run, stored_done
 from .study import (
-    TUNE_AT_BOUND,
-    TUNE_EXTRA,
-    TUNE_GRID,
-    TUNE_MEANS,
-    TUNED_LR,
     cell_text,
     check_data_folder,
     create_study,
@@ -241,6 +237,7 @@ def _main(args: argparse.Namespace) -> int:
             print(f"study '{study_name}': best learning rate at a bound of the tuning grid {list(spec.tune.bounds)} "
                   "(the report names these rows): " + "; ".join(f"{cell_text(k)} {side}" for k, side in
                                                                at_bound.items()), file=sys.stderr)
+        _tuning_note(spec, storage, study_name, study.user_attrs)
     return run_grid(spec, storage, study_name, args, overrides, study=study)
 
 
@@ -290,6 +287,20 @@ def default_workers(spec, threads: int | None = None) -> int:
         return 1
     trials = max(spec.size, spec.tune_stage().size if spec.tune is not None else 0)
     return max(1, min(cores() // (threads or 1), trials))
+
+
+def _tuning_note(spec, storage, study_name: str, attrs: dict) -> None:
+    """The tuning stage's optuna-dashboard note: the learning rate each variant got (a failure is one line)."""
+    from ..report.notes import save_note, tuning_note
+    from ..studies.spec import tune_name
+
+    try:
+        note = tuning_note(study_name, attrs[TUNED_LR], attrs.get(TUNE_MEANS) or {}, metric=spec.tune.metric,
+                           seeds=spec.tune.seeds)
+        save_note(load_study(storage, tune_name(study_name)), note)
+    except Exception as exc:  # noqa: BLE001 - a note must never stop the study
+        print(f"tuning stage's dashboard note not saved: {' '.join(str(exc).split()) or type(exc).__name__}",
+              file=sys.stderr)
 
 
 def _overrides(args: argparse.Namespace) -> dict:

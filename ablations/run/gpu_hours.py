@@ -321,13 +321,13 @@ def choose_basis(gpu: str, precision: str, measurements: Sequence[Measurement], 
             if m.kind == wanted:
                 scaled = " (images/s scaled by each trial's FLOPs)" if m.kind == "training run" else ""
                 text = (f"measured on {m.gpu}: {m.detail}{scaled}, MFU {m.flops_per_s / peak:.3g} "
-                        f"({_short(m.source)}, {m.date})")
+                        f"({short(m.source)}, {m.date})")
                 return Basis(precision, m.flops_per_s, m.flops_per_s / peak, text, m)
     others = [m for m in measurements if m.mfu is not None]
     others.sort(key=lambda m: m.kind != "training run")  # stable: newest training run, then newest bench
     if others:
         m = others[0]
-        text = (f"MFU {m.mfu:.3g} measured on {m.gpu} ({m.detail}; {_short(m.source)}, {m.date}), applied to the "
+        text = (f"MFU {m.mfu:.3g} measured on {m.gpu} ({m.detail}; {short(m.source)}, {m.date}), applied to the "
                 f"{gpu} {kind} peak: no measurement on {gpu} at {kind}")
         return Basis(precision, m.mfu * peak, m.mfu, text, m)
     return Basis(precision, ASSUMED_MFU * peak, ASSUMED_MFU,
@@ -337,7 +337,7 @@ def choose_basis(gpu: str, precision: str, measurements: Sequence[Measurement], 
                  "images/s includes it")
 
 
-def _short(path: str) -> str:
+def short(path: str) -> str:
     """A report's path relative to the working directory when it is inside it."""
     try:
         return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
@@ -376,7 +376,7 @@ def estimate(configs: Iterable[Any], trials: int, gpu: str = DEFAULT_GPU,
     measurements = find_measurements(results_dir)
     step_times = find_step_times(results_dir)
     step_time = next((t for t in step_times if t.gpu_class == gpu), step_times[0] if step_times else None)
-    searched = _short(str(Path(results_dir) / DEVICE_RESULTS))
+    searched = short(str(Path(results_dir) / DEVICE_RESULTS))
     bases: dict[str, Basis] = {}
     seconds, steps, floors = [], [], []
     for config in configs:
@@ -418,7 +418,7 @@ def describe_estimate(est: Estimate) -> list[str]:
         else:
             where = "" if t.gpu_class == est.gpu else f", applied to {est.gpu}: none measured on it"
             at = (f"at standard's train step measured on {t.gpu} ({t.seconds * 1e3:.3g} ms at depth {t.depth}, batch "
-                  f"{t.batch}: {_short(t.source)}, {t.date}{where}) scaled by each trial's depth, an evaluation "
+                  f"{t.batch}: {short(t.source)}, {t.date}{where}) scaled by each trial's depth, an evaluation "
                   f"batch at {EVAL_STEP_SHARE:.2g} of it (assumed)")
         lines.append(f"  step floor: {est.steps_per_trial:,.0f} steps per trial (training and validation batches) "
                      f"{at} = at least {floor:.3g} GPU-hours, {verdict}")

@@ -9,9 +9,10 @@ import statistics
 from pathlib import Path
 
 from .. import layout
+from ..studies.spec import TUNE_EXTRA
 from ..studies.storage import redact
 from .gpu_hours import DEFAULT_GPU
-from .study import TUNE_EXTRA, Stored, done_trials, grid_keys, point_key, trial_point
+from .study import Stored, done_trials, grid_keys, point_key, trial_point
 from .workers import quiet
 
 #: Seconds per trial not proportional to FLOPs (Trainer set-up, data, logging) and effective train-step

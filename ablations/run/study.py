@@ -12,10 +12,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..studies.overrides import check_stored
+from ..studies.spec import TUNE_EXTRA, TUNED_LR
 
-TUNED_LR, TUNE_MEANS, TUNE_GRID = "tuned_lr", "tune_means", "tune_grid"  # study user attrs of the tuning stage
-TUNE_EXTRA = "tune_extra"  # user attr of the tuning stage's study: cell -> the rates added beyond the grid's edges
-TUNE_AT_BOUND = "tune_at_bound"  # study user attr: cell -> "low"/"high", its best rate sits at a declared bound
 REMOVED = "removed_from_study_file"  # user attr of a WAITING trial set aside because its point left the study file
 STOPPED = "stopped_by"  # user attr of a trial failed by Ctrl-C or SIGTERM: SIGINT | SIGTERM
 

@@ -138,13 +138,13 @@ class _QuietStops(logging.Filter):
 def run_grid(spec, storage, study_name: str, args, overrides: dict, *, stage: str = "report", study=None) -> int:
     """One stage of a study: create (or continue) it, enqueue its grid, and train it with ``--workers`` workers."""
     from ..dashboard import write_study_hparams
-    from ..training import HP_METRICS
+    from ..report.aggregate import STUDY_METRICS
 
     study = study or create_study(spec, storage, study_name, seed=0)
     tuned = None if stage == "tune" else stored_choice(storage, study_name)
     if spec.kind == "grid" and args.import_runs:
         import_runs(args.import_runs, spec, storage, study_name, overrides, tuned=tuned)
-    write_study_hparams(layout.runs_dir(args.results_dir, study_name), spec, HP_METRICS)
+    write_study_hparams(layout.runs_dir(args.results_dir, study_name), spec, STUDY_METRICS)
     if spec.kind == "grid":
         for params in spec.grid():
             study.enqueue_trial(params, skip_if_exists=True)
@@ -195,6 +195,7 @@ def work(spec, storage, study_name: str, args, overrides: dict, progress_total: 
     import optuna
     from optuna.trial import TrialState
 
+    from ..report.aggregate import refresh as refresh_aggregates
     from .objective import Objective
 
     index = args.worker_index or 0
@@ -216,6 +217,7 @@ def work(spec, storage, study_name: str, args, overrides: dict, progress_total: 
             elif _search_budget_spent(study, args.n_trials or spec.n_trials):
                 break
             study.optimize(objective, n_trials=1, gc_after_trial=True, catch=(RuntimeError,))
+            refresh_aggregates(study, spec, args.results_dir)  # TensorBoard's seed aggregates, with this trial
             if bar is not None:
                 bar.n = count_done(study, grid)
                 bar.refresh()

@@ -368,6 +368,14 @@ def _warn_spawn(devices: int | str, strategy: str) -> None:
                 "trial)", devices, strategy)
 
 
+#: what a study stores about its tuning stage (Optuna user attributes): on the study, each cell's chosen rate, the
+#: mean per rate, the grid it was chosen with, the rates added beyond the edges and the cells at a bound; the tuning
+#: stage's own study also keeps the added rates (its workers read them)
+TUNED_LR, TUNE_MEANS, TUNE_GRID = "tuned_lr", "tune_means", "tune_grid"
+TUNE_EXTRA = "tune_extra"  # cell -> the rates added beyond the grid's edges
+TUNE_AT_BOUND = "tune_at_bound"  # cell -> "low"/"high": its best rate sits at a declared bound
+
+
 def tune_name(study_name: str) -> str:
     """The storage name of a study's tuning stage."""
     return f"{study_name}-tune"
