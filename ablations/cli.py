@@ -34,7 +34,7 @@ def add_study_arguments(parser: argparse.ArgumentParser, *, report: bool = False
                                         "file" + (" (required, but with --ledger)" if report else ""))
     parser.add_argument("--budget", default="default",
                         help="study size" + (" the study was run at" if report else "")
-                             + ": smoke (CI, < 1 min), quick (minutes), default, paper (GPU)")
+                             + ": smoke (CI, < 1 min), quick (minutes), default, gpu (Fashion-MNIST on one GPU), paper (CIFAR-10, GPUs)")
     parser.add_argument("--storage", default=os.environ.get("ABLATIONS_STORAGE", DEFAULT_STORAGE),
                         help=f"Optuna storage URL (default {DEFAULT_STORAGE}, or $ABLATIONS_STORAGE)")
     parser.add_argument("--study-name", help="name in the storage (default: the study's name, suffixed by the "

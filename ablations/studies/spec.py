@@ -86,7 +86,7 @@ from typing import Any
 from ..recipes import with_recipe
 
 STUDY_DIR = Path(__file__).parent  # the study files beside this loader
-BUDGETS = ("smoke", "quick", "default", "paper")
+BUDGETS = ("smoke", "quick", "default", "gpu", "paper")
 #: budgets that check a study runs (smoke) or give a first look in minutes (quick): too few seeds for evidence, and
 #: the run and every report table say so (:meth:`StudySpec.first_look`)
 FIRST_LOOK_BUDGETS = ("smoke", "quick")
