@@ -513,6 +513,10 @@ def test_tune_phase_trials_are_set_apart_and_a_diverged_tuning_run_counts_zero()
     # 0.002 is the grid's largest LR: the caption warns that the row's best LR may lie beyond it
     assert grid_edge(records) == [("standard", 2, 0.002)]
     assert "At the edge of the tuning grid: standard (depth 2) at 0.002" in edge_note(records)
+    # with declared bounds: at a bound is named as such; an edge inside the bounds says the runs did not extend there
+    assert "At a bound of the tuning grid (0.0005–0.002" in edge_note(records, (0.0005, 0.002))
+    assert "did not extend the grid): standard (depth 2) at 0.002" in edge_note(records, (0.0005, 0.032))
+    assert "At a bound" not in edge_note(records, (0.0005, 0.032))
     inside = [r | {"lr": lr} for r, lr in zip(records + records[:1], (0.001, 0.002, 0.004), strict=True)]
     inside[2]["chosen"] = False
     assert grid_edge(inside) == [] and edge_note(inside) == ""
@@ -651,7 +655,7 @@ def test_a_first_look_budget_labels_every_table_and_the_default_none(reports, tm
     assert (tmp_path / "t" / "tuning.md").read_text().splitlines()[0].endswith("(first look: budget quick, underpowered)")
     assert load_spec("residual_variants", "smoke").first_look() and load_spec("residual_variants", "quick").first_look()
     assert load_spec("residual_variants").first_look() is None and load_spec("residual_variants", "paper").first_look() is None
-    with pytest.raises(ValueError, match="defines no 'quick' budget; valid choices: smoke, default, paper"):
+    with pytest.raises(ValueError, match="defines no 'quick' budget; valid choices: smoke, default, gpu, paper"):
         load_spec("norm_placement", "quick")  # never the default's settings under the quick budget's name
 
 

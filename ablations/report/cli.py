@@ -184,7 +184,9 @@ def write_resolved(spec, path: Path) -> Path:
     from ..studies.spec import resolved
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(resolved(spec), sort_keys=False, allow_unicode=True, width=120))
+    header = ("# The study file with its base files and budget resolved, as the code that wrote this report reads it;\n"
+              "# each stored run's own settings (learning rate, seed, tuning stage, mode) are its row of runs.csv.\n")
+    path.write_text(header + yaml.safe_dump(resolved(spec), sort_keys=False, allow_unicode=True, width=120))
     return path
 
 

@@ -114,16 +114,28 @@ def _where(items) -> str:
 
 
 def edge_note(records: list[dict], bounds: tuple[float, float] | None = None) -> str:
-    """The caption's warning about :func:`grid_edge` rows ('' when every chosen LR is inside the rates tried)."""
+    """The caption's warning about :func:`grid_edge` rows ('' when every chosen LR is inside the rates tried): with
+    declared bounds, rows at a bound and rows whose stored tuning stopped at an edge inside the bounds (runs of a
+    tuning stage that did not extend its grid) are named apart."""
     edges = grid_edge(records)
     if not edges:
         return ""
-    if bounds is not None:
-        return (f" At a bound of the tuning grid ({fmt_param(bounds[0])}–{fmt_param(bounds[1])}, to which it extends "
-                f"while the best rate is at its edge): {_where(edges)} — the best learning rate of these rows may lie "
-                "beyond the bound.")
-    return (f" At the edge of the tuning grid: {_where(edges)} — the best learning rate of these rows may lie beyond "
-            "the grid, so their rows may understate them.")
+    if bounds is None:
+        return (f" At the edge of the tuning grid: {_where(edges)} — the best learning rate of these rows may lie "
+                "beyond the grid, so their rows may understate them.")
+    at_bound = [e for e in edges if min(bounds) * 0.999 <= e[2] <= min(bounds) * 1.001
+                or max(bounds) * 0.999 <= e[2] <= max(bounds) * 1.001]
+    inside = [e for e in edges if e not in at_bound]
+    note = ""
+    if at_bound:
+        note += (f" At a bound of the tuning grid ({fmt_param(bounds[0])}–{fmt_param(bounds[1])}, to which it extends "
+                 f"while the best rate is at its edge): {_where(at_bound)} — the best learning rate of these rows may "
+                 "lie beyond the bound.")
+    if inside:
+        note += (f" At the edge of the rates their stored tuning runs tried, inside the bounds (those runs did not "
+                 f"extend the grid): {_where(inside)} — the best learning rate of these rows may lie beyond the rates "
+                 "tried, so their rows may understate them.")
+    return note
 
 
 def unstable(records: list[dict]) -> list[tuple[str, object, float]]:
