@@ -209,7 +209,8 @@ def test_a_study_on_fashion_mnist_runs_without_data_dir(tiny, tmp_path):
     study = write_study(tmp_path / "on_fashion.yaml", base={"dataset": "fashion_mnist", "dataset_options": {},
                                                            "patch_size": 7})
     code = run_main(["--study", str(study), "--storage", f"sqlite:///{tmp_path / 's.db'}", "--results-dir",
-                     str(tmp_path / "results"), "--no-progress"])
+                     str(tmp_path / "results"), "--no-progress", "--workers", "1"])  # in this process: the fixture's
+    # tiny files and system folder are what the DataModule expects and searches
     assert code == 0
     trials = trials_of(tmp_path / "s.db", "on_fashion")
     assert len(trials) == 2 and all(t.state.name == "COMPLETE" for t in trials)

@@ -394,7 +394,8 @@ def test_run_download_fetches_then_runs_the_study(monkeypatch, server, tmp_path,
     study = write_study(tmp_path / "on_mnist.yaml", base={"dataset": "mnist", "dataset_options": {}, "patch_size": 7})
     data_dir = tmp_path / "d"
     code = run_main(["--study", str(study), "--data-dir", str(data_dir), "--download", "--storage",
-                     f"sqlite:///{tmp_path / 's.db'}", "--results-dir", str(tmp_path / "results"), "--no-progress"])
+                     f"sqlite:///{tmp_path / 's.db'}", "--results-dir", str(tmp_path / "results"), "--no-progress",
+                     "--workers", "1"])  # in this process: the DataModule expects the tiny files (declare_files)
     assert code == 0
     assert "mnist: verified and in place" in capsys.readouterr().err
     assert sorted(p.name for p in data_dir.iterdir()) == ["MNIST"]
