@@ -1,6 +1,7 @@
 """What the command-line tools share: argparse that reports a bad argument as one line and exit status 2, the
-arguments that name one stored study (``ablations.run`` runs it, ``ablations.report`` reads it), and the one Markdown
-table renderer of everything they print or write."""
+arguments that name one stored study (``ablations.run`` runs it, ``ablations.report`` reads it), the one Markdown
+table renderer of everything they print or write, and the typed reading of a value given on the command line
+(``parse_value``: ``--set``, ``--residual-option``, ``--init-value``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -25,12 +26,12 @@ def fail(message: str) -> NoReturn:
 
 def add_study_arguments(parser: argparse.ArgumentParser, *, report: bool = False) -> None:
     """``--study``, ``--budget``, ``--storage``, ``--study-name`` and ``--set``: the study file, its size, where it
-    is stored and the overrides that name its stored study. The report's ``--study`` is required and its ``--set``
-    only finds the study; the run's ``--set`` changes what runs."""
+    is stored and the overrides that name its stored study. The report's ``--study`` is required (but for its
+    ``--ledger``) and its ``--set`` only finds the study; the run's ``--set`` changes what runs."""
     from .layout import DEFAULT_STORAGE
 
-    parser.add_argument("--study", required=report,
-                        help="a study name (see python -m ablations.run --list) or a path to a study .yaml file")
+    parser.add_argument("--study", help="a study name (see python -m ablations.run --list) or a path to a study .yaml "
+                                        "file" + (" (required, but with --ledger)" if report else ""))
     parser.add_argument("--budget", default="default",
                         help="study size" + (" the study was run at" if report else "")
                              + ": smoke (CI, < 1 min), quick (minutes), default, paper (GPU)")
@@ -59,3 +60,23 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]], align:
                         colalign=[{"l": "left", "r": "right"}[a] for a in align])
     rule = "|".join("---:" if a == "r" and not pad else "---" for a in align)
     return "\n".join(["| " + " | ".join(headers) + " |", f"|{rule}|", *("| " + " | ".join(r) + " |" for r in rows)])
+
+
+def parse_value(text: str) -> Any:
+    """A CLI value with a type: YAML scalars/lists (``true``, ``3``, ``[1, 2]``, ``null``), plus ``None``/``none``
+    as null and ``1e-5`` as a float (YAML 1.1 would keep it a string); anything else stays a string."""
+    stripped = text.strip()
+    if stripped in ("None", "none", "null", "~", ""):
+        return None
+    import yaml
+
+    try:
+        value = yaml.safe_load(stripped)
+    except yaml.YAMLError:
+        return stripped
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value

@@ -1,7 +1,8 @@
 """``RunConfig``: the single source of truth for one training run (model, data, optimiser, trainer).
 
 Torch-free on purpose (the CLI's ``--help`` must not pay the ~4 s torch/lightning import): names are checked
-against the tables in :mod:`ablations.choices`, which a test keeps equal to the real registries. Options that
+against the torch-free name tables below (the registries' own names, read from ``lit_modules.names``,
+``lit_modules.config`` and ``data.names``; a test keeps them equal to the real registries). Options that
 need the model to check (a residual variant's own options, dataset folder contents) are checked when the run is
 built and raise ValueError there.
 
@@ -19,27 +20,44 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ablations.choices import (
-    ACCELERATORS,
+from ablations.recipes import RECIPE_FIELDS, RECIPE_HELP, RECIPE_NAMES, recipe_values
+from data.names import DATASET_NAMES
+from lit_modules.config import FIELDS as MODEL_FIELDS
+from lit_modules.config import GEOMETRY, GLOBAL_POOLS, OPTIM_FIELDS, PRESETS, OptimConfig, ViTConfig
+from lit_modules.names import (
+    ATTENTION_GATE_NAMES,
     ATTENTION_NAMES,
-    DATASET_NAMES,
-    GLOBAL_POOLS,
     NORM_LAYER_NAMES,
-    OPTIMIZERS,
-    PADDING_MODES,
-    PRECISIONS,
+    PARAMETRIZATION_NAMES,
+    QK_NORM_NAMES,
     RESIDUAL_NAMES,
     STREAM_KERNEL_NAMES,
     VALUE_RESIDUAL_NAMES,
 )
-from ablations.run.recipes import RECIPE_FIELDS, RECIPE_HELP, RECIPE_NAMES, recipe_values
-from lit_modules.config import FIELDS as MODEL_FIELDS
-from lit_modules.config import GEOMETRY, OPTIM_FIELDS, PRESETS, OptimConfig, ViTConfig
+from lit_modules.names import OPTIMIZER_NAMES as OPTIMIZERS
+
+# --- the names a run's options take (torch-free: the backbone's and the datasets' are their registries' own, read
+# from ``lit_modules.names``, ``lit_modules.config`` and ``data.names``) -----------------------------------------
+#: The option of each variant that ``--init-value`` sets (its "init knob"); variants not listed have none.
+INIT_VALUE_OPTIONS: dict[str, str] = {
+    "layerscale": "init_value",  # float, 'auto' (CaiT's depth rule) or None (no LayerScale: standard)
+    "rezero": "init_value",
+    "skipinit": "init_value",
+    "highway": "gate_bias",
+}
+
+#: Lightning precision strings accepted by ``RunConfig.precision``, and ``auto`` (:mod:`ablations.machine.modes`).
+PRECISIONS: tuple[str, ...] = ("auto", "32-true", "64-true", "bf16-mixed", "bf16-true", "16-mixed", "16-true")
+
+#: Padding of the random crop (``RunConfig.crop_padding_mode``): zeros, or the image mirrored at its border.
+PADDING_MODES: tuple[str, ...] = ("constant", "reflect")
+
+ACCELERATORS: tuple[str, ...] = ("auto", "cpu", "gpu", "cuda")
 
 GROUPS = ("model", "data", "optim", "trainer")
 #: The model group's defaults: the backbone's ``study`` preset (``lit_modules.config``, the fields' one declaration).
 STUDY = PRESETS["study"]
-#: Default of a field that the run's recipe sets (:mod:`ablations.run.recipes`) unless it is given.
+#: Default of a field that the run's recipe sets (:mod:`ablations.recipes`) unless it is given.
 FROM_RECIPE = object()
 
 
@@ -74,6 +92,17 @@ class RunConfig:
     attention: str = _f(STUDY.attention, "model", "str", "attention of the blocks: " + ", ".join(ATTENTION_NAMES))
     attention_options: dict[str, Any] = _f(
         {}, "model", "options", "the attention's own options, e.g. head_norm=layer, theta_init=randn (re_attention)")
+    qk_norm: str = _f(STUDY.qk_norm, "model", "str",
+                      "QK-norm of every self-attention: " + ", ".join(QK_NORM_NAMES)
+                      + " (rmsnorm: ViT-5's RMSNorm over each head, fp32; layernorm: timm's)")
+    attention_gate: str = _f(STUDY.attention_gate, "model", "str",
+                             "output gate of every self-attention (Gated Attention): " + ", ".join(ATTENTION_GATE_NAMES)
+                             + " (elementwise: one sigmoid gate per head channel; headwise: one per head)")
+    parametrization: str = _f(STUDY.parametrization, "model", "str",
+                              "how init, multipliers and learning rates follow width and depth: "
+                              + ", ".join(PARAMETRIZATION_NAMES) + " (completep: arXiv 2505.01618)")
+    parametrization_options: dict[str, Any] = _f(
+        {}, "model", "options", "the parametrization's own options, e.g. base_depth=2, base_width=256 (completep)")
     class_attention_blocks: int = _f(STUDY.class_attention_blocks, "model", "int",
                                      "CaiT class-attention blocks after the self-attention blocks (0: plain ViT)")
     norm_layer: str = _f(STUDY.norm_layer, "model", "str", "norm layer: " + ", ".join(NORM_LAYER_NAMES))
@@ -153,7 +182,7 @@ class RunConfig:
                 set_(self, name, value)
         for f in dataclasses.fields(self):
             value, kind = getattr(self, f.name), f.metadata["kind"]
-            set_(self, f.name, _coerce(f.name, kind, value))
+            set_(self, f.name, coerce_field(f.name, kind, value))
         self._validate()
 
     def _validate(self) -> None:
@@ -161,6 +190,9 @@ class RunConfig:
         _choice("attention", self.attention, ATTENTION_NAMES)
         _choice("norm_layer", self.norm_layer, NORM_LAYER_NAMES)
         _choice("value_residual", self.value_residual, VALUE_RESIDUAL_NAMES)
+        _choice("qk_norm", self.qk_norm, QK_NORM_NAMES)
+        _choice("attention_gate", self.attention_gate, ATTENTION_GATE_NAMES)
+        _choice("parametrization", self.parametrization, PARAMETRIZATION_NAMES)
         _choice("dataset", self.dataset, DATASET_NAMES)
         _choice("precision", self.precision, PRECISIONS)
         _choice("stream_kernels", self.stream_kernels, STREAM_KERNEL_NAMES)
@@ -243,7 +275,7 @@ class RunConfig:
         return dataclasses.replace(self, **changes)
 
     def recipe_values(self) -> dict[str, Any]:
-        """This run's values of the recipe fields (:data:`ablations.run.recipes.RECIPE_FIELDS`)."""
+        """This run's values of the recipe fields (:data:`ablations.recipes.RECIPE_FIELDS`)."""
         return {name: getattr(self, name) for name in RECIPE_FIELDS}
 
     def model_config(self, shape: dict[str, Any]) -> ViTConfig:
@@ -296,6 +328,13 @@ class RunConfig:
             opts += f"+{self.norm_layer}"
         if self.value_residual != RunConfig.value_residual:
             opts += f"+vr_{self.value_residual}"
+        if self.qk_norm != RunConfig.qk_norm:
+            opts += f"+qk_{self.qk_norm}"
+        if self.attention_gate != RunConfig.attention_gate:
+            opts += f"+gate_{self.attention_gate}"
+        if self.parametrization != RunConfig.parametrization or self.parametrization_options:
+            opts += f"+{self.parametrization}" + "".join(
+                f"-{k}={_scalar(v)}" for k, v in sorted(self.parametrization_options.items()))
         name = f"{self.residual}{opts}_d{self.depth}_w{self.embed_dim}_{self.dataset}_s{self.seed}"
         return re.sub(r"[^A-Za-z0-9._=+-]", "", name.replace(" ", ""))
 
@@ -336,7 +375,7 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _coerce(name: str, kind: str, value: Any) -> Any:
+def coerce_field(name: str, kind: str, value: Any) -> Any:
     """Type-check one field and normalise it (int -> float for float fields, lists -> tuples, dict copies)."""
     bad = ValueError(f"{name} must be {_KIND_TEXT[kind]}, got {value!r}")
     if kind == "int" and not _is_int(value):

@@ -14,7 +14,8 @@ terms is t multiplies and t − 1 adds: 2ND per sum less than the einsum's count
 at the default size; Hyper-Connections' and mHC's outer product write ⊗ f became a matmul and is now counted,
 +0.3 pp.)
 Besides the residual variants, ``BACKBONE_FORMS`` prices the mechanisms orthogonal to them (attention kind,
-CaiT's class-attention head, norm layer, value residual) on the standard residual.
+CaiT's class-attention head, norm layer, value residual, QK-norm, the attention's output gate, the
+parametrisation) on the standard residual.
 
 The last column is the measured train-step time against ``standard`` from a benchmark report
 (``python -m ablations.bench --sections variants``, which times the same configurations at the same default size):
@@ -48,6 +49,12 @@ EXTRA_FORMS: tuple[tuple[str, str, dict], ...] = (
     ("hyper_connections static (SHC, n=4)", "hyper_connections", {"dynamic": False, "n": 4}),
     ("hyper_connections n=4 (DHC, the paper's LM rate)", "hyper_connections", {"n": 4}),  # the default is n = 2
     ("mhc n=2", "mhc", {"n": 2}),
+    ("gpas gate=sublayer", "gpas", {"gate": "sublayer"}),
+    ("deep_delta value=constant (v = 2)", "deep_delta", {"value": "constant"}),
+    ("hybrid_norm first_block=pre_norm (HybridNorm*)", "hybrid_norm", {"first_block": "pre_norm"}),
+    ("kromhc n=8", "kromhc", {"n": 8}),
+    ("muddformer hidden=exact", "muddformer", {"hidden": "exact"}),
+    ("muddformer static (dynamic=False)", "muddformer", {"dynamic": False}),
 )
 
 #: (label, backbone options) of the mechanisms orthogonal to the residual, priced with the standard residual.
@@ -59,6 +66,11 @@ BACKBONE_FORMS: tuple[tuple[str, dict], ...] = (
     ("norm_layer=derf (Dynamic erf)", {"norm_layer": "derf"}),
     ("value_residual=fixed (ResFormer, 0.5/0.5)", {"value_residual": "fixed"}),
     ("value_residual=learned (ResFormer)", {"value_residual": "learned"}),
+    ("qk_norm=rmsnorm (ViT-5)", {"qk_norm": "rmsnorm"}),
+    ("attention_gate=elementwise (Gated Attention)", {"attention_gate": "elementwise"}),
+    ("attention_gate=headwise", {"attention_gate": "headwise"}),
+    ("norm_layer=seednorm (SeeDNorm)", {"norm_layer": "seednorm"}),
+    ("parametrization=completep (CompleteP)", {"parametrization": "completep"}),
 )
 
 

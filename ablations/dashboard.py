@@ -113,18 +113,18 @@ def check_loggers(names: Iterable[str]) -> None:
 def run_name(params: Mapping[str, Any], config: Any, axes: Iterable[str], *, trial: int | None = None) -> str:
     """``<variant>/depth=<d>/seed=<s>[/<axis>=<v> ...][/trial_<n>]``: the variant label, depth and seed of the
     run's config, then the study's other grid axes in the study file's order, then the trial number if given."""
-    parts = [_safe(str(params["variant"])), f"depth={config.depth}", f"seed={config.seed}"]
-    parts += [f"{_safe(a)}={_safe(_short(params[a]))}" for a in axes if a not in ("depth", "seed") and a in params]
+    parts = [safe(str(params["variant"])), f"depth={config.depth}", f"seed={config.seed}"]
+    parts += [f"{safe(a)}={safe(short(params[a]))}" for a in axes if a not in ("depth", "seed") and a in params]
     if trial is not None:
         parts.append(f"trial_{trial:04d}")
     return "/".join(parts)
 
 
-def _short(value: Any) -> str:
+def short(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _safe(text: str) -> str:
+def safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._=+-]", "_", text)
 
 
@@ -212,7 +212,7 @@ def _is_number(v: Any) -> bool:
 
 def write_run_hparams(writer: Any, values: Mapping[str, Any], metrics: Sequence[str], *, run: str,
                       own_experiment: bool) -> None:
-    """Register one run with the HParams plugin: its ``values`` (session start) and, for a run outside a study
+    """Register one run with the HParams plugin: its ``values`` (written as the run starts) and, for a run outside a study
     (``own_experiment``), an experiment of its own listing its values' keys and the ``metrics``.
 
     No placeholder values: the metrics are listed by the experiment (the study's, at its log root), and the run
@@ -221,14 +221,14 @@ def write_run_hparams(writer: Any, values: Mapping[str, Any], metrics: Sequence[
     values as orphaned: the table showed NaN.)"""
     from tensorboard.plugins.hparams import summary_v2 as hp
 
-    values = {k: _hparam_value(v) for k, v in values.items()}
+    values = {k: hparam_value(v) for k, v in values.items()}
     if own_experiment:
         writer._get_file_writer().add_summary(_experiment_pb([hp.HParam(k) for k in values], metrics))
     writer._get_file_writer().add_summary(hp.hparams_pb(values, trial_id=run, start_time_secs=time.time()))
     writer.flush()
 
 
-def _hparam_value(value: Any) -> bool | int | float | str:
+def hparam_value(value: Any) -> bool | int | float | str:
     if isinstance(value, (bool, int, float, str)):
         return value
     return "None" if value is None else str(value)

@@ -15,6 +15,7 @@ This module imports neither torch nor lightning at import time (``--help`` stays
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -23,13 +24,12 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ablations import allocator
-from ablations.choices import INIT_VALUE_OPTIONS
-from ablations.cli import OneLineParser, fail
-from ablations.config import GROUPS, RunConfig, config_fields, option_fields
+from ablations.cli import OneLineParser, fail, parse_value
+from ablations.config import GROUPS, INIT_VALUE_OPTIONS, RunConfig, config_fields, option_fields
 from ablations.dashboard import check_loggers
 from ablations.layout import RESULTS_DIR, runs_dir
-from ablations.run.recipes import RECIPES, with_recipe
+from ablations.machine import allocator
+from ablations.recipes import RECIPES, with_recipe
 
 DEFAULT_LOG_DIR = runs_dir(RESULTS_DIR, "train").as_posix()  # results/runs/train
 
@@ -41,26 +41,6 @@ class CLIError(Exception):
 
 
 # --- value parsing -------------------------------------------------------------------------------------------------
-def parse_value(text: str) -> Any:
-    """A CLI value with a type: YAML scalars/lists (``true``, ``3``, ``[1, 2]``, ``null``), plus ``None``/``none``
-    as null and ``1e-5`` as a float (YAML 1.1 would keep it a string); anything else stays a string."""
-    stripped = text.strip()
-    if stripped in ("None", "none", "null", "~", ""):
-        return None
-    import yaml
-
-    try:
-        value = yaml.safe_load(stripped)
-    except yaml.YAMLError:
-        return stripped
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return value
-    return value
-
-
 def _optional(convert):
     def parse(text: str) -> Any:
         return None if text.strip() in ("None", "none", "null") else convert(text)
@@ -144,7 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", metavar="FILE", help="YAML file of RunConfig fields; options given here override it")
     run.add_argument("--log-dir", default=DEFAULT_LOG_DIR, help=f"TensorBoard root (default: {DEFAULT_LOG_DIR})")
     run.add_argument("--run-name", help="run folder name (default: derived from the config plus a timestamp)")
-    run.add_argument("--json", action="store_true", help="print the summary as one JSON object on the last line")
+    run.add_argument("--json", action="store_true",
+                     help="print the summary as one JSON object, the only output on stdout (progress goes to stderr)")
     run.add_argument("--progress-bar", action=argparse.BooleanOptionalAction, default=True,
                      help="show Lightning's progress bar and model summary (default: on)")
     run.add_argument("--checkpoint", action="store_true",
@@ -237,12 +218,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from ablations.training import SetupError, run_training, summary_table
 
+    # --json: stdout is the summary alone (``... --json > run.json``); the progress bar and model summary go to stderr
+    output = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
     try:
-        summary = run_training(
-            config, log_dir=args.log_dir, run_name=run_name, enable_progress_bar=args.progress_bar,
-            enable_checkpointing=args.checkpoint or args.resume is not None, ckpt_path=args.resume,
-            loggers=args.loggers,
-        )
+        with output:
+            summary = run_training(
+                config, log_dir=args.log_dir, run_name=run_name, enable_progress_bar=args.progress_bar,
+                enable_checkpointing=args.checkpoint or args.resume is not None, ckpt_path=args.resume,
+                loggers=args.loggers,
+            )
     except (SetupError, ValueError) as exc:  # ValueError: e.g. --logger mlflow without mlflow installed
         fail(str(exc))
     except KeyboardInterrupt:

@@ -32,6 +32,8 @@ HP_SUMMARY_KEYS: tuple[str, ...] = (
     "final_train_loss", "wall_time_s", "time_per_epoch_s", "train_images_per_s",
     "epochs_completed", "diverged", "param_count",
 )
+#: Summary entries too long for the summary table (TensorBoard's text): the per-image test results
+BULK_SUMMARY_KEYS = ("test_correct",)
 #: The checkpoint of a run's latest epoch (``<name>.ckpt``), which resuming continues from.
 LAST_CHECKPOINT = "last"
 HP_METRICS: tuple[str, ...] = tuple(f"hp/{k}" for k in HP_SUMMARY_KEYS)
@@ -71,7 +73,8 @@ def format_value(value: Any) -> str:
 
 def summary_table(summary: Mapping[str, Any], markdown: bool = True) -> str:
     """The scalar entries of a summary as a two-column table (Markdown, or aligned plain text)."""
-    rows = [(k, format_value(v)) for k, v in summary.items() if not isinstance(v, (list, tuple, dict))]
+    rows = [(k, format_value(v)) for k, v in summary.items()
+            if not isinstance(v, (list, tuple, dict)) and k not in BULK_SUMMARY_KEYS]
     if markdown:
         return markdown_table(["metric", "value"], rows)
     width = max(len(k) for k, _ in rows)
@@ -186,7 +189,7 @@ def run_training(
     Seeds everything (``seed_everything(config.seed, workers=True)``, ``deterministic=True`` without the NaN fill of
     new tensors: ``deterministic_without_nan_fill``): the same config on
     the same CPU gives identical metrics. Sets ``torch.set_num_threads(config.threads or all cores)`` for the
-    process and, on a CPU, glibc's malloc as ``ABLATIONS_MALLOC`` says (:mod:`ablations.allocator`; the ``malloc``
+    process and, on a CPU, glibc's malloc as ``ABLATIONS_MALLOC`` says (:mod:`ablations.machine.allocator`; the ``malloc``
     fact). Checkpoints (``ModelCheckpoint`` on ``val/acc`` + ``last.ckpt``) are written to ``checkpoint_dir``
     (default ``<run dir>/checkpoints``) when ``enable_checkpointing`` or ``checkpoint_dir`` is given;
     ``ckpt_path`` resumes from a checkpoint (``"last"`` or a path; Lightning starts fresh if "last" has none).
@@ -206,8 +209,8 @@ def run_training(
     import torch
     from lightning.pytorch.callbacks import LambdaCallback, ModelCheckpoint
 
-    from ablations.allocator import set_malloc
     from ablations.dashboard import extra_loggers, write_run_hparams
+    from ablations.machine.allocator import set_malloc
     from ablations.tb_logger import tensorboard_logger
     from lit_modules.convergence import ConvergenceTracker, StepTimer
 
@@ -319,7 +322,7 @@ def use_stream_kernels(model: Any, config: RunConfig, accelerator: str, datamodu
 
 
 def with_mode(config: RunConfig, mode: Any) -> RunConfig:
-    """``config`` trained in ``mode`` (:class:`ablations.bench.modes.Mode`): its precision, and its attention
+    """``config`` trained in ``mode`` (:class:`ablations.machine.modes.Mode`): its precision, and its attention
     kernel unless the config sets one."""
     return config.replace(precision=mode.precision,
                           fused_attn=mode.fused_attn if config.fused_attn is None else config.fused_attn)
@@ -328,7 +331,7 @@ def with_mode(config: RunConfig, mode: Any) -> RunConfig:
 def resolve_mode(config: RunConfig, accelerator: str, datamodule: Any,
                  results_dir: str | Path = layout.RESULTS_DIR) -> tuple[RunConfig, dict[str, Any]]:
     """``precision="auto"``: the fastest mode for this device, this CPU's signature and thread count, and this model
-    size (:mod:`ablations.bench.modes`: a table measured on this machine, else a cell measured now and cached under
+    size (:mod:`ablations.machine.modes`: a table measured on this machine, else a cell measured now and cached under
     ``<results_dir>/device/``), precision and attention kernel together (an explicit ``fused_attn`` is kept).
     Returns the config the run trains with and the facts for its summary: ``precision``, ``fused_attn`` and, when
     chosen, ``mode_source``."""
@@ -336,7 +339,7 @@ def resolve_mode(config: RunConfig, accelerator: str, datamodule: Any,
     if config.precision == "auto":
         import torch
 
-        from ablations.bench.modes import auto_mode, model_size, probe, tokens
+        from ablations.machine.modes import auto_mode, model_size, probe, tokens
 
         patch = config.patch_size or datamodule.default_patch_size
         size = model_size(config, datamodule.img_size, patch, datamodule.in_chans, datamodule.num_classes)

@@ -14,12 +14,13 @@ split: docs/datasets.md.
 from __future__ import annotations
 
 from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from data.names import DATASET_CLASSES, DATASET_NAMES
 
-#: each exported name -> the module that defines it; imported on first use (PEP 562), so ``data.names`` and
-#: ``data.fetch``'s CLI load without torch
+#: each exported name -> the module that defines it: every registered DataModule class (``data.names.DATASET_CLASSES``,
+#: the registry) and the helpers; imported on first use (PEP 562), so ``data.names`` and ``data.fetch``'s CLI load
+#: without torch
 _EXPORTS: dict[str, str] = {
     **{path.split(":")[1]: path.split(":")[0] for path in DATASET_CLASSES.values()},
     "DataModuleBase": "data.base",
@@ -31,38 +32,7 @@ _EXPORTS: dict[str, str] = {
     "dataset_shape": "data.registry",
 }
 
-__all__ = [
-    "DATASETS",
-    "DATASET_CLASSES",
-    "DATASET_NAMES",
-    "CIFAR10DataModule",
-    "CIFAR100DataModule",
-    "DataError",
-    "DataModuleBase",
-    "DigitsDataModule",
-    "FashionMNISTDataModule",
-    "ImageFolderDataModule",
-    "MNIST5kDataModule",
-    "MNISTDataModule",
-    "SVHNDataModule",
-    "SyntheticDataModule",
-    "TrainAugment",
-    "UNKNOWN_SIZES",
-    "build_datamodule",
-    "dataset_shape",
-]
-
-if TYPE_CHECKING:
-    from data.base import DataModuleBase, TrainAugment
-    from data.cifar import CIFAR10DataModule, CIFAR100DataModule
-    from data.common import DataError
-    from data.digits import DigitsDataModule
-    from data.imagefolder import ImageFolderDataModule
-    from data.mnist import FashionMNISTDataModule, MNIST5kDataModule, MNISTDataModule
-    from data.registry import DATASETS, UNKNOWN_SIZES, build_datamodule, dataset_shape
-    from data.svhn import SVHNDataModule
-    from data.synthetic import SyntheticDataModule
-
+__all__ = ["DATASET_CLASSES", "DATASET_NAMES", *_EXPORTS]  # every registered DataModule class among them
 
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:

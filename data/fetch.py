@@ -29,6 +29,7 @@ import urllib.error
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 from urllib.parse import urlparse
 
 from data.common import DataError
@@ -253,9 +254,16 @@ def _network_reason(exc: BaseException) -> str | None:
     return None
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from ablations.cli import OneLineParser
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose error is one ``error: ...`` line on stderr and exit status 2, as the ``ablations`` tools' (the
+    data layer imports nothing above it)."""
 
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"error: {' '.join(str(message).split())}\n")
+        sys.exit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
     doc = __doc__ or ""
     parser = OneLineParser(prog="python -m data.fetch", description=doc.split("\n\n")[0],
                            formatter_class=argparse.RawDescriptionHelpFormatter, epilog=doc.split("\n\n", 1)[1])

@@ -16,13 +16,14 @@ from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
-from timm.layers import Attention
+from timm.layers import Attention, LayerNorm
 from torch import nn
 
-from .names import ATTENTION_CLASSES
+from .names import ATTENTION_CLASSES, QK_NORM_CLASSES
 from .value_residual import NoValueResidual
 
 THETA_INITS = ("identity", "randn", "official")
+GATES = ("none", "elementwise", "headwise")  # the attention's output gate (the backbone's ``attention_gate``)
 HEAD_NORMS = ("batch", "layer", "none")
 
 
@@ -32,34 +33,60 @@ class SelfAttention(Attention):
 
         Attention(Q, K, V) = softmax(QKᵀ/√d) · V   per head,
 
-    computed by ``forward`` in three steps every attention kind shares: the qkv projection, ``value_residual`` on
-    the per-head values (the identity unless the backbone mixes in the first layer's values: ResFormer,
-    ``lit_modules.value_residual``), then ``attend``, the core on given per-head q, k, v — so a block that
+    computed by ``forward`` in four steps every attention kind shares: the qkv projection, the per-head norms
+    (``q_norm``, ``k_norm``: the backbone's ``qk_norm``; ``v_norm``: the identity unless a variant normalises the
+    values, HybridNorm) and ``value_residual`` on the per-head values (the identity unless the backbone mixes in
+    the first layer's values: ResFormer, ``lit_modules.value_residual``), then ``attend``, the core on given
+    per-head q, k, v, and ``merge_heads`` (the output gate, if any, then the heads side by side) — so a block that
     composes q, k and v from different inputs (DCA's cross-attention) runs any attention kind with the kind's own
     weights and fused/explicit switch.
+
+    ``gate`` (the backbone's ``attention_gate``; Qiu et al., "Gated Attention for Large Language Models", arXiv
+    2505.06708, its G1 position): each head's output is multiplied by a sigmoid gate computed from the attention's
+    input X, o_h ← SDPA_h ⊙ σ(X W_g + b_g)_h — ``"elementwise"`` (W_g ∈ R^{D×D}, one gate per head channel: the
+    paper's best form; timm's ``gated`` attention, same parameter ``gate``) or ``"headwise"`` (W_g ∈ R^{D×H}, one
+    gate per head); the bias follows ``qkv_bias`` as in the reference, where the gate is part of the widened query
+    projection. ``"none"`` (default): no gate.
     """
 
     name: ClassVar[str] = "self"
     paper: ClassVar[str] = "Vaswani et al. 2017, arXiv 1706.03762"
 
     def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, qk_norm: bool = False,
-                 attn_drop: float = 0.0, proj_drop: float = 0.0, norm_layer: Any = None) -> None:
+                 attn_drop: float = 0.0, proj_drop: float = 0.0, norm_layer: Any = None, gate: str = "none") -> None:
+        if gate not in GATES:
+            raise ValueError(f"attention_gate={gate!r} is not valid; valid choices: {', '.join(GATES)}")
         super().__init__(dim, num_heads=num_heads, qkv_bias=qkv_bias, qk_norm=qk_norm, attn_drop=attn_drop,
-                         proj_drop=proj_drop, norm_layer=norm_layer)
+                         proj_drop=proj_drop, norm_layer=norm_layer, gated=gate == "elementwise")
+        self.gate_kind = gate
+        if gate == "headwise":
+            self.gate = nn.Linear(dim, num_heads, bias=qkv_bias)
+        self.v_norm: nn.Module = nn.Identity()  # per-head value norm (HybridNorm's QKV-norm sets it)
         self.value_residual: nn.Module = NoValueResidual()  # replaced by ``BlockArgs.attention()`` (per layer)
+        self.sdpa_scale: float | None = None  # the fused kernel's logit scale; None: its default 1/√d (= scale)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, _ = x.shape
         q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        x = self.attend(self.q_norm(q), self.k_norm(k), self.value_residual(v))
-        x = self.norm(x.transpose(1, 2).reshape(B, N, self.attn_dim))
-        return self.proj_drop(self.proj(x))
+        out = self.attend(self.q_norm(q), self.k_norm(k), self.value_residual(self.v_norm(v)))
+        return self.proj_drop(self.proj(self.merge_heads(out, x)))
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """(B, H, N, d) q, k, v → (B, H, N, d): fused SDPA, or the explicit softmax through ``attn_drop``."""
         if self.fused_attn:
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0,
+                                                  scale=self.sdpa_scale)
         return self.attn_drop((q * self.scale @ k.transpose(-2, -1)).softmax(dim=-1)) @ v
+
+    def merge_heads(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The heads' outputs (B, H, N, d) side by side, (B, N, H·d), each multiplied first by its output gate
+        σ(x W_g + b_g) computed from the attention's input ``x`` (B, N, D) when the attention is gated; then timm's
+        ``norm`` (the identity here)."""
+        B, H, N, d = out.shape
+        out = out.transpose(1, 2)
+        if self.gate is not None:
+            out = out * torch.sigmoid(self.gate(x)).view(B, N, H, -1)
+        return self.norm(out.reshape(B, N, H * d))
 
     # --- options (read from the keyword-only arguments of ``__init__``, as ``ResidualSite.options``) -------------
     @classmethod
@@ -120,10 +147,10 @@ class ReAttention(SelfAttention):
     paper: ClassVar[str] = "Zhou et al. 2021, arXiv 2103.11886"
 
     def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, qk_norm: bool = False,
-                 attn_drop: float = 0.0, proj_drop: float = 0.0, norm_layer: Any = None, *,
+                 attn_drop: float = 0.0, proj_drop: float = 0.0, norm_layer: Any = None, gate: str = "none", *,
                  theta_init: str = "identity", head_norm: str = "batch", blocks: str = "all") -> None:
         super().__init__(dim, num_heads=num_heads, qkv_bias=qkv_bias, qk_norm=qk_norm, attn_drop=attn_drop,
-                         proj_drop=proj_drop, norm_layer=norm_layer)
+                         proj_drop=proj_drop, norm_layer=norm_layer, gate=gate)
         self.theta_init = theta_init
         self.reattn_weights = nn.Parameter(torch.empty(num_heads, num_heads))
         self.reattn_norm = {"batch": nn.BatchNorm2d, "layer": HeadLayerNorm, "none": _identity}[head_norm](num_heads)
@@ -172,6 +199,31 @@ class ReAttention(SelfAttention):
         return self.attn_drop(self.reattn_norm(attn)) @ v
 
 
+class QKRMSNorm(nn.Module):
+    """QK-norm as in ViT-5 (Wang et al., arXiv 2602.08071; wangf3014/ViT-5 ``models_vit5.py``, ``RMSNorm``): each
+    head's query (or key) divided by its root mean square over the head dimension, computed in (at least) fp32,
+    times a learned gain of size d shared by every head (init 1, no bias): q ← w ⊙ q / √(mean q² + ε)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6, **factory: Any) -> None:
+        super().__init__()
+        self.eps = float(eps)
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.to(torch.promote_types(dtype, torch.float32))
+        h = h * torch.rsqrt(h.square().mean(dim=-1, keepdim=True) + self.eps)
+        return (self.weight * h.to(dtype)).to(dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps:g}"
+
+
+class QKLayerNorm(LayerNorm):
+    """QK-norm with a LayerNorm over each head's dimension (gain and bias of size d shared by the heads): timm's
+    ``qk_norm=True`` with its LayerNorm, the form of ViT-22B (Dehghani et al., arXiv 2302.05442)."""
+
+
 def top_blocks(blocks: Any) -> int | None:
     """k of Re-attention's ``blocks="top:k"``, None for ``"all"``; one-line ValueError otherwise."""
     if blocks == "all":
@@ -194,3 +246,6 @@ def _identity(num_heads: int) -> nn.Module:
 
 
 ATTENTIONS: dict[str, type[SelfAttention]] = {name: globals()[cls] for name, cls in ATTENTION_CLASSES.items()}
+#: the backbone's ``qk_norm`` -> the norm of each head's queries and keys (None: no QK-norm)
+QK_NORMS: dict[str, type[nn.Module] | None] = {name: globals()[cls] if cls else None
+                                              for name, cls in QK_NORM_CLASSES.items()}

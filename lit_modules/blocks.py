@@ -37,12 +37,19 @@ class BlockArgs:
     attn_layer: Any = SelfAttention  # the injection point of the attention kind (``lit_modules.attention``)
     # layer -> the attention's ``value_residual`` module (``lit_modules.value_residual``: ResFormer's V mixing)
     value_residual: Any = no_value_residual
+    qk_norm_layer: Any = None  # the backbone's QK-norm (``qk_norm``), the norm of each head's q and k; None: off
+    attention_gate: str = "none"  # the backbone's output gate of the attention (``lit_modules.attention``)
+    branch_scale: float = 1.0  # the parametrisation's multiplier of the residual branches (CompleteP's m_L^{-α})
 
     def attention(self) -> nn.Module:
         """The block's attention (timm's argument names), of the backbone's chosen kind, with this layer's value
-        residual module (the identity unless the backbone mixes the first layer's values in)."""
-        attn = self.attn_layer(self.dim, num_heads=self.num_heads, qkv_bias=self.qkv_bias, qk_norm=self.qk_norm,
-                               attn_drop=self.attn_drop, proj_drop=self.proj_drop, norm_layer=self.norm_layer)
+        residual module (the identity unless the backbone mixes the first layer's values in). Its q and k are
+        normalised by ``norm_layer`` when a variant sets ``qk_norm=True`` itself (nGPT, HybridNorm), else by the
+        backbone's ``qk_norm_layer`` if any."""
+        qk = self.norm_layer if self.qk_norm else self.qk_norm_layer
+        attn = self.attn_layer(self.dim, num_heads=self.num_heads, qkv_bias=self.qkv_bias, qk_norm=qk is not None,
+                               attn_drop=self.attn_drop, proj_drop=self.proj_drop, norm_layer=qk or self.norm_layer,
+                               gate=self.attention_gate)
         attn.value_residual = self.value_residual(self.layer)
         return attn
 

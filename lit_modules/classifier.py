@@ -38,6 +38,7 @@ from .vit import VisionTransformer
 #: ``optimizer`` name -> its torch.optim class (names and classes: ``lit_modules.names.OPTIMIZER_CLASSES``)
 OPTIMIZER_CLASSES: dict[str, type[torch.optim.Optimizer]] = resolve(OPTIMIZER_PATHS)
 MIXUP_STREAM = 0x313C  # keeps the Mixup draws apart from the data's streams of the same (seed, epoch)
+ADAM_EPS = 1e-8  # Adam(W)'s ε (torch's default); a parametrisation may scale it per group (``eps_scale``)
 
 
 class WarmupCosine:
@@ -129,6 +130,8 @@ class ViTClassifier(pl.LightningModule):
         self.val_acc5 = MulticlassAccuracy(num_classes, top_k=5, average="micro") if top5 else None
         self.test_acc = MulticlassAccuracy(num_classes, top_k=1, average="micro")
         self._test_loader: Any = None
+        #: which test images the latest validated epoch classified correctly (bool, test-loader order; CPU)
+        self.test_correct: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
@@ -227,9 +230,13 @@ class ViTClassifier(pl.LightningModule):
             self._test_loader = getattr(datamodule, "test_dataloader", lambda: None)() or False
         if self._test_loader is False:
             return
+        correct = []
         with trainer.precision_plugin.val_step_context(), torch.no_grad():
             for x, y in self._test_loader:
-                self.test_acc.update(self(x.to(self.device)), y.to(self.device))
+                logits, y = self(x.to(self.device)), y.to(self.device)
+                self.test_acc.update(logits, y)
+                correct.append(logits.argmax(dim=-1) == y)
+        self.test_correct = torch.cat(correct).cpu() if correct else None  # one host copy per epoch
         self.log("test/acc", self.test_acc.compute(), on_step=False, on_epoch=True)  # compute() syncs across ranks
         self.test_acc.reset()
 
@@ -247,9 +254,12 @@ class ViTClassifier(pl.LightningModule):
 
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
+        # a parametrisation's per-group multipliers of the learning rate and Adam's ε (CompleteP's; none by default)
+        groups = [g | {"lr": hp.lr * g["lr_scale"]} if "lr_scale" in g else g
+                  for g in self.model.param_groups(hp.weight_decay)]
+        groups = [g | {"eps": ADAM_EPS * g["eps_scale"]} if "eps_scale" in g else g for g in groups]
         # fused=True: one kernel for all parameters instead of a Python loop with per-parameter ``.item()`` calls
-        optimizer = OPTIMIZER_CLASSES[hp.optimizer](self.model.param_groups(hp.weight_decay), lr=hp.lr,
-                                                    betas=tuple(hp.betas), fused=True)
+        optimizer = OPTIMIZER_CLASSES[hp.optimizer](groups, lr=hp.lr, betas=tuple(hp.betas), eps=ADAM_EPS, fused=True)
         warmup, total = self.schedule_steps()
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(warmup, total, hp.min_lr / hp.lr))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}

@@ -7,7 +7,7 @@ ViT-Tiny (width 192, 12 blocks, 3 heads, MLP ratio 4) at CIFAR's geometry (32 px
 :data:`PRESETS` names the other sizes, as timm's entry points do, including the 2-core study size the CLIs default to.
 
 :class:`OptimConfig` is the same for the optimiser and its schedule; its defaults are the ``basic`` training
-recipe's (:mod:`ablations.run.recipes` reads them from here), so the default learning rate is written once.
+recipe's (:mod:`ablations.recipes` reads them from here), so the default learning rate is written once.
 
 Validation of the backbone's geometry lives in :meth:`ViTConfig.check` (one-line ValueErrors); the registries'
 names (residual, attention, norm layer, value residual) are checked by whoever builds the model.
@@ -26,8 +26,11 @@ from typing import Any
 class ViTConfig:
     """One backbone. Fields mirror timm's ``VisionTransformer`` arguments; ``residual`` names a variant of
     ``lit_modules.RESIDUALS`` and ``residual_options`` its own options; ``attention`` / ``attention_options``,
-    ``class_attention_blocks``, ``norm_layer`` / ``norm_eps`` and ``value_residual`` are the backbone options
-    orthogonal to it (see ``lit_modules.vit.VisionTransformer``). ``fused_attn=None`` keeps timm's default."""
+    ``qk_norm``, ``attention_gate``, ``class_attention_blocks``, ``norm_layer`` / ``norm_eps`` and
+    ``value_residual`` are the backbone options orthogonal to it (see ``lit_modules.vit.VisionTransformer``);
+    ``parametrization`` / ``parametrization_options`` say how scales and learning rates follow the model's size
+    (``lit_modules.parametrization``).
+    ``fused_attn=None`` keeps timm's default. ``qk_norm`` also takes timm's boolean (True: ``"layernorm"``)."""
 
     residual: str = "standard"
     residual_options: Mapping[str, Any] = field(default_factory=dict)
@@ -40,7 +43,7 @@ class ViTConfig:
     num_heads: int = 3
     mlp_ratio: float = 4.0
     qkv_bias: bool = True
-    qk_norm: bool = False
+    qk_norm: str = "none"
     class_token: bool = True
     global_pool: str = "token"
     drop_rate: float = 0.0
@@ -54,6 +57,9 @@ class ViTConfig:
     attention_options: Mapping[str, Any] = field(default_factory=dict)
     class_attention_blocks: int = 0
     value_residual: str = "none"
+    attention_gate: str = "none"
+    parametrization: str = "standard"
+    parametrization_options: Mapping[str, Any] = field(default_factory=dict)
     fused_attn: bool | None = None
 
     @classmethod
@@ -76,8 +82,10 @@ class ViTConfig:
         return cls(**fields)
 
     def __post_init__(self) -> None:
-        for name in ("residual_options", "attention_options"):  # plain dicts, copied: the config owns them
+        for name in ("residual_options", "attention_options", "parametrization_options"):  # copied: the config owns them
             object.__setattr__(self, name, dict(getattr(self, name) or {}))
+        if isinstance(self.qk_norm, bool):  # timm's boolean: False = none, True = its LayerNorm over each head
+            object.__setattr__(self, "qk_norm", "layernorm" if self.qk_norm else "none")
 
     def replace(self, **changes: Any) -> ViTConfig:
         return dataclasses.replace(self, **changes)

@@ -20,6 +20,8 @@ from typing import Any
 import lightning.pytorch as pl
 import numpy as np
 
+from .predictions import pack
+
 #: Fractions of the run's best val accuracy reported as ``epochs_to_<p>pct_of_best`` / ``steps_to_<p>pct_of_best``.
 FRACTIONS_OF_BEST: tuple[float, ...] = (0.90, 0.95, 0.99)
 #: Summary keys whose values are wall-clock measurements (they differ between otherwise identical runs).
@@ -213,6 +215,7 @@ class ConvergenceTracker(pl.Callback):
         self.val_metric, self.train_metric, self.test_metric = val_metric, train_metric, test_metric
         self.val_acc: dict[int, float] = {}  # epoch (1-based) -> value
         self.test_acc: dict[int, float] = {}
+        self.test_correct: tuple[int, str] | None = None  # (epoch, packed per-image test results) of the latest
         self.val_steps: dict[int, int] = {}
         self.train_loss: dict[int, float | None] = {}
         self.epoch_times: dict[int, float] = {}
@@ -271,6 +274,8 @@ class ConvergenceTracker(pl.Callback):
             test = _metric(trainer.callback_metrics, self.test_metric)
             if test is not None:
                 self.test_acc[epoch] = test
+            correct = getattr(pl_module, "test_correct", None)
+            self.test_correct = (epoch, pack(correct.numpy())) if correct is not None else None
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         epoch = trainer.current_epoch + 1
@@ -288,7 +293,7 @@ class ConvergenceTracker(pl.Callback):
     # checkpointing
     def state_dict(self) -> dict[str, Any]:
         return {"val_acc": self.val_acc, "test_acc": self.test_acc, "val_steps": self.val_steps,
-                "train_loss": self.train_loss,
+                "train_loss": self.train_loss, "test_correct": self.test_correct,
                 "epoch_times": self.epoch_times, "train_times": self.train_times, "images_seen": self.images_seen,
                 "elapsed": self.wall_time_s()}
 
@@ -296,6 +301,7 @@ class ConvergenceTracker(pl.Callback):
         for key in ("val_acc", "val_steps", "train_loss", "epoch_times", "train_times"):
             setattr(self, key, dict(state_dict[key]))
         self.test_acc = dict(state_dict.get("test_acc", {}))  # checkpoints from before the test split have none
+        self.test_correct = state_dict.get("test_correct")
         self.images_seen = int(state_dict["images_seen"])
         self.elapsed_before = float(state_dict["elapsed"])
 
@@ -311,7 +317,7 @@ class ConvergenceTracker(pl.Callback):
         return end - self._fit_start
 
     def this_process(self) -> dict[str, Any]:
-        """Where this fit session started (as Lightning restored it) and what it trained itself."""
+        """Where this fit started (as Lightning restored it) and what it trained itself."""
         start = self._start
         return {
             "resumed_from_checkpoint": start["global_step"] > 0,
@@ -347,7 +353,14 @@ class ConvergenceTracker(pl.Callback):
             diverged=self.diverged,
             param_count=self.param_count,
             wall_time_s=self.wall_time_s(),
-        ) | self.this_process()
+        ) | self.this_process() | self._test_correct(max([*self.val_acc, 0]))
+
+    def _test_correct(self, last_epoch: int) -> dict[str, str]:
+        """``test_correct``: the per-image test results (:func:`lit_modules.predictions.pack`) of the epoch whose
+        test accuracy is the summary's ``test_acc`` (the last validated one); none when that epoch has none."""
+        if self.test_correct is None or self.test_correct[0] != last_epoch:
+            return {}
+        return {"test_correct": self.test_correct[1]}
 
 
 class StepTimer(pl.Callback):

@@ -36,12 +36,32 @@ RESIDUAL_CLASSES: dict[str, str] = {
     "keel": "Keel",
     "resi_dual": "ResiDual",
     "ngpt": "NGPT",
+    "gpas": "GPAS",
+    "siamese_norm": "SiameseNorm",
+    "deep_delta": "DeepDelta",
+    "mhc_lite": "MHCLite",
+    "kromhc": "KromHC",
+    "muddformer": "MUDDFormer",
+    "hybrid_norm": "HybridNorm",
 }
 
 #: attention kind -> its class in ``lit_modules/attention.py``
 ATTENTION_CLASSES: dict[str, str] = {
     "self": "SelfAttention",
     "re_attention": "ReAttention",
+}
+
+#: QK-norm (the backbone's ``qk_norm``) -> its class in ``lit_modules/attention.py`` ("": none)
+QK_NORM_CLASSES: dict[str, str] = {
+    "none": "",
+    "rmsnorm": "QKRMSNorm",
+    "layernorm": "QKLayerNorm",
+}
+
+#: parametrisation (the backbone's ``parametrization``) -> its class in ``lit_modules/parametrization.py``
+PARAMETRIZATION_CLASSES: dict[str, str] = {
+    "standard": "StandardParametrization",
+    "completep": "CompleteP",
 }
 
 #: norm layer name -> its class, ``module:Class`` (timm's norms, or the normalisation-free maps of
@@ -51,6 +71,7 @@ NORM_LAYER_CLASSES: dict[str, str] = {
     "rmsnorm": "timm.layers:RmsNorm",
     "dyt": "lit_modules.norms:DynamicTanh",
     "derf": "lit_modules.norms:DynamicErf",
+    "seednorm": "lit_modules.norms:SeeDNorm",
 }
 
 #: optimizer name -> its torch.optim class (``ViTClassifier``; adam: coupled L2 decay, the paper recipe's; adamw:
@@ -61,6 +82,10 @@ OPTIMIZER_CLASSES: dict[str, str] = {
 }
 
 RESIDUAL_NAMES: tuple[str, ...] = tuple(RESIDUAL_CLASSES)
+QK_NORM_NAMES: tuple[str, ...] = tuple(QK_NORM_CLASSES)
+PARAMETRIZATION_NAMES: tuple[str, ...] = tuple(PARAMETRIZATION_CLASSES)
+#: the attention's output gate (Gated Attention, arXiv 2505.06708): none, one gate per head channel, one per head
+ATTENTION_GATE_NAMES: tuple[str, ...] = ("none", "elementwise", "headwise")
 ATTENTION_NAMES: tuple[str, ...] = tuple(ATTENTION_CLASSES)
 NORM_LAYER_NAMES: tuple[str, ...] = tuple(NORM_LAYER_CLASSES)
 OPTIMIZER_NAMES: tuple[str, ...] = tuple(OPTIMIZER_CLASSES)

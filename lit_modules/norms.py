@@ -1,13 +1,15 @@
-"""Normalisation-free replacements of LayerNorm, chosen by ``VisionTransformer(norm_layer=...)``.
+"""Replacements of LayerNorm chosen by ``VisionTransformer(norm_layer=...)``: two normalisation-free maps (DyT,
+Derf) and SeeDNorm, an RMSNorm with an input-dependent gain.
 
-Each is an element-wise map with a learned per-channel affine, used in place of *every* LayerNorm of the model
-(pre-norms, final norm, qk-norm, the variants' own norms), as the papers' ``convert_ln_to_*`` helpers do. Both
-take the backbone's ``eps`` argument so that every norm layer is called the same way (``cls(dim, eps=...)``);
-neither has an ε, so it is accepted and ignored.
+DyT and Derf are element-wise maps with a learned per-channel affine, used in place of *every* LayerNorm of the
+model (pre-norms, final norm, the variants' own norms), as the papers' ``convert_ln_to_*`` helpers do. All take the
+backbone's ``eps`` argument so that every norm layer is called the same way (``cls(dim, eps=...)``); DyT and Derf
+have no ε, so they accept and ignore it.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -58,3 +60,38 @@ class DynamicErf(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, alpha_init={self.alpha_init}, shift_init={self.shift_init}"
+
+
+class SeeDNorm(nn.Module):
+    """SeeDNorm (Cai, Zhu, Liu & Min, "SeeDNorm: Self-Rescaled Dynamic Normalization", arXiv 2510.22777, ICLR 2026):
+    RMSNorm whose per-channel gain is modulated by the input itself,
+
+        SeeDNorm(x) = [γ + α ⊙ tanh(x·β)] ⊙ x / RMS(x),   RMS(x) = √(mean x² + ε)
+
+    with γ, α, β ∈ R^D learned (γ = 1, α = 1, β = 0 at init: exactly RMSNorm with gain γ). ``x·β`` is a scalar per
+    token in the single-head form; in the paper's multi-head form (its vision setting) x and β are split into
+    ``groups`` contiguous groups of D/groups channels and each group g gets its own scalar x_g·β_g, which scales
+    α's channels of that group. groups = 16 (the paper's best for ViT-B; a single group diverged there), reduced to
+    the largest divisor of 16 that divides D when D is not a multiple of 16 (``self.groups``). RMS(x) is taken over
+    all D channels. No official code was found: the formula and inits are the paper's; its vision recipe's dropout on
+    the dynamic term and its 1/D variance scaling are not built. α and β are 1-D: never weight-decayed by this
+    project's rule (the paper decays them).
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-6, groups: int = 16, **factory: Any) -> None:
+        super().__init__()
+        self.eps = float(eps)
+        self.groups = math.gcd(int(groups), dim)
+        self.weight = nn.Parameter(torch.ones(dim))  # γ
+        self.alpha = nn.Parameter(torch.ones(dim))
+        self.beta = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        g = self.groups
+        shape = (*x.shape[:-1], g, x.shape[-1] // g)
+        s = (x.view(shape) * self.beta.view(g, -1)).sum(dim=-1, keepdim=True)  # x_g·β_g: (..., g, 1)
+        gain = self.weight + (self.alpha.view(g, -1) * torch.tanh(s)).flatten(-2)
+        return gain * (x * torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + self.eps))
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, groups={self.groups}, eps={self.eps:g}"

@@ -28,9 +28,10 @@ from timm.models.vision_transformer import init_weights_vit_timm
 from timm.optim import param_groups_weight_decay
 from torch import nn
 
-from .attention import ATTENTIONS
+from .attention import ATTENTIONS, QK_NORMS
 from .config import ViTConfig
-from .names import NORM_LAYER_CLASSES, resolve
+from .names import ATTENTION_GATE_NAMES, NORM_LAYER_CLASSES, resolve
+from .parametrization import PARAMETRIZATIONS
 from .residual import RESIDUALS, BlockArgs, cait_init_value
 from .residual.hyper_connections import MultiStreamSite
 from .residual.stream_kernels import check
@@ -101,6 +102,9 @@ class VisionTransformer(nn.Module):
         variant = _lookup("residual", cfg.residual, RESIDUALS)
         attn_kind = _lookup("attention", cfg.attention, ATTENTIONS)
         norm_cls = _lookup("norm_layer", cfg.norm_layer, NORM_LAYERS)
+        qk_cls = _lookup("qk_norm", cfg.qk_norm, QK_NORMS)
+        _lookup("attention_gate", cfg.attention_gate, dict.fromkeys(ATTENTION_GATE_NAMES))
+        param_kind = _lookup("parametrization", cfg.parametrization, PARAMETRIZATIONS)
         cfg.check()
         depth, embed_dim, blocks_ca = cfg.depth, cfg.embed_dim, cfg.class_attention_blocks
         options = variant.validate_options(dict(cfg.residual_options),
@@ -108,6 +112,9 @@ class VisionTransformer(nn.Module):
                                                      "class_token": cfg.class_token})
         variant.check_options(options, dim=embed_dim, depth=depth)
         attn_options = attn_kind.validate_options(dict(cfg.attention_options), num_heads=cfg.num_heads, depth=depth)
+        param_options = param_kind.validate_options(dict(cfg.parametrization_options), backbone={
+            "residual": cfg.residual, "class_attention_blocks": blocks_ca})
+        self.parametrization = param_kind(depth=depth, width=embed_dim, **param_options)
         self.value_state = ValueState()  # the first layer's values of the forward in progress (ResFormer)
         values = value_residual_factory(cfg.value_residual, self.value_state)  # ValueError naming the valid choices
         self.residual = cfg.residual
@@ -132,13 +139,24 @@ class VisionTransformer(nn.Module):
         dpr = calculate_drop_path_rates(cfg.drop_path_rate, depth)  # timm's linear stochastic-depth rule
         block_args = [
             BlockArgs(dim=embed_dim, num_heads=cfg.num_heads, mlp_ratio=cfg.mlp_ratio, qkv_bias=cfg.qkv_bias,
-                      qk_norm=cfg.qk_norm, proj_drop=cfg.proj_drop_rate, attn_drop=cfg.attn_drop_rate, drop_path=dpr[i],
+                      qk_norm=False, proj_drop=cfg.proj_drop_rate, attn_drop=cfg.attn_drop_rate, drop_path=dpr[i],
                       norm_layer=norm_layer, act_layer=nn.GELU, layer=i, depth=depth,
                       num_prefix_tokens=block_prefix_tokens, attn_layer=attn_kind.layer_for(i, depth, attn_options),
-                      value_residual=values)
+                      value_residual=values, qk_norm_layer=partial(qk_cls, eps=cfg.norm_eps) if qk_cls else None,
+                      attention_gate=cfg.attention_gate, branch_scale=self.parametrization.branch_scale)
             for i in range(depth)
         ]
         self.blocks = nn.ModuleList(variant.build_block(a, **options) for a in block_args)
+        if qk_cls is not None and not all(isinstance(b.attn.q_norm, qk_cls) and isinstance(b.attn.k_norm, qk_cls)
+                                          for b in self.blocks):
+            raise ValueError(f"qk_norm={cfg.qk_norm!r} does not apply to residual '{cfg.residual}': its attention "
+                             f"normalises queries and keys its own way; it applies with qk_norm='none'")
+        scale = self.parametrization.attention_scale(cfg.embed_dim // cfg.num_heads)
+        if scale is not None:  # the logit scale of every self-attention (μP's 1/d), fused and explicit
+            for blk in self.blocks:
+                blk.attn.scale = blk.attn.sdpa_scale = scale
+        self.input_multiplier = self.parametrization.input_multiplier  # embeddings × this before the blocks
+        self.output_multiplier = self.parametrization.output_multiplier  # pre-head features × this
         self.stream = variant.build_stream(embed_dim, depth, norm_layer, **options)
         self.blocks_token_only = nn.ModuleList(
             LayerScaleBlockClassAttn(embed_dim, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, qkv_bias=cfg.qkv_bias,
@@ -153,6 +171,7 @@ class VisionTransformer(nn.Module):
         self.head = variant.build_head(embed_dim, cfg.num_classes, **options) if cfg.num_classes > 0 else nn.Identity()
 
         self.init_weights()
+        self.parametrization.init_weights(self)
         self.project_parameters()
         if cfg.fused_attn is not None:
             self.set_fused_attn(cfg.fused_attn)
@@ -192,8 +211,11 @@ class VisionTransformer(nn.Module):
         return names
 
     def param_groups(self, weight_decay: float) -> list[dict]:
-        """AdamW parameter groups (timm's rule: 1-D tensors and biases undecayed) plus ``no_weight_decay()``."""
-        return param_groups_weight_decay(self, weight_decay, no_weight_decay_list=self.no_weight_decay())
+        """AdamW parameter groups (timm's rule: 1-D tensors and biases undecayed) plus ``no_weight_decay()``, as the
+        parametrisation annotates them (CompleteP: each group's ``lr_scale`` and ``eps_scale``, the multipliers of
+        the base learning rate and Adam's ε, and its weight decay; the standard parametrisation adds nothing)."""
+        groups = param_groups_weight_decay(self, weight_decay, no_weight_decay_list=self.no_weight_decay())
+        return self.parametrization.param_groups(self, groups)
 
     def residual_sites(self) -> list[tuple[int, str, nn.Module]]:
         """(layer, sublayer, module) for every residual site, in forward order. For Block/WholeBlock sites a
@@ -228,6 +250,8 @@ class VisionTransformer(nn.Module):
         if cls_token is not None and not len(self.blocks_token_only):
             x = torch.cat([cls_token, x], dim=1)
         x = self.pos_drop(x + self.pos_embed)
+        if self.input_multiplier != 1.0:
+            x = x * self.input_multiplier
         self.value_state.open()  # V_1 (value residual) is recorded afresh by this forward's first layer-0 call
         x = self.stream(x, self.blocks)
         self.value_state.close()
@@ -240,7 +264,9 @@ class VisionTransformer(nn.Module):
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         x = global_pool_nlc(x, pool_type=self.global_pool, num_prefix_tokens=self.num_prefix_tokens)
         x = self.head_drop(self.fc_norm(x))
-        return x if pre_logits else self.head(x)
+        if pre_logits:
+            return x
+        return self.head(x if self.output_multiplier == 1.0 else x * self.output_multiplier)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))

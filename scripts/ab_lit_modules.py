@@ -6,7 +6,7 @@
 
 Both packages are imported side by side (the baseline's modules are renamed in ``sys.modules`` before this
 checkout's are imported, so each model keeps its own classes), and each variant's two train steps run interleaved
-with this checkout's ``standard`` in the benchmark's way (``ablations.bench.timing.interleave``: rounds of a few
+with this checkout's ``standard`` in the benchmark's way (``ablations.machine.timing.interleave``: rounds of a few
 steps, warm-up excluded; medians of per-round ratios). Machine noise that lasts longer than a round hits both
 codes alike, which separate runs of ``python -m ablations.bench`` cannot promise. Sizes are section 11's (ViT-Tiny
 width, depth 6, batch 32, fp32); ``--quick`` is a tiny model for a smoke test. Prints one line per model and one
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     old = import_lit_modules(args.baseline, "_ab_baseline")
     new = import_lit_modules(ROOT, "_ab_current")
     from ablations.bench.harness import Settings, random_batch
-    from ablations.bench.timing import interleave, round_ratios, train_step
+    from ablations.machine.timing import interleave, round_ratios, train_step
 
     names = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in names if v not in new.RESIDUALS or v not in old.RESIDUALS]

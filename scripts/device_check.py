@@ -12,7 +12,8 @@ stop the others):
   bench       ``python -m ablations.bench --device D --quick --sections timm,variants,mfu,data,overhead --variants
               standard,<the DCA labels> --out <out>/bench`` (``--short``: ``--tiny``): our train step vs timm's,
               DCA vs standard per step (the DCA paper measures 1.31-1.54x), MFU, the data path's images/s, and
-              section 11: issue 27's designs (AttnRes, HC, DCA, mHC, DenseFormer) vs standard at depth 6, batch 32;
+              section 11: the depth-aggregation and multi-stream designs (AttnRes, HC, DCA, mHC, DenseFormer) vs standard
+              at depth 6, batch 32;
   train       the first grid point of ``residual_variants`` at its ``paper`` budget for 2 epochs
               (``ablations.training.run_training``): images/s, wall time, time per epoch. The paper budget reads
               CIFAR-10 from ``--data-dir``; without it the run uses ``synthetic`` data of CIFAR-10's shape
@@ -50,7 +51,7 @@ stage, so a killed check keeps what ran::
 images, seconds, images/s so far). The train stage's ``precision`` is what the run trained at (``auto``
 resolved). The bench stage passes when every section ran (its goals are reported, not required: ``goals_met``).
 ``python -m ablations.run --dry-run --gpu CLASS`` reads the train stage's images/s (and the bench's MFU) back from
-here for its GPU-hours estimate (``ablations.bench.gpu_hours``).
+here for its GPU-hours estimate (``ablations.run.gpu_hours``).
 
 Exit status: 0 every stage passed; 1 a stage failed or timed out; 2 bad input (one line: an unknown option,
 ``--device cuda`` without a CUDA device).
@@ -142,7 +143,7 @@ def train_command(device: str, short: bool, data_dir: str | None, out: Path, pyt
 
 def training_config(device: str, short: bool, data_dir: str | None) -> tuple[Any, str]:
     """The RunConfig of the train stage and a note on its data: the paper budget's first grid point, 2 epochs."""
-    from ablations.run.spec import load_spec
+    from ablations.studies.spec import load_spec
 
     spec = load_spec(STUDY, BUDGET)
     point = spec.grid()[0]
@@ -225,7 +226,7 @@ def run_stage(name: str, command: list[str], timeout_s: float, out: Path) -> Sta
 def train_stage(device: str, short: bool, data_dir: str | None, out: Path) -> int:
     """Train the stage's config and write ``<out>/train_summary.json`` (figures, forward FLOPs, config). The
     process of the train stage (``--train-stage``): the parent kills it at the stage's limit."""
-    from ablations.bench.gpu_hours import forward_flops, resolve_precision
+    from ablations.run.gpu_hours import forward_flops, resolve_precision
     from ablations.training import run_training
 
     config, note = training_config(device, short, data_dir)
@@ -274,7 +275,7 @@ def machine_facts() -> dict:
     """GPU name and memory, torch/CUDA/cuDNN versions, Python, CPU count (torch imported here)."""
     import torch
 
-    from ablations.bench.gpu_hours import gpu_class_of
+    from ablations.run.gpu_hours import gpu_class_of
 
     facts: dict[str, Any] = {"gpu": None, "gpu_class": None, "gpu_count": 0, "torch": torch.__version__,
                              "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),

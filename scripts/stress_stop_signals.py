@@ -3,7 +3,7 @@
     python scripts/stress_stop_signals.py --tries 150
 
 Each try: two processes on a fresh SQLite file make storage calls in a loop (set a user attribute, report a value,
-read every trial), one of them with the CLI's signal handling (``ablations.run.stopping.stop_on_signals``). After a
+read every trial), one of them with the CLI's signal handling (``ablations.studies.stopping.stop_on_signals``). After a
 random 0.2–1.5 s it gets SIGTERM; it must then mark its trial FAIL within 5 s. Before signals were held during
 storage calls, about one try in 80 waited SQLite's 60 s busy timeout for a write lock the process itself had left
 behind. Prints one line per try and the number of bad tries; exits 1 if there were any.
@@ -25,8 +25,8 @@ from pathlib import Path
 def loop(url: str, handle_signals: bool) -> None:
     import optuna
 
-    from ablations.run import stopping
-    from ablations.run.storage import open_storage
+    from ablations.studies import stopping
+    from ablations.studies.storage import open_storage
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = optuna.load_study(study_name="stress", storage=open_storage(url))
@@ -52,7 +52,7 @@ def one_try(folder: Path, index: int) -> float | None:
     """Seconds the signalled process took to mark its trial FAIL; None if it could not."""
     import optuna
 
-    from ablations.run.storage import open_storage
+    from ablations.studies.storage import open_storage
 
     url = f"sqlite:///{folder / f'try_{index}.db'}"
     optuna.create_study(study_name="stress", storage=open_storage(url))

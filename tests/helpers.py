@@ -22,8 +22,8 @@ import yaml
 from optuna.trial import TrialState
 
 from ablations.run.objective import suggest
-from ablations.run.spec import load_spec
-from ablations.run.storage import SQLITE_LOCK_TIMEOUT_S, open_storage
+from ablations.studies.spec import load_spec
+from ablations.studies.storage import SQLITE_LOCK_TIMEOUT_S, open_storage
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 #: ``pytestmark`` of the study test modules: Optuna's experimental-feature and heartbeat warnings are expected there.
@@ -71,12 +71,20 @@ def url_of(storage: Path | str) -> str:
     return storage if isinstance(storage, str) else f"sqlite:///{storage}"
 
 
+def one_worker_unless_told(args) -> list[str]:
+    """The CLI's ``--workers`` defaults to one worker per core (``ablations.run.cli.default_workers``); the tests run
+    one worker unless they give ``--workers`` themselves, so that a test's processes do not depend on the machine."""
+    args = [str(a) for a in args]
+    return args if "--workers" in args else [*args, "--workers", "1"]
+
+
 def start_cli(*args, cwd: Path, log=None) -> subprocess.Popen:
     """``python -m ablations.run ARGS`` in a new session (so its worker processes can be killed as one group);
     output piped, or both streams into the open file ``log``. Ctrl-C reaches it as in a terminal even when pytest
     itself was started with SIGINT ignored (a background job of a shell without job control), which a child would
-    otherwise inherit: Python then installs no KeyboardInterrupt handler and a SIGINT does nothing."""
-    return subprocess.Popen([sys.executable, "-m", "ablations.run", *map(str, args)], cwd=cwd, text=True,
+    otherwise inherit: Python then installs no KeyboardInterrupt handler and a SIGINT does nothing. One worker
+    unless ``args`` say otherwise (:func:`one_worker_unless_told`)."""
+    return subprocess.Popen([sys.executable, "-m", "ablations.run", *one_worker_unless_told(args)], cwd=cwd, text=True,
                             stdout=log or subprocess.PIPE, stderr=subprocess.STDOUT if log else subprocess.PIPE,
                             start_new_session=True, preexec_fn=_default_sigint)
 
@@ -118,6 +126,8 @@ def run_in_process(*args, cwd: Path, main=None) -> subprocess.CompletedProcess:
 
     if main is None:
         from ablations.run import main
+
+        args = one_worker_unless_told(args)
     out, err = io.StringIO(), io.StringIO()
     with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         mp.chdir(cwd)

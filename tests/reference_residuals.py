@@ -1,7 +1,7 @@
 """The pre-optimisation forward code of the depth-aggregating and multi-stream variants, kept as the oracle of
-``tests/test_fast_paths.py`` (issue 27: the fast paths must give the same outputs and gradients).
+``tests/test_fast_paths.py`` (the fast paths must give the same outputs and gradients).
 
-A plain copy of the computations as they were before the speed-up (commit 9dc0958), as subclasses of today's
+A plain copy of the computations as they were written before the speed-up, as subclasses of today's
 classes: parameters, options and construction are inherited (so state_dict keys and shapes are the production
 ones by construction), only the forward computation is the old one — the methods and classes the speed-up
 changed (the blocks and streams it left alone, DWAStream, HyperBlock and MultiStream, are today's). ``REFERENCES`` maps a registry name to its

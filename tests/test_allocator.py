@@ -1,4 +1,4 @@
-"""glibc's malloc kept from handing freed memory back (ablations.allocator, ABLATIONS_MALLOC=keep): the second
+"""glibc's malloc kept from handing freed memory back (ablations.machine.allocator, ABLATIONS_MALLOC=keep): the second
 allocation of a large block takes (almost) no new pages from the kernel; it is the default, and system leaves glibc
 alone; the user's own malloc settings win; a bad value is one line."""
 
@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from ablations import allocator
+from ablations.machine import allocator
 
 # Allocates, touches and frees a 64 MiB block twice, as a training step's activations come and go, and prints the
 # page faults of each round (a new process: mallopt and the heap's state are process-wide).
 CHILD = """
 import ctypes, json, resource
-from ablations import allocator
+from ablations.machine import allocator
 how = allocator.set_malloc()
 libc = ctypes.CDLL(None)
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, (ctypes.c_size_t,)

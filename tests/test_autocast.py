@@ -35,6 +35,17 @@ def test_a_train_step_under_bf16_autocast_matches_fp32(residual):
     assert cosine > 0.98, f"{residual}: bf16 gradients at cosine {cosine:.4f} to fp32's"
 
 
+@pytest.mark.parametrize("backbone", [{"qk_norm": "rmsnorm"}, {"attention_gate": "elementwise"}, {"norm_layer": "seednorm"},
+                                      {"attention_gate": "headwise"}, {"parametrization": "completep"}], ids=str)
+def test_a_train_step_with_a_backbone_option_under_bf16_autocast_matches_fp32(backbone):
+    model = perturb(VisionTransformer("standard", {}, init_seed=0, **SIZE, **backbone), scale=0.2)
+    images = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    want, got = gradients(model, images, bf16=False), gradients(model, images, bf16=True)
+    assert torch.isfinite(got).all() and want.abs().sum() > 0
+    cosine = torch.nn.functional.cosine_similarity(got, want, dim=0).item()
+    assert cosine > 0.98, f"{backbone}: bf16 gradients at cosine {cosine:.4f} to fp32's"
+
+
 @pytest.mark.parametrize("residual, options", [("mhc", {"n": 4}), ("hyper_connections", {"n": 4, "dynamic": True})])
 def test_multi_stream_functions_compute_in_the_promoted_dtype(residual, options):
     """Under autocast the stream bookkeeping runs in fp32 (its inputs' widest dtype), not in a bf16 that the saved

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from ablations import allocator
-from ablations.bench import child, cli, harness, loops, modes, steps, timing
+from ablations.bench import child, cli, harness, loops, steps, tasks
 from ablations.costs import all_configs, bench_step_times
+from ablations.machine import allocator, modes, timing
 from lit_modules import RESIDUALS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,7 +110,7 @@ def check_data_section(sec: dict) -> None:
 
 
 def check_modes_table(path: Path, sec: dict) -> None:
-    """Section 8 writes ``modes-<device>.json``: each cell's four modes, the fastest named as ablations.bench.modes reads
+    """Section 8 writes ``modes-<device>.json``: each cell's four modes, the fastest named as ablations.machine.modes reads
     it (tests/test_modes.py checks the choice end to end)."""
     table = json.loads(path.read_text())
     assert table["device"] == "cpu" and table["machine"]["cpu"]
@@ -199,7 +199,7 @@ def test_quick_run_at_its_own_sizes(tmp_path):
 
 @pytest.mark.slow  # a cold torch.compile costs ~85 s on 2 CPU cores
 def test_overhead_section_has_one_goal_per_new_design(tmp_path, monkeypatch):
-    """Section 11: the five designs of issue 27 at their defaults, each against standard with its own goal; the
+    """Section 11: the five depth-aggregation and multi-stream designs at their defaults, each against standard with its own goal; the
     multi-stream ones with the compiled kernels (what ``auto`` picks on a CPU with a compiler; the suite's
     environment says eager) and, beside them without a goal, with the eager ones."""
     from prerequisites import missing
@@ -412,7 +412,7 @@ def test_a_bad_malloc_choice_exits_2_with_one_line(monkeypatch, capsys):
 
 def test_settings_survive_the_child_process_payload():
     for settings in (harness.TINY, harness.QUICK, harness.FULL, dataclasses.replace(harness.FULL, variants=("dca",))):
-        assert child.settings_from(json.loads(json.dumps(dataclasses.asdict(settings)))) == settings
+        assert tasks.settings_from(json.loads(json.dumps(dataclasses.asdict(settings)))) == settings
 
 
 @pytest.mark.slow  # starts a Python process

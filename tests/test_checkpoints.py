@@ -31,6 +31,11 @@ BACKBONE_OPTIONS = [
     {"norm_layer": "rmsnorm"},
     {"norm_layer": "dyt"},
     {"norm_layer": "derf"},
+    {"norm_layer": "seednorm"},
+    {"qk_norm": "rmsnorm"},
+    {"attention_gate": "elementwise"},
+    {"attention_gate": "headwise"},
+    {"parametrization": "completep"},  # per-group learning rates and ε in the optimizer's state
     {"drop_path_rate": 0.2},
     {"optimizer": "adam"},
     {"mixup": {"mixup_alpha": 0.8, "cutmix_alpha": 1.0, "prob": 1.0, "switch_prob": 0.5}},

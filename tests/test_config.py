@@ -9,9 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from ablations.choices import ATTENTION_NAMES, DATASET_NAMES, INIT_VALUE_OPTIONS, NORM_LAYER_NAMES, RESIDUAL_NAMES
-from ablations.config import RunConfig, config_fields
-from ablations.train import build_parser, config_from_args, option_name, parse_value
+from ablations.cli import parse_value
+from ablations.config import (
+    ATTENTION_NAMES,
+    DATASET_NAMES,
+    INIT_VALUE_OPTIONS,
+    NORM_LAYER_NAMES,
+    RESIDUAL_NAMES,
+    RunConfig,
+    config_fields,
+)
+from ablations.train import build_parser, config_from_args, option_name
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -127,7 +135,7 @@ def test_name_tables_match_the_registries():
     assert NORM_LAYER_NAMES == tuple(NORM_LAYERS)
     assert DATASET_NAMES == tuple(DATASETS) and all(cls.__name__ in data.__all__ for cls in DATASETS.values())
     assert sorted(data.__all__) == sorted(["DATASET_CLASSES", "DATASET_NAMES", *data._EXPORTS])  # the lazy exports
-    from ablations.choices import OPTIMIZERS
+    from ablations.config import OPTIMIZERS
     from lit_modules.classifier import OPTIMIZER_CLASSES
 
     assert OPTIMIZERS == tuple(OPTIMIZER_CLASSES)

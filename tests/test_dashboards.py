@@ -23,8 +23,9 @@ from ablations.dashboard import (
     study_constants,
     write_study_hparams,
 )
+from ablations.report.aggregate import STUDY_METRICS
 from ablations.run.objective import categorical_axes, suggest, suggest_axis
-from ablations.run.spec import load_spec
+from ablations.studies.spec import load_spec
 from ablations.training import HP_METRICS
 
 pytestmark = STUDY_TEST_MARKS
@@ -177,16 +178,18 @@ def test_tensorboard_and_optuna_dashboard_show_names_columns_and_numeric_axes(tm
     with serving([sys.executable, "-m", "tensorboard.main", "--logdir", runs_dir, "--port", str(port),
                   "--host", "127.0.0.1", "--reload_interval", "1"], tmp_path / "tensorboard.log") as tb:
         base = f"http://127.0.0.1:{port}"
-        runs = wait_until_answers(f"{base}/data/runs", tb, ready=lambda r: names | {"."} <= set(r),
+        runs = wait_until_answers(f"{base}/data/runs", tb, ready=lambda r: names | {".", "agg"} <= set(r),
                                   what="TensorBoard's run list")
-        assert set(runs) == names | {"."}  # "." holds the study's HParams configuration and constants
+        aggregates = {f"agg/{v.label}/depth={d}" for v in spec.variants for d in (1, 2)}
+        # ".": the study's HParams configuration and constants; "agg": the seed aggregates' layout and claims
+        assert set(runs) == names | {".", "agg"} | aggregates
         experiment = wait_until_answers(f"{base}/data/plugin/hparams/experiment", tb, body={"experimentName": ""},
                                         ready=study_experiment_loaded, what="TensorBoard's HParams experiment")
         columns = [h["name"] for h in experiment["hparamInfos"]]
         assert set(columns) == {"variant", "depth", "seed"}
         assert set(columns[:2]) == {"variant", "depth"}  # what varies comes first (seed has one value here)
         metrics = [m["name"]["tag"] for m in experiment["metricInfos"]]
-        assert metrics == [display_tag(m) for m in HP_METRICS]
+        assert metrics == [display_tag(m) for m in STUDY_METRICS]  # the summary's, then the aggregates' columns
         assert experiment["metricInfos"][0]["displayName"] == "test_acc"  # the primary metric first
         tags = wait_until_answers(f"{base}/data/plugin/scalars/tags", tb, ready=lambda t: _tags_loaded(t, names),
                                   what="TensorBoard's scalar tags of every run")

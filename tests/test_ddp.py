@@ -38,7 +38,7 @@ from pg import free_port
 
 from ablations.config import RunConfig
 from ablations.report.events import read_run
-from ablations.run.spec import load_spec
+from ablations.studies.spec import load_spec
 from ablations.train import option_name
 from ablations.training import build_datamodule, build_model, run_training
 

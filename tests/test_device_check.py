@@ -54,7 +54,7 @@ def test_pytest_and_train_commands(tmp_path):
 
 
 def test_training_config_is_the_paper_budgets_first_point_for_two_epochs():
-    from ablations.run.spec import load_spec
+    from ablations.studies.spec import load_spec
 
     spec = load_spec("residual_variants", "paper")
     first = spec.run_config(spec.grid()[0])

@@ -232,7 +232,7 @@ def test_collect_diagnostics_shapes_and_finite(residual, options):
         for stats in per_layer.values():
             assert all(math.isfinite(v) for v in stats.values())
     is_dca = residual == "dca" and options.get("form") != "seed"
-    aggregates = is_dca or residual in ("denseformer", "attn_res")  # DepthWeights modules: a depth-weight matrix
+    aggregates = is_dca or residual in ("denseformer", "attn_res", "muddformer")  # DepthWeights: a depth-weight matrix
     assert (d["depth_weights"] is not None) == aggregates
     if is_dca:
         assert d["depth_weights"].shape[0] == depth + 1

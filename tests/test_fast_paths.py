@@ -1,4 +1,4 @@
-"""Issue 27: the optimised forward code of Attention Residuals, DenseFormer, Hyper-Connections and mHC computes
+"""The optimised forward code of Attention Residuals, DenseFormer, Hyper-Connections and mHC computes
 the same function as the code it replaced (``tests/reference_residuals.py``, the pre-optimisation copy): outputs
 and gradients of every parameter and of the input agree to 1e-6 in float64, for every option of each variant,
 with every parameter moved off its init (so no dynamic term is trivially zero) and with the same state_dict."""
@@ -221,7 +221,7 @@ def test_a_step_frees_its_autograd_graph(residual):
     """Once a step's loss is gone, nothing of its graph stays alive: not after backward, and not when the graph is
     dropped without one. mHC's ``StreamGrad`` held its projection's node, whose context holds the ``StreamGrad``:
     on torch 2.14 a node's Python object keeps its C++ node alive, so that cycle kept every step's graph (the bench
-    measured ~50 MB more memory a step at issue 27's size, freshly faulted pages that made mHC's step ~1.6x
+    measured ~50 MB more memory a step at section 11's size, freshly faulted pages that made mHC's step ~1.6x
     standard's instead of ~1.3x). Counted by the custom Functions' contexts, which every multi-stream and
     depth-aggregation site uses."""
     model = perturb(VisionTransformer(residual, LAUREL if residual == "laurel" else {}, **TINY)).train()

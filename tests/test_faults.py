@@ -38,6 +38,7 @@ from helpers import (
     finish,
     freeze_when,
     mid_run_checkpoint,
+    one_worker_unless_told,
     run_cli,
     run_dir_name,
     run_in_process,
@@ -56,7 +57,7 @@ from helpers import (
 from optuna.trial import TrialState
 from prerequisites import missing
 
-from ablations.run.spec import load_spec
+from ablations.studies.spec import load_spec
 
 pytestmark = STUDY_TEST_MARKS
 
@@ -70,7 +71,8 @@ def _default_sigint() -> None:
 
 def _start(module: str, *args, cwd: Path, prefix: tuple = (), env: dict | None = None) -> subprocess.Popen:
     """``python -m MODULE ARGS`` (after ``prefix``, e.g. an nsenter) in its own session, output piped."""
-    return subprocess.Popen([*prefix, sys.executable, "-m", module, *map(str, args)], cwd=cwd, text=True,
+    args = one_worker_unless_told(args) if module == "ablations.run" else [str(a) for a in args]
+    return subprocess.Popen([*prefix, sys.executable, "-m", module, *args], cwd=cwd, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                             preexec_fn=_default_sigint, env=env)
 
@@ -210,7 +212,7 @@ def test_sigterm_mid_trial_exits_143_keeps_completed_trials_and_the_rerun_resume
 
 FINALIZER_SCRIPT = """
 import os, signal, sys, time
-from ablations.run import stopping
+from ablations.studies import stopping
 
 stopping.stop_on_signals()
 
@@ -241,7 +243,7 @@ def test_a_stop_signal_that_lands_in_a_finalizer_still_stops_the_process():
 
 WORKER_SCRIPT = """
 import signal, sys, time
-from ablations.run import stopping
+from ablations.studies import stopping
 
 if sys.argv[1] == "ignores":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -296,7 +298,7 @@ def test_the_main_process_fails_the_trials_its_stopped_workers_left_running(tmp_
     another machine or of another process of this one, and a finished trial, are left as they are."""
     from ablations.run import workers as run
     from ablations.run.objective import worker_id
-    from ablations.run.storage import open_storage
+    from ablations.studies.storage import open_storage
 
     storage = open_storage(url_of(tmp_path / "o.db"))
     study = optuna.create_study(study_name="s", storage=storage)
@@ -327,7 +329,7 @@ def test_a_retry_does_not_inherit_the_worker_of_the_attempt_it_retries(tmp_path)
     it as one its stopped workers left running."""
     from ablations.run import workers as run
     from ablations.run.objective import worker_id
-    from ablations.run.storage import open_storage
+    from ablations.studies.storage import open_storage
 
     storage = open_storage(url_of(tmp_path / "o.db"))
     study = optuna.create_study(study_name="s", storage=storage)
@@ -750,7 +752,7 @@ def test_study_file_edits_that_cannot_continue_the_stored_study_are_refused_up_f
     a numeric axis continue it; a changed variant list, or an axis that changes kind (a float axis turning
     log-scaled), cannot (optuna fixes a parameter's kind and a categorical's choices): one-line ValueError."""
     from ablations.run.objective import suggest
-    from ablations.run.study import _check_same_choices
+    from ablations.run.study import check_same_choices
 
     def stored(axes: dict, variants=TWO_VARIANTS):
         write_study(tmp_path / "s.yaml", variants=variants, axes=axes)
@@ -768,10 +770,10 @@ def test_study_file_edits_that_cannot_continue_the_stored_study_are_refused_up_f
         return load_spec(str(tmp_path / "s.yaml"))
 
     study = stored({"seed": [0, 1], "lr": [0.001, 0.002]})
-    _check_same_choices(study, spec_with({"seed": [0, 1, 2, 5], "lr": [0.001, 0.002, 0.004]}))  # continues
+    check_same_choices(study, spec_with({"seed": [0, 1, 2, 5], "lr": [0.001, 0.002, 0.004]}))  # continues
     with pytest.raises(ValueError, match=r"run with variant = \['standard', 'rezero'\], the study file has"):
-        _check_same_choices(study, spec_with({"seed": [0, 1], "lr": [0.001, 0.002]},
+        check_same_choices(study, spec_with({"seed": [0, 1], "lr": [0.001, 0.002]},
                                              variants=[*TWO_VARIANTS, {"label": "skip", "residual": "skipinit"}]))
     with pytest.raises(ValueError, match=r"run with lr as a number in \[0.001, 0.002\], the study file makes it a "
                                          r"number in \[0.001, 0.5\] on a log scale .*--study-name NEW_NAME"):
-        _check_same_choices(study, spec_with({"seed": [0, 1], "lr": [0.001, 0.5]}))
+        check_same_choices(study, spec_with({"seed": [0, 1], "lr": [0.001, 0.5]}))

@@ -1,4 +1,4 @@
-"""The GPU-hours estimate of ``python -m ablations.run --dry-run --gpu CLASS`` (ablations/bench/gpu_hours.py).
+"""The GPU-hours estimate of ``python -m ablations.run --dry-run --gpu CLASS`` (ablations/run/gpu_hours.py).
 
 Every test reads measurements from its own tmp results folder, never the real ``results/``.
 """
@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from helpers import assert_one_line_error, run_in_process
 
-from ablations.bench import gpu_hours
 from ablations.config import RunConfig
 from ablations.costs import measure
+from ablations.run import gpu_hours
 from ablations.run import main as run_main
-from ablations.run.spec import load_spec
+from ablations.studies.spec import load_spec
 
 #: A tiny trial: 100 synthetic 8x8 images (60 train / 20 val / 20 test at val and test fractions 0.2), 2 epochs;
 #: every epoch trains on the train split and scores val and test (VAL: the images evaluated per epoch).
@@ -145,10 +145,10 @@ def test_recipe_line_names_the_pieces_the_recipe_switches_on():
 
 
 @pytest.mark.parametrize("study, budget, gpu, trials", [("residual_variants", "smoke", "rtx4090", 20 + 10),
-                                                        ("class_attention", "paper", "h100", 24 + 18)])
+                                                        ("class_attention", "paper", "h100", 72 + 18)])
 def test_dry_run_prints_gpu_hours_for_the_chosen_class(tmp_path, capsys, study, budget, gpu, trials):
     """smoke: 20 tuning trials then 10 reported ones; paper (CIFAR-10, the paper recipe, ViT-Tiny width at depth
-    12): 6 rows x 4 learning rates, then 6 rows x 3 seeds."""
+    12): 6 rows x 4 learning rates x 3 tuning seeds (before any rate the grid adds), then 6 rows x 3 seeds."""
     code = run_main(["--study", study, "--budget", budget, "--dry-run", "--gpu", gpu, "--results-dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 0

@@ -421,7 +421,7 @@ def test_drop_path_drops_the_layer_output_and_keeps_the_mixing(residual):
     ("hyper_connections", {"sinkhorn_iters": 5}, ["'sinkhorn_iters'", "belongs to mhc", "dynamic, n"]),
     ("mhc", {"dynamic": False}, ["'dynamic'", "belongs to hyper_connections", "res_init", "sinkhorn_iters"]),
     ("mhc", {"res_init": "eye"}, ["res_init='eye'", "paddlefleet_pr1849", "identity", "hc"]),
-    ("mhc", {"res_init": "paper"}, ["res_init='paper' was renamed 'paddlefleet_pr1849'", "gives no bias init"]),
+    ("mhc", {"res_init": "paper"}, ["res_init='paper' names no init", "gives no bias init", "'paddlefleet_pr1849', b_res = 6I - 3"]),
     ("mhc", {"sinkhorn_iters": 0}, ["sinkhorn_iters=0", "positive integer"]),
     ("mhc", {"n": -1}, ["n=-1"]),
     ("mhc", {"alpha_init": "big"}, ["alpha_init='big'"]),

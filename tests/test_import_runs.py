@@ -14,10 +14,10 @@ from helpers import run_in_process, trials_of, url_of, write_study
 
 from ablations.report.cli import main as report_main
 from ablations.report.runs import curve_text, read_curve
-from ablations.run.plan import _duration
+from ablations.run.plan import duration_text
 
 VARIANTS = [{"label": "standard", "residual": "standard"}, {"label": "rezero", "residual": "rezero"}]
-TUNE = {"lr": [1e-3, 4e-3], "seeds": [100]}
+TUNE = {"lr": [1e-3, 4e-3], "seeds": [100, 101, 102], "bounds": [1e-3, 4e-3]}  # bounds = the grid: no extension
 NAME = "carried"
 KEEP = ("phase", "variant", "seed", "lr", "best_val_acc", "final_val_acc", "test_acc", "param_count", "mode",
         "val_acc_curve")
@@ -58,7 +58,7 @@ def _cut_after_two_seeds(rows: list[dict]) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def first(tmp_path_factory):
-    """A study with a tuning stage (2 variants x 2 rates on seed 100; then seeds 0-2) trained once, and its report."""
+    """A study with a tuning stage (2 variants x 2 rates on seeds 100-102; then seeds 0-2) trained once, and its report."""
     root = tmp_path_factory.mktemp("carry")
     study = write_study(root / f"{NAME}.yaml", variants=VARIANTS, tune=TUNE, axes={"seed": [0, 1, 2]})
     result = run_in_process("--study", study, "--storage", url_of(root / "a.db"), "--no-progress", cwd=root)
@@ -68,14 +68,14 @@ def first(tmp_path_factory):
 
 def test_a_partial_runs_csv_continues_the_study_and_only_the_rest_trains(first, tmp_path):
     root, study, rows = first
-    assert len(rows) == 4 + 6 and {r["state"] for r in rows} == {"complete"}
+    assert len(rows) == 12 + 6 and {r["state"] for r in rows} == {"complete"}
     assert all(len(json.loads(r["val_acc_curve"])) == 1 for r in rows)  # one epoch each: the curve is carried
     partial = _cut_after_two_seeds(rows)
     _write(tmp_path / "runs.csv", partial)
     db = tmp_path / "b.db"
     result = _continue(study, db, tmp_path / "runs.csv", tmp_path, "--no-progress")
     assert result.returncode == 0, result.stderr
-    assert "4 completed tuning-stage trial(s) joined 'carried-tune' as done" in result.stderr
+    assert "12 completed tuning-stage trial(s) joined 'carried-tune' as done" in result.stderr
     assert "4 completed reported trial(s) joined 'carried' as done" in result.stderr
     tune, reported = trials_of(db, f"{NAME}-tune"), trials_of(db, NAME)
     assert all("imported_from" in t.user_attrs for t in tune)  # nothing of the tuning stage trained again
@@ -97,7 +97,7 @@ def test_a_partial_runs_csv_continues_the_study_and_only_the_rest_trains(first, 
 @pytest.mark.parametrize(("phase", "column", "value", "fault"), [
     ("tune", "param_count", "999", "999 parameters, this study's model"),
     ("tune", "residual", "layerscale", "residual layerscale {}, the study file now"),
-    ("report", "lr", "0.002", "learning rate 0.002, this study 0."),
+    ("report", "param_count", "999", "999 parameters, this study's model"),
     ("tune", "epochs_completed", "5", "5 epochs, this study 1"),  # another budget or --set max_epochs
     ("tune", "num_classes", "100", "100 classes, this study's dataset 4"),
 ])
@@ -115,12 +115,30 @@ def test_a_row_of_another_configuration_is_refused_and_nothing_is_added(first, t
     result = _continue(study, db, tmp_path / "runs.csv", tmp_path, "--no-progress")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 if phase == "tune" else "4 completed tuning-stage trial(s) joined" in lines[0]
+    assert len(lines) == 1 if phase == "tune" else "12 completed tuning-stage trial(s) joined" in lines[0]
     assert lines[-1].startswith("error: --import-runs: ") and fault in lines[-1]
     assert f"none of its {phase} rows were imported" in lines[-1]
-    assert len(trials_of(db, f"{NAME}-tune")) == (4 if phase == "report" else 0)
+    assert len(trials_of(db, f"{NAME}-tune")) == (12 if phase == "report" else 0)
     assert trials_of(db, NAME) == []
     assert not (tmp_path / "results" / "runs" / (f"{NAME}-tune" if phase == "tune" else NAME)).exists()
+
+
+def test_a_reported_row_at_another_rate_than_the_tuning_chose_trains_again(first, tmp_path):
+    """A reported row that differs only in its learning rate (the tuning stage of this study chose another rate for
+    its cell, e.g. after more tuning seeds) is no result of this study: it is left out with a count, and its point
+    trains again; the other rows are imported."""
+    root, study, rows = first
+    changed = [dict(r) for r in rows]
+    target = next(r for r in changed if r["phase"] == "report" and r["variant"] == "rezero" and r["seed"] == "1")
+    target["lr"] = "0.00025"
+    _write(tmp_path / "runs.csv", changed)
+    db = tmp_path / "g.db"
+    result = _continue(study, db, tmp_path / "runs.csv", tmp_path, "--no-progress")
+    assert result.returncode == 0, result.stderr
+    assert ("5 completed reported trial(s) joined 'carried' as done; 1 trained at another learning rate than this "
+            "study's tuning stage chose (they train again)") in result.stderr
+    trained = [t for t in trials_of(db, NAME) if "worker" in t.user_attrs]
+    assert [(t.params["variant"], t.params["seed"]) for t in trained] == [("rezero", 1)]
 
 
 def test_a_missing_runs_file_or_a_search_study_is_one_line(first, tmp_path):
@@ -153,15 +171,15 @@ def test_a_dry_run_prices_what_the_runs_file_leaves(first, tmp_path):
     result = _continue(study, db, tmp_path / "runs.csv", tmp_path, "--dry-run")
     assert result.returncode == 0, result.stderr
     out = result.stdout.splitlines()
-    assert f"stored in runs file {tmp_path / 'runs.csv'} (--import-runs): 4 of the 6 reported trials done and 4 of " \
-           "the 4 tuning trials; a run continues with the rest" in out
+    assert f"stored in runs file {tmp_path / 'runs.csv'} (--import-runs): 4 of the 6 reported trials done and 12 of " \
+           "the 12 tuning trials; a run continues with the rest" in out
     walls = {}
     for r in partial:
         walls.setdefault(r["variant"], []).append(float(r["wall_time_s"]))
-    median = {v: statistics.median(w) for v, w in walls.items()}  # two tuning and two reported runs each
+    median = {v: statistics.median(w) for v, w in walls.items()}  # six tuning and two reported runs each
     (line,) = [x for x in out if x.startswith("time left as measured")]
     assert line.startswith(f"time left as measured by this study's completed trials: "
-                           f"{_duration(median['standard'] + median['rezero'])} (2 trials, 2 priced at their cell's "
+                           f"{duration_text(median['standard'] + median['rezero'])} (2 trials, 2 priced at their cell's "
                            "median wall time, 0 at the estimate above; 1 worker(s))"), line
     assert not db.exists()
 
@@ -184,7 +202,7 @@ def test_a_study_stopped_in_its_tuning_stage_reports_its_runs_csv_and_continues_
     assert result.returncode == 0, result.stderr
     assert "3 completed tuning-stage trial(s) joined 'carried-tune' as done" in result.stderr
     trained = [t for t in [*trials_of(db, f"{NAME}-tune"), *trials_of(db, NAME)] if "worker" in t.user_attrs]
-    assert len(trained) == 1 + 6
+    assert len(trained) == (12 - 3) + 6
     assert _table(_report(study, db, tmp_path / "report_f", tmp_path)) == _table(rows)
 
 

@@ -59,5 +59,26 @@ def test_the_check_sees_imports_inside_functions(tmp_path):
     """The walk reaches a function body's import and resolves relative levels (a check that can fail)."""
     probe = ROOT / "ablations" / "run" / "plan.py"
     found = {(module, tuple(names)) for _, module, names in imports(probe)}
-    assert ("ablations.bench.gpu_hours", ("describe_estimate", "estimate", "recipe_line")) in found  # in _dry_run
+    assert ("ablations.run.gpu_hours", ("describe_estimate", "estimate", "recipe_line")) in found  # in dry_run
     assert any(module == "ablations.run.study" for module, _ in found)
+
+
+def test_the_packages_export_every_registered_class_from_their_registries():
+    """``lit_modules.residual`` and ``data`` export each class their registries list, under its own name, and list it
+    in ``__all__`` (no hand-kept list to fall behind a new variant or dataset)."""
+    import data
+    import lit_modules.residual as residual
+    from data.names import DATASET_CLASSES
+    from data.registry import DATASETS
+    from lit_modules.names import RESIDUAL_CLASSES
+
+    assert len(RESIDUAL_CLASSES) == len(residual.RESIDUALS) >= 23
+    for name, cls in RESIDUAL_CLASSES.items():
+        assert getattr(residual, cls) is residual.RESIDUALS[name] and cls in residual.__all__, name
+    namespace: dict = {}
+    exec("from lit_modules.residual import *", namespace)
+    assert {cls for cls in RESIDUAL_CLASSES.values()} <= set(namespace)
+    for name, path in DATASET_CLASSES.items():
+        cls = path.split(":")[1]
+        assert getattr(data, cls) is DATASETS[name] and cls in data.__all__, name
+    assert all(hasattr(data, export) for export in data.__all__)

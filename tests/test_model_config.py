@@ -11,15 +11,15 @@ import inspect
 import pytest
 import torch
 
-from ablations.bench.gpu_hours import forward_flops
 from ablations.bench.harness import FULL
-from ablations.bench.modes import model_size
 from ablations.bench.precision import AUTO_SIZES
 from ablations.config import RunConfig
 from ablations.costs import cost_table, measure
+from ablations.machine.modes import model_size
+from ablations.recipes import RECIPES
 from ablations.report.load import Run
 from ablations.report.model_tables import _backbone
-from ablations.run.recipes import RECIPES
+from ablations.run.gpu_hours import forward_flops
 from ablations.training import build_datamodule, build_model, datamodule_shape
 from data import dataset_shape
 from lit_modules import VisionTransformer
@@ -40,7 +40,7 @@ def test_the_modules_take_their_defaults_from_the_one_declaration():
     module = ViTClassifier()
     assert module.model.cfg == ViTConfig()
     assert {k: module.hparams[k] for k in OPTIM_FIELDS} == OptimConfig().to_dict()
-    # ViT-Tiny at 32 px, timm's sizes; an edit to the declaration shows up here and in the README's example
+    # ViT-Tiny at 32 px, timm's sizes; an edit to the declaration shows up here and in docs/training.md's example
     assert (ViTConfig().embed_dim, ViTConfig().depth, ViTConfig().num_heads, ViTConfig().mlp_ratio) == (192, 12, 3, 4.0)
     assert OptimConfig().lr == 1e-3
 
@@ -119,3 +119,19 @@ def test_a_checkpoint_of_the_earlier_flat_hyperparameters_still_builds():
     assert module.model.cfg == ViTConfig(**{k: v for k, v in old.items() if k in FIELDS})
     assert module.hparams.lr == 2e-3 and module.hparams.max_epochs == 3
     assert set(old) < set(module.hparams)  # and its own hparams.yaml lists every field
+
+
+@pytest.mark.parametrize("args", ["a config", "a name and options", "keywords"])
+def test_the_backbone_and_the_classifier_take_one_constructor_style(args):
+    """``VisionTransformer`` and ``ViTClassifier`` are built the same three ways — from a ``ViTConfig``, from a
+    residual name with its options and fields, or from keywords alone — and the same arguments give the same
+    backbone (the classifier's ``model`` is the backbone those arguments build)."""
+    cfg = ViTConfig(residual="layerscale", residual_options={"init_value": 0.1}, num_classes=4, **TINY)
+    call = {"a config": ((cfg,), {}),
+            "a name and options": (("layerscale", {"init_value": 0.1}), {"num_classes": 4, **TINY}),
+            "keywords": ((), {"residual": "layerscale", "residual_options": {"init_value": 0.1}, "num_classes": 4,
+                              **TINY})}[args]
+    backbone = VisionTransformer(*call[0], **call[1])
+    classifier = ViTClassifier(*call[0], **call[1])
+    assert backbone.cfg == classifier.model.cfg == cfg
+    assert backbone.residual_options == classifier.model.residual_options == {"init_value": 0.1}

@@ -1,4 +1,4 @@
-"""Tests for ``ablations.bench.modes``: the fastest train-step mode (precision x attention kernel) per device and size,
+"""Tests for ``ablations.machine.modes``: the fastest train-step mode (precision x attention kernel) per device and size,
 read from the table ``python -m ablations.bench --sections modes`` writes."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ablations.bench import modes
-from ablations.bench.modes import Mode, auto_mode, choose_mode, load_table
+from ablations.machine import modes
+from ablations.machine.modes import Mode, auto_mode, choose_mode, load_table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -106,7 +106,7 @@ def test_a_cpu_capped_below_native_bf16_is_another_machine(tmp_path):
     bf16 table measured here uncapped is not applied; without the caps the same table is."""
     table = write(tmp_path / "device" / "modes-cpu.json", TABLE | {
         "cells": [cell(64, 17, "bf16-mixed/explicit")], "machine": modes.cpu_signature(1)})
-    code = ("import json, torch; from ablations.bench import modes; s = modes.cpu_signature(1); "
+    code = ("import json, torch; from ablations.machine import modes; s = modes.cpu_signature(1); "
             "m = modes.choose_mode('cpu', 64, 17, results_dir=" + repr(str(tmp_path)) + ", threads=1); "
             "print(json.dumps([torch.backends.cpu.get_cpu_capability(), s['cpu_flags'], modes.native_bf16(s), "
             "m.key, m.source]))")
@@ -186,14 +186,14 @@ def test_a_study_measures_its_cells_once_before_the_workers_start(tmp_path, monk
         return {"times_s": dict.fromkeys(modes.MODE_KEYS, 1.0)}
 
     monkeypatch.setattr(modes, "measure_cell", measure_cell)
-    from ablations.run.spec import load_spec
+    from ablations.studies.spec import load_spec
 
     spec = load_spec("residual_variants", "smoke")
-    study._measure_modes(spec, {"threads": 1}, tmp_path)
+    study.measure_modes(spec, {"threads": 1}, tmp_path)
     assert calls == [(16, 1, 64)]  # one cell for every variant of the smoke grid: width 16, depth 1, batch 64
     cache = modes.cache_path(modes.cpu_signature(1), tmp_path)
     assert [(c["embed_dim"], c["tokens"]) for c in load_table(cache)["cells"]] == [(16, 5)]
-    study._measure_modes(spec, {"threads": 1}, tmp_path)
+    study.measure_modes(spec, {"threads": 1}, tmp_path)
     assert len(calls) == 1
 
 
@@ -202,9 +202,9 @@ def test_a_dry_run_prices_trials_from_this_cpus_measured_step(tmp_path, monkeypa
     rate (3 x the probe's forward FLOPs x batch / seconds) and divides the study's time by its workers."""
     import dataclasses
 
-    from ablations.bench.gpu_hours import forward_flops, training_flops
     from ablations.run import plan, study
-    from ablations.run.spec import load_spec
+    from ablations.run.gpu_hours import forward_flops, training_flops
+    from ablations.studies.spec import load_spec
 
     monkeypatch.setattr(modes, "PACKAGED", {"cpu": write(tmp_path / "packaged.json", elsewhere(TABLE))})
     monkeypatch.setattr(modes, "measure_cell", lambda size, batch, **kw: {
@@ -212,7 +212,7 @@ def test_a_dry_run_prices_trials_from_this_cpus_measured_step(tmp_path, monkeypa
     spec = load_spec("residual_variants", "smoke")
     config = spec.run_config(spec.grid()[0], {"threads": 1})
     assert plan.measured_rate(config, 1, tmp_path) is None  # nothing measured yet: the rough FLOP rate
-    study._measure_modes(spec, {"threads": 1}, tmp_path)
+    study.measure_modes(spec, {"threads": 1}, tmp_path)
     (stored,) = load_table(modes.cache_path(modes.cpu_signature(1), tmp_path))["cells"]
     assert (stored["probe_depth"], stored["probe_batch"]) == (1, 64)  # the smoke grid: depth 1, batch 128 -> 64
     rate, where = plan.measured_rate(config, 1, tmp_path)
@@ -221,11 +221,11 @@ def test_a_dry_run_prices_trials_from_this_cpus_measured_step(tmp_path, monkeypa
     # every smoke point has this cell; its variants' FLOPs differ: the mean over the points
     configs = [spec.run_config(p, {"threads": 1}) for p in spec.grid()]
     per_trial = sum(plan.TRIAL_OVERHEAD_S + training_flops(c) / rate for c in configs) / len(configs)
-    plan._dry_run(spec, {"threads": 1}, results_dir=tmp_path, workers=2)
+    plan.dry_run(spec, {"threads": 1}, results_dir=tmp_path, workers=2)
     (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("estimated time on this machine")]
     trials = spec.size + spec.tune_stage().size
-    assert line.startswith(f"estimated time on this machine: {plan._duration(per_trial * trials / 2)} "
-                           f"({plan._duration(per_trial)} per trial, {trials} trials with the tuning stage; "
+    assert line.startswith(f"estimated time on this machine: {plan.duration_text(per_trial * trials / 2)} "
+                           f"({plan.duration_text(per_trial)} per trial, {trials} trials with the tuning stage; "
                            "2 worker(s) x 1 thread(s); this CPU's measured train step"), line
 
 
@@ -263,7 +263,7 @@ def test_bad_requests_are_value_errors(tmp_path):
 
 
 def test_importing_modes_does_not_import_torch():
-    code = "import sys, ablations.bench.modes; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, ablations.machine.modes; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
 
 

@@ -1,4 +1,4 @@
-"""The normalisation family (issue 26): where the norm sits and what replaces it.
+"""The normalisation family: where the norm sits and what replaces it.
 
 - ``post_ln`` (arXiv 1706.03762): x ← LN(x + F(x));
 - ``res_post_norm`` (Swin-V2, arXiv 2111.09883): x ← x + LN(F(x));
@@ -76,7 +76,8 @@ def test_bad_options_are_one_line_errors(residual, options, words):
 
 
 def test_unknown_norm_layer_names_the_choices():
-    with pytest.raises(ValueError, match="unknown norm_layer 'tanh'; valid choices: layernorm, rmsnorm, dyt, derf"):
+    with pytest.raises(ValueError, match="unknown norm_layer 'tanh'; valid choices: layernorm, rmsnorm, dyt, derf, "
+                                         "seednorm"):
         build(norm_layer="tanh")
 
 
@@ -223,7 +224,7 @@ def test_res_post_norm_site_by_hand_and_timm_parity():
     """Δ = LN(f) whatever x: f = (1, 2, 3, 4); the block equals timm's ResPostBlock with the same weights."""
     from timm.models.vision_transformer import ResPostBlock as TimmResPostBlock
 
-    model = build("res_post_norm", **WIDE4)
+    model = build("res_post_norm", {"init_value": 1.0}, **WIDE4)  # unit gain: Δ is the plain LN(f)
     blk = model.blocks[0]
     assert isinstance(blk, ResPostBlock) and isinstance(model.norm, nn.LayerNorm)
     assert close(blk.ls1(torch.full((1, 1, 4), 7.0), None, torch.tensor([[[1.0, 2.0, 3.0, 4.0]]])), LN_1234)
@@ -235,13 +236,32 @@ def test_res_post_norm_site_by_hand_and_timm_parity():
         assert torch.allclose(ours(x), ref(x), atol=1e-12, rtol=0)
 
 
-def test_res_post_norm_init_value_zero_makes_every_block_the_identity():
-    """timm's init_values on the output norms: gain 0 (bias 0) gives Δ = 0, the identity at init."""
-    model = build("res_post_norm", {"init_value": 0.0})
-    assert torch.equal(model.blocks[2].norm2.weight, torch.zeros(8))
+def test_res_post_norm_default_is_swin_v2s_official_init_every_block_the_identity():
+    """The default init is Swin-V2's ``_init_respostnorm`` (microsoft/Swin-Transformer, timm's Swin-V2): the output
+    norms' weight and bias zeroed, so Δ = 0 and every block is the identity at init. Checked against timm's own
+    SwinTransformerV2 stage after its init, whose post-norms are the same two zero vectors."""
+    from timm.models.swin_transformer_v2 import SwinTransformerV2
+
+    ref = SwinTransformerV2(img_size=16, patch_size=4, embed_dim=8, depths=(2,), num_heads=(2,), window_size=4)
+    ref_norms = [blk.norm1 for blk in ref.layers[0].blocks] + [blk.norm2 for blk in ref.layers[0].blocks]
+    assert all(torch.equal(n.weight, torch.zeros(8)) and torch.equal(n.bias, torch.zeros(8)) for n in ref_norms)
+    model = build("res_post_norm")
+    for blk in model.blocks:
+        for norm in (blk.norm1, blk.norm2):
+            assert torch.equal(norm.weight, torch.zeros(8)) and torch.equal(norm.bias, torch.zeros(8))
     x = torch.randn(2, 5, 8)
     with torch.no_grad():
-        assert torch.equal(model.blocks[0](x), x)
+        assert all(torch.equal(blk(x), x) for blk in model.blocks)
+
+
+def test_res_post_norm_unit_gain_adds_a_unit_variance_update_at_step_0():
+    """``init_value=1.0`` (the norm layer's own gain): every block adds LN(F(x)), a unit-variance vector per token."""
+    model = build("res_post_norm", {"init_value": 1.0})
+    assert torch.equal(model.blocks[2].norm2.weight, torch.ones(8))
+    x, f = torch.randn(2, 2, 5, 8, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        delta = model.blocks[0].ls1(x, x, f, None)
+    assert torch.allclose(delta.var(dim=-1, unbiased=False), torch.ones(2, 5), atol=1e-4)
 
 
 def test_peri_ln_site_by_hand():
@@ -412,6 +432,19 @@ def _fit_steps(config, steps: int):
     before = {k: v.clone() for k, v in module.model.state_dict().items()}
     trainer.fit(module, datamodule=dm)
     return module, before
+
+
+def test_ngpt_scales_are_never_weight_decayed():
+    """Every nGPT scale (α, s_qk, s_u, s_z) is in the undecayed AdamW group: the reference decays none of them, and
+    s_qk's (H, 1, d) shape would put it in the decayed group by timm's ndim rule alone; the matrices are decayed."""
+    model = build("ngpt")
+    names = {id(p): n for n, p in model.named_parameters()}
+    decay = {names[id(p)]: g["weight_decay"] for g in model.param_groups(0.05) for p in g["params"]}
+    assert model.blocks[0].attn.q_norm.s_qk.param.ndim == 3
+    scales = [n for n in decay if n.endswith(".param")]
+    assert {n.split(".")[-2] for n in scales} == {"alpha", "s_qk", "s_u", "s_z"}
+    assert all(decay[n] == 0.0 for n in scales), {n: decay[n] for n in scales if decay[n]}
+    assert decay["blocks.0.attn.qkv.weight"] == 0.05 and decay["blocks.0.mlp.fc1.weight"] == 0.05
 
 
 def test_ngpt_weights_are_unit_norm_after_an_optimiser_step():

@@ -10,8 +10,8 @@ from helpers import STUDY_TEST_MARKS, trials_of, write_study
 
 from ablations.report.cli import main as report_main
 from ablations.run import main as run_main
-from ablations.run.overrides import apply_sets, parse_sets
-from ablations.run.spec import load_spec
+from ablations.studies.overrides import apply_sets, parse_sets
+from ablations.studies.spec import load_spec
 
 pytestmark = STUDY_TEST_MARKS
 

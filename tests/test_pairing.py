@@ -26,7 +26,9 @@ FORMS = [(name, {}) for name in RESIDUALS if name != "ngpt"] + [
 # Variants whose init redraws or rescales shared weights by design (the documented exception): DeepNorm's paper
 # init (Xavier-normal, gain β for v/proj/fc1/fc2) — or, with init="timm_scaled", standard's weights × β — for the
 # attention and MLP weights of every block; q and k keep standard's values under timm_scaled.
-REINITIALISED = {"deepnorm": r"^blocks\.\d+\.(attn\.qkv|attn\.proj|mlp\.fc1|mlp\.fc2)\.weight$"}
+# Res-post-norm's norm1/norm2 (timm's names) are its output norms, zeroed by Swin-V2's official init.
+REINITIALISED = {"deepnorm": r"^blocks\.\d+\.(attn\.qkv|attn\.proj|mlp\.fc1|mlp\.fc2)\.weight$",
+                 "res_post_norm": r"^blocks\.\d+\.norm[12]\.(weight|bias)$"}
 
 
 def _state(residual: str, options: dict, seed: int) -> dict[str, torch.Tensor]:

@@ -12,8 +12,8 @@ import torch.nn.functional as F
 import yaml
 
 from ablations.config import RunConfig
-from ablations.run.recipes import RECIPE_FIELDS, RECIPES, describe, with_recipe
-from ablations.run.spec import available_studies, load_spec
+from ablations.recipes import RECIPE_FIELDS, RECIPES, describe, with_recipe
+from ablations.studies.spec import available_studies, load_spec
 
 # The settings every run had before recipes existed: ``basic`` must keep them, so stored studies reproduce.
 PRE_RECIPE_DEFAULTS = {"label_smoothing": 0.1, "lr": 1e-3, "weight_decay": 0.05, "betas": (0.9, 0.999),
@@ -21,7 +21,7 @@ PRE_RECIPE_DEFAULTS = {"label_smoothing": 0.1, "lr": 1e-3, "weight_decay": 0.05,
                        "rand_augment_ops": 0, "color_jitter": (), "random_erasing": 0.0, "mixup_alpha": 0.0,
                        "cutmix_alpha": 0.0}
 # The orthogonal-residual paper's ViT-S CIFAR-10 recipe, transcribed from its reference code as written there
-# (github.com/BootsofLagrangian/ortho-residual at commit 511805e), not from ablations/run/recipes.py:
+# (github.com/BootsofLagrangian/ortho-residual at commit 511805e), not from ablations/recipes.py:
 # - recipes/vit_s_cifar10.yaml, its keys and values verbatim:
 REFERENCE_YAML = {"optimizer": "adam", "lr": 1.0e-3, "weight_decay": 0.0001, "warmup_epoch": 10,
                   "lr_scheduler_type": "cos", "use_mixup": True, "mixup_alpha": 0.8, "cutmix_alpha": 1.0,
@@ -95,7 +95,7 @@ def test_a_budget_recipe_replaces_the_study_base_recipe_fields():
     paper = load_spec("residual_variants", "paper")
     point = paper.grid()[0]
     config = paper.run_config(point)
-    base_lr = yaml.safe_load(available_studies()["residual_variants"].read_text())["base"]["lr"]
+    base_lr = default.base["lr"]  # the protocol's (ablations/studies/protocol/mnist5k.yaml)
     assert base_lr != PAPER["lr"] and default.run_config(default.grid()[0]).lr == base_lr  # its base's own lr ...
     assert config.recipe_values() == PAPER  # ... which the paper budget's recipe replaces
     assert (config.embed_dim, config.num_heads, config.max_epochs, config.batch_size) == (384, 6, 300, 1024)
@@ -107,7 +107,6 @@ def test_a_budget_recipe_replaces_the_study_base_recipe_fields():
 
 
 def test_every_study_paper_budget_uses_the_paper_recipe():
-    from ablations.run.spec import available_studies
 
     for name in available_studies():
         spec = load_spec(name, "paper")
@@ -198,7 +197,7 @@ def test_the_default_learning_rate_is_the_basic_recipes_everywhere():
     timed step and ViTClassifier's own default (which has no ``lr`` argument of its own)."""
     import inspect
 
-    from ablations.bench import timing
+    from ablations.machine import timing
     from lit_modules.classifier import ViTClassifier
     from lit_modules.config import OptimConfig
 

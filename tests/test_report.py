@@ -62,7 +62,7 @@ def study(tmp_path_factory):
     results = root / "results"
     proc = subprocess.run(
         [sys.executable, "-m", "ablations.run", "--study", str(spec), "--storage", storage, "--results-dir",
-         str(results), "--no-progress", "--threads", "1"],
+         str(results), "--no-progress", "--threads", "1", "--workers", "1"],
         cwd=root, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     base = ["--study", str(spec), "--storage", storage, "--results-dir", str(results)]
@@ -267,24 +267,28 @@ def test_dashboard_note_saved(study):
     assert "top-1 val accuracy" in note and "| layerscale" in note
 
 
-def _finite_metrics(session: dict) -> bool:
-    values = [m["value"] for m in session["metricValues"]]
+def _finite_metrics(run: dict) -> bool:
+    values = [m["value"] for m in run["metricValues"]]
     return bool(values) and all(isinstance(v, (int, float)) and math.isfinite(v) for v in values)
 
 
 @pytest.mark.slow
 def test_tensorboard_hparams_table_lists_every_trial(study):
     """The report's ``_report`` run sits next to the trials' runs: the HParams plugin must still list every
-    trial as a session with every ``hp/*`` metric filled."""
+    trial as a run (an entry of its sessionGroups) with every ``hp/*`` metric filled."""
     import optuna
 
     from ablations.dashboard import display_tag
+    from ablations.report.aggregate import AGG_METRICS, STUDY_METRICS
     from ablations.training import HP_METRICS
 
     logdir = study.results / "runs" / STUDY
     assert (logdir / report.REPORT_RUN).is_dir()  # written by the report before TensorBoard starts
     trials = optuna.load_study(study_name=STUDY, storage=study.storage).trials
-    expected = {t.user_attrs["run_name"] for t in trials}  # <variant>/depth=<d>/seed=<s>: the run names
+    seeds = {t.user_attrs["run_name"] for t in trials}  # <variant>/depth=<d>/seed=<s>: the run names
+    cells = {name.rsplit("/seed=", 1)[0] for name in seeds}
+    aggregates = {f"agg/{cell}" for cell in cells}  # one aggregate row per variant and depth, beside the seeds
+    expected = seeds | aggregates
     port = free_port()
     tensorboard = Path(sys.executable).with_name("tensorboard")
     body = {"experimentName": "", "startIndex": 0, "sliceSize": 1000,
@@ -304,15 +308,16 @@ def test_tensorboard_hparams_table_lists_every_trial(study):
         experiment = wait_until_answers(f"{url}/experiment", proc, body={"experimentName": ""},
                                         ready=study_experiment_loaded, what="TensorBoard's HParams experiment")
         groups = wait_until_answers(f"{url}/session_groups", proc, body=body, ready=all_loaded,
-                                    what="a session with finite hp metrics for every trial")
+                                    what="a run with finite hp metrics for every trial")
         sessions = sessions_of(groups)
         assert set(sessions) == expected, f"sessions {sorted(sessions)} != trials {sorted(expected)}"
         shown = {display_tag(m) for m in HP_METRICS}  # the summary group's TensorBoard tags
         metric_tags = {m["name"]["tag"] for m in experiment["metricInfos"]}
-        assert metric_tags == shown
-        for name, session in sessions.items():
-            values = {m["name"]["tag"]: m["value"] for m in session["metricValues"]}
-            assert set(values) == shown, name
+        assert metric_tags == {display_tag(m) for m in STUDY_METRICS}  # the same columns for every row
+        for name, run in sessions.items():
+            values = {m["name"]["tag"]: m["value"] for m in run["metricValues"]}
+            extra = {display_tag(m) for m in AGG_METRICS} if name in aggregates else set()
+            assert set(values) == shown | extra, name
             bad = {k: v for k, v in values.items() if not isinstance(v, (int, float)) or not math.isfinite(v)}
             assert not bad, f"{name}: non-finite hp metrics {bad}"
 
@@ -601,7 +606,7 @@ def test_one_formatter_renders_every_form():
 
 def test_layout_names_the_paths_other_tools_use():
     from ablations import layout, train
-    from ablations.run import storage
+    from ablations.studies import storage
 
     assert layout.DEFAULT_STORAGE == storage.DEFAULT_STORAGE == "sqlite:///results/optuna.db"
     assert Path(train.DEFAULT_LOG_DIR) == layout.runs_dir(layout.RESULTS_DIR, "train")
@@ -612,7 +617,7 @@ def test_search_tables_handle_few_trials():
     import optuna
     from optuna.distributions import CategoricalDistribution, FloatDistribution
 
-    from ablations.run.spec import load_spec
+    from ablations.studies.spec import load_spec
 
     spec = load_spec(EXAMPLE_SEARCH, "smoke")
     study = optuna.create_study(direction="maximize")

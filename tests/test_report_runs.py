@@ -1,4 +1,4 @@
-"""The report side of issue #22 without training: claims as data (spec + verdicts), runs.csv as the tables' one
+"""The report without training: claims as data (spec + verdicts), runs.csv as the tables' one
 input (byte-identical to the report from the storage, under two PYTHONHASHSEEDs), the tuning table, and the
 statistics fixes pinned against scipy on hand-made data."""
 
@@ -21,7 +21,7 @@ from ablations import report
 from ablations.report import claims as claims_mod
 from ablations.report import runs as runs_mod
 from ablations.report.stats import chance_level, t_power
-from ablations.run.spec import _build, load_spec
+from ablations.studies.spec import _build, load_spec
 from ablations.training import HP_SUMMARY_KEYS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -183,7 +183,7 @@ def test_a_report_from_postgresql_under_another_hash_seed_is_byte_identical(repo
     table and runs.csv byte for byte, from a process with another PYTHONHASHSEED than the SQLite report's."""
     import optuna
 
-    from ablations.run.storage import open_storage
+    from ablations.studies.storage import open_storage
 
     root, _, _ = reports
     url = postgres.create_database("report_copy")
@@ -224,14 +224,20 @@ def test_main_table_uses_report_phase_metric_and_lr(reports):
     assert "| 0.004 |" in line and "(n=6)" in line  # the chosen LR; 6 report seeds, the tuning runs are not in it
     mean = np.mean(ACC["layerscale"])
     assert f"{100 * mean:.2f}" in line
-    tuning = (root / "storage" / "tuning.csv").read_text().splitlines()
-    assert tuning[0] == "variant,depth,lr,n,mean,std,n_diverged,n_failed,seeds,chosen"
-    chosen = [ln.split(",") for ln in tuning[1:] if ln.endswith(",1")]
-    assert [(c[0], c[2]) for c in chosen] == [("standard", "0.002"), ("layerscale", "0.004"), ("rezero", "0.001")]
-    std = [ln for ln in tuning[1:] if ln.startswith("standard,2,0.002,")][0].split(",")
+    text = (root / "storage" / "tuning.csv").read_text()
+    assert text.splitlines()[0] == ("variant,depth,lr,added,n,mean,std,n_diverged,n_failed_training,n_failed,seeds,"
+                                    "chosen,margin,stability")
+    tuning = list(csv.DictReader(io.StringIO(text)))
+    chosen = [row for row in tuning if row["chosen"] == "1"]
+    assert [(c["variant"], c["lr"]) for c in chosen] == [("standard", "0.002"), ("layerscale", "0.004"),
+                                                          ("rezero", "0.001")]
+    std = next(row for row in tuning if (row["variant"], row["lr"]) == ("standard", "0.002"))
     vals = [0.7 + 0.01 + 0.001 * s / 100 + 0.05 for s in TUNE_SEEDS]
-    assert float(std[4]) == pytest.approx(np.mean(vals) + 0.01, abs=1e-6)  # best_val_acc = acc + 0.01
-    assert std[3] == "2" and std[8] == "100 101"
+    assert float(std["mean"]) == pytest.approx(np.mean(vals) + 0.01, abs=1e-6)  # best_val_acc = acc + 0.01
+    assert std["n"] == "2" and std["seeds"] == "100 101"
+    # the chosen rate's margin over the next-best: 0.002 has +0.05 over the grid's ramp, 0.004 is 0.01 up the ramp
+    assert float(std["margin"]) == pytest.approx(0.05 - 0.01, abs=1e-6)
+    assert float(std["stability"]) == 1.0 and all(not row["margin"] for row in tuning if row["chosen"] != "1")
 
 
 def test_claim_verdicts_are_computed(reports):
@@ -515,7 +521,7 @@ def test_tune_phase_trials_are_set_apart_and_a_diverged_tuning_run_counts_zero()
 
 
 def test_every_study_file_lists_claims_that_load_under_every_budget():
-    from ablations.run.spec import BUDGETS, available_studies
+    from ablations.studies.spec import BUDGETS, available_studies
 
     for name in available_studies():
         specs = [load_spec(name)]
@@ -588,11 +594,13 @@ def test_extra_grid_axes_round_trip_through_runs_csv(tmp_path):
     assert runs_mod.to_csv(back) == path.read_text()
 
 
-def test_readme_quotes_claim_verdicts_verbatim():
-    """Any README line that quotes a claim of a committed results/<study>/claims.md is that file's line, verbatim
-    (the verdicts are computed; a hand edit of a quoted verdict fails here)."""
-    files = {str(p): p.read_text() for p in sorted((REPO / "results").glob("*/claims.md"))}
-    assert claims_mod.misquoted((REPO / "README.md").read_text(), files) == []
+def test_the_docs_quote_claim_verdicts_verbatim():
+    """Any line of the README or of docs/ that quotes a claim of a committed results/<study>/claims.md is that
+    file's line, verbatim (the verdicts are computed; a hand edit of a quoted verdict fails here)."""
+    files = {str(p): p.read_text() for p in [*sorted((REPO / "results").glob("*/claims.md")),
+                                            REPO / "results" / "claims.md"]}
+    for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        assert claims_mod.misquoted(doc.read_text(), files) == [], doc
     line = ("- **dca_accuracy**: DCA improves accuracy (x). dca vs standard, test_acc (paper: higher): Δ = +1.00 pp "
             "[+0.10, +1.90] (95% CI, unadjusted), n = 10 pairs, Holm p = 0.030 (m = 6), MDE 0.90 pp: **held** "
             "(significant in the paper's direction).")
@@ -602,15 +610,15 @@ def test_readme_quotes_claim_verdicts_verbatim():
     assert claims_mod.misquoted(f"intro\n{edited}\n- **other**: text\n", made) == [edited]
 
 
-def test_readme_quotes_every_verdict_of_the_headline_and_links_every_claims_file():
-    """The README's findings are the computed verdicts: every verdict line of results/residual_variants/claims.md
-    appears in it verbatim, and every committed claims.md is linked."""
-    readme = (REPO / "README.md").read_text()
+def test_the_studies_page_quotes_every_verdict_of_the_headline_and_links_every_claims_file():
+    """docs/studies.md's findings are the computed verdicts: every verdict line of
+    results/residual_variants/claims.md appears in it verbatim, and every committed claims.md is linked."""
+    studies = (REPO / "docs" / "studies.md").read_text()
     headline = REPO / "results" / "residual_variants" / "claims.md"
     verdicts = [line for line in headline.read_text().splitlines() if line.startswith("- **")]
-    assert verdicts and [line for line in verdicts if line not in readme.splitlines()] == []
+    assert verdicts and [line for line in verdicts if line not in studies.splitlines()] == []
     for path in sorted((REPO / "results").glob("*/claims.md")):
-        assert f"(results/{path.parent.name}/claims.md)" in readme, path
+        assert f"(../results/{path.parent.name}/claims.md)" in studies, path
 
 
 def test_a_first_look_budget_labels_every_table_and_the_default_none(reports, tmp_path):

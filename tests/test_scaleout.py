@@ -39,8 +39,8 @@ from helpers import (
 )
 from optuna.trial import TrialState
 
-from ablations.run.spec import load_spec
-from ablations.run.storage import open_storage
+from ablations.studies.spec import load_spec
+from ablations.studies.storage import open_storage
 
 pytestmark = STUDY_TEST_MARKS
 
@@ -108,7 +108,7 @@ def test_server_stopped_mid_study_worker_exits_with_one_line_and_rerun_finishes(
 LOST_HEARTBEAT_SCRIPT = """
 import threading, time
 import sqlalchemy.exc
-from ablations.run.storage import exit_when_heartbeat_fails
+from ablations.studies.storage import exit_when_heartbeat_fails
 
 exit_when_heartbeat_fails("postgresql://postgres:s3cret@db.example:5432/study")
 

@@ -1,4 +1,4 @@
-"""Ctrl-C / SIGTERM never lands inside a storage transaction (ablations/run/stopping.py, storage.open_storage).
+"""Ctrl-C / SIGTERM never lands inside a storage transaction (ablations/studies/stopping.py, storage.open_storage).
 
 Each case runs a short script in its own process (a signal handler is process-wide): the script sends itself SIGTERM
 from inside a storage call (a SQLAlchemy listener that fires after a statement ran, with the transaction and its
@@ -15,8 +15,8 @@ SCRIPT = """
 import json, os, signal, sqlite3, sys, time, traceback
 import optuna
 from sqlalchemy import event
-from ablations.run import stopping
-from ablations.run.storage import open_storage
+from ablations.studies import stopping
+from ablations.studies.storage import open_storage
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 db, storage_kind, hang, limit_s = sys.argv[1], sys.argv[2], sys.argv[3] == "hang", float(sys.argv[4])
@@ -73,7 +73,7 @@ def test_a_stop_signal_inside_a_storage_call_is_raised_as_the_call_returns(tmp_p
     """The signal came while the call's transaction held SQLite's write lock: the KeyboardInterrupt is raised at the
     storage's boundary (no SQLAlchemy frame under it), the call's transaction is over and the lock is free."""
     seen = _run(tmp_path, "ours")
-    assert seen["innermost"].endswith("ablations/run/stopping.py") and not seen["in_sqlalchemy"], seen
+    assert seen["innermost"].endswith("ablations/studies/stopping.py") and not seen["in_sqlalchemy"], seen
     assert seen["lock_free"] and not seen["returned"] and seen["listener_returned"] and not seen["forced"], seen
 
 

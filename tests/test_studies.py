@@ -12,6 +12,7 @@ Every CLI process starts in its own session; a test that fails or times out kill
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import signal
 import sys
@@ -21,7 +22,6 @@ from types import SimpleNamespace
 
 import optuna
 import pytest
-import yaml
 from helpers import (
     LONG_TRIAL_EPOCHS,
     STUDY_TEST_MARKS,
@@ -50,8 +50,8 @@ from optuna.trial import TrialState
 from pg import free_port
 from polling import get_json, serving, wait_until_answers
 
-from ablations.run.spec import BUDGETS, available_studies, load_spec
-from ablations.run.storage import open_storage
+from ablations.studies.spec import BUDGETS, available_studies, load_spec
+from ablations.studies.storage import open_storage
 
 pytestmark = STUDY_TEST_MARKS
 
@@ -66,18 +66,16 @@ def test_every_committed_study_point_has_valid_residual_options():
     labels) or a value its model size does not allow."""
     import itertools
 
-    import yaml
+    from ablations.run.study import check_residual, validate_points
 
-    from ablations.run.study import _check_residual, _validate_points
-
-    for name, path in available_studies().items():
-        for budget in ["default", *(yaml.safe_load(path.read_text()).get("budgets") or {})]:
+    for name in available_studies():
+        for budget in load_spec(name).budgets:
             spec = load_spec(name, budget)
-            _validate_points(spec, {}, check_data=False)
+            validate_points(spec, {}, check_data=False)
             for label, space in spec.space.items():
                 keys = [f"{label}.{option}" for option, dist in space.items() if "choices" in dist]
                 for values in itertools.product(*(space[k.split(".", 1)[1]]["choices"] for k in keys)):
-                    _check_residual(spec.run_config({"variant": label, **dict(zip(keys, values, strict=True))}))
+                    check_residual(spec.run_config({"variant": label, **dict(zip(keys, values, strict=True))}))
 
 
 # --- shared runs -------------------------------------------------------------------------------------------------
@@ -467,10 +465,9 @@ def test_list_shows_every_study_with_its_sizes(quick_calls):
     result = quick_calls.results["list"]
     assert result.returncode == 0, result.stderr
     rows = {line.split()[0]: line.split() for line in result.stdout.splitlines()[1:]}
-    assert sorted(rows) == sorted(available_studies()) and len(rows) == 10
+    assert sorted(rows) == sorted(available_studies()) and len(rows) == 11
     for name, row in rows.items():
-        budgets = yaml.safe_load(available_studies()[name].read_text())["budgets"]
-        defined = {b for b in BUDGETS if b == "default" or b in budgets}
+        defined = load_spec(name).budgets
         assert row[1] == load_spec(name).kind
         assert row[2:2 + len(BUDGETS)] == [str(load_spec(name, b).size) if b in defined else "—" for b in BUDGETS]
     assert rows["norm_placement"][2 + BUDGETS.index("quick")] == "—"  # it defines no quick budget
@@ -483,16 +480,18 @@ def test_dry_run_prints_points_and_estimate_and_touches_no_storage(quick_calls):
     lines = result.stdout.splitlines()
     assert lines[0].startswith("tuning stage residual_variants-smoke-tune: 20 trials first")
     assert lines[1].startswith("study residual_variants-smoke: grid, 10 trials")
+    assert lines[2] == "base (resolved): " + ", ".join(f"{k}={v}" for k, v in spec.base.items())
+    assert "dataset=digits" in lines[2] and "weight_decay=0.05" in lines[2]  # the smoke budget over the protocol
     points = [line.strip() for line in lines if line.startswith("  variant=")]
     assert points == [", ".join(f"{k}={v}" for k, v in p.items()) for p in spec.grid()]
     (estimate,) = [line for line in lines if line.startswith("estimated time on this machine: ")]
     # the estimator's value: the mean of the points' estimates, x (10 reported + 20 tuning trials)
-    from ablations.run.plan import _duration, estimate_seconds
+    from ablations.run.plan import duration_text, estimate_seconds
 
     per_trial = sum(estimate_seconds(spec.run_config(p)) for p in spec.grid()) / len(spec.grid())
     assert per_trial > 0
-    assert estimate.startswith(f"estimated time on this machine: {_duration(30 * per_trial)} "
-                               f"({_duration(per_trial)} per trial, 30 trials with the tuning stage;"), estimate
+    assert estimate.startswith(f"estimated time on this machine: {duration_text(30 * per_trial)} "
+                               f"({duration_text(per_trial)} per trial, 30 trials with the tuning stage;"), estimate
     assert not (quick_calls.root / "dry_run.db").exists() and not (quick_calls.root / "results").exists()
 
 
@@ -503,7 +502,7 @@ def test_dry_run_of_a_stored_study_prices_only_the_trials_left(tmp_path, capsys)
 
     spec = load_spec("residual_variants", "smoke")
     missing = tmp_path / "missing.db"
-    assert run._stored_done(f"sqlite:///{missing}", spec.study_name, spec) is None and not missing.exists()
+    assert run.stored_done(f"sqlite:///{missing}", spec.study_name, spec) is None and not missing.exists()
     url = f"sqlite:///{tmp_path / 'stored.db'}"
     dist = optuna.distributions.CategoricalDistribution
     for name, points in ((f"{spec.study_name}-tune", spec.tune_stage().grid()[:3]),
@@ -512,22 +511,22 @@ def test_dry_run_of_a_stored_study_prices_only_the_trials_left(tmp_path, capsys)
         choices = {k: dist(sorted({p[k] for p in points}, key=str)) for k in points[0]}
         for params in points:
             study.add_trial(optuna.trial.create_trial(params=params, distributions=choices, value=0.5))
-    stored = run._stored_done(url, spec.study_name, spec)
+    stored = run.stored_done(url, spec.study_name, spec)
     assert stored[:2] == (3, 4), stored
-    run._dry_run(spec, {"threads": 1}, workers=1, stored=stored, results_dir=tmp_path)
+    run.dry_run(spec, {"threads": 1}, workers=1, stored=stored, results_dir=tmp_path)
     out = capsys.readouterr().out.splitlines()
     assert f"stored in {url}: 4 of the 10 reported trials done and 3 of the 20 tuning trials; a run continues " \
            "with the rest" in out
     (line,) = [x for x in out if x.startswith("estimated time on this machine")]
     per_trial = sum(run.estimate_seconds(spec.run_config(p, {"threads": 1})) for p in spec.grid()) / len(spec.grid())
-    assert line.startswith(f"estimated time on this machine: {run._duration(23 * per_trial)} "
-                           f"({run._duration(per_trial)} per trial, 23 of 30 trials left with the tuning stage;"), line
+    assert line.startswith(f"estimated time on this machine: {run.duration_text(23 * per_trial)} "
+                           f"({run.duration_text(per_trial)} per trial, 23 of 30 trials left with the tuning stage;"), line
 
 
 def test_dry_run_measure_prices_each_model_at_its_step_beside_a_standard_twin(tmp_path, capsys, monkeypatch):
     """--measure times each distinct non-standard model once beside its standard twin (same size and data) and
     prices its trials at the twin's estimate x that factor; standard rows (the controls too) keep 1.0 untimed."""
-    from ablations.bench import timing
+    from ablations.machine import timing
     from ablations.run import plan as run
 
     spec = load_spec("hyper_connections", "smoke")  # standard, two controls and eight multi-stream rows
@@ -545,7 +544,7 @@ def test_dry_run_measure_prices_each_model_at_its_step_beside_a_standard_twin(tm
 
     monkeypatch.setattr(timing, "interleave", interleave)
     monkeypatch.setattr(run, "model_factors", factors)
-    run._dry_run(spec, {"threads": 1}, workers=2, results_dir=tmp_path, measure=True)
+    run.dry_run(spec, {"threads": 1}, workers=2, results_dir=tmp_path, measure=True)
     out = capsys.readouterr().out.splitlines()
     ((configs, got),) = factors_seen
     assert len(timed) == sum(c.residual != "standard" for c in configs) == 8 and timed[0] == ["model", "standard"]
@@ -559,9 +558,9 @@ def test_dry_run_measure_prices_each_model_at_its_step_beside_a_standard_twin(tm
                     for c, f in zip(configs, got, strict=True)) / len(configs)
     (estimate,) = [x for x in out if x.startswith("estimated time on this machine")]
     total = spec.size + spec.tune_stage().size
-    assert estimate.startswith(f"estimated time on this machine: {run._duration(total * per_trial / 2)} "
-                               f"({run._duration(per_trial)} per trial, {total} trials with the tuning stage;"), estimate
-    run._dry_run(spec, {"threads": 1}, workers=2, results_dir=tmp_path)  # without --measure: a hint, no timing
+    assert estimate.startswith(f"estimated time on this machine: {run.duration_text(total * per_trial / 2)} "
+                               f"({run.duration_text(per_trial)} per trial, {total} trials with the tuning stage;"), estimate
+    run.dry_run(spec, {"threads": 1}, workers=2, results_dir=tmp_path)  # without --measure: a hint, no timing
     assert len(timed) == 8 and any("add --measure to time each model here" in x for x in capsys.readouterr().out.splitlines())
 
 
@@ -581,7 +580,7 @@ def test_dry_run_of_a_stored_study_prices_what_is_left_from_its_own_trials(tmp_p
         for params, wall in zip(points, walls[name], strict=True):
             study.add_trial(optuna.trial.create_trial(params=params, distributions=choices, value=0.5,
                                                       user_attrs={"wall_time_s": wall}))
-    stored = run._stored_done(url, spec.study_name, spec)
+    stored = run.stored_done(url, spec.study_name, spec)
     assert stored.seconds == {("standard", 1): [30.0, 50.0, 60.0], ("layerscale", 1): [400.0, 100.0]}
     assert len(stored.left) == 30 - 5
     left = [(p["variant"], p["depth"]) for p in stored.left]
@@ -590,10 +589,10 @@ def test_dry_run_of_a_stored_study_prices_what_is_left_from_its_own_trials(tmp_p
     line = run.measured_left(stored, 2, fallback)
     priced = sum(c[0] in ("standard", "layerscale") for c in left)
     assert priced == 1  # layerscale's second tuning lr; the 24 other points are the other eight variants'
-    assert line.startswith(f"time left as measured by this study's completed trials: {run._duration(expected)} "
+    assert line.startswith(f"time left as measured by this study's completed trials: {run.duration_text(expected)} "
                            f"(25 trials, {priced} priced at their cell's median wall time, {25 - priced} at the "
                            "estimate above; 2 worker(s)); median per cell: layerscale d1 4.2 min, standard d1 50.0 s"), line
-    run._dry_run(spec, {"threads": 1}, workers=2, stored=stored, results_dir=tmp_path)
+    run.dry_run(spec, {"threads": 1}, workers=2, stored=stored, results_dir=tmp_path)
     assert any(x.startswith("time left as measured") for x in capsys.readouterr().out.splitlines())
     # nothing measured (no wall times stored): no such line
     assert run.measured_left(stored._replace(seconds={}), 2, fallback) is None
@@ -601,4 +600,42 @@ def test_dry_run_of_a_stored_study_prices_what_is_left_from_its_own_trials(tmp_p
     other = next(c for c in left if c[0] not in ("standard", "layerscale"))
     line = run.measured_left(stored, 2, fallback, {other: 1000.0})
     again = expected + sum(1000.0 - fallback for c in left if c == other) / 2
-    assert line.startswith(f"time left as measured by this study's completed trials: {run._duration(again)} "), line
+    assert line.startswith(f"time left as measured by this study's completed trials: {run.duration_text(again)} "), line
+
+
+def test_ngpt_rows_train_with_the_papers_recipe_unless_the_row_says_otherwise():
+    """nGPT's reference trains without weight decay and without warm-up (``NGPT.paper_training``): norm_placement's
+    ngpt row resolves to both, its other rows keep the study's base, and a row's own overrides win."""
+    import dataclasses
+
+    from ablations.studies.spec import Variant
+
+    spec = load_spec("norm_placement")
+    ngpt = spec.run_config({"variant": "ngpt", "depth": 4, "seed": 0})
+    standard = spec.run_config({"variant": "standard", "depth": 4, "seed": 0})
+    assert (ngpt.weight_decay, ngpt.warmup_epochs) == (0.0, 0.0)
+    assert (standard.weight_decay, standard.warmup_epochs) == (spec.base["weight_decay"], spec.base["warmup_epochs"])
+    own = dataclasses.replace(spec, variants=(Variant("ngpt_wd", "ngpt", overrides={"weight_decay": 0.1}),))
+    assert own.run_config({"variant": "ngpt_wd", "depth": 4, "seed": 0}).weight_decay == 0.1
+
+
+def test_without_workers_a_cpu_study_runs_one_worker_per_core(tmp_path, capsys):
+    """``--workers`` not given: trials on the CPU get one worker per usable core with one thread each, at most one
+    per trial of the larger stage (``--threads T``: cores // T workers); trials on a GPU get one worker. The dry run
+    prices the study with that layout."""
+    import torch
+
+    from ablations.run import main
+    from ablations.run.cli import cores, default_workers
+
+    spec = load_spec("residual_variants", "smoke")  # 20 tuning trials, 10 reported
+    expected = 1 if torch.cuda.is_available() else min(cores(), 20)
+    assert default_workers(spec) == expected
+    assert default_workers(spec, threads=2) == (1 if torch.cuda.is_available() else max(1, min(cores() // 2, 20)))
+    tiny = dataclasses.replace(spec, axes={"depth": [1], "seed": [0]}, tune=None, variants=spec.variants[:1])
+    assert default_workers(tiny) == 1  # one trial: one worker
+    code = main(["--study", "residual_variants", "--budget", "smoke", "--dry-run", "--storage",
+                 url_of(tmp_path / "none.db")])
+    assert code == 0
+    estimate = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("estimated time"))
+    assert f"; {expected} worker(s) x {max(1, cores() // expected)} thread(s);" in estimate

@@ -48,6 +48,13 @@ PARAMS = {  # (sublayer, key) the variant must log for every layer
     "keel": (("mlp", "branch_skip_ratio"),),
     "resi_dual": (("attn", "branch_skip_ratio"), ("mlp", "branch_skip_ratio")),
     "ngpt": (("attn", "alpha_mean"), ("mlp", "alpha_std")),
+    "gpas": (("attn", "gate"), ("attn", "scale")),  # one g per block, reported by its attention site
+    "siamese_norm": (("attn", "branch_divisor"), ("mlp", "branch_divisor")),
+    "deep_delta": (("attn", "beta_mean"), ("mlp", "value_mean"), ("mlp", "skip_eigen_k_mean")),
+    "mhc_lite": (("attn", "res_diag_mean"), ("mlp", "pre_mean"), ("mlp", "alpha_res")),
+    "kromhc": (("attn", "res_diag_mean"), ("mlp", "post_mean"), ("attn", "alpha_pre")),
+    "muddformer": (),  # its dense-connection weights are in diag/depth_weights
+    "hybrid_norm": (),
 }
 
 
@@ -71,7 +78,7 @@ def text(ea, tag: str) -> list[str]:
 
 
 IDENTITY_SKIP = ("standard", "layerscale", "rezero", "skipinit", "dca", "skipdense",
-                 "denseformer", "attn_res", "ortho")  # variants whose skip does not rescale x
+                 "denseformer", "attn_res", "ortho", "muddformer")  # variants whose skip does not rescale x
 
 
 @pytest.mark.slow
@@ -108,10 +115,12 @@ def test_variant_trains_and_logs_every_diagnostic(residual, tmp_path, keep_threa
         assert all(v > 0 for v in series(f"diag/grad_norm/{layer:02d}"))
         for sublayer, key in PARAMS[residual]:
             series(f"diag/param/{sublayer}/{layer:02d}/{key}")
-    if residual in ("hyper_connections", "mhc"):  # multi-stream: the composite gain of the stream mixing
+    if residual in ("hyper_connections", "mhc", "mhc_lite", "kromhc"):  # multi-stream: the mixing's composite gain
         gains = series("diag/composite_gain/forward") + series("diag/composite_gain/backward")
         if residual == "mhc":  # doubly stochastic H_res: near 1 (rows to Sinkhorn's precision, columns exact)
             assert all(abs(v - 1) < 0.1 for v in gains), gains
+        if residual in ("mhc_lite", "kromhc"):  # exactly doubly stochastic: 1 to float32 rounding
+            assert all(abs(v - 1) < 1e-4 for v in gains), gains
     else:
         assert "diag/composite_gain/forward" not in scalars
     for layer in range(DEPTH - 1):  # layer l vs l + 1
@@ -149,10 +158,10 @@ def test_variant_trains_and_logs_every_diagnostic(residual, tmp_path, keep_threa
         assert len(weights) == DEPTH + 1 and all(len(row) == DEPTH + 1 for row in weights)
         assert weights[0][1:] == [None, None] and weights[1][2] is None and None not in weights[DEPTH]
         series(f"diag/param/out/{DEPTH:02d}/weight_{DEPTH}")
-    elif residual in ("denseformer", "attn_res"):  # rows: DWA after block i / the 2L layers and the final mix
-        assert [e.step for e in ea.Images(display_tag("diag/depth_weights"))] == epochs
+    elif residual in ("denseformer", "attn_res", "muddformer"):  # rows: the DWA / dense connection after block i,
+        assert [e.step for e in ea.Images(display_tag("diag/depth_weights"))] == epochs  # or the 2L layers and the mix
         weights = json.loads(text(ea, "diag/depth_weights_json")[-1])
-        rows, cols = (DEPTH, DEPTH + 1) if residual == "denseformer" else (2 * DEPTH + 1, 2 * DEPTH + 1)
+        rows, cols = (2 * DEPTH + 1, 2 * DEPTH + 1) if residual == "attn_res" else (DEPTH, DEPTH + 1)
         assert len(weights) == rows and all(len(row) == cols for row in weights)
         assert weights[0][2:] == [None] * (cols - 2) and None not in weights[rows - 1]
     else:

@@ -18,9 +18,9 @@ from polling import HANG_LIMIT_S
 from tensorboard.backend.event_processing.event_accumulator import SCALARS, TENSORS, EventAccumulator
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
-from ablations import allocator
 from ablations.config import RunConfig
 from ablations.dashboard import display_tag, internal_tag
+from ablations.machine import allocator
 from ablations.training import HP_METRICS, hp_metric_values, run_training
 from lit_modules.convergence import TIMING_KEYS
 
@@ -202,10 +202,10 @@ def test_diagnostics_callback_is_wired_in(tmp_path):
 
 @pytest.mark.parametrize("best", ["bf16-mixed/explicit", "32-true/fused", "bf16-mixed/fused", "32-true/explicit"])
 def test_precision_auto_trains_in_the_measured_fastest_mode_with_diagnostics_working(tmp_path, monkeypatch, best):
-    """``precision: auto`` (the default) asks ``ablations.bench.modes`` for the device's fastest mode: here a measured
+    """``precision: auto`` (the default) asks ``ablations.machine.modes`` for the device's fastest mode: here a measured
     table whose winner for the nearest cell is ``best``; the run trains in it (read back from the trained model)
     and its diagnostics still produce finite values (they run their own explicit-attention forward)."""
-    from ablations.bench import modes
+    from ablations.machine import modes
 
     times = {key: 1.0 for key in modes.MODE_KEYS}
     times[best] = 0.5
@@ -241,7 +241,7 @@ def test_precision_auto_trains_in_the_measured_fastest_mode_with_diagnostics_wor
 
 
 def test_the_run_records_what_the_malloc_setting_did(tmp_path, monkeypatch):
-    """A CPU run applies ``ablations.allocator.set_malloc`` and records its answer as the ``malloc`` fact."""
+    """A CPU run applies ``ablations.machine.allocator.set_malloc`` and records its answer as the ``malloc`` fact."""
     calls = []
     monkeypatch.setattr(allocator, "set_malloc", lambda: calls.append(1) or "keep (a stand-in)")
     summary = run(TINY.replace(max_epochs=1, diagnostics_every=0), tmp_path, "malloc")
@@ -295,13 +295,16 @@ def cli(*argv: str) -> subprocess.CompletedProcess:
                           text=True, timeout=HANG_LIMIT_S)  # stops a hung run only
 
 
-def test_cli_json_summary(tmp_path):
+def test_cli_json_summary_is_all_of_stdout(tmp_path):
+    """``--json``: stdout is the summary alone (so ``--json > run.json`` is a JSON file), with the progress bar and
+    model summary on (the default) going to stderr."""
     out = cli("--dataset", "synthetic", "--dataset-option", "num_samples=256", "--dataset-option", "img_size=8",
               "--dataset-option", "in_chans=1", "--depth", "1", "--embed-dim", "16", "--num-heads", "2",
               "--batch-size", "32", "--max-epochs", "2", "--warmup-epochs", "0.5", "--lr", "3e-3", "--threads", "1",
-              "--no-progress-bar", "--json", "--log-dir", str(tmp_path), "--run-name", "cli")
+              "--json", "--log-dir", str(tmp_path), "--run-name", "cli")
     assert out.returncode == 0, out.stderr[-2000:]
-    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    summary = json.loads(out.stdout)
+    assert "Trainable params" in out.stderr and "Epoch 1" in out.stderr  # the model summary and the progress bar
     assert summary["best_val_acc"] > 0.25 + 0.1  # 4 balanced classes: chance is 0.25
     assert summary["run_name"] == "cli" and Path(summary["log_dir"]) == tmp_path / "cli"
     assert "Traceback" not in out.stderr

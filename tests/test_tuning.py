@@ -11,15 +11,19 @@ import pytest
 from helpers import run_in_process, url_of, write_study
 from optuna.trial import TrialState, create_trial
 
-from ablations.run.spec import available_studies, load_spec
-from ablations.run.study import TUNE_GRID, choose_lrs
+from ablations.run.study import choose_lrs, tune_outcome
+from ablations.studies.spec import MIN_TUNE_SEEDS, TUNE_GRID, available_studies, load_spec
 
 VARIANTS = [{"label": "standard", "residual": "standard"}, {"label": "rezero", "residual": "rezero"}]
 
 
-def spec_with(tmp_path, tune: dict, axes: dict | None = None):
+SEEDS = [100, 101, 102]
+
+
+def spec_with(tmp_path, tune: dict, axes: dict | None = None, **keys):
+    tune = {"seeds": SEEDS, "bounds": [1e-4, 1e-1]} | tune
     path = write_study(tmp_path / "tuned.yaml", variants=VARIANTS, tune=tune,
-                       axes=axes or {"depth": [1, 2], "seed": [0, 1]})
+                       axes=axes or {"depth": [1, 2], "seed": [0, 1]}, **keys)
     return load_spec(str(path))
 
 
@@ -32,7 +36,14 @@ def spec_with(tmp_path, tune: dict, axes: dict | None = None):
     ({"lr": [1e-3], "seeds": [100], "metric": "test_acc"}, "metric 'test_acc' is not a validation metric"),
     ({"lr": [1e-3], "seeds": [100], "axes": {"depth": [7]}}, "axes.depth must list values of the study's axis"),
     ({"lr": [1e-3], "seeds": [100], "axes": {"seed": [1]}}, "unknown key 'seed'"),
-    ({"lr": [1e-3], "seeds": [100], "steps": 3}, "unknown key 'steps'; valid keys: lr, seeds, metric, axes"),
+    ({"lr": [1e-3], "seeds": [100], "steps": 3}, "unknown key 'steps'; valid keys: lr, seeds, bounds, metric, axes"),
+    ({"lr": [1e-3], "seeds": [100, 101]}, f"2 tuning seed(s) [100, 101]; a budget that is evidence needs at least "
+                                          f"{MIN_TUNE_SEEDS}"),
+    ({"lr": [1e-3], "bounds": None}, "'bounds' is missing"),
+    ({"lr": [1e-3, 4e-3], "bounds": [2e-3, 1e-2]}, "'bounds' must be [low, high], two positive numbers around the "
+                                                    "'lr' grid [0.001, 0.004], got [0.002, 0.01]"),
+    ({"lr": [1e-3], "bounds": [0, 1e-2]}, "'bounds' must be [low, high]"),
+    ({"lr": [1e-3], "bounds": [1e-4]}, "'bounds' must be [low, high]"),
 ])
 def test_a_bad_tune_section_is_a_one_line_error(tmp_path, tune, fault):
     with pytest.raises(ValueError, match=re.escape(fault)) as exc:
@@ -41,45 +52,51 @@ def test_a_bad_tune_section_is_a_one_line_error(tmp_path, tune, fault):
 
 
 def test_the_tuning_stage_is_a_grid_of_its_own_on_the_tuning_seeds(tmp_path):
-    spec = spec_with(tmp_path, {"lr": [1e-3, 4e-3], "seeds": [100, 101]})
+    spec = spec_with(tmp_path, {"lr": [1e-3, 4e-3]})
     tune = spec.tune_stage()
     assert tune.study_name == "tuned-tune" and tune.stage == "tune" and tune.tune is None
-    assert tune.size == 2 * 2 * 2 * 2  # variants x depths x seeds x lrs
-    assert {p["seed"] for p in tune.grid()} == {100, 101} and {p["lr"] for p in tune.grid()} == {1e-3, 4e-3}
+    assert tune.size == 2 * 2 * 3 * 2  # variants x depths x seeds x lrs
+    assert {p["seed"] for p in tune.grid()} == set(SEEDS) and {p["lr"] for p in tune.grid()} == {1e-3, 4e-3}
+    # the rates added beyond the edges train on every tuning seed, for their cell only
+    cell = json.dumps(["rezero", [["depth", 2]]])
+    extended = spec.tune_stage({cell: [8e-3, 1.6e-2]})
+    added = extended.grid()[tune.size:]
+    assert extended.size == tune.size + 2 * 3
+    assert added == [{"seed": s, "variant": "rezero", "depth": 2, "lr": lr} for lr in (8e-3, 1.6e-2) for s in SEEDS]
     assert tune.run_config({"variant": "rezero", "depth": 2, "seed": 100, "lr": 4e-3}).lr == 4e-3
     # one lr per variant and depth; tune.axes pins an axis: its single tuned value stands for all of its values
     assert spec.tune_key({"variant": "rezero", "depth": 2, "seed": 0}) == json.dumps(["rezero", [["depth", 2]]])
-    pinned = spec_with(tmp_path, {"lr": [1e-3], "seeds": [100], "axes": {"depth": [1]}})
-    assert pinned.tune_stage().size == 2 * 1 * 1 * 1
+    pinned = spec_with(tmp_path, {"lr": [1e-3], "axes": {"depth": [1]}})
+    assert pinned.tune_stage().size == 2 * 1 * 3 * 1
     assert pinned.tune_key({"variant": "standard", "depth": 2, "seed": 1}) == json.dumps(["standard", [["depth", 1]]])
 
 
-def add(study, params: dict, value: float | None, diverged: bool = False) -> None:
-    """A COMPLETE tuning trial of ``params`` whose best_val_acc is ``value``."""
+def add(study, params: dict, value: float | None, diverged: bool = False, **attrs) -> None:
+    """A COMPLETE tuning trial of ``params`` whose best_val_acc is ``value`` (``attrs``: more of its summary)."""
     dists = {k: optuna.distributions.CategoricalDistribution([v]) for k, v in params.items()}
     study.add_trial(create_trial(params=params, distributions=dists, value=value or 0.0, state=TrialState.COMPLETE,
-                                 user_attrs={"best_val_acc": value, "diverged": diverged}))
+                                 user_attrs={"best_val_acc": value, "diverged": diverged} | attrs))
 
 
 def test_the_lr_with_the_highest_mean_validation_accuracy_is_chosen(tmp_path):
     """Hand-computed: per (variant, depth) the mean over the two tuning seeds; a diverged run counts as 0; a tie
     goes to the rate listed first."""
-    spec = spec_with(tmp_path, {"lr": [1e-3, 4e-3], "seeds": [100, 101]}, axes={"depth": [1], "seed": [0]})
+    spec = spec_with(tmp_path, {"lr": [1e-3, 4e-3]}, axes={"depth": [1], "seed": [0]})
     study = optuna.create_study()
-    acc = {("standard", 1e-3): (0.80, 0.84), ("standard", 4e-3): (0.90, 0.70),  # means 0.82 vs 0.80 -> 1e-3
-           ("rezero", 1e-3): (0.60, 0.62), ("rezero", 4e-3): (0.99, None)}  # 4e-3 diverged on seed 101: 0.495
+    acc = {("standard", 1e-3): (0.80, 0.84, 0.82), ("standard", 4e-3): (0.90, 0.70, 0.80),  # 0.82 vs 0.80 -> 1e-3
+           ("rezero", 1e-3): (0.60, 0.62, 0.61), ("rezero", 4e-3): (0.99, None, 0.0)}  # diverged on 101: 0.33
     for (variant, lr), values in acc.items():
-        for seed, value in zip((100, 101), values, strict=True):
+        for seed, value in zip(SEEDS, values, strict=True):
             add(study, {"variant": variant, "depth": 1, "seed": seed, "lr": lr}, value, diverged=value is None)
     choice, means = choose_lrs(spec, study)
     standard, rezero = (json.dumps([v, [["depth", 1]]]) for v in ("standard", "rezero"))
     assert choice == {standard: 1e-3, rezero: 1e-3}
     assert means[standard] == pytest.approx({"0.001": 0.82, "0.004": 0.80})
-    assert means[rezero] == pytest.approx({"0.001": 0.61, "0.004": 0.495})
+    assert means[rezero] == pytest.approx({"0.001": 0.61, "0.004": 0.33})
     tie = optuna.create_study()
     for variant in ("standard", "rezero"):
         for lr in (1e-3, 4e-3):
-            for seed in (100, 101):
+            for seed in SEEDS:
                 add(tie, {"variant": variant, "depth": 1, "seed": seed, "lr": lr}, 0.5)
     assert set(choose_lrs(spec, tie)[0].values()) == {1e-3}
     incomplete = optuna.create_study()
@@ -91,8 +108,8 @@ def test_the_lr_with_the_highest_mean_validation_accuracy_is_chosen(tmp_path):
 def test_a_changed_tuning_grid_is_refused_before_anything_runs(tmp_path):
     """A study continued later reuses its stored choice; a study file whose tune section changed would mix two
     choices in one table: refused loudly, nothing trained."""
-    path = write_study(tmp_path / "tuned.yaml", variants=VARIANTS, tune={"lr": [1e-3, 4e-3], "seeds": [100]},
-                       axes={"seed": [0]})
+    path = write_study(tmp_path / "tuned.yaml", variants=VARIANTS,
+                       tune={"lr": [1e-3, 4e-3], "seeds": SEEDS, "bounds": [1e-3, 4e-3]}, axes={"seed": [0]})
     db = tmp_path / "o.db"
     study = optuna.create_study(study_name="tuned", storage=url_of(db))
     study.set_user_attr(TUNE_GRID, {"lr": [0.01], "seeds": [100], "metric": "best_val_acc", "axes": {}})
@@ -104,18 +121,142 @@ def test_a_changed_tuning_grid_is_refused_before_anything_runs(tmp_path):
     assert not (tmp_path / "results" / "runs").exists()
 
 
+def test_the_grid_extends_at_an_edge_one_rate_at_a_time_and_stops_at_a_bound(tmp_path):
+    """While a cell's best mean is at the largest (smallest) rate it tried, the next rate is x2 (/2) — until that
+    would leave the declared bounds, where the cell is recorded as at its bound. Hand-made results: standard's
+    accuracy rises with the rate (1e-3 -> 2e-3 -> 4e-3, bound 4e-3), rezero's falls (1e-3 -> 5e-4, bound 5e-4)."""
+    spec = spec_with(tmp_path, {"lr": [1e-3, 2e-3], "bounds": [5e-4, 4e-3]}, axes={"depth": [1], "seed": [0]})
+    standard, rezero = (json.dumps([v, [["depth", 1]]]) for v in ("standard", "rezero"))
+    study = optuna.create_study()
+    accuracy = {"standard": {5e-4: 0.5, 1e-3: 0.6, 2e-3: 0.7, 4e-3: 0.8},
+                "rezero": {5e-4: 0.9, 1e-3: 0.8, 2e-3: 0.7, 4e-3: 0.6}}
+
+    def train(variant, lr):
+        for seed in SEEDS:
+            add(study, {"variant": variant, "depth": 1, "seed": seed, "lr": lr}, accuracy[variant][lr] + seed / 1e4,
+                final_val_acc=accuracy[variant][lr] + seed / 1e4)
+
+    for variant in ("standard", "rezero"):
+        for lr in (1e-3, 2e-3):
+            train(variant, lr)
+    first = tune_outcome(spec, study)
+    assert first.extend == {standard: 4e-3, rezero: 5e-4} and first.at_bound == {}
+    extra = {standard: [4e-3], rezero: [5e-4]}
+    with pytest.raises(ValueError, match="tuning stage incomplete: standard depth=1: no result at lr 0.004"):
+        tune_outcome(spec, study, extra)  # the added rate has to train on every tuning seed first
+    train("standard", 4e-3)
+    train("rezero", 5e-4)
+    done = tune_outcome(spec, study, extra)
+    assert done.choice == {standard: 4e-3, rezero: 5e-4}
+    assert done.extend == {} and done.at_bound == {standard: "high", rezero: "low"}  # 8e-3 and 2.5e-4 are outside
+    # inside the range tried: no extension, no bound
+    assert spec.tune.beyond([1e-3, 2e-3, 4e-3], 2e-3) == (None, None)
+    assert spec.tune.beyond([1e-3, 2e-3], 2e-3) == (4e-3, None)
+    assert spec.tune.beyond([1e-3, 2e-3], 1e-3) == (5e-4, None)
+
+
+def test_the_rate_is_chosen_on_validation_even_where_test_accuracy_ranks_the_rates_the_other_way(tmp_path):
+    """A tuning stage that read the test split would pick 4e-3 here (test 0.95 vs 0.70); validation picks 1e-3."""
+    spec = spec_with(tmp_path, {"lr": [1e-3, 4e-3], "metric": "final_val_acc"}, axes={"depth": [1], "seed": [0]})
+    study = optuna.create_study()
+    for variant in ("standard", "rezero"):
+        for seed in SEEDS:
+            add(study, {"variant": variant, "depth": 1, "seed": seed, "lr": 1e-3}, 0.80, final_val_acc=0.80,
+                test_acc=0.70, test_acc_at_best_val=0.70)
+            add(study, {"variant": variant, "depth": 1, "seed": seed, "lr": 4e-3}, 0.60, final_val_acc=0.60,
+                test_acc=0.95, test_acc_at_best_val=0.95)
+    assert set(tune_outcome(spec, study).choice.values()) == {1e-3}
+
+
+def test_a_run_below_the_floor_counts_as_0_in_the_choice(tmp_path):
+    """With ``floor: {metric: final_val_acc, chance_multiple: 5}`` (10 classes: 50 %), a tuning run that ends at 45 %
+    failed to train and counts as 0, like a diverged one: 4e-3's mean (0.9, 0.9, 0.45 -> 0.6) loses to 1e-3's 0.7."""
+    spec = spec_with(tmp_path, {"lr": [1e-3, 4e-3], "metric": "final_val_acc"}, axes={"depth": [1], "seed": [0]},
+                     floor={"metric": "final_val_acc", "chance_multiple": 5})
+    study = optuna.create_study()
+    for variant in ("standard", "rezero"):
+        for seed, high in zip(SEEDS, (0.9, 0.9, 0.45), strict=True):
+            add(study, {"variant": variant, "depth": 1, "seed": seed, "lr": 1e-3}, 0.7, final_val_acc=0.7,
+                num_classes=10)
+            add(study, {"variant": variant, "depth": 1, "seed": seed, "lr": 4e-3}, high, final_val_acc=high,
+                num_classes=10)
+    outcome = tune_outcome(spec, study)
+    assert set(outcome.choice.values()) == {1e-3}
+    assert outcome.means[json.dumps(["standard", [["depth", 1]]])] == pytest.approx({"0.001": 0.7, "0.004": 0.6})
+
+
+@pytest.mark.parametrize(("floor", "fault"), [
+    ({"metric": "test_acc"}, "floor: metric 'test_acc' is not valid; valid choices: final_val_acc, best_val_acc"),
+    ({"chance_multiple": 0.5}, "chance_multiple must be a number >= 1"),
+    ({"level": 2}, "unknown key 'level'; valid keys: metric, chance_multiple"),
+])
+def test_a_bad_floor_is_a_one_line_error(tmp_path, floor, fault):
+    with pytest.raises(ValueError, match=re.escape(fault)) as exc:
+        spec_with(tmp_path, {"lr": [1e-3]}, floor=floor)
+    assert "\n" not in str(exc.value)
+
+
+def test_every_study_file_tunes_on_3_seeds_within_declared_bounds_and_declares_a_floor():
+    """Protocol v2 in every study file: the evidence budgets tune on >= 3 seeds never reported, with bounds the
+    grid may extend to; the first looks (smoke, quick) may tune once on fewer, without extending."""
+    for name in available_studies():
+        default = load_spec(name)
+        for budget in default.budgets:
+            spec = load_spec(name, budget)
+            if spec.tune is None:
+                continue
+            if budget in ("smoke", "quick"):
+                assert spec.tune.bounds is None, (name, budget)
+                continue
+            assert len(spec.tune.seeds) >= MIN_TUNE_SEEDS and spec.tune.bounds is not None, (name, budget)
+            assert spec.tune.bounds[0] <= min(spec.tune.lr) and max(spec.tune.lr) <= spec.tune.bounds[1]
+            assert not set(spec.tune.seeds) & set(spec.axes.get("seed", []))
+        assert default.floor is not None, name
+
+
+@pytest.mark.slow
+def test_a_study_extends_its_tuning_grid_until_each_best_rate_is_inside_or_at_a_bound(tmp_path):
+    """End to end, tiny real trainings: whatever the runs say, every cell ends with its best rate strictly inside the
+    rates it tried or at a declared bound (recorded), every added rate trained on every tuning seed, the stored
+    choice equals the highest mean validation accuracy recomputed here from the trials themselves (not by the
+    stage's function), and the reported runs trained at it."""
+    from ablations.studies.spec import TUNE_AT_BOUND, TUNE_EXTRA, TUNED_LR
+
+    path = write_study(tmp_path / "ext.yaml", variants=VARIANTS, axes={"seed": [0]},
+                       tune={"lr": [1e-3, 2e-3], "seeds": SEEDS, "bounds": [1e-3, 4e-3], "metric": "final_val_acc"})
+    db = tmp_path / "o.db"
+    result = run_in_process("--study", str(path), "--storage", url_of(db), "--results-dir", "results",
+                            "--no-progress", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    study = optuna.load_study(study_name="ext", storage=url_of(db))
+    tune = optuna.load_study(study_name="ext-tune", storage=url_of(db))
+    chosen, at_bound = study.user_attrs[TUNED_LR], study.user_attrs[TUNE_AT_BOUND]
+    extra = study.user_attrs[TUNE_EXTRA]
+    assert extra == tune.user_attrs.get(TUNE_EXTRA, {})
+    values: dict = {}
+    for t in tune.get_trials(states=(TrialState.COMPLETE,)):
+        values.setdefault(t.params["variant"], {}).setdefault(t.params["lr"], []).append(
+            t.user_attrs["final_val_acc"])
+    for variant in ("standard", "rezero"):
+        key = json.dumps([variant, []])
+        means = {lr: sum(v) / len(v) for lr, v in values[variant].items()}
+        assert all(len(v) == len(SEEDS) for v in values[variant].values())
+        assert set(means) == {1e-3, 2e-3, *extra.get(key, [])} and all(1e-3 <= lr <= 4e-3 for lr in means)
+        best = max(means.values())
+        assert means[chosen[key]] == best
+        if chosen[key] in (min(means), max(means)):
+            assert at_bound[key] == ("low" if chosen[key] == min(means) else "high"), (variant, means)
+        reported = [t for t in study.get_trials(states=(TrialState.COMPLETE,)) if t.params["variant"] == variant]
+        assert reported and all(t.user_attrs["config"]["lr"] == chosen[key] for t in reported)
+    assert "best learning rate at the edge of the rates tried; adding" in result.stderr or at_bound
+
+
 # --- parameter-matched controls ----------------------------------------------------------------------------------
 def param_count(config) -> int:
     from data import dataset_shape
     from lit_modules import VisionTransformer
 
-    shape = dataset_shape(config)
-    model = VisionTransformer(config.residual, config.residual_options, img_size=shape["img_size"],
-                              patch_size=config.patch_size or shape["patch_size"], in_chans=shape["in_chans"],
-                              num_classes=shape["num_classes"], embed_dim=config.embed_dim, depth=config.depth,
-                              num_heads=config.num_heads, mlp_ratio=config.mlp_ratio, attention=config.attention,
-                              class_attention_blocks=config.class_attention_blocks, norm_layer=config.norm_layer,
-                              value_residual=config.value_residual)
+    model = VisionTransformer(config.model_config(dataset_shape(config)))  # every backbone field the run trains
     return sum(p.numel() for p in model.parameters())
 
 

@@ -103,7 +103,7 @@ RETROFIT = {
     # post-LN: timm's pre-norm weights load into the post-norms norm1/norm2 by name (the function differs); the
     # default drops the final norm, so a timm checkpoint's norm.* loads only with final_norm=True
     "deepnorm": ("deepnorm", {"final_norm": True}, set(), False),
-    # the normalisation family (issue 26): every layout with timm's norm1/norm2 keys loads by name
+    # the normalisation family: every layout with timm's norm1/norm2 keys loads by name
     "post_ln": ("post_ln", {"final_norm": True}, set(), False),  # pre-norm weights into the post-norms
     "res_post_norm": ("res_post_norm", {}, set(), False),  # into the output norms (timm's ResPostBlock names)
     "peri_ln": ("peri_ln", {}, _blocks(3, *(f"ls{s}.norm.{p}" for s in (1, 2) for p in ("weight", "bias"))), False),
@@ -113,12 +113,32 @@ RETROFIT = {
     "keel": ("keel", {"final_norm": True}, _blocks(3, *(f"ls{s}.post_norm.{p}" for s in (1, 2)
                                                         for p in ("weight", "bias")))
              - {"blocks.0.ls1.post_norm.weight", "blocks.0.ls1.post_norm.bias"}, False),
+    # the 2025-26 frontier
+    "gpas": ("gpas", {}, _blocks(3, "ls1.gate"), True),  # SiLU(0) = 0: pre-LN exactly
+    "gpas_sublayer": ("gpas", {"gate": "sublayer"}, _blocks(3, "ls1.gate", "ls2.gate"), True),
+    # timm's norm1/norm2 load into the input norms N_in; the post/y norms and the streams' final norms are new
+    "siamese_norm": ("siamese_norm", {}, _blocks(3, *(f"ls{s}.{n}.{p}" for s in (1, 2) for n in ("post_norm", "y_norm")
+                                                      for p in ("weight", "bias")))
+                     | {f"stream.norm_{s}.{p}" for s in "xy" for p in ("weight", "bias")}, False),
+    "deep_delta": ("deep_delta", {}, _blocks(3, *(f"ls{s}.{n}.{p}" for s in (1, 2) for n in ("beta", "value")
+                                                  for p in ("weight", "bias"))), False),
+    # the streams' ends normalise each stream (no final norm): the timm checkpoint's norm.* loads with "sum"
+    "mhc_lite": ("mhc_lite", {"stream_out": "sum"}, _blocks(3, *(f"ls{s}.{p}" for s in (1, 2) for p in (
+        "gamma", "phi_pre", "phi_res", "phi_post", "b_pre", "b_res", "b_post", "alpha_pre", "alpha_res",
+        "alpha_post"))), False),
+    "kromhc": ("kromhc", {"stream_out": "sum"}, _blocks(3, *(f"ls{s}.{p}" for s in (1, 2) for p in (
+        "gamma", "phi_pre", "phi_res", "phi_post", "b_pre", "b_res", "b_post", "alpha_pre", "alpha_res",
+        "alpha_post"))), False),
+    # R-exact: W₂ = 0 and B = 1 on the newest output; norm1_k, norm1_v are copied from norm1 (blocks 1, 2)
+    "muddformer": ("muddformer", {}, {f"stream.dense.{i}.{p}" for i in range(3) for p in ("bias", "w1.weight",
+                                                                                           "w2.weight")}, True),
 }
 
 # variants whose layout cannot hold a timm ViT checkpoint: the keys the error names first
 NO_RETROFIT = {
     "resi_dual": "norm.bias",  # no final norm (the output ends in LN(x_d)), no option keeps one
     "ngpt": "blocks.0.attn.proj.bias",  # no norms and no biases anywhere
+    "hybrid_norm": "blocks.0.norm1.bias",  # no norm before the attention (its q, k, v norms are per head)
 }
 
 
@@ -154,6 +174,9 @@ def test_retrofit_timm_checkpoint(case):
     derived = {}
     if residual == "dca" and options.get("form", "dca") == "dca":  # per-input norms copied from norm1
         derived = {f"blocks.{i}.norm1_{s}.{p}": f"blocks.{i}.norm1.{p}" for i in range(3) for s in "kv"
+                   for p in ("weight", "bias")}
+    if residual == "muddformer":  # the key and value norms of the multiway blocks (all but block 0)
+        derived = {f"blocks.{i}.norm1_{s}.{p}": f"blocks.{i}.norm1.{p}" for i in (1, 2) for s in "kv"
                    for p in ("weight", "bias")}
     assert report.derived == derived
     own = model.state_dict()

@@ -43,8 +43,8 @@ from helpers import (
 )
 from optuna.trial import TrialState
 
-from ablations.run.spec import load_spec
-from ablations.run.storage import open_storage
+from ablations.studies.spec import load_spec
+from ablations.studies.storage import open_storage
 
 pytestmark = [*STUDY_TEST_MARKS, pytest.mark.slow]
 PROCESSES = 3
@@ -82,7 +82,7 @@ def start_staggered(args, tmp_path: Path, storage, study: str, logs: list[Path])
     trains too, so that none of them can finish the grid alone. A process is frozen as soon as a new TensorBoard
     event file shows it training (the others are frozen: the file is its), a file check between polls: a storage
     read per poll (about a second on PostgreSQL, which opens the storage as the CLI does) let the first processes
-    finish several of the tiny points before the freeze and leave the last one none (session 27's slow tier).
+    finish several of the tiny points before the freeze and leave the last one none.
     Frozen, it stays so only if the storage shows it RUNNING a point outside a storage call
     (:func:`storage_unlocked`: frozen inside one, it would hold SQLite's write lock and lock the next process out);
     else it runs on a moment and the check is repeated. Returns them all running."""

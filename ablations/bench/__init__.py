@@ -1,3 +1,4 @@
-"""Measurement: the benchmark (``python -m ablations.bench``: harness, sections in steps/loops/precision, cli), the
-timing harness it shares with precision ``auto`` (``timing``), the precision/attention mode tables (``modes``) and the
-dry-run time and GPU-hours estimate (``gpu_hours``). Importing the package loads nothing heavy."""
+"""Measurement: the benchmark (``python -m ablations.bench``: harness, sections in steps/loops/precision/malloc,
+cli; ``child`` runs a section's measurement in a process of its own, ``tasks`` is that process). What a training run
+uses at run time lives where the run uses it (:mod:`ablations.machine`: precision modes, malloc, the timing
+harness; :mod:`ablations.run.gpu_hours`: the dry run's GPU-hours). Importing the package loads nothing heavy."""

@@ -13,7 +13,7 @@ Writes ``<out>/bench.md`` (each figure beside its goal with a pass/miss mark, pl
 11 overhead, 12 malloc (only when asked: ``--sections malloc`` or ``12``; child processes per malloc setting).
 ``--processes K`` runs sections 3 and 11 in K fresh child processes each (a ratio: the median of theirs);
 ``--isolate K`` runs section 11 with every model in a fresh child process of its own, K rounds.
-Section 8 also writes ``<out>/modes-<device>.json``, the table ``ablations.bench.modes`` chooses a training run's
+Section 8 also writes ``<out>/modes-<device>.json``, the table ``ablations.machine.modes`` chooses a training run's
 precision and attention kernel from: it looks for the user's own at ``results/device/modes-<device>.json`` (hence
 ``--out results/device`` above).
 
@@ -37,7 +37,7 @@ machine; batch 16 keeps the section short and far from that.
 Data (section 7) times one epoch of the training data path alone (``ablations.training.build_datamodule`` on an
 in-memory CIFAR-shaped synthetic set, recipes ``basic`` and ``paper``) against section 1's train step, both in
 images/s: an in-memory loader runs between steps, so its time adds to every step. Modes (section 8) times the train
-step in the four modes precision x attention kernel on a grid of widths and token counts (``ablations.bench.modes``).
+step in the four modes precision x attention kernel on a grid of widths and token counts (``ablations.machine.modes``).
 """
 
 from __future__ import annotations
@@ -54,8 +54,9 @@ import warnings
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from .. import allocator, layout
+from .. import layout
 from ..cli import OneLineParser
+from ..machine import allocator
 from .harness import DEFAULT_SECTIONS, FULL, QUICK, SECTIONS, TINY, Section, goal_mark, parse_variants, table
 from .loops import bench_data, bench_lightning, bench_study
 from .malloc import bench_malloc
@@ -73,7 +74,7 @@ def machine_facts(threads: int) -> dict:
     import timm
     import torch
 
-    from ablations.bench.modes import cpu_facts
+    from ablations.machine.modes import cpu_facts
 
     cpu, flags = cpu_facts()
     return {"cpu": cpu, "cpu_flags": flags, "logical_cores": os.cpu_count(), "threads": threads,
@@ -109,7 +110,7 @@ def render(meta: dict, sections: list[Section]) -> str:
                ["CPU", f"{m['cpu']} ({m['logical_cores']} logical cores; {', '.join(m['cpu_flags']) or 'no flags read'})"],
                ["threads", f"{m['threads']} (torch.set_num_threads)"],
                ["malloc", f"{m.get('malloc', 'not recorded')}; set by ABLATIONS_MALLOC as in training "
-                          "(ablations.allocator)"],
+                          "(ablations.machine.allocator)"],
                ["torch / timm / lightning / Python", f"{m['torch']} / {m['timm']} / {m['lightning']} / {m['python']}"],
                ["CUDA", (f"{gpu} (the timed device)" if meta.get("device") == "cuda" else
                          f"{gpu} (not used: --device cpu)") if gpu else "none"],
@@ -183,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "model, in K rounds (order rotating); a ratio pairs a design's process with standard's of "
                         "the same round (default 0: all models interleaved in one process)")
     p.add_argument("--overhead-batch", type=int, metavar="N",
-                   help="section 11's batch (default 32, issue 27's size); on a GPU a larger one shows the designs' "
+                   help="section 11's batch (default 32); on a GPU a larger one shows the designs' "
                         "cost once their kernels, not the launches, take the time")
     p.add_argument("--variants", metavar="LABEL,...",
                    help="sections 2 and 6: only these labels of ablations.costs.all_configs() (standard, their "

@@ -80,8 +80,8 @@ def read_bench(result: StageResult, bench_out: Path) -> None:
 
 
 def bench_figures(report: dict) -> dict:
-    """The check's figures from a benchmark report: ours/timm, each DCA label vs standard, MFU, images/s, issue 27's
-    designs vs standard (section 11: the median ratio and its goal), goals."""
+    """The check's figures from a benchmark report: ours/timm, each DCA label vs standard, MFU, images/s, the
+    depth-aggregation and multi-stream designs vs standard (section 11: the median ratio and its goal), goals."""
     sections = report.get("sections", {})
     figures: dict[str, Any] = {}
     timm = sections.get("timm") or {}

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from lit_modules.config import ViTConfig
 
 from ..cli import markdown_table
-from .timing import image_batch, median, round_ratios
+from ..machine.timing import image_batch, median, round_ratios
 
 BACKBONE = ViTConfig()  # the timed backbone's fields other than those Settings sets
 
@@ -55,7 +55,7 @@ class Settings:
     modes_widths: tuple[int, ...] = (16, 32, 64, 128, 192, 384)  # section 8: the grid (heads = max(2, width // 64)) ...
     modes_patches: tuple[int, ...] = (16, 8, 4)  # ... x patch sizes on img_size 32: 5, 17, 65 tokens
     modes_depth: int = 4
-    overhead_depth: int = 6  # section 11: the new designs at issue 27's size (depth 6, batch 32) ...
+    overhead_depth: int = 6  # section 11: the depth-aggregation and multi-stream designs at depth 6, batch 32 ...
     overhead_batch: int = 32
     overhead_reps: int = 9  # ... in more rounds than section 2: the goals are tight, the rounds cheap
     malloc_reps: int = 5  # section 12: rounds of two child processes (~20 s each at full size)
@@ -164,7 +164,7 @@ def is_dca(residual: str, options: dict) -> bool:
 def study_trial(s: Settings):
     """The RunConfig of the study's representative trial (first variant, middle depth, seed 0) with the mode's
     overrides, and the spec."""
-    from ablations.run.spec import load_spec
+    from ablations.studies.spec import load_spec
 
     spec = load_spec(STUDY)
     grid = spec.grid()

@@ -10,8 +10,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ..machine.timing import interleave, median, round_ratios, train_step
 from .harness import STUDY, Sampled, Section, Settings, ms, ours, random_batch, ratio_cell, runs_of, study_trial
-from .timing import interleave, median, round_ratios, train_step
 
 # --- 3. Lightning loop vs a plain loop -----------------------------------------------------------------------------
 LOOPS = ("plain PyTorch", "Lightning, ViTClassifier", "Lightning, bare module")
@@ -148,7 +148,7 @@ def bench_study(s: Settings) -> Section:
 
     from ablations.run.objective import Objective
     from ablations.run.plan import estimate_seconds
-    from ablations.run.spec import load_spec
+    from ablations.studies.spec import load_spec
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     spec = load_spec(STUDY)

@@ -1,5 +1,5 @@
 """Section 12: training steps with glibc's malloc kept from handing freed memory back (``ABLATIONS_MALLOC=keep``,
-``ablations.allocator``) against glibc's defaults (``system``, what training uses unless told). malloc's settings
+``ablations.machine.allocator``) against glibc's defaults (``system``, what training uses unless told). malloc's settings
 and heap are per process, so each round starts one child process per setting (``ablations.bench.child``), in
 alternating order; a child times ``standard`` and mHC (the section-11 size, and the studies') and counts the page
 faults of its timed steps."""
@@ -11,10 +11,10 @@ import resource
 import time
 from dataclasses import replace
 
-from .. import allocator
+from ..machine import allocator
+from ..machine.timing import median, rotated, train_step
 from . import child
 from .harness import Section, Settings, ms, ours, random_batch, ratio_cell
-from .timing import median, rotated, train_step
 
 SETTINGS = ("system", "keep")
 LABELS = ("standard", "mhc")
@@ -65,7 +65,7 @@ def bench_malloc(s: Settings) -> Section:
     import torch
 
     if s.device != "cpu":
-        sec = Section("malloc", "12. glibc's malloc (ablations.allocator)", "—", [])
+        sec = Section("malloc", "12. glibc's malloc (ablations.machine.allocator)", "—", [])
         sec.notes.append("CPU only: a run on a GPU leaves malloc as it is.")
         return sec
     env = allocator.without_user_malloc(dict(os.environ))  # glibc's own malloc under the two settings
@@ -74,7 +74,7 @@ def bench_malloc(s: Settings) -> Section:
         for name in rotated(SETTINGS, r):
             runs[name].append(child.run("malloc", s, torch.get_num_threads(), env=env | {"ABLATIONS_MALLOC": name}))
     keys = list(runs["keep"][0]["times"])
-    sec = Section("malloc", "12. glibc's malloc: kept freed memory vs the defaults (ablations.allocator)",
+    sec = Section("malloc", "12. glibc's malloc: kept freed memory vs the defaults (ablations.machine.allocator)",
                   f"one child process per setting and round ({s.malloc_reps} rounds, alternating order); "
                   f"{s.mode_text()}, AdamW; each child warms up, then times {s.steps} steps at the section-11 size "
                   f"({s.describe(s.overhead_depth, s.overhead_batch)}) and {10 * s.steps} at the studies' "

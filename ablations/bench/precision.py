@@ -7,20 +7,20 @@ import tempfile
 
 from lit_modules.config import preset
 
+from ..machine.timing import image_batch, interleave, median, round_ratios, train_step
 from .harness import BACKBONE, Section, Settings, ms, ours, ratio_cell
-from .timing import image_batch, interleave, median, round_ratios, train_step
 
 
 def modes_grid(s: Settings) -> list[dict]:
     """The (width, heads, patch, tokens) cells of section 8."""
-    from ablations.bench.modes import tokens
+    from ablations.machine.modes import tokens
 
     return [{"embed_dim": w, "num_heads": max(2, w // 64), "patch_size": p, "tokens": tokens(s.img_size, p)}
             for w in s.modes_widths for p in s.modes_patches]
 
 
 def bench_modes(s: Settings) -> Section:
-    from ablations.bench.modes import MODE_KEYS, fastest, measure_cell, tokens
+    from ablations.machine.modes import MODE_KEYS, fastest, measure_cell, tokens
 
     keys = list(MODE_KEYS)
     ref = keys[0]
@@ -39,17 +39,17 @@ def bench_modes(s: Settings) -> Section:
         # whose load changes from round to round moves a raw median much more than an in-round ratio)
         measured = measure_cell(size, s.batch, device=s.device, reps=s.reps, steps=s.steps, warmup=s.warmup)
         times = measured["rounds_s"]
-        precision, fused = fastest(measured)  # what ablations.bench.modes.choose_mode answers for this cell
+        precision, fused = fastest(measured)  # what ablations.machine.modes.choose_mode answers for this cell
         best = f"{precision}/{'fused' if fused else 'explicit'}"
         cells.append({**cell, **measured, "best": {"precision": precision, "fused_attn": fused}})
         sec.rows.append([str(cell["embed_dim"]), str(cell["num_heads"]), str(cell["tokens"]),
                          ms(measured["median_s"][ref]),
                          *(ratio_cell(round_ratios(times, k, ref)) for k in keys[1:]), best])
     sec.notes += ["A ratio below 1 is faster than fp32 with fused attention (the bench's and timm's default). "
-                  "'fastest' is what ablations.bench.modes.choose_mode answers for the cell: the smallest 'times_s' in "
+                  "'fastest' is what ablations.machine.modes.choose_mode answers for the cell: the smallest 'times_s' in "
                   "the table this section writes, <out>/modes-<device>.json (each mode's time is the reference's "
                   "median times the mode's paired ratio; 'median_s': the raw medians), except that a bf16 mode must "
-                  "be at least 5% faster than the fastest fp32 mode (ablations.bench.modes.BF16_MARGIN).",
+                  "be at least 5% faster than the fastest fp32 mode (ablations.machine.modes.BF16_MARGIN).",
                   f"Tokens = (img / patch)² patches + the class token (patch "
                   f"{', '.join(map(str, s.modes_patches))} on {s.img_size}x{s.img_size}: "
                   f"{', '.join(str(tokens(s.img_size, p)) for p in s.modes_patches)})."]
@@ -72,13 +72,13 @@ def bench_auto(s: Settings) -> Section:
     interleaved with ``32-true`` and ``bf16-mixed`` (both with timm's fused attention, the fixed modes' kernel)."""
     import torch
 
-    from ablations.bench.modes import auto_mode, probe, tokens
+    from ablations.machine.modes import auto_mode, probe, tokens
 
     sizes = AUTO_SIZES if s.mode != "tiny" else (("tiny", dict(AUTO_SIZES[0][1], embed_dim=16, depth=1), 8),)
     sec = Section("auto", "10. precision auto vs the fixed precisions",
                   f"ours standard at each size, on the {s.device.upper()}, {torch.get_num_threads()} threads; one "
                   f"train step (forward, cross-entropy, backward, AdamW), {s.reps} rounds x {s.steps} steps "
-                  "interleaved; auto = the mode ablations.bench.modes chooses here (its source in the last column)",
+                  "interleaved; auto = the mode ablations.machine.modes chooses here (its source in the last column)",
                   ["model", "32-true ms/step", "bf16-mixed vs 32-true", "auto's mode", "auto vs 32-true", "goal",
                    "mark", "auto's source"])
     data = []
@@ -102,13 +102,13 @@ def bench_auto(s: Settings) -> Section:
             data.append({"model": label, "size": size, "batch": batch, "mode": mode.key, "source": mode.source,
                          "times_s": times})
     sec.notes.append("auto never trains in bf16 on a CPU unless a table measured on this CPU signature (model, "
-                     "avx512_bf16/AMX flags, threads, torch) says bf16 is at least 5% faster (ablations.bench.modes).")
+                     "avx512_bf16/AMX flags, threads, torch) says bf16 is at least 5% faster (ablations.machine.modes).")
     sec.data = {"models": data}
     return sec
 
 
 def modes_table(meta: dict, sec: Section) -> dict:
-    """The machine-readable table of section 8 (``ablations.bench.modes.load_table`` reads it)."""
+    """The machine-readable table of section 8 (``ablations.machine.modes.load_table`` reads it)."""
     d = sec.data
     return {"device": d["device"], "machine": meta["machine"], "started": meta["started"], "mode": meta["mode"],
             "settings": {"depth": d["depth"], "batch": d["batch"], "img_size": d["img_size"], "mlp_ratio": BACKBONE.mlp_ratio,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import time
 
+from ..machine.timing import interleave, median, paired_ratio, rotated, round_ratios, synchronised, train_step
 from .harness import (
     Sampled,
     Section,
@@ -20,7 +21,6 @@ from .harness import (
     selected_configs,
     set_fused_attn,
 )
-from .timing import interleave, median, paired_ratio, rotated, round_ratios, synchronised, train_step
 
 
 # --- 1. our backbone vs timm's --------------------------------------------------------------------------------------
@@ -264,8 +264,8 @@ def bench_compile(s: Settings) -> Section:
     return sec
 
 
-# --- 10. the new designs' overhead ---------------------------------------------------------------------------------
-#: issue 27's goals: train-step time vs standard of the designs whose extra work is depth aggregation or n streams
+# --- 11. the depth-aggregation and multi-stream designs' overhead ---------------------------------------------------------------------------------
+#: the goals: train-step time vs standard of the designs whose extra work is depth aggregation or n streams
 OVERHEAD_GOALS = {"attn_res": 1.3, "hyper_connections": 1.3, "dca": 1.3, "mhc": 1.5, "denseformer": 1.1}
 
 
@@ -331,10 +331,9 @@ def one_model_time(s: Settings, label: str) -> dict:
                                    device=s.device)[label])}
 
 
-#: measured with five processes of every design (results/device/cpu/issue27-bench-s26-avx2-processes)
-ONE_PROCESS_NOTE = ("One process: a ratio can differ between processes by more than between its rounds (on this "
-                    "project's VM mHC's ranged 1.35-1.41x over five, 1.47-1.71x while it leaked each step's graph); "
-                    "`--processes K` samples K of them.")
+#: measured with five processes of every design (results/device/cpu-avx2/bench-overhead-1thread-5processes)
+ONE_PROCESS_NOTE = ("One process: a ratio can differ between processes by more than between its rounds (on a "
+                    "2-core VM mHC's ranged 1.35-1.41x over five); `--processes K` samples K of them.")
 
 
 def bench_overhead(s: Settings) -> Section:
@@ -353,7 +352,7 @@ def bench_overhead(s: Settings) -> Section:
         rounds = (f"every model in a fresh process of its own (one model, as a training run holds), {s.isolate} "
                   f"rounds in rotating order, each process's time the median of its {rounds}; a ratio pairs a "
                   f"design's process with standard's of the same round")
-    sec = Section("overhead", "11. The new designs' step time vs standard (issue 27)",
+    sec = Section("overhead", "11. The depth-aggregation and multi-stream designs' step time vs standard",
                   f"{s.describe(s.overhead_depth, s.overhead_batch)}; {s.mode_text()}, AdamW; "
                   f"{sampled.how(rounds)}; each variant at its defaults; "
                   f"multi-stream kernels: {kernels} (what stream_kernels auto picks here)",

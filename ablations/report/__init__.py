@@ -5,9 +5,10 @@
     python -m ablations.report --study init_values --study-name my-search --out paper/tables
     python -m ablations.report --study residual_variants --runs results/residual_variants/runs.csv --out /tmp/x
     python -m ablations.report --study residual_variants --budget smoke --set max_epochs=2   # a --set study
+    python -m ablations.report --study residual_variants --runs results/residual_variants/runs.csv --html  # web page
 
 ``--set FIELD=VALUE`` (as given to ``ablations.run``) finds the study those overrides ran as
-(:mod:`ablations.run.overrides`); the main table's notes say which overrides the study ran with.
+(:mod:`ablations.studies.overrides`); the main table's notes say which overrides the study ran with.
 
 Writes to ``<results-dir>/<study name>/`` (or ``--out``):
 
@@ -38,7 +39,9 @@ trials, exits 2 with one line.
 Package layout: :mod:`.load` (storage → runs), :mod:`.runs` (runs.csv ↔ runs), :mod:`.stats` (paired statistics),
 :mod:`.tables` (tables as DataFrames and their one Markdown / LaTeX / CSV formatter), :mod:`.claims` (claim
 verdicts), :mod:`.power` (seeds needed), :mod:`.tuning` (the LR tuning table and figure), :mod:`.cli` (arguments,
-writing); figures are drawn by :mod:`ablations.report.figures`.
+writing); figures are drawn by :mod:`ablations.report.figures`. :mod:`.aggregate` (curves across seeds, TensorBoard's
+aggregate runs ``agg/<variant>/depth=<d>``, also written by the study runner), :mod:`.html` (``--html``:
+``report.html`` and ``index.html``) and :mod:`.notes` (the optuna-dashboard notes): docs/dashboards.md.
 """
 
 from __future__ import annotations

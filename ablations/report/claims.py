@@ -1,4 +1,4 @@
-"""Verdicts for the papers' claims a study file lists (``claims:`` in the YAML, :class:`ablations.run.spec.Claim`),
+"""Verdicts for the papers' claims a study file lists (``claims:`` in the YAML, :class:`ablations.studies.spec.Claim`),
 computed from the report-phase runs and written to ``claims.md`` / ``claims.csv``; never written by hand.
 
 Each testable claim is a paired comparison of its variant with its baseline over seeds (at its depth, or one line
@@ -10,7 +10,10 @@ a defined test). The verdict of a line:
 * **not held**: Holm-adjusted p < α and Δ in the other direction;
 * **not resolved**: not significant after Holm (or no test: fewer than 2 pairs, all paired differences equal); the
   MDE says how large an effect could have hidden;
-* **untestable**: the study file says the measure cannot test the claim (``testable: false``), with its reason.
+* **untestable**: the study file says the measure cannot test the claim (``testable: false``), with its reason;
+* **premise absent**: the claim presupposes something the same study measures (``premise:``, e.g. "standard's
+  accuracy falls with depth") and the study does not show it (:func:`premise_holds`); the line gives the premise's
+  own numbers, and it is not a test of the claim (it leaves the Holm family).
 
 The Markdown is one line per verdict, deterministic text that a README quotes verbatim.
 """
@@ -24,11 +27,12 @@ from typing import Any
 from .format import Column, Table, frame, latex_escape, p_text
 from .load import StudyData
 from .stats import ALPHA, POWER, Cell, adjust, compare, make_cell
-from .tables import CI_LABEL, all_equal, ci_text, equal_text, signed
+from .tables import CI_LABEL, all_equal, boot_text, ci_text, equal_text, signed
 
-VERDICTS = ("held", "not held", "not resolved", "untestable")
+VERDICTS = ("held", "not held", "not resolved", "premise absent", "untestable")
 CLAIM_KEYS = ["id", "claim", "source", "counts", "variant", "baseline", "depth", "baseline_depth", "metric", "direction",
-              "n_pairs", "delta", "sd", "ci_low", "ci_high", "p_t", "p_t_holm", "m", "mde", "n_diverged_pairs",
+              "n_pairs", "delta", "sd", "ci_low", "ci_high", "boot_low", "boot_high", "p_t", "p_t_holm", "m", "mde",
+              "n_diverged_pairs", "premise", "premise_delta", "premise_ci_low", "premise_ci_high", "premise_n",
               "verdict", "detail"]
 
 
@@ -42,7 +46,7 @@ def with_metric(runs: Sequence, metric: str, data: StudyData) -> list:
 def claim_records(data: StudyData, claims: Sequence, alpha: float = ALPHA,
                   power: float = POWER) -> tuple[list[dict], list[Cell]]:
     """(one record per claim line, with its verdict — a testable claim gives one line per row of its variant ×
-    depth —, the compared cells: the Holm family)."""
+    depth —, the compared cells: the Holm family). A line whose premise the study does not show leaves the family."""
     lines: list[tuple[Any, Cell | None, dict]] = []
     for claim in claims:
         if not claim.testable:
@@ -55,15 +59,52 @@ def claim_records(data: StudyData, claims: Sequence, alpha: float = ALPHA,
             ran = [d for d in data.depths if data.by_row_depth(row, d)]  # a row may run at one depth only
             for depth in [claim.depth] if claim.depth is not None else (ran or data.depths or [None]):
                 base_depth = depth if claim.baseline_depth is None else claim.baseline_depth
-                own = make_cell(row, depth, with_metric(data.by_row_depth(row, depth), metric, data))
-                ref = make_cell(base_row or claim.baseline, base_depth,
-                                with_metric(data.by_row_depth(base_row, base_depth), metric, data) if base_row else [])
-                own.pair_seeds, own.comparison, own.n_diverged_pairs = compare(own, ref)
-                lines.append((claim, own, {"variant": row, "baseline": ref.row, "depth": depth, "metric": metric,
-                                           "baseline_depth": claim.baseline_depth}))
-    cells = [cell for _, cell, _ in lines if cell is not None]
+                own, ref = comparison_cells(data, row, depth, base_row or claim.baseline, base_depth, metric,
+                                            has_baseline=base_row is not None)
+                where = {"variant": row, "baseline": ref.row, "depth": depth, "metric": metric,
+                         "baseline_depth": claim.baseline_depth}
+                if claim.premise is not None:
+                    where |= premise_record(data, claim.premise, depth)
+                lines.append((claim, own, where))
+    cells = [cell for _, cell, where in lines if cell is not None and where.get("premise_held", True)]
     m = adjust(cells, alpha, power)
     return [_record(claim, cell, where, m, alpha) for claim, cell, where in lines], cells
+
+
+def comparison_cells(data: StudyData, row: str, depth, base_row: str, base_depth, metric: str,
+                     has_baseline: bool = True) -> tuple[Cell, Cell]:
+    """The two cells of a paired comparison on ``metric`` (``own`` carries the comparison with ``ref``)."""
+    own = make_cell(row, depth, with_metric(data.by_row_depth(row, depth), metric, data))
+    ref = make_cell(base_row, base_depth,
+                    with_metric(data.by_row_depth(base_row, base_depth), metric, data) if has_baseline else [])
+    own.pair_seeds, own.comparison, own.n_diverged_pairs = compare(own, ref)
+    return own, ref
+
+
+def premise_holds(direction: str, cmp) -> bool:
+    """Whether a premise's paired comparison shows what it asserts (:data:`ablations.studies.spec.PREMISE_DIRECTIONS`):
+    ``lower``/``higher``: the 95% t-interval lies below/above 0 (all differences equal: their sign); ``not_higher``
+    / ``not_lower``: it does not lie above/below 0. Without 2 pairs nothing is shown: False."""
+    if cmp is None or cmp.n < 2 or cmp.delta is None:
+        return False
+    if cmp.all_equal:
+        below, above = cmp.delta < 0, cmp.delta > 0
+    else:
+        below, above = cmp.ci_high < 0, cmp.ci_low > 0
+    return {"lower": below, "higher": above, "not_higher": not above, "not_lower": not below}[direction]
+
+
+def premise_record(data: StudyData, premise, depth) -> dict:
+    """The premise's comparison (at its own depth, else the claim line's) as record fields and ``premise_held``."""
+    at = premise.depth if premise.depth is not None else depth
+    base_at = premise.baseline_depth if premise.baseline_depth is not None else at
+    base_row = data.baseline_row(premise.variant, premise.baseline) or premise.baseline
+    own, _ = comparison_cells(data, premise.variant, at, base_row, base_at, premise.metric or data.metric)
+    cmp = own.comparison
+    where = f" (depth {at}{'' if base_at == at else f' vs {base_at}'})" if at is not None else ""
+    return {"premise": f"{premise.claim}: {premise.variant} vs {premise.baseline}{where}, {premise.direction}",
+            "premise_delta": cmp.delta, "premise_ci_low": cmp.ci_low, "premise_ci_high": cmp.ci_high,
+            "premise_n": cmp.n, "premise_held": premise_holds(premise.direction, cmp)}
 
 
 def _record(claim, cell: Cell | None, where: Mapping[str, Any], m: int, alpha: float) -> dict:
@@ -72,9 +113,13 @@ def _record(claim, cell: Cell | None, where: Mapping[str, Any], m: int, alpha: f
     if cell is None:
         return rec | {"verdict": "untestable", "detail": claim.reason}
     cmp = cell.comparison
-    rec |= dict(where) | {"direction": claim.direction, "n_pairs": cmp.n, "delta": cmp.delta, "sd": cmp.sd,
-                          "ci_low": cmp.ci_low, "ci_high": cmp.ci_high, "p_t": cmp.p_t, "p_t_holm": cell.p_t_holm,
-                          "m": m, "mde": cell.mde, "n_diverged_pairs": cell.n_diverged_pairs}
+    rec |= {k: v for k, v in where.items() if k != "premise_held"} | {
+        "direction": claim.direction, "n_pairs": cmp.n, "delta": cmp.delta, "sd": cmp.sd, "ci_low": cmp.ci_low,
+        "ci_high": cmp.ci_high, "boot_low": cmp.boot_low, "boot_high": cmp.boot_high, "p_t": cmp.p_t,
+        "p_t_holm": cell.p_t_holm, "m": m, "mde": cell.mde, "n_diverged_pairs": cell.n_diverged_pairs}
+    if not where.get("premise_held", True):
+        return rec | {"p_t_holm": None, "m": None, "mde": None, "verdict": "premise absent",
+                      "detail": f"premise not shown here: {premise_numbers(rec)}"}
     if cell.p_t_holm is not None and cell.p_t_holm < alpha:
         along = cmp.delta > 0 if claim.direction == "higher" else cmp.delta < 0
         return rec | {"verdict": "held" if along else "not held",
@@ -90,11 +135,25 @@ def _record(claim, cell: Cell | None, where: Mapping[str, Any], m: int, alpha: f
     return rec | {"verdict": "not resolved", "detail": detail}
 
 
+def premise_numbers(rec: Mapping[str, Any]) -> str:
+    """``<premise>: Δ = x pp [CI], n = k`` of a claim line's premise."""
+    if rec["premise_delta"] is None:
+        return f"{rec['premise']}: no pairs"
+    ci = (f" [{signed(rec['premise_ci_low'], 'md')}, {signed(rec['premise_ci_high'], 'md')}]"
+          if rec["premise_ci_low"] is not None else "")
+    return f"{rec['premise']}: Δ = {signed(rec['premise_delta'], 'md')} pp{ci}, n = {rec['premise_n']}"
+
+
 def line_text(rec: Mapping[str, Any]) -> str:
     """The claim's one Markdown line (quoted verbatim by the README)."""
     head = f"- **{rec['id']}**: {rec['claim']} ({rec['source']})."
     if rec["verdict"] == "untestable":
         return f"{head} **untestable**: {rec['detail']}"
+    if rec["verdict"] == "premise absent":
+        depth = f", depth {rec['depth']}" if rec["depth"] is not None else ""
+        numbers = "no pairs" if rec["delta"] is None else f"Δ = {signed(rec['delta'], 'md')} pp"
+        return (f"{head} {rec['variant']} vs {rec['baseline']}{depth}, {rec['metric']}: {numbers}, n = "
+                f"{rec['n_pairs']}: **premise absent** ({rec['detail']}).")
     depth = f", depth {rec['depth']}" if rec["depth"] is not None else ""
     if rec.get("baseline_depth") is not None and rec["baseline_depth"] != rec["depth"]:
         depth += f" vs depth {rec['baseline_depth']}"
@@ -105,6 +164,8 @@ def line_text(rec: Mapping[str, Any]) -> str:
         numbers = equal_text(rec, "md")
     else:
         ci = f" {ci_text(rec, 'md')} ({CI_LABEL})" if rec["ci_low"] is not None else ""
+        if rec.get("boot_low") is not None:
+            ci += f", {boot_text(rec, 'md')} (two-level: seeds x test images)"
         numbers = f"Δ = {signed(rec['delta'], 'md')} pp{ci}"
     numbers += f", n = {rec['n_pairs']} pair{'s' if rec['n_pairs'] != 1 else ''}"
     if rec["n_diverged_pairs"]:
@@ -145,6 +206,8 @@ def claims_table(data: StudyData, claims: Sequence, alpha: float = ALPHA, power:
                f"runs, never written by hand ({', '.join(f'{n} {v}' for v, n in counts.items())}). held = "
                f"Holm-adjusted paired t-test p < {alpha} with Δ in the paper's direction; not held = significant in "
                f"the other direction; not resolved = not significant after Holm (an effect up to the MDE could hide); "
+               f"premise absent = the study does not show what the claim presupposes (its 95% t-interval does not "
+               f"lie on the premise's side of 0), so the line is no test of the claim and leaves the Holm family; "
                f"untestable = the study file says the measure cannot test the claim. "
                + (method_text(cells, against, "of the claims", wilcoxon=False) if cells else "No testable claim."))
 

@@ -29,8 +29,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "claims, tuning (byte-identical to the report from the storage); tables that need the storage or the "
                         "event files (cost, collapse, mixing, importance) and the figures but tuning are skipped")
     p.add_argument("--no-figures", action="store_true", help="tables only")
-    p.add_argument("--no-tensorboard", action="store_true", help="do not write the tables to TensorBoard")
+    p.add_argument("--html", action="store_true",
+                   help="also write <out>/report.html (tables, figures, claims, protocol, run; opens in a browser) and "
+                        "<results-dir>/index.html linking every study's report")
+    p.add_argument("--no-tensorboard", action="store_true",
+                   help="do not write the tables and the seed aggregates (runs agg/<variant>/depth=<d>) to TensorBoard")
     p.add_argument("--no-note", action="store_true", help="do not attach the tables to the study (dashboard note)")
+    p.add_argument("--ledger", action="store_true",
+                   help="write the claims ledger <results-dir>/claims.md and claims.csv from every study's runs.csv "
+                        "(<results-dir>/<study>/runs.csv): each claim's verdict in its study and under one Holm "
+                        "family over all claims, shared runs marked (no --study)")
     return p
 
 
@@ -47,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the interpreter's flush at exit
         return 0
     except Exception as exc:  # a storage file found damaged past the check in _main: one line, not a traceback
-        from ..run.storage import unusable_storage_error, unusable_storage_message
+        from ..studies.storage import unusable_storage_error, unusable_storage_message
 
         damaged = unusable_storage_error(exc)
         if damaged is None:
@@ -56,13 +64,31 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def _ledger(args: argparse.Namespace) -> int:
+    """``--ledger``: the claims ledger from every study folder's runs.csv (:mod:`.ledger`)."""
+    from .ledger import summary, write_ledger
+
+    if args.study:
+        raise ReportError("--ledger reads every study under --results-dir: give no --study")
+    paths, records = write_ledger(Path(args.results_dir))
+    counts = summary(records)
+    for key, label in (("verdict", "in its study"), ("verdict_all", "all claims")):
+        print(f"{label}: " + ", ".join(f"{n} {v}" for v, n in counts[key].items()))
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
 def _main(args: argparse.Namespace) -> int:
-    from ..run.overrides import OVERRIDES_ATTR, apply_sets, describe, parse_sets
-    from ..run.spec import load_spec
+    from ..studies.overrides import OVERRIDES_ATTR, apply_sets, describe, parse_sets
+    from ..studies.spec import load_spec
     from . import format as fmt
     from . import runs as runs_csv
     from .load import collect, open_study, open_tune_study
 
+    if args.ledger:
+        return _ledger(args)
+    if not args.study:
+        raise ReportError("--study is required (or --ledger)")
     spec = apply_sets(load_spec(args.study, args.budget), parse_sets(args.sets))
     study_name = args.study_name or spec.study_name
     results_dir = Path(args.results_dir)
@@ -70,7 +96,7 @@ def _main(args: argparse.Namespace) -> int:
     if args.runs:
         data = runs_csv.read(Path(args.runs), spec, study_name)
     else:
-        from ..run.storage import check_sqlite_file
+        from ..studies.storage import check_sqlite_file
 
         check_sqlite_file(args.storage)  # garbage or a truncated file: one line, and the file is never written
         study = open_study(args.storage, study_name, spec)
@@ -92,6 +118,7 @@ def _main(args: argparse.Namespace) -> int:
     for table in tables:
         written += fmt.write_table(table, out, study_name)
     written.append(runs_csv.write(data, out / "runs.csv"))  # every result trial: the tables' one input
+    written.append(write_resolved(spec, out / "study.yaml"))  # the study as it ran: base files and budget resolved
     notes = [f"{t.name}: {n}" for t in tables for n in t.notes] + notes
     modes = data.modes()
     if len(modes) > 1:  # e.g. a study continued after precision auto: its pairs mix numerics (runs.csv: 'mode')
@@ -110,10 +137,34 @@ def _main(args: argparse.Namespace) -> int:
             notes += fig_notes
     if study is not None and not args.no_tensorboard:
         written.append(write_tensorboard(tensorboard_dir(data, results_dir, study_name), tables))
+    if not args.no_tensorboard:  # from the storage or from runs.csv alone: the seed aggregates
+        from .aggregate import write_study
+
+        agg = write_study(data, spec, tensorboard_dir(data, results_dir, study_name).parent)
+        if agg is not None:
+            written.append(agg)
+    html = None
+    if args.html:
+        from .html import write_index, write_report
+
+        html = write_report(data, spec, tables, out, results_dir=results_dir, study=study,
+                            source="storage" if study is not None else str(args.runs))
+        written.append(html)
+        if out.resolve().parent == results_dir.resolve():  # results/<study>/report.html: the index lists it
+            written.append(write_index(results_dir))
     if study is not None and not args.no_note:
+        from ..studies.spec import TUNE_MEANS, TUNED_LR
+        from .notes import study_note, tuning_note
+
         try:
-            save_dashboard_note(study, f"## Report: {study_name}\n\n" + "\n".join(t.markdown() for t in tables))
+            save_dashboard_note(study, study_note(study_name, tables, html or out / "report.html"))
             notes.append(f"optuna-dashboard note saved on study '{study_name}'.")
+            tune_study = open_tune_study(study)
+            if tune_study is not None and spec.tune is not None and study.user_attrs.get(TUNED_LR):
+                save_dashboard_note(tune_study, tuning_note(study_name, study.user_attrs[TUNED_LR],
+                                                            study.user_attrs.get(TUNE_MEANS) or {},
+                                                            metric=spec.tune.metric, seeds=spec.tune.seeds))
+                notes.append(f"optuna-dashboard note saved on its tuning stage '{tune_study.study_name}'.")
         except Exception as exc:  # noqa: BLE001 - a read-only storage must not lose the report
             notes.append(f"optuna-dashboard note not saved: {first_line(exc)}")
 
@@ -124,6 +175,17 @@ def _main(args: argparse.Namespace) -> int:
     for path in written:
         print(f"  {path}")
     return 0
+
+
+def write_resolved(spec, path: Path) -> Path:
+    """The study as trained (:func:`ablations.studies.spec.resolved`) as YAML at ``path``."""
+    import yaml
+
+    from ..studies.spec import resolved
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(resolved(spec), sort_keys=False, allow_unicode=True, width=120))
+    return path
 
 
 def label_first_look(tables: Sequence, spec) -> bool:

@@ -2,7 +2,7 @@
 :mod:`lit_modules.diagnostics` (used by :mod:`ablations.report` and its figures).
 
 Tags are read back under their internal names (``diag/...``; :func:`ablations.dashboard.internal_tag` undoes
-TensorBoard's grouping). A run folder may hold several event files (the fit, the end-of-run summary, a resumed session); all are read.
+TensorBoard's grouping). A run folder may hold several event files (the fit, the end-of-run summary, a resumed run); all are read.
 Steps follow the diagnostics convention (``global_step`` = 0-based epoch index). When a step was written twice
 (a resumed run repeating an epoch), the value read last wins.
 """

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import layout
-from ..run.spec import tune_name
+from ..studies.spec import tune_name
 from ..training import HP_SUMMARY_KEYS
 
 BASELINE = "standard"  # the variant every other one is compared with
@@ -69,6 +69,8 @@ class Run:
     run_name: str | None = None  # the TensorBoard run (``<variant>/depth=<d>/seed=<s>``; older studies: trial_NNNN)
     phase: str = "report"  # tune (LR tuning seeds) | report (the reported seeds)
     mode: str | None = None  # precision + attention kernel as runs.csv recorded it (None: from summary / config)
+    #: completed below the study's floor (``floor:``, :class:`ablations.studies.spec.Floor`): counted like a diverged run
+    failed_training: bool = False
 
     @property
     def lr(self) -> float | None:
@@ -78,8 +80,14 @@ class Run:
 
     @property
     def ok(self) -> bool:
-        """A completed, non-diverged run with a finite accuracy: it enters means, stds and paired tests."""
-        return self.state == "complete" and not self.diverged and finite(self.acc)
+        """A completed run that neither diverged nor failed to train, with a finite accuracy: it enters means, stds
+        and paired tests at its accuracy (a diverged or failed one enters the pairs at chance level)."""
+        return self.state == "complete" and not self.diverged and not self.failed_training and finite(self.acc)
+
+    @property
+    def at_chance(self) -> bool:
+        """A run that counts at chance level in the pairs: it diverged, or completed below the study's floor."""
+        return self.diverged or self.failed_training
 
 
 @dataclass
@@ -96,6 +104,9 @@ class StudyData:
     metric: str = ACC_KEY  # the accuracy key of Run.acc (the study's metric when it is one of ACC_KEYS)
     tune_runs: list[Run] = field(default_factory=list)  # phase "tune": only the tuning table and figure use them
     tune_metric: str = ACC_KEY  # the validation metric the tuning stage chose by (spec.tune.metric)
+    floor: str | None = None  # the study's floor for failed trainings, in words (None: it declares none)
+    tune_grid: tuple[float, ...] = ()  # the tuning stage's starting rates (spec.tune.lr); others were added
+    tune_bounds: tuple[float, float] | None = None  # the rates the grid may extend to (spec.tune.bounds)
 
     def by_row_depth(self, row: str, depth: int | None) -> list[Run]:
         return [r for r in self.runs if r.row == row and r.depth == depth]
@@ -137,7 +148,7 @@ def open_study(url: str, study_name: str, spec=None):
     of them is missing."""
     if "://" not in url:
         raise ReportError(f"storage '{url}' is not a URL; e.g. {layout.DEFAULT_STORAGE}")
-    from ..run.storage import _redact, _with_installed_driver
+    from ..studies.storage import redact, with_installed_driver
 
     names: list[str] | None = None
     if url.startswith("sqlite:"):
@@ -154,14 +165,14 @@ def open_study(url: str, study_name: str, spec=None):
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        storage = optuna.storages.RDBStorage(_with_installed_driver(url), skip_table_creation=True,
+        storage = optuna.storages.RDBStorage(with_installed_driver(url), skip_table_creation=True,
                                              skip_compatibility_check=True)  # postgresql:// with psycopg2 too
         if names is None:
             names = [s.study_name for s in storage.get_all_studies()]
     except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError, ImportError) as exc:
         if isinstance(exc, optuna.exceptions.StorageInternalError):  # Optuna wraps a failed connection
             exc = exc.__cause__ or exc
-        raise ReportError(f"cannot read storage '{_redact(url)}': {first_line(getattr(exc, 'orig', None) or exc)}"
+        raise ReportError(f"cannot read storage '{redact(url)}': {first_line(getattr(exc, 'orig', None) or exc)}"
                           ) from None
     if study_name not in names:
         hint = ""
@@ -170,9 +181,9 @@ def open_study(url: str, study_name: str, spec=None):
                       if (spec.name if b == "default" else f"{spec.name}-{b}") in names and b != spec.budget]
             if others:
                 hint = f" (run with --budget {others[0]}?)"
-            elif any(n.startswith(f"{study_name}+") for n in names):  # ablations.run.overrides' naming rule
+            elif any(n.startswith(f"{study_name}+") for n in names):  # ablations.studies.overrides' naming rule
                 hint = " (a study run with --set: pass the same --set arguments)"
-        raise ReportError(f"study '{study_name}' not found in {_redact(url)}; studies there: "
+        raise ReportError(f"study '{study_name}' not found in {redact(url)}; studies there: "
                           f"{', '.join(sorted(names)) or 'none'}{hint}")
     return optuna.load_study(study_name=study_name, storage=storage)
 
@@ -285,8 +296,12 @@ def assemble(name: str, spec, runs: list[Run], pending: int = 0, skipped: int = 
     (spec variant order, extra axes, depth, seed, trial number), tuning-phase runs set apart."""
     labels = [v.label for v in spec.variants]
     extra_axes = [a for a in spec.axes if a not in ("depth", "seed")]
+    floor = getattr(spec, "floor", None)
     for run in runs:
         run.row = row_label(run.variant, run.extras)
+        if floor is not None and run.state == "complete" and not run.diverged:
+            value = run.summary.get(floor.metric)
+            run.failed_training = finite(value) and floor.failed(float(value), classes_of(run))
 
     def row_key(run: Run):
         index = labels.index(run.variant) if run.variant in labels else len(labels)
@@ -309,7 +324,20 @@ def assemble(name: str, spec, runs: list[Run], pending: int = 0, skipped: int = 
         depths=sorted({r.depth for r in runs if r.depth is not None}), pending=pending, skipped=skipped,
         metric=accuracy_key(spec.metric), tune_runs=tune,
         tune_metric=getattr(getattr(spec, "tune", None), "metric", None) or ACC_KEY,
+        floor=floor.text() if floor is not None else None,
+        tune_grid=tuple(getattr(getattr(spec, "tune", None), "lr", ()) or ()),
+        tune_bounds=getattr(getattr(spec, "tune", None), "bounds", None),
     )
+
+
+def classes_of(run: Run) -> int | None:
+    """The run's number of classes as its summary or config recorded it (also inside ``dataset_options``)."""
+    config = run.config or {}
+    for value in (run.summary.get("num_classes"), config.get("num_classes"),
+                  (config.get("dataset_options") or {}).get("num_classes")):
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 2 and value == int(value):
+            return int(value)
+    return None
 
 
 def best_per_row(data: StudyData) -> dict[str, Run]:

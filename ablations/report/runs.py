@@ -33,6 +33,9 @@ HEAD = ("number", "run_name", "state", "phase", "variant", "row", "depth", "seed
 CONFIG_COLUMNS = ("residual", "residual_options", "lr", "num_classes", "acc")
 SUMMARY_COLUMNS = tuple(k for k in HP_SUMMARY_KEYS if k != DIVERGED_KEY)
 OPTIONAL_COLUMNS = ("test_acc", "test_acc_at_best_val")  # written when any trial has them
+#: the final epoch's per-image test results (:func:`lit_modules.predictions.pack`), written when any trial has them:
+#: what the report's two-level bootstrap (seeds x test images) resamples
+TEXT_COLUMNS = ("test_correct",)
 TAIL = ("diverged", "ok", "mode")
 CURVE = "val_acc_curve"  # written when any trial has a per-epoch curve
 STATES = ("complete", "pruned", "failed")
@@ -40,7 +43,7 @@ REQUIRED = ("number", "state", "variant", "depth", "seed", "acc", "diverged")  #
 
 
 def columns(data: StudyData, axes: list[str]) -> list[str]:
-    optional = [k for k in OPTIONAL_COLUMNS if any(k in r.summary for r in all_runs(data))]
+    optional = [k for k in (*OPTIONAL_COLUMNS, *TEXT_COLUMNS) if any(k in r.summary for r in all_runs(data))]
     curve = [CURVE] if any(r.curve for r in all_runs(data)) else []
     return list(dict.fromkeys([*HEAD, *axes, *CONFIG_COLUMNS, *SUMMARY_COLUMNS, *optional, *TAIL, *curve]))
 
@@ -62,7 +65,7 @@ def record(run: Run) -> dict[str, Any]:
            "residual_options": json.dumps(config.get("residual_options") or {}, sort_keys=True),
            "lr": run.lr, "num_classes": num_classes(run), "acc": run.acc,
            "diverged": run.diverged, "ok": run.ok, "mode": run_mode(run), CURVE: curve_text(run.curve)}
-    for key in (*SUMMARY_COLUMNS, *OPTIONAL_COLUMNS):
+    for key in (*SUMMARY_COLUMNS, *OPTIONAL_COLUMNS, *TEXT_COLUMNS):
         rec[key] = run.summary.get(key)
     return rec
 
@@ -155,11 +158,13 @@ def read(path: Path, spec, name: str) -> StudyData:
     if not lines:
         raise ReportError(f"runs file '{path}' has no trials")
     summary_keys = [k for k in (*SUMMARY_COLUMNS, *OPTIONAL_COLUMNS) if k in header]
-    runs = [_run(line, index + 2, path, axes, summary_keys) for index, line in enumerate(lines)]
+    text_keys = [k for k in TEXT_COLUMNS if k in header]
+    runs = [_run(line, index + 2, path, axes, summary_keys, text_keys) for index, line in enumerate(lines)]
     return assemble(name, spec, runs)
 
 
-def _run(line: dict[str, str], lineno: int, path: Path, axes: list[str], summary_keys: list[str]) -> Run:
+def _run(line: dict[str, str], lineno: int, path: Path, axes: list[str], summary_keys: list[str],
+         text_keys: list[str] = ()) -> Run:
     where = f"runs file '{path}' line {lineno}"
     if None in line or any(v is None for v in line.values()):
         raise ReportError(f"{where}: wrong number of fields")
@@ -187,6 +192,7 @@ def _run(line: dict[str, str], lineno: int, path: Path, axes: list[str], summary
     config = {"residual": line["residual"], "residual_options": options, "lr": cells["lr"],
               "num_classes": cells["num_classes"]}
     summary = {k: cells[k] for k in summary_keys if cells[k] is not None}
+    summary |= {k: line[k] for k in text_keys if line[k]}
     summary[DIVERGED_KEY] = cells["diverged"]
     try:
         curve = read_curve(line.get(CURVE) or "")

@@ -29,7 +29,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .load import BASELINE, Run, StudyData
+from .load import BASELINE, Run, StudyData, classes_of
 
 ALPHA = 0.05  # family-wise significance level (Holm–Bonferroni over the table)
 POWER = 0.8  # power of the minimum detectable effect
@@ -50,6 +50,8 @@ class Paired:
     p_t: float | None = None  # paired two-sided t-test
     p_wilcoxon: float | None = None  # Wilcoxon signed-rank, two-sided
     n_nonzero: int = 0  # non-zero differences (the Wilcoxon test's n)
+    boot_low: float | None = None  # two-level bootstrap interval (seeds x test images, :mod:`.bootstrap`)
+    boot_high: float | None = None
 
     @property
     def all_equal(self) -> bool:
@@ -133,12 +135,7 @@ def mde(sd: float | None, n: int, alpha: float, power: float = POWER) -> float |
 
 def num_classes(run: Run) -> int | None:
     """The run's number of classes as its summary or config recorded it (also inside ``dataset_options``)."""
-    config = run.config or {}
-    for value in (run.summary.get("num_classes"), config.get("num_classes"),
-                  (config.get("dataset_options") or {}).get("num_classes")):
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 2 and value == int(value):
-            return int(value)
-    return None
+    return classes_of(run)
 
 
 def chance_level(run: Run) -> float:
@@ -149,11 +146,11 @@ def chance_level(run: Run) -> float:
 
 
 def pair_value(run: Run) -> float | None:
-    """A run's value in the paired differences: its accuracy when ok, chance level when it diverged, None (its
-    seed drops out) when it has no result."""
+    """A run's value in the paired differences: its accuracy when ok, chance level when it diverged or failed to
+    train (below the study's floor), None (its seed drops out) when it has no result."""
     if run.ok:
         return float(run.acc)
-    return chance_level(run) if run.diverged else None
+    return chance_level(run) if run.at_chance else None
 
 
 @dataclass
@@ -164,8 +161,9 @@ class Cell:
     depth: int | None
     values: list[float]  # accuracies (fractions) of the ok runs, by seed
     seeds: list[int | None]
-    n_runs: int = 0  # result trials in the cell (ok, diverged, failed/pruned)
+    n_runs: int = 0  # result trials in the cell (ok, diverged, failed to train, failed/pruned)
     n_diverged: int = 0
+    n_failed_training: int = 0  # completed below the study's floor: at chance level in the pairs, like diverged
     n_failed: int = 0  # failed or pruned (no result) + completed without an accuracy
     mean: float | None = None
     std: float | None = None  # sample std (ddof=1), only for n >= 2
@@ -173,8 +171,11 @@ class Cell:
     comparison: Paired | None = None  # vs the baseline cell; None for the baseline or without a baseline cell
     pair_seeds: list[int] = field(default_factory=list)
     pair_values: dict[int, float] = field(default_factory=dict)  # seed -> value in the pairs (diverged: chance)
-    diverged_seeds: list[int] = field(default_factory=list)  # seeds whose run diverged (chance level in the pairs)
-    n_diverged_pairs: int = 0  # pairs in which either side diverged (counted at chance level)
+    #: seed -> the run's per-image test results when they reproduce its value in the pairs (else absent); a run at
+    #: chance level: its constant value
+    pair_correct: dict = field(default_factory=dict)
+    diverged_seeds: list[int] = field(default_factory=list)  # seeds at chance level in the pairs (diverged/failed)
+    n_diverged_pairs: int = 0  # pairs in which either side diverged or failed to train (counted at chance level)
     p_t_holm: float | None = None
     p_wilcoxon_holm: float | None = None
     mde: float | None = None
@@ -187,10 +188,19 @@ class Cell:
 
 
 def compare(own: Cell, ref: Cell) -> tuple[list[int], Paired, int]:
-    """(paired seeds, the comparison of ``own`` − ``ref`` over them, pairs in which either side diverged)."""
+    """(paired seeds, the comparison of ``own`` − ``ref`` over them, pairs in which either side diverged). When every
+    pair has its per-image test results (or a constant at chance level), the comparison also gets the two-level
+    bootstrap interval (:func:`ablations.report.bootstrap.two_level_ci`)."""
+    from .bootstrap import two_level_ci
+
     seeds = sorted(set(own.pair_values) & set(ref.pair_values))
     diverged = set(own.diverged_seeds) | set(ref.diverged_seeds)
-    return seeds, paired([own.pair_values[s] - ref.pair_values[s] for s in seeds]), len(diverged & set(seeds))
+    result = paired([own.pair_values[s] - ref.pair_values[s] for s in seeds])
+    if seeds and all(s in own.pair_correct and s in ref.pair_correct for s in seeds):
+        ci = two_level_ci({s: own.pair_correct[s] for s in seeds}, {s: ref.pair_correct[s] for s in seeds})
+        if ci is not None:
+            result.boot_low, result.boot_high = ci
+    return seeds, result, len(diverged & set(seeds))
 
 
 def make_cell(row: str, depth: int | None, runs: Sequence[Run], baseline: bool = False) -> Cell:
@@ -200,7 +210,8 @@ def make_cell(row: str, depth: int | None, runs: Sequence[Run], baseline: bool =
     ok = [r for r in runs if r.ok]
     cell = Cell(row=row, depth=depth, values=[float(r.acc) for r in ok], seeds=[r.seed for r in ok],
                 n_runs=len(runs), n_diverged=sum(1 for r in runs if r.diverged),
-                n_failed=sum(1 for r in runs if not r.ok and not r.diverged), baseline=baseline)
+                n_failed_training=sum(1 for r in runs if r.failed_training),
+                n_failed=sum(1 for r in runs if not r.ok and not r.at_chance), baseline=baseline)
     if cell.n:
         cell.mean = float(np.mean(cell.values))
         cell.std = float(np.std(cell.values, ddof=1)) if cell.n >= 2 else None
@@ -210,7 +221,18 @@ def make_cell(row: str, depth: int | None, runs: Sequence[Run], baseline: bool =
             cell.pair_values[run.seed] = value
             if not run.ok:
                 cell.diverged_seeds.append(run.seed)
+                cell.pair_correct[run.seed] = value
+            elif (correct := per_image(run)) is not None and abs(float(correct.mean()) - value) < 1e-6:
+                cell.pair_correct[run.seed] = correct
     return cell
+
+
+def per_image(run: Run):
+    """The run's per-image test results (``test_correct``) as a boolean array, None when it has none."""
+    from lit_modules.predictions import unpack
+
+    text = run.summary.get("test_correct")
+    return unpack(text) if isinstance(text, str) and text else None
 
 
 def adjust(cells: Sequence[Cell], alpha: float = ALPHA, power: float = POWER) -> int:

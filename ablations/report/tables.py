@@ -41,8 +41,10 @@ from .load import (
 from .stats import ALPHA, CONFIDENCE, POWER, ZERO_SD, Cell, family_size
 
 # --- main table (grid studies) -------------------------------------------------------------------------------------
-MAIN_KEYS = ["variant", "depth", "lr", "n", "n_runs", "mean", "std", "n_diverged", "n_failed", "best", "baseline",
-             "seeds", "n_pairs", "delta", "sd", "ci_low", "ci_high", "p_t", "p_t_holm", "p_wilcoxon",
+MAIN_KEYS = ["variant", "depth", "lr", "n", "n_runs", "mean", "std", "n_diverged", "n_failed_training", "n_failed",
+             "best", "baseline",
+             "seeds", "n_pairs", "delta", "sd", "ci_low", "ci_high", "boot_low", "boot_high", "p_t", "p_t_holm",
+             "p_wilcoxon",
              "p_wilcoxon_holm", "wilcoxon_too_small", "mde", "significant", "n_diverged_pairs", "pair_seeds"]
 
 
@@ -56,10 +58,12 @@ def cell_records(cells: Sequence[Cell]) -> list[dict[str, Any]]:
         cmp = c.comparison
         records.append({
             "variant": c.row, "depth": c.depth, "n": c.n, "n_runs": c.n_runs, "mean": c.mean, "std": c.std,
-            "n_diverged": c.n_diverged, "n_failed": c.n_failed, "best": c.best, "baseline": c.baseline,
+            "n_diverged": c.n_diverged, "n_failed_training": c.n_failed_training, "n_failed": c.n_failed,
+            "best": c.best, "baseline": c.baseline,
             "seeds": list(c.seeds), "n_pairs": cmp.n if cmp else None, "delta": cmp.delta if cmp else None,
             "sd": cmp.sd if cmp else None, "ci_low": cmp.ci_low if cmp else None,
-            "ci_high": cmp.ci_high if cmp else None, "p_t": cmp.p_t if cmp else None, "p_t_holm": c.p_t_holm,
+            "ci_high": cmp.ci_high if cmp else None, "boot_low": cmp.boot_low if cmp else None,
+            "boot_high": cmp.boot_high if cmp else None, "p_t": cmp.p_t if cmp else None, "p_t_holm": c.p_t_holm,
             "p_wilcoxon": cmp.p_wilcoxon if cmp else None, "p_wilcoxon_holm": c.p_wilcoxon_holm,
             "wilcoxon_too_small": cmp.wilcoxon_too_small if cmp else None, "mde": c.mde,
             "significant": c.significant if c.p_t_holm is not None else None,  # None: no test
@@ -74,6 +78,8 @@ def acc_text(rec: Mapping[str, Any], style: str) -> str:
     tail = ""
     if rec["n_diverged"]:
         tail += f" ({rec['n_diverged']}/{rec['n_runs']} diverged)"
+    if rec.get("n_failed_training"):
+        tail += f" ({rec['n_failed_training']}/{rec['n_runs']} failed to train)"
     if rec["n_failed"]:
         tail += f" ({rec['n_failed']} failed)"
     if rec["mean"] is None:
@@ -112,6 +118,27 @@ def ci_text(rec: Mapping[str, Any], style: str) -> str:
     if rec["ci_low"] is None:
         return "—" if style == "md" else "---"
     return f"[{signed(rec['ci_low'], style)}, {signed(rec['ci_high'], style)}]"
+
+
+def boot_text(rec: Mapping[str, Any], style: str) -> str:
+    """``[low, high]`` of the two-level bootstrap interval in pp; ``—`` without one."""
+    if rec.get("boot_low") is None:
+        return "—" if style == "md" else "---"
+    return f"[{signed(rec['boot_low'], style)}, {signed(rec['boot_high'], style)}]"
+
+
+def bootstrap_text(cells: Sequence[Cell]) -> str:
+    """The captions' sentence on the two-level bootstrap interval ('' when no comparison has one)."""
+    from .bootstrap import RESAMPLES
+
+    with_boot = [c for c in cells if c.comparison is not None and c.comparison.boot_low is not None]
+    if not with_boot:
+        return ""
+    return (f" The t-interval covers seed-to-seed variation only (every run is scored on the same fixed test images); "
+            f"the two-level bootstrap interval ({RESAMPLES:,} resamples of the seeds and, independently, of the test "
+            f"images, the same images for both runs of a pair; percentile) also covers the sampling of the test "
+            f"images: {len(with_boot)} comparison{'s' if len(with_boot) != 1 else ''} have one (those whose runs all "
+            f"stored their per-image test results).")
 
 
 def delta_text(rec: Mapping[str, Any], style: str) -> str:
@@ -177,11 +204,12 @@ def method_text(cells: Sequence[Cell], against: str, family: str, wilcoxon: bool
             f"of the n paired differences); {_mde_range(cells)}. Diverged runs stay in the pairs as failures at "
             f"chance-level accuracy (1/number of classes): {diverged} pair{'s' if diverged != 1 else ''} "
             f"counted that way. A comparison with fewer than 2 pairs has no test and no MDE")
+    boot = bootstrap_text(cells)
     if equal:
         text += (f"; {len(equal)} comparison{'s' if len(equal) != 1 else ''} with all paired differences equal "
                  f"(s_d = 0) {'have' if len(equal) != 1 else 'has'} no interval, no test and no MDE and never "
                  f"count{'' if len(equal) != 1 else 's'} as significant")
-    return text + "."
+    return text + "." + boot
 
 
 def lr_text(data: StudyData, row: str) -> str:
@@ -203,8 +231,8 @@ def main_table(data: StudyData, cells: Sequence[Cell]) -> Table:
                       per_depth=True, sub=f"Δ vs {BASELINE} (pp) [{CI_LABEL}]")]
     csv_cols = [("variant", "variant", ""), ("depth", "depth", ""), ("lr", "lr", ""), ("n", "n", ""),
                 ("n_runs", "n_runs", ""), ("mean", f"mean_{data.metric}", ".6f"), ("std", f"std_{data.metric}", ".6f"),
-                ("n_diverged", "n_diverged", ""), ("n_failed", "n_failed", ""), ("n_pairs", "n_pairs", ""),
-                ("delta", "delta_vs_standard", ".6f"), ("ci_low", "ci_low", ".6f"), ("ci_high", "ci_high", ".6f"),
+                ("n_diverged", "n_diverged", ""), ("n_failed_training", "n_failed_training", ""),
+                ("n_failed", "n_failed", ""), ("n_pairs", "n_pairs", ""), ("delta", "delta_vs_standard", ".6f"), ("ci_low", "ci_low", ".6f"), ("ci_high", "ci_high", ".6f"),
                 ("p_t_holm", "p_ttest_rel_holm", ".6g"), ("significant", "significant", ""),
                 ("best", "best_in_depth", ""), ("seeds", "seeds", "")]
     caption = (f"Top-1 {'test' if data.metric.startswith('test') else 'validation'} accuracy (%) of study {data.name}: {data.metric} ({METRIC_TEXT.get(data.metric, data.metric)}"
@@ -212,10 +240,19 @@ def main_table(data: StudyData, cells: Sequence[Cell]) -> Table:
                f"diverged). LR = the peak learning rate the variant's reported runs trained at. Bold: best mean per "
                f"depth. {_method(data, cells)} Raw and adjusted p-values of both tests and the MDE of every cell are "
                f"in table 'paired'. Diverged runs (non-finite loss) are shown as 'k/n diverged' and excluded from "
-               f"mean and sd (not from the pairs); failed or pruned runs as '(k failed)' and drop their seed's pair.")
+               f"mean and sd (not from the pairs); failed or pruned runs as '(k failed)' and drop their seed's pair."
+               + floor_text(data))
     split = "test" if data.metric.startswith("test") else "val"
     return Table("main", f"{data.name}: top-1 {split} accuracy (%) by depth", caption, frame(records, MAIN_KEYS),
                  columns, csv_cols, status_notes(data))
+
+
+def floor_text(data: StudyData) -> str:
+    """The captions' sentence on the study's floor for failed trainings ('' when it declares none)."""
+    if data.floor is None:
+        return ""
+    return (f" A run that completed with {data.floor} failed to train (the study's floor): shown as 'k/n failed to "
+            "train', excluded from mean and sd, and at chance level in the pairs, like a diverged run.")
 
 
 METRIC_TEXT = {"best_val_acc": "the best epoch's val accuracy", "final_val_acc": "the final epoch's val accuracy",
@@ -234,6 +271,7 @@ def wilcoxon_text(key: str) -> Callable[[Mapping[str, Any], str], str]:
 def paired_table(data: StudyData, cells: Sequence[Cell]) -> Table:
     """Long: one line per compared variant × depth with n, Δ, CI, both tests raw and Holm-adjusted, MDE."""
     records = [rec for rec, c in zip(cell_records(cells), cells, strict=True) if c.comparison is not None]
+    boot = any(rec["boot_low"] is not None for rec in records)  # the column only where per-image results exist
 
     def p(key):
         return lambda rec, style: latex_escape(p_text(rec[key])) if style == "tex" else p_text(rec[key])
@@ -241,6 +279,7 @@ def paired_table(data: StudyData, cells: Sequence[Cell]) -> Table:
     columns = [Column("variant", "variant"), Column("depth", "depth", fmt="d"), Column("n_pairs", "pairs", fmt="d"),
                Column("delta", "Δ (pp)", render=lambda rec, style: signed(rec["delta"], style)),
                Column("ci_low", f"{CI_LABEL} (pp)", render=ci_text),
+               *([Column("boot_low", "two-level 95% interval (pp)", render=boot_text)] if boot else []),
                Column("p_t", "p (t)", render=p("p_t")), Column("p_t_holm", "p (t, Holm)", render=p("p_t_holm")),
                Column("p_wilcoxon", "p (Wilcoxon)", render=wilcoxon_text("p_wilcoxon")),
                Column("p_wilcoxon_holm", "p (Wilcoxon, Holm)", render=wilcoxon_text("p_wilcoxon_holm")),
@@ -251,7 +290,9 @@ def paired_table(data: StudyData, cells: Sequence[Cell]) -> Table:
                       align="l")]
     csv_cols = [("variant", "variant", ""), ("depth", "depth", ""), ("n_pairs", "n_pairs", ""),
                 ("delta", "delta", ".6f"), ("sd", "sd_differences", ".6f"), ("ci_low", "ci_low", ".6f"),
-                ("ci_high", "ci_high", ".6f"), ("p_t", "p_ttest_rel", ".6g"), ("p_t_holm", "p_ttest_rel_holm", ".6g"),
+                ("ci_high", "ci_high", ".6f"),
+                *([("boot_low", "boot_low", ".6f"), ("boot_high", "boot_high", ".6f")] if boot else []),
+                ("p_t", "p_ttest_rel", ".6g"), ("p_t_holm", "p_ttest_rel_holm", ".6g"),
                 ("p_wilcoxon", "p_wilcoxon", ".6g"), ("p_wilcoxon_holm", "p_wilcoxon_holm", ".6g"),
                 ("wilcoxon_too_small", "wilcoxon_n_too_small", ""), ("mde", "mde", ".6f"),
                 ("n_diverged_pairs", "n_diverged_pairs", ""), ("significant", "significant", ""),

@@ -1,7 +1,8 @@
-"""Studies: the study files (``spec``), their overrides and recipes, one trial (``objective``), the storage and its
-stop signals, and ``python -m ablations.run`` — the CLI (``cli``), the study in storage (``study``), the worker
-processes (``workers``) and the dry-run plan (``plan``). Importing the package loads none of them: ``main`` and
-``build_parser`` (the CLI's) load ``cli`` on first use."""
+"""Running studies, ``python -m ablations.run``: the CLI (``cli``), the study in storage (``study``), the worker
+processes (``workers``), one trial (``objective``), the dry-run plan (``plan``) and its GPU-hours estimate
+(``gpu_hours``), and continuing a study from a report's runs.csv (``imported``). What a study is (its file, its
+``--set`` overrides, its storage) is :mod:`ablations.studies`. Importing the package loads none of them: ``main``
+and ``build_parser`` (the CLI's) load ``cli`` on first use."""
 
 from __future__ import annotations
 

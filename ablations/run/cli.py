@@ -26,15 +26,14 @@ import sys
 import threading
 from pathlib import Path
 
-from .. import allocator, layout
-from ..bench.gpu_hours import DEFAULT_GPU, DEVICE_RESULTS, GPU_CLASSES
+from .. import layout
 from ..cli import OneLineParser, add_study_arguments
 from ..dashboard import check_loggers
-from .imported import imported_done
-from .overrides import RUN_ONLY, apply_sets, describe, parse_sets, value_text
-from .plan import _dry_run, _stored_done
-from .stopping import interrupted, stop_on_signals
-from .storage import (
+from ..machine import allocator
+from ..studies.overrides import RUN_ONLY, apply_sets, describe, parse_sets, value_text
+from ..studies.spec import TUNE_AT_BOUND, TUNE_EXTRA, TUNE_GRID, TUNE_MEANS, TUNED_LR
+from ..studies.stopping import interrupted, stop_on_signals
+from ..studies.storage import (
     GRACE_S,
     HEARTBEAT_S,
     check_url,
@@ -43,27 +42,30 @@ from .storage import (
     unusable_storage_error,
     unusable_storage_message,
 )
+from .gpu_hours import DEFAULT_GPU, DEVICE_RESULTS, GPU_CLASSES
+from .imported import imported_done
+from .plan import dry_run, stored_done
 from .study import (
-    TUNE_GRID,
-    TUNE_MEANS,
-    TUNED_LR,
-    _cell_text,
-    _check_data,
-    _create_study,
-    _data_configs,
-    _load,
-    _stored_choice,
-    _validate_points,
-    choose_lrs,
+    cell_text,
+    check_data_folder,
+    create_study,
+    data_configs,
+    load_study,
+    stored_choice,
+    stored_extra,
+    tune_outcome,
+    validate_points,
 )
-from .workers import ResultsWriteError, _one_line, _quiet, _run_grid, _work, write_error
+from .workers import ResultsWriteError, one_line, quiet, run_grid, work, write_error
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python -m ablations.run", description=__doc__.split("\n\n")[0],
                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     add_study_arguments(p)
-    p.add_argument("--workers", type=int, default=1, help="local worker processes sharing the study (cores split)")
+    p.add_argument("--workers", type=int,
+                   help="local worker processes sharing the study (cores split); default: the fastest layout here, "
+                        "one worker per core with one thread each for trials on the CPU, one for trials on a GPU")
     p.add_argument("--results-dir", default=layout.RESULTS_DIR,
                    help=f"where TensorBoard runs go (<dir>/{layout.RUNS}/<study>/)")
     p.add_argument("--data-dir", help="data folder for folder datasets (cifar10, imagefolder, ...; fashion_mnist: "
@@ -108,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (see ablations.run.stopping)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (see ablations.studies.stopping)
         return interrupted()
     except ResultsWriteError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -128,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         write = write_error(exc, Path(args.results_dir))
         if write is None:
             raise
-        print(f"error: cannot write the results folder: {_one_line(write)}; completed trials are kept: free space "
+        print(f"error: cannot write the results folder: {one_line(write)}; completed trials are kept: free space "
               "or make the folder writable, then rerun the same command", file=sys.stderr)
         return 1
     finally:
@@ -151,13 +153,13 @@ def _no_thread_traceback_for_write_errors(results_dir: Path) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from .spec import BUDGETS, available_studies, load_spec, tune_name
+    from ..studies.spec import BUDGETS, available_studies, load_spec, tune_name
 
     if args.list:
         return _list(available_studies(), BUDGETS, load_spec)
     if not args.study:
         raise ValueError("--study is required (or --list); valid studies: " + ", ".join(available_studies()))
-    if args.workers < 1:
+    if args.workers is not None and args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     allocator.choice()  # a bad ABLATIONS_MALLOC is one line here, not a failed trial
     sets = parse_sets(args.sets)
@@ -173,14 +175,16 @@ def _main(args: argparse.Namespace) -> int:
     if args.import_runs and not Path(args.import_runs).is_file():
         raise ValueError(f"--import-runs: runs file '{args.import_runs}' does not exist")
     check_loggers(args.loggers)
+    if args.workers is None:
+        args.workers = default_workers(spec, args.threads)
     if spec.first_look() and args.worker_index is None:  # the run's (and the dry run's) first line
         print(f"{spec.first_look()} (study '{args.study_name or spec.study_name}')", file=sys.stderr)
     overrides = {k: v for k, v in sets.items() if k in RUN_ONLY} | _overrides(args)
-    _validate_points(spec, overrides, check_data=False)  # the data folders after --download, and not in a dry run
+    validate_points(spec, overrides, check_data=False)  # the data folders after --download, and not in a dry run
     if args.download and args.worker_index is None:  # a dry run says what it would fetch
         from data.fetch import ensure_all
 
-        ensure_all([(c.dataset, c.data_dir) for c in _data_configs(spec, overrides)], dry_run=args.dry_run)
+        ensure_all([(c.dataset, c.data_dir) for c in data_configs(spec, overrides)], dry_run=args.dry_run)
     if args.dry_run:
         if sets:
             where = "its own study" if spec.overrides else "the study"
@@ -189,30 +193,30 @@ def _main(args: argparse.Namespace) -> int:
                   + (" (threads, data_dir: run-only, not in the name)" if set(sets) & set(RUN_ONLY) else ""))
         study_name = args.study_name or spec.study_name
         check_url(args.storage)  # a URL the run would refuse is refused here too, before what is stored is read
-        stored = _stored_done(args.storage, study_name, spec)
+        stored = stored_done(args.storage, study_name, spec)
         if args.import_runs and stored is None:  # a new storage: what the file brings is what is done
             stored = imported_done(args.import_runs, spec, study_name)
         elif args.import_runs:
             print(f"--import-runs {args.import_runs}: not read by this dry run, the storage already holds trials of "
                   f"'{study_name}' (below); the run adds the file's rows it lacks")
-        return _dry_run(spec, overrides, gpu=args.gpu, results_dir=Path(args.results_dir), workers=args.workers,
+        return dry_run(spec, overrides, gpu=args.gpu, results_dir=Path(args.results_dir), workers=args.workers,
                         stored=stored, measure=args.measure)
-    for config in _data_configs(spec, overrides):
-        _check_data(config)  # before anything is stored: a missing or malformed folder is one line
+    for config in data_configs(spec, overrides):
+        check_data_folder(config)  # before anything is stored: a missing or malformed folder is one line
 
-    from .storage import exit_when_heartbeat_fails, open_storage
+    from ..studies.storage import exit_when_heartbeat_fails, open_storage
 
-    _quiet()
+    quiet()
     storage = open_storage(args.storage, heartbeat_s=args.heartbeat, grace_s=args.grace)
     exit_when_heartbeat_fails(args.storage)
     _no_thread_traceback_for_write_errors(Path(args.results_dir))
     study_name = args.study_name or spec.study_name
     if args.worker_index is not None:
         if args.stage == "tune":
-            return _work(spec.tune_stage(), storage, study_name, args, overrides)
-        return _work(spec, storage, study_name, args, overrides, tuned=_stored_choice(storage, study_name))
+            return work(spec.tune_stage(stored_extra(storage, study_name)), storage, study_name, args, overrides)
+        return work(spec, storage, study_name, args, overrides, tuned=stored_choice(storage, study_name))
 
-    study = _create_study(spec, storage, study_name, seed=0)  # refuses a stored study of other overrides
+    study = create_study(spec, storage, study_name, seed=0)  # refuses a stored study of other overrides
     if spec.overrides:
         print(f"--set {describe(spec.overrides)}: its own stored study '{study_name}' (a study never mixes two "
               "configurations)", file=sys.stderr)
@@ -223,27 +227,88 @@ def _main(args: argparse.Namespace) -> int:
                              f"file now has {spec.tune.as_dict()}: its reported trials would mix two choices. Pass "
                              "--study-name NEW_NAME for a new study, or restore the file's tune section")
         if stored is None:
-            tune = spec.tune_stage()
-            code = _run_grid(tune, storage, tune_name(study_name), args, overrides, stage="tune")
+            code = _tune(spec, storage, tune_name(study_name), args, overrides, study)
             if code:
-                print(f"study '{study_name}': the tuning stage is not complete; the reported grid waits for it "
-                      "(rerun the same command)", file=sys.stderr)
                 return code
-            choice, means = choose_lrs(spec, _load(storage, tune_name(study_name)))
-            study.set_user_attr(TUNED_LR, choice)
-            study.set_user_attr(TUNE_MEANS, means)
-            study.set_user_attr(TUNE_GRID, spec.tune.as_dict())
         print(f"study '{study_name}': learning rate per variant, chosen on tuning seeds {list(spec.tune.seeds)} by "
-              f"mean {spec.tune.metric}: " + "; ".join(f"{_cell_text(k)} {v:g}" for k, v in
+              f"mean {spec.tune.metric}: " + "; ".join(f"{cell_text(k)} {v:g}" for k, v in
                                                         study.user_attrs[TUNED_LR].items()), file=sys.stderr)
-    return _run_grid(spec, storage, study_name, args, overrides, study=study)
+        at_bound = study.user_attrs.get(TUNE_AT_BOUND) or {}
+        if at_bound:
+            print(f"study '{study_name}': best learning rate at a bound of the tuning grid {list(spec.tune.bounds)} "
+                  "(the report names these rows): " + "; ".join(f"{cell_text(k)} {side}" for k, side in
+                                                               at_bound.items()), file=sys.stderr)
+        _tuning_note(spec, storage, study_name, study.user_attrs)
+    return run_grid(spec, storage, study_name, args, overrides, study=study)
+
+
+def _tune(spec, storage, tune_study: str, args: argparse.Namespace, overrides: dict, study) -> int:
+    """Run the tuning stage to its end: its grid, then, while a cell's best rate is at the edge of the rates it
+    tried, one more rate beyond that edge (``TuneOutcome.extend``, within ``tune.bounds``) on the same tuning seeds;
+    store the choice with ``study``. Returns the exit code of a stage that did not complete (0: done)."""
+    extra = stored_extra(storage, tune_study)
+    while True:
+        code = run_grid(spec.tune_stage(extra), storage, tune_study, args, overrides, stage="tune")
+        if code:
+            print(f"study '{study.study_name}': the tuning stage is not complete; the reported grid waits for it "
+                  "(rerun the same command)", file=sys.stderr)
+            return code
+        outcome = tune_outcome(spec, load_study(storage, tune_study), extra)
+        if not outcome.extend:
+            break
+        for key, rate in outcome.extend.items():
+            extra.setdefault(key, []).append(rate)
+        load_study(storage, tune_study).set_user_attr(TUNE_EXTRA, extra)
+        print(f"study '{study.study_name}': best learning rate at the edge of the rates tried; adding "
+              + "; ".join(f"{cell_text(k)} {rate:g}" for k, rate in outcome.extend.items())
+              + f" (bounds {list(spec.tune.bounds)})", file=sys.stderr)
+    study.set_user_attr(TUNED_LR, outcome.choice)
+    study.set_user_attr(TUNE_MEANS, outcome.means)
+    study.set_user_attr(TUNE_EXTRA, extra)
+    study.set_user_attr(TUNE_AT_BOUND, outcome.at_bound)
+    study.set_user_attr(TUNE_GRID, spec.tune.as_dict())
+    return 0
+
+
+def cores() -> int:
+    """The CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def default_workers(spec, threads: int | None = None) -> int:
+    """``--workers`` when not given: the fastest layout of this machine for the study's trials. On the CPU one worker
+    per core with one thread each (``--threads`` each when given): on 2 cores, 2 workers x 1 thread train a study's
+    trials faster than 1 x 2 (docs/protocol.md, "Workers and threads"); at most one worker per trial of the larger
+    stage. On a GPU one worker, since the local workers would share it (docs/scaling.md: one worker per GPU)."""
+    import torch
+
+    point = spec.grid()[0] if spec.kind == "grid" else {"variant": spec.variants[0].label}
+    accelerator = spec.run_config(point).accelerator
+    if accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available()):
+        return 1
+    trials = max(spec.size, spec.tune_stage().size if spec.tune is not None else 0)
+    return max(1, min(cores() // (threads or 1), trials))
+
+
+def _tuning_note(spec, storage, study_name: str, attrs: dict) -> None:
+    """The tuning stage's optuna-dashboard note: the learning rate each variant got (a failure is one line)."""
+    from ..report.notes import save_note, tuning_note
+    from ..studies.spec import tune_name
+
+    try:
+        note = tuning_note(study_name, attrs[TUNED_LR], attrs.get(TUNE_MEANS) or {}, metric=spec.tune.metric,
+                           seeds=spec.tune.seeds)
+        save_note(load_study(storage, tune_name(study_name)), note)
+    except Exception as exc:  # noqa: BLE001 - a note must never stop the study
+        print(f"tuning stage's dashboard note not saved: {' '.join(str(exc).split()) or type(exc).__name__}",
+              file=sys.stderr)
 
 
 def _overrides(args: argparse.Namespace) -> dict:
     overrides = {}
     if args.data_dir:
         overrides["data_dir"] = args.data_dir
-    threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
+    threads = args.threads or max(1, cores() // args.workers)
     if args.workers > 1 or args.threads:
         overrides["threads"] = threads
     return overrides

@@ -5,7 +5,9 @@ so that only the grid points they do not cover train.
 Each row of the file must be a point of this study's grid as this study file and ``--set`` define it now: the same
 residual and options, the same learning rate (a tuning-stage row: its grid's; a reported row: the rate this study's
 tuning stage chose), and the same parameter count (a model built on the meta device: a row from another budget or
-``--set`` differs there). A row that disagrees is a one-line error and nothing is added. Rows that are not complete
+``--set`` differs there). A row that disagrees is a one-line error and nothing is added — except a reported row
+that differs in its learning rate alone: this study's tuning stage chose another rate for its cell, so the point
+trains again (the import says how many). Rows that are not complete
 (failed, pruned) are not imported: their points train again. An imported trial keeps the row's run summary, mode and
 per-epoch validation curve (``val_acc_curve``; a runs.csv written before that column leaves it out of ``val_curves``),
 has no TensorBoard folder (the diagnostics' figures leave it out) and carries ``imported_from`` (the file) instead of
@@ -25,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import layout
-from .study import _create_study, _done_trials, _point_key, _trial_point
+from .study import Stored, create_study, done_trials, point_key, trial_point
 
 IMPORTED = "imported_from"  # user attr of an imported trial: the runs.csv it came from
 
@@ -91,10 +93,17 @@ def _mismatch(run, config, cache: dict) -> str | None:
     return None
 
 
+def _only_the_rate(run, config, cache: dict) -> bool:
+    """Whether a reported row differs from this study's point only in its learning rate: the tuning stage chose
+    another rate for the cell (e.g. a study continued under more tuning seeds), so the row is no result of this
+    study, but not a sign of another version, budget or --set either."""
+    return run.lr is not None and _mismatch(run, config.replace(lr=run.lr), cache) is None
+
+
 def _user_attrs(run, config, stage: str, path: Path) -> dict[str, Any]:
     from data import dataset_shape
 
-    from .objective import _jsonable
+    from .objective import jsonable
 
     attrs = {k: v for k, v in run.summary.items() if v is not None}
     if (run.config or {}).get("num_classes") is not None:  # a diverged run's chance level in the paired tests
@@ -103,8 +112,8 @@ def _user_attrs(run, config, stage: str, path: Path) -> dict[str, Any]:
         precision, _, attention = run.mode.partition(" + ")
         attrs |= {"precision": precision, "fused_attn": attention.startswith("fused")}
     return attrs | {"run_name": run.run_name, "phase": stage, IMPORTED: str(path),
-                    "config": _jsonable(config.to_dict()),
-                    layout.MODEL_KEY: _jsonable(config.model_config(dataset_shape(config)).to_dict())}
+                    "config": jsonable(config.to_dict()),
+                    layout.MODEL_KEY: jsonable(config.model_config(dataset_shape(config)).to_dict())}
 
 
 def _read(path: Path, spec, study_name: str):
@@ -132,22 +141,20 @@ def _read(path: Path, spec, study_name: str):
 
 
 def imported_done(path: str | Path, spec, study_name: str):
-    """What the runs file would bring (:class:`ablations.run.plan.Stored`, for a dry run): the points of each
+    """What the runs file would bring (:class:`ablations.run.study.Stored`, for a dry run): the points of each
     stage it completed, the points left, and its trials' wall times by (variant, depth) cell. Nothing is checked
     against the study file beyond the points (the run does that)."""
-    from .plan import Stored
-
     path = Path(path)
     stages = ([spec.tune_stage()] if spec.tune is not None else []) + [spec]
     done, left, seconds = [], [], {}
     for stage in stages:
         rows = [(r, p) for r, p in _matched(path, stage, study_name) if r.state == "complete" and p is not None]
-        finished = {_point_key(p) for _, p in rows}
+        finished = {point_key(p) for _, p in rows}
         done.append(len(finished))
-        left += [p for p in stage.grid() if _point_key(p) not in finished]
+        left += [p for p in stage.grid() if point_key(p) not in finished]
         for r, point in rows:
             wall = r.summary.get("wall_time_s")
-            if isinstance(wall, (int, float)) and wall > 0:  # the cell as _stored_done keys it
+            if isinstance(wall, (int, float)) and wall > 0:  # the cell as stored_done keys it
                 seconds.setdefault((point["variant"], point.get("depth")), []).append(float(wall))
     tune_done, report_done = done if len(done) == 2 else (0, done[0])
     return Stored(tune_done, report_done, f"runs file {path} (--import-runs)", seconds, tuple(left))
@@ -165,21 +172,24 @@ def import_runs(path: str | Path, spec, storage, study_name: str, overrides: dic
 
     path = Path(path)
     matched = _matched(path, spec, study_name)
-    study = _create_study(spec, storage, study_name, seed=0)
-    done = {_point_key(_trial_point(t)) for t in _done_trials(study)}
+    study = create_study(spec, storage, study_name, seed=0)
+    done = {point_key(trial_point(t)) for t in done_trials(study)}
     objective = Objective(spec, log_root=Path("."), overrides=overrides, tuned=tuned)
     categorical, cache = categorical_axes(study, spec), {}
-    trials, here, outside, incomplete = [], 0, 0, 0
+    trials, here, outside, incomplete, other_rate = [], 0, 0, 0, 0
     for run, point in matched:
         if run.state != "complete":
             incomplete += 1
         elif point is None:
             outside += 1
-        elif _point_key(point) in done:
+        elif point_key(point) in done:
             here += 1
         else:
             config = objective.config(point)
             fault = _mismatch(run, config, cache)
+            if fault is not None and spec.stage != "tune" and _only_the_rate(run, config, cache):
+                other_rate += 1  # this study's tuning stage chose another rate for its cell: the point trains again
+                continue
             if fault is not None:
                 raise ValueError(f"--import-runs: {path}: {spec.stage} run {run.run_name or run.number} trained "
                                  f"{fault}: the file is from another version, budget or --set of the study; none of "
@@ -193,7 +203,7 @@ def import_runs(path: str | Path, spec, storage, study_name: str, overrides: dic
                                        distributions=fixed.distributions, user_attrs=_user_attrs(
                                            run, config, spec.stage, path), system_attrs={"fixed_params": point},
                                        intermediate_values={epoch - 1: v for epoch, v in run.curve.items()}))
-            done.add(_point_key(point))
+            done.add(point_key(point))
     if outside and not trials and not here:
         raise ValueError(f"--import-runs: no completed row of '{path}' is a point of {spec.stage} study "
                          f"'{study_name}' ({outside} row(s) of other points): is it another study's runs.csv?")
@@ -203,6 +213,9 @@ def import_runs(path: str | Path, spec, storage, study_name: str, overrides: dic
     print(f"--import-runs {path}: {len(trials)} completed {stage} trial(s) joined '{study_name}' as done"
           + "".join(f"; {n} {what}" for n, what in ((here, "already done here"),
                                                     (outside, "not points of this study (left out)"),
-                                                    (incomplete, "not complete (they train again)")) if n),
+                                                    (incomplete, "not complete (they train again)"),
+                                                    (other_rate, "trained at another learning rate than this "
+                                                                 "study's tuning stage chose (they train again)"))
+                          if n),
           file=sys.stderr)
     return len(trials)

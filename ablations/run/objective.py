@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import layout
-from .spec import SPAWN_STRATEGIES, StudySpec
-from .storage import retried_trial_number
+from ..studies.spec import SPAWN_STRATEGIES, StudySpec
+from ..studies.storage import retried_trial_number
 
 log = logging.getLogger("ablations.run")
 
@@ -33,7 +33,7 @@ def suggest(trial, spec: StudySpec, categorical_axes: frozenset[str] = frozenset
     params = {"variant": trial.suggest_categorical("variant", [v.label for v in spec.variants])}
     for axis, values in spec.axes.items():
         params[axis] = suggest_axis(trial, axis, values, grid=spec.kind == "grid",
-                                    categorical=axis in categorical_axes)
+                                    categorical=axis in categorical_axes, bounds=spec.axis_bounds.get(axis))
     for option, dist in spec.space.get(params["variant"], {}).items():
         name = f"{params['variant']}.{option}"
         if "choices" in dist:
@@ -46,7 +46,8 @@ def suggest(trial, spec: StudySpec, categorical_axes: frozenset[str] = frozenset
     return params
 
 
-def suggest_axis(trial, axis: str, values: list, *, grid: bool, categorical: bool = False) -> Any:
+def suggest_axis(trial, axis: str, values: list, *, grid: bool, categorical: bool = False,
+                 bounds: tuple[float, float] | None = None) -> Any:
     """One axis, numeric where its values are numbers, so optuna-dashboard orders its slice, contour and
     importance axes by value (a categorical is ordered as text: 12, 2, 6):
 
@@ -54,12 +55,17 @@ def suggest_axis(trial, axis: str, values: list, *, grid: bool, categorical: boo
       numbers as ``suggest_float`` over [min, max] (log scale when all positive and spanning 100× or more);
     - a search (the sampler draws the values): integers in equal steps as ``suggest_int`` with that step;
     - anything else (labels, booleans, mixed types, unevenly spaced values a search must not interpolate, or
-      ``categorical``) as a categorical."""
+      ``categorical``) as a categorical.
+
+    ``bounds``: a grid axis whose values may grow beyond the listed ones (the tuning stage's extended learning
+    rates): ``suggest_float`` over the whole (low, high) on a log scale, the same distribution whatever was added."""
     numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
     ints = numbers and all(isinstance(v, int) for v in values)
     low, high = (min(values), max(values)) if numbers else (None, None)
     if categorical or not numbers:
         return trial.suggest_categorical(axis, values)
+    if grid and bounds is not None:
+        return trial.suggest_float(axis, float(bounds[0]), float(bounds[1]), log=True)
     if grid and ints:
         return trial.suggest_int(axis, low, high)
     if grid:
@@ -141,8 +147,8 @@ class Objective:
         trial.set_user_attr("run_name", run_name)
         trial.set_user_attr("phase", self.spec.stage)  # tune | report: the report tables read report trials only
         trial.set_user_attr("worker", worker_id())
-        trial.set_user_attr("config", _jsonable(config.to_dict()))
-        trial.set_user_attr(layout.MODEL_KEY, _jsonable(config.model_config(dataset_shape(config)).to_dict()))
+        trial.set_user_attr("config", jsonable(config.to_dict()))
+        trial.set_user_attr(layout.MODEL_KEY, jsonable(config.model_config(dataset_shape(config)).to_dict()))
         trial.set_user_attr("log_dir", str(self.log_root / run_name))
         # What was offered; whether Lightning did restore it (``resumed_from_checkpoint``, ``start_epoch``,
         # ``start_global_step``) and what this process trained itself come with the run's summary.
@@ -160,7 +166,7 @@ class Objective:
                                    experiment=self.spec.study_name, results_dir=self.results_dir)
             _check_pruned(callbacks[0], summary)
         except optuna.TrialPruned as exc:  # a finished trial too: keep the epochs it ran, drop its checkpoints
-            for key, value in _jsonable(getattr(exc, "run_summary", None) or {}).items():
+            for key, value in jsonable(getattr(exc, "run_summary", None) or {}).items():
                 trial.set_user_attr(key, value)
             if not self.keep_checkpoints:
                 shutil.rmtree(ckpt_dir, ignore_errors=True)
@@ -170,7 +176,7 @@ class Objective:
             # catch: the trial would stay RUNNING until its heartbeat went stale and the CLI would exit 1 without
             # its message. As a KeyboardInterrupt the trial FAILs (its checkpoints kept: the next run resumes it).
             raise KeyboardInterrupt("interrupted during training") from exc
-        for key, value in _jsonable(summary).items():
+        for key, value in jsonable(summary).items():
             trial.set_user_attr(key, value)
         if not self.keep_checkpoints:
             shutil.rmtree(ckpt_dir, ignore_errors=True)
@@ -262,12 +268,12 @@ def _usable_checkpoint(path: Path) -> Path | None:
     return path
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
     """Plain JSON types for Optuna user attrs (numpy scalars, tuples, Paths, NaN → None)."""
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     if isinstance(value, Path):
         return str(value)
     if hasattr(value, "item") and callable(value.item):

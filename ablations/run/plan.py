@@ -7,12 +7,13 @@ import dataclasses
 import os
 import statistics
 from pathlib import Path
-from typing import NamedTuple
 
 from .. import layout
-from ..bench.gpu_hours import DEFAULT_GPU
-from .study import _done_trials, _grid_keys, _point_key, _redact, _trial_point
-from .workers import _quiet
+from ..studies.spec import TUNE_EXTRA
+from ..studies.storage import redact
+from .gpu_hours import DEFAULT_GPU
+from .study import Stored, done_trials, grid_keys, point_key, trial_point
+from .workers import quiet
 
 #: Seconds per trial not proportional to FLOPs (Trainer set-up, data, logging) and effective train-step
 #: GFLOP/s of this 2-core CPU for the small default models; calibrated on the residual_variants default run
@@ -25,27 +26,15 @@ EFFECTIVE_GFLOPS = 17.2
 FACTOR_REPS, FACTOR_STEPS, FACTOR_MAX_BATCH = 3, 2, 64
 
 
-class Stored(NamedTuple):
-    """What a stored study has done (:func:`_stored_done`): trials done per stage, where it is stored, and for a grid
-    the wall times of its completed trials by (variant, depth) cell, both stages, with the grid points not done yet
-    (both stages). A trial's wall time is as it ran, beside the other workers of its run."""
-
-    tune_done: int
-    report_done: int
-    where: str
-    seconds: dict[tuple[str, int | None], list[float]] = {}
-    left: tuple[dict, ...] = ()
-
-
-def _stored_done(url: str, study_name: str, spec) -> Stored | None:
+def stored_done(url: str, study_name: str, spec) -> Stored | None:
     """What the study stored at ``url`` has done (:class:`Stored`), for a dry run's "what is left": None when
     nothing is stored yet (a SQLite file that does not exist is not created) or the storage cannot be read (the dry
     run then prices the whole study)."""
     import optuna
     from optuna.trial import TrialState
 
-    from .spec import tune_name
-    from .storage import sqlite_path
+    from ..studies.spec import tune_name
+    from ..studies.storage import sqlite_path
 
     path = sqlite_path(url)
     if path is not None and not path.is_file():
@@ -53,7 +42,7 @@ def _stored_done(url: str, study_name: str, spec) -> Stored | None:
     stages = ([(tune_name(study_name), spec.tune_stage())] if spec.tune is not None else []) + [(study_name, spec)]
     seconds: dict[tuple[str, int | None], list[float]] = {}
     done, left = [], []
-    _quiet()
+    quiet()
     try:
         for name, stage in stages:
             try:
@@ -62,21 +51,23 @@ def _stored_done(url: str, study_name: str, spec) -> Stored | None:
                 done.append(0)
                 left += stage.grid() if stage.kind == "grid" else []
                 continue
-            trials = _done_trials(study)
+            if stage.stage == "tune":  # with the rates it has added beyond its grid's edges
+                stage = spec.tune_stage(study.user_attrs.get(TUNE_EXTRA) or {})
+            trials = done_trials(study)
             if stage.kind != "grid":
                 done.append(len(trials))
                 continue
-            finished = {_point_key(_trial_point(t)) for t in trials}
-            done.append(len(finished & _grid_keys(stage)))  # what _done counts, from the same trials
-            left += [p for p in stage.grid() if _point_key(p) not in finished]
+            finished = {point_key(trial_point(t)) for t in trials}
+            done.append(len(finished & grid_keys(stage)))  # what count_done counts, from the same trials
+            left += [p for p in stage.grid() if point_key(p) not in finished]
             for t in trials:
-                params, wall = _trial_point(t), t.user_attrs.get("wall_time_s")
+                params, wall = trial_point(t), t.user_attrs.get("wall_time_s")
                 if t.state == TrialState.COMPLETE and isinstance(wall, (int, float)) and wall > 0 and "variant" in params:
                     seconds.setdefault((params["variant"], params.get("depth")), []).append(float(wall))
     except Exception:  # noqa: BLE001 - a dry run never fails on the storage: it just cannot say what is done
         return None
     tune_done, report_done = done if len(done) == 2 else (0, done[0])
-    return (Stored(tune_done, report_done, _redact(url), seconds, tuple(left))
+    return (Stored(tune_done, report_done, redact(url), seconds, tuple(left))
             if tune_done or report_done else None)
 
 
@@ -92,33 +83,36 @@ def measured_left(stored: Stored, workers: int, fallback_s: float,
     cells = [(p.get("variant"), p.get("depth")) for p in stored.left]
     total = sum(median.get(cell, (estimates or {}).get(cell, fallback_s)) for cell in cells) / workers
     priced = sum(cell in median for cell in cells)
-    named = ", ".join(f"{variant}{'' if depth is None else f' d{depth}'} {_duration(s)}"
+    named = ", ".join(f"{variant}{'' if depth is None else f' d{depth}'} {duration_text(s)}"
                       for (variant, depth), s in sorted(median.items(), key=lambda kv: (str(kv[0][1]), kv[0][0])))
-    return (f"time left as measured by this study's completed trials: {_duration(total)} ({len(cells)} trials, "
+    return (f"time left as measured by this study's completed trials: {duration_text(total)} ({len(cells)} trials, "
             f"{priced} priced at their cell's median wall time, {len(cells) - priced} at the estimate above; "
             f"{workers} worker(s)); median per cell: {named}")
 
 
-def _dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = Path(layout.RESULTS_DIR),
+def dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = Path(layout.RESULTS_DIR),
              workers: int = 1, stored: Stored | None = None, measure: bool = False) -> int:
     """Print the grid (or search space), the recipe, the estimated time on this machine with ``workers`` workers
-    (:func:`estimate_seconds`) and the GPU-hours on class ``gpu`` (:mod:`ablations.bench.gpu_hours`; measurements read
-    from ``<results_dir>/device``). ``stored`` (:func:`_stored_done`): the trials a stored study has done, which
+    (:func:`estimate_seconds`) and the GPU-hours on class ``gpu`` (:mod:`ablations.run.gpu_hours`; measurements read
+    from ``<results_dir>/device``). ``stored`` (:func:`stored_done`): the trials a stored study has done, which
     the estimate leaves out (a run resumes with the rest). ``measure`` (``--measure``): each model's train step is
     timed beside its standard twin's (:func:`model_factors`, seconds per model) and each trial priced at its twin's
     estimate times that factor (its fixed per-trial overhead once). Trains nothing. The GPU-hours estimate stays
     FLOP-based."""
-    from ..bench.gpu_hours import describe_estimate, estimate, recipe_line
+    from .gpu_hours import describe_estimate, estimate, recipe_line
 
     tune_size = 0
     if spec.tune is not None:
         tune = spec.tune_stage()
         tune_size = tune.size
+        extend = (f"; while a cell's best lr is at the edge of the rates tried, one more (x2 or /2) within "
+                  f"{list(spec.tune.bounds)}, {len(spec.tune.seeds)} trials each" if spec.tune.bounds else "")
         print(f"tuning stage {tune.study_name}: {tune.size} trials first (each variant x "
               + "".join(f"{a} {v} x " for a, v in tune.axes.items() if a not in ("seed", "lr"))
-              + f"lr {list(spec.tune.lr)} x tuning seeds {list(spec.tune.seeds)}); each variant's lr = the highest "
-              f"mean {spec.tune.metric}; the reported grid below then trains at it")
+              + f"lr {list(spec.tune.lr)} x tuning seeds {list(spec.tune.seeds)}{extend}); each variant's lr = the "
+              f"highest mean {spec.tune.metric}; the reported grid below then trains at it")
     print(f"study {spec.study_name}: {spec.kind}, {spec.size} trials, metric {spec.metric} ({spec.direction})")
+    print("base (resolved): " + ", ".join(f"{k}={v}" for k, v in spec.base.items()))
     tune_done, report_done = stored[:2] if stored else (0, 0)
     if stored:
         print(f"stored in {stored[2]}: {report_done} of the {spec.size} reported trials done"
@@ -170,7 +164,7 @@ def _dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = 
              if len(measured) == len(rates) else
              f"a rough FLOP-based estimate at {EFFECTIVE_GFLOPS:.0f} GFLOP/s (no measured train step of this CPU "
              "for every cell yet: a run measures them first)")
-    print(f"estimated time on this machine: {_duration(total)} ({_duration(per_trial)} per trial"
+    print(f"estimated time on this machine: {duration_text(total)} ({duration_text(per_trial)} per trial"
           + (f", {count}" if count else "")
           + f"; {workers} worker(s) x {threads} thread(s); {basis}, + {TRIAL_OVERHEAD_S:.0f} s per trial)")
     measured_line = measured_left(stored, workers, per_trial, cells) if stored else None
@@ -188,7 +182,7 @@ def standard_twin(config):
 
 def model_factors(configs: list, threads: int, results_dir: Path) -> list[float]:
     """For each config (``--dry-run --measure``): its model's train-step time over its standard twin's
-    (:func:`standard_twin`), both timed on this CPU on ``threads`` threads, interleaved (:mod:`ablations.bench.timing`:
+    (:func:`standard_twin`), both timed on this CPU on ``threads`` threads, interleaved (:mod:`ablations.machine.timing`:
     :data:`FACTOR_REPS` rounds of :data:`FACTOR_STEPS` steps after a warm-up, the median per-round ratio), on a random
     batch of the run's shape (batch capped at :data:`FACTOR_MAX_BATCH`) in the precision and attention kernel the
     run would use (``auto``: this CPU's cached choice, else the fp32 rule; nothing is measured for the modes
@@ -202,8 +196,8 @@ def model_factors(configs: list, threads: int, results_dir: Path) -> list[float]
     from data import dataset_shape
     from lit_modules import VisionTransformer
 
-    from ..bench.modes import choose_mode, tokens
-    from ..bench.timing import image_batch, interleave, median, round_ratios, train_step
+    from ..machine.modes import choose_mode, tokens
+    from ..machine.timing import image_batch, interleave, median, round_ratios, train_step
     from ..training import with_mode
 
     factors: dict[str, float] = {}
@@ -242,7 +236,7 @@ def _auto_line(config, overrides: dict, results_dir: Path) -> str:
         return f"precision: {config.precision} (fixed by the study)"
     from data import dataset_shape
 
-    from ..bench.modes import choose_mode, tokens
+    from ..machine.modes import choose_mode, tokens
 
     shape = dataset_shape(config)
     count = tokens(shape["img_size"], config.patch_size or shape["patch_size"])
@@ -255,7 +249,7 @@ def _auto_line(config, overrides: dict, results_dir: Path) -> str:
     return f"precision auto on this CPU ({threads} thread(s)): {mode.key} ({mode.source})"
 
 
-def _duration(seconds: float) -> str:
+def duration_text(seconds: float) -> str:
     """``42.0 s``, ``12.5 min``, ``3.2 h`` or ``1,540 days``: the unit a reader takes in at a glance."""
     if seconds < 120:
         return f"{seconds:.1f} s"
@@ -268,24 +262,24 @@ def _duration(seconds: float) -> str:
 
 def estimate_seconds(config, flops_per_s: float | None = None) -> float:
     """Wall time of one trial on this machine: its training FLOPs (3× forward per training image, 1× per val and
-    test image, × epochs: :func:`ablations.bench.gpu_hours.training_flops`) at ``flops_per_s`` (:func:`measured_rate`;
+    test image, × epochs: :func:`ablations.run.gpu_hours.training_flops`) at ``flops_per_s`` (:func:`measured_rate`;
     default the rough calibrated :data:`EFFECTIVE_GFLOPS`), plus a fixed per-trial overhead."""
-    from ..bench.gpu_hours import training_flops
+    from .gpu_hours import training_flops
 
     return TRIAL_OVERHEAD_S + training_flops(config) / (flops_per_s or EFFECTIVE_GFLOPS * 1e9)
 
 
 def measured_rate(config, threads: int, results_dir: Path) -> tuple[float, str] | None:
     """(training FLOP/s, where) of this CPU for ``config``'s cell on ``threads`` threads, from the train step that
-    precision ``auto`` measured and cached (:func:`ablations.bench.modes.measured_step`: a ``standard`` model of the
+    precision ``auto`` measured and cached (:func:`ablations.machine.modes.measured_step`: a ``standard`` model of the
     probe's depth, MLP ratio and batch, 3× its forward FLOPs per image); None for a GPU run, a fixed precision, or
     a cell not measured yet."""
     if config.precision != "auto" or config.accelerator not in ("auto", "cpu"):
         return None
     from data import dataset_shape
 
-    from ..bench.gpu_hours import forward_flops
-    from ..bench.modes import measured_step, tokens
+    from ..machine.modes import measured_step, tokens
+    from .gpu_hours import forward_flops
 
     shape = dataset_shape(config)
     step = measured_step(config.embed_dim, tokens(shape["img_size"], config.patch_size or shape["patch_size"]),

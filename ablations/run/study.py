@@ -9,69 +9,128 @@ import math
 import os
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
-from .overrides import check_stored
+from ..studies.overrides import check_stored
+from ..studies.spec import TUNE_EXTRA, TUNED_LR
 
-TUNED_LR, TUNE_MEANS, TUNE_GRID = "tuned_lr", "tune_means", "tune_grid"  # study user attrs of the tuning stage
 REMOVED = "removed_from_study_file"  # user attr of a WAITING trial set aside because its point left the study file
 STOPPED = "stopped_by"  # user attr of a trial failed by Ctrl-C or SIGTERM: SIGINT | SIGTERM
 
 
-def _load(storage, study_name: str):
+class Stored(NamedTuple):
+    """What a stored study has done (:func:`ablations.run.plan.stored_done`): trials done per stage, where it is stored, and for a grid
+    the wall times of its completed trials by (variant, depth) cell, both stages, with the grid points not done yet
+    (both stages). A trial's wall time is as it ran, beside the other workers of its run."""
+
+    tune_done: int
+    report_done: int
+    where: str
+    seconds: dict[tuple[str, int | None], list[float]] = {}
+    left: tuple[dict, ...] = ()
+
+
+def load_study(storage, study_name: str):
     import optuna
 
     return optuna.load_study(study_name=study_name, storage=storage)
 
 
-def _stored_choice(storage, study_name: str) -> dict[str, float] | None:
+def stored_choice(storage, study_name: str) -> dict[str, float] | None:
     """The learning rates the tuning stage chose, as stored with the study (None: the study has no tuning stage)."""
-    return _load(storage, study_name).user_attrs.get(TUNED_LR)
+    return load_study(storage, study_name).user_attrs.get(TUNED_LR)
 
 
-def _cell_text(key: str) -> str:
+def cell_text(key: str) -> str:
     variant, cell = json.loads(key)
     return variant + "".join(f" {axis}={value}" for axis, value in cell) + ":"
 
 
-def choose_lrs(spec, study) -> tuple[dict[str, float], dict[str, dict[str, float | None]]]:
+@dataclasses.dataclass
+class TuneOutcome:
+    """What the tuning stage's runs say (:func:`tune_outcome`): each cell's chosen rate, the mean per rate, the
+    rate to add next where the best rate is at the edge of what the cell tried, and the cells whose best rate sits
+    at a declared bound."""
+
+    choice: dict[str, float]
+    means: dict[str, dict[str, float | None]]
+    extend: dict[str, float]
+    at_bound: dict[str, str]
+
+
+def tune_value(attrs: dict, metric: str, floor=None) -> float:
+    """A tuning run's value in the choice: its ``metric``; 0 when it diverged, has no finite value, or trained
+    below the study's floor (:class:`ablations.studies.spec.Floor`: failed to train)."""
+    value = attrs.get(metric)
+    if value is None or not math.isfinite(value) or attrs.get("diverged"):
+        return 0.0
+    if floor is not None:
+        classes = attrs.get("num_classes") or (attrs.get("config") or {}).get("num_classes")
+        if floor.failed(attrs.get(floor.metric), classes):
+            return 0.0
+    return float(value)
+
+
+def tune_outcome(spec, study, extra: dict[str, list[float]] | None = None) -> TuneOutcome:
     """Each cell's learning rate (:meth:`StudySpec.tune_key`: the variant and its other axes) from the tuning stage's
-    ``study``: the one whose tuning trials have the highest mean ``spec.tune.metric`` (a validation metric) over
-    the tuning seeds; a diverged run counts as 0; ties go to the rate listed first. Returns (choice,
-    cell -> {lr: mean}); a point of the tuning grid without a completed trial is a ValueError."""
+    ``study`` (its grid plus the ``extra`` rates already added): the one whose tuning trials have the highest mean
+    ``spec.tune.metric`` (a validation metric) over the tuning seeds; a run that diverged or failed to train counts
+    as 0; ties go to the rate listed first (the grid's order, then the added rates). Where the best rate is the
+    smallest or largest the cell tried, :meth:`TuneSpec.beyond` names the rate to add (``extend``) or the bound
+    it sits at (``at_bound``). A point without a completed trial is a ValueError."""
     from optuna.trial import TrialState
 
-    tune_spec, metric = spec.tune_stage(), spec.tune.metric
+    tune_spec, metric = spec.tune_stage(extra), spec.tune.metric
 
     values: dict[tuple[str, float], list[float]] = {}
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         if t.user_attrs.get("surplus") or "duplicate_of" in t.user_attrs:
             continue
-        params = _trial_point(t)
-        value = t.user_attrs.get(metric)
-        ok = value is not None and math.isfinite(value) and not t.user_attrs.get("diverged")
-        values.setdefault((spec.tune_key(params), float(params["lr"])), []).append(float(value) if ok else 0.0)
+        params = trial_point(t)
+        values.setdefault((spec.tune_key(params), float(params["lr"])), []).append(
+            tune_value(t.user_attrs, metric, spec.floor))
     means: dict[str, dict[str, float | None]] = {}
     for params in tune_spec.grid():
         key, lr = spec.tune_key(params), float(params["lr"])
         runs = values.get((key, lr), [])
         means.setdefault(key, {})[repr(lr)] = sum(runs) / len(runs) if runs else None
-    choice = {}
+    choice, extend, at_bound = {}, {}, {}
     for key, by_lr in means.items():
         missing = [lr for lr, mean in by_lr.items() if mean is None]
         if missing:
-            raise ValueError(f"tuning stage incomplete: {_cell_text(key)} no result at lr {', '.join(missing)}")
+            raise ValueError(f"tuning stage incomplete: {cell_text(key)} no result at lr {', '.join(missing)}")
         choice[key] = float(max(by_lr, key=lambda lr: (by_lr[lr], -list(by_lr).index(lr))))
-    return choice, means
+        rate, bound = spec.tune.beyond([float(lr) for lr in by_lr], choice[key])
+        if rate is not None:
+            extend[key] = rate
+        elif bound is not None:
+            at_bound[key] = bound
+    return TuneOutcome(choice, means, extend, at_bound)
 
 
-def _measure_modes(spec, overrides: dict, results_dir: Path) -> None:
+def choose_lrs(spec, study, extra: dict[str, list[float]] | None = None) -> tuple[dict[str, float],
+                                                                                   dict[str, dict[str, float | None]]]:
+    """(choice, cell -> {lr: mean}) of :func:`tune_outcome`."""
+    outcome = tune_outcome(spec, study, extra)
+    return outcome.choice, outcome.means
+
+
+def stored_extra(storage, tune_study_name: str) -> dict[str, list[float]]:
+    """The rates the tuning stage has added beyond its grid (``TUNE_EXTRA`` of its study; {} before any)."""
+    try:
+        return dict(load_study(storage, tune_study_name).user_attrs.get(TUNE_EXTRA) or {})
+    except KeyError:  # the tuning stage's study does not exist yet
+        return {}
+
+
+def measure_modes(spec, overrides: dict, results_dir: Path) -> None:
     """Precision ``auto`` on a CPU whose signature no modes table matches: measure the cells the study's points need
-    once, here, before any worker starts (``ablations.bench.modes``; cached under ``<results_dir>/device/``), so that the
+    once, here, before any worker starts (``ablations.machine.modes``; cached under ``<results_dir>/device/``), so that the
     workers find them instead of each measuring while the others train. One line per cell measured. Torch is
     imported only when a cell has to be measured (a matching table or the cache answers without it)."""
     from data import dataset_shape
 
-    from ..bench.modes import choose_mode, model_size, probe, tokens
+    from ..machine.modes import choose_mode, model_size, probe, tokens
 
     threads = overrides.get("threads") or os.cpu_count() or 1
     points = spec.grid() if spec.kind == "grid" else [{"variant": v.label} for v in spec.variants]
@@ -104,7 +163,7 @@ def _measure_modes(spec, overrides: dict, results_dir: Path) -> None:
                   f"modes here, {mode.key} ({mode.source})", file=sys.stderr)
 
 
-def _retry_failed_points(study, spec, storage, *, only_stopped: bool = False) -> list[str]:
+def retry_failed_points(study, spec, storage, *, only_stopped: bool = False) -> list[str]:
     """Queue a retry (same parameters, same run folder, so it resumes from its last checkpoint) of every grid
     point whose trials all FAILed: an exception in training, Ctrl-C, SIGTERM. ``enqueue_trial(...,
     skip_if_exists=True)`` counts a FAIL trial as existing, so without this such a point never ran again and every
@@ -120,10 +179,10 @@ def _retry_failed_points(study, spec, storage, *, only_stopped: bool = False) ->
     retry = storage.get_heartbeat_stale_trial_callback()
     if retry is None:
         return []
-    grid = {_point_key(p) for p in spec.grid()}
+    grid = {point_key(p) for p in spec.grid()}
     live, failed = set(), {}
     for t in study.get_trials(deepcopy=False):
-        key = _point_key(_trial_point(t))
+        key = point_key(trial_point(t))
         if t.state == TrialState.FAIL:
             if key in grid and (key not in failed or t.number > failed[key].number):
                 failed[key] = t
@@ -143,30 +202,30 @@ def _retry_failed_points(study, spec, storage, *, only_stopped: bool = False) ->
     return queued
 
 
-def _point_key(params: dict) -> str:
+def point_key(params: dict) -> str:
     return repr(sorted(params.items()))
 
 
-def _grid_keys(spec) -> set[str] | None:
-    return {_point_key(p) for p in spec.grid()} if spec.kind == "grid" else None
+def grid_keys(spec) -> set[str] | None:
+    return {point_key(p) for p in spec.grid()} if spec.kind == "grid" else None
 
 
-def _follow_study_file(study, spec, storage) -> None:
+def follow_study_file(study, spec, storage) -> None:
     """Make the stored grid follow an edited study file. Points added to the file have just been enqueued (only
     those: ``skip_if_exists``), so a rerun runs just them. A point removed from the file keeps its finished trials
     (the report still includes them: pass --study-name NEW_NAME for a study of the new grid alone), but its WAITING
     trials are set aside (:func:`_set_aside_removed`) instead of running; a point added back later is enqueued again.
-    Changed variants, or an axis that changes kind, are refused before this (:func:`_check_same_choices`)."""
+    Changed variants, or an axis that changes kind, are refused before this (:func:`check_same_choices`)."""
     from optuna.trial import TrialState
 
-    grid = {_point_key(p): p for p in spec.grid()}
+    grid = {point_key(p): p for p in spec.grid()}
     set_aside = _set_aside_removed(study, storage, set(grid))
     if set_aside:
         print(f"not running waiting trial(s) {', '.join(map(str, set_aside))}: their grid points are no longer in "
               "the study file", file=sys.stderr)
     taken, kept = set(), 0
     for t in study.get_trials(deepcopy=False):
-        key = _point_key(_trial_point(t))
+        key = point_key(trial_point(t))
         if t.user_attrs.get(REMOVED):
             continue
         if key in grid:
@@ -188,7 +247,7 @@ def _set_aside_removed(study, storage, grid: set[str]) -> list[int]:
 
     numbers = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-        if _point_key(_trial_point(t)) in grid:
+        if point_key(trial_point(t)) in grid:
             continue
         if storage.set_trial_state_values(t._trial_id, TrialState.RUNNING):
             storage.set_trial_user_attr(t._trial_id, "surplus", True)
@@ -198,14 +257,14 @@ def _set_aside_removed(study, storage, grid: set[str]) -> list[int]:
     return numbers
 
 
-def _validate_points(spec, overrides: dict, check_data: bool = True) -> None:
+def validate_points(spec, overrides: dict, check_data: bool = True) -> None:
     """Build every grid point's config (and check its residual options and, with ``check_data``, its data
     folder) before anything is stored; the tuning stage's points too."""
     if check_data:
-        for config in _data_configs(spec, overrides):
-            _check_data(config)
+        for config in data_configs(spec, overrides):
+            check_data_folder(config)
     if spec.tune is not None:
-        _validate_points(spec.tune_stage(), overrides, check_data=False)
+        validate_points(spec.tune_stage(), overrides, check_data=False)
         spec = dataclasses.replace(spec, tune=None)  # its points' lr comes from the tuning stage
     _make_pruner(spec)
     points = spec.grid() if spec.kind == "grid" else [{"variant": v.label} for v in spec.variants]
@@ -216,10 +275,10 @@ def _validate_points(spec, overrides: dict, check_data: bool = True) -> None:
                config.class_attention_blocks)
         if key not in seen:
             seen.add(key)
-            _check_residual(config)
+            check_residual(config)
 
 
-def _data_configs(spec, overrides: dict) -> list:
+def data_configs(spec, overrides: dict) -> list:
     """One config per distinct (dataset, data_dir, dataset_options) the study's points (and its tuning stage's)
     train on."""
     specs = [spec] + ([spec.tune_stage()] if spec.tune is not None else [])
@@ -232,7 +291,7 @@ def _data_configs(spec, overrides: dict) -> list:
     return list(found.values())
 
 
-def _check_data(config) -> None:
+def check_data_folder(config) -> None:
     """Constructing a DataModule checks its folder (missing / malformed: data.DataError) without loading data."""
     import data
 
@@ -242,7 +301,7 @@ def _check_data(config) -> None:
         raise ValueError(f"invalid dataset option for '{config.dataset}': {exc}") from None
 
 
-def _check_residual(config) -> None:
+def check_residual(config) -> None:
     from lit_modules import RESIDUALS
 
     variant = RESIDUALS[config.residual]
@@ -251,13 +310,13 @@ def _check_residual(config) -> None:
     variant.check_options(options, dim=config.embed_dim, depth=config.depth)
 
 
-def _create_study(spec, storage, study_name: str, seed: int):
+def create_study(spec, storage, study_name: str, seed: int):
     import optuna
 
     sampler = optuna.samplers.TPESampler(seed=seed)
     study = optuna.create_study(storage=storage, study_name=study_name, direction=spec.direction, sampler=sampler,
                                 pruner=_make_pruner(spec), load_if_exists=True)
-    _check_same_choices(study, spec)
+    check_same_choices(study, spec)
     check_stored(study, spec)
     if study.metric_names is None:
         study.set_metric_names([spec.metric])
@@ -283,7 +342,7 @@ def _make_pruner(spec):
         raise ValueError(f"study file '{spec.source}': pruner {spec.pruner}: {exc}") from None
 
 
-def _check_same_choices(study, spec) -> None:
+def check_same_choices(study, spec) -> None:
     """Optuna fixes a parameter's kind for the life of a study, and a categorical's choices: a study file whose
     variants (or label axes, or searched choices) changed, or whose numeric axis changed kind (integers to numbers,
     a linear range to a log one), cannot continue the stored study (its first new trial would FAIL with e.g.
@@ -366,7 +425,7 @@ def _describe(dist) -> str:
     return f"{kind} in [{dist.low}, {dist.high}]" + (" on a log scale" if dist.log else "")
 
 
-def _done_trials(study) -> list:
+def done_trials(study) -> list:
     """The trials that count as done: COMPLETE or PRUNED, not surplus or duplicate."""
     from optuna.trial import TrialState
 
@@ -374,21 +433,15 @@ def _done_trials(study) -> list:
             if not t.user_attrs.get("surplus") and "duplicate_of" not in t.user_attrs]
 
 
-def _trial_point(trial) -> dict:
+def trial_point(trial) -> dict:
     """A trial's grid point: the parameters it was enqueued with (its suggested ones when it was not)."""
     return trial.system_attrs.get("fixed_params", trial.params)
 
 
-def _done(study, grid: set[str] | None = None) -> int:
-    """Trials done (:func:`_done_trials`); for a grid, the points of ``grid`` done (trials of points removed from
+def count_done(study, grid: set[str] | None = None) -> int:
+    """Trials done (:func:`done_trials`); for a grid, the points of ``grid`` done (trials of points removed from
     the study file do not count)."""
-    done = _done_trials(study)
+    done = done_trials(study)
     if grid is None:
         return len(done)
-    return len({key for t in done if (key := _point_key(_trial_point(t))) in grid})
-
-
-def _redact(url: str) -> str:
-    from .storage import _redact as redact
-
-    return redact(url)
+    return len({key for t in done if (key := point_key(trial_point(t))) in grid})

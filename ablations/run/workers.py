@@ -1,4 +1,4 @@
-"""Running a study's trials: one worker's loop (``_work``), the worker processes and their progress bar, each
+"""Running a study's trials: one worker's loop (``work``), the worker processes and their progress bar, each
 trial's guard (a failed write to the results folder stops the run with one line) and the end-of-run summary."""
 
 from __future__ import annotations
@@ -15,18 +15,18 @@ import time
 from pathlib import Path
 
 from .. import layout
+from ..studies.stopping import check_stopping, stop_signal
+from ..studies.storage import redact
 from .imported import import_runs
-from .stopping import check_stopping, stop_signal
 from .study import (
     STOPPED,
-    _create_study,
-    _done,
-    _follow_study_file,
-    _grid_keys,
-    _measure_modes,
-    _redact,
-    _retry_failed_points,
-    _stored_choice,
+    count_done,
+    create_study,
+    follow_study_file,
+    grid_keys,
+    measure_modes,
+    retry_failed_points,
+    stored_choice,
 )
 
 #: Seconds the main process of ``--workers N`` gives its workers, after Ctrl-C or SIGTERM, to mark their trials
@@ -69,7 +69,7 @@ def _inside(path, folder: Path) -> bool:
         return False
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
     """An exception as one line; an OSError as ``[Errno N] reason: 'path'`` (a bytes path decoded)."""
     if isinstance(exc, OSError) and exc.errno is not None:
         text = f"[Errno {exc.errno}] {exc.strerror or os.strerror(exc.errno)}"
@@ -83,7 +83,7 @@ def _guarded(objective, log_root: Path):
     """The objective, with two kinds of failure that are not the trial's own told apart:
 
     - Ctrl-C / SIGTERM: the trial is marked :data:`STOPPED` before optuna marks it FAIL, so that the workers still
-      running (on this machine or others) retry it at once (:func:`_retry_failed_points`), as they retry a dead
+      running (on this machine or others) retry it at once (:func:`retry_failed_points`), as they retry a dead
       worker's trial once its heartbeat is stale;
     - a results folder that takes no more writes: :class:`ResultsWriteError`. Optuna marks the trial FAIL (its
       checkpoints are kept where they could be written: the rerun resumes it) and, as the error is not one it
@@ -109,7 +109,7 @@ def _guarded(objective, log_root: Path):
             except Exception:  # noqa: BLE001 - the storage is not the problem being reported here
                 folder = log_root
             raise ResultsWriteError(
-                f"trial {trial.number} cannot write its files in '{folder}': {_one_line(error)}; the trial is marked "
+                f"trial {trial.number} cannot write its files in '{folder}': {one_line(error)}; the trial is marked "
                 "failed and completed trials are kept: free space or make the folder writable, then rerun the same "
                 "command (the trial resumes from its last checkpoint)") from exc
 
@@ -135,45 +135,45 @@ class _QuietStops(logging.Filter):
         return match.group(1) not in self.numbers  # the "failed with value None" line that follows
 
 
-def _run_grid(spec, storage, study_name: str, args, overrides: dict, *, stage: str = "report", study=None) -> int:
+def run_grid(spec, storage, study_name: str, args, overrides: dict, *, stage: str = "report", study=None) -> int:
     """One stage of a study: create (or continue) it, enqueue its grid, and train it with ``--workers`` workers."""
     from ..dashboard import write_study_hparams
-    from ..training import HP_METRICS
+    from ..report.aggregate import STUDY_METRICS
 
-    study = study or _create_study(spec, storage, study_name, seed=0)
-    tuned = None if stage == "tune" else _stored_choice(storage, study_name)
+    study = study or create_study(spec, storage, study_name, seed=0)
+    tuned = None if stage == "tune" else stored_choice(storage, study_name)
     if spec.kind == "grid" and args.import_runs:
         import_runs(args.import_runs, spec, storage, study_name, overrides, tuned=tuned)
-    write_study_hparams(layout.runs_dir(args.results_dir, study_name), spec, HP_METRICS)
+    write_study_hparams(layout.runs_dir(args.results_dir, study_name), spec, STUDY_METRICS)
     if spec.kind == "grid":
         for params in spec.grid():
             study.enqueue_trial(params, skip_if_exists=True)
-        _follow_study_file(study, spec, storage)
-        _retry_failed_points(study, spec, storage)
+        follow_study_file(study, spec, storage)
+        retry_failed_points(study, spec, storage)
     total = spec.size if spec.kind == "grid" else (args.n_trials or spec.n_trials)
     print(f"study '{study_name}' ({spec.kind}{', tuning stage' if stage == 'tune' else ''}, {total} trials) in "
-          f"{_redact(args.storage)}; TensorBoard: tensorboard --logdir {layout.runs_dir(args.results_dir, study_name)}",
+          f"{redact(args.storage)}; TensorBoard: tensorboard --logdir {layout.runs_dir(args.results_dir, study_name)}",
           file=sys.stderr)
-    _measure_modes(spec, overrides, Path(args.results_dir))
+    measure_modes(spec, overrides, Path(args.results_dir))
     started = time.time()
     if args.workers == 1:
-        _work(spec, storage, study_name, args, overrides, progress_total=None if args.no_progress else total,
+        work(spec, storage, study_name, args, overrides, progress_total=None if args.no_progress else total,
               tuned=tuned)
     else:
-        _spawn_workers(args, storage, study_name, total, _grid_keys(spec), stage=stage)
+        _spawn_workers(args, storage, study_name, total, grid_keys(spec), stage=stage)
         # A worker stopped on its own (one machine preempted) fails its trial while it saves; when the other workers
         # had already run out of points by then, nobody took it over: train it now, resuming from its checkpoint.
         while spec.kind == "grid":
             check_stopping()
-            retried = _retry_failed_points(study, spec, storage, only_stopped=True)
+            retried = retry_failed_points(study, spec, storage, only_stopped=True)
             if not retried:
                 break
-            _spawn_workers(args, storage, study_name, total, _grid_keys(spec), stage=stage,
+            _spawn_workers(args, storage, study_name, total, grid_keys(spec), stage=stage,
                            count=min(args.workers, len(retried)))
     return _finish(study_name, storage, spec, time.time() - started)
 
 
-def _quiet() -> None:
+def quiet() -> None:
     """Study output is the progress bar and one line per event: silence per-trial Lightning chatter."""
     import warnings
 
@@ -189,35 +189,37 @@ def _quiet() -> None:
     warnings.filterwarnings("ignore", message=r".*(LeafSpec|litlogger|does not have many workers).*")
 
 
-def _work(spec, storage, study_name: str, args, overrides: dict, progress_total: int | None = None,
+def work(spec, storage, study_name: str, args, overrides: dict, progress_total: int | None = None,
           tuned: dict[str, float] | None = None) -> int:
     """One worker: take enqueued grid points (or sample search points) until none are left."""
     import optuna
     from optuna.trial import TrialState
 
+    from ..report.aggregate import refresh as refresh_aggregates
     from .objective import Objective
 
     index = args.worker_index or 0
-    study = _create_study(spec, storage, study_name, seed=index)  # a distinct sampler seed per worker
+    study = create_study(spec, storage, study_name, seed=index)  # a distinct sampler seed per worker
     log_root = layout.runs_dir(args.results_dir, study_name)
     objective = Objective(spec, log_root=log_root, overrides=overrides, keep_checkpoints=args.keep_checkpoints,
                           loggers=tuple(args.loggers), results_dir=args.results_dir, tuned=tuned)
     objective = _guarded(objective, log_root)
-    grid = _grid_keys(spec)
+    grid = grid_keys(spec)
     bar = _progress(study, progress_total, grid)
     try:
         while True:
             check_stopping()
             optuna.storages.fail_stale_trials(study)
             if spec.kind == "grid":
-                _retry_failed_points(study, spec, storage, only_stopped=True)  # e.g. a preempted worker's trial
+                retry_failed_points(study, spec, storage, only_stopped=True)  # e.g. a preempted worker's trial
                 if not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
                     break
             elif _search_budget_spent(study, args.n_trials or spec.n_trials):
                 break
             study.optimize(objective, n_trials=1, gc_after_trial=True, catch=(RuntimeError,))
+            refresh_aggregates(study, spec, args.results_dir)  # TensorBoard's seed aggregates, with this trial
             if bar is not None:
-                bar.n = _done(study, grid)
+                bar.n = count_done(study, grid)
                 bar.refresh()
     finally:
         if bar is not None:
@@ -227,7 +229,7 @@ def _work(spec, storage, study_name: str, args, overrides: dict, progress_total:
 
 def _search_budget_spent(study, n_trials: int) -> bool:
     """A search has its ``n_trials`` once that many trials are done, running, or failed for good, and no retry waits.
-    A failed trial whose parameters were re-enqueued (a killed worker's, :func:`ablations.run.storage.open_storage`'s
+    A failed trial whose parameters were re-enqueued (a killed worker's, :func:`ablations.studies.storage.open_storage`'s
     retry callback) is replaced by its retry, so it does not use up a trial; one that failed by itself and was not
     retried does (never loop on failures)."""
     from optuna.trial import TrialState
@@ -246,7 +248,7 @@ def _progress(study, total: int | None, grid: set[str] | None = None):
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, initial=_done(study, grid), desc=study.study_name, unit="trial", dynamic_ncols=True)
+    return tqdm(total=total, initial=count_done(study, grid), desc=study.study_name, unit="trial", dynamic_ncols=True)
 
 
 def _spawn_workers(args, storage, study_name: str, total: int, grid: set[str] | None = None,
@@ -268,7 +270,7 @@ def _spawn_workers(args, storage, study_name: str, total: int, grid: set[str] | 
             check_stopping()
             time.sleep(2)
             if bar is not None:
-                bar.n = _done(optuna.load_study(study_name=study_name, storage=storage), grid)
+                bar.n = count_done(optuna.load_study(study_name=study_name, storage=storage), grid)
                 bar.refresh()
     except KeyboardInterrupt:
         _stop_workers(procs)
@@ -341,7 +343,7 @@ def _fail_left_running(procs: list, storage, study_name: str) -> None:
                 continue
             marked.append(t.number)
     except Exception as exc:  # noqa: BLE001 - the storage may be what failed; the heartbeat retries them then
-        print(f"could not mark the stopped workers' trials failed ({_one_line(exc)}); the next run retries them once "
+        print(f"could not mark the stopped workers' trials failed ({one_line(exc)}); the next run retries them once "
               "their heartbeat is stale", file=sys.stderr)
         return
     if marked:
@@ -358,7 +360,7 @@ def _finish(study_name: str, storage, spec, elapsed: float) -> int:
     counts = {s.name.lower(): len(study.get_trials(deepcopy=False, states=(s,))) for s in TrialState}
     print(f"study '{study_name}': {counts['complete']} complete, {counts['pruned']} pruned, {counts['fail']} failed, "
           f"{counts['running']} running, {counts['waiting']} waiting; {elapsed:.0f} s this run", file=sys.stderr)
-    missing = counts["waiting"] + (spec.size - _done(study, _grid_keys(spec)) if spec.kind == "grid" else 0)
+    missing = counts["waiting"] + (spec.size - count_done(study, grid_keys(spec)) if spec.kind == "grid" else 0)
     if 0 < missing <= counts["running"] and not counts["waiting"]:
         # Independent workers (other machines, a SLURM array): the last points are being trained by the others.
         # Nothing is left for this one to do; if one of those workers has died, the next run retries its trial.

@@ -23,6 +23,7 @@ import math
 from typing import Any, ClassVar, NamedTuple
 
 import torch
+from timm.layers import RmsNorm
 from torch import nn
 
 from ..blocks import Block, BlockArgs, ResidualStream
@@ -51,6 +52,10 @@ class ResidualSite(nn.Module):
 
     name: ClassVar[str] = ""
     paper: ClassVar[str] = ""
+    #: Training settings (run-config field names) the paper trains this design with where they differ from the
+    #: usual recipe — e.g. nGPT: no weight decay, no warm-up. A study row of this residual takes them over the
+    #: study's base; the row's own ``overrides`` still win (``ablations.studies.spec.StudySpec.config_for``).
+    paper_training: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, dim: int, *, args: BlockArgs) -> None:
         super().__init__()
@@ -240,6 +245,17 @@ def check_auto_or_positive(name: str, value: Any, variant: str) -> None:
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if not (value == "auto" or (number and value > 0 and math.isfinite(value))):
         raise ValueError(f"{name}={value!r} is not valid for {variant}; valid: 'auto' or a float > 0")
+
+
+def inverse_scale(norm: nn.Module, x: torch.Tensor) -> torch.Tensor | float:
+    """The per-token factor 1/σ a LayerNorm or RMSNorm ``norm`` multiplies its (centred) input ``x`` by (LayerNorm:
+    σ² = var x + ε; RMSNorm: mean x² + ε), (..., 1); 1.0 for any other layer (a normalisation-free map). The skip
+    scale of a site whose update ends in such a norm: ``decompose``'s Δ = b + (1/σ − 1)·x."""
+    if isinstance(norm, nn.LayerNorm):
+        return torch.rsqrt(x.var(dim=-1, unbiased=False, keepdim=True) + norm.eps)
+    if isinstance(norm, RmsNorm):
+        return torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + norm.eps)
+    return 1.0
 
 
 def inverse_rms(v: torch.Tensor, eps: float) -> torch.Tensor:

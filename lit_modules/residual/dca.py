@@ -212,7 +212,7 @@ class ReLUMix(torch.autograd.Function):
     CHUNK_ELEMENTS = 1 << 19  # elements of one (outputs, tokens, t, D) chunk on a CPU: ~2 MiB of fp32, in cache
     #: ... on an accelerator: each chunk costs a dozen kernel launches, and cache-sized chunks made DCA's step grow
     #: with the batch (an H200, depth 6, batch 1024: 23x standard's step); 2^26 elements bound a chunk's
-    #: temporaries at 256 MiB of fp32 (results/device/cuda/issue27-overhead-batch)
+    #: temporaries at 256 MiB of fp32 (results/device/cuda/bench-overhead-batch*)
     DEVICE_CHUNK_ELEMENTS = 1 << 26
 
     @staticmethod
@@ -305,16 +305,16 @@ def cross_attention(attn: SelfAttention, q_in: torch.Tensor, k_in: torch.Tensor,
     """The block's attention (any kind of ``lit_modules.attention``) with separate query/key/value inputs: same
     weights, and the kind's own core (``attend``: fused/explicit switch, Re-attention's head mixing; the explicit
     path passes the attention map through ``attn.attn_drop`` so diagnostics hooks see it). The values pass through
-    ``attn.value_residual`` as in ``SelfAttention.forward`` (ResFormer: block 0 records the values of its composed
-    value input, later blocks mix them in)."""
+    ``attn.v_norm`` and ``attn.value_residual`` as in ``SelfAttention.forward`` (ResFormer: block 0 records the
+    values of its composed value input, later blocks mix them in); an output gate reads the query's input (in the
+    reference the gate is part of the query projection)."""
     B, N, _ = q_in.shape
     weights = attn.qkv.weight.chunk(3)
     biases = attn.qkv.bias.chunk(3) if attn.qkv.bias is not None else (None, None, None)
     q, k, v = (F.linear(t, w, b).reshape(B, N, attn.num_heads, attn.head_dim).transpose(1, 2)
                for t, w, b in zip((q_in, k_in, v_in), weights, biases, strict=True))
-    x = attn.attend(attn.q_norm(q), attn.k_norm(k), attn.value_residual(v))
-    x = attn.norm(x.transpose(1, 2).reshape(B, N, attn.attn_dim))
-    return attn.proj_drop(attn.proj(x))
+    x = attn.attend(attn.q_norm(q), attn.k_norm(k), attn.value_residual(attn.v_norm(v)))
+    return attn.proj_drop(attn.proj(attn.merge_heads(x, q_in)))  # a gated attention's gate reads the query input
 
 
 class DenseStream(nn.Module):

@@ -340,7 +340,7 @@ class HyperConnections(MultiStreamSite):
     ``n``: the expansion rate, default 2: the paper's ViT experiments (Appendix E.2: "using an expansion rate of
     n = 2", ViT-B/16 and ViT-L/16 on ImageNet); n = 4 is its language-model rate (OLMo/OLMoE-DHC×4, and mHC's).
     Weight decay: none on the static A_m, A_r, B and the scales s_α, s_β (dynamic HC in a ViT diverged to NaN when
-    they were decayed: the paper's first author's advice in lucidrains/hyper-connections issue 4); the W matrices
+    they were decayed: the paper's first author's advice in github.com/lucidrains/hyper-connections/issues/4); the W matrices
     are decayed like any matrix.
     """
 

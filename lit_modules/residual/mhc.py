@@ -138,8 +138,8 @@ class MHC(MultiStreamSite):
     (H_post = 1, HC's B = 1 exactly) and
 
     - ``"paddlefleet_pr1849"`` (default): ``b_res = 6I − 3``, so H_res has diagonal e⁶/(e⁶ + n − 1) ≈ 0.9926 at
-      n = 4 — the static values of PaddlePaddle/PaddleFleet PR #1849 ("the paper's A.6 static values"), which the
-      paper's text does not contain (named for that source; this was ``"paper"`` before the paper was checked);
+      n = 4 — the static values of PaddlePaddle/PaddleFleet's pull request 1849 ("the paper's A.6 static values"),
+      which the paper's text does not contain (named for that source);
     - ``"identity"``: ``b_res = L·I`` with L = ln((n − 1)/10⁻⁵), so H_res = I to within 10⁻⁵; the projection is
       then saturated: ∂H_res/∂H̃_res ~ 10⁻⁵, so b_res and φ_res barely learn (a deliberate trade);
     - ``"hc"``: ``b_res = I`` (HC's A_r = I copied into the logits, as a public port does): **not** the identity
@@ -175,8 +175,9 @@ class MHC(MultiStreamSite):
         super().check_options(options, dim, depth)
         check_positive_int("sinkhorn_iters", options["sinkhorn_iters"], "Sinkhorn-Knopp iterations t_max")
         if options["res_init"] == "paper":
-            raise ValueError("res_init='paper' was renamed 'paddlefleet_pr1849' (b_res = 6I - 3): the mHC paper "
-                             "(arXiv 2512.24880) gives no bias init; valid choices: " + ", ".join(RES_INITS))
+            raise ValueError("res_init='paper' names no init: the mHC paper "
+                             "(arXiv 2512.24880) gives no bias init ('paddlefleet_pr1849', b_res = 6I - 3, is the default's source); "
+                             "valid choices: " + ", ".join(RES_INITS))
         check_choice("res_init", options["res_init"], RES_INITS)
         alpha = options["alpha_init"]
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha):

@@ -36,6 +36,11 @@ class ScaledVector(nn.Module):
     def forward(self) -> torch.Tensor:
         return self.param * (self.init / self.scale)
 
+    def no_weight_decay(self) -> set[str]:
+        """Never decayed, whatever its shape (s_qk is (H, 1, d), which timm's ndim rule alone would decay): the
+        reference decays none of nGPT's scales, and per-channel scales are never decayed here."""
+        return {"param"}
+
     def extra_repr(self) -> str:
         return f"shape={tuple(self.param.shape)}, init={self.init:.4g}, scale={self.scale:.4g}"
 
@@ -155,6 +160,7 @@ class NGPT(ResidualSite):
 
     name = "ngpt"
     paper = "Loshchilov et al. 2024 (nGPT), arXiv 2410.01131"
+    paper_training = {"weight_decay": 0.0, "warmup_epochs": 0.0}  # the reference trains without either
 
     def __init__(self, dim: int, *, args: BlockArgs, alpha_init: str = "paper", pool_norm: bool = True) -> None:
         super().__init__(dim, args=args)

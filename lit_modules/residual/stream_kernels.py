@@ -6,8 +6,8 @@ model like timm's fused attention (``VisionTransformer.set_stream_kernels``):
 - ``"compiled"``: the read and write written as broadcasts and sums and compiled by ``torch.compile``
   (inductor): each pass becomes one or two loops over the tokens that read a token's n×D streams once, where the
   eager form runs 2-5 kernels over the whole n-fold stream (at n = 4, 2,080 tokens, width 192, AVX2: the
-  write's backward 4.2 ms instead of 14.4, its forward 2.1 instead of 4.0). Issue 27 measured the eager passes
-  as most of mHC's extra cost on an AVX2-only CPU. The first call of each kernel compiles it (seconds; inductor
+  write's backward 4.2 ms instead of 14.4, its forward 2.1 instead of 4.0); on an AVX2-only CPU the eager passes
+  are most of mHC's extra cost. The first call of each kernel compiles it (seconds; inductor
   caches the code on disk for the next process); a later batch size compiles once more with the token dimension
   dynamic.
 

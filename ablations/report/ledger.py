@@ -1,0 +1,256 @@
+"""The claims ledger: every paper claim every study tested, from the studies' committed ``runs.csv`` files alone
+(``python -m ablations.report --ledger`` writes ``<results-dir>/claims.md`` and ``claims.csv``).
+
+Each study's claims are judged as its own report judges them (:mod:`.claims`: one Holm family per study). The
+ledger adds what no single study can say:
+
+* **One family over all claims.** Every judged claim line of every study (not untestable, premise not absent) enters
+  one Holm–Bonferroni family; its verdict under that family is held / not held when the family-wise adjusted p is
+  below α in the paper's / the other direction, else not resolved. A claim that holds in its study but not here held
+  only because its study was a small family.
+* **Shared runs are not replications.** Studies reuse identical runs (the same residual and options, learning rate,
+  depth, seed and parameter count, with the same results): a claim line whose two sides are runs another line
+  already compared says "the same runs as <study> (<claim>)", enters the all-claims family once (with the first
+  line's adjusted p), and does not count as a second study.
+* **Comparisons across studies.** Lines comparing the same rows (variant vs baseline labels, which name the same
+  forms across the study files, on the same metric and in the same direction) are grouped, so a claim tested by
+  several studies shows each; the group counts how many of them trained the variant's runs themselves
+  (replications), and a line whose baseline (or variant) runs are another study's says so.
+* **The protocol each study ran under**: its number of tuning seeds (from the runs themselves).
+
+A study's folder is ``<results-dir>/<study>`` (its default budget) or ``<results-dir>/<study>-<budget>`` (another
+setting, e.g. the GPU budget). The output is deterministic: regenerating it from the same files gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .claims import VERDICTS, claim_records, premise_numbers
+from .format import p_text
+from .load import Run, StudyData
+from .stats import ALPHA, holm
+from .tables import CI_LABEL, boot_text, ci_text, signed
+
+LEDGER_KEYS = ["group", "study", "setting", "tuning_seeds", "id", "claim", "source", "variant", "baseline", "depth",
+               "metric", "direction", "n_pairs", "delta", "sd", "ci_low", "ci_high", "boot_low", "boot_high", "p_t",
+               "p_t_holm", "m", "verdict", "p_all_holm", "m_all", "verdict_all", "same_runs_as", "shared_side",
+               "premise", "premise_delta", "premise_ci_low", "premise_ci_high", "premise_n", "detail"]
+
+
+@dataclass
+class StudyClaims:
+    """One study's claim lines, as its report computes them, with what the ledger needs beside them."""
+
+    folder: str  # results/<folder>/runs.csv
+    study: str
+    budget: str
+    data: StudyData
+    records: list[dict]
+    tuning_seeds: int
+
+
+def study_folders(results_dir: Path) -> list[tuple[str, str, str]]:
+    """(folder, study, budget) of every ``<results-dir>/<folder>/runs.csv`` whose folder names a registered study
+    (``<study>`` or ``<study>-<budget>``), sorted by folder name."""
+    from ..studies.spec import BUDGETS, available_studies
+
+    studies = available_studies()
+    found = []
+    for path in sorted(Path(results_dir).glob("*/runs.csv")):
+        folder = path.parent.name
+        if folder in studies:
+            found.append((folder, folder, "default"))
+            continue
+        study, _, budget = folder.rpartition("-")
+        if study in studies and budget in BUDGETS:
+            found.append((folder, study, budget))
+    return found
+
+
+def load_study_claims(results_dir: Path) -> list[StudyClaims]:
+    """Every study folder's claim lines (:func:`study_folders`), judged from its runs.csv under its study file."""
+    from ..studies.spec import load_spec
+    from .runs import read
+
+    out = []
+    for folder, study, budget in study_folders(results_dir):
+        spec = load_spec(study, budget)
+        data = read(Path(results_dir) / folder / "runs.csv", spec, folder)
+        records, _ = claim_records(data, spec.claims)
+        seeds = {r.seed for r in data.tune_runs if r.seed is not None}
+        out.append(StudyClaims(folder, study, budget, data, records, len(seeds)))
+    return out
+
+
+def fingerprint(run: Run) -> tuple:
+    """What makes two stored runs the same run: configuration, seed and result."""
+    config = run.config or {}
+    return (config.get("residual"), json.dumps(config.get("residual_options") or {}, sort_keys=True), run.lr,
+            run.depth, run.seed, run.summary.get("param_count"), run.summary.get("epochs_completed"),
+            None if run.acc is None else round(float(run.acc), 9), run.diverged)
+
+
+def _side(data: StudyData, row: str | None, depth) -> frozenset:
+    return frozenset(fingerprint(r) for r in data.by_row_depth(row, depth)) if row else frozenset()
+
+
+def ledger_records(studies: Sequence[StudyClaims], alpha: float = ALPHA) -> list[dict]:
+    """One record per claim line of every study, with its verdict in its study and under the all-claims family,
+    its group (the same variant and baseline labels, metric and direction), the earlier line whose runs it reuses on
+    both sides (``same_runs_as``: a repeat, in the family once) or on one side (``shared_side``)."""
+    lines, first_line, first_side = [], {}, {}
+    for sc in studies:
+        for rec in sc.records:
+            out = {k: rec.get(k) for k in LEDGER_KEYS if k in rec} | {
+                "study": sc.study, "setting": sc.budget if sc.budget != "default" else "",
+                "tuning_seeds": sc.tuning_seeds, "same_runs_as": None, "shared_side": None, "p_all_holm": None,
+                "m_all": None, "verdict_all": rec["verdict"] if rec["verdict"] in ("untestable", "premise absent")
+                else None}
+            if rec["verdict"] == "untestable":
+                out["group"] = f"untestable: {rec['id']}"
+                lines.append((out, None))
+                continue
+            out["group"] = f"{rec['variant']} vs {rec['baseline']}, {rec['metric']}, {rec['direction']}"
+            here = f"{sc.folder} ({rec['id']})"
+            sides = (("variant", _side(sc.data, rec["variant"], rec["depth"])),
+                     ("baseline", _side(sc.data, rec["baseline"], rec["baseline_depth"] or rec["depth"])))
+            key = (sides[0][1], sides[1][1], rec["metric"])
+            if all(side for _, side in sides) and key in first_line:
+                out["same_runs_as"] = first_line[key]
+            else:
+                first_line.setdefault(key, here)
+                shared = [f"{name}: the same runs as {first_side[side][1]}" for name, side in sides
+                          if side and first_side.get(side, (sc.folder,))[0] != sc.folder]
+                out["shared_side"] = "; ".join(shared) or None
+            for _, side in sides:
+                if side:
+                    first_side.setdefault(side, (sc.folder, here))
+            lines.append((out, rec))
+    family = [(out, rec) for out, rec in lines
+              if rec is not None and out["verdict_all"] is None and out["same_runs_as"] is None
+              and rec["p_t"] is not None]
+    adjusted = holm([rec["p_t"] for _, rec in family])
+    by_line = {}
+    for (out, _), p in zip(family, adjusted, strict=True):
+        out["p_all_holm"], out["m_all"] = p, len(family)
+        by_line[f"{out['study']}{'-' + out['setting'] if out['setting'] else ''} ({out['id']})"] = p
+    for out, rec in lines:
+        if rec is None or out["verdict_all"] is not None:
+            continue
+        if out["same_runs_as"] is not None:
+            out["p_all_holm"], out["m_all"] = by_line.get(out["same_runs_as"]), len(family)
+        p = out["p_all_holm"]
+        if p is not None and p < alpha:
+            along = rec["delta"] > 0 if rec["direction"] == "higher" else rec["delta"] < 0
+            out["verdict_all"] = "held" if along else "not held"
+        else:
+            out["verdict_all"] = "not resolved"
+    order = {g: i for i, g in enumerate(dict.fromkeys(out["group"] for out, _ in lines))}
+    return [out for out, _ in sorted(lines, key=lambda item: order[item[0]["group"]])]
+
+
+def _numbers(rec: dict) -> str:
+    if rec["verdict"] == "untestable":
+        return "—"
+    if rec["delta"] is None:
+        return "no pairs"
+    text = f"{signed(rec['delta'], 'md')} {ci_text(rec, 'md')}"
+    if rec.get("boot_low") is not None:
+        text += f"; two-level {boot_text(rec, 'md')}"
+    return text + f" (n = {rec['n_pairs']})"
+
+
+def decided_line(rec: dict) -> str:
+    """One line of a claim decided under the all-claims family (quoted verbatim by the README)."""
+    where = rec["study"] + (f" ({rec['setting']})" if rec["setting"] else "")
+    depth = f", depth {rec['depth']}" if rec["depth"] is not None else ""
+    return (f"- **{rec['id']}** ({where}{depth}): {rec['claim']} — {rec['variant']} vs {rec['baseline']}, "
+            f"Δ (pp) = {_numbers(rec)}, Holm p over all claims {p_text(rec['p_all_holm'])}: **{rec['verdict_all']}**.")
+
+
+def ledger_markdown(records: list[dict], studies: Sequence[StudyClaims], alpha: float = ALPHA) -> str:
+    """The ledger as Markdown: a summary of both families' verdicts, then one section per group of lines."""
+    counts = {family: {v: sum(1 for r in records if r[key] == v) for v in VERDICTS}
+              for family, key in (("in its study", "verdict"), ("all claims", "verdict_all"))}
+    m_all = next((r["m_all"] for r in records if r["m_all"]), 0)
+    shared = sum(1 for r in records if r["same_runs_as"])
+    lines = ["# Claims ledger", "",
+             "Every paper claim the studies test, regenerated by `python -m ablations.report --ledger` from each "
+             "study's committed `runs.csv` (never written by hand). Two families: **in its study** is the verdict of "
+             "the study's own claims.md (one Holm family per study); **all claims** puts every judged line of every "
+             f"study into one Holm–Bonferroni family (m = {m_all}, α = {alpha}). A line on the same runs as an "
+             f"earlier one ({shared} here) is a repeat, not a replication: it enters the family once. Δ in pp, "
+             f"{CI_LABEL}; two-level = the bootstrap over seeds and test images where the runs stored per-image "
+             "results.", "",
+             "| verdicts | " + " | ".join(VERDICTS) + " |", "|---|" + "---|" * len(VERDICTS)]
+    for family, c in counts.items():
+        lines.append(f"| {family} | " + " | ".join(str(c[v]) for v in VERDICTS) + " |")
+    lines += ["", "| study | setting | tuning seeds | claim lines |", "|---|---|---:|---:|"]
+    for sc in studies:
+        lines.append(f"| {sc.study} | {sc.budget} | {sc.tuning_seeds} | {len(sc.records)} |")
+    decided = [r for r in records if r["verdict_all"] in ("held", "not held") and not r["same_runs_as"]]
+    lines += ["", f"Decided with every claim in one family ({len(decided)} lines; the README quotes them):", ""]
+    lines += [decided_line(r) for r in decided] or ["(none)"]
+    groups: dict[str, list[dict]] = {}
+    for rec in records:
+        groups.setdefault(rec["group"], []).append(rec)
+    for group, recs in groups.items():
+        own = {r["study"] for r in recs if not r["same_runs_as"] and r["verdict"] != "untestable"
+               and not (r["shared_side"] or "").startswith("variant:")}
+        lines += ["", f"### {group}", ""]
+        if len(own) > 1:
+            lines += [f"Tested on their own runs by {len(own)} studies: {', '.join(sorted(own))}.", ""]
+        lines += ["| study | claim | depth | Δ [CI] | in its study (Holm p) | all claims (Holm p) | note |",
+                  "|---|---|---:|---|---|---|---|"]
+        for r in recs:
+            study = r["study"] + (f" ({r['setting']})" if r["setting"] else "")
+            note = f"the same runs as {r['same_runs_as']}: a repeat" if r["same_runs_as"] else (r["shared_side"] or "")
+            if r["verdict"] == "premise absent":
+                note = "premise: " + premise_numbers(r).replace("|", "/")
+            elif r["verdict"] == "untestable":
+                note = str(r["detail"]).replace("|", "/")
+            depth = "" if r["depth"] is None else str(r["depth"])
+            lines.append(f"| {study} | **{r['id']}**: {r['claim']} ({r['source']}) | {depth} | {_numbers(r)} | "
+                         f"{r['verdict']} ({p_text(r['p_t_holm'])}) | {r['verdict_all']} ({p_text(r['p_all_holm'])}) "
+                         f"| {note} |")
+    return "\n".join(lines) + "\n"
+
+
+def ledger_csv(records: list[dict]) -> str:
+    import csv
+    import io
+
+    from .runs import text
+
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(LEDGER_KEYS)
+    for rec in records:
+        writer.writerow([text(rec.get(k)) for k in LEDGER_KEYS])
+    return out.getvalue()
+
+
+def write_ledger(results_dir: Path) -> tuple[list[Path], list[dict]]:
+    """``<results-dir>/claims.md`` and ``claims.csv`` from every study folder's runs.csv, and the ledger's records;
+    ReportError (one line) when there is no study folder."""
+    from .load import ReportError
+
+    results_dir = Path(results_dir)
+    studies = load_study_claims(results_dir)
+    if not studies:
+        raise ReportError(f"no study results under '{results_dir}' (a <study>/runs.csv per study): nothing to ledger")
+    records = ledger_records(studies)
+    paths = [results_dir / "claims.md", results_dir / "claims.csv"]
+    paths[0].write_text(ledger_markdown(records, studies), encoding="utf-8")
+    paths[1].write_text(ledger_csv(records), encoding="utf-8")
+    return paths, records
+
+
+def summary(records: list[dict]) -> dict[str, Any]:
+    """Counts per verdict under both families (for the CLI's printout)."""
+    return {key: {v: sum(1 for r in records if r[key] == v) for v in VERDICTS} for key in ("verdict", "verdict_all")}

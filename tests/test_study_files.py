@@ -1,0 +1,198 @@
+"""The committed study files and their shared protocol (``extends:``, :mod:`ablations.studies.spec`).
+
+``data/resolved_studies.json`` holds every committed study resolved under every budget (``dataclasses.asdict`` of
+its ``StudySpec`` without ``source`` and ``description``; null for a budget the study does not define), written by
+the loader before the studies shared a base file. A study file's edit that changes what a study trains changes
+this file too, on purpose: ``python tests/test_study_files.py --write`` rewrites it from the current files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ablations.studies.spec import BUDGETS, STUDY_DIR, available_studies, load_spec, resolved
+
+FROZEN = Path(__file__).parent / "data" / "resolved_studies.json"
+PROTOCOL = STUDY_DIR / "protocol" / "mnist5k.yaml"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def resolved_specs() -> dict:
+    """{study: {budget: asdict of its StudySpec without source and description, or None}} of every committed study."""
+    out: dict = {}
+    for name in available_studies():
+        out[name] = {}
+        for budget in BUDGETS:
+            try:
+                spec = dataclasses.asdict(load_spec(name, budget))
+            except ValueError:
+                out[name][budget] = None
+                continue
+            out[name][budget] = {k: v for k, v in spec.items() if k not in ("source", "description")}
+    return out
+
+
+def test_every_study_resolves_to_its_frozen_configuration_under_every_budget():
+    frozen = json.loads(FROZEN.read_text())
+    now = json.loads(json.dumps(resolved_specs()))  # tuples as lists, as frozen
+    assert set(frozen) <= set(now)
+    for name, budgets in frozen.items():
+        for budget, spec in budgets.items():
+            if spec is None:
+                with pytest.raises(ValueError, match=f"defines no '{budget}' budget"):
+                    load_spec(name, budget)
+                continue
+            assert now[name][budget] == spec, (name, budget)
+            assert list(now[name][budget]["axes"]) == list(spec["axes"]), (name, budget)  # the grid's order
+
+
+def test_every_study_extends_the_protocol_and_restates_none_of_it():
+    """The mnist5k protocol is declared once: each committed study names it, and no study sets a value to what the
+    protocol already gives it (in its base, its tuning, or its smoke and paper budgets' base, axes and tuning)."""
+    protocol = yaml.safe_load(PROTOCOL.read_text())
+    assert protocol["base"]["dataset"] == "mnist5k"
+    for name, path in available_studies().items():
+        raw = yaml.safe_load(path.read_text())
+        assert raw["extends"] == "protocol/mnist5k.yaml", name
+        assert not {"kind", "metric", "direction"} & set(raw), name
+
+        def restated(study: dict, base: dict, where: str) -> list[str]:
+            return [f"{where}.{k}" for k, v in (study or {}).items() if k in (base or {}) and base[k] == v]
+
+        repeats = restated(raw.get("base"), protocol["base"], "base") + restated(raw.get("tune"), protocol["tune"], "tune")
+        for budget, settings in protocol["budgets"].items():
+            mine = (raw.get("budgets") or {}).get(budget) or {}
+            for key in ("base", "axes", "tune"):
+                repeats += restated(mine.get(key), settings.get(key), f"budgets.{budget}.{key}")
+        assert not repeats, (name, repeats)
+        assert "dataset: mnist5k" not in path.read_text(), name
+
+
+def test_every_study_point_builds_a_model_of_its_dataset_s_geometry():
+    """Every point (tuning stage included) of every committed study and budget gives a backbone the dataset's images
+    fit (e.g. a patch size that divides the image side), checked before any data is loaded."""
+    from data import dataset_shape
+
+    for name in available_studies():
+        for budget in load_spec(name).budgets:
+            spec = load_spec(name, budget)
+            for stage in [spec, *([spec.tune_stage()] if spec.tune else [])]:
+                for point in stage.grid():
+                    config = stage.run_config(point)
+                    try:
+                        config.model_config(dataset_shape(config)).check()
+                    except ValueError as exc:
+                        pytest.fail(f"{name} ({budget}) {point}: {exc}")
+
+
+def test_base_files_are_not_studies():
+    studies = available_studies()
+    assert "mnist5k" not in studies and all(p.parent == STUDY_DIR for p in studies.values())
+    with pytest.raises(ValueError, match="unknown study 'mnist5k'"):
+        load_spec("mnist5k")
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+BASE_FILE = """\
+kind: grid
+metric: best_val_acc
+base: {dataset: synthetic, embed_dim: 8, num_heads: 2, lr: 0.002, weight_decay: 0.1, max_epochs: 3}
+tune: {lr: [0.001, 0.002], seeds: [100, 101, 102], bounds: [0.0005, 0.008], metric: final_val_acc}
+variants: [{label: standard, residual: standard}]
+budgets:
+  smoke:
+    base: {max_epochs: 1, depth: 1}
+    axes: {seed: [0]}
+    tune: {lr: [0.004], seeds: [100]}
+  paper: {base: {embed_dim: 16}}
+"""
+
+
+def test_a_study_is_laid_over_its_base_file_key_by_key(tmp_path):
+    _write(tmp_path / "shared" / "base.yaml", BASE_FILE)
+    path = _write(tmp_path / "mine.yaml", """\
+name: mine
+extends: shared/base.yaml
+base: {embed_dim: 4, diagnostics_every: 2}
+tune: {lr: [0.003]}
+variants: [{label: a, residual: standard}, {label: b, residual: rezero}]
+axes: {depth: [1, 2], seed: [0, 1]}
+budgets:
+  smoke: {base: {depth: 2}, axes: {depth: [1]}}
+  paper: {base: {recipe: paper}}
+""")
+    spec = load_spec(str(path))
+    # base: updated key by key; variants (a list) replaced; tune: updated, its lr list replaced
+    assert spec.base == {"dataset": "synthetic", "embed_dim": 4, "num_heads": 2, "lr": 0.002, "weight_decay": 0.1,
+                         "max_epochs": 3, "diagnostics_every": 2}
+    assert [v.label for v in spec.variants] == ["a", "b"] and spec.kind == "grid" and spec.metric == "best_val_acc"
+    assert spec.tune.lr == (0.003,) and spec.tune.seeds == (100, 101, 102) and spec.tune.metric == "final_val_acc"
+    assert spec.budgets == ("smoke", "default", "paper")
+    # a budget updates the base file's budget of that name: its base and axes key by key, its tune kept
+    smoke = load_spec(str(path), "smoke")
+    assert smoke.base == spec.base | {"max_epochs": 1, "depth": 2}
+    assert smoke.axes == {"depth": [1], "seed": [0]} and list(smoke.axes) == ["depth", "seed"]
+    assert smoke.tune.lr == (0.004,) and smoke.size == 2
+    # a base that sets a recipe drops the recipe fields (lr, weight_decay) of the base it updates
+    paper = load_spec(str(path), "paper")
+    assert paper.base == {"dataset": "synthetic", "embed_dim": 16, "num_heads": 2, "max_epochs": 3,
+                          "diagnostics_every": 2, "recipe": "paper"}
+
+
+def test_a_base_file_may_extend_another(tmp_path):
+    _write(tmp_path / "p" / "root.yaml", BASE_FILE)
+    _write(tmp_path / "p" / "wide.yaml", "extends: root.yaml\nbase: {embed_dim: 32}\n")
+    path = _write(tmp_path / "s.yaml", "name: s\nextends: p/wide.yaml\naxes: {seed: [0]}\n")
+    spec = load_spec(str(path))
+    assert spec.base["embed_dim"] == 32 and spec.base["num_heads"] == 2 and spec.size == 1
+
+
+@pytest.mark.parametrize(("files", "message"), [
+    ({"s.yaml": "name: s\nextends: nowhere.yaml\n"}, "extends 'nowhere.yaml', but '{root}/nowhere.yaml' does not exist"),
+    ({"s.yaml": "name: s\nextends: [a, b]\n"}, "'extends' must be the path of a base file"),
+    ({"s.yaml": "name: s\nextends: b.yaml\n", "b.yaml": "extends: s.yaml\n"}, "a circle of base files"),
+    ({"s.yaml": "name: s\nextends: s.yaml\n"}, "a circle of base files"),
+    ({"s.yaml": "name: s\nextends: b.yaml\n", "b.yaml": "colour: blue\n"},
+     "base file '{root}/b.yaml' (extended by '{root}/s.yaml'): unknown key 'colour'; valid keys: extends, name"),
+    ({"s.yaml": "name: s\nextends: b.yaml\n", "b.yaml": "- a list\n"}, "must hold a mapping"),
+])
+def test_bad_extends_is_a_one_line_error(tmp_path, files, message):
+    for name, text in files.items():
+        _write(tmp_path / name, text)
+    with pytest.raises(ValueError) as caught:
+        load_spec(str(tmp_path / "s.yaml"))
+    text = str(caught.value)
+    assert "\n" not in text and message.format(root=tmp_path.resolve() if "but" in message else tmp_path) in text
+
+
+def test_the_report_writes_the_resolved_study(tmp_path):
+    """The report's study.yaml is the study as it trained: the protocol's settings resolved into it."""
+    runs = Path(__file__).parent / "data" / "earlier_format" / "modern_residuals_runs.csv"
+    proc = subprocess.run([sys.executable, "-m", "ablations.report", "--study", "modern_residuals", "--runs", str(runs),
+                           "--out", str(tmp_path), "--no-figures"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    written = yaml.safe_load((tmp_path / "study.yaml").read_text())
+    assert written == resolved(load_spec("modern_residuals"))
+    assert written["source"] == "ablations/studies/modern_residuals.yaml"
+    assert written["base"]["dataset"] == "mnist5k" and written["base"]["patch_size"] == 7  # from the protocol
+    assert written["tune"]["lr"] == [0.001, 0.002, 0.004, 0.008] and written["metric"] == "test_acc"
+    assert str(tmp_path / "study.yaml") in proc.stdout
+
+
+if __name__ == "__main__":  # python tests/test_study_files.py --write: freeze the studies as they resolve now
+    if sys.argv[1:] != ["--write"]:
+        sys.exit("usage: python tests/test_study_files.py --write  (rewrites tests/data/resolved_studies.json)")
+    FROZEN.write_text(json.dumps(resolved_specs(), indent=1, ensure_ascii=False) + "\n")
+    print(f"wrote {FROZEN}")
