@@ -112,7 +112,9 @@ class RunConfig:
                              + ", ".join(VALUE_RESIDUAL_NAMES) + " (fixed: V = (V_1 + V_n)/2)")
     # --- data --------------------------------------------------------------------------------------------------
     dataset: str = _f("digits", "data", "str", "dataset: " + ", ".join(DATASET_NAMES))
-    data_dir: str | None = _f(None, "data", "optional_str", "data folder (needed by mnist, fashion_mnist, cifar10/100, svhn, imagefolder)")
+    data_dir: str | None = _f(None, "data", "optional_str",
+                              "data folder (needed by mnist, cifar10/100, svhn, imagefolder; fashion_mnist looks "
+                              "here first, then in Debian's dataset-fashion-mnist folder)")
     batch_size: int = _f(128, "data", "int", "batch size per device")
     val_fraction: float = _f(0.2, "data", "float",
                              "val share of a pool (or of an official train split), drawn with the run's seed")

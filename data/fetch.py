@@ -8,7 +8,9 @@ the datasets their runs need. Fetchable: cifar10, cifar100, mnist, fashion_mnist
 
 Guarantees:
 
-- a folder that already holds the dataset's files is left alone: nothing is downloaded;
+- a folder that already holds the dataset's files is left alone: nothing is downloaded; so is a dataset a run
+  already finds outside ``--data-dir`` when ``--download`` asks for it (Fashion-MNIST from Debian's
+  ``dataset-fashion-mnist`` package), while ``python -m data.fetch`` still fetches it into ``--data-dir``;
 - the files are downloaded and extracted into a temporary folder next to the target (``DIR/.fetch-NAME-*``), checked
   by torchvision (the md5 of every archive and, for CIFAR, of every extracted file) and parsed once (both splits);
   only then are they moved into place. Any failure (offline, a refused connection, a checksum mismatch, Ctrl-C)
@@ -79,21 +81,43 @@ def hosts(name: str) -> list[str]:
     return list(dict.fromkeys(urlparse(url).netloc for url in FETCHABLE[name].urls()))
 
 
-def is_complete(name: str, data_dir: str | Path) -> bool:
-    """Whether ``data_dir`` already holds every file the dataset's DataModule needs (what it checks when built)."""
+def found_in(name: str, data_dir: str | Path | None) -> Path | None:
+    """The folder a run of ``name`` would read its files from, or None when it finds none (what the DataModule
+    checks when built): ``data_dir``, or a folder searched after it (Fashion-MNIST: the Debian package's)."""
     import data
 
     try:
-        data.build_datamodule(name, data_dir=str(data_dir))
+        dm = data.build_datamodule(name, data_dir=None if data_dir is None else str(data_dir))
     except DataError:
+        return None
+    return getattr(dm, "folder", None) or Path(data_dir).expanduser()
+
+
+def _inside(folder: Path, data_dir: str | Path | None) -> bool:
+    if data_dir is None:
         return False
-    return True
+    root = Path(data_dir).expanduser().resolve()
+    return root == folder.resolve() or root in folder.resolve().parents
+
+
+def is_complete(name: str, data_dir: str | Path) -> bool:
+    """Whether ``data_dir`` itself already holds every file the dataset's DataModule needs."""
+    folder = found_in(name, data_dir)
+    return folder is not None and _inside(folder, data_dir)
+
+
+def _found_elsewhere(name: str, data_dir: str | Path | None) -> Path | None:
+    """The folder outside ``data_dir`` that a run would read ``name`` from (a system package's), or None."""
+    folder = found_in(name, data_dir)
+    return None if folder is None or _inside(folder, data_dir) else folder
 
 
 def plan(name: str, data_dir: str | Path | None) -> str:
     """One line saying what :func:`fetch` would do (for dry runs); downloads nothing."""
     if name not in FETCHABLE:
         return f"{name}: nothing to download ({_why_not(name)})"
+    if (elsewhere := _found_elsewhere(name, data_dir)) is not None:
+        return f"{name}: already in {elsewhere}; nothing to download"
     if data_dir is None:
         return f"{name}: cannot download without --data-dir"
     target = Path(data_dir).expanduser()
@@ -119,8 +143,11 @@ def _why_not(name: str) -> str:
 
 def ensure(name: str, data_dir: str | Path | None, *, log=print) -> None:
     """``--download`` of a run's dataset: :func:`fetch` it when torchvision can download it; a dataset that needs no
-    files (embedded, generated) is skipped silently, a folder of one's own (imagefolder) with a line saying so."""
-    if name in FETCHABLE:
+    files (embedded, generated) is skipped silently, a folder of one's own (imagefolder) with a line saying so, and
+    one the run finds outside ``data_dir`` (Fashion-MNIST from the Debian package) with a line naming its folder."""
+    if name in FETCHABLE and (elsewhere := _found_elsewhere(name, data_dir)) is not None:
+        log(f"{name}: already in {elsewhere}; nothing to download")
+    elif name in FETCHABLE:
         fetch(name, data_dir, log=log)
     elif name == "imagefolder":
         log(f"{name}: nothing to download ({_why_not(name)})")

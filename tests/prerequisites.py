@@ -1,5 +1,6 @@
-"""A test whose prerequisite is missing (PostgreSQL's server binaries, user namespaces for the disk faults): skipped
-on a developer's machine, a failure under ``CI=true``, so that CI can never pass with a scenario left out.
+"""A test whose prerequisite is missing (PostgreSQL's server binaries, user namespaces for the disk faults, Debian's
+Fashion-MNIST package for the test of the real files): skipped on a developer's machine, a failure under
+``CI=true``, so that CI can never pass with a scenario left out.
 
 .ci/run installs what the tests need; only the CUDA tests (``-m cuda``) may skip in CI.
 """

@@ -389,23 +389,47 @@ def test_cifar_errors_are_one_line_and_name_the_folder(tmp_path):
     assert_one_line_error(excinfo, f"'{tmp_path}'", "could not be read", "cifar-10-batches-py/")
 
 
+def idx_file_bytes(array: np.ndarray) -> bytes:
+    """An idx (ubyte) file's bytes, the format of MNIST's raw files: 0, 0, type 0x08, ndim, big-endian sizes."""
+    header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+    return header + array.astype(np.uint8).tobytes()
+
+
 def write_idx(path: Path, array: np.ndarray) -> None:
     """An uncompressed idx (ubyte) file, the format of MNIST's raw files."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
-    path.write_bytes(header + array.astype(np.uint8).tobytes())
+    path.write_bytes(idx_file_bytes(array))
 
 
-def test_full_mnist_folder(tmp_path):
-    raw, rng = tmp_path / "MNIST" / "raw", np.random.default_rng(0)
-    images = {"train": rng.integers(0, 256, (20, 28, 28)), "t10k": rng.integers(0, 256, (10, 28, 28))}
-    for prefix, pixels in images.items():
-        write_idx(raw / f"{prefix}-images-idx3-ubyte", pixels)
-        write_idx(raw / f"{prefix}-labels-idx1-ubyte", np.arange(len(pixels)) % 10)
+def mnist_family_arrays(n_train: int = 20, n_test: int = 10, seed: int = 0) -> dict[str, np.ndarray]:
+    """The four files of a tiny MNIST-family dataset (file name -> array): random pixels, labels cycling 0..9."""
+    rng = np.random.default_rng(seed)
+    return {"train-images-idx3-ubyte": rng.integers(0, 256, (n_train, 28, 28)),
+            "train-labels-idx1-ubyte": np.arange(n_train) % 10,
+            "t10k-images-idx3-ubyte": rng.integers(0, 256, (n_test, 28, 28)),
+            "t10k-labels-idx1-ubyte": np.arange(n_test) % 10}
+
+
+def declare_files(monkeypatch, name: str, arrays: dict[str, np.ndarray]) -> None:
+    """Make the DataModule of ``name`` (mnist, fashion_mnist) expect these tiny files: their counts and the md5 of
+    their bytes, where it expects the published files' (60,000 / 10,000 and the published md5s)."""
+    import hashlib
+
+    cls = DATASETS[name]
+    monkeypatch.setattr(cls, "official_sizes", (len(arrays["train-images-idx3-ubyte"]),
+                                                len(arrays["t10k-images-idx3-ubyte"])))
+    monkeypatch.setattr(cls, "content_md5", {n: hashlib.md5(idx_file_bytes(a)).hexdigest() for n, a in arrays.items()})
+
+
+def test_full_mnist_folder(tmp_path, monkeypatch):
+    raw, arrays = tmp_path / "MNIST" / "raw", mnist_family_arrays()
+    for file_name, array in arrays.items():
+        write_idx(raw / file_name, array)
+    declare_files(monkeypatch, "mnist", arrays)
     dm = build_datamodule("mnist", data_dir=str(tmp_path), batch_size=8)
     dm.setup()
     assert (dm.train_size, dm.val_size, dm.test_size, dm.img_size) == (16, 4, 10, 28)
-    assert torch.equal(dm.splits.test_images[:, 0], torch.from_numpy(images["t10k"].astype(np.uint8)))
+    assert torch.equal(dm.splits.test_images[:, 0], torch.from_numpy(arrays["t10k-images-idx3-ubyte"].astype(np.uint8)))
     old = build_datamodule("mnist", data_dir=str(tmp_path), test_fraction=0.0)  # the two-split layout
     old.setup()
     assert (old.train_size, old.val_size, old.test_size) == (20, 10, 0)
@@ -415,7 +439,8 @@ def test_full_mnist_folder(tmp_path):
     (raw / "t10k-labels-idx1-ubyte").unlink()
     with pytest.raises(DataError) as excinfo:
         build_datamodule("mnist", data_dir=str(tmp_path))
-    assert_one_line_error(excinfo, f"'{tmp_path}'", "missing MNIST/raw/t10k-labels-idx1-ubyte", "MNIST raw format")
+    assert_one_line_error(excinfo, f"'{raw}'", "is missing t10k-labels-idx1-ubyte (raw or .gz) beside",
+                          "torchvision's MNIST layout")
 
 
 def test_imagefolder_without_val_folder_splits_train(tmp_path):

@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 import scipy.io
 import torchvision.datasets as tvd
-from test_data import write_cifar, write_idx
+from test_data import declare_files, idx_file_bytes, mnist_family_arrays, write_cifar, write_idx
 
-from data import build_datamodule
+from data import DATASETS, build_datamodule
 from data.fetch import FETCHABLE, fetch, hosts, main, plan
 
 SERVER_LIFETIME_S = 600  # the longest a test's server may live (a hung test cannot leave it serving)
@@ -111,11 +111,13 @@ def idx_gz(array: np.ndarray, tmp_path: Path, name: str) -> bytes:
 
 
 def serve_mnist_family(monkeypatch, server, tmp_path, cls, n_train: int = 30, n_test: int = 10) -> None:
-    rng = np.random.default_rng(1)
-    arrays = {"train-images-idx3-ubyte": rng.integers(0, 256, (n_train, 28, 28)),
-              "train-labels-idx1-ubyte": np.arange(n_train) % 10,
-              "t10k-images-idx3-ubyte": rng.integers(0, 256, (n_test, 28, 28)),
-              "t10k-labels-idx1-ubyte": np.arange(n_test) % 10}
+    """Serve tiny gzipped idx files as torchvision's ``cls`` downloads them; the dataset's DataModule expects
+    those files (their counts and md5s) and searches no system folder (this machine's Fashion-MNIST package stays
+    out of the test)."""
+    arrays = mnist_family_arrays(n_train, n_test, seed=1)
+    name = {"MNIST": "mnist", "FashionMNIST": "fashion_mnist"}[cls.__name__]
+    declare_files(monkeypatch, name, arrays)
+    monkeypatch.setattr(DATASETS[name], "system_dirs", ())
     resources = []
     for name, array in arrays.items():
         body = idx_gz(array, tmp_path, f"{cls.__name__}-{name}")
@@ -296,6 +298,32 @@ def test_train_download_fetches_then_trains(monkeypatch, server, tmp_path, capsy
     assert '"best_val_acc"' in out.out.strip().splitlines()[-1]
 
 
+def test_download_of_a_dataset_the_system_package_holds_fetches_nothing(monkeypatch, server, tmp_path, capsys):
+    """``--download`` where Debian's Fashion-MNIST folder holds the files: nothing is requested, one line names the
+    folder the run reads; ``python -m data.fetch`` still fetches into the --data-dir it is given."""
+    from data.fetch import ensure
+
+    serve_mnist_family(monkeypatch, server, tmp_path, tvd.FashionMNIST)
+    system = tmp_path / "usr-share-datasets-fashion-mnist"
+    system.mkdir()
+    for file_name, array in mnist_family_arrays(30, 10, seed=1).items():
+        (system / f"{file_name}.gz").write_bytes(gzip.compress(idx_file_bytes(array)))
+    monkeypatch.setattr(DATASETS["fashion_mnist"], "system_dirs", (str(system),))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    lines = []
+    ensure("fashion_mnist", None, log=lines.append)
+    ensure("fashion_mnist", empty, log=lines.append)
+    assert lines == [f"fashion_mnist: already in {system}; nothing to download"] * 2
+    assert plan("fashion_mnist", empty) == lines[0]
+    assert server["served"] == [] and list(empty.iterdir()) == []
+
+    assert main(["fashion_mnist", "--data-dir", str(empty)]) == 0  # asked for a copy in --data-dir: fetched
+    assert server["served"] and sorted(p.name for p in empty.iterdir()) == ["FashionMNIST"]
+    assert build_datamodule("fashion_mnist", data_dir=str(empty)).folder == empty / "FashionMNIST" / "raw"
+    assert "fashion_mnist: verified and in place" in capsys.readouterr().out
+
+
 def test_run_download_dry_run_explains_and_fetches_nothing(tmp_path, capsys):
     """What ``--study residual_variants --budget paper --data-dir DIR --download --dry-run`` prints, on a tiny study
     of the same dataset (the paper budget's dry run prices 30 ViT-S models: minutes here)."""
@@ -335,12 +363,14 @@ def test_run_download_offline_is_one_line_and_exit_2(monkeypatch, tmp_path, caps
     assert not (tmp_path / "s.db").exists()  # refused before anything was stored
 
 
-def test_missing_files_of_the_new_datasets_are_one_line(tmp_path):
+def test_missing_files_of_the_new_datasets_are_one_line(tmp_path, monkeypatch):
     from data.common import DataError
 
     with pytest.raises(DataError, match=r"missing train_32x32\.mat, test_32x32\.mat; expected .*SVHN format"):
         build_datamodule("svhn", data_dir=str(tmp_path))
-    with pytest.raises(DataError, match=r"missing FashionMNIST/raw/train-images-idx3-ubyte, .*FashionMNIST raw"):
+    monkeypatch.setattr(DATASETS["fashion_mnist"], "system_dirs", (str(tmp_path / "not-installed"),))
+    with pytest.raises(DataError, match=r"no fashion_mnist files in .*FashionMNIST/raw, .*--data-dir DIR.*"
+                                        r"apt-get install dataset-fashion-mnist.*--download"):
         build_datamodule("fashion_mnist", data_dir=str(tmp_path))
 
 
@@ -364,7 +394,8 @@ def test_run_download_fetches_then_runs_the_study(monkeypatch, server, tmp_path,
     study = write_study(tmp_path / "on_mnist.yaml", base={"dataset": "mnist", "dataset_options": {}, "patch_size": 7})
     data_dir = tmp_path / "d"
     code = run_main(["--study", str(study), "--data-dir", str(data_dir), "--download", "--storage",
-                     f"sqlite:///{tmp_path / 's.db'}", "--results-dir", str(tmp_path / "results"), "--no-progress"])
+                     f"sqlite:///{tmp_path / 's.db'}", "--results-dir", str(tmp_path / "results"), "--no-progress",
+                     "--workers", "1"])  # in this process: the DataModule expects the tiny files (declare_files)
     assert code == 0
     assert "mnist: verified and in place" in capsys.readouterr().err
     assert sorted(p.name for p in data_dir.iterdir()) == ["MNIST"]

@@ -68,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "one worker per core with one thread each for trials on the CPU, one for trials on a GPU")
     p.add_argument("--results-dir", default=layout.RESULTS_DIR,
                    help=f"where TensorBoard runs go (<dir>/{layout.RUNS}/<study>/)")
-    p.add_argument("--data-dir", help="data folder for folder datasets (cifar10, imagefolder, ...)")
+    p.add_argument("--data-dir", help="data folder for folder datasets (cifar10, imagefolder, ...; fashion_mnist: "
+                                      "optional, also found in Debian's dataset-fashion-mnist folder)")
     p.add_argument("--download", action="store_true",
                    help="download the study's datasets into --data-dir first where they are not there (cifar10, "
                         "cifar100, mnist, fashion_mnist, svhn; md5-checked; with --dry-run: say what would be fetched)")
