@@ -127,6 +127,7 @@ def check_modes_table(path: Path, sec: dict) -> None:
     assert len(sec["data"]["cells"]) == len(grid)
 
 
+@pytest.mark.slow
 def test_variants_restrict_sections_2_and_6(tmp_path):
     """``--variants`` times only the labels given (a label may hold a comma), plus standard, their reference."""
     chosen = ["dca k=2", "denseformer 2x2 (dilation 2, period 2)"]
@@ -316,6 +317,7 @@ def test_overhead_section_with_every_model_in_its_own_process(tmp_path, monkeypa
     assert "every model in a fresh process of its own" in sec["setup"] and "2 rounds in rotating order" in sec["setup"]
 
 
+@pytest.mark.slow
 def test_overhead_batch_sets_section_11s_batch(tmp_path, monkeypatch):
     monkeypatch.setenv("ABLATIONS_STREAM_KERNELS", "eager")  # no compile: seconds
     md, report = run_bench(tmp_path, "--tiny", "--threads", "1", "--sections", "overhead", "--overhead-batch", "3")

@@ -125,6 +125,7 @@ def spawned(tmp_path_factory):
     return summary, root / "runs" / "spawn", checkpoints, read_probes(root / "probe", WORLD_SIZE)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(CLI_TIMEOUT_S)  # generous: fails a hung run only
 def test_ddp_spawn_ranks_train_disjoint_shards_covering_the_training_set_each_epoch(spawned):
     """Each rank's loader sees the real process group (rank r of 2) and is fed, every epoch, ``len(train) // 2``

@@ -262,6 +262,7 @@ def test_a_forward_pre_hook_that_replaces_the_streams_gets_their_gradient():
         torch.testing.assert_close(got[name], value, rtol=1e-6, atol=1e-6, msg=name)
 
 
+@pytest.mark.slow
 def test_compiled_mhc_has_the_eager_gradients():
     """torch.compile (AOTAutograd, the path inductor takes; the ``aot_eager`` backend compiles no kernels) cannot
     trace the ``StreamGrad`` side channel: mHC builds none while compiling, and its gradients equal eager mode's."""

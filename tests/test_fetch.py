@@ -383,6 +383,7 @@ def test_download_help_names_every_fetchable_dataset():
         assert all(name in text for name in FETCHABLE), text
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")
 def test_run_download_fetches_then_runs_the_study(monkeypatch, server, tmp_path, capsys):

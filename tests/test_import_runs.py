@@ -66,6 +66,7 @@ def first(tmp_path_factory):
     return root, study, _report(study, root / "a.db", root / "report_a", root)
 
 
+@pytest.mark.slow
 def test_a_partial_runs_csv_continues_the_study_and_only_the_rest_trains(first, tmp_path):
     root, study, rows = first
     assert len(rows) == 12 + 6 and {r["state"] for r in rows} == {"complete"}
@@ -101,6 +102,7 @@ def test_a_partial_runs_csv_continues_the_study_and_only_the_rest_trains(first, 
     ("tune", "epochs_completed", "5", "5 epochs, this study 1"),  # another budget or --set max_epochs
     ("tune", "num_classes", "100", "100 classes, this study's dataset 4"),
 ])
+@pytest.mark.slow
 def test_a_row_of_another_configuration_is_refused_and_nothing_is_added(first, tmp_path, phase, column, value,
                                                                           fault):
     """A row that is not this study's point (another budget, --set or study version) stops the import of its
@@ -123,6 +125,7 @@ def test_a_row_of_another_configuration_is_refused_and_nothing_is_added(first, t
     assert not (tmp_path / "results" / "runs" / (f"{NAME}-tune" if phase == "tune" else NAME)).exists()
 
 
+@pytest.mark.slow
 def test_a_reported_row_at_another_rate_than_the_tuning_chose_trains_again(first, tmp_path):
     """A reported row that differs only in its learning rate (the tuning stage of this study chose another rate for
     its cell, e.g. after more tuning seeds) is no result of this study: it is left out with a count, and its point
@@ -141,6 +144,7 @@ def test_a_reported_row_at_another_rate_than_the_tuning_chose_trains_again(first
     assert [(t.params["variant"], t.params["seed"]) for t in trained] == [("rezero", 1)]
 
 
+@pytest.mark.slow
 def test_a_missing_runs_file_or_a_search_study_is_one_line(first, tmp_path):
     root, study, _ = first
     result = run_in_process("--study", study, "--import-runs", tmp_path / "nope.csv", cwd=tmp_path)
@@ -161,6 +165,7 @@ def test_a_curve_round_trips_through_its_runs_csv_cell_gaps_included():
         read_curve('["a"]')
 
 
+@pytest.mark.slow
 def test_a_dry_run_prices_what_the_runs_file_leaves(first, tmp_path):
     """On a new storage, ``--dry-run --import-runs`` counts what the file completed and prices the points it leaves
     at its own trials' median wall time per cell; nothing is stored."""
@@ -184,6 +189,7 @@ def test_a_dry_run_prices_what_the_runs_file_leaves(first, tmp_path):
     assert not db.exists()
 
 
+@pytest.mark.slow
 def test_a_study_stopped_in_its_tuning_stage_reports_its_runs_csv_and_continues_from_it(first, tmp_path):
     """A machine that goes away during the tuning stage: the report writes runs.csv and the tuning table (no
     reported trial yet, so no other table), and --import-runs continues from there, training only the rest."""
@@ -206,6 +212,7 @@ def test_a_study_stopped_in_its_tuning_stage_reports_its_runs_csv_and_continues_
     assert _table(_report(study, db, tmp_path / "report_f", tmp_path)) == _table(rows)
 
 
+@pytest.mark.slow
 def test_another_studys_file_or_an_old_runs_csv_is_refused_with_one_line(first, tmp_path):
     root, study, rows = first
     other = [dict(r, variant="layerscale") for r in rows]  # no point of this study

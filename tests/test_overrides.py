@@ -117,6 +117,7 @@ def test_overrides_never_mix_and_the_report_finds_the_study(tmp_path, capsys):
     assert "study 'tiny+max_epochs=3' not found" in line and "tiny+max_epochs=2+precision=32-true" in line
 
 
+@pytest.mark.slow
 def test_an_in_process_study_leaves_the_callers_thread_excepthook_alone(tmp_path):
     """``ablations.run.main`` installs thread hooks for its study (a lost storage exits the worker at once): they
     must not outlive the call, or a later storage error in the caller's own threads would end its process."""

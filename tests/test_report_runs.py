@@ -165,6 +165,7 @@ def test_runs_csv_regenerates_every_table_byte_identical(reports):
     assert (root / "from_runs" / "tuning.png").is_file()  # the tuning figure is drawn from runs.csv alone
 
 
+@pytest.mark.slow
 def test_runs_csv_is_identical_under_two_hash_seeds(reports):
     root, _, _ = reports
     outs = []

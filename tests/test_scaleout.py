@@ -57,6 +57,7 @@ def test_killed_worker_on_postgresql_its_trial_is_retried_and_resumes_its_epochs
     check_killed_trial_is_retried_and_resumes(tmp_path, postgres.create_database("killed"))
 
 
+@pytest.mark.slow
 def test_corrupt_or_missing_checkpoints_on_postgresql_restart_their_trials(postgres, tmp_path):
     check_bad_checkpoints_restart_their_trials(tmp_path, postgres.create_database("corrupt"))
 

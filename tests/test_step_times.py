@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from helpers import write_study
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -17,6 +18,7 @@ def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300, cwd=cwd)
 
 
+@pytest.mark.slow
 def test_a_study_s_rows_are_timed_against_standard_at_its_size(tmp_path):
     rows = [{"label": "standard", "residual": "standard"}, {"label": "gpas", "residual": "gpas"},
             {"label": "gated", "residual": "standard", "overrides": {"attention_gate": "elementwise"}}]

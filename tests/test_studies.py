@@ -207,10 +207,12 @@ def test_killed_trial_is_retried_with_same_params_and_resumes_its_epochs(tmp_pat
 
 
 # --- 3. corrupt and stale checkpoints ------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_corrupt_or_missing_checkpoint_of_a_dead_trial_restarts_it_and_stale_checkpoints_are_not_resumed(tmp_path):
     check_bad_checkpoints_restart_their_trials(tmp_path, tmp_path / "o.db")
 
 
+@pytest.mark.slow
 def test_interrupted_run_exits_130_and_the_rerun_resumes_the_interrupted_trial(tmp_path):
     """Ctrl-C (SIGINT to the process group) during training: exit 130 with the CLI's message, the trial FAILs and
     keeps its checkpoint. A FAIL trial used to block its grid point for good (enqueue(skip_if_exists=True) counts
