@@ -229,6 +229,7 @@ def build_tables(data: StudyData, spec, study=None) -> tuple[list, list | None, 
     inputs are not in runs.csv are skipped with a note."""
     from . import model_tables as mt
     from . import tables as tb
+    from .calibration import calibration_table
     from .claims import claims_table
     from .load import best_per_row
     from .power import power_table
@@ -244,6 +245,9 @@ def build_tables(data: StudyData, spec, study=None) -> tuple[list, list | None, 
             tables.append(power)
         if spec.claims:
             tables.append(claims_table(data, spec.claims))
+        calibration = calibration_table(data, data.config_value("dataset") or spec.base.get("dataset"))
+        if calibration is not None:
+            tables.append(calibration)
     else:
         tables = [tb.search_table(data)]
     if data.tune_runs:
