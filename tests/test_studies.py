@@ -399,6 +399,7 @@ def test_bad_input_exits_2_with_one_line(quick_calls, case):
     assert not list(quick_calls.root.rglob(f"{case}.db")) and not (quick_calls.root / "no_such_dir").exists()
 
 
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
 def test_sqlite_file_transactions_take_the_write_lock_at_begin_and_memory_storage_still_works(tmp_path):
     """On a SQLite file every storage transaction starts with BEGIN IMMEDIATE: while one is open (here a read, as
     optuna's "is this trial still WAITING?" is), no other connection can begin one, so two processes cannot both
@@ -413,9 +414,12 @@ def test_sqlite_file_transactions_take_the_write_lock_at_begin_and_memory_storag
         with pytest.raises(sqlite3.OperationalError, match="locked"):
             other.execute("BEGIN IMMEDIATE")
         other.close()
-    memory = optuna.create_study(storage=open_storage("sqlite:///:memory:"), study_name="m")
-    memory.optimize(lambda t: t.suggest_float("x", 0.0, 1.0), n_trials=2)
+    in_memory = open_storage("sqlite:///:memory:", heartbeat_s=1)
+    memory = optuna.create_study(storage=in_memory, study_name="m")
+    # a trial outlasting the heartbeat: an in-memory database keeps none (its thread would find no tables there)
+    memory.optimize(lambda t: time.sleep(1.5) or t.suggest_float("x", 0.0, 1.0), n_trials=2)
     assert [t.state for t in memory.trials] == [TrialState.COMPLETE] * 2
+    assert in_memory.get_heartbeat_interval() is None
 
 
 def test_unreachable_storage_fails_fast():

@@ -60,6 +60,12 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_s: int = HEARTBEAT_S, 
     if target.startswith("postgresql"):
         engine_kwargs["connect_args"] = {"connect_timeout": 10}
 
+    # An in-memory SQLite database is one per connection: the heartbeat's thread would open an empty one (and fail
+    # there), and no other process can see its trials go stale, so it keeps no heartbeat.
+    in_memory = target.startswith("sqlite") and sqlite_path(url) is None
+    if in_memory:
+        heartbeat_s = grace_s = None
+
     def rdb_storage():
         return _storage_class()(
             target, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat_s, grace_period=grace_s,
