@@ -508,3 +508,19 @@ def test_saved_activation_bytes_counts_the_saved_storages_and_frees_the_graph():
     assert counted == (20 + 20 + 12) * 4 + 4 * 8 + 4
     gc.collect()
     assert net.out() is None  # the graph, and the output it saved, are gone
+
+
+def test_engine_section_times_plain_and_stacked_per_trial(tmp_path):
+    """Section 13 (opt-in): a stacked call trains K runs, so its time per trial is the call's time / K; the ratio
+    column is that per-trial time against the plain step's, paired by round."""
+    md, report = run_bench(tmp_path, "--tiny", "--threads", "1", "--sections", "engine")
+    assert "## 13. The engine's levers" in md
+    sec = report["sections"]["engine"]
+    assert sec["error"] is None, sec["error"]
+    (model,) = sec["data"]["models"]
+    times = model["times_s"]
+    assert set(times) == {"plain", "stacked 2"}
+    per_trial = [s / 2 / p for s, p in zip(times["stacked 2"], times["plain"], strict=True)]
+    assert model["per_trial_vs_plain"]["stacked 2"] == pytest.approx(timing.median(per_trial))
+    assert model["per_trial_vs_plain"]["plain"] == 1.0
+    assert cli.parse_sections("13") == ["engine"] and "engine" not in harness.DEFAULT_SECTIONS

@@ -10,7 +10,8 @@
 Writes ``<out>/bench.md`` (each figure beside its goal with a pass/miss mark, plus the machine facts) and
 ``<out>/bench.json`` (the raw timings). Sections: 1 timm, 2 variants, 3 lightning, 4 mfu, 5 study, 6 memory,
 7 data, 8 modes, 9 compile (only with ``--compile``), 10 auto (precision auto vs both fixed precisions),
-11 overhead, 12 malloc (only when asked: ``--sections malloc`` or ``12``; child processes per malloc setting).
+11 overhead, 12 malloc (only when asked: ``--sections malloc`` or ``12``; child processes per malloc setting),
+13 engine (only when asked: the training engine's levers per trial step, ``ablations.bench.engine``).
 ``--processes K`` runs sections 3 and 11 in K fresh child processes each (a ratio: the median of theirs);
 ``--isolate K`` runs section 11 with every model in a fresh child process of its own, K rounds.
 Section 8 also writes ``<out>/modes-<device>.json``, the table ``ablations.bench.modes`` chooses a training run's
@@ -57,6 +58,7 @@ from pathlib import Path
 from .. import allocator, layout
 from ..cli import OneLineParser
 from .harness import DEFAULT_SECTIONS, FULL, QUICK, SECTIONS, TINY, Section, goal_mark, parse_variants, table
+from .engine import bench_engine
 from .loops import bench_data, bench_lightning, bench_study
 from .malloc import bench_malloc
 from .precision import bench_auto, bench_modes, modes_table
@@ -64,7 +66,8 @@ from .steps import bench_compile, bench_memory, bench_mfu, bench_overhead, bench
 
 BENCHES = {"timm": bench_timm, "variants": bench_variants, "lightning": bench_lightning, "mfu": bench_mfu,
            "study": bench_study, "memory": bench_memory, "data": bench_data, "modes": bench_modes,
-           "compile": bench_compile, "auto": bench_auto, "overhead": bench_overhead, "malloc": bench_malloc}
+           "compile": bench_compile, "auto": bench_auto, "overhead": bench_overhead, "malloc": bench_malloc,
+           "engine": bench_engine}
 
 
 # --- report --------------------------------------------------------------------------------------------------------

@@ -15,10 +15,10 @@ from .timing import image_batch, median, round_ratios
 BACKBONE = ViTConfig()  # the timed backbone's fields other than those Settings sets
 
 SECTIONS = ("timm", "variants", "lightning", "mfu", "study", "memory", "data", "modes", "compile", "auto",
-            "overhead", "malloc")
+            "overhead", "malloc", "engine")
 
 
-DEFAULT_SECTIONS = tuple(name for name in SECTIONS if name not in ("compile", "malloc"))  # those two are opt-in
+DEFAULT_SECTIONS = tuple(name for name in SECTIONS if name not in ("compile", "malloc", "engine"))  # opt-in
 STUDY = "residual_variants"
 
 
