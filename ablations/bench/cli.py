@@ -57,8 +57,8 @@ from pathlib import Path
 
 from .. import allocator, layout
 from ..cli import OneLineParser
-from .harness import DEFAULT_SECTIONS, FULL, QUICK, SECTIONS, TINY, Section, goal_mark, parse_variants, table
 from .engine import bench_engine
+from .harness import DEFAULT_SECTIONS, FULL, QUICK, SECTIONS, TINY, Section, goal_mark, parse_variants, table
 from .loops import bench_data, bench_lightning, bench_study
 from .malloc import bench_malloc
 from .precision import bench_auto, bench_modes, modes_table

@@ -13,21 +13,27 @@ one model, with a ``(K, P)`` gradient beside it. Each parameter is a view of bot
 
 The forward is ``vmap(functional_call(model, leaves, x))`` over the leading dimension of the leaves and of the
 input batch ``(K, B, C, H, W)``: every run sees only its own weights and its own images, and since the K losses are
-independent, the gradient of their sum is each run's own gradient. Buffers (BatchNorm's running statistics) are
-stacked the same way and updated per run.
+independent, the gradient of their sum is each run's own gradient. Buffers are stacked the same way (each run's
+model reads its row).
 
 Not every model stacks (:func:`stack_reason`): dropout and stochastic depth draw their masks from the global RNG,
-which K runs in one process cannot each reproduce; a hand-written ``torch.autograd.Function`` without a vmap rule
+which K runs in one process cannot each reproduce; BatchNorm's batch statistics would count the zero images that
+pad an epoch's last batch to the stack's shape; a hand-written ``torch.autograd.Function`` without a vmap rule
 cannot run under ``vmap``. Those train as plain runs, and the reason is said in one line.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+# Each leaf's .grad is a strided view of the flat (K, P) gradient, into which backward accumulates in place; torch
+# warns that such a layout "may impair performance" on every backward. It is the point of the layout: say nothing.
+warnings.filterwarnings("ignore", message=".*do not obey the gradient layout contract.*")
 
 
 @dataclass(frozen=True)
@@ -105,6 +111,10 @@ def stack_reason(models: Sequence[nn.Module], sample: torch.Tensor) -> str | Non
             return f"run {k}'s model has other parameters than run 0's (a different shape or option)"
     if len({(d, dev) for _, _, d, dev in layout}) > 1:
         return "the model's parameters have more than one dtype or device"
+    norms = [n for n, m in first.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if norms:
+        return (f"BatchNorm ({norms[0]}{', ...' if len(norms) > 1 else ''}): its batch statistics would count the "
+                "zero images that pad an epoch's last, smaller batch to the stack's one shape")
     drawn = random_modules(first)
     if drawn:
         return (f"dropout / stochastic depth ({', '.join(drawn[:3])}{', ...' if len(drawn) > 3 else ''}) draw "
@@ -117,7 +127,7 @@ def stack_reason(models: Sequence[nn.Module], sample: torch.Tensor) -> str | Non
         text = " ".join(str(exc).split())
         if "setup_context" in text:  # functorch's message for a Function without a vmap rule: name them
             with torch.enable_grad():
-                names = [c.__name__ for c in custom_functions(_copy(first), sample[:2]) if not has_vmap_rule(c)]
+                names = sorted(c.__name__ for c in custom_functions(_copy(first), sample[:2]) if not has_vmap_rule(c))
             if names:
                 return f"hand-written autograd Functions without a vmap rule ({', '.join(names)})"
         return f"its vmap forward/backward fails: {text[:200]}"
@@ -200,6 +210,9 @@ class StackedModel:
         def one(params: dict, buffers: dict, images: torch.Tensor) -> torch.Tensor:
             return functional_call(self.base, (params, buffers), (images,), strict=True)
 
+        if self.k == 1:  # one run: its own kernels, no batching rules (fused attention has none on a CPU)
+            params = {name: leaf[0] for name, leaf in self.leaves.items()}
+            return one(params, {name: b[0] for name, b in self.buffers.items()}, x[0]).unsqueeze(0)
         return vmap(one, in_dims=(0, 0, 0), randomness="error")(self.leaves, self.buffers, x)
 
     __call__ = forward
@@ -241,3 +254,14 @@ def no_decay_names(model: nn.Module, weight_decay: float) -> set[str]:
     undecayed = {id(p) for group in model.param_groups(weight_decay) if group["weight_decay"] == 0
                  for p in group["params"]}
     return {name for name, p in model.named_parameters() if id(p) in undecayed}
+
+
+def projects(model: nn.Module) -> bool:
+    """Whether the model's variant constrains its parameters after each optimiser step (nGPT): its class overrides
+    ``ResidualSite.project_parameters``."""
+    from lit_modules import RESIDUALS
+    from lit_modules.residual.base import ResidualSite
+
+    variant = RESIDUALS[model.residual]
+    return getattr(variant.project_parameters, "__func__", None) is not \
+        getattr(ResidualSite.project_parameters, "__func__", None)

@@ -170,3 +170,23 @@ class StackedStep:
                                  self.diverged_at, self.metrics.sums, *self.stacked.buffers.values()), saved,
                                 strict=True):
                 dst.copy_(src)
+
+
+def build_step(backbones: list, *, optimizer: str, lrs: list[float], weight_decays: list[float],
+               betas: tuple[float, float], schedules: list, total_steps: int, precision: str, label_smoothing: float,
+               top5: bool, sample: torch.Tensor | None) -> StackedStep:
+    """The stacked train step of ``backbones`` (K ``VisionTransformer`` of one layout, each built as its run builds
+    it): their stack, Adam(W) at each run's ``lrs[k] · schedules[k](step)`` and weight decay over the backbone's
+    parameter groups (parameters no gradient reaches left alone: ``sample`` is one batch to find them), and nGPT's
+    projection after each step where the variant has one. What :func:`ablations.engine.loop.train_stacked` trains."""
+    from .optim import StackedAdam, schedule_table
+    from .stack import frozen_parameters, no_decay_names, projects
+
+    frozen = frozen_parameters(backbones[0], sample)
+    stacked = StackedModel(backbones).train()
+    table = schedule_table(lrs, schedules, total_steps)
+    adam = StackedAdam(stacked.weights, stacked.grads, kind=optimizer, lr_table=table, weight_decay=weight_decays,
+                       decay_mask=stacked.decay_mask(no_decay_names(backbones[0], 1.0)),
+                       frozen=stacked.trainable_mask(frozen), betas=betas)
+    return StackedStep(stacked, adam, precision=precision, label_smoothing=label_smoothing, top5=top5,
+                       project=projects(backbones[0]))

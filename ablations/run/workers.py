@@ -202,10 +202,23 @@ def _work(spec, storage, study_name: str, args, overrides: dict, progress_total:
     log_root = layout.runs_dir(args.results_dir, study_name)
     objective = Objective(spec, log_root=log_root, overrides=overrides, keep_checkpoints=args.keep_checkpoints,
                           loggers=tuple(args.loggers), results_dir=args.results_dir, tuned=tuned)
-    objective = _guarded(objective, log_root)
     grid = _grid_keys(spec)
     bar = _progress(study, progress_total, grid)
+
+    def between() -> None:  # before each stack of trials: stop signals, dead workers' trials, progress
+        check_stopping()
+        optuna.storages.fail_stale_trials(study)
+        _retry_failed_points(study, spec, storage, only_stopped=True)  # e.g. a preempted worker's trial
+        if bar is not None:
+            bar.n = _done(study, grid)
+            bar.refresh()
+
     try:
+        if spec.kind == "grid" and getattr(args, "engine", "plain") != "plain":  # stacks of a cell's trials first (ablations.engine)
+            from ..engine.trials import work_stacked
+
+            work_stacked(study, objective, args, between)
+        objective = _guarded(objective, log_root)
         while True:
             check_stopping()
             optuna.storages.fail_stale_trials(study)
