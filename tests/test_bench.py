@@ -524,3 +524,34 @@ def test_engine_section_times_plain_and_stacked_per_trial(tmp_path):
     assert model["per_trial_vs_plain"]["stacked 2"] == pytest.approx(timing.median(per_trial))
     assert model["per_trial_vs_plain"]["plain"] == 1.0
     assert cli.parse_sections("13") == ["engine"] and "engine" not in harness.DEFAULT_SECTIONS
+
+
+def test_gpu_section_measures_the_engine_at_tiny_sizes_on_a_cpu(tmp_path):
+    """Section 14 (opt-in, for --device cuda): the aggregate images/s of stacked processes, the paper recipe's
+    step and the multi-stream designs' ratios; on a CPU at tiny sizes it runs the same code without graphs."""
+    md, report = run_bench(tmp_path, "--tiny", "--threads", "1", "--sections", "gpu")
+    assert "## 14. The engine on the device" in md
+    sec = report["sections"]["gpu"]
+    assert sec["error"] is None, sec["error"]
+    aggregate, paper, designs = (sec["data"][k] for k in ("aggregate", "paper", "designs"))
+    (process,) = aggregate["processes"]
+    assert aggregate["images_per_s"] == pytest.approx(process["images"] / process["seconds"])
+    assert process["images"] == process["steps"] * 2 * 8 > 0
+    assert paper["plain_mfu"] is None and paper["plain_images_per_s"] == pytest.approx(
+        paper["batch"] / timing.median(paper["times_s"]["plain"]))
+    assert set(designs["ratios"]) == set(steps.OVERHEAD_GOALS)
+    assert {g["what"] for g in sec["goals"]} >= {"study-size aggregate images/s"}
+
+
+def test_a_gpu_sections_engine_step_is_the_dry_runs_flop_rate(tmp_path):
+    from ablations.bench import gpu_hours
+
+    report = {"meta": {"device": "cuda", "started": "2026-12-05 10:00:00", "settings": {},
+                       "machine": {"gpu": "NVIDIA H200"}},
+              "sections": {"gpu": {"data": {"paper": {"engine graph_images_per_s": 90000.0, "batch": 1024,
+                                                      "train_flops_per_image": 4.3e9}}}}}
+    (tmp_path / "device" / "cuda" / "x").mkdir(parents=True)
+    (tmp_path / "device" / "cuda" / "x" / "bench.json").write_text(json.dumps(report))
+    (found,) = gpu_hours.find_measurements(tmp_path)
+    assert found.flops_per_s == pytest.approx(90000 * 4.3e9) and found.gpu_class == "h200"
+    assert found.mfu == pytest.approx(90000 * 4.3e9 / 989.4e12)

@@ -286,6 +286,24 @@ def test_an_interrupted_stack_resumes_from_its_checkpoints(tmp_path):
         assert r.summary["val_acc_curve"] == pytest.approx(w.summary["val_acc_curve"], rel=1e-6)
 
 
+def test_larger_evaluation_batches_change_only_the_order_of_sums(tmp_path):
+    """On a GPU the engine evaluates in batches of 1024 (fewer launches): the same validation and test curves as
+    the run's own batch size, to float32 rounding."""
+    from ablations.config import RunConfig
+    from ablations.engine.loop import StackedRun, train_stacked
+
+    configs = [RunConfig(**TINY_RUN, seed=seed, lr=3e-3) for seed in (0, 1)]
+    curves = []
+    for size in (None, 1000):
+        specs = [StackedRun(c, f"run{k}", tmp_path / str(size)) for k, c in enumerate(configs)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            curves.append([o.summary for o in train_stacked(specs, results_dir=tmp_path, graph=False,
+                                                            eval_batch_size=size)])
+    for small, large in zip(*curves, strict=True):
+        assert differences(small, large, 1e-5) == {}
+
+
 def test_a_resident_epoch_is_the_loaders_epoch_bit_for_bit():
     """Crop (reflect padding) and flip drawn on index images and gathered on the device for a whole epoch give the
     loader's batches exactly, the last one padded."""

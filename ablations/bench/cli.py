@@ -11,7 +11,9 @@ Writes ``<out>/bench.md`` (each figure beside its goal with a pass/miss mark, pl
 ``<out>/bench.json`` (the raw timings). Sections: 1 timm, 2 variants, 3 lightning, 4 mfu, 5 study, 6 memory,
 7 data, 8 modes, 9 compile (only with ``--compile``), 10 auto (precision auto vs both fixed precisions),
 11 overhead, 12 malloc (only when asked: ``--sections malloc`` or ``12``; child processes per malloc setting),
-13 engine (only when asked: the training engine's levers per trial step, ``ablations.bench.engine``).
+13 engine (only when asked: the training engine's levers per trial step, ``ablations.bench.engine``), 14 gpu (only
+when asked: the engine on the device — a study's aggregate images/s, the paper recipe's MFU, the multi-stream
+designs' steps, ``ablations.bench.gpu``; meant for ``--device cuda``).
 ``--processes K`` runs sections 3 and 11 in K fresh child processes each (a ratio: the median of theirs);
 ``--isolate K`` runs section 11 with every model in a fresh child process of its own, K rounds.
 Section 8 also writes ``<out>/modes-<device>.json``, the table ``ablations.bench.modes`` chooses a training run's
@@ -58,6 +60,7 @@ from pathlib import Path
 from .. import allocator, layout
 from ..cli import OneLineParser
 from .engine import bench_engine
+from .gpu import bench_gpu
 from .harness import DEFAULT_SECTIONS, FULL, QUICK, SECTIONS, TINY, Section, goal_mark, parse_variants, table
 from .loops import bench_data, bench_lightning, bench_study
 from .malloc import bench_malloc
@@ -67,7 +70,7 @@ from .steps import bench_compile, bench_memory, bench_mfu, bench_overhead, bench
 BENCHES = {"timm": bench_timm, "variants": bench_variants, "lightning": bench_lightning, "mfu": bench_mfu,
            "study": bench_study, "memory": bench_memory, "data": bench_data, "modes": bench_modes,
            "compile": bench_compile, "auto": bench_auto, "overhead": bench_overhead, "malloc": bench_malloc,
-           "engine": bench_engine}
+           "engine": bench_engine, "gpu": bench_gpu}
 
 
 # --- report --------------------------------------------------------------------------------------------------------

@@ -281,10 +281,21 @@ def _from_device_check(report: dict, path: Path) -> Measurement | None:
 
 
 def _from_bench(report: dict, path: Path) -> Measurement | None:
-    """The MFU section of an ``ablations.bench --device cuda`` report: its train-step FLOP rate."""
+    """The MFU section of an ``ablations.bench --device cuda`` report: its train-step FLOP rate; or, where the report
+    has the engine's GPU section (14), the paper recipe's step as the engine trains it (one CUDA graph)."""
     meta = report["meta"]
     settings, machine = meta.get("settings") or {}, meta.get("machine") or {}
     device = meta.get("device") or settings.get("device") or machine.get("device")
+    engine = (report["sections"].get("gpu") or {}).get("data", {}).get("paper", {})
+    if device == "cuda" and engine.get("engine graph_images_per_s"):
+        gpu = machine.get("gpu") or machine.get("cuda")
+        rate = float(engine["engine graph_images_per_s"]) * float(engine["train_flops_per_image"])
+        precision = settings.get("precision") or "bf16-mixed"
+        return Measurement(
+            kind="bench", gpu=gpu, gpu_class=gpu_class_of(gpu), precision=precision, flops_per_s=rate,
+            source=str(path), date=str(meta.get("started", "")),
+            detail=f"the engine's paper-recipe step (one CUDA graph, batch {engine['batch']}, {precision}): "
+                   f"{engine['engine graph_images_per_s']:,.0f} images/s, {rate / 1e12:.1f} TFLOP/s")
     section = report["sections"].get("mfu")
     if device != "cuda" or not section or section.get("error") or not section.get("data"):
         return None

@@ -19,7 +19,8 @@ Two ways to make an epoch's training batches:
   batch on the device, as in its plain run, and the batches are stacked (Mixup/CutMix per run, from the same
   per-batch generator as ``ViTClassifier``).
 
-Validation and test batches never change: they are made once, stacked and kept on the device.
+Validation and test batches never change: they are made once, stacked and kept on the device (on a GPU in batches
+of at least :data:`ablations.engine.loop.EVAL_BATCH_CUDA`: fewer launches, the same sums in another order).
 """
 
 from __future__ import annotations
@@ -61,15 +62,17 @@ def resident_ok(datamodule: Any) -> bool:
 
 class StackedBatches:
     """The K runs' batches (module docstring). ``datamodules``: each run's set-up DataModule (in-memory);
-    ``device``: where the batches live; ``mixups``: each run's ``(SeededMixup, seed)`` or None; ``num_classes``."""
+    ``device``: where the batches live; ``mixups``: each run's ``(SeededMixup, seed)`` or None; ``num_classes``;
+    ``eval_batch_size``: the validation and test batches' size (default ``batch_size``)."""
 
     def __init__(self, datamodules: Sequence[Any], device: torch.device, *, batch_size: int,
                  mixups: Sequence[tuple[Any, int] | None] = (), num_classes: int = 10,
-                 resident: bool | None = None) -> None:
+                 resident: bool | None = None, eval_batch_size: int | None = None) -> None:
         self.datamodules = list(datamodules)
         self.k = len(self.datamodules)
         self.device = torch.device(device)
         self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size or batch_size
         self.num_classes = num_classes
         self.mixups = list(mixups) or [None] * self.k
         for dm in self.datamodules:
@@ -125,17 +128,27 @@ class StackedBatches:
 
     # --- evaluation ----------------------------------------------------------------------------------------------
     def _eval(self, split: str) -> list[Batch]:
+        """The split of every run in its stored order, never augmented, cut into batches of ``eval_batch_size``
+        (the last padded). A run's validation loss is the image-weighted mean of its batch losses and its
+        accuracy a count over all images, so the batch size changes nothing but the order of floating-point sums."""
         loaders = [getattr(dm, f"{split}_dataloader")() for dm in self.datamodules]
         if any(loader is None for loader in loaders):
             return []
-        batches = [list(loader) for loader in loaders]
-        if len({len(b) for b in batches}) != 1:
-            raise ValueError(f"the runs' {split} splits give different numbers of batches")
+        whole = []
+        for loader in loaders:
+            parts = list(loader)
+            whole.append((torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts])))
+        if len({len(y) for _, y in whole}) != 1:
+            raise ValueError(f"the runs' {split} splits have different sizes")
+        size, step = len(whole[0][1]), self.eval_batch_size
         out = []
-        for i in range(len(batches[0])):
-            xs = [pad(b[i][0], self.batch_size) for b in batches]
-            ys = [pad(b[i][1], self.batch_size) for b in batches]
-            out.append(self._stacked(xs, ys, ys, len(batches[0][i][1])))
+        for start in range(0, size, step):
+            xs = [pad(x[start:start + step], step) for x, _ in whole]
+            ys = [pad(y[start:start + step], step) for _, y in whole]
+            n = min(step, size - start)
+            weight = torch.zeros(self.k, step, device=self.device)
+            weight[:, :n] = 1
+            out.append(Batch(torch.stack(xs), torch.stack(ys), torch.stack(ys), weight, n))
         return out
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +41,8 @@ from ablations.config import RunConfig
 
 #: The engine's checkpoint of a run (in its checkpoint folder): everything a retried trial resumes from.
 CHECKPOINT = "last.engine.pt"
+#: The validation and test batch on a GPU (at least): an evaluation pass is a forward of eagerly launched kernels
+EVAL_BATCH_CUDA = 1024
 #: Fields that may differ between the runs of one stack (everything else must be equal).
 PER_RUN_FIELDS = frozenset({"seed", "lr", "min_lr", "weight_decay"})
 #: The plain run's refusal of a non-finite loss, whose summary a diverged run repeats (ViTClassifier).
@@ -47,7 +50,12 @@ EPOCH_HOOK = Callable[[int, int, float], bool]  # (run index, epoch 0-based, val
 
 
 class NotStackable(ValueError):
-    """The runs cannot train as one stack: one line saying why (they train as plain runs)."""
+    """The runs cannot train as one stack: one line saying why (they train as plain runs). ``one_at_a_time``: each
+    of them can still train through the engine alone (only ``vmap`` failed: a stack of one needs none)."""
+
+    def __init__(self, reason: str, one_at_a_time: bool = False) -> None:
+        super().__init__(reason)
+        self.one_at_a_time = one_at_a_time
 
 
 @dataclass
@@ -135,11 +143,13 @@ def build_run(spec: StackedRun, results_dir: str | Path) -> _Run:
 
 def train_stacked(specs: Sequence[StackedRun], *, results_dir: str | Path = layout.RESULTS_DIR,
                   on_epoch: EPOCH_HOOK | None = None, graph: bool | None = None,
-                  log: Callable[[str], None] | None = None) -> list[Outcome]:
+                  log: Callable[[str], None] | None = None, eval_batch_size: int | None = None) -> list[Outcome]:
     """Train ``specs`` (runs of one cell) as one stack and return each run's :class:`Outcome`, in order.
 
     Raises :class:`NotStackable` (one line) before anything is trained or written when they cannot stack; the
-    caller then trains them as plain runs. ``graph``: replay the step as a CUDA graph (default: on CUDA).
+    caller then trains them as plain runs. ``graph``: replay the step as a CUDA graph (default: on CUDA);
+    ``eval_batch_size``: the evaluation batches' size (default: the run's batch, on CUDA at least
+    :data:`EVAL_BATCH_CUDA`).
     ``on_epoch(k, epoch, val_acc)`` is called after each validated epoch of run k; True prunes it (its summary
     says what it trained). A ``KeyboardInterrupt`` (Ctrl-C, SIGTERM) stops every run where it is: their
     checkpoints of the last finished epoch stay, and the exception carries ``run_summaries``."""
@@ -157,6 +167,9 @@ def train_stacked(specs: Sequence[StackedRun], *, results_dir: str | Path = layo
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     import torch.utils.deterministic
 
+    # as the plain run's Trainer(deterministic=True), without its NaN fill (ablations.training); warn_only: a
+    # batching rule of vmap may take a kernel without a deterministic twin where the plain run's op has one
+    torch.use_deterministic_algorithms(True, warn_only=True)
     torch.utils.deterministic.fill_uninitialized_memory = False
     runs = [build_run(s, results_dir) for s in specs]
     modes = {(r.config.precision, r.config.fused_attn) for r in runs}
@@ -164,18 +177,23 @@ def train_stacked(specs: Sequence[StackedRun], *, results_dir: str | Path = layo
         raise NotStackable(f"precision auto chose different modes for the runs: {sorted(map(str, modes))}")
     backbones = [r.module.model.to(device) for r in runs]
     sample = next(iter(runs[0].datamodule.val_dataloader()))[0][:2].to(device)
-    from .stack import stack_reason
+    from .stack import layout_reason, vmap_reason
 
-    reason = stack_reason(backbones, sample)
+    reason = layout_reason(backbones)
     if reason is not None:
         raise NotStackable(reason)
-    return _Trainer(runs, device, malloc, results_dir, on_epoch, graph, log).fit()
+    reason = vmap_reason(backbones[0], sample) if len(backbones) > 1 else None
+    if reason is not None:
+        raise NotStackable(reason, one_at_a_time=True)
+    say = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    return _Trainer(runs, device, malloc, results_dir, on_epoch, graph, say, eval_batch_size).fit()
 
 
 class _Trainer:
     """The epoch loop of :func:`train_stacked` (module docstring)."""
 
-    def __init__(self, runs: list[_Run], device, malloc: str, results_dir, on_epoch, graph, log) -> None:
+    def __init__(self, runs: list[_Run], device, malloc: str, results_dir, on_epoch, graph, log,
+                 eval_batch_size: int | None = None) -> None:
         import torch
 
         from lit_modules.classifier import WarmupCosine
@@ -190,8 +208,10 @@ class _Trainer:
         self.k = len(runs)
         self.max_epochs = first.max_epochs
         mixups = [(r.module.mixup, r.config.seed) if r.module.mixup is not None else None for r in runs]
+        eval_batch = eval_batch_size or (max(first.batch_size, EVAL_BATCH_CUDA) if device.type == "cuda"
+                                         else first.batch_size)
         self.data = StackedBatches([r.datamodule for r in runs], device, batch_size=first.batch_size, mixups=mixups,
-                                   num_classes=runs[0].datamodule.num_classes)
+                                   num_classes=runs[0].datamodule.num_classes, eval_batch_size=eval_batch)
         self.steps_per_epoch = self.data.steps
         total = self.steps_per_epoch * self.max_epochs
         schedules = []
@@ -338,8 +358,16 @@ class _Trainer:
             self._trainer_view(r, epoch), epoch) for r in self.runs]
         for i, batch in enumerate(self.data.epoch(epoch)):
             if self.graph and not captured:
-                step.capture(batch.x, batch.targets, batch.labels, batch.weight)
                 captured = True
+                try:
+                    step.capture(batch.x, batch.targets, batch.labels, batch.weight)
+                except Exception as exc:  # noqa: BLE001 - e.g. a host sync inside a variant's step: train eagerly
+                    self.graph = False
+                    self.engine = self.engine.replace(" (CUDA graph)", "")
+                    for r in self.runs:
+                        r.facts["engine"] = self.engine
+                    self.log(f"engine: the step cannot be captured as a CUDA graph ({' '.join(str(exc).split())[:200]}); "
+                             "it runs eagerly")
             if self.graph:
                 step.replay(batch.x, batch.targets, batch.labels, batch.weight)
             else:

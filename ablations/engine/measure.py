@@ -113,3 +113,58 @@ def stacked_step(size: dict[str, Any], batch: int, k: int, *, precision: str = "
     step.capture(x, y, y, weight)
     return lambda: step.replay(x, y, y, weight)
 
+
+
+# --- many processes at once: the aggregate throughput of a study on one device -----------------------------------
+def _throughput_worker(size: dict, batch: int, k: int, device: str, precision: str, graph: bool, seconds: float,
+                       threads: int, ready, go, results) -> None:
+    """One process of :func:`aggregate_throughput`: build and warm its stack, wait for the others, then train for
+    ``seconds`` and report (steps, images, elapsed)."""
+    import time
+
+    torch.set_num_threads(threads)
+    step = stacked_step(size, batch, k, precision=precision, fused_attn=device == "cuda", device=device, graph=graph)
+    step()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    ready.wait()
+    go.wait()
+    start, steps = time.perf_counter(), 0
+    while time.perf_counter() - start < seconds:
+        step()
+        steps += 1
+        if device == "cuda" and steps % 20 == 0:
+            torch.cuda.synchronize()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    elapsed = time.perf_counter() - start
+    results.put({"steps": steps, "images": steps * k * batch, "seconds": elapsed})
+
+
+def aggregate_throughput(size: dict[str, Any], batch: int, k: int, workers: int, *, device: str = "cpu",
+                         precision: str = "32-true", graph: bool = False, seconds: float = 10.0,
+                         threads: int = 1) -> dict[str, Any]:
+    """Training images per second of ``workers`` processes each training a stack of ``k`` runs at once on one device
+    (as ``ablations.run --workers W --stack K`` trains a study): each builds and warms its stacked step
+    (:func:`stacked_step`; a CUDA graph with ``graph``), all start together, each trains ``seconds``. Returns the
+    aggregate images/s (all images over the longest process's time) and each process's figures."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")  # CUDA in children needs spawn
+    ready, go, results = ctx.Barrier(workers + 1), ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_throughput_worker, args=(size, batch, k, device, precision, graph, seconds, threads,
+                                                          ready, go, results)) for _ in range(workers)]
+    for p in procs:
+        p.start()
+    try:
+        ready.wait(timeout=600)
+        go.set()
+        runs = [results.get(timeout=600 + seconds) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+    images = sum(r["images"] for r in runs)
+    longest = max(r["seconds"] for r in runs)
+    return {"images_per_s": images / longest, "workers": workers, "k": k, "batch": batch, "processes": runs}

@@ -98,10 +98,15 @@ def has_vmap_rule(cls: type) -> bool:
 
 
 def stack_reason(models: Sequence[nn.Module], sample: torch.Tensor) -> str | None:
-    """Why ``models`` cannot train stacked (one line), or None when they can. ``sample``: one input batch of one
-    model (a couple of images suffice). Checks, in order: the same parameters (names, shapes, dtypes, devices) in
-    every model; no dropout or stochastic depth; a ``vmap`` forward and backward that runs (a hand-written autograd
-    Function without a vmap rule is named)."""
+    """Why ``models`` cannot train stacked (one line), or None when they can: :func:`layout_reason`, then (more than
+    one model) :func:`vmap_reason`. ``sample``: one input batch of one model (a couple of images suffice)."""
+    return layout_reason(models) or (vmap_reason(models[0], sample) if len(models) > 1 else None)
+
+
+def layout_reason(models: Sequence[nn.Module]) -> str | None:
+    """Why ``models`` cannot be one stack, even of one: other parameters (names, shapes, dtypes, devices) than the
+    first's; BatchNorm (its batch statistics would count the padding of an epoch's last batch); dropout or
+    stochastic depth (masks drawn from the global random stream)."""
     first = models[0]
     layout = [(n, tuple(p.shape), p.dtype, p.device) for n, p in first.named_parameters()]
     buffers = [(n, tuple(b.shape), b.dtype) for n, b in first.named_buffers()]
@@ -119,7 +124,14 @@ def stack_reason(models: Sequence[nn.Module], sample: torch.Tensor) -> str | Non
     if drawn:
         return (f"dropout / stochastic depth ({', '.join(drawn[:3])}{', ...' if len(drawn) > 3 else ''}) draw "
                 "each run's masks from the global random stream, which stacked runs cannot each reproduce")
-    probe = StackedModel([_copy(first), _copy(first)])
+    return None
+
+
+def vmap_reason(model: nn.Module, sample: torch.Tensor) -> str | None:
+    """Why two copies of ``model`` cannot run under ``vmap`` (a forward and backward of a stack of two on
+    ``sample``), naming the hand-written autograd Functions without a vmap rule where that is the cause; None when
+    they can. One run at a time needs no vmap (:meth:`StackedModel.forward` of one model)."""
+    probe = StackedModel([_copy(model), _copy(model)])
     try:
         x = sample[:2].unsqueeze(0).expand(2, *sample[:2].shape)
         probe.forward(x).float().sum().backward()
@@ -127,7 +139,7 @@ def stack_reason(models: Sequence[nn.Module], sample: torch.Tensor) -> str | Non
         text = " ".join(str(exc).split())
         if "setup_context" in text:  # functorch's message for a Function without a vmap rule: name them
             with torch.enable_grad():
-                names = sorted(c.__name__ for c in custom_functions(_copy(first), sample[:2]) if not has_vmap_rule(c))
+                names = sorted(c.__name__ for c in custom_functions(_copy(model), sample[:2]) if not has_vmap_rule(c))
             if names:
                 return f"hand-written autograd Functions without a vmap rule ({', '.join(names)})"
         return f"its vmap forward/backward fails: {text[:200]}"

@@ -144,10 +144,13 @@ class StackedStep:
                 self.run(**self.static)
         torch.cuda.current_stream().wait_stream(side)
         self._restore(saved)  # the warm-up steps leave no trace: the captured step is the run's first
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.run(**self.static)
-        self._restore(saved)  # capturing ran nothing, but be exact about it
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                self.run(**self.static)
+        finally:
+            self._restore(saved)  # capturing ran nothing, but be exact about it (also when it failed)
+        self.graph = graph
 
     def replay(self, x: torch.Tensor, targets: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor) -> None:
         """One step through the captured graph: copy the batch into the static buffers, replay."""

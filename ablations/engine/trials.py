@@ -13,7 +13,9 @@ intermediate value and may be pruned on its own; at the end each is told COMPLET
 
 A retried trial (its worker died) resumes from its engine checkpoint when it has one; retries are stacked with
 retries of the same cell that resume from the same epoch. What cannot stack (:class:`ablations.engine.loop.NotStackable`)
-trains as plain runs, with one line saying why, and the worker leaves that cell's other trials to the plain loop.
+trains as plain runs, with one line saying why, and the worker leaves that cell's other trials to the plain loop —
+except on a GPU where only ``vmap`` failed (a hand-written autograd Function without a vmap rule): there each trial
+of the cell trains through the engine alone, its step still one CUDA graph replay.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 
 from ablations import layout
 
-from .loop import CHECKPOINT, PER_RUN_FIELDS, NotStackable, StackedRun, train_stacked
+from .loop import CHECKPOINT, PER_RUN_FIELDS, NotStackable, StackedRun, device_of, train_stacked
 
 
 def cell_key(config: Any) -> str:
@@ -62,6 +64,7 @@ class StackedWorker:
         self.say = say
         self.graph = graph
         self.plain_cells: dict[str, str] = {}  # cell key -> why it trains plain (said once)
+        self.single_cells: dict[str, str] = {}  # cell key -> why its trials train one at a time (on CUDA)
         self.groups = 0
 
     def run(self) -> int:
@@ -142,9 +145,9 @@ class StackedWorker:
         if not candidates:
             return False
         key = candidates[0][3]
-        from .loop import device_of
-
         limit = self.max_stack or DEFAULT_STACK[device_of(candidates[0][2]).type]
+        if cell_key(candidates[0][2]) in self.single_cells:
+            limit = 1
         group = [c for c in candidates if c[3] == key][:limit]
         trials = [t for t in (self._claim(c[0]) for c in group) if t is not None]
         if not trials:
@@ -172,8 +175,12 @@ class StackedWorker:
             except Exception:
                 self.study.tell(trial, state=TrialState.FAIL)
                 raise
-        if not prepared:
-            return
+        if prepared:
+            self._train_prepared(prepared)
+
+    def _train_prepared(self, prepared: list) -> None:
+        from optuna.trial import TrialState
+
         objective = self.objective
         specs = [StackedRun(p.config, p.run_name, objective.log_root, checkpoint_dir=p.ckpt_dir,
                             resume=p.original is not None, hparams=objective.hparams(p.params))
@@ -187,9 +194,16 @@ class StackedWorker:
         try:
             outcomes = train_stacked(specs, results_dir=objective.results_dir, on_epoch=on_epoch, graph=self.graph)
         except NotStackable as exc:
-            key = cell_key(prepared[0][1].config)
+            key, label = cell_key(prepared[0][1].config), cell_label(prepared[0][1].params)
+            if exc.one_at_a_time and device_of(prepared[0][1].config).type == "cuda":
+                # no vmap, but each trial alone through the engine: its step still one CUDA graph replay
+                self.single_cells[key] = str(exc)
+                self.say(f"engine: {label} trains one trial at a time (no stack): {exc}")
+                for one in prepared:
+                    self._train_prepared([one])
+                return
             self.plain_cells[key] = str(exc)
-            self.say(f"engine: {cell_label(prepared[0][1].params)} trains as plain runs: {exc}")
+            self.say(f"engine: {label} trains as plain runs: {exc}")
             for trial, p in prepared:
                 self._plain(trial, p)
             return
