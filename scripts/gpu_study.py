@@ -12,9 +12,10 @@ Two stages, each a subprocess in its own process group:
           report. At the deadline the script sends SIGTERM to the run's process group, the study stops cleanly (its
           running trials marked failed with their checkpoints kept, exit 143), and SIGKILL follows after
           :data:`STOP_GRACE_S` if it has not;
-  report  ``python -m ablations.report ...`` on that storage: ``<out>/<study name>/runs.csv`` and the study's tables
-          and figures, from whatever finished (a study stopped inside its tuning stage reports its tuning rows and
-          runs.csv). Killed at the command's limit less :data:`FINAL_S`.
+  report  ``python -m ablations.report ... --no-figures`` on that storage: ``<out>/<study name>/runs.csv`` and the
+          study's tables, from whatever finished (a study stopped inside its tuning stage reports its tuning rows
+          and runs.csv); then, with :data:`FIGURES_S` left, the same with its figures. Killed at the command's
+          limit less :data:`FINAL_S`.
 
 ``<out>/gpu_study.json`` and ``.md`` (rewritten after each stage) hold the timings: each stage's seconds and status,
 the trials each stage of the study completed of how many, the stacks the engine trained, the training images of
@@ -59,6 +60,8 @@ MARGIN_S = 90
 STOP_GRACE_S = 30
 #: Seconds kept at the very end for this script's own writing (the report is killed before).
 FINAL_S = 10
+#: The figures are made (a second report pass) only with at least this many seconds left after the tables.
+FIGURES_S = 30
 #: Default workers and trials per stack by device: on a GPU several processes keep it busy while each spends its
 #: CPU time on the epoch's evaluation, diagnostics and checkpoints; a CPU runs one.
 WORKERS = {"cuda": 8, "cpu": 1}
@@ -75,12 +78,12 @@ def run_command(args: argparse.Namespace, out: Path, python: str = sys.executabl
     return command + (["--data-dir", args.data_dir] if args.data_dir else [])
 
 
-def report_command(args: argparse.Namespace, out: Path, python: str = sys.executable) -> list[str]:
+def report_command(args: argparse.Namespace, out: Path, figures: bool, python: str = sys.executable) -> list[str]:
     command = [python, "-m", "ablations.report", "--study", args.study, "--budget", args.budget,
                "--storage", storage_url(out), "--results-dir", str(out), "--no-note"]
     for item in args.sets:
         command += ["--set", item]
-    return command + (["--no-figures"] if args.no_figures else [])
+    return command + ([] if figures else ["--no-figures"])
 
 
 def storage_url(out: Path) -> str:
@@ -191,7 +194,8 @@ def render(report: dict) -> str:
               + (" (stopped at its deadline: the trials left continue elsewhere with --import-runs)"
                  if run.get("stopped") else "")
               + f"; {report['images_per_s']:,.0f} training images/s over the run's wall time, all trials together",
-              f"- report: {rep.get('status', 'not run')}" + (f" after {rep['seconds']:.0f} s" if rep else "")]
+              f"- report: {rep.get('status', 'not run')}" + (f" after {rep['seconds']:.0f} s (figures: "
+                                                             f"{rep.get('figures')})" if rep else "")]
     return "\n".join(lines) + "\n"
 
 
@@ -275,13 +279,23 @@ def main(argv: list[str] | None = None) -> int:
     print(f"      {report['run']['status']} in {run_s:.0f} s: " + ", ".join(
         f"{name} {c['complete']}/{planned.get(name, '?')}" for name, c in report["studies"].items()),
         file=sys.stderr, flush=True)
-    command = report_command(args, out)
-    print(f"[2/2] report: {shlex.join(command[1:])}", file=sys.stderr, flush=True)
+    # the tables first (runs.csv among them: what --import-runs continues from), then the figures if time is left
     report_start = time.monotonic()
-    code_r, killed = run_until(command, started + args.limit_s - FINAL_S, out / "logs" / "report.log", grace_s=3)
-    report["report"] = {"command": shlex.join(command[1:]), "returncode": code_r,
-                        "seconds": round(time.monotonic() - report_start, 1),
-                        "status": "timeout" if killed else "passed" if code_r == 0 else "failed"}
+    for figures in (False, True):
+        left = started + args.limit_s - FINAL_S - time.monotonic()
+        if figures and (args.no_figures or report["report"]["status"] != "passed" or left < FIGURES_S):
+            break
+        command = report_command(args, out, figures)
+        print(f"[2/2] report{' figures' if figures else ''}: {shlex.join(command[1:])}", file=sys.stderr, flush=True)
+        code_r, killed = run_until(command, started + args.limit_s - FINAL_S, out / "logs" / "report.log",
+                                   grace_s=3)
+        status = "timeout" if killed else "passed" if code_r == 0 else "failed"
+        if figures:
+            report["report"]["figures"] = status
+            continue
+        report["report"] = {"command": shlex.join(command[1:]), "returncode": code_r, "status": status,
+                            "figures": "not made"}
+    report["report"]["seconds"] = round(time.monotonic() - report_start, 1)
     report["wall_s"] = round(time.monotonic() - started, 1)
     write(report, out)
     written = pack(out, args.pack, study_name) if args.pack else []

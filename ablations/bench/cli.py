@@ -176,7 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's own, the physical cores)")
     p.add_argument("--sections", type=parse_sections, help=f"comma-separated subset of {', '.join(SECTIONS)} "
                    f"(or numbers 1-{len(SECTIONS)}); default: all but compile and malloc")
-    p.add_argument("--compile", action="store_true", help="also measure model.compile() (section 9)")
+    p.add_argument("--compile", action="store_true", help="also measure model.compile() (section 9; on CUDA also "
+                   "section 13's torch.compile lever)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="where models and batches live and steps are timed (default: cpu); cuda times the train "
                         "steps in bf16 autocast with fused attention and synchronises after every timed call")
@@ -225,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = replace(settings, overhead_batch=args.overhead_batch)
     if args.compile and "compile" not in names:
         names.append("compile")
+    settings = replace(settings, engine_compile=args.device == "cpu" or args.compile)
 
     import lightning.pytorch  # noqa: F401  (imported first: it resets its loggers' level on import)
     import torch

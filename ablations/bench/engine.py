@@ -24,13 +24,14 @@ def engine_sizes(s: Settings) -> tuple:
 
 def engine_functions(size: dict, batch: int, s: Settings) -> tuple[dict, dict]:
     """The timed functions of one model size and the seconds each one's first call took (compile, capture). Under
-    ``--tiny`` (the test suite's seconds) only plain and stacked 2: a cold compile takes minutes."""
+    ``--tiny`` (the test suite's seconds) only plain and stacked 2: a cold compile takes minutes; on CUDA compiled
+    only with ``--compile``."""
     from ablations.engine.measure import plain_step, stacked_step
 
     cuda, tiny = s.device == "cuda", s.mode == "tiny"
     fused = cuda  # the CPU's fused SDPA has no vmap rule: stacked runs use the explicit kernel there, and so does plain
     builders = {"plain": lambda: plain_step(size, batch, precision=s.precision, fused_attn=fused, device=s.device)}
-    if not tiny:
+    if not tiny and s.engine_compile:
         builders["compiled"] = lambda: plain_step(size, batch, precision=s.precision, fused_attn=fused,
                                                   device=s.device, compile=True)
     if cuda:

@@ -45,7 +45,7 @@ def _batch(size: dict[str, Any], batch: int, k: int, device: str) -> tuple[torch
 
 
 def _autocast(device: str, precision: str):
-    return torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16-mixed")
+    return torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16-mixed", cache_enabled=False)
 
 
 def plain_step(size: dict[str, Any], batch: int, *, precision: str = "32-true", fused_attn: bool = True,

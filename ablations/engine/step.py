@@ -96,8 +96,10 @@ class StackedStep:
         self.project = project
         device = stacked.weights.device
         self.device = device
-        self.autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16-mixed"
-                         else nullcontext())
+        # autocast's cache of cast weights must be off for a CUDA graph (torch.cuda.graphs' AMP note): the weights
+        # are cast inside the step, as the captured kernels replay it
+        self.autocast = (torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False)
+                         if precision == "bf16-mixed" else nullcontext())
         self.metrics = Metrics(stacked.k, device, top5)
         self.active = torch.ones(stacked.k, dtype=torch.bool, device=device)
         self.diverged_at = torch.full((stacked.k,), -1, dtype=torch.long, device=device)
