@@ -17,6 +17,9 @@ Two stages, each a subprocess in its own process group:
           and runs.csv); then, with :data:`FIGURES_S` left, the same with its figures. Killed at the command's
           limit less :data:`FINAL_S`.
 
+Between the two, ``<out>/<study name>/runs.csv`` is written straight from the storage (the report's writer), so
+that the study can be continued elsewhere whatever the report's time.
+
 ``<out>/gpu_study.json`` and ``.md`` (rewritten after each stage) hold the timings: each stage's seconds and status,
 the trials each stage of the study completed of how many, the stacks the engine trained, the training images of
 the completed trials and their aggregate images/s over the run's wall time, the study's wall time per completed
@@ -146,6 +149,26 @@ def study_counts(out: Path) -> dict[str, Any]:
                             "trial_wall_s": float(sum(a.get("wall_time_s") or 0 for a in attrs.values())),
                             "engines": engines}
     return counts
+
+
+def write_runs_csv(args: argparse.Namespace, out: Path, study_name: str) -> str:
+    """``<out>/<study name>/runs.csv`` straight from the storage (the report's own writer; no tables, no event
+    files read), before the report: whatever the report's time, the study can be continued. Returns what happened,
+    in a few words."""
+    try:
+        from ablations import layout
+        from ablations.report import runs as runs_csv
+        from ablations.report.load import collect, open_study, open_tune_study
+        from ablations.run.overrides import apply_sets, parse_sets
+        from ablations.run.spec import load_spec
+
+        spec = apply_sets(load_spec(args.study, args.budget), parse_sets(args.sets))
+        study = open_study(storage_url(out), study_name, spec)
+        data = collect(study, spec, out, tune_study=open_tune_study(study))
+        path = runs_csv.write(data, layout.report_dir(out, study_name) / "runs.csv")
+        return f"written: {path}"
+    except Exception as exc:  # noqa: BLE001 - e.g. nothing stored yet: the report says it in its own words
+        return f"not written: {' '.join(str(exc).split())[:200] or type(exc).__name__}"
 
 
 def planned_trials(args: argparse.Namespace) -> dict[str, int]:
@@ -279,7 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"      {report['run']['status']} in {run_s:.0f} s: " + ", ".join(
         f"{name} {c['complete']}/{planned.get(name, '?')}" for name, c in report["studies"].items()),
         file=sys.stderr, flush=True)
-    # the tables first (runs.csv among them: what --import-runs continues from), then the figures if time is left
+    report["runs_csv"] = write_runs_csv(args, out, study_name)  # first of all: what --import-runs continues from
+    write(report, out)
+    # the report's tables (runs.csv again among them), then its figures if time is left
     report_start = time.monotonic()
     for figures in (False, True):
         left = started + args.limit_s - FINAL_S - time.monotonic()

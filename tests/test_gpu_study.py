@@ -53,6 +53,7 @@ def test_the_cpu_dry_form_runs_the_study_reports_it_and_packs_eight_files_at_mos
     assert report["studies"]["tiny"]["engines"] == {"stacked 2": 4}  # each cell's two seeds, as one stack
     assert report["studies"]["tiny-tune"]["engines"] == {"stacked 2": 4}  # each cell's two learning rates
     assert report["images_per_s"] > 0 and report["wall_s"] <= 600
+    assert report["runs_csv"] == f"written: {out / 'tiny' / 'runs.csv'}"  # before the report, from the storage
     files = sorted(p.name for p in packed.iterdir())
     assert files == ["gpu_study.json", "gpu_study.md", "runs.csv", "study.tar.gz"] and len(files) <= 8
     rows = list(csv.DictReader(io.StringIO((packed / "runs.csv").read_text())))

@@ -65,6 +65,7 @@ class StackedWorker:
         self.graph = graph
         self.plain_cells: dict[str, str] = {}  # cell key -> why it trains plain (said once)
         self.single_cells: dict[str, str] = {}  # cell key -> why its trials train one at a time (on CUDA)
+        self.said: set[str] = set()
         self.groups = 0
 
     def run(self) -> int:
@@ -140,7 +141,9 @@ class StackedWorker:
             if reason is None:
                 break
             self.plain_cells[cell_key(first[2])] = reason
-            self.say(f"engine: {cell_label(first[1])} trains as plain runs: {reason}")
+            if reason not in self.said:  # one line per reason: the cells of one size share one measured choice
+                self.said.add(reason)
+                self.say(f"engine: {cell_label(first[1])} trains as plain runs: {reason}")
             candidates = [c for c in candidates if cell_key(c[2]) != cell_key(first[2])]
         if not candidates:
             return False
