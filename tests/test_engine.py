@@ -249,6 +249,11 @@ def test_stacked_runs_record_what_their_plain_runs_record(tmp_path):
             if not tag.startswith("3_summary/") or tag.split("/")[1] not in TIMING:
                 assert close([v for _, v in ours[tag]], [v for _, v in points], 2e-3), (k, tag)
         assert (tmp_path / f"ckpt{k}" / "last.engine.pt").is_file()
+        import yaml
+
+        hparams = [yaml.unsafe_load((tmp_path / kind / f"run{k}" / "hparams.yaml").read_text())
+                   for kind in ("plain", "stacked")]
+        assert hparams[0] == hparams[1], k  # the report reads a run's geometry from it
 
 
 def test_an_interrupted_stack_resumes_from_its_checkpoints(tmp_path):

@@ -248,6 +248,7 @@ class _Trainer:
             r.logger.hparams.update(flat)
             write_run_hparams(r.logger.experiment, flat if r.spec.hparams is None else r.spec.hparams, HP_METRICS,
                               run=r.spec.run_name, own_experiment=r.spec.hparams is None)
+            r.logger.log_hyperparams(r.module.hparams_initial)  # what Lightning logs at fit start: hparams.yaml
             tracker = ConvergenceTracker(r.config.accuracy_thresholds)
             tracker.max_epochs = self.max_epochs
             tracker.param_count = sum(p.numel() for p in r.module.model.parameters())
