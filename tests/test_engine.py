@@ -532,3 +532,43 @@ def test_a_dry_run_prices_the_engine_from_a_measured_stacked_gpu_step(tmp_path):
     train, evaluation = trial_batches(configs[0])
     expected = (train + EVAL_STEP_SHARE * evaluation) * (0.003 * 2 + 0.002 * 2)  # K=4 -> K=8's call, K=1 -> K=2's
     assert f"{expected / 3600:.3g} GPU-hours" in line and "2 of 2 stacks bound by launches" in line
+
+
+@pytest.mark.slow  # two CLI processes, one stopped by SIGTERM mid-stack (~1-2 min on 2 cores)
+def test_a_stack_stopped_by_sigterm_resumes_from_its_engine_checkpoints(tmp_path):
+    """SIGTERM while a stack trains: its trials fail as stopped (their engine checkpoints kept), and the same
+    command again retries them as one stack resuming from the epoch they had saved; every trial then completes with
+    the whole curve, and says where it resumed."""
+    import signal
+
+    import optuna
+    import torch
+    from helpers import run_cli, signal_mid_trial, write_study
+
+    epochs = 8
+    study = write_study(tmp_path / "stopped.yaml", metric="test_acc", axes={"seed": [0, 1]},
+                        base={"max_epochs": epochs, "dataset_options": {"num_samples": 512, "img_size": 8},
+                              "fused_attn": False})
+    args = ("--study", study, "--storage", f"sqlite:///{tmp_path / 'db.sqlite'}", "--results-dir", tmp_path,
+            "--engine", "stacked", "--no-progress", "--grace", "5")
+    checkpoint = tmp_path / "runs" / "stopped" / "standard" / "depth=1" / "seed=0" / "checkpoints" / "last.engine.pt"
+
+    def saved_mid_run() -> bool:
+        try:
+            return 1 <= torch.load(checkpoint, map_location="cpu", weights_only=False)["epoch"] < epochs - 2
+        except Exception:  # noqa: BLE001 - missing or being written
+            return False
+
+    stopped = signal_mid_trial(args, tmp_path, saved_mid_run, signal.SIGTERM, "the stack saved an epoch")
+    assert stopped.returncode == 143, stopped.stderr[-2000:]
+    again = run_cli(*args, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-2000:]
+    trials = optuna.load_study(study_name="stopped", storage=f"sqlite:///{tmp_path / 'db.sqlite'}").get_trials()
+    done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(done) == 4  # two variants x two seeds
+    retried = [t for t in done if t.user_attrs.get("retry_of") is not None]
+    assert retried and all(t.user_attrs["resumed_from_checkpoint"] for t in retried)
+    for t in retried:
+        assert t.user_attrs["start_epoch"] >= 1 and t.user_attrs["epochs_completed"] == epochs
+        assert t.user_attrs["epochs_this_process"] == epochs - t.user_attrs["start_epoch"]
+        assert t.user_attrs["engine"].startswith("stacked")
