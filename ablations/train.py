@@ -188,6 +188,12 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
             flag = option_name(name, "options")
             given[name] = {**(fields.get(name) or {}), **_key_values(given[name], flag)}
     if getattr(args, "device", None) is not None:
+        if args.device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise CLIError("--device cuda, but torch sees no CUDA device (torch.cuda.is_available() is False); "
+                               "valid choices here: auto, cpu")
         given["accelerator"] = {"cuda": "gpu"}.get(args.device, args.device)
     fields = with_recipe(fields, given)
     if hasattr(args, "init_value"):

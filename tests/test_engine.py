@@ -572,3 +572,15 @@ def test_a_stack_stopped_by_sigterm_resumes_from_its_engine_checkpoints(tmp_path
         assert t.user_attrs["start_epoch"] >= 1 and t.user_attrs["epochs_completed"] == epochs
         assert t.user_attrs["epochs_this_process"] == epochs - t.user_attrs["start_epoch"]
         assert t.user_attrs["engine"].startswith("stacked")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_device_cuda_without_a_gpu_is_one_line(tmp_path):
+    from helpers import assert_one_line_error, run_in_process
+
+    from ablations.train import main as train_main
+
+    for main, args in ((None, ("--study", "residual_variants", "--budget", "smoke", "--device", "cuda")),
+                       (train_main, ("--device", "cuda", "--max-epochs", "1"))):
+        done = run_in_process(*args, cwd=tmp_path, main=main)
+        assert_one_line_error(done, "--device cuda, but torch sees no CUDA device", "valid choices here: auto, cpu")

@@ -169,6 +169,12 @@ def _main(args: argparse.Namespace) -> int:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     if args.stack is not None and args.stack < 1:
         raise ValueError(f"--stack must be >= 1, got {args.stack}")
+    if args.device == "cuda" and not args.dry_run:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda, but torch sees no CUDA device (torch.cuda.is_available() is False); "
+                             "valid choices here: auto, cpu")
     allocator.choice()  # a bad ABLATIONS_MALLOC is one line here, not a failed trial
     sets = parse_sets(args.sets)
     spec = apply_sets(load_spec(args.study, args.budget), sets)
