@@ -67,7 +67,7 @@ FINAL_S = 10
 FIGURES_S = 30
 #: Default workers and trials per stack by device: on a GPU several processes keep it busy while each spends its
 #: CPU time on the epoch's evaluation, diagnostics and checkpoints; a CPU runs one.
-WORKERS = {"cuda": 8, "cpu": 1}
+WORKERS = {"cuda": 12, "cpu": 1}
 STACK = {"cuda": 20, "cpu": 8}
 
 

@@ -14,8 +14,8 @@ run records:
   ``graph``, ``device``);
 - its TensorBoard folder: the same tags at the same steps (``train/*``, ``val/*``, ``test/acc``, ``lr``,
   ``epoch``, the ``hp/*`` metrics and the summary text, the diagnostics every ``diagnostics_every`` epochs);
-- its checkpoint (:data:`CHECKPOINT`, written after every epoch: its weights, AdamW moments, step, epoch records)
-  from which a retried trial resumes;
+- its checkpoint (:data:`CHECKPOINT`, written after every epoch on a CPU, every :data:`CHECKPOINT_EVERY_S` on a
+  GPU: its weights, AdamW moments, step, epoch records) from which a retried trial resumes;
 - through ``on_epoch`` (the study's hook): its validation accuracy per epoch, so its Optuna trial gets the same
   intermediate values and can be pruned on its own.
 
@@ -41,6 +41,9 @@ from ablations.config import RunConfig
 
 #: The engine's checkpoint of a run (in its checkpoint folder): everything a retried trial resumes from.
 CHECKPOINT = "last.engine.pt"
+#: Seconds between a stack's checkpoints by device (0: after every epoch, as the plain run saves them); a run that
+#: finished (diverged, pruned) saves at once
+CHECKPOINT_EVERY_S = {"cpu": 0.0, "cuda": 30.0}
 #: The validation and test batch on a GPU (at least): an evaluation pass is a forward of eagerly launched kernels
 EVAL_BATCH_CUDA = 1024
 #: Fields that may differ between the runs of one stack (everything else must be equal).
@@ -233,6 +236,7 @@ class _Trainer:
         self.malloc = malloc
         self.results_dir = results_dir
         self.start_epoch = 0
+        self.saved_at: float | None = None
         self.torch = torch
 
     # --- set-up per run ------------------------------------------------------------------------------------------
@@ -436,8 +440,18 @@ class _Trainer:
                 last = r.finished and r.diagnostics is not None and r.diagnostics._last_logged != epoch
                 if r.diagnostics is not None and (diag_epoch[k] or last):
                     r.diagnostics._diagnose(self._trainer_view(r, epoch), r.module, epoch)
-            self._save(k, r, epoch + 1)
+        if self._checkpoint_due(end) or any(r.finished for k, r in enumerate(self.runs) if live[k]):
+            for k, r in enumerate(self.runs):
+                if live[k]:
+                    self._save(k, r, epoch + 1)
+            self.saved_at = time.perf_counter()
         return captured
+
+    def _checkpoint_due(self, now: float) -> bool:
+        """Every epoch on a CPU; on a GPU once :data:`CHECKPOINT_EVERY_S` have passed since the last save (its
+        epochs take a fraction of a second, K checkpoints of a stack much longer)."""
+        every = CHECKPOINT_EVERY_S.get(self.device.type, 0.0)
+        return self.saved_at is None or now - self.saved_at >= every
 
     def _grad_norms(self, wanted: list[bool]) -> None:
         """Each diagnosed run's per-block gradient norms at this epoch's first step (the diagnostics callback reads
