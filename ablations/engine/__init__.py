@@ -7,9 +7,11 @@
   on the device, the whole step capturable as one CUDA graph;
 - :mod:`.data` — the K runs' batches, stacked, their epochs resident on the device;
 - :mod:`.loop` — :func:`.loop.train_stacked`: the epochs, validation, TensorBoard, checkpoints and summaries;
-- :mod:`.trials` — a study's waiting trials, claimed by cell and trained as stacks (``ablations.run --engine``);
+- :func:`.loop.cell_key` — what may stack: runs whose configs differ only in seed, learning rates and weight decay;
 - :mod:`.choice` — which engine trains a cell: stacked on CUDA, on a CPU only where it measured faster;
 - :mod:`.measure` — the levers' train-step timings (``python -m ablations.bench --sections engine``).
 
-``docs/gpu-engine.md`` has the measurements behind the design and how a GPU run uses it.
+A study's waiting trials are claimed by cell and trained as stacks by :mod:`ablations.run.stacked` (``ablations.run
+--engine``), which uses this package (no module here imports from ``ablations.run``). ``docs/gpu-engine.md`` has the
+measurements behind the design and how a GPU run uses it.
 """

@@ -1,5 +1,5 @@
 """Which engine trains a study's runs: ``plain`` (one Lightning run per trial) or ``stacked`` (the trials of a cell as
-one stack, :mod:`ablations.engine.trials`), chosen per device and, on a CPU, per machine and model size.
+one stack, :mod:`ablations.run.stacked`), chosen per device and, on a CPU, per machine and model size.
 
 - ``--engine plain`` / ``--engine stacked`` decide for every cell.
 - ``--engine auto`` (the default): on CUDA, ``stacked`` (with the step replayed as a CUDA graph): a study-size step

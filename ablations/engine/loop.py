@@ -104,6 +104,15 @@ class _Run:
     extra: dict = field(default_factory=dict)
 
 
+def cell_key(config: RunConfig) -> str:
+    """The cell of a run's config: every field but :data:`PER_RUN_FIELDS`, as one string (the runs of one cell can
+    stack)."""
+    import json
+
+    fields = {k: v for k, v in config.to_dict().items() if k not in PER_RUN_FIELDS}
+    return json.dumps(fields, sort_keys=True, default=str)
+
+
 def check_uniform(configs: Sequence[RunConfig]) -> None:
     """NotStackable unless the configs differ in :data:`PER_RUN_FIELDS` only."""
     first = configs[0].to_dict()

@@ -1,7 +1,7 @@
 """What a study costs on a GPU through the engine, from a measured stacked step: the dry run's engine lines.
 
 A study-size trial on a GPU is bound by kernel launches, so its cost is its steps times a step's time, and the
-engine trains the K trials of a cell in one step (:mod:`ablations.engine.trials`). The step time is measured, never
+engine trains the K trials of a cell in one step (:mod:`ablations.run.stacked`). The step time is measured, never
 assumed: section 13 of a CUDA bench (``python -m ablations.bench --device cuda --sections engine``, run by the GPU
 session script) times the stacked step of K runs replayed as a CUDA graph (``stacked K graph``) at the study size.
 Each stack of the study is priced at
@@ -89,7 +89,7 @@ def nearest(steps: Sequence[EngineStep], gpu: str, embed_dim: int, tokens: int) 
 def stacks(configs: Sequence[Any], stack: int) -> list[tuple[Any, int]]:
     """(a config, K) for every stack the engine would train: the configs grouped by cell, each cell cut into stacks
     of at most ``stack`` runs."""
-    from .trials import cell_key
+    from .loop import cell_key
 
     cells: dict[str, list] = {}
     for config in configs:

@@ -215,7 +215,7 @@ def _work(spec, storage, study_name: str, args, overrides: dict, progress_total:
 
     try:
         if spec.kind == "grid" and getattr(args, "engine", "plain") != "plain":  # stacks of a cell's trials first (ablations.engine)
-            from ..engine.trials import work_stacked
+            from .stacked import work_stacked
 
             work_stacked(study, objective, args, between)
         objective = _guarded(objective, log_root)

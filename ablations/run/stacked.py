@@ -1,7 +1,7 @@
 """A study's waiting trials trained as stacks: each group is the waiting trials of one cell, claimed and trained
 together, and each trial ends as its own Optuna trial.
 
-A *cell* is everything of a trial's config but its seed and learning rate (:data:`ablations.engine.loop.PER_RUN_FIELDS`):
+A *cell* is everything of a trial's config but its seed and learning rate (:func:`ablations.engine.loop.cell_key`):
 a reported grid's seeds of one variant and depth, or a tuning stage's learning rates × seeds of one. A worker takes
 the cell of the oldest waiting trial and up to ``max_stack`` waiting trials of that cell, oldest first (so a grid
 enqueued seed-major is still trained a block of seeds at a time), claims them one by one as ``study.ask`` claims a
@@ -21,22 +21,14 @@ of the cell trains through the engine alone, its step still one CUDA graph repla
 from __future__ import annotations
 
 import contextlib
-import json
 import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ablations import layout
-
-from .loop import CHECKPOINT, PER_RUN_FIELDS, NotStackable, StackedRun, device_of, train_stacked
-
-
-def cell_key(config: Any) -> str:
-    """The cell of a run's config: every field but :data:`PER_RUN_FIELDS`, as one string."""
-    fields = {k: v for k, v in config.to_dict().items() if k not in PER_RUN_FIELDS}
-    return json.dumps(fields, sort_keys=True, default=str)
+from .. import layout
+from ..engine.loop import CHECKPOINT, NotStackable, StackedRun, cell_key, device_of, train_stacked
 
 
 def cell_label(params: dict) -> str:
@@ -230,7 +222,7 @@ class StackedWorker:
 
     def _write_error(self, exc: BaseException, prepared: list) -> None:
         """A results folder that takes no more writes stops the study with one line (as the plain worker's guard)."""
-        from ablations.run.workers import ResultsWriteError, _one_line, write_error
+        from .workers import ResultsWriteError, _one_line, write_error
 
         error = write_error(exc, self.objective.log_root)
         if error is not None:
@@ -266,8 +258,8 @@ class StackedWorker:
         """Ctrl-C / SIGTERM: each trial marked stopped (the next run retries it from its checkpoint) and failed."""
         from optuna.trial import TrialState
 
-        from ablations.run.stopping import stop_signal
-        from ablations.run.study import STOPPED
+        from .stopping import stop_signal
+        from .study import STOPPED
 
         name = signal.Signals(stop_signal() or signal.SIGINT).name
         summaries = getattr(exc, "run_summaries", None) or [None] * len(prepared)
@@ -289,7 +281,7 @@ class StackedWorker:
 
     @staticmethod
     def _attrs(trial, summary: dict | None) -> None:
-        from ablations.run.objective import _jsonable
+        from .objective import _jsonable
 
         for key, value in _jsonable(summary or {}).items():
             trial.set_user_attr(key, value)
@@ -304,7 +296,7 @@ def work_stacked(study, objective, args, between: Callable[[], None]) -> int:
     """A study worker's stacked part (``ablations.run``'s ``--engine``, not ``plain``): train the waiting trials of
     every stackable cell in stacks until none is left; the worker's plain loop then takes what remains. Returns the
     number of stacks trained."""
-    from .choice import for_config
+    from ..engine.choice import for_config
 
     def choose(config) -> str | None:
         choice = for_config(config, args.engine, objective.results_dir)
