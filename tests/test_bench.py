@@ -554,4 +554,7 @@ def test_a_gpu_sections_engine_step_is_the_dry_runs_flop_rate(tmp_path):
     (tmp_path / "device" / "cuda" / "x" / "bench.json").write_text(json.dumps(report))
     (found,) = gpu_hours.find_measurements(tmp_path)
     assert found.flops_per_s == pytest.approx(90000 * 4.3e9) and found.gpu_class == "h200"
-    assert found.mfu == pytest.approx(90000 * 4.3e9 / 989.4e12)
+    assert found.kind == "engine" and found.mfu == pytest.approx(90000 * 4.3e9 / 989.4e12)
+    older = gpu_hours.Measurement("training run", "NVIDIA H200", "h200", "bf16-mixed", 2.7e13, "dc.json", "2026", "")
+    basis = gpu_hours.choose_basis("h200", "bf16-mixed", [older, found])
+    assert basis.measurement is found  # a study on a GPU trains through the engine: its step is the rate
