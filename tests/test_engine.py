@@ -107,6 +107,28 @@ def test_each_slice_equals_its_run_trained_alone(label, residual, options, backb
         assert not torch.equal(stacked["head.weight"], dict(alone[(k + 1) % 3].named_parameters())["head.weight"])
 
 
+ALONE = [c for c in all_configs() if c[1] in NO_VMAP_RULE]
+
+
+@pytest.mark.parametrize("label,residual,options,backbone", ALONE, ids=[c[0] for c in ALONE])
+def test_a_variant_without_a_vmap_rule_trains_alone_through_the_engine_as_its_run(label, residual, options, backbone):
+    """On a GPU the trials of a cell that cannot stack train through the engine one at a time (a stack of one needs
+    no vmap): that run equals its plain run too."""
+    torch.manual_seed(2)
+    model = VisionTransformer(residual, dict(options), fused_attn=False, **SIZE, **backbone).double()
+    alone = copy.deepcopy(model)
+    data = [(x[2:], y[2:], w[2:]) for x, y, w in batches()]  # the third run's batches: K = 1
+    step = build_step([model], optimizer="adamw", lrs=[LRS[2]], weight_decays=[WEIGHT_DECAYS[2]], betas=(0.9, 0.999),
+                      schedules=[WarmupCosine(WARMUP, STEPS)], total_steps=STEPS, precision="32-true",
+                      label_smoothing=SMOOTHING, top5=True, sample=data[0][0][0, :2])
+    for x, y, weight in data:
+        step(x, y, y, weight)
+    full = batches()  # train_alone reads run k's rows of the full batches: the same as data's one row
+    train_alone(alone, 2, full)
+    for name, p in alone.named_parameters():
+        assert torch.allclose(dict(model.named_parameters())[name], p, rtol=1e-9, atol=1e-11), (label, name)
+
+
 def test_the_headline_study_stacks_every_variant():
     """residual_variants' rows (the eight variants and the parameter-matched controls) all stack: the GPU run of the
     headline trains no plain run."""
