@@ -430,7 +430,7 @@ def test_sections_by_name_or_number():
     assert {"compile", "malloc"}.isdisjoint(harness.DEFAULT_SECTIONS) and {"data", "modes"} <= set(harness.DEFAULT_SECTIONS)
 
 
-@pytest.mark.parametrize("argv", [["--sections", "nope"], ["--sections", "13"], ["--threads", "0"],
+@pytest.mark.parametrize("argv", [["--sections", "nope"], ["--sections", "15"], ["--threads", "0"],
                                   ["--device", "tpu"], ["--variants", "standard,nope"],
                                   ["--processes", "0"], ["--processes", "3", "--sections", "timm,mfu"],
                                   ["--isolate", "-1"], ["--isolate", "2", "--processes", "2"],
