@@ -10,9 +10,11 @@ Stages, each a subprocess under its own deadline (a stage that fails or times ou
               CUDA test (on ``--device cpu`` each skips);
   study       ``scripts/gpu_study.py --study residual_variants``: the headline study through the engine (tuning stage
               and 200 reported trials), its report and timings, stopped cleanly at its deadline with what finished;
-  bench       ``python -m ablations.bench --device D --quick --sections engine,gpu``: the levers per trial step
-              (plain, compiled, stacked K, CUDA graphs) and the engine on the device (the study-size aggregate
-              images/s, the paper recipe's images/s and MFU, the multi-stream designs' steps).
+  bench       ``python -m ablations.bench --device D --quick --sections gpu,engine,modes``: the engine on the device
+              (the study-size aggregate images/s, the paper recipe's images/s and MFU, the multi-stream designs'
+              steps), the levers per trial step (plain, stacked K, CUDA graphs), and the modes table precision
+              ``auto`` reads on CUDA (``modes-cuda.json``: bf16 vs fp32, fused vs explicit attention, measured); the
+              bench writes its report after every section, so a stage stopped at its limit keeps the first ones.
 
 The study runs before the bench: it is the result the session exists for, and the bench's figures matter less
 than the study finishing. ``--tiny`` (the CPU dry form): a two-variant, two-seed study file and the bench's tiny
@@ -79,7 +81,7 @@ def stages(args: argparse.Namespace, work: Path, python: str = sys.executable) -
     if args.tiny:
         study_cmd += ["--engine", "stacked", "--margin-s", f"{min(90.0, study_s / 2):g}", "--no-figures"]
     bench_cmd = [python, "-m", "ablations.bench", "--device", args.device, "--tiny" if args.tiny else "--quick",
-                 "--sections", "engine,gpu", "--out", str(work / "bench")]
+                 "--sections", "gpu,engine" if args.tiny else "gpu,engine,modes", "--out", str(work / "bench")]
     tests_cmd = [python, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider",
                  "--continue-on-collection-errors", "tests"]
     return {"cuda_tests": (tests_cmd, CUDA_TESTS_S), "study": (study_cmd, study_s), "bench": (bench_cmd, BENCH_S)}
