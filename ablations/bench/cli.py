@@ -175,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"folder for bench.md and bench.json (default: {layout.RESULTS_DIR})")
     p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's own, the physical cores)")
     p.add_argument("--sections", type=parse_sections, help=f"comma-separated subset of {', '.join(SECTIONS)} "
-                   f"(or numbers 1-{len(SECTIONS)}); default: all but compile and malloc")
+                   f"(or numbers 1-{len(SECTIONS)}); default: all but compile, malloc, engine and gpu")
     p.add_argument("--compile", action="store_true", help="also measure model.compile() (section 9; on CUDA also "
                    "section 13's torch.compile lever)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
