@@ -110,9 +110,23 @@ def train_stacked_step(models: list[VisionTransformer], data):
 
 
 FORMS = all_configs() + ENGINE_FORMS
+#: the fast tier's forms: one of each way a stack's parameters and updates can differ from the plain run's — the
+#: plain layout, a vmap-patched sum (DCA's GRN-v3, MUDDFormer's inverse RMS), a projection after each step (nGPT), a
+#: parameter read across layers (ResFormer), CaiT's head, CompleteP's per-group multipliers — and each kind of
+#: fallback (no vmap rule, BatchNorm, dropout); the slow tier sweeps every form
+FAST_FORMS = ("standard", "dca grn_v3", "muddformer (default)", "ngpt (default)",
+              "value_residual=learned (ResFormer)", "class_attention_blocks=2 (CaiT head)",
+              "completep with qk_norm and a headwise gate", "hyper_connections (default)", BATCH_NORM,
+              "drop_path_rate=0.1")
+assert set(FAST_FORMS) <= {c[0] for c in FORMS}, set(FAST_FORMS) - {c[0] for c in FORMS}
 
 
-@pytest.mark.parametrize("label,residual,options,backbone", FORMS, ids=[c[0] for c in FORMS])
+def tiered(forms, fast) -> list:
+    """``forms`` as pytest params: those labelled in ``fast`` in the fast tier, the others in the slow tier."""
+    return [pytest.param(*c, id=c[0], marks=() if c[0] in fast else pytest.mark.slow) for c in forms]
+
+
+@pytest.mark.parametrize("label,residual,options,backbone", tiered(FORMS, FAST_FORMS))
 def test_each_slice_equals_its_run_trained_alone(label, residual, options, backbone):
     models = backbones(residual, options, backbone)
     alone = [copy.deepcopy(m) for m in models]
@@ -138,7 +152,7 @@ def test_each_slice_equals_its_run_trained_alone(label, residual, options, backb
 ALONE = [c for c in all_configs() if c[1] in NO_VMAP_RULE]
 
 
-@pytest.mark.parametrize("label,residual,options,backbone", ALONE, ids=[c[0] for c in ALONE])
+@pytest.mark.parametrize("label,residual,options,backbone", tiered(ALONE, ("hyper_connections (default)",)))
 def test_a_variant_without_a_vmap_rule_trains_alone_through_the_engine_as_its_run(label, residual, options, backbone):
     """On a GPU the trials of a cell that cannot stack train through the engine one at a time (a stack of one needs
     no vmap): that run equals its plain run too."""
@@ -387,56 +401,71 @@ def test_a_resident_epoch_is_the_loaders_epoch_bit_for_bit():
 
 
 # --- a study: its cells' trials as stacks, each its own trial -----------------------------------------------------
-def test_a_study_trains_each_cell_as_a_stack_and_each_trial_as_its_own(tmp_path):
-    """A grid with a tuning stage on three seeds whose rates extend at the grid's edge, run once with --engine
-    stacked and once plain: standard's tuning rates x seeds train as one stack, the rate added beyond the edge (the
-    tuning axis a log-float over its bounds) as a stack of its seeds, its reported seeds as one stack;
-    Hyper-Connections (no vmap rule) as plain runs with one line saying why; every trial ends with the same objective
-    value, user attrs (the per-image test results among them) and intermediate values as the plain study's, and
-    the seed aggregates are written after the stacked trials too."""
+STANDARD, HC = {"label": "standard", "residual": "standard"}, {"label": "hc", "residual": "hyper_connections"}
+
+
+@pytest.mark.parametrize("variants,budget,seeds", [
+    pytest.param((STANDARD,), "smoke", 2, id="standard, smoke: 2 tuning seeds"),
+    pytest.param((STANDARD, HC), "default", 3, id="standard and hc, default: 3 tuning seeds", marks=pytest.mark.slow)])
+def test_a_study_trains_each_cell_as_a_stack_and_each_trial_as_its_own(tmp_path, variants, budget, seeds):
+    """A grid with a tuning stage whose rates extend at the grid's edge, run once with --engine stacked and once
+    plain: standard's tuning rates x seeds train as one stack, the rate added beyond the edge (the tuning axis a
+    log-float over its bounds) as a stack of its seeds, its reported seeds as one stack; Hyper-Connections (no vmap
+    rule; slow tier) as plain runs with one line saying why; every trial ends with the same objective value, user
+    attrs (the per-image test results, and what the study's floor reads, among them) and intermediate values as the
+    plain study's, and the seed aggregates are written after the stacked trials too."""
     import optuna
-    from helpers import STUDY_TEST_MARKS, run_in_process, write_study  # noqa: F401
+    from helpers import run_in_process, write_study
 
-    from ablations.studies.spec import TUNE_EXTRA
+    from ablations.report.load import collect
+    from ablations.studies.spec import TUNE_EXTRA, load_spec
 
-    variants = ({"label": "standard", "residual": "standard"},
-                {"label": "hc", "residual": "hyper_connections"})
     study = write_study(tmp_path / "stacks.yaml", variants=variants, metric="test_acc", axes={"seed": [0, 1]},
                         tune={"lr": [0.002, 0.004], "seeds": [100, 101, 102], "bounds": [0.001, 0.008],
                               "metric": "final_val_acc"},
-                        base={"fused_attn": False})
+                        budgets={"smoke": {"tune": {"seeds": [100, 101], "bounds": [0.001, 0.008]}}},
+                        floor={"metric": "final_val_acc", "chance_multiple": 2}, base={"fused_attn": False})
+    name = "stacks" if budget == "default" else f"stacks-{budget}"
     results = {}
     for engine in ("stacked", "plain"):
         url = f"sqlite:///{tmp_path / engine}.db"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            done = run_in_process("--study", study, "--storage", url, "--results-dir", tmp_path / engine,
-                                  "--engine", engine, "--no-progress", cwd=tmp_path)
+            done = run_in_process("--study", study, "--budget", budget, "--storage", url, "--results-dir", tmp_path / engine,
+                                  "--engine", engine, "--threads", "1", "--no-progress", cwd=tmp_path)
         assert done.returncode == 0, done.stderr[-2000:]
         results[engine] = (done, {(name, t.params["variant"], t.params["seed"], t.params.get("lr")): t
-                                  for name in ("stacks", "stacks-tune")
+                                  for name in (name, f"{name}-tune")
                                   for t in optuna.load_study(study_name=name, storage=url).get_trials()})
-        extra = optuna.load_study(study_name="stacks", storage=url).user_attrs[TUNE_EXTRA]
-        results[engine] += (extra,)
-        # the seed aggregates (in the stacked study every trial ends inside the stacked worker: its refresh wrote them)
-        assert (tmp_path / engine / "runs" / "stacks" / "agg" / "standard").is_dir(), engine
-    (done, stacked, extra), (_, plain, plain_extra) = results["stacked"], results["plain"]
-    assert "engine: variant=hc trains as plain runs: hand-written autograd Functions without a vmap rule " \
-           "(StreamRead, StreamWrite)" in done.stderr
+        extra = optuna.load_study(study_name=name, storage=url).user_attrs[TUNE_EXTRA]
+        # what the study's floor makes of each reported run (the report's reading of the same user attrs)
+        data = collect(optuna.load_study(study_name=name, storage=url), load_spec(str(study), budget))
+        results[engine] += (extra, sorted((r.row, r.seed, r.failed_training) for r in data.runs))
+        # the seed aggregates (with standard alone, every trial of the stacked study ends inside the stacked
+        # worker: its refresh wrote them)
+        assert (tmp_path / engine / "runs" / name / "agg" / "standard").is_dir(), engine
+    (done, stacked, extra, floors), (_, plain, plain_extra, plain_floors) = results["stacked"], results["plain"]
+    assert floors == plain_floors and len(floors) == 2 * len(variants)
+    if HC in variants:
+        assert "engine: variant=hc trains as plain runs: hand-written autograd Functions without a vmap rule " \
+               "(StreamRead, StreamWrite)" in done.stderr
     added = extra.get('["standard", []]', [])
     assert extra == plain_extra and added, extra  # two rates: the best is at an edge, inside the bounds: one more
-    assert set(stacked) == set(plain) and len(stacked) == 2 * 3 * 2 + 3 * sum(map(len, extra.values())) + 2 * 2
+    assert set(stacked) == set(plain)
+    assert len(stacked) == len(variants) * (2 * seeds + 2) + seeds * sum(map(len, extra.values()))
     for key, trial in stacked.items():
         other = plain[key]
         assert trial.state == other.state == optuna.trial.TrialState.COMPLETE, key
         assert trial.value == pytest.approx(other.value, abs=1e-6), key
-        assert trial.user_attrs["run_name"] == other.user_attrs["run_name"]
-        assert trial.user_attrs["val_acc_curve"] == pytest.approx(other.user_attrs["val_acc_curve"], abs=1e-6)
-        assert trial.user_attrs["test_correct"] == other.user_attrs["test_correct"], key
+        for attr in ("run_name", "phase", "num_classes", "diverged", "test_correct"):
+            assert trial.user_attrs[attr] == other.user_attrs[attr], (key, attr)
+        for attr in ("val_acc_curve", "final_val_acc"):
+            assert trial.user_attrs[attr] == pytest.approx(other.user_attrs[attr], abs=1e-6), (key, attr)
         engine = trial.user_attrs.get("engine")
-        if key[1] == "standard":  # the grid's 2 rates x 3 seeds, then the added rate's 3 seeds, then 2 seeds
-            assert engine == ("stacked 2" if key[0] == "stacks" else "stacked 6" if key[3] in (0.002, 0.004)
-                              else "stacked 3"), key
+        if key[1] == "standard":  # the grid's 2 rates x the seeds, then the added rate's seeds, then 2 seeds
+            tuning = key[0].endswith("-tune")
+            assert engine == (f"stacked {2 * seeds}" if tuning and key[3] in (0.002, 0.004)
+                              else f"stacked {seeds}" if tuning else "stacked 2"), key
         else:
             assert engine is None, key  # trained by Lightning
         assert [t for t in trial.intermediate_values.values()] == pytest.approx(

@@ -33,34 +33,35 @@ def _load():
 gs = _load()
 TINY = {"name": "tiny", "kind": "grid", "metric": "test_acc",
         "base": {"dataset": "synthetic", "dataset_options": {"num_samples": 128, "img_size": 8}, "embed_dim": 8,
-                 "num_heads": 2, "depth": 1, "max_epochs": 1, "patch_size": 4, "batch_size": 32,
+                 "num_heads": 2, "depth": 1, "max_epochs": 1, "patch_size": 4, "batch_size": 32, "threads": 1,
                  "precision": "32-true"},
         "variants": [{"label": "standard", "residual": "standard"}, {"label": "rezero", "residual": "rezero"}],
-        "tune": {"lr": [0.001, 0.004], "seeds": [100], "metric": "final_val_acc"}, "axes": {"seed": [0, 1]}}
+        "tune": {"lr": [0.001, 0.004], "seeds": [100, 101, 102], "bounds": [0.001, 0.004], "metric": "final_val_acc"},
+        "axes": {"seed": [0, 1]}, "budgets": {"smoke": {"tune": {"seeds": [100]}}}}  # the test runs smoke: 8 trials
 
 
 def test_the_cpu_dry_form_runs_the_study_reports_it_and_packs_eight_files_at_most(tmp_path):
     study = tmp_path / "tiny.yaml"
     study.write_text(yaml.safe_dump(TINY, sort_keys=False))
     out, packed = tmp_path / "out", tmp_path / "pack"
-    code = gs.main(["--study", str(study), "--device", "cpu", "--engine", "stacked", "--limit-s", "600",
+    code = gs.main(["--study", str(study), "--budget", "smoke", "--device", "cpu", "--engine", "stacked", "--limit-s", "600",
                     "--margin-s", "200", "--no-figures", "--out", str(out), "--pack", str(packed)])
     assert code == 0
     report = json.loads((out / "gpu_study.json").read_text())
     assert report["run"]["status"] == "passed" and report["report"]["status"] == "passed"
-    assert report["planned"] == {"tiny": 4, "tiny-tune": 4}
-    assert {name: c["complete"] for name, c in report["studies"].items()} == {"tiny": 4, "tiny-tune": 4}
-    assert report["studies"]["tiny"]["engines"] == {"stacked 2": 4}  # each cell's two seeds, as one stack
-    assert report["studies"]["tiny-tune"]["engines"] == {"stacked 2": 4}  # each cell's two learning rates
+    assert report["planned"] == {"tiny-smoke": 4, "tiny-smoke-tune": 4}
+    assert {name: c["complete"] for name, c in report["studies"].items()} == {"tiny-smoke": 4, "tiny-smoke-tune": 4}
+    assert report["studies"]["tiny-smoke"]["engines"] == {"stacked 2": 4}  # each cell's two seeds, as one stack
+    assert report["studies"]["tiny-smoke-tune"]["engines"] == {"stacked 2": 4}  # each cell's two learning rates
     assert report["images_per_s"] > 0 and report["wall_s"] <= 600
-    assert report["runs_csv"] == f"written: {out / 'tiny' / 'runs.csv'}"  # before the report, from the storage
+    assert report["runs_csv"] == f"written: {out / 'tiny-smoke' / 'runs.csv'}"  # before the report, from the storage
     files = sorted(p.name for p in packed.iterdir())
     assert files == ["gpu_study.json", "gpu_study.md", "runs.csv", "study.tar.gz"] and len(files) <= 8
     rows = list(csv.DictReader(io.StringIO((packed / "runs.csv").read_text())))
     assert len(rows) == 8 and {r["phase"] for r in rows} == {"tune", "report"}
     with tarfile.open(packed / "study.tar.gz") as tar:
         names = tar.getnames()
-    assert "optuna.db" in names and "tiny/runs.csv" in names and "logs/run.log" in names
+    assert "optuna.db" in names and "tiny-smoke/runs.csv" in names and "logs/run.log" in names
     assert not any("events.out.tfevents" in n for n in names)
     assert "4 of 4" in (out / "gpu_study.md").read_text()
 
