@@ -44,8 +44,9 @@ BATCH_NORM = "re_attention (head_norm=batch)"  # its batch statistics would coun
 #: the standard residual, and every dropout (their masks come from the global random stream: they fall back)
 ENGINE_FORMS = (
     ("qk_norm=layernorm", "standard", {}, {"qk_norm": "layernorm"}),
-    ("re_attention head_norm=layer", "standard", {}, {"attention": "re_attention",
-                                                       "attention_options": {"head_norm": "layer"}}),
+    ("re_attention head_norm=layer theta_init=official blocks=top:2", "standard", {}, {
+        "attention": "re_attention",
+        "attention_options": {"head_norm": "layer", "theta_init": "official", "blocks": "top:2"}}),
     ("re_attention head_norm=none theta_init=randn", "standard", {}, {
         "attention": "re_attention", "attention_options": {"head_norm": "none", "theta_init": "randn"}}),
     ("global_pool=avg without a class token", "standard", {}, {"global_pool": "avg", "class_token": False}),
@@ -147,6 +148,40 @@ def test_each_slice_equals_its_run_trained_alone(label, residual, options, backb
         for name, p in model.named_parameters():
             assert torch.allclose(stacked[name], p, rtol=RTOL, atol=ATOL), (label, k, name)
         assert not torch.equal(stacked["head.weight"], dict(alone[(k + 1) % 3].named_parameters())["head.weight"])
+
+
+def test_every_registered_choice_has_a_form_here():
+    """Each registered residual and each choice of a backbone option (its registry's names, the re-attention's
+    options, the dropouts, the switches) is one of :data:`FORMS` (the other fields at their defaults): a choice
+    added to a registry is checked stacked==alone or its fallback line, or this test names it."""
+    from lit_modules import RESIDUALS
+    from lit_modules.attention import ATTENTIONS, GATES, HEAD_NORMS, QK_NORMS, THETA_INITS
+    from lit_modules.config import GLOBAL_POOLS, ViTConfig
+    from lit_modules.parametrization import PARAMETRIZATIONS
+    from lit_modules.value_residual import VALUE_RESIDUAL_NAMES
+    from lit_modules.vit import NORM_LAYERS
+
+    seen = set()
+    for _, residual, _, backbone in FORMS:
+        seen.add(("residual", residual))
+        for field, value in backbone.items():
+            if field == "attention_options":
+                seen |= {(key, v) for key, v in value.items()}
+            else:
+                seen.add((field, value if isinstance(value, (str, bool)) else value > 0))
+    defaults = ViTConfig()
+    registered = {("residual", name) for name in RESIDUALS}
+    for field, names in (("attention", ATTENTIONS), ("qk_norm", QK_NORMS), ("norm_layer", NORM_LAYERS),
+                         ("parametrization", PARAMETRIZATIONS), ("attention_gate", GATES),
+                         ("value_residual", VALUE_RESIDUAL_NAMES), ("global_pool", GLOBAL_POOLS)):
+        registered |= {(field, name) for name in names if name != getattr(defaults, field)}
+    # re-attention's defaults (head_norm batch, theta_init identity) are its BATCH_NORM form's
+    registered |= {("head_norm", n) for n in HEAD_NORMS if n != "batch"}
+    registered |= {("theta_init", t) for t in THETA_INITS if t != "identity"}
+    registered |= {(field, True) for field in ("drop_rate", "pos_drop_rate", "proj_drop_rate", "attn_drop_rate",
+                                               "drop_path_rate", "class_attention_blocks")}
+    registered |= {("qkv_bias", False), ("class_token", False), ("blocks", "top:2")}
+    assert registered <= seen, sorted(registered - seen)
 
 
 ALONE = [c for c in all_configs() if c[1] in NO_VMAP_RULE]
