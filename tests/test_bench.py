@@ -510,10 +510,12 @@ def test_saved_activation_bytes_counts_the_saved_storages_and_frees_the_graph():
     assert net.out() is None  # the graph, and the output it saved, are gone
 
 
-def test_engine_section_times_plain_and_stacked_per_trial(tmp_path):
+def test_the_engine_sections_at_tiny_sizes_on_a_cpu(tmp_path):
     """Section 13 (opt-in): a stacked call trains K runs, so its time per trial is the call's time / K; the ratio
-    column is that per-trial time against the plain step's, paired by round."""
-    md, report = run_bench(tmp_path, "--tiny", "--threads", "1", "--sections", "engine")
+    column is that per-trial time against the plain step's, paired by round. Section 14 (opt-in, for --device
+    cuda): the aggregate images/s of stacked processes, the paper recipe's step and the multi-stream designs'
+    ratios; on a CPU at tiny sizes it runs the same code without graphs. (One bench process for both.)"""
+    md, report = run_bench(tmp_path, "--tiny", "--threads", "1", "--sections", "engine,gpu")
     assert "## 13. The engine's levers" in md
     sec = report["sections"]["engine"]
     assert sec["error"] is None, sec["error"]
@@ -525,11 +527,6 @@ def test_engine_section_times_plain_and_stacked_per_trial(tmp_path):
     assert model["per_trial_vs_plain"]["plain"] == 1.0
     assert cli.parse_sections("13") == ["engine"] and "engine" not in harness.DEFAULT_SECTIONS
 
-
-def test_gpu_section_measures_the_engine_at_tiny_sizes_on_a_cpu(tmp_path):
-    """Section 14 (opt-in, for --device cuda): the aggregate images/s of stacked processes, the paper recipe's
-    step and the multi-stream designs' ratios; on a CPU at tiny sizes it runs the same code without graphs."""
-    md, report = run_bench(tmp_path, "--tiny", "--threads", "1", "--sections", "gpu")
     assert "## 14. The engine on the device" in md
     sec = report["sections"]["gpu"]
     assert sec["error"] is None, sec["error"]
@@ -541,6 +538,7 @@ def test_gpu_section_measures_the_engine_at_tiny_sizes_on_a_cpu(tmp_path):
         paper["batch"] / timing.median(paper["times_s"]["plain"]))
     assert set(designs["ratios"]) == set(steps.OVERHEAD_GOALS)
     assert {g["what"] for g in sec["goals"]} >= {"study-size aggregate images/s"}
+    assert cli.parse_sections("14") == ["gpu"] and "gpu" not in harness.DEFAULT_SECTIONS
 
 
 def test_a_gpu_sections_engine_step_is_the_dry_runs_flop_rate(tmp_path):
