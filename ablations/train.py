@@ -134,6 +134,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--download", action="store_true",
                      help="download the dataset into --data-dir first if it is not there (cifar10, cifar100, mnist, "
                           "fashion_mnist, svhn: torchvision's downloaders, md5-checked; see python -m data.fetch)")
+    run.add_argument("--device", choices=("auto", "cpu", "cuda"),
+                     help="where to train (sets --accelerator: cuda = gpu; default: the accelerator's, auto)")
+    run.add_argument("--engine", choices=("auto", "plain", "stacked"), default="auto",
+                     help="plain: Lightning's loop; stacked: the engine (ablations.engine: the step as one CUDA graph "
+                          "on a GPU, data and metrics kept on the device; a run it cannot train falls back to plain "
+                          "with one line); auto (default): the engine on CUDA, plain on a CPU")
     run.add_argument("--logger", action="append", default=[], metavar="NAME", dest="loggers",
                      help="an extra logger besides TensorBoard (repeatable): csv (<run>/csv/metrics.csv) or mlflow "
                           "(local SQLite store <log-dir>/mlflow.db)")
@@ -162,6 +168,14 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         if name in given:
             flag = option_name(name, "options")
             given[name] = {**(fields.get(name) or {}), **_key_values(given[name], flag)}
+    if getattr(args, "device", None) is not None:
+        if args.device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise CLIError("--device cuda, but torch sees no CUDA device (torch.cuda.is_available() is False); "
+                               "valid choices here: auto, cpu")
+        given["accelerator"] = {"cuda": "gpu"}.get(args.device, args.device)
     fields = with_recipe(fields, given)
     if hasattr(args, "init_value"):
         residual = fields.get("residual", RunConfig.residual)
@@ -202,6 +216,35 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+def _wants_engine(config: RunConfig, args: argparse.Namespace) -> bool:
+    """``--engine stacked``, or ``auto`` on CUDA (on a CPU a single run gains nothing from it: docs/gpu-engine.md)."""
+    if args.engine == "plain":
+        return False
+    from ablations.engine.loop import device_of
+
+    return args.engine == "stacked" or device_of(config).type == "cuda"
+
+
+def _engine_run(config: RunConfig, args: argparse.Namespace, run_name: str) -> dict | None:
+    """The run through the engine (:func:`ablations.engine.loop.train_stacked`, one run); None, after one line
+    saying why, when the engine cannot train it (the caller trains it as a plain run)."""
+    from pathlib import Path
+
+    from ablations.engine.loop import NotStackable, StackedRun, train_stacked
+
+    try:
+        if args.loggers:
+            raise NotStackable(f"extra loggers ({', '.join(args.loggers)}) are written by Lightning's loop")
+        if args.resume is not None:
+            raise NotStackable("--resume takes a Lightning checkpoint")
+        folder = Path(args.log_dir) / run_name / "checkpoints" if args.checkpoint else None
+        (outcome,) = train_stacked([StackedRun(config, run_name, Path(args.log_dir), checkpoint_dir=folder)])
+    except NotStackable as exc:
+        print(f"engine: trains as a plain run: {exc}", file=sys.stderr)
+        return None
+    return outcome.summary
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -222,11 +265,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     output = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
     try:
         with output:
-            summary = run_training(
-                config, log_dir=args.log_dir, run_name=run_name, enable_progress_bar=args.progress_bar,
-                enable_checkpointing=args.checkpoint or args.resume is not None, ckpt_path=args.resume,
-                loggers=args.loggers,
-            )
+            summary = _engine_run(config, args, run_name) if _wants_engine(config, args) else None
+            if summary is None:
+                summary = run_training(
+                    config, log_dir=args.log_dir, run_name=run_name, enable_progress_bar=args.progress_bar,
+                    enable_checkpointing=args.checkpoint or args.resume is not None, ckpt_path=args.resume,
+                    loggers=args.loggers,
+                )
     except (SetupError, ValueError) as exc:  # ValueError: e.g. --logger mlflow without mlflow installed
         fail(str(exc))
     except KeyboardInterrupt:

@@ -81,7 +81,8 @@ def summary_table(summary: Mapping[str, Any], markdown: bool = True) -> str:
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
-def _accelerator(name: str) -> str:
+def lightning_accelerator(name: str) -> str:
+    """Lightning's accelerator for a config's ``accelerator``: ``auto`` resolved (gpu where torch sees CUDA), cuda = gpu."""
     import torch
 
     if name == "auto":
@@ -142,7 +143,7 @@ def mixup_options(config: RunConfig) -> dict[str, float]:
             "switch_prob": config.mixup_switch_prob}
 
 
-def _diagnostics_callback(config: RunConfig, datamodule: Any) -> Any | None:
+def diagnostics_callback(config: RunConfig, datamodule: Any) -> Any | None:
     try:
         from lit_modules.diagnostics_logging import DiagnosticsCallback
     except ImportError as exc:  # the module is optional while it is being written
@@ -215,7 +216,7 @@ def run_training(
     from lit_modules.convergence import ConvergenceTracker, StepTimer
 
     torch.set_num_threads(config.threads or os.cpu_count() or 1)
-    accelerator = _accelerator(config.accelerator)
+    accelerator = lightning_accelerator(config.accelerator)
     malloc = set_malloc() if accelerator == "cpu" else "system (not a CPU run)"
     if accelerator == "gpu":  # deterministic cuBLAS (Trainer(deterministic=True) enables deterministic algorithms)
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -240,7 +241,7 @@ def run_training(
     tracker = ConvergenceTracker(config.accuracy_thresholds)
     callbacks: list[Any] = [tracker, LambdaCallback(on_train_start=functools.partial(_record_resume, tracker))]
     if config.diagnostics_every > 0:
-        diagnostics = _diagnostics_callback(config, datamodule)
+        diagnostics = diagnostics_callback(config, datamodule)
         if diagnostics is not None:
             callbacks.append(diagnostics)
     checkpointing = enable_checkpointing or checkpoint_dir is not None
@@ -279,13 +280,13 @@ def run_training(
     try:
         trainer.fit(model, datamodule=datamodule, ckpt_path=None if ckpt_path is None else str(ckpt_path))
     except BaseException as exc:
-        exc.run_summary = _finish(trainer, [logger, *more_loggers], tracker.summary() | facts, run_name,
+        exc.run_summary = finish_run(trainer, [logger, *more_loggers], tracker.summary() | facts, run_name,
                                   status="failed")
         raise
     summary = trainer.callback_metrics.pop(_SUMMARY_KEY, None) or tracker.summary()
     if compile_timer is not None:
         facts["compile_time_s"] = compile_timer.compile_time_s()
-    return _finish(trainer, [logger, *more_loggers], summary | facts, run_name, status="success")
+    return finish_run(trainer, [logger, *more_loggers], summary | facts, run_name, status="success")
 
 
 def use_stream_kernels(model: Any, config: RunConfig, accelerator: str, datamodule: Any) -> dict[str, Any]:
@@ -371,7 +372,7 @@ def _hand_back_summary(tracker: Any, trainer: Any, pl_module: Any) -> None:
     trainer.callback_metrics[_SUMMARY_KEY] = tracker.summary()
 
 
-def _finish(trainer: Any, loggers: list, summary: dict[str, Any], run_name: str, status: str) -> dict[str, Any]:
+def finish_run(trainer: Any, loggers: list, summary: dict[str, Any], run_name: str, status: str) -> dict[str, Any]:
     """Summary + ``hp/*`` metrics (every logger) + the Markdown summary table (TensorBoard, the first logger),
     written after fit (a second event file) at the final global step (at least 1)."""
     logger = loggers[0]

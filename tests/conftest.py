@@ -15,6 +15,10 @@ from prerequisites import missing
 # process with a cold inductor cache): the suite's runs (and the CLIs it starts) use the eager ones, the same
 # function; the tests that say stream_kernels="compiled" exercise the compiled path.
 os.environ.setdefault("ABLATIONS_STREAM_KERNELS", "eager")
+# A study's engine "auto" measures stacked vs plain steps on a CPU before its first stack (seconds per cell and
+# results folder): the suite's studies (and the CLIs it starts) run plain Lightning trials; tests/test_engine.py
+# passes --engine stacked where the stacked path is what it checks.
+os.environ.setdefault("ABLATIONS_ENGINE", "plain")
 
 
 @pytest.fixture(scope="module")

@@ -432,7 +432,7 @@ def test_sections_by_name_or_number():
     assert {"compile", "malloc"}.isdisjoint(harness.DEFAULT_SECTIONS) and {"data", "modes"} <= set(harness.DEFAULT_SECTIONS)
 
 
-@pytest.mark.parametrize("argv", [["--sections", "nope"], ["--sections", "13"], ["--threads", "0"],
+@pytest.mark.parametrize("argv", [["--sections", "nope"], ["--sections", "15"], ["--threads", "0"],
                                   ["--device", "tpu"], ["--variants", "standard,nope"],
                                   ["--processes", "0"], ["--processes", "3", "--sections", "timm,mfu"],
                                   ["--isolate", "-1"], ["--isolate", "2", "--processes", "2"],
@@ -510,3 +510,51 @@ def test_saved_activation_bytes_counts_the_saved_storages_and_frees_the_graph():
     assert counted == (20 + 20 + 12) * 4 + 4 * 8 + 4
     gc.collect()
     assert net.out() is None  # the graph, and the output it saved, are gone
+
+
+def test_the_engine_sections_at_tiny_sizes_on_a_cpu(tmp_path):
+    """Section 13 (opt-in): a stacked call trains K runs, so its time per trial is the call's time / K; the ratio
+    column is that per-trial time against the plain step's, paired by round. Section 14 (opt-in, for --device
+    cuda): the aggregate images/s of stacked processes, the paper recipe's step and the multi-stream designs'
+    ratios; on a CPU at tiny sizes it runs the same code without graphs. (One bench process for both.)"""
+    md, report = run_bench(tmp_path, "--tiny", "--threads", "1", "--sections", "engine,gpu")
+    assert "## 13. The engine's levers" in md
+    sec = report["sections"]["engine"]
+    assert sec["error"] is None, sec["error"]
+    (model,) = sec["data"]["models"]
+    times = model["times_s"]
+    assert set(times) == {"plain", "stacked 2"}
+    per_trial = [s / 2 / p for s, p in zip(times["stacked 2"], times["plain"], strict=True)]
+    assert model["per_trial_vs_plain"]["stacked 2"] == pytest.approx(timing.median(per_trial))
+    assert model["per_trial_vs_plain"]["plain"] == 1.0
+    assert cli.parse_sections("13") == ["engine"] and "engine" not in harness.DEFAULT_SECTIONS
+
+    assert "## 14. The engine on the device" in md
+    sec = report["sections"]["gpu"]
+    assert sec["error"] is None, sec["error"]
+    aggregate, paper, designs = (sec["data"][k] for k in ("aggregate", "paper", "designs"))
+    (process,) = aggregate["processes"]
+    assert aggregate["images_per_s"] == pytest.approx(process["images"] / process["seconds"])
+    assert process["images"] == process["steps"] * 2 * 8 > 0
+    assert paper["plain_mfu"] is None and paper["plain_images_per_s"] == pytest.approx(
+        paper["batch"] / timing.median(paper["times_s"]["plain"]))
+    assert set(designs["ratios"]) == set(steps.OVERHEAD_GOALS)
+    assert {g["what"] for g in sec["goals"]} >= {"study-size aggregate images/s"}
+    assert cli.parse_sections("14") == ["gpu"] and "gpu" not in harness.DEFAULT_SECTIONS
+
+
+def test_a_gpu_sections_engine_step_is_the_dry_runs_flop_rate(tmp_path):
+    from ablations.run import gpu_hours
+
+    report = {"meta": {"device": "cuda", "started": "2026-12-05 10:00:00", "settings": {},
+                       "machine": {"gpu": "NVIDIA H200"}},
+              "sections": {"gpu": {"data": {"paper": {"engine graph_images_per_s": 90000.0, "batch": 1024,
+                                                      "train_flops_per_image": 4.3e9}}}}}
+    (tmp_path / "device" / "cuda" / "x").mkdir(parents=True)
+    (tmp_path / "device" / "cuda" / "x" / "bench.json").write_text(json.dumps(report))
+    (found,) = gpu_hours.find_measurements(tmp_path)
+    assert found.flops_per_s == pytest.approx(90000 * 4.3e9) and found.gpu_class == "h200"
+    assert found.kind == "engine" and found.mfu == pytest.approx(90000 * 4.3e9 / 989.4e12)
+    older = gpu_hours.Measurement("training run", "NVIDIA H200", "h200", "bf16-mixed", 2.7e13, "dc.json", "2026", "")
+    basis = gpu_hours.choose_basis("h200", "bf16-mixed", [older, found])
+    assert basis.measurement is found  # a study on a GPU trains through the engine: its step is the rate

@@ -10,7 +10,10 @@
 Writes ``<out>/bench.md`` (each figure beside its goal with a pass/miss mark, plus the machine facts) and
 ``<out>/bench.json`` (the raw timings). Sections: 1 timm, 2 variants, 3 lightning, 4 mfu, 5 study, 6 memory,
 7 data, 8 modes, 9 compile (only with ``--compile``), 10 auto (precision auto vs both fixed precisions),
-11 overhead, 12 malloc (only when asked: ``--sections malloc`` or ``12``; child processes per malloc setting).
+11 overhead, 12 malloc (only when asked: ``--sections malloc`` or ``12``; child processes per malloc setting),
+13 engine (only when asked: the training engine's levers per trial step, ``ablations.bench.engine``), 14 gpu (only
+when asked: the engine on the device — a study's aggregate images/s, the paper recipe's MFU, the multi-stream
+designs' steps, ``ablations.bench.gpu``; meant for ``--device cuda``).
 ``--processes K`` runs sections 3 and 11 in K fresh child processes each (a ratio: the median of theirs);
 ``--isolate K`` runs section 11 with every model in a fresh child process of its own, K rounds.
 Section 8 also writes ``<out>/modes-<device>.json``, the table ``ablations.machine.modes`` chooses a training run's
@@ -57,6 +60,8 @@ from pathlib import Path
 from .. import layout
 from ..cli import OneLineParser
 from ..machine import allocator
+from .engine import bench_engine
+from .gpu import bench_gpu
 from .harness import DEFAULT_SECTIONS, FULL, QUICK, SECTIONS, TINY, Section, goal_mark, parse_variants, table
 from .loops import bench_data, bench_lightning, bench_study
 from .malloc import bench_malloc
@@ -65,7 +70,8 @@ from .steps import bench_compile, bench_memory, bench_mfu, bench_overhead, bench
 
 BENCHES = {"timm": bench_timm, "variants": bench_variants, "lightning": bench_lightning, "mfu": bench_mfu,
            "study": bench_study, "memory": bench_memory, "data": bench_data, "modes": bench_modes,
-           "compile": bench_compile, "auto": bench_auto, "overhead": bench_overhead, "malloc": bench_malloc}
+           "compile": bench_compile, "auto": bench_auto, "overhead": bench_overhead, "malloc": bench_malloc,
+           "engine": bench_engine, "gpu": bench_gpu}
 
 
 # --- report --------------------------------------------------------------------------------------------------------
@@ -170,8 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"folder for bench.md and bench.json (default: {layout.RESULTS_DIR})")
     p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's own, the physical cores)")
     p.add_argument("--sections", type=parse_sections, help=f"comma-separated subset of {', '.join(SECTIONS)} "
-                   f"(or numbers 1-{len(SECTIONS)}); default: all but compile and malloc")
-    p.add_argument("--compile", action="store_true", help="also measure model.compile() (section 9)")
+                   f"(or numbers 1-{len(SECTIONS)}); default: all but compile, malloc, engine and gpu")
+    p.add_argument("--compile", action="store_true", help="also measure model.compile() (section 9; on CUDA also "
+                   "section 13's torch.compile lever)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="where models and batches live and steps are timed (default: cpu); cuda times the train "
                         "steps in bf16 autocast with fused attention and synchronises after every timed call")
@@ -220,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = replace(settings, overhead_batch=args.overhead_batch)
     if args.compile and "compile" not in names:
         names.append("compile")
+    settings = replace(settings, engine_compile=args.device == "cpu" or args.compile)
 
     import lightning.pytorch  # noqa: F401  (imported first: it resets its loggers' level on import)
     import torch

@@ -15,10 +15,10 @@ from ..machine.timing import image_batch, median, round_ratios
 BACKBONE = ViTConfig()  # the timed backbone's fields other than those Settings sets
 
 SECTIONS = ("timm", "variants", "lightning", "mfu", "study", "memory", "data", "modes", "compile", "auto",
-            "overhead", "malloc")
+            "overhead", "malloc", "engine", "gpu")
 
 
-DEFAULT_SECTIONS = tuple(name for name in SECTIONS if name not in ("compile", "malloc"))  # those two are opt-in
+DEFAULT_SECTIONS = tuple(name for name in SECTIONS if name not in ("compile", "malloc", "engine", "gpu"))  # opt-in
 STUDY = "residual_variants"
 
 
@@ -61,6 +61,8 @@ class Settings:
     malloc_reps: int = 5  # section 12: rounds of two child processes (~20 s each at full size)
     processes: int = 1  # sections 3 and 11 in this process, or (> 1, --processes) in that many fresh child processes
     isolate: int = 0  # section 11: > 0 (--isolate K): every model in a fresh process of its own, K rounds
+    engine_compile: bool = True  # section 13: time torch.compile too (on CUDA only with --compile: a cold compile of
+    # mode="reduce-overhead" takes about a minute per model shape)
 
     @property
     def precision(self) -> str:

@@ -317,7 +317,7 @@ def choose_mode(device_type: str, embed_dim: int, tokens: int, table: dict | str
         precision, fused = CPU_RULE
         return Mode(precision, fused, f"rule: no modes table for this CPU ({describe_signature(signature)}) -> fp32 "
                                       "+ fused attention")
-    with _locked(cache):  # parallel workers: the first measures, the others find its cell
+    with locked(cache):  # parallel workers: the first measures, the others find its cell
         found, cell = _cached_cell(cache, signature, embed_dim, tokens)
         if cell is None:
             cell = {"embed_dim": embed_dim, "tokens": tokens, "times_s": measure(embed_dim, tokens)}
@@ -325,13 +325,13 @@ def choose_mode(device_type: str, embed_dim: int, tokens: int, table: dict | str
             check_table({"device": "cpu", "cells": [cell]}, "measured cell")
             table = found or {"device": "cpu", "machine": dict(signature), "cells": []}
             table["cells"].append(cell)
-            _write_atomically(cache, json.dumps(table, indent=1) + "\n")
+            write_atomically(cache, json.dumps(table, indent=1) + "\n")
             return _from_cell(cell, f"{cache} (measured now)", "cell")
     return _from_cell(cell, str(cache), "cell")
 
 
 @contextlib.contextmanager
-def _locked(path: Path):
+def locked(path: Path):
     """An exclusive ``flock`` on ``<path>.lock`` (created with its folder) for the block."""
     import fcntl
 
@@ -344,7 +344,7 @@ def _locked(path: Path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _write_atomically(path: Path, text: str) -> None:
+def write_atomically(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     tmp.write_text(text)
     os.replace(tmp, path)

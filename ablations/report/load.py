@@ -132,15 +132,17 @@ class StudyData:
 
 
 def run_mode(run: Run) -> str:
-    """``<precision> + <fused|explicit> attention`` of one run, as its summary recorded what it trained in. (The
-    multi-stream kernels, ``stream_kernels``, are not part of it: both sets compute the same function.)"""
+    """``<precision> + <fused|explicit> attention[ on cuda]`` of one run, as its summary recorded what it trained in
+    and where (a CPU says nothing). (The multi-stream kernels, ``stream_kernels``, and the engine that trained it,
+    ``engine``, are not part of it: they compute the same function.)"""
     if run.mode is not None:
         return run.mode
     precision = run.summary.get("precision") or (run.config or {}).get("precision") or "32-true"
     fused = run.summary.get("fused_attn")
     if fused is None:  # before precision auto: the config's flag, None meaning timm's fused default
         fused = (run.config or {}).get("fused_attn") is not False
-    return f"{precision} + {'fused' if fused else 'explicit'} attention"
+    on_gpu = run.summary.get("device") == "cuda" or (run.config or {}).get("accelerator") in ("gpu", "cuda")
+    return f"{precision} + {'fused' if fused else 'explicit'} attention" + (" on cuda" if on_gpu else "")
 
 
 def open_study(url: str, study_name: str, spec=None):

@@ -9,6 +9,8 @@ not the GPU-hours).
 
 The MFU comes from the first of these that exists (:func:`choose_basis`), and the printout names it:
 
+0. the engine's training step of the paper recipe's model measured on a GPU of the same class and precision (section
+   14 of ``python -m ablations.bench --device cuda``: one CUDA graph per step, as a study on a GPU trains);
 1. a training run measured on a GPU of the same class and precision: the 2-epoch run of ``scripts/device_check.py``
    (``<results>/device/<device>/device_check.json``). Its images/s × its forward FLOPs × 3 is the training FLOP rate
    it reached; every trial runs at that FLOP rate, i.e. at the measured images/s scaled by the FLOP ratio between
@@ -182,7 +184,7 @@ def training_flops(config: Any) -> float:
 class Measurement:
     """A training FLOP rate measured on a GPU (see the module docstring for the two kinds)."""
 
-    kind: str  # "training run" | "bench"
+    kind: str  # "engine" | "training run" | "bench"
     gpu: str  # torch.cuda.get_device_name()
     gpu_class: str | None
     precision: str  # Lightning precision string of the measured run
@@ -281,10 +283,22 @@ def _from_device_check(report: dict, path: Path) -> Measurement | None:
 
 
 def _from_bench(report: dict, path: Path) -> Measurement | None:
-    """The MFU section of an ``ablations.bench --device cuda`` report: its train-step FLOP rate."""
+    """The MFU section of an ``ablations.bench --device cuda`` report: its train-step FLOP rate; or, where the report
+    has the engine's GPU section (14), the paper recipe's step as the engine trains it (one CUDA graph)."""
     meta = report["meta"]
     settings, machine = meta.get("settings") or {}, meta.get("machine") or {}
     device = meta.get("device") or settings.get("device") or machine.get("device")
+    engine = (report["sections"].get("gpu") or {}).get("data", {}).get("paper", {})
+    if device == "cuda" and engine.get("engine graph_images_per_s"):
+        gpu = machine.get("gpu") or machine.get("cuda")
+        rate = float(engine["engine graph_images_per_s"]) * float(engine["train_flops_per_image"])
+        precision = settings.get("precision") or "bf16-mixed"
+        return Measurement(
+            kind="engine", gpu=gpu, gpu_class=gpu_class_of(gpu), precision=precision, flops_per_s=rate,
+            source=str(path), date=str(meta.get("started", "")),
+            detail=f"the engine's paper-recipe model step (one CUDA graph, batch {engine['batch']}, {precision}): "
+                   f"{engine['engine graph_images_per_s']:,.0f} images/s, {rate / 1e12:.1f} TFLOP/s (the step "
+                   "alone: a recipe's per-batch augmentation is not in it)")
     section = report["sections"].get("mfu")
     if device != "cuda" or not section or section.get("error") or not section.get("data"):
         return None
@@ -316,7 +330,7 @@ def choose_basis(gpu: str, precision: str, measurements: Sequence[Measurement], 
     kind = precision_kind(precision)
     peak = peak_flops(gpu, kind)
     same = [m for m in measurements if m.gpu_class == gpu and precision_kind(m.precision) == kind]
-    for wanted in ("training run", "bench"):
+    for wanted in ("engine", "training run", "bench"):  # a study on a GPU trains through the engine
         for m in same:
             if m.kind == wanted:
                 scaled = " (images/s scaled by each trial's FLOPs)" if m.kind == "training run" else ""
@@ -324,7 +338,8 @@ def choose_basis(gpu: str, precision: str, measurements: Sequence[Measurement], 
                         f"({short(m.source)}, {m.date})")
                 return Basis(precision, m.flops_per_s, m.flops_per_s / peak, text, m)
     others = [m for m in measurements if m.mfu is not None]
-    others.sort(key=lambda m: m.kind != "training run")  # stable: newest training run, then newest bench
+    others.sort(key=lambda m: ("engine", "training run").index(m.kind) if m.kind in ("engine", "training run")
+                else 2)  # stable: newest engine step, then training run, then bench
     if others:
         m = others[0]
         text = (f"MFU {m.mfu:.3g} measured on {m.gpu} ({m.detail}; {short(m.source)}, {m.date}), applied to the "

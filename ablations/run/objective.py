@@ -12,6 +12,7 @@ import math
 import os
 import shutil
 import socket
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,19 @@ def categorical_axes(study, spec: StudySpec) -> frozenset[str]:
     return frozenset(found)
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """A trial ready to train (:meth:`Objective.prepare`): its point, config, run folder, checkpoint folder, the
+    checkpoint a retry resumes from (None: from scratch) and the number of the trial it retries."""
+
+    params: dict[str, Any]
+    config: Any
+    run_name: str
+    ckpt_dir: Path
+    ckpt_path: Path | None
+    original: int | None
+
+
 class Objective:
     """Callable for ``study.optimize``: trains one configuration and returns ``summary[spec.metric]``."""
 
@@ -113,12 +127,14 @@ class Objective:
         return self.spec.run_config(params, {"lr": self.tuned[self.spec.tune_key(params)]} | self.overrides)
 
     def __call__(self, trial) -> float:
+        return self.train(trial, self.prepare(trial))
+
+    def prepare(self, trial) -> Prepared:
+        """Everything before training: the trial's point (``TrialPruned`` for a surplus or duplicate grid trial),
+        its config, run folder and checkpoint to resume, and the user attrs that say what it is."""
         import optuna
-        from optuna_integration import PyTorchLightningPruningCallback
 
         from data import dataset_shape
-
-        from ..training import run_training
 
         frozen = next(t for t in trial.study.get_trials(deepcopy=False) if t.number == trial.number)
         if self.spec.kind == "grid" and "fixed_params" not in frozen.system_attrs:
@@ -155,31 +171,48 @@ class Objective:
         trial.set_user_attr("resume_checkpoint", None if ckpt_path is None else str(ckpt_path))
         if original is not None:
             trial.set_user_attr("retry_of", original)
+        return Prepared(params, config, run_name, ckpt_dir, ckpt_path, original)
+
+    def train(self, trial, prepared: Prepared) -> float:
+        """Train a prepared trial as a plain run (``run_training``) and return its objective value."""
+        import optuna
+        from optuna_integration import PyTorchLightningPruningCallback
+
+        from ..training import run_training
 
         # The pruning callback reports val acc per epoch (the curve the report draws); it prunes only when the
         # study's pruner says so (grids use NopPruner: every point runs in full).
         callbacks = [PyTorchLightningPruningCallback(trial, monitor="val/acc")]
         try:
-            summary = run_training(config, log_dir=self.log_root, run_name=run_name, extra_callbacks=callbacks,
-                                   enable_progress_bar=False, enable_model_summary=False, checkpoint_dir=ckpt_dir,
-                                   ckpt_path=ckpt_path, hparams=self.hparams(params), loggers=self.loggers,
+            summary = run_training(prepared.config, log_dir=self.log_root, run_name=prepared.run_name,
+                                   extra_callbacks=callbacks, enable_progress_bar=False, enable_model_summary=False,
+                                   checkpoint_dir=prepared.ckpt_dir, ckpt_path=prepared.ckpt_path,
+                                   hparams=self.hparams(prepared.params), loggers=self.loggers,
                                    experiment=self.spec.study_name, results_dir=self.results_dir)
             _check_pruned(callbacks[0], summary)
         except optuna.TrialPruned as exc:  # a finished trial too: keep the epochs it ran, drop its checkpoints
-            for key, value in jsonable(getattr(exc, "run_summary", None) or {}).items():
-                trial.set_user_attr(key, value)
-            if not self.keep_checkpoints:
-                shutil.rmtree(ckpt_dir, ignore_errors=True)
+            self.pruned(trial, prepared, getattr(exc, "run_summary", None))
             raise
         except SystemExit as exc:
             # Lightning answers Ctrl-C in fit with its graceful shutdown and sys.exit(1), which optuna does not
             # catch: the trial would stay RUNNING until its heartbeat went stale and the CLI would exit 1 without
             # its message. As a KeyboardInterrupt the trial FAILs (its checkpoints kept: the next run resumes it).
             raise KeyboardInterrupt("interrupted during training") from exc
+        return self.conclude(trial, prepared, summary)
+
+    def pruned(self, trial, prepared: Prepared, summary: dict | None) -> None:
+        """A pruned trial keeps the epochs it ran as user attrs; its checkpoints go."""
+        for key, value in jsonable(summary or {}).items():
+            trial.set_user_attr(key, value)
+        if not self.keep_checkpoints:
+            shutil.rmtree(prepared.ckpt_dir, ignore_errors=True)
+
+    def conclude(self, trial, prepared: Prepared, summary: dict) -> float:
+        """A trained trial: its summary as user attrs, its checkpoints removed, its objective value returned."""
         for key, value in jsonable(summary).items():
             trial.set_user_attr(key, value)
         if not self.keep_checkpoints:
-            shutil.rmtree(ckpt_dir, ignore_errors=True)
+            shutil.rmtree(prepared.ckpt_dir, ignore_errors=True)
         value = summary.get(self.spec.metric)
         if value is None or (isinstance(value, float) and math.isnan(value)):
             return 0.0 if self.spec.direction == "maximize" else float("inf")

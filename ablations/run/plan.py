@@ -91,14 +91,15 @@ def measured_left(stored: Stored, workers: int, fallback_s: float,
 
 
 def dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = Path(layout.RESULTS_DIR),
-             workers: int = 1, stored: Stored | None = None, measure: bool = False) -> int:
+            workers: int = 1, stored: Stored | None = None, measure: bool = False, stack: int | None = None) -> int:
     """Print the grid (or search space), the recipe, the estimated time on this machine with ``workers`` workers
     (:func:`estimate_seconds`) and the GPU-hours on class ``gpu`` (:mod:`ablations.run.gpu_hours`; measurements read
     from ``<results_dir>/device``). ``stored`` (:func:`stored_done`): the trials a stored study has done, which
     the estimate leaves out (a run resumes with the rest). ``measure`` (``--measure``): each model's train step is
     timed beside its standard twin's (:func:`model_factors`, seconds per model) and each trial priced at its twin's
     estimate times that factor (its fixed per-trial overhead once). Trains nothing. The GPU-hours estimate stays
-    FLOP-based."""
+    FLOP-based; a grid's engine line prices its stacks (of at most ``stack`` trials) from a measured stacked GPU
+    step (:mod:`ablations.run.engine_price`)."""
     from .gpu_hours import describe_estimate, estimate, recipe_line
 
     tune_size = 0
@@ -172,6 +173,12 @@ def dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = P
         print(measured_line)
     for line in describe_estimate(estimate(configs, trials, gpu, results_dir)):
         print(line)
+    if spec.kind == "grid":  # the engine's price on a GPU, from a measured stacked step (ablations.run.engine_price)
+        from .engine_price import engine_lines
+
+        tuning = [tune.run_config(p, overrides) for p in tune.grid()] if tune_size else []
+        for line in engine_lines(configs + tuning, gpu, results_dir, stack or 32):
+            print(line)
     return 0
 
 

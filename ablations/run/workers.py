@@ -4,7 +4,6 @@ trial's guard (a failed write to the results folder stops the run with one line)
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 import re
@@ -28,55 +27,11 @@ from .study import (
     retry_failed_points,
     stored_choice,
 )
+from .write_errors import ResultsWriteError, one_line, write_error
 
 #: Seconds the main process of ``--workers N`` gives its workers, after Ctrl-C or SIGTERM, to mark their trials
 #: failed (checkpoints kept) before it kills them; a killed worker's trial is retried once its heartbeat is stale.
 WORKER_STOP_S = 60
-#: OS errors that say the results folder takes no more writes (a full disk or quota, a read-only mount, a file size
-#: limit): the study stops with one line instead of failing every remaining trial the same way. EACCES / EPERM count
-#: only for a path inside the results folder (a permission problem elsewhere, e.g. the data, is not about it).
-FULL_OR_READ_ONLY = frozenset(getattr(errno, name) for name in ("ENOSPC", "EDQUOT", "EROFS", "EFBIG")
-                              if hasattr(errno, name))
-
-
-NO_PERMISSION = frozenset({errno.EACCES, errno.EPERM})
-
-
-class ResultsWriteError(Exception):
-    """A trial could not write its files (checkpoint, event files) into the results folder: one line, exit 1."""
-
-
-def write_error(exc: BaseException, results_dir: Path | None = None) -> OSError | None:
-    """The OSError behind ``exc`` (anywhere in its cause/context chain) that says the results folder takes no more
-    writes (:data:`FULL_OR_READ_ONLY`; EACCES / EPERM for a path inside ``results_dir``); None for anything else."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in FULL_OR_READ_ONLY:
-            return exc
-        if isinstance(exc, OSError) and exc.errno in NO_PERMISSION and results_dir is not None:
-            inside = [f for f in (exc.filename, exc.filename2) if f is not None and _inside(f, results_dir)]
-            if inside:
-                return exc
-        exc = exc.__cause__ or exc.__context__
-    return None
-
-
-def _inside(path, folder: Path) -> bool:
-    try:
-        return Path(os.fsdecode(path)).resolve().is_relative_to(folder.resolve())
-    except (OSError, TypeError, ValueError):
-        return False
-
-
-def one_line(exc: BaseException) -> str:
-    """An exception as one line; an OSError as ``[Errno N] reason: 'path'`` (a bytes path decoded)."""
-    if isinstance(exc, OSError) and exc.errno is not None:
-        text = f"[Errno {exc.errno}] {exc.strerror or os.strerror(exc.errno)}"
-        paths = [f"'{os.fsdecode(f) if isinstance(f, (str, bytes, os.PathLike)) else f}'"
-                 for f in (exc.filename, exc.filename2) if f is not None]
-        return " ".join((text + (": " + " -> ".join(paths) if paths else "")).split())
-    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def _guarded(objective, log_root: Path):
@@ -203,10 +158,24 @@ def work(spec, storage, study_name: str, args, overrides: dict, progress_total: 
     log_root = layout.runs_dir(args.results_dir, study_name)
     objective = Objective(spec, log_root=log_root, overrides=overrides, keep_checkpoints=args.keep_checkpoints,
                           loggers=tuple(args.loggers), results_dir=args.results_dir, tuned=tuned)
-    objective = _guarded(objective, log_root)
     grid = grid_keys(spec)
     bar = _progress(study, progress_total, grid)
+
+    def between() -> None:  # before each stack of trials: stop signals, dead workers' trials, progress
+        check_stopping()
+        optuna.storages.fail_stale_trials(study)
+        retry_failed_points(study, spec, storage, only_stopped=True)  # e.g. a preempted worker's trial
+        if bar is not None:
+            bar.n = count_done(study, grid)
+            bar.refresh()
+
     try:
+        if spec.kind == "grid" and getattr(args, "engine", "plain") != "plain":  # stacks of a cell's trials first (ablations.engine)
+            from .stacked import work_stacked
+
+            work_stacked(study, objective, args, between,
+                         after=lambda: refresh_aggregates(study, spec, args.results_dir))
+        objective = _guarded(objective, log_root)
         while True:
             check_stopping()
             optuna.storages.fail_stale_trials(study)

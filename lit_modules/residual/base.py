@@ -261,6 +261,8 @@ def inverse_scale(norm: nn.Module, x: torch.Tensor) -> torch.Tensor | float:
 def inverse_rms(v: torch.Tensor, eps: float) -> torch.Tensor:
     """1 / sqrt(mean(v²) + ε) over the last dimension, the factor RMSNorm scales by: (..., D) -> (...). A variant
     whose normalised input only feeds a linear map applies it to the map's (small) output instead."""
+    if torch._C._functorch.is_batchedtensor(v):  # under torch.func.vmap (stacked runs): the Function has no vmap
+        return torch.rsqrt(torch.linalg.vecdot(v, v) / v.shape[-1] + eps)  # rule; vecdot is the same sum
     return torch.rsqrt(SumOfSquares.apply(v) / v.shape[-1] + eps)
 
 

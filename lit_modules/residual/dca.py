@@ -132,6 +132,8 @@ class DCA(ResidualSite, DepthWeights):
     def forward(self, stack: torch.Tensor) -> torch.Tensor:
         """Stack (B, N, t, D) → combined inputs (outputs, B, N, D)."""
         if self.w is not None and self.grn_v3_form == "fig10_B":
+            if torch._C._functorch.is_batchedtensor(stack):  # under torch.func.vmap (stacked runs): ReLUMix has
+                return torch.einsum("obntd,bntd->obnd", self.weights(stack), stack)  # no vmap rule; same sum
             B, N, t, D = stack.shape
             return ReLUMix.apply(stack.reshape(B * N, t, D), self.w, 1.0 + self.b_delta).view(-1, B, N, D)
         dynamic = self.weights(stack)

@@ -1,0 +1,198 @@
+"""The one command a lent GPU machine runs first: every pending GPU measurement of the engine and the headline study,
+in one call under 9 minutes, everything written under one folder (a GPU machine's ``$OUT``).
+
+    python scripts/gpu_measure.py --out "$OUT"                        # on the GPU (docs/gpu-engine.md: the run call)
+    python scripts/gpu_measure.py --device cpu --tiny --out /tmp/m    # the CPU dry form (tests/test_gpu_measure.py)
+
+Stages, each a subprocess under its own deadline (a stage that fails or times out is recorded; the others run):
+
+  cuda_tests  ``python -m pytest -m cuda -q``: the engine's graph replay against its eager step, and every other
+              CUDA test (on ``--device cpu`` each skips);
+  study       ``scripts/gpu_study.py --study residual_variants``: the headline study through the engine (tuning stage
+              and 200 reported trials), its report and timings, stopped cleanly at its deadline with what finished;
+  bench       ``python -m ablations.bench --device D --quick --sections gpu,engine,modes``: the engine on the device
+              (the study-size aggregate images/s, the paper recipe's images/s and MFU, the multi-stream designs'
+              steps), the levers per trial step (plain, stacked K, CUDA graphs), and the modes table precision
+              ``auto`` reads on CUDA (``modes-cuda.json``: bf16 vs fp32, fused vs explicit attention, measured); the
+              bench writes its report after every section, so a stage stopped at its limit keeps the first ones.
+
+The study runs before the bench: it is the result the call exists for, and the bench's figures matter less
+than the study finishing. ``--tiny`` (the CPU dry form): a two-variant, two-seed study file and the bench's tiny
+sizes, seconds each.
+
+Writes at most 8 files under ``--out`` (what ``$OUT`` sends back): ``gpu_measure.json`` / ``gpu_measure.md`` (the stages,
+their seconds and status, the goals' figures), ``gpu_study.json``, ``runs.csv`` (``--import-runs`` continues the
+study anywhere), ``study.tar.gz`` (the report's folder, the study's logs, its SQLite storage), ``bench.tar.gz`` (the
+bench's json and md) and ``logs.tar.gz`` (every stage's output); the caller's ``tee`` of the output is the eighth.
+Working files go to ``--work`` (default: a temporary folder).
+
+Exit status: 0 every stage passed; 1 a stage failed or timed out (the files still written); 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shlex
+import shutil
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+for folder in (ROOT, ROOT / "scripts"):  # the repository's packages, and gpu_study beside this file
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+
+from gpu_study import run_until  # noqa: E402
+
+from ablations.cli import OneLineParser, markdown_table  # noqa: E402
+
+FORMAT = 1
+#: The whole call's limit (the device tool allows 10 minutes a command; start-up and copying back take some).
+LIMIT_S = 540
+#: Each stage's share, in order; the study gets what the others leave: LIMIT_S - the others - FINAL_S.
+CUDA_TESTS_S, BENCH_S, FINAL_S = 60, 150, 15
+STUDY, TINY_STUDY = "residual_variants", {
+    "name": "measure_tiny", "kind": "grid", "metric": "test_acc",
+    "base": {"dataset": "synthetic", "dataset_options": {"num_samples": 128, "img_size": 8}, "embed_dim": 8,
+             "num_heads": 2, "depth": 1, "max_epochs": 1, "patch_size": 4, "batch_size": 32,
+             "precision": "32-true"},
+    "variants": [{"label": "standard", "residual": "standard"}, {"label": "rezero", "residual": "rezero"}],
+    "axes": {"seed": [0, 1]}}
+
+
+def stages(args: argparse.Namespace, work: Path, python: str = sys.executable) -> dict[str, tuple[list[str], float]]:
+    """Each stage's command and seconds, in the order they run."""
+    study = args.study
+    if args.tiny:
+        import yaml
+
+        study = str(work / "measure_tiny.yaml")
+        Path(study).write_text(yaml.safe_dump(TINY_STUDY, sort_keys=False))
+    study_s = args.limit_s - CUDA_TESTS_S - BENCH_S - FINAL_S
+    study_cmd = [python, str(ROOT / "scripts" / "gpu_study.py"), "--study", study, "--budget", args.budget,
+                 "--device", args.device, "--limit-s", f"{study_s:g}", "--out", str(work / "study"),
+                 "--pack", str(work / "study_pack")]
+    if args.tiny:
+        study_cmd += ["--engine", "stacked", "--margin-s", f"{min(90.0, study_s / 2):g}", "--no-figures"]
+    bench_cmd = [python, "-m", "ablations.bench", "--device", args.device, "--tiny" if args.tiny else "--quick",
+                 "--sections", "gpu,engine" if args.tiny else "gpu,engine,modes", "--out", str(work / "bench")]
+    tests_cmd = [python, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider",
+                 "--continue-on-collection-errors", "tests"]
+    return {"cuda_tests": (tests_cmd, CUDA_TESTS_S), "study": (study_cmd, study_s), "bench": (bench_cmd, BENCH_S)}
+
+
+def goals(work: Path) -> dict[str, Any]:
+    """The engine's goals as measured by this call (None where a stage did not measure it)."""
+    out: dict[str, Any] = {}
+    study = work / "study" / "gpu_study.json"
+    if study.is_file():
+        s = json.loads(study.read_text())
+        out["study_wall_s"] = s.get("wall_s")
+        out["study_run_status"] = s.get("run", {}).get("status")
+        out["study_trials_completed"] = {k: v["complete"] for k, v in s.get("studies", {}).items()}
+        out["study_trials_planned"] = s.get("planned")
+        out["study_images_per_s"] = s.get("images_per_s")
+    bench = work / "bench" / "bench.json"
+    if bench.is_file():
+        b = json.loads(bench.read_text())
+        gpu = (b["sections"].get("gpu") or {}).get("data") or {}
+        if gpu:
+            out["aggregate_images_per_s"] = gpu["aggregate"]["images_per_s"]
+            paper = gpu["paper"]
+            out["paper_images_per_s"] = {k[:-len("_images_per_s")]: v for k, v in paper.items()
+                                         if k.endswith("_images_per_s")}
+            out["paper_mfu"] = {k[:-len("_mfu")]: v for k, v in paper.items() if k.endswith("_mfu")}
+            out["design_ratios"] = gpu["designs"]["ratios"]
+        engine = (b["sections"].get("engine") or {}).get("data") or {}
+        if engine:
+            out["per_trial_vs_plain"] = {m["model"]: m["per_trial_vs_plain"] for m in engine["models"]}
+    return out
+
+
+def render(report: dict) -> str:
+    lines = [f"# GPU measurements ({report['device']}{', --tiny' if report['tiny'] else ''})", "",
+             f"{report['date']}; wall {report['wall_s']:.0f} s of {report['limit_s']:g}. Generated by `python "
+             "scripts/gpu_measure.py`; raw figures in gpu_measure.json, the study in gpu_study.json and study.tar.gz, "
+             "the bench in bench.tar.gz.", ""]
+    rows = [[name, s["status"], f"{s['seconds']:.0f} ({s['limit_s']:.0f})", s.get("error") or ""]
+            for name, s in report["stages"].items()]
+    lines += [markdown_table(["stage", "status", "seconds (limit)", "error"], rows, "llrl"), ""]
+    for key, value in report["goals"].items():
+        lines.append(f"- {key}: {json.dumps(value, default=str)}")
+    return "\n".join(lines) + "\n"
+
+
+def pack(work: Path, out: Path) -> list[str]:
+    """The call's files into ``out`` (at most 7: the caller's tee is the eighth)."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name in ("gpu_measure.json", "gpu_measure.md"):
+        shutil.copyfile(work / name, out / name)
+        written.append(name)
+    for name in ("gpu_study.json", "runs.csv", "study.tar.gz"):
+        if (work / "study_pack" / name).is_file():
+            shutil.copyfile(work / "study_pack" / name, out / name)
+            written.append(name)
+    for name, folder in (("bench.tar.gz", work / "bench"), ("logs.tar.gz", work / "logs")):
+        if folder.is_dir():
+            with tarfile.open(out / name, "w:gz") as tar:
+                tar.add(folder, arcname=folder.name)
+            written.append(name)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    started = time.monotonic()
+    p = OneLineParser(prog="python scripts/gpu_measure.py", description=__doc__.split("\n\n")[0],
+                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--out", type=Path, required=True, help="where the (at most 7) result files go: $OUT on a GPU")
+    p.add_argument("--work", type=Path, help="working folder (default: a temporary one)")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--tiny", action="store_true", help="the CPU dry form: a tiny study and the bench's tiny sizes")
+    p.add_argument("--study", default=STUDY, help=f"the study (default {STUDY})")
+    p.add_argument("--budget", default="default")
+    p.add_argument("--limit-s", type=float, default=LIMIT_S, help=f"the whole call's limit (default {LIMIT_S})")
+    args = p.parse_args(argv)
+    if args.limit_s <= CUDA_TESTS_S + BENCH_S + FINAL_S + 60:
+        p.error(f"--limit-s ({args.limit_s:g}) leaves the study under a minute: give more than "
+                f"{CUDA_TESTS_S + BENCH_S + FINAL_S + 60} s")
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            p.error("--device cuda, but torch sees no CUDA device (torch.cuda.is_available() is False)")
+    work = (args.work or Path(tempfile.mkdtemp(prefix="gpu_measure_"))).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {"format": FORMAT, "device": args.device, "tiny": args.tiny, "limit_s": args.limit_s,
+                              "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+                              "stages": {}, "goals": {}, "wall_s": 0.0}
+    for name, (command, seconds) in stages(args, work).items():
+        print(f"[{name}] (limit {seconds:.0f} s): {shlex.join(command[1:])}", file=sys.stderr, flush=True)
+        start = time.monotonic()
+        deadline = min(start + seconds, started + args.limit_s - FINAL_S)
+        code, stopped = run_until(command, deadline, work / "logs" / f"{name}.log", grace_s=10)
+        status = "timeout" if stopped else "passed" if code == 0 else "failed"
+        if name == "cuda_tests" and code == 5:  # pytest: no test collected/ran (all deselected): nothing failed
+            status = "passed"
+        report["stages"][name] = {"command": shlex.join(command[1:]), "returncode": code, "status": status,
+                                  "seconds": round(time.monotonic() - start, 1), "limit_s": seconds,
+                                  "log": f"logs/{name}.log"}
+        print(f"      {status} in {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
+        report["goals"] = goals(work)
+        report["wall_s"] = round(time.monotonic() - started, 1)
+        (work / "gpu_measure.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+        (work / "gpu_measure.md").write_text(render(report))
+    written = pack(work, args.out)
+    print(f"gpu measurements: {sum(s['status'] == 'passed' for s in report['stages'].values())}/{len(report['stages'])} "
+          f"stages passed in {report['wall_s']:.0f} s; wrote {', '.join(written)} into {args.out}", file=sys.stderr)
+    return 0 if all(s["status"] == "passed" for s in report["stages"].values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,38 @@
+"""scripts/gpu_measure.py, the one command a lent GPU machine runs first, in its CPU dry form (``--device cpu --tiny``):
+its three stages run under their deadlines and it leaves at most seven files (the caller's tee is the eighth)."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow  # three stages of subprocesses: the CUDA tests' collection, a tiny study, two bench sections
+def test_the_cpu_dry_form_runs_every_stage_and_packs_seven_files(tmp_path):
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("gpu_measure", ROOT / "scripts" / "gpu_measure.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    out = tmp_path / "out"
+    code = module.main(["--device", "cpu", "--tiny", "--limit-s", "1500", "--out", str(out),
+                        "--work", str(tmp_path / "work")])
+    report = json.loads((out / "gpu_measure.json").read_text())
+    assert code == 0, report["stages"]
+    assert list(report["stages"]) == ["cuda_tests", "study", "bench"]
+    assert all(s["status"] == "passed" for s in report["stages"].values())
+    files = sorted(p.name for p in out.iterdir())
+    assert files == sorted(["gpu_measure.json", "gpu_measure.md", "gpu_study.json", "runs.csv", "study.tar.gz",
+                            "bench.tar.gz", "logs.tar.gz"])
+    goals = report["goals"]
+    assert goals["study_trials_completed"] == {"measure_tiny": 4} and goals["aggregate_images_per_s"] > 0
+    assert set(goals["design_ratios"]) == {"attn_res", "hyper_connections", "dca", "mhc", "denseformer"}
+    with tarfile.open(out / "bench.tar.gz") as tar:
+        assert {"bench/bench.json", "bench/bench.md"} <= set(tar.getnames())
