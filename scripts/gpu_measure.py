@@ -57,6 +57,9 @@ FORMAT = 1
 LIMIT_S = 540
 #: Each stage's share, in order; the study gets what the others leave: LIMIT_S - the others - FINAL_S.
 CUDA_TESTS_S, BENCH_S, FINAL_S = 60, 150, 15
+#: The headline on its GPU budget (Fashion-MNIST at depth 12, 60 epochs, 20 seeds): several calls, each continuing
+#: the last one's runs.csv (--import-runs), the data carried in (DATA_DIR: the machine reaches no registry).
+BUDGET, DATA_DIR = "gpu", Path(".data/fashion-mnist")
 STUDY, TINY_STUDY = "residual_variants", {
     "name": "measure_tiny", "kind": "grid", "metric": "test_acc",
     "base": {"dataset": "synthetic", "dataset_options": {"num_samples": 128, "img_size": 8}, "embed_dim": 8,
@@ -75,9 +78,12 @@ def stages(args: argparse.Namespace, work: Path, python: str = sys.executable) -
         study = str(work / "measure_tiny.yaml")
         Path(study).write_text(yaml.safe_dump(TINY_STUDY, sort_keys=False))
     study_s = args.limit_s - CUDA_TESTS_S - BENCH_S - FINAL_S
-    study_cmd = [python, str(ROOT / "scripts" / "gpu_study.py"), "--study", study, "--budget", args.budget,
-                 "--device", args.device, "--limit-s", f"{study_s:g}", "--out", str(work / "study"),
-                 "--pack", str(work / "study_pack")]
+    study_cmd = [python, str(ROOT / "scripts" / "gpu_study.py"), "--study", study, "--budget",
+                 "default" if args.tiny else args.budget, "--device", args.device, "--limit-s", f"{study_s:g}",
+                 "--out", str(work / "study"), "--pack", str(work / "study_pack")]
+    if args.data_dir and args.data_dir.is_dir() and not args.tiny:  # else the loader's own search (and its error)
+        study_cmd += ["--data-dir", str(args.data_dir.resolve())]
+    study_cmd += ["--import-runs", str(args.import_runs)] if args.import_runs else []
     if args.tiny:
         study_cmd += ["--engine", "stacked", "--margin-s", f"{min(90.0, study_s / 2):g}", "--no-figures"]
     bench_cmd = [python, "-m", "ablations.bench", "--device", args.device, "--tiny" if args.tiny else "--quick",
@@ -147,8 +153,7 @@ def pack(work: Path, out: Path) -> list[str]:
     return written
 
 
-def main(argv: list[str] | None = None) -> int:
-    started = time.monotonic()
+def parser() -> OneLineParser:
     p = OneLineParser(prog="python scripts/gpu_measure.py", description=__doc__.split("\n\n")[0],
                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--out", type=Path, required=True, help="where the (at most 7) result files go: $OUT on a GPU")
@@ -156,8 +161,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--tiny", action="store_true", help="the CPU dry form: a tiny study and the bench's tiny sizes")
     p.add_argument("--study", default=STUDY, help=f"the study (default {STUDY})")
-    p.add_argument("--budget", default="default")
+    p.add_argument("--budget", default=BUDGET, help=f"the study's budget (default {BUDGET}; --tiny: its one)")
+    p.add_argument("--data-dir", type=Path, default=DATA_DIR,
+                   help=f"the study's --data-dir (default {DATA_DIR}: Fashion-MNIST's files, as scripts/gpu_wheels.sh "
+                        "puts them for the carry)")
+    p.add_argument("--import-runs", type=Path, metavar="RUNS_CSV",
+                   help="the runs.csv an earlier call brought back: its study continues from it")
     p.add_argument("--limit-s", type=float, default=LIMIT_S, help=f"the whole call's limit (default {LIMIT_S})")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    started = time.monotonic()
+    p = parser()
     args = p.parse_args(argv)
     if args.limit_s <= CUDA_TESTS_S + BENCH_S + FINAL_S + 60:
         p.error(f"--limit-s ({args.limit_s:g}) leaves the study under a minute: give more than "

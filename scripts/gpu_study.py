@@ -78,7 +78,8 @@ def run_command(args: argparse.Namespace, out: Path, python: str = sys.executabl
                "--storage", storage_url(out), "--results-dir", str(out), "--no-progress"]
     for item in args.sets:
         command += ["--set", item]
-    return command + (["--data-dir", args.data_dir] if args.data_dir else [])
+    command += ["--data-dir", args.data_dir] if args.data_dir else []
+    return command + (["--import-runs", str(args.import_runs)] if args.import_runs else [])
 
 
 def report_command(args: argparse.Namespace, out: Path, figures: bool, python: str = sys.executable) -> list[str]:
@@ -259,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--margin-s", type=float, default=MARGIN_S,
                    help=f"seconds kept after the run for the report (default {MARGIN_S})")
     p.add_argument("--data-dir", help="as ablations.run --data-dir")
+    p.add_argument("--import-runs", type=Path, metavar="RUNS_CSV",
+                   help="as ablations.run --import-runs: continue a study an earlier call stopped at its deadline")
     p.add_argument("--no-figures", action="store_true", help="the report's tables only")
     p.add_argument("--out", type=Path, help="working folder (default: results/device/<device>/study-<study>-<budget>)")
     p.add_argument("--pack", type=Path, metavar="DIR", help="also write at most 8 files of results into DIR")

@@ -36,3 +36,37 @@ def test_the_cpu_dry_form_runs_every_stage_and_packs_seven_files(tmp_path):
     assert set(goals["design_ratios"]) == {"attn_res", "hyper_connections", "dca", "mhc", "denseformer"}
     with tarfile.open(out / "bench.tar.gz") as tar:
         assert {"bench/bench.json", "bench/bench.md"} <= set(tar.getnames())
+
+
+def _module():
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("gpu_measure", ROOT / "scripts" / "gpu_measure.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_gpu_call_runs_the_headline_s_gpu_budget_on_the_carried_data_and_continues_a_runs_csv(tmp_path):
+    """On the GPU the study stage is residual_variants on its gpu budget, reading the Fashion-MNIST files carried in
+    (``--data-dir``, when the folder is there) and continuing an earlier call's ``runs.csv`` (``--import-runs``)."""
+    module = _module()
+    data = tmp_path / "fashion"
+    data.mkdir()
+    args = _parse(module, ["--out", str(tmp_path / "o"), "--data-dir", str(data),
+                               "--import-runs", str(tmp_path / "runs.csv")])
+    study = module.stages(args, tmp_path)["study"][0]
+    assert study[study.index("--study") + 1] == "residual_variants" and study[study.index("--budget") + 1] == "gpu"
+    assert study[study.index("--data-dir") + 1] == str(data.resolve())
+    assert study[study.index("--import-runs") + 1] == str(tmp_path / "runs.csv")
+    missing = _parse(module, ["--out", str(tmp_path / "o"), "--data-dir", str(tmp_path / "absent")])
+    assert "--data-dir" not in module.stages(missing, tmp_path)["study"][0]  # the loader's own search then
+    tiny = _parse(module, ["--out", str(tmp_path / "o"), "--tiny", "--device", "cpu", "--data-dir", str(data)])
+    tiny_study = module.stages(tiny, tmp_path)["study"][0]
+    assert tiny_study[tiny_study.index("--budget") + 1] == "default" and "--data-dir" not in tiny_study
+
+
+def _parse(module, argv):
+    return module.parser().parse_args(argv)

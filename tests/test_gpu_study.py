@@ -91,3 +91,15 @@ def test_bad_input_is_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         gs.main(["--study", "no_such_study", "--device", "cpu", "--out", str(tmp_path)])
     assert exit_.value.code == 2 and "no_such_study" in capsys.readouterr().err
+
+
+def test_the_run_continues_an_earlier_call_s_runs_csv(tmp_path):
+    """``--import-runs`` reaches ablations.run: a call stopped at its deadline is continued by the next one."""
+    import argparse
+
+    args = argparse.Namespace(study="residual_variants", budget="gpu", device="cuda", engine="auto", workers=12,
+                              stack=20, sets=["max_epochs=120"], data_dir="/d", import_runs=tmp_path / "runs.csv")
+    command = gs.run_command(args, tmp_path)
+    assert command[command.index("--import-runs") + 1] == str(tmp_path / "runs.csv")
+    assert command[command.index("--data-dir") + 1] == "/d" and command[command.index("--set") + 1] == "max_epochs=120"
+    assert "--import-runs" not in gs.run_command(argparse.Namespace(**{**vars(args), "import_runs": None}), tmp_path)
