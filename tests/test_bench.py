@@ -512,6 +512,7 @@ def test_saved_activation_bytes_counts_the_saved_storages_and_frees_the_graph():
     assert net.out() is None  # the graph, and the output it saved, are gone
 
 
+@pytest.mark.slow  # two bench sections in a subprocess
 def test_the_engine_sections_at_tiny_sizes_on_a_cpu(tmp_path):
     """Section 13 (opt-in): a stacked call trains K runs, so its time per trial is the call's time / K; the ratio
     column is that per-trial time against the plain step's, paired by round. Section 14 (opt-in, for --device
