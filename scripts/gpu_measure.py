@@ -57,9 +57,10 @@ FORMAT = 1
 LIMIT_S = 540
 #: Each stage's share, in order; the study gets what the others leave: LIMIT_S - the others - FINAL_S.
 CUDA_TESTS_S, BENCH_S, FINAL_S = 60, 150, 15
-#: The headline on its GPU budget (Fashion-MNIST at depth 12, 60 epochs, 20 seeds): several calls, each continuing
-#: the last one's runs.csv (--import-runs), the data carried in (DATA_DIR: the machine reaches no registry).
-BUDGET, DATA_DIR = "gpu", Path(".data/fashion-mnist")
+#: The first call: the headline's default budget (the CPU study's twin, so the two machines' verdicts compare). The
+#: calls after it: ``--budget gpu`` (Fashion-MNIST at depth 12, 60 epochs, 20 seeds), each continuing the last one's
+#: runs.csv (--import-runs), the data carried in (DATA_DIR: the machine reaches no registry).
+BUDGET, DATA_DIR = "default", Path(".data/fashion-mnist")
 STUDY, TINY_STUDY = "residual_variants", {
     "name": "measure_tiny", "kind": "grid", "metric": "test_acc",
     "base": {"dataset": "synthetic", "dataset_options": {"num_samples": 128, "img_size": 8}, "embed_dim": 8,

@@ -49,14 +49,17 @@ def _module():
     return module
 
 
-def test_the_gpu_call_runs_the_headline_s_gpu_budget_on_the_carried_data_and_continues_a_runs_csv(tmp_path):
-    """On the GPU the study stage is residual_variants on its gpu budget, reading the Fashion-MNIST files carried in
-    (``--data-dir``, when the folder is there) and continuing an earlier call's ``runs.csv`` (``--import-runs``)."""
+def test_the_gpu_call_runs_the_headline_and_its_gpu_budget_on_the_carried_data_continuing_a_runs_csv(tmp_path):
+    """On the GPU the study stage is residual_variants, on its default budget first (the CPU study's twin) and then on
+    its gpu budget, reading the Fashion-MNIST files carried in (``--data-dir``, when the folder is there) and
+    continuing an earlier call's ``runs.csv`` (``--import-runs``)."""
     module = _module()
+    first = module.stages(_parse(module, ["--out", str(tmp_path / "o")]), tmp_path)["study"][0]
+    assert first[first.index("--budget") + 1] == "default" and "--import-runs" not in first
     data = tmp_path / "fashion"
     data.mkdir()
-    args = _parse(module, ["--out", str(tmp_path / "o"), "--data-dir", str(data),
-                               "--import-runs", str(tmp_path / "runs.csv")])
+    args = _parse(module, ["--out", str(tmp_path / "o"), "--budget", "gpu", "--data-dir", str(data),
+                           "--import-runs", str(tmp_path / "runs.csv")])
     study = module.stages(args, tmp_path)["study"][0]
     assert study[study.index("--study") + 1] == "residual_variants" and study[study.index("--budget") + 1] == "gpu"
     assert study[study.index("--data-dir") + 1] == str(data.resolve())

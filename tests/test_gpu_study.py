@@ -41,7 +41,6 @@ TINY = {"name": "tiny", "kind": "grid", "metric": "test_acc",
         "axes": {"seed": [0, 1]}, "budgets": {"smoke": {"tune": {"seeds": [100]}}}}  # the test runs smoke: 8 trials
 
 
-@pytest.mark.slow  # a study, its report and its pack: subprocesses
 def test_the_cpu_dry_form_runs_the_study_reports_it_and_packs_eight_files_at_most(tmp_path):
     study = tmp_path / "tiny.yaml"
     study.write_text(yaml.safe_dump(TINY, sort_keys=False))
@@ -84,7 +83,6 @@ def test_the_run_is_stopped_at_its_deadline(tmp_path):
 
 
 def test_bad_input_is_one_line(tmp_path, capsys):
-    import pytest
 
     with pytest.raises(SystemExit) as exit_:
         gs.main(["--study", "residual_variants", "--device", "cpu", "--limit-s", "50", "--margin-s", "45"])
