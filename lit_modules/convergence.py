@@ -221,7 +221,7 @@ class ConvergenceTracker(pl.Callback):
         self.epoch_times: dict[int, float] = {}
         self.train_times: dict[int, float] = {}
         self.images_seen = 0
-        self.elapsed_before = 0.0  # wall time of earlier fit sessions (restored from a checkpoint)
+        self.elapsed_before = 0.0  # wall time of earlier fits of the run (restored from a checkpoint)
         self.max_epochs: int | None = None
         self.param_count: int | None = None
         self._module: pl.LightningModule | None = None
@@ -307,7 +307,7 @@ class ConvergenceTracker(pl.Callback):
 
     # results
     def wall_time_s(self) -> float:
-        """Wall time of fit so far (incl. earlier sessions of a resumed run)."""
+        """Wall time of fit so far (incl. the earlier fits of a resumed run)."""
         return self.elapsed_before + self._session_s()
 
     def _session_s(self) -> float:

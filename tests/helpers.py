@@ -2,7 +2,7 @@
 
 A *storage* here is a SQLite database file (a ``Path``) or a storage URL (a ``str``, e.g. a PostgreSQL database of
 the test cluster). The ``check_*`` functions are whole scenarios, run by each test module against its storage.
-The CLI runs in a subprocess with the test's tmp folder as its working directory, in its own session, so a test
+The CLI runs in a subprocess with the test's tmp folder as its working directory, started with start_new_session (its own process group), so a test
 that fails or times out kills the whole process group.
 """
 
@@ -79,7 +79,7 @@ def one_worker_unless_told(args) -> list[str]:
 
 
 def start_cli(*args, cwd: Path, log=None) -> subprocess.Popen:
-    """``python -m ablations.run ARGS`` in a new session (so its worker processes can be killed as one group);
+    """``python -m ablations.run ARGS`` started with start_new_session (so its worker processes can be killed as one group);
     output piped, or both streams into the open file ``log``. Ctrl-C reaches it as in a terminal even when pytest
     itself was started with SIGINT ignored (a background job of a shell without job control), which a child would
     otherwise inherit: Python then installs no KeyboardInterrupt handler and a SIGINT does nothing. One worker

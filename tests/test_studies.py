@@ -7,7 +7,7 @@ runs where they can: one tiny study (module fixture) serves the ``--study PATH``
 and the invocations that train nothing (``--list``, ``--dry-run``, bad input) run in one fixture. A check that is
 not about the process (the search study, the refused invocations, most bad input) calls ``ablations.run.main`` in
 this process instead (``helpers.run_in_process``).
-Every CLI process starts in its own session; a test that fails or times out kills the whole process group.
+Every CLI process starts with start_new_session (its own process group); a test that fails or times out kills the whole process group.
 """
 
 from __future__ import annotations
