@@ -27,7 +27,7 @@ axes) holds, at step = epoch,
 - ``0_paired/<tag>/<cell>/delta``, ``…/lower``, ``…/upper``, ``…/n``: the paired difference to the baseline
   (:data:`PAIRED_TAGS`; group ``0_paired`` sorts first in the Time Series tab);
 - the ``hp/*`` summary metrics (means over the cell's ok runs) and :data:`AGG_METRICS` (n, the interval of the
-  study metric's mean, the learning rate), with an HParams session of the cell's variant and axes (no seed), so the
+  study metric's mean, the learning rate), with an HParams entry of the cell's variant and axes (no seed), so the
   HParams table shows one row per variant beside the per-seed rows. Every run of the study lists the same metrics
   (:data:`STUDY_METRICS`, the study's HParams experiment): a per-seed row leaves the aggregate-only columns empty.
 
@@ -304,7 +304,7 @@ def hparams_values(cell: CellAggregate) -> dict[str, Any]:
 
 
 def write_cell(run_dir: Path, cell: CellAggregate) -> None:
-    """One cell's aggregate run: bands, paired differences, HParams session and metrics."""
+    """One cell's aggregate run: bands, paired differences, HParams entry and metrics."""
     from tensorboard.plugins.hparams import summary_v2 as hp
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
