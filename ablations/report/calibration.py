@@ -60,7 +60,7 @@ def calibration_table(data: StudyData, dataset: str | None) -> Table | None:
     published = PUBLISHED.get(dataset or "")
     if not published:
         return None
-    ours = []
+    ours, epochs = [], data.config_value("max_epochs")
     for row in data.rows:
         if data.row_variant.get(row) != BASELINE:
             continue
@@ -70,7 +70,6 @@ def calibration_table(data: StudyData, dataset: str | None) -> Table | None:
             if result is None:
                 continue
             params = {r.summary.get("param_count") for r in runs} - {None}
-            epochs = data.config_value("max_epochs")
             ours.append({
                 "model": f"this study: {row}" + (f", depth {depth}" if depth is not None else "")
                          + (f", {epochs} epochs" if epochs else ""),
