@@ -6,6 +6,7 @@ LR column)."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 
@@ -81,10 +82,8 @@ def tuning_records(data: StudyData) -> list[dict]:
             continue
         others = [rec["mean"] for rec in cell if not rec["chosen"] and rec["mean"] is not None]
         chosen[0]["margin"] = chosen[0]["mean"] - max(others) if others else None
-        by_seed: dict[float, dict[int, float]] = {}
-        for run in data.tune_runs:
-            if run.row == row and run.depth == depth and run.lr is not None and run.seed is not None:
-                by_seed.setdefault(run.lr, {})[run.seed] = tune_run_value(run, data.tune_metric)
+        by_seed = {rec["lr"]: {r.seed: tune_run_value(r, data.tune_metric)
+                               for r in groups[(row, depth, rec["lr"])] if r.seed is not None} for rec in cell}
         chosen[0]["stability"] = choice_stability(by_seed, chosen[0]["lr"])
     return records
 
@@ -108,9 +107,12 @@ def grid_edge(records: list[dict]) -> list[tuple[str, object, float]]:
     return edges
 
 
+def _name(row: str, depth) -> str:
+    return f"{row}{f' (depth {depth})' if depth is not None else ''}"
+
+
 def _where(items) -> str:
-    return ", ".join(f"{row}{f' (depth {depth})' if depth is not None else ''} at {fmt_param(lr)}"
-                     for row, depth, lr in items)
+    return ", ".join(f"{_name(row, depth)} at {fmt_param(lr)}" for row, depth, lr in items)
 
 
 def edge_note(records: list[dict], bounds: tuple[float, float] | None = None) -> str:
@@ -123,8 +125,7 @@ def edge_note(records: list[dict], bounds: tuple[float, float] | None = None) ->
     if bounds is None:
         return (f" At the edge of the tuning grid: {_where(edges)} — the best learning rate of these rows may lie "
                 "beyond the grid, so their rows may understate them.")
-    at_bound = [e for e in edges if min(bounds) * 0.999 <= e[2] <= min(bounds) * 1.001
-                or max(bounds) * 0.999 <= e[2] <= max(bounds) * 1.001]
+    at_bound = [e for e in edges if any(math.isclose(e[2], bound, rel_tol=1e-3) for bound in bounds)]
     inside = [e for e in edges if e not in at_bound]
     note = ""
     if at_bound:
@@ -150,8 +151,7 @@ def stability_note(records: list[dict]) -> str:
     rows = unstable(records)
     if not rows:
         return ""
-    where = ", ".join(f"{row}{f' (depth {depth})' if depth is not None else ''} {100 * value:.0f}%"
-                      for row, depth, value in rows)
+    where = ", ".join(f"{_name(row, depth)} {100 * value:.0f}%" for row, depth, value in rows)
     return (f" Unstable choices (picked in under {100 * STABLE:.0f}% of the resamples): {where} — another rate is "
             "about as good on these tuning seeds, so the row's rate (and its Δ) could have come out otherwise.")
 
