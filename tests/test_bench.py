@@ -21,7 +21,7 @@ from lit_modules import RESIDUALS
 ROOT = Path(__file__).resolve().parents[1]
 HEADERS = {"timm": "## 1. ", "variants": "## 2. ", "lightning": "## 3. ", "mfu": "## 4. ", "study": "## 5. ",
            "memory": "## 6. ", "data": "## 7. ", "modes": "## 8. ", "compile": "## 9. ", "auto": "## 10. ",
-           "overhead": "## 11. ", "malloc": "## 12. "}
+           "overhead": "## 11. ", "malloc": "## 12. ", "storage": "## 15. "}
 DATA_KEYS = {
     "timm": {"times_s"},
     "variants": {"variants", "times_s"},
@@ -35,6 +35,7 @@ DATA_KEYS = {
     "auto": {"models"},
     "overhead": {"ratios", "times_s", "flops", "stream_kernels", "processes"},
     "malloc": {"ratios", "runs"},
+    "storage": {"attributes", "times_s", "ratio"},
 }
 
 
@@ -428,11 +429,11 @@ def test_sections_by_name_or_number():
     assert cli.parse_sections("7,8") == ["data", "modes"]
     assert cli.parse_sections("9") == ["compile"]
     assert cli.parse_sections("10") == ["auto"] and cli.parse_sections("11") == ["overhead"]
-    assert cli.parse_sections("12") == ["malloc"]
-    assert {"compile", "malloc"}.isdisjoint(harness.DEFAULT_SECTIONS) and {"data", "modes"} <= set(harness.DEFAULT_SECTIONS)
+    assert cli.parse_sections("12") == ["malloc"] and cli.parse_sections("15") == ["storage"]
+    assert {"compile", "malloc", "storage"}.isdisjoint(harness.DEFAULT_SECTIONS) and {"data", "modes"} <= set(harness.DEFAULT_SECTIONS)
 
 
-@pytest.mark.parametrize("argv", [["--sections", "nope"], ["--sections", "15"], ["--threads", "0"],
+@pytest.mark.parametrize("argv", [["--sections", "nope"], ["--sections", "16"], ["--threads", "0"],
                                   ["--device", "tpu"], ["--variants", "standard,nope"],
                                   ["--processes", "0"], ["--processes", "3", "--sections", "timm,mfu"],
                                   ["--isolate", "-1"], ["--isolate", "2", "--processes", "2"],
@@ -559,3 +560,19 @@ def test_a_gpu_sections_engine_step_is_the_dry_runs_flop_rate(tmp_path):
     older = gpu_hours.Measurement("training run", "NVIDIA H200", "h200", "bf16-mixed", 2.7e13, "dc.json", "2026", "")
     basis = gpu_hours.choose_basis("h200", "bf16-mixed", [older, found])
     assert basis.measurement is found  # a study on a GPU trains through the engine: its step is the rate
+
+
+def test_the_storage_section_times_both_writes_of_a_whole_summary():
+    """Section 15 at tiny size: both ways write the whole summary of a run's shape to trials of their own (the
+    section checks what was stored), and the ratio is one transaction's time over one per attribute's."""
+    from ablations.bench.storage import bench_storage, summary
+
+    sec = bench_storage(harness.TINY)
+    assert set(sec.data) == DATA_KEYS["storage"] and sec.data["attributes"] == len(summary()) == 53
+    times = sec.data["times_s"]
+    assert set(times) == {"per attribute", "one transaction"}
+    assert all(len(t) == harness.TINY.reps for t in times.values())
+    pairs = zip(times["one transaction"], times["per attribute"], strict=True)
+    assert sec.data["ratio"] == timing.median([a / b for a, b in pairs])
+    assert [g["what"] for g in sec.goals] == ["storage: one transaction vs one per attribute"]
+    assert len(sec.rows) == 2 and sec.rows[1][2].startswith(f"{sec.data['ratio']:.3f}x")

@@ -51,7 +51,7 @@ from pg import free_port
 from polling import get_json, serving, wait_until_answers
 
 from ablations.studies.spec import BUDGETS, available_studies, load_spec
-from ablations.studies.storage import open_storage
+from ablations.studies.storage import open_storage, set_user_attrs
 
 pytestmark = STUDY_TEST_MARKS
 
@@ -420,6 +420,44 @@ def test_sqlite_file_transactions_take_the_write_lock_at_begin_and_memory_storag
     memory.optimize(lambda t: time.sleep(1.5) or t.suggest_float("x", 0.0, 1.0), n_trials=2)
     assert [t.state for t in memory.trials] == [TrialState.COMPLETE] * 2
     assert in_memory.get_heartbeat_interval() is None
+
+
+def test_a_trial_s_attrs_are_written_in_one_transaction_as_optuna_writes_them_one_by_one(tmp_path):
+    """``set_user_attrs`` stores what ``Trial.set_user_attr`` per item stores (values, overwrites, the trial's own
+    view), in one commit instead of one per attr; a finished trial refuses it as optuna refuses one attr, writing
+    nothing; a storage without the one-transaction call (in memory) gets the attrs one by one."""
+    import sqlalchemy
+
+    storage = open_storage(url_of(tmp_path / "attrs.db"))
+    study = optuna.create_study(storage=storage, study_name="attrs")
+    attrs = {"phase": "tune", "config": {"lr": 0.004, "depth": 4}, "val_acc_curve": [0.5, 0.75, 0.875],
+             "resume_checkpoint": None, "worker": "host:1"}
+    one_by_one, batched = study.ask(), study.ask()
+    for trial in (one_by_one, batched):
+        trial.set_user_attr("worker", "earlier")  # overwritten below, as a retry's attr is
+    for key, value in attrs.items():
+        one_by_one.set_user_attr(key, value)
+    commits = []
+
+    def commit(connection) -> None:
+        commits.append(connection)
+
+    sqlalchemy.event.listen(storage.engine, "commit", commit)
+    set_user_attrs(batched, attrs)
+    sqlalchemy.event.remove(storage.engine, "commit", commit)
+    assert len(commits) == 1
+    stored = {t.number: t.user_attrs for t in study.get_trials()}
+    assert stored[batched.number] == stored[one_by_one.number] == attrs
+    assert batched.user_attrs == attrs  # the running trial's own view, as set_user_attr keeps it
+    study.tell(batched, 1.0)
+    with pytest.raises(RuntimeError, match="finished"):
+        set_user_attrs(batched, {"phase": "report", "late": 1})
+    assert study.get_trials()[batched.number].user_attrs == attrs
+
+    memory = optuna.create_study(storage=open_storage("sqlite:///:memory:"))
+    trial = memory.ask()
+    set_user_attrs(trial, attrs)
+    assert memory.get_trials()[0].user_attrs == attrs
 
 
 def test_unreachable_storage_fails_fast():

@@ -13,7 +13,8 @@ Writes ``<out>/bench.md`` (each figure beside its goal with a pass/miss mark, pl
 11 overhead, 12 malloc (only when asked: ``--sections malloc`` or ``12``; child processes per malloc setting),
 13 engine (only when asked: the training engine's levers per trial step, ``ablations.bench.engine``), 14 gpu (only
 when asked: the engine on the device — a study's aggregate images/s, the paper recipe's MFU, the multi-stream
-designs' steps, ``ablations.bench.gpu``; meant for ``--device cuda``).
+designs' steps, ``ablations.bench.gpu``; meant for ``--device cuda``), 15 storage (only when asked: a trial's summary
+written to the study's SQLite storage attribute by attribute vs in one transaction, ``ablations.bench.storage``).
 ``--processes K`` runs sections 3 and 11 in K fresh child processes each (a ratio: the median of theirs);
 ``--isolate K`` runs section 11 with every model in a fresh child process of its own, K rounds.
 Section 8 also writes ``<out>/modes-<device>.json``, the table ``ablations.machine.modes`` chooses a training run's
@@ -67,11 +68,12 @@ from .loops import bench_data, bench_lightning, bench_study
 from .malloc import bench_malloc
 from .precision import bench_auto, bench_modes, modes_table
 from .steps import bench_compile, bench_memory, bench_mfu, bench_overhead, bench_timm, bench_variants
+from .storage import bench_storage
 
 BENCHES = {"timm": bench_timm, "variants": bench_variants, "lightning": bench_lightning, "mfu": bench_mfu,
            "study": bench_study, "memory": bench_memory, "data": bench_data, "modes": bench_modes,
            "compile": bench_compile, "auto": bench_auto, "overhead": bench_overhead, "malloc": bench_malloc,
-           "engine": bench_engine, "gpu": bench_gpu}
+           "engine": bench_engine, "gpu": bench_gpu, "storage": bench_storage}
 
 
 # --- report --------------------------------------------------------------------------------------------------------
@@ -176,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"folder for bench.md and bench.json (default: {layout.RESULTS_DIR})")
     p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's own, the physical cores)")
     p.add_argument("--sections", type=parse_sections, help=f"comma-separated subset of {', '.join(SECTIONS)} "
-                   f"(or numbers 1-{len(SECTIONS)}); default: all but compile, malloc, engine and gpu")
+                   f"(or numbers 1-{len(SECTIONS)}); default: all but compile, malloc, engine, gpu and storage")
     p.add_argument("--compile", action="store_true", help="also measure model.compile() (section 9; on CUDA also "
                    "section 13's torch.compile lever)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",

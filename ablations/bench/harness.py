@@ -15,10 +15,11 @@ from ..machine.timing import image_batch, median, round_ratios
 BACKBONE = ViTConfig()  # the timed backbone's fields other than those Settings sets
 
 SECTIONS = ("timm", "variants", "lightning", "mfu", "study", "memory", "data", "modes", "compile", "auto",
-            "overhead", "malloc", "engine", "gpu")
+            "overhead", "malloc", "engine", "gpu", "storage")
 
 
-DEFAULT_SECTIONS = tuple(name for name in SECTIONS if name not in ("compile", "malloc", "engine", "gpu"))  # opt-in
+DEFAULT_SECTIONS = tuple(name for name in SECTIONS
+                         if name not in ("compile", "malloc", "engine", "gpu", "storage"))  # opt-in
 STUDY = "residual_variants"
 
 

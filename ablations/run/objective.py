@@ -18,7 +18,7 @@ from typing import Any
 
 from .. import layout
 from ..studies.spec import SPAWN_STRATEGIES, StudySpec
-from ..studies.storage import retried_trial_number
+from ..studies.storage import retried_trial_number, set_user_attrs
 
 log = logging.getLogger("ablations.run")
 
@@ -160,17 +160,16 @@ class Objective:
             if (ckpt_dir / "last.ckpt").exists():
                 log.warning("%s is left from an earlier run under this study name (was the storage reset?); "
                             "not resuming it: trial %d starts from scratch", ckpt_dir / "last.ckpt", trial.number)
-        trial.set_user_attr("run_name", run_name)
-        trial.set_user_attr("phase", self.spec.stage)  # tune | report: the report tables read report trials only
-        trial.set_user_attr("worker", worker_id())
-        trial.set_user_attr("config", jsonable(config.to_dict()))
-        trial.set_user_attr(layout.MODEL_KEY, jsonable(config.model_config(dataset_shape(config)).to_dict()))
-        trial.set_user_attr("log_dir", str(self.log_root / run_name))
-        # What was offered; whether Lightning did restore it (``resumed_from_checkpoint``, ``start_epoch``,
-        # ``start_global_step``) and what this process trained itself come with the run's summary.
-        trial.set_user_attr("resume_checkpoint", None if ckpt_path is None else str(ckpt_path))
-        if original is not None:
-            trial.set_user_attr("retry_of", original)
+        # phase: tune | report (the report tables read report trials only); resume_checkpoint: what was offered
+        # (whether Lightning did restore it, ``resumed_from_checkpoint``, ``start_epoch``, ``start_global_step``,
+        # and what this process trained itself come with the run's summary)
+        set_user_attrs(trial, {
+            "run_name": run_name, "phase": self.spec.stage, "worker": worker_id(),
+            "config": jsonable(config.to_dict()),
+            layout.MODEL_KEY: jsonable(config.model_config(dataset_shape(config)).to_dict()),
+            "log_dir": str(self.log_root / run_name),
+            "resume_checkpoint": None if ckpt_path is None else str(ckpt_path),
+            **({} if original is None else {"retry_of": original})})
         return Prepared(params, config, run_name, ckpt_dir, ckpt_path, original)
 
     def train(self, trial, prepared: Prepared) -> float:
@@ -202,15 +201,13 @@ class Objective:
 
     def pruned(self, trial, prepared: Prepared, summary: dict | None) -> None:
         """A pruned trial keeps the epochs it ran as user attrs; its checkpoints go."""
-        for key, value in jsonable(summary or {}).items():
-            trial.set_user_attr(key, value)
+        set_user_attrs(trial, jsonable(summary or {}))
         if not self.keep_checkpoints:
             shutil.rmtree(prepared.ckpt_dir, ignore_errors=True)
 
     def conclude(self, trial, prepared: Prepared, summary: dict) -> float:
         """A trained trial: its summary as user attrs, its checkpoints removed, its objective value returned."""
-        for key, value in jsonable(summary).items():
-            trial.set_user_attr(key, value)
+        set_user_attrs(trial, jsonable(summary))
         if not self.keep_checkpoints:
             shutil.rmtree(prepared.ckpt_dir, ignore_errors=True)
         value = summary.get(self.spec.metric)

@@ -29,6 +29,7 @@ from typing import Any
 
 from .. import layout
 from ..engine.loop import CHECKPOINT, NotStackable, StackedRun, cell_key, device_of, train_stacked
+from ..studies.storage import set_user_attrs
 
 
 def cell_label(params: dict) -> str:
@@ -285,8 +286,7 @@ class StackedWorker:
     def _attrs(trial, summary: dict | None) -> None:
         from .objective import jsonable
 
-        for key, value in jsonable(summary or {}).items():
-            trial.set_user_attr(key, value)
+        set_user_attrs(trial, jsonable(summary or {}))
 
 
 

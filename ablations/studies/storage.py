@@ -134,7 +134,44 @@ def _storage_class():
         if sqlite_path(self.url) is not None:
             serialize_sqlite_transactions(self.engine)
 
-    return type("StudyStorage", (base,), {"__module__": __name__, **calls, "__setstate__": __setstate__})
+    def set_trial_user_attrs(self, trial_id: int, attrs: dict) -> None:
+        """``set_trial_user_attr`` for every item of ``attrs`` in one transaction (optuna commits each attr in its
+        own: a trial's summary of ~50 attrs is ~50 commits, each a SQLite file lock and sync or a PostgreSQL round
+        trip). Present where optuna has the private step it repeats (:func:`_has_one_transaction_steps`)."""
+        from optuna.storages._rdb import models
+        from optuna.storages._rdb.storage import _create_scoped_session
+
+        with _create_scoped_session(self.scoped_session, True) as db:
+            for key, value in attrs.items():
+                self._set_trial_attr_without_commit(db, models.TrialUserAttributeModel, trial_id, key, value)
+
+    members = {"__module__": __name__, **calls, "__setstate__": __setstate__}
+    if _has_one_transaction_steps(base):
+        members["set_trial_user_attrs"] = _holding_stop_signals(set_trial_user_attrs)
+    return type("StudyStorage", (base,), members)
+
+
+def _has_one_transaction_steps(base) -> bool:
+    """Whether optuna has the private steps ``set_trial_user_attrs`` repeats in one transaction (optuna 3.0 to 5.x)."""
+    try:
+        from optuna.storages._rdb.storage import _create_scoped_session  # noqa: F401
+    except ImportError:
+        return False
+    return callable(getattr(base, "_set_trial_attr_without_commit", None))
+
+
+def set_user_attrs(trial, attrs: dict) -> None:
+    """``trial.set_user_attr(key, value)`` for every item of ``attrs``, in one storage transaction where the storage
+    is a :func:`open_storage` one (else attr by attr). ``trial``: an ``optuna.Trial`` being run."""
+    storage = getattr(trial, "storage", None)
+    storage = getattr(storage, "_backend", storage)  # optuna wraps an RDBStorage in _CachedStorage, which hands a
+    write = getattr(storage, "set_trial_user_attrs", None)  # running trial's attrs straight through to it
+    if write is None or not hasattr(trial, "_cached_frozen_trial"):
+        for key, value in attrs.items():
+            trial.set_user_attr(key, value)
+        return
+    write(trial._trial_id, attrs)
+    trial._cached_frozen_trial.user_attrs.update(attrs)  # what Trial.set_user_attr keeps after its write
 
 
 def __getattr__(name: str):
