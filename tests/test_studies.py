@@ -460,6 +460,35 @@ def test_a_trial_s_attrs_are_written_in_one_transaction_as_optuna_writes_them_on
     assert memory.get_trials()[0].user_attrs == attrs
 
 
+def _open_when_all_are_ready(url: str, barrier, answers) -> None:
+    barrier.wait()
+    try:
+        optuna.create_study(storage=open_storage(url), study_name="s", load_if_exists=True)
+        answers.put("ok")
+    except BaseException as exc:  # noqa: BLE001 - the answer is the test's
+        answers.put(f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}")
+
+
+@pytest.mark.slow  # 60 forked processes (~15 s on 2 cores)
+def test_processes_opening_one_new_sqlite_storage_at_once_all_open_it(tmp_path):
+    """Workers started together on a storage that does not exist yet (two ``ablations.run`` on one results folder,
+    a SLURM array) each create its tables: one that finds a table another has just made ("table ... already
+    exists") or the schema version inserted opens it again. Ten rounds of six processes released at one barrier
+    (before, about one round in five lost a process with "cannot reach storage ...: table studies already exists")."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    for round_ in range(10):
+        url = url_of(tmp_path / f"new{round_}.db")
+        barrier, answers = context.Barrier(6), context.Queue()
+        processes = [context.Process(target=_open_when_all_are_ready, args=(url, barrier, answers)) for _ in range(6)]
+        for process in processes:
+            process.start()
+        for process in processes:
+            process.join(timeout=120)
+        assert [answers.get(timeout=10) for _ in processes] == ["ok"] * 6, f"round {round_}"
+
+
 def test_unreachable_storage_fails_fast():
     """A refused connection is one line at once (no retry loop); the time is not asserted (a loaded machine), the
     bounded connect timeout that keeps an unanswering host from hanging the CLI is."""

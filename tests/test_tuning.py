@@ -8,7 +8,7 @@ import re
 
 import optuna
 import pytest
-from helpers import run_in_process, url_of, write_study
+from helpers import LIVE_WORKERS, THREE_VARIANTS, run_cli_many, run_in_process, url_of, write_study
 from optuna.trial import TrialState, create_trial
 
 from ablations.run.study import choose_lrs, tune_outcome
@@ -103,6 +103,50 @@ def test_the_lr_with_the_highest_mean_validation_accuracy_is_chosen(tmp_path):
     add(incomplete, {"variant": "standard", "depth": 1, "seed": 100, "lr": 1e-3}, 0.5)
     with pytest.raises(ValueError, match="tuning stage incomplete: standard depth=1: no result at lr"):
         choose_lrs(spec, incomplete)
+    # every rate has a result, one of them on 2 of the 3 seeds (the third still training in another worker): its
+    # mean would decide alone on those two seeds (0.95 > 0.82 here), so no choice is made
+    partial = optuna.create_study()
+    for (variant, lr), values in acc.items():
+        for seed, value in zip(SEEDS, values, strict=True):
+            if (variant, lr, seed) != ("standard", 4e-3, 101):
+                add(partial, {"variant": variant, "depth": 1, "seed": seed, "lr": lr}, value, diverged=value is None)
+    with pytest.raises(ValueError, match=re.escape("tuning stage incomplete: standard depth=1: not every tuning seed "
+                                                   "has a result at lr 0.004 (2 of 3)")):
+        choose_lrs(spec, partial)
+
+
+def test_the_choice_waits_for_the_tuning_points_other_workers_are_training(tmp_path):
+    """``await_other_workers``: while a point of the stage is RUNNING in another worker it waits (and returns once
+    that trial is told), so the choice reads it; a point WAITING again (a dead worker's trial, retried) is this
+    worker's to train (False at once)."""
+    import threading
+    import time
+
+    from ablations.run.workers import await_other_workers
+    from ablations.studies.storage import open_storage
+
+    stage = spec_with(tmp_path, {"lr": [1e-3]}, axes={"depth": [1], "seed": [0]}).tune_stage()
+    storage = open_storage(url_of(tmp_path / "await.db"))
+    study = optuna.create_study(storage=storage, study_name=stage.study_name)
+    points = stage.grid()
+    for params in points[1:]:  # done by the workers (the points they were enqueued with)
+        study.add_trial(create_trial(state=TrialState.COMPLETE, value=0.5, system_attrs={"fixed_params": params}))
+    study.enqueue_trial(points[0])
+    elsewhere = study.ask()  # the other worker's trial of the last point
+    assert elsewhere.params == {} and study.trials[-1].state == TrialState.RUNNING
+
+    def finish() -> None:
+        time.sleep(0.5)
+        study.tell(elsewhere, 0.5)  # its point is the one it was enqueued with (fixed_params)
+
+    other = threading.Thread(target=finish)
+    started = time.monotonic()
+    other.start()
+    assert await_other_workers(stage, storage, stage.study_name, poll_s=0.05) is True
+    other.join()
+    assert time.monotonic() - started >= 0.5 and study.trials[-1].state == TrialState.COMPLETE
+    study.enqueue_trial(points[0] | {"seed": 999})  # a retried point waiting to be taken
+    assert await_other_workers(stage, storage, stage.study_name, poll_s=0.05) is False
 
 
 def test_a_changed_tuning_grid_is_refused_before_anything_runs(tmp_path):
@@ -220,24 +264,58 @@ def test_a_study_extends_its_tuning_grid_until_each_best_rate_is_inside_or_at_a_
     rates it tried or at a declared bound (recorded), every added rate trained on every tuning seed, the stored
     choice equals the highest mean validation accuracy recomputed here from the trials themselves (not by the
     stage's function), and the reported runs trained at it."""
-    from ablations.studies.spec import TUNE_AT_BOUND, TUNE_EXTRA, TUNED_LR
-
-    path = write_study(tmp_path / "ext.yaml", variants=VARIANTS, axes={"seed": [0]},
-                       tune={"lr": [1e-3, 2e-3], "seeds": SEEDS, "bounds": [1e-3, 4e-3], "metric": "final_val_acc"})
+    path = write_study(tmp_path / "ext.yaml", variants=VARIANTS, axes={"seed": [0]}, tune=EXTENDING)
     db = tmp_path / "o.db"
     result = run_in_process("--study", str(path), "--storage", url_of(db), "--results-dir", "results",
                             "--no-progress", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    study = optuna.load_study(study_name="ext", storage=url_of(db))
-    tune = optuna.load_study(study_name="ext-tune", storage=url_of(db))
+    check_one_choice_from_every_tuning_run(db, "ext", ("standard", "rezero"))
+    at_bound = optuna.load_study(study_name="ext", storage=url_of(db)).user_attrs["tune_at_bound"]
+    assert "best learning rate at the edge of the rates tried; adding" in result.stderr or at_bound
+
+
+@pytest.mark.slow  # two CLI processes side by side: imports and tiny trainings (~1 min on 2 cores)
+def test_two_independent_workers_choose_once_from_every_tuning_run(tmp_path):
+    """Two ``ablations.run`` processes on one storage, each ``--workers 1`` (two machines on one PostgreSQL work
+    alike): the one that runs out of tuning points first waits for the other's last runs before choosing (a mean
+    over fewer seeds would choose another rate, and its reported runs would train at it). Both print the same
+    rates; the stored choice is the one every tuning seed says; every reported run, whoever trained it, used it."""
+    # runs of about a second each, one at a time (plain): the last tuning runs of the two overlap
+    path = write_study(tmp_path / "pair.yaml", variants=THREE_VARIANTS, axes={"seed": [0, 1]}, tune=EXTENDING,
+                       base={"max_epochs": 4, "dataset_options": {"num_samples": 512, "img_size": 8}})
+    db = tmp_path / "o.db"
+    args = ("--study", str(path), "--storage", url_of(db), "--results-dir", "results", "--no-progress",
+            "--workers", "1", "--threads", "1", "--engine", "plain", *LIVE_WORKERS)
+    results = run_cli_many({"first": args, "second": args}, cwd=tmp_path)
+    lines = []
+    for result in results.values():
+        assert result.returncode == 0, result.stderr
+        lines += [line for line in result.stderr.splitlines() if "learning rate per variant, chosen" in line]
+    assert len(lines) == 2 and lines[0] == lines[1], lines
+    check_one_choice_from_every_tuning_run(db, "pair", ("standard", "rezero", "skipinit"))
+
+
+#: a tuning grid of two rates inside bounds one step beyond it: cells whose best rate is at an edge extend once
+EXTENDING = {"lr": [1e-3, 2e-3], "seeds": SEEDS, "bounds": [1e-3, 4e-3], "metric": "final_val_acc"}
+
+
+def check_one_choice_from_every_tuning_run(db, name: str, variants) -> None:
+    """The stored choice of study ``name`` is, per variant, the rate of highest mean over every tuning seed
+    (recomputed here from the trials, not by the stage's function), each rate tried on every tuning seed, a best
+    rate at the edge of those tried recorded at its bound, and every reported run trained at the choice."""
+    from ablations.studies.spec import TUNE_AT_BOUND, TUNE_EXTRA, TUNED_LR
+
+    study = optuna.load_study(study_name=name, storage=url_of(db))
+    tune = optuna.load_study(study_name=f"{name}-tune", storage=url_of(db))
     chosen, at_bound = study.user_attrs[TUNED_LR], study.user_attrs[TUNE_AT_BOUND]
     extra = study.user_attrs[TUNE_EXTRA]
     assert extra == tune.user_attrs.get(TUNE_EXTRA, {})
     values: dict = {}
     for t in tune.get_trials(states=(TrialState.COMPLETE,)):
-        values.setdefault(t.params["variant"], {}).setdefault(t.params["lr"], []).append(
-            t.user_attrs["final_val_acc"])
-    for variant in ("standard", "rezero"):
+        if "duplicate_of" not in t.user_attrs:
+            values.setdefault(t.params["variant"], {}).setdefault(t.params["lr"], []).append(
+                t.user_attrs["final_val_acc"])
+    for variant in variants:
         key = json.dumps([variant, []])
         means = {lr: sum(v) / len(v) for lr, v in values[variant].items()}
         assert all(len(v) == len(SEEDS) for v in values[variant].values())
@@ -248,7 +326,6 @@ def test_a_study_extends_its_tuning_grid_until_each_best_rate_is_inside_or_at_a_
             assert at_bound[key] == ("low" if chosen[key] == min(means) else "high"), (variant, means)
         reported = [t for t in study.get_trials(states=(TrialState.COMPLETE,)) if t.params["variant"] == variant]
         assert reported and all(t.user_attrs["config"]["lr"] == chosen[key] for t in reported)
-    assert "best learning rate at the edge of the rates tried; adding" in result.stderr or at_bound
 
 
 # --- parameter-matched controls ----------------------------------------------------------------------------------

@@ -56,7 +56,7 @@ from .study import (
     tune_outcome,
     validate_points,
 )
-from .workers import quiet, run_grid, work
+from .workers import await_other_workers, quiet, run_grid, work
 from .write_errors import ResultsWriteError, one_line, write_error
 
 
@@ -264,13 +264,18 @@ def _tune(spec, storage, tune_study: str, args: argparse.Namespace, overrides: d
     """Run the tuning stage to its end: its grid, then, while a cell's best rate is at the edge of the rates it
     tried, one more rate beyond that edge (``TuneOutcome.extend``, within ``tune.bounds``) on the same tuning seeds;
     store the choice with ``study``. Returns the exit code of a stage that did not complete (0: done)."""
-    extra = stored_extra(storage, tune_study)
     while True:
-        code = run_grid(spec.tune_stage(extra), storage, tune_study, args, overrides, stage="tune")
+        extra = stored_extra(storage, tune_study)  # as stored: another worker may have added rates meanwhile
+        stage = spec.tune_stage(extra)
+        code = run_grid(stage, storage, tune_study, args, overrides, stage="tune")
         if code:
             print(f"study '{study.study_name}': the tuning stage is not complete; the reported grid waits for it "
                   "(rerun the same command)", file=sys.stderr)
             return code
+        if not await_other_workers(stage, storage, tune_study):  # the choice reads every tuning run
+            continue
+        if stored_extra(storage, tune_study) != extra:  # another worker extended the grid meanwhile: train it too
+            continue
         outcome = tune_outcome(spec, load_study(storage, tune_study), extra)
         if not outcome.extend:
             break

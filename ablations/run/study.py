@@ -77,18 +77,21 @@ def tune_outcome(spec, study, extra: dict[str, list[float]] | None = None) -> Tu
     ``spec.tune.metric`` (a validation metric) over the tuning seeds; a run that diverged or failed to train counts
     as 0; ties go to the rate listed first (the grid's order, then the added rates). Where the best rate is the
     smallest or largest the cell tried, :meth:`TuneSpec.beyond` names the rate to add (``extend``) or the bound
-    it sits at (``at_bound``). A point without a completed trial is a ValueError."""
+    it sits at (``at_bound``). A rate without a completed trial on every tuning seed is a ValueError (a mean over
+    fewer seeds than the others' is not the stage's choice: another worker may still be training the rest)."""
     from optuna.trial import TrialState
 
     tune_spec, metric = spec.tune_stage(extra), spec.tune.metric
 
     values: dict[tuple[str, float], list[float]] = {}
+    seeds: dict[tuple[str, float], set] = {}
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         if t.user_attrs.get("surplus") or "duplicate_of" in t.user_attrs:
             continue
         params = trial_point(t)
-        values.setdefault((spec.tune_key(params), float(params["lr"])), []).append(
-            tune_value(t.user_attrs, metric, spec.floor))
+        cell = (spec.tune_key(params), float(params["lr"]))
+        values.setdefault(cell, []).append(tune_value(t.user_attrs, metric, spec.floor))
+        seeds.setdefault(cell, set()).add(params["seed"])
     means: dict[str, dict[str, float | None]] = {}
     for params in tune_spec.grid():
         key, lr = spec.tune_key(params), float(params["lr"])
@@ -99,6 +102,11 @@ def tune_outcome(spec, study, extra: dict[str, list[float]] | None = None) -> Tu
         missing = [lr for lr, mean in by_lr.items() if mean is None]
         if missing:
             raise ValueError(f"tuning stage incomplete: {cell_text(key)} no result at lr {', '.join(missing)}")
+        short = [f"{lr} ({len(seeds[key, float(lr)])} of {len(spec.tune.seeds)})" for lr in by_lr
+                 if not set(spec.tune.seeds) <= seeds[key, float(lr)]]
+        if short:
+            raise ValueError(f"tuning stage incomplete: {cell_text(key)} not every tuning seed has a result at lr "
+                             f"{', '.join(short)}")
         choice[key] = float(max(by_lr, key=lambda lr: (by_lr[lr], -list(by_lr).index(lr))))
         rate, bound = spec.tune.beyond([float(lr) for lr in by_lr], choice[key])
         if rate is not None:

@@ -321,6 +321,36 @@ def _fail_left_running(procs: list, storage, study_name: str) -> None:
               "(checkpoints kept: the rerun resumes it)", file=sys.stderr)
 
 
+#: Seconds between two looks at the points other workers are training (:func:`await_other_workers`)
+AWAIT_POLL_S = 5.0
+
+
+def await_other_workers(spec, storage, study_name: str, poll_s: float = AWAIT_POLL_S) -> bool:
+    """Wait while the last points of grid ``spec`` train in other workers (other processes or machines on the same
+    storage), so that what follows reads every point's result (the tuning stage's choice: a mean over fewer seeds
+    than the stage's would pick another rate). True: nothing of the stage runs elsewhere any more; False: a point
+    is WAITING again (a dead worker's trial, retried once its heartbeat went stale): this worker trains it."""
+    import optuna
+    from optuna.trial import TrialState
+
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    grid, said = grid_keys(spec), False
+    while True:
+        check_stopping()
+        optuna.storages.fail_stale_trials(study)
+        retry_failed_points(study, spec, storage, only_stopped=True)
+        if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            return False
+        running = len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+        if not running or count_done(study, grid) >= spec.size:
+            return True
+        if not said:
+            print(f"study '{study_name}': waiting for {running} point(s) running in other workers before going on",
+                  file=sys.stderr)
+            said = True
+        time.sleep(poll_s)
+
+
 def _finish(study_name: str, storage, spec, elapsed: float) -> int:
     import optuna
     from optuna.trial import TrialState

@@ -17,6 +17,8 @@ GRACE_S = 60
 #: live worker's heartbeats are at most this plus one interval apart on SQLite.
 SQLITE_LOCK_TIMEOUT_S = 60
 MAX_RETRY = 3
+#: Opens of a new storage that another process is creating at the same moment, before its error is the answer
+CREATE_ATTEMPTS = 5
 
 
 def check_url(url: str) -> str:
@@ -72,12 +74,17 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_s: int = HEARTBEAT_S, 
             **{Retry.storage_arg: Retry(max_retry=MAX_RETRY, inherit_intermediate_values=True)})
 
     try:
-        try:
-            storage = rdb_storage()
-        except sqlalchemy.exc.IntegrityError:
-            # Another process created the same new storage at the same moment (both inserted its schema version):
-            # its tables are complete now, and opening it again only reads them.
-            storage = rdb_storage()
+        for attempt in range(CREATE_ATTEMPTS):
+            try:
+                storage = rdb_storage()
+                break
+            except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError) as exc:
+                # Another process is creating the same new storage at the same moment (both inserted its schema
+                # version, or both saw a table missing and created it: "table ... already exists"): open it again,
+                # which creates only what is still missing and then reads.
+                racing = isinstance(exc, sqlalchemy.exc.IntegrityError) or "already exists" in str(exc.orig or exc)
+                if not racing or attempt == CREATE_ATTEMPTS - 1:
+                    raise
         if sqlite_path(url) is not None:  # a file that several processes can share (not ":memory:")
             serialize_sqlite_transactions(storage.engine)
         return storage
