@@ -10,7 +10,7 @@ import json
 import statistics
 
 import pytest
-from helpers import run_in_process, trials_of, url_of, write_study
+from helpers import run_cli_many, run_in_process, trials_of, url_of, write_study
 
 from ablations.report.cli import main as report_main
 from ablations.report.runs import curve_text, read_curve
@@ -93,6 +93,50 @@ def test_a_partial_runs_csv_continues_the_study_and_only_the_rest_trains(first, 
     assert result.returncode == 0, result.stderr
     assert "0 completed reported trial(s) joined 'carried' as done; 4 already done here" in result.stderr
     assert len(trials_of(db, NAME)) == 6
+
+
+@pytest.mark.slow  # three CLI processes side by side (~30 s on 2 cores)
+def test_workers_importing_one_runs_csv_at_once_report_each_point_once(first, tmp_path):
+    """Three workers started at once with the same command, ``--import-runs`` included (as a SLURM array would):
+    each reads the storage before the others' rows are in, so each adds the file's rows (about one worker in two,
+    measured). A point's result is its first completed trial: the report equals the file's rows, one per point,
+    and the tuning stage's choice is the file's (its means over the repeated rows unchanged)."""
+    root, study, rows = first
+    db = tmp_path / "c.db"
+    args = ("--study", str(study), "--storage", url_of(db), "--results-dir", "results", "--no-progress",
+            "--workers", "1", "--threads", "1", "--import-runs", str(root / "report_a" / "runs.csv"))
+    for result in run_cli_many({k: args for k in "abc"}, cwd=tmp_path).values():
+        assert result.returncode == 0, result.stderr
+    tune, reported = trials_of(db, f"{NAME}-tune"), trials_of(db, NAME)
+    assert all("imported_from" in t.user_attrs for t in tune + reported)  # nothing trained
+    again = _report(study, db, tmp_path / "report_c", tmp_path)
+    assert len(again) == len(rows) and _table(again) == _table(rows)
+
+
+def test_a_completed_point_s_later_copies_are_not_results(tmp_path):
+    """Two COMPLETE trials of one grid point (what simultaneous imports leave): the first is the result, the later
+    one is skipped by the report and by the tuning stage's choice, whatever its value; two search trials that
+    drew the same parameters are both results."""
+    import optuna
+    from optuna.trial import TrialState, create_trial
+
+    from ablations.report.load import result_trials
+    from ablations.studies.storage import repeated_results
+
+    study = optuna.create_study(storage=url_of(tmp_path / "r.db"), study_name="r")
+    point = {"variant": "standard", "seed": 0}
+    for value in (0.9, 0.1):  # the later copy's value must not count
+        study.add_trial(create_trial(state=TrialState.COMPLETE, value=value, system_attrs={"fixed_params": point},
+                                     user_attrs={"best_val_acc": value}))
+    other = {"variant": "rezero", "seed": 0}
+    study.add_trial(create_trial(state=TrialState.COMPLETE, value=0.5, system_attrs={"fixed_params": other}))
+    dist = {"x": optuna.distributions.FloatDistribution(0, 1)}
+    for _ in range(2):
+        study.add_trial(create_trial(state=TrialState.COMPLETE, value=0.5, params={"x": 0.5}, distributions=dist))
+    trials = study.get_trials()
+    assert repeated_results(trials) == {1}
+    results, pending, skipped = result_trials(study)
+    assert [t.number for t in results] == [0, 2, 3, 4] and (pending, skipped) == (0, 1)
 
 
 @pytest.mark.parametrize(("phase", "column", "value", "fault"), [

@@ -17,6 +17,7 @@ from typing import Any
 
 from .. import layout
 from ..studies.spec import tune_name
+from ..studies.storage import repeated_results
 from ..training import HP_SUMMARY_KEYS
 
 BASELINE = "standard"  # the variant every other one is compared with
@@ -208,10 +209,12 @@ def _sqlite_study_names(path: Path) -> list[str]:
 
 def result_trials(study) -> tuple[list, int, int]:
     """(trials that are results, pending count, skipped count). Not results: surplus and duplicate grid trials,
-    and FAIL trials that a later trial retried (``system_attrs['failed_trial']``)."""
+    a completed point's later completed copies (:func:`ablations.studies.storage.repeated_results`), and FAIL
+    trials that a later trial retried (``system_attrs['failed_trial']``)."""
     from optuna.trial import TrialState
 
     trials = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
+    repeats = repeated_results(trials)
 
     def origin(t) -> int:
         return t.system_attrs.get("failed_trial", t.number)
@@ -222,7 +225,7 @@ def result_trials(study) -> tuple[list, int, int]:
         latest[origin(t)] = max(latest.get(origin(t), -1), t.number)
     results, pending, skipped = [], 0, 0
     for t in trials:
-        if t.user_attrs.get("surplus") or "duplicate_of" in t.user_attrs:
+        if t.user_attrs.get("surplus") or "duplicate_of" in t.user_attrs or t.number in repeats:
             skipped += 1
         elif t.state in (TrialState.RUNNING, TrialState.WAITING):
             pending += 1

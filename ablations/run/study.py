@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 from ..studies.overrides import check_stored
 from ..studies.spec import TUNE_EXTRA, TUNED_LR
+from ..studies.storage import repeated_results
 
 REMOVED = "removed_from_study_file"  # user attr of a WAITING trial set aside because its point left the study file
 STOPPED = "stopped_by"  # user attr of a trial failed by Ctrl-C or SIGTERM: SIGINT | SIGTERM
@@ -85,8 +86,10 @@ def tune_outcome(spec, study, extra: dict[str, list[float]] | None = None) -> Tu
 
     values: dict[tuple[str, float], list[float]] = {}
     seeds: dict[tuple[str, float], set] = {}
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        if t.user_attrs.get("surplus") or "duplicate_of" in t.user_attrs:
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    repeats = repeated_results(complete)
+    for t in complete:
+        if t.user_attrs.get("surplus") or "duplicate_of" in t.user_attrs or t.number in repeats:
             continue
         params = trial_point(t)
         cell = (spec.tune_key(params), float(params["lr"]))

@@ -307,6 +307,24 @@ def retried_trial_number(frozen) -> int | None:
     return frozen.system_attrs.get("failed_trial")
 
 
+def repeated_results(trials) -> set[int]:
+    """Numbers of the COMPLETE trials whose grid point (the ``fixed_params`` it was enqueued or imported with) an
+    earlier-numbered COMPLETE trial already has. A worker prunes a point another has run before training it, but
+    two workers that import the same ``runs.csv`` at the same moment each add its rows (each sees none there yet):
+    a point's result is its first completed trial, and the readers (the report, the tuning stage's choice) skip
+    the repeats. Trials of a search (no ``fixed_params``) never repeat one another."""
+    seen, repeated = set(), set()
+    for t in sorted(trials, key=lambda t: t.number):
+        point = t.system_attrs.get("fixed_params")
+        if t.state.name != "COMPLETE" or point is None:
+            continue
+        key = repr(sorted(point.items()))
+        if key in seen:
+            repeated.add(t.number)
+        seen.add(key)
+    return repeated
+
+
 def lost_storage_error(exc: BaseException) -> BaseException | None:
     """The database error behind ``exc`` when the storage itself failed (server gone, connection dropped, SQLite
     locked): a SQLAlchemy ``OperationalError`` or ``InterfaceError`` anywhere in its cause/context chain, which
