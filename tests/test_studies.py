@@ -474,7 +474,8 @@ def test_processes_opening_one_new_sqlite_storage_at_once_all_open_it(tmp_path):
     """Workers started together on a storage that does not exist yet (two ``ablations.run`` on one results folder,
     a SLURM array) each create its tables: one that finds a table another has just made ("table ... already
     exists") or the schema version inserted opens it again. Ten rounds of six processes released at one barrier
-    (before, about one round in five lost a process with "cannot reach storage ...: table studies already exists")."""
+    (before, about one round in five lost a process with "cannot reach storage ...: table studies already exists";
+    on a loaded machine a process could meet a table another had just made on several attempts in a row)."""
     import multiprocessing
 
     context = multiprocessing.get_context("fork")

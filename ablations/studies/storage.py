@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import random
+import time
 from pathlib import Path
 
 from ..layout import DEFAULT_STORAGE  # noqa: F401 (re-exported: sqlite:///results/optuna.db)
@@ -17,8 +19,9 @@ GRACE_S = 60
 #: live worker's heartbeats are at most this plus one interval apart on SQLite.
 SQLITE_LOCK_TIMEOUT_S = 60
 MAX_RETRY = 3
-#: Opens of a new storage that another process is creating at the same moment, before its error is the answer
-CREATE_ATTEMPTS = 5
+#: Opens of a new storage that other processes are creating at the same moment (a growing random pause between
+#: them), before its error is the answer
+CREATE_ATTEMPTS = 8
 
 
 def check_url(url: str) -> str:
@@ -85,6 +88,7 @@ def open_storage(url: str = DEFAULT_STORAGE, *, heartbeat_s: int = HEARTBEAT_S, 
                 racing = isinstance(exc, sqlalchemy.exc.IntegrityError) or "already exists" in str(exc.orig or exc)
                 if not racing or attempt == CREATE_ATTEMPTS - 1:
                     raise
+                time.sleep(random.uniform(0.05, 0.25) * (attempt + 1))  # let the others finish creating it
         if sqlite_path(url) is not None:  # a file that several processes can share (not ":memory:")
             serialize_sqlite_transactions(storage.engine)
         return storage
