@@ -294,12 +294,12 @@ def test_tensorboard_hparams_table_lists_every_trial(study):
     body = {"experimentName": "", "startIndex": 0, "sliceSize": 1000,
             "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"]}
 
-    def sessions_of(groups: dict) -> dict:
+    def rows_of(groups: dict) -> dict:  # the HParams table's rows by run name (the API's JSON field names)
         return {s["name"]: s for g in groups.get("sessionGroups", []) for s in g["sessions"]}
 
     def all_loaded(groups: dict) -> bool:  # TensorBoard loads event files lazily: every run and its final values
-        sessions = sessions_of(groups)
-        return set(sessions) >= expected and all(_finite_metrics(s) for s in sessions.values())
+        rows = rows_of(groups)
+        return set(rows) >= expected and all(_finite_metrics(r) for r in rows.values())
 
     with serving([tensorboard, "--logdir", logdir, "--host", "127.0.0.1", "--port", str(port), "--load_fast", "false",
                   "--reload_interval", "2"], study.root / "tensorboard.log") as proc:
@@ -309,12 +309,12 @@ def test_tensorboard_hparams_table_lists_every_trial(study):
                                         ready=study_experiment_loaded, what="TensorBoard's HParams experiment")
         groups = wait_until_answers(f"{url}/session_groups", proc, body=body, ready=all_loaded,
                                     what="a run with finite hp metrics for every trial")
-        sessions = sessions_of(groups)
-        assert set(sessions) == expected, f"sessions {sorted(sessions)} != trials {sorted(expected)}"
+        rows = rows_of(groups)
+        assert set(rows) == expected, f"HParams rows {sorted(rows)} != trials {sorted(expected)}"
         shown = {display_tag(m) for m in HP_METRICS}  # the summary group's TensorBoard tags
         metric_tags = {m["name"]["tag"] for m in experiment["metricInfos"]}
         assert metric_tags == {display_tag(m) for m in STUDY_METRICS}  # the same columns for every row
-        for name, run in sessions.items():
+        for name, run in rows.items():
             values = {m["name"]["tag"]: m["value"] for m in run["metricValues"]}
             extra = {display_tag(m) for m in AGG_METRICS} if name in aggregates else set()
             assert set(values) == shown | extra, name

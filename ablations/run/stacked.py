@@ -268,8 +268,7 @@ class StackedWorker:
         summaries = getattr(exc, "run_summaries", None) or [None] * len(prepared)
         for (trial, _), summary in zip(prepared, summaries, strict=False):
             with contextlib.suppress(Exception):  # the storage may be what is failing
-                self._attrs(trial, summary)
-                trial.set_user_attr(STOPPED, name)
+                self._attrs(trial, summary, {STOPPED: name})
                 self.study.tell(trial, state=TrialState.FAIL)
 
     def _failed(self, prepared: list, exc: BaseException) -> None:
@@ -278,15 +277,15 @@ class StackedWorker:
         summaries = getattr(exc, "run_summaries", None) or [None] * len(prepared)
         for (trial, _), summary in zip(prepared, summaries, strict=False):
             with contextlib.suppress(Exception):
-                self._attrs(trial, summary)
-                trial.set_user_attr("fail_reason", " ".join(str(exc).split())[:500] or type(exc).__name__)
+                self._attrs(trial, summary, {"fail_reason": " ".join(str(exc).split())[:500] or type(exc).__name__})
                 self.study.tell(trial, state=TrialState.FAIL)
 
     @staticmethod
-    def _attrs(trial, summary: dict | None) -> None:
+    def _attrs(trial, summary: dict | None, more: dict) -> None:
+        """The run's summary so far and ``more`` (why it ended) in one write."""
         from .objective import jsonable
 
-        set_user_attrs(trial, jsonable(summary or {}))
+        set_user_attrs(trial, jsonable(summary or {}) | more)
 
 
 

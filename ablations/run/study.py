@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 from ..studies.overrides import check_stored
 from ..studies.spec import TUNE_EXTRA, TUNED_LR
-from ..studies.storage import repeated_results
+from ..studies.storage import point_key, repeated_results
 
 REMOVED = "removed_from_study_file"  # user attr of a WAITING trial set aside because its point left the study file
 STOPPED = "stopped_by"  # user attr of a trial failed by Ctrl-C or SIGTERM: SIGINT | SIGTERM
@@ -211,10 +211,6 @@ def retry_failed_points(study, spec, storage, *, only_stopped: bool = False) -> 
     if exhausted and not only_stopped:
         print(f"not retrying failed trial(s) {', '.join(exhausted)}: retries used up", file=sys.stderr)
     return queued
-
-
-def point_key(params: dict) -> str:
-    return repr(sorted(params.items()))
 
 
 def grid_keys(spec) -> set[str] | None:

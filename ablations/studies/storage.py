@@ -311,6 +311,11 @@ def retried_trial_number(frozen) -> int | None:
     return frozen.system_attrs.get("failed_trial")
 
 
+def point_key(params: dict) -> str:
+    """A grid point's key: its parameters in name order (the same point enqueued, imported or retried)."""
+    return repr(sorted(params.items()))
+
+
 def repeated_results(trials) -> set[int]:
     """Numbers of the COMPLETE trials whose grid point (the ``fixed_params`` it was enqueued or imported with) an
     earlier-numbered COMPLETE trial already has. A worker prunes a point another has run before training it, but
@@ -322,7 +327,7 @@ def repeated_results(trials) -> set[int]:
         point = t.system_attrs.get("fixed_params")
         if t.state.name != "COMPLETE" or point is None:
             continue
-        key = repr(sorted(point.items()))
+        key = point_key(point)
         if key in seen:
             repeated.add(t.number)
         seen.add(key)
