@@ -271,3 +271,38 @@ def test_another_studys_file_or_an_old_runs_csv_is_refused_with_one_line(first, 
         line = result.stderr.strip().splitlines()[-1]
         assert line.startswith("error: --import-runs: ") and fault in line, line
         assert trials_of(db, f"{NAME}-tune") == []
+
+
+@pytest.mark.slow
+def test_rows_without_per_image_results_train_again_with_retrain_without_per_image(first, tmp_path):
+    """A runs.csv of a version that stored no per-image test results: with ``--retrain-without-per-image`` its
+    reported rows that trained are left out and train again (the tuning stage's rows are kept), the dry run counts
+    them as left, and the continued report has every run's per-image results — the retrained ones exactly those the
+    first machine stored for the same seeds."""
+    root, study, rows = first
+    assert all(r["test_correct"] for r in rows if r["phase"] == "report")
+    older = [dict(r, test_correct="") if r["phase"] == "report" and r["seed"] != "0" else r for r in rows]
+    _write(tmp_path / "older.csv", older)
+    db = tmp_path / "g.db"
+    result = _continue(study, db, tmp_path / "older.csv", tmp_path, "--dry-run", "--retrain-without-per-image")
+    assert result.returncode == 0, result.stderr
+    assert "2 of the 6 reported trials done and 12 of the 12 tuning trials" in result.stdout
+    result = _continue(study, db, tmp_path / "older.csv", tmp_path, "--no-progress", "--retrain-without-per-image")
+    assert result.returncode == 0, result.stderr
+    assert ("2 completed reported trial(s) joined 'carried' as done; 4 without per-image test results (they train "
+            "again: --retrain-without-per-image)") in result.stderr
+    assert all("imported_from" in t.user_attrs for t in trials_of(db, f"{NAME}-tune"))
+    trained = sorted(f"{t.params['variant']}/{t.params['seed']}" for t in trials_of(db, NAME) if "worker" in t.user_attrs)
+    assert trained == ["rezero/1", "rezero/2", "standard/1", "standard/2"]
+    again = _report(study, db, tmp_path / "report_g", tmp_path)
+    assert _table(again) == _table(rows)
+    first_correct = {(r["variant"], r["seed"]): r["test_correct"] for r in rows if r["phase"] == "report"}
+    assert {(r["variant"], r["seed"]): r["test_correct"] for r in again if r["phase"] == "report"} == first_correct
+
+
+def test_retrain_without_per_image_needs_a_runs_file(tmp_path):
+    study = write_study(tmp_path / "alone.yaml", variants=VARIANTS, axes={"seed": [0]})
+    result = run_in_process("--study", study, "--retrain-without-per-image", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip() == ("error: --retrain-without-per-image chooses which rows of --import-runs FILE "
+                                     "train again: give both")

@@ -93,6 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--import-runs", metavar="RUNS_CSV",
                    help="continue the study from a runs.csv of its report made elsewhere (another machine, a lost "
                         "storage): its completed trials join this storage as done and only the other points train")
+    p.add_argument("--retrain-without-per-image", action="store_true",
+                   help="with --import-runs: reported rows without per-image test results (a runs.csv of an earlier "
+                        "version) are not imported and train again, so every paired difference gets its two-level "
+                        "bootstrap interval")
     p.add_argument("--keep-checkpoints", action="store_true", help="keep each trial's last.ckpt after it completes")
     p.add_argument("--list", action="store_true", help="list the studies with their sizes and exit")
     p.add_argument("--dry-run", action="store_true",
@@ -190,6 +194,8 @@ def _main(args: argparse.Namespace) -> int:
                          "sampled, not listed): run it with its storage instead")
     if args.measure and not args.dry_run:
         raise ValueError("--measure prices a study for --dry-run: give both (a run measures nothing beforehand)")
+    if args.retrain_without_per_image and not args.import_runs:
+        raise ValueError("--retrain-without-per-image chooses which rows of --import-runs FILE train again: give both")
     if args.import_runs and not Path(args.import_runs).is_file():
         raise ValueError(f"--import-runs: runs file '{args.import_runs}' does not exist")
     check_loggers(args.loggers)
@@ -213,7 +219,7 @@ def _main(args: argparse.Namespace) -> int:
         check_url(args.storage)  # a URL the run would refuse is refused here too, before what is stored is read
         stored = stored_done(args.storage, study_name, spec)
         if args.import_runs and stored is None:  # a new storage: what the file brings is what is done
-            stored = imported_done(args.import_runs, spec, study_name)
+            stored = imported_done(args.import_runs, spec, study_name, args.retrain_without_per_image)
         elif args.import_runs:
             print(f"--import-runs {args.import_runs}: not read by this dry run, the storage already holds trials of "
                   f"'{study_name}' (below); the run adds the file's rows it lacks")

@@ -10,6 +10,9 @@ that differs in its learning rate alone: this study's tuning stage chose another
 trains again (the import says how many). Rows that are not complete
 (failed, pruned) are not imported: their points train again. An imported trial keeps the row's run summary, mode and
 per-epoch validation curve (``val_acc_curve``; a runs.csv written before that column leaves it out of ``val_curves``),
+and its per-image test results (``test_correct``) where the row has them; with ``--retrain-without-per-image`` a
+reported row that trained (not diverged, not failed to train) but lacks them is left out and its point trains again,
+so that every paired difference of the report gets its two-level bootstrap interval (seeds x test images). It
 has no TensorBoard folder (the diagnostics' figures leave it out) and carries ``imported_from`` (the file) instead of
 a ``worker``.
 
@@ -140,7 +143,13 @@ def _read(path: Path, spec, study_name: str):
         raise ValueError(f"--import-runs: {exc}") from None
 
 
-def imported_done(path: str | Path, spec, study_name: str):
+def lacks_per_image(run) -> bool:
+    """A reported run that trained (its accuracy counts, not chance level) but has no per-image test results: a
+    runs.csv row from a version that did not store them."""
+    return run.ok and not run.summary.get("test_correct")
+
+
+def imported_done(path: str | Path, spec, study_name: str, retrain_without_per_image: bool = False):
     """What the runs file would bring (:class:`ablations.run.study.Stored`, for a dry run): the points of each
     stage it completed, the points left, and its trials' wall times by (variant, depth) cell. Nothing is checked
     against the study file beyond the points (the run does that)."""
@@ -148,7 +157,8 @@ def imported_done(path: str | Path, spec, study_name: str):
     stages = ([spec.tune_stage()] if spec.tune is not None else []) + [spec]
     done, left, seconds = [], [], {}
     for stage in stages:
-        rows = [(r, p) for r, p in _matched(path, stage, study_name) if r.state == "complete" and p is not None]
+        rows = [(r, p) for r, p in _matched(path, stage, study_name) if r.state == "complete" and p is not None
+                and not (retrain_without_per_image and stage.stage != "tune" and lacks_per_image(r))]
         finished = {point_key(p) for _, p in rows}
         done.append(len(finished))
         left += [p for p in stage.grid() if point_key(p) not in finished]
@@ -161,10 +171,10 @@ def imported_done(path: str | Path, spec, study_name: str):
 
 
 def import_runs(path: str | Path, spec, storage, study_name: str, overrides: dict,
-                tuned: dict[str, float] | None = None) -> int:
+                tuned: dict[str, float] | None = None, retrain_without_per_image: bool = False) -> int:
     """Add the completed rows of ``path`` for this stage (``spec.stage``: ``tune`` rows to the tuning stage's
     study, ``report`` rows to the study) as COMPLETE trials of their grid points; points already done here are
-    left alone. ValueError (one line) for a row that is not this study's point; returns the trials added."""
+    left alone; with ``retrain_without_per_image`` a reported row that :func:`lacks_per_image` is left out. ValueError (one line) for a row that is not this study's point; returns the trials added."""
     import optuna
     from optuna.trial import FixedTrial, TrialState, create_trial
 
@@ -176,10 +186,12 @@ def import_runs(path: str | Path, spec, storage, study_name: str, overrides: dic
     done = {point_key(trial_point(t)) for t in done_trials(study)}
     objective = Objective(spec, log_root=Path("."), overrides=overrides, tuned=tuned)
     categorical, cache = categorical_axes(study, spec), {}
-    trials, here, outside, incomplete, other_rate = [], 0, 0, 0, 0
+    trials, here, outside, incomplete, other_rate, no_per_image = [], 0, 0, 0, 0, 0
     for run, point in matched:
         if run.state != "complete":
             incomplete += 1
+        elif retrain_without_per_image and spec.stage != "tune" and point is not None and lacks_per_image(run):
+            no_per_image += 1
         elif point is None:
             outside += 1
         elif point_key(point) in done:
@@ -215,7 +227,9 @@ def import_runs(path: str | Path, spec, storage, study_name: str, overrides: dic
                                                     (outside, "not points of this study (left out)"),
                                                     (incomplete, "not complete (they train again)"),
                                                     (other_rate, "trained at another learning rate than this "
-                                                                 "study's tuning stage chose (they train again)"))
+                                                                 "study's tuning stage chose (they train again)"),
+                                                    (no_per_image, "without per-image test results (they train "
+                                                                   "again: --retrain-without-per-image)"))
                           if n),
           file=sys.stderr)
     return len(trials)

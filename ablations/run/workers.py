@@ -98,7 +98,8 @@ def run_grid(spec, storage, study_name: str, args, overrides: dict, *, stage: st
     study = study or create_study(spec, storage, study_name, seed=0)
     tuned = None if stage == "tune" else stored_choice(storage, study_name)
     if spec.kind == "grid" and args.import_runs:
-        import_runs(args.import_runs, spec, storage, study_name, overrides, tuned=tuned)
+        import_runs(args.import_runs, spec, storage, study_name, overrides, tuned=tuned,
+                    retrain_without_per_image=args.retrain_without_per_image)
     write_study_hparams(layout.runs_dir(args.results_dir, study_name), spec, STUDY_METRICS)
     if spec.kind == "grid":
         for params in spec.grid():
