@@ -298,6 +298,11 @@ def test_rows_without_per_image_results_train_again_with_retrain_without_per_ima
     assert _table(again) == _table(rows)
     first_correct = {(r["variant"], r["seed"]): r["test_correct"] for r in rows if r["phase"] == "report"}
     assert {(r["variant"], r["seed"]): r["test_correct"] for r in again if r["phase"] == "report"} == first_correct
+    # the same command again: the retrained points are done here, nothing trains or is counted as left
+    result = _continue(study, db, tmp_path / "older.csv", tmp_path, "--no-progress", "--retrain-without-per-image")
+    assert result.returncode == 0, result.stderr
+    assert "0 completed reported trial(s) joined 'carried' as done; 6 already done here\n" in result.stderr
+    assert len(trials_of(db, NAME)) == 6
 
 
 def test_retrain_without_per_image_needs_a_runs_file(tmp_path):

@@ -190,12 +190,12 @@ def import_runs(path: str | Path, spec, storage, study_name: str, overrides: dic
     for run, point in matched:
         if run.state != "complete":
             incomplete += 1
-        elif retrain_without_per_image and spec.stage != "tune" and point is not None and lacks_per_image(run):
-            no_per_image += 1
         elif point is None:
             outside += 1
         elif point_key(point) in done:
             here += 1
+        elif retrain_without_per_image and spec.stage != "tune" and lacks_per_image(run):
+            no_per_image += 1
         else:
             config = objective.config(point)
             fault = _mismatch(run, config, cache)
