@@ -212,6 +212,7 @@ def run_training(
 
     from ablations.dashboard import extra_loggers, write_run_hparams
     from ablations.machine.allocator import set_malloc
+    from ablations.machine.modes import machine_text
     from ablations.tb_logger import tensorboard_logger
     from lit_modules.convergence import ConvergenceTracker, StepTimer
 
@@ -225,6 +226,7 @@ def run_training(
     config, facts = resolve_mode(config, accelerator, datamodule, results_dir)
     facts["num_classes"] = datamodule.num_classes  # the chance level a diverged run counts at in the report
     facts["malloc"] = malloc
+    facts["machine"] = machine_text("cuda" if accelerator == "gpu" else "cpu")
     model = build_model(config, datamodule)
     facts |= use_stream_kernels(model.model, config, accelerator, datamodule)
     if config.compile:

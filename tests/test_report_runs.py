@@ -217,6 +217,43 @@ def test_runs_csv_columns_and_phases(reports):
     assert div["diverged"] == "True" and div["ok"] == "False"
 
 
+def test_a_study_trained_on_two_machines_says_so_and_runs_csv_keeps_each_run_s_machine(reports, tmp_path):
+    """runs.csv's ``machine`` (what each run trained on) round-trips, and a study whose runs trained on two machines
+    says so with each machine's count of result runs; one machine (or none recorded) says nothing."""
+    root, _, _ = reports
+    rows = list(csv.DictReader(io.StringIO((root / "storage" / "runs.csv").read_text())))
+    assert "machine" not in rows[0]  # no trial recorded one: no column
+    a, b = "Machine A (avx2), torch 2.14.1", "Machine B (avx2, avx512f, avx512_bf16), torch 2.14.1"
+    for row in rows:
+        row["machine"] = a if row["phase"] == "tune" or int(row["seed"]) < 2 else b
+    header = [*list(rows[0])[:-1]]  # machine first put last; runs.csv's own order is checked on the way back
+    header.insert(header.index("diverged"), "machine")
+    with open(tmp_path / "runs.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=header, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    code, out, err = _report("--study", str(root / "claims_tiny.yaml"), "--runs", str(tmp_path / "runs.csv"), "--out",
+                             str(tmp_path / "two"), "--no-figures")
+    assert code == 0, err
+    assert (f"runs trained on different machines ({a}: 8; {b}: 16): a seed gives the same weights, data and batch "
+            "order on each") in out
+    back = list(csv.DictReader(io.StringIO((tmp_path / "two" / "runs.csv").read_text())))
+    assert [r["machine"] for r in back] == [r["machine"] for r in rows]
+    for row in rows:
+        row["machine"] = a
+    with open(tmp_path / "one.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=header, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    code, out, err = _report("--study", str(root / "claims_tiny.yaml"), "--runs", str(tmp_path / "one.csv"), "--out",
+                             str(tmp_path / "one"), "--no-figures")
+    assert code == 0, err
+    assert "different machines" not in out
+    assert "different machines" not in _report("--study", str(root / "claims_tiny.yaml"), "--runs",
+                                               str(root / "storage" / "runs.csv"), "--out", str(tmp_path / "none"),
+                                               "--no-figures")[1]
+
+
 def test_main_table_uses_report_phase_metric_and_lr(reports):
     root, _, _ = reports
     main = (root / "storage" / "main.md").read_text()

@@ -307,6 +307,11 @@ def test_cli_json_summary_is_all_of_stdout(tmp_path):
     assert "Trainable params" in out.stderr and "Epoch 1" in out.stderr  # the model summary and the progress bar
     assert summary["best_val_acc"] > 0.25 + 0.1  # 4 balanced classes: chance is 0.25
     assert summary["run_name"] == "cli" and Path(summary["log_dir"]) == tmp_path / "cli"
+    # what it trained on: this CPU's model name, the flags torch uses here and torch's version
+    from ablations.machine.modes import cpu_facts, machine_text
+
+    assert summary["machine"] == machine_text("cpu") and summary["machine"].startswith(cpu_facts()[0] + " (")
+    assert summary["machine"].endswith(f", torch {torch.__version__.split('+')[0]}")
     assert "Traceback" not in out.stderr
 
 

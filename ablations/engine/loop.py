@@ -252,9 +252,12 @@ class _Trainer:
     # --- set-up per run ------------------------------------------------------------------------------------------
     def _open(self) -> None:
         from ablations.dashboard import write_run_hparams
+        from ablations.machine.modes import machine_text
         from ablations.tb_logger import tensorboard_logger
         from ablations.training import HP_METRICS
         from lit_modules.convergence import ConvergenceTracker
+
+        machine = machine_text(self.device.type)
 
         for r in self.runs:
             r.logger = tensorboard_logger(r.spec.log_dir, r.spec.run_name)
@@ -269,7 +272,7 @@ class _Trainer:
             tracker._module = SimpleNamespace(diverged=False)
             r.tracker = tracker
             r.facts |= {"malloc": self.malloc, "engine": self.engine, "stack_size": self.k,
-                        "device": self.device.type}
+                        "device": self.device.type, "machine": machine}
             if r.config.diagnostics_every > 0:
                 from ablations.training import diagnostics_callback
 

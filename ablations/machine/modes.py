@@ -124,6 +124,21 @@ def usable_flags(flags: list[str]) -> list[str]:
     return [f for f in flags if f not in dropped]
 
 
+def machine_text(device_type: str) -> str:
+    """What a run trained on, as its summary records it (``machine``): the GPU's name and CUDA version, or the CPU's
+    model name with the flags torch uses here (:func:`usable_flags`: they change its kernels, so its numerics), and
+    torch's version. The same seed gives the same weights, data and batch order on any machine, but two machines of
+    different kinds do not compute the same floats: a seed's runs on two of them are paired only up to that."""
+    import torch
+
+    if device_type == "cuda" and torch.cuda.is_available():
+        where = f"{torch.cuda.get_device_name()} (CUDA {torch.version.cuda})"
+    else:
+        name, flags = cpu_facts()
+        where = f"{name} ({', '.join(flags) or 'no avx2/avx512/amx'})"
+    return f"{where}, torch {torch.__version__.split('+')[0]}"
+
+
 def _torch_version() -> str:
     """torch's ``major.minor`` without importing it (its kernels, and so the fastest mode, change between them)."""
     from importlib.metadata import PackageNotFoundError, version

@@ -124,6 +124,11 @@ def _main(args: argparse.Namespace) -> int:
     if len(modes) > 1:  # e.g. a study continued after precision auto: its pairs mix numerics (runs.csv: 'mode')
         notes.append("runs trained in different modes (" + "; ".join(f"{m}: {n}" for m, n in modes.items())
                      + "): paired differences mix numerics; fix precision and fused_attn in the study base to compare alike")
+    machines = data.machines()
+    if len(machines) > 1:  # e.g. a study continued on another machine (--import-runs): runs.csv's 'machine'
+        notes.append("runs trained on different machines (" + "; ".join(f"{m}: {n}" for m, n in machines.items())
+                     + "): a seed gives the same weights, data and batch order on each, but machines of different "
+                       "kinds compute different floats, so a pair that straddles two is paired only up to that")
     if not args.no_figures:
         from .tuning import tuning_figure, tuning_records
 

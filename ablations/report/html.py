@@ -369,6 +369,9 @@ def run_facts(data: StudyData, study=None) -> list[tuple[str, str]]:
         facts.append(("median per reported trial", ", ".join(per_row)))
     modes = data.modes()
     facts.append(("modes (precision + attention)", "; ".join(f"{m}: {n} runs" for m, n in modes.items()) or "—"))
+    machines = data.machines()
+    if set(machines) != {"not recorded"}:
+        facts.append(("what the runs trained on", "; ".join(f"{m}: {n} runs" for m, n in machines.items())))
     workers = sorted({str(r.summary["worker"]).rsplit(":", 1)[0] for r in (*data.runs, *data.tune_runs)
                       if r.summary.get("worker")})
     sources = sorted({str(r.summary["mode_source"]) for r in data.runs if r.summary.get("mode_source")})

@@ -131,6 +131,15 @@ class StudyData:
             counts[run_mode(run)] = counts.get(run_mode(run), 0) + 1
         return counts
 
+    def machines(self) -> dict[str, int]:
+        """How many result runs trained on each machine (``machine`` of the run summary; runs that did not record
+        it count under "not recorded")."""
+        counts: dict[str, int] = {}
+        for run in self.runs:
+            name = str(run.summary.get("machine") or "not recorded")
+            counts[name] = counts.get(name, 0) + 1
+        return counts
+
 
 def run_mode(run: Run) -> str:
     """``<precision> + <fused|explicit> attention[ on cuda]`` of one run, as its summary recorded what it trained in
