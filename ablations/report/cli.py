@@ -125,7 +125,7 @@ def _main(args: argparse.Namespace) -> int:
         notes.append("runs trained in different modes (" + "; ".join(f"{m}: {n}" for m, n in modes.items())
                      + "): paired differences mix numerics; fix precision and fused_attn in the study base to compare alike")
     machines = data.machines()
-    if len(machines) > 1:  # e.g. a study continued on another machine (--import-runs): runs.csv's 'machine'
+    if len(set(machines) - {"not recorded"}) > 1:  # e.g. continued elsewhere (--import-runs): runs.csv's 'machine'
         notes.append("runs trained on different machines (" + "; ".join(f"{m}: {n}" for m, n in machines.items())
                      + "): a seed gives the same weights, data and batch order on each, but machines of different "
                        "kinds compute different floats, so a pair that straddles two is paired only up to that")
