@@ -305,9 +305,37 @@ def test_rows_without_per_image_results_train_again_with_retrain_without_per_ima
     assert len(trials_of(db, NAME)) == 6
 
 
-def test_retrain_without_per_image_needs_a_runs_file(tmp_path):
+@pytest.mark.parametrize("flag", [["--retrain-without-per-image"], ["--retrain-mode", "32-true + fused attention"]])
+def test_retrain_flags_need_a_runs_file(tmp_path, flag):
     study = write_study(tmp_path / "alone.yaml", variants=VARIANTS, axes={"seed": [0]})
-    result = run_in_process("--study", study, "--retrain-without-per-image", cwd=tmp_path)
+    result = run_in_process("--study", study, *flag, cwd=tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
-    assert result.stderr.strip() == ("error: --retrain-without-per-image chooses which rows of --import-runs FILE "
-                                     "train again: give both")
+    assert result.stderr.strip() == f"error: {flag[0]} chooses which rows of --import-runs FILE train again: give both"
+
+
+@pytest.mark.slow
+def test_rows_of_another_mode_train_again_with_retrain_mode(first, tmp_path):
+    """A study continued on a machine where precision auto chose another mode: with ``--retrain-mode MODE`` the
+    reported rows that trained in MODE are left out and train again here, in this run's mode, so the report has
+    every reported run in one mode; a MODE no row trained in is one line naming the file's modes."""
+    root, study, rows = first
+    here = rows[-1]["mode"]
+    other = "bf16-mixed + fused attention" if here != "bf16-mixed + fused attention" else "32-true + fused attention"
+    mixed = [dict(r, mode=other) if r["phase"] == "report" and r["seed"] == "1" else r for r in rows]
+    _write(tmp_path / "mixed.csv", mixed)
+    db = tmp_path / "h.db"
+    result = _continue(study, db, tmp_path / "mixed.csv", tmp_path, "--no-progress", "--retrain-mode", other)
+    assert result.returncode == 0, result.stderr
+    assert (f"4 completed reported trial(s) joined 'carried' as done; 2 trained in mode {other} (they train again: "
+            "--retrain-mode)") in result.stderr
+    trained = sorted(f"{t.params['variant']}/{t.params['seed']}" for t in trials_of(db, NAME) if "worker" in t.user_attrs)
+    assert trained == ["rezero/1", "standard/1"]
+    again = _report(study, db, tmp_path / "report_h", tmp_path)
+    assert {r["mode"] for r in again if r["phase"] == "report"} == {here}
+    assert _table(again) == _table(rows)
+    result = _continue(study, tmp_path / "i.db", tmp_path / "mixed.csv", tmp_path, "--retrain-mode", "fp8 + magic")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: --retrain-mode: no reported row of '{tmp_path / 'mixed.csv'}' trained in mode 'fp8 + magic'; its "
+        f"modes: " + ", ".join(f"'{m}'" for m in sorted({here, other})))
+    assert not (tmp_path / "i.db").exists()

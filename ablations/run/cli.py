@@ -43,7 +43,7 @@ from ..studies.storage import (
     unusable_storage_message,
 )
 from .gpu_hours import DEFAULT_GPU, DEVICE_RESULTS, GPU_CLASSES
-from .imported import imported_done
+from .imported import check_retrain_modes, imported_done, retrain_rule
 from .plan import dry_run, stored_done
 from .study import (
     cell_text,
@@ -97,6 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --import-runs: reported rows without per-image test results (a runs.csv of an earlier "
                         "version) are not imported and train again, so every paired difference gets its two-level "
                         "bootstrap interval")
+    p.add_argument("--retrain-mode", action="append", default=[], metavar="MODE",
+                   help="with --import-runs: reported rows that trained in MODE (runs.csv's mode column, e.g. "
+                        "'32-true + explicit attention') are not imported and train again, in the mode this run "
+                        "uses, so that every reported run has one mode (repeatable)")
     p.add_argument("--keep-checkpoints", action="store_true", help="keep each trial's last.ckpt after it completes")
     p.add_argument("--list", action="store_true", help="list the studies with their sizes and exit")
     p.add_argument("--dry-run", action="store_true",
@@ -194,10 +198,14 @@ def _main(args: argparse.Namespace) -> int:
                          "sampled, not listed): run it with its storage instead")
     if args.measure and not args.dry_run:
         raise ValueError("--measure prices a study for --dry-run: give both (a run measures nothing beforehand)")
-    if args.retrain_without_per_image and not args.import_runs:
-        raise ValueError("--retrain-without-per-image chooses which rows of --import-runs FILE train again: give both")
+    for flag, given in (("--retrain-without-per-image", args.retrain_without_per_image),
+                        ("--retrain-mode", args.retrain_mode)):
+        if given and not args.import_runs:
+            raise ValueError(f"{flag} chooses which rows of --import-runs FILE train again: give both")
     if args.import_runs and not Path(args.import_runs).is_file():
         raise ValueError(f"--import-runs: runs file '{args.import_runs}' does not exist")
+    if args.retrain_mode:
+        check_retrain_modes(args.import_runs, spec, args.study_name or spec.study_name, tuple(args.retrain_mode))
     check_loggers(args.loggers)
     if args.workers is None:
         args.workers = default_workers(spec, args.threads)
@@ -219,7 +227,8 @@ def _main(args: argparse.Namespace) -> int:
         check_url(args.storage)  # a URL the run would refuse is refused here too, before what is stored is read
         stored = stored_done(args.storage, study_name, spec)
         if args.import_runs and stored is None:  # a new storage: what the file brings is what is done
-            stored = imported_done(args.import_runs, spec, study_name, args.retrain_without_per_image)
+            stored = imported_done(args.import_runs, spec, study_name, retrain_rule(
+                args.retrain_without_per_image, tuple(args.retrain_mode)))
         elif args.import_runs:
             print(f"--import-runs {args.import_runs}: not read by this dry run, the storage already holds trials of "
                   f"'{study_name}' (below); the run adds the file's rows it lacks")

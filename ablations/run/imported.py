@@ -12,7 +12,9 @@ trains again (the import says how many). Rows that are not complete
 per-epoch validation curve (``val_acc_curve``; a runs.csv written before that column leaves it out of ``val_curves``),
 and its per-image test results (``test_correct``) where the row has them; with ``--retrain-without-per-image`` a
 reported row that trained (not diverged, not failed to train) but lacks them is left out and its point trains again,
-so that every paired difference of the report gets its two-level bootstrap interval (seeds x test images). It
+so that every paired difference of the report gets its two-level bootstrap interval (seeds x test images); with
+``--retrain-mode MODE`` a reported row that trained in that mode (runs.csv's ``mode``) trains again, in the mode
+this run uses, so that a study continued on another machine can have all its reported runs in one mode. It
 has no TensorBoard folder (the diagnostics' figures leave it out) and carries ``imported_from`` (the file) instead of
 a ``worker``.
 
@@ -149,7 +151,40 @@ def lacks_per_image(run) -> bool:
     return run.ok and not run.summary.get("test_correct")
 
 
-def imported_done(path: str | Path, spec, study_name: str, retrain_without_per_image: bool = False):
+def retrain_rule(without_per_image: bool = False, modes: tuple[str, ...] = ()):
+    """Which reported rows of the runs file train again instead of joining: a function of a row giving why (the
+    import's count line says so), or None for a row that joins. ``without_per_image``: rows that
+    :func:`lacks_per_image`; ``modes``: rows that trained in one of these modes (runs.csv's ``mode``, e.g.
+    ``32-true + explicit attention``), so that a study continued on a machine that chose another mode trains every
+    reported run in one. None when nothing is chosen."""
+    from ..report.load import run_mode
+
+    if not without_per_image and not modes:
+        return None
+
+    def why(run) -> str | None:
+        if modes and run_mode(run) in modes:
+            return f"trained in mode {run_mode(run)} (they train again: --retrain-mode)"
+        if without_per_image and lacks_per_image(run):
+            return "without per-image test results (they train again: --retrain-without-per-image)"
+        return None
+
+    return why
+
+
+def check_retrain_modes(path: str | Path, spec, study_name: str, modes: tuple[str, ...]) -> None:
+    """ValueError (one line) for a ``--retrain-mode`` that no reported row of the file trained in, naming those it
+    has."""
+    from ..report.load import run_mode
+
+    found = sorted({run_mode(r) for r, _ in _matched(Path(path), spec, study_name)})
+    for mode in modes:
+        if mode not in found:
+            raise ValueError(f"--retrain-mode: no reported row of '{path}' trained in mode '{mode}'; its modes: "
+                             + ", ".join(f"'{m}'" for m in found))
+
+
+def imported_done(path: str | Path, spec, study_name: str, retrain=None):
     """What the runs file would bring (:class:`ablations.run.study.Stored`, for a dry run): the points of each
     stage it completed, the points left, and its trials' wall times by (variant, depth) cell. Nothing is checked
     against the study file beyond the points (the run does that)."""
@@ -158,7 +193,7 @@ def imported_done(path: str | Path, spec, study_name: str, retrain_without_per_i
     done, left, seconds = [], [], {}
     for stage in stages:
         rows = [(r, p) for r, p in _matched(path, stage, study_name) if r.state == "complete" and p is not None
-                and not (retrain_without_per_image and stage.stage != "tune" and lacks_per_image(r))]
+                and not (retrain is not None and stage.stage != "tune" and retrain(r))]
         finished = {point_key(p) for _, p in rows}
         done.append(len(finished))
         left += [p for p in stage.grid() if point_key(p) not in finished]
@@ -171,10 +206,10 @@ def imported_done(path: str | Path, spec, study_name: str, retrain_without_per_i
 
 
 def import_runs(path: str | Path, spec, storage, study_name: str, overrides: dict,
-                tuned: dict[str, float] | None = None, retrain_without_per_image: bool = False) -> int:
+                tuned: dict[str, float] | None = None, retrain=None) -> int:
     """Add the completed rows of ``path`` for this stage (``spec.stage``: ``tune`` rows to the tuning stage's
     study, ``report`` rows to the study) as COMPLETE trials of their grid points; points already done here are
-    left alone; with ``retrain_without_per_image`` a reported row that :func:`lacks_per_image` is left out. ValueError (one line) for a row that is not this study's point; returns the trials added."""
+    left alone; a reported row for which ``retrain`` (:func:`retrain_rule`) gives a reason is left out. ValueError (one line) for a row that is not this study's point; returns the trials added."""
     import optuna
     from optuna.trial import FixedTrial, TrialState, create_trial
 
@@ -186,7 +221,7 @@ def import_runs(path: str | Path, spec, storage, study_name: str, overrides: dic
     done = {point_key(trial_point(t)) for t in done_trials(study)}
     objective = Objective(spec, log_root=Path("."), overrides=overrides, tuned=tuned)
     categorical, cache = categorical_axes(study, spec), {}
-    trials, here, outside, incomplete, other_rate, no_per_image = [], 0, 0, 0, 0, 0
+    trials, here, outside, incomplete, other_rate, again = [], 0, 0, 0, 0, {}
     for run, point in matched:
         if run.state != "complete":
             incomplete += 1
@@ -194,8 +229,8 @@ def import_runs(path: str | Path, spec, storage, study_name: str, overrides: dic
             outside += 1
         elif point_key(point) in done:
             here += 1
-        elif retrain_without_per_image and spec.stage != "tune" and lacks_per_image(run):
-            no_per_image += 1
+        elif retrain is not None and spec.stage != "tune" and (why := retrain(run)) is not None:
+            again[why] = again.get(why, 0) + 1
         else:
             config = objective.config(point)
             fault = _mismatch(run, config, cache)
@@ -228,8 +263,7 @@ def import_runs(path: str | Path, spec, storage, study_name: str, overrides: dic
                                                     (incomplete, "not complete (they train again)"),
                                                     (other_rate, "trained at another learning rate than this "
                                                                  "study's tuning stage chose (they train again)"),
-                                                    (no_per_image, "without per-image test results (they train "
-                                                                   "again: --retrain-without-per-image)"))
+                                                    *((n, why) for why, n in again.items()))
                           if n),
           file=sys.stderr)
     return len(trials)

@@ -16,7 +16,7 @@ from pathlib import Path
 from .. import layout
 from ..studies.stopping import check_stopping, stop_signal
 from ..studies.storage import redact
-from .imported import import_runs
+from .imported import import_runs, retrain_rule
 from .study import (
     STOPPED,
     count_done,
@@ -99,7 +99,7 @@ def run_grid(spec, storage, study_name: str, args, overrides: dict, *, stage: st
     tuned = None if stage == "tune" else stored_choice(storage, study_name)
     if spec.kind == "grid" and args.import_runs:
         import_runs(args.import_runs, spec, storage, study_name, overrides, tuned=tuned,
-                    retrain_without_per_image=args.retrain_without_per_image)
+                    retrain=retrain_rule(args.retrain_without_per_image, tuple(args.retrain_mode)))
     write_study_hparams(layout.runs_dir(args.results_dir, study_name), spec, STUDY_METRICS)
     if spec.kind == "grid":
         for params in spec.grid():
