@@ -58,6 +58,10 @@ SIGNATURE_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 #: A bf16 mode must take at most this fraction of the fastest fp32 mode's time to be chosen.
 BF16_MARGIN = 0.95
+#: Explicit attention must take at most this fraction of the fused kernel's time (same precision) to be chosen: the
+#: two compute the same function and often tie at small widths, where a choice by noise would differ between two
+#: measurements of one machine (two checkouts, a loaded and an idle machine) and mix a study's numerics.
+KERNEL_MARGIN = 0.95
 #: The on-the-spot measurement: a small model of the run's width (depth 2, batch <= 64), rounds x steps per mode.
 PROBE_DEPTH, PROBE_MAX_BATCH, PROBE_REPS, PROBE_STEPS, PROBE_WARMUP = 2, 64, 5, 2, 1
 
@@ -241,9 +245,11 @@ def check_table(table: Any, where: str = "modes table") -> dict:
     return table
 
 
-def fastest(cell: dict, margin: float = BF16_MARGIN) -> tuple[str, bool]:
+def fastest(cell: dict, margin: float = BF16_MARGIN, kernel_margin: float = KERNEL_MARGIN) -> tuple[str, bool]:
     """(precision, fused_attn) of the cell's smallest time (ties: the first in ``MODE_KEYS`` order); a bf16 mode
-    only when its time is at most ``margin`` x the fastest fp32 mode's (a cell without fp32 times: the fastest)."""
+    only when its time is at most ``margin`` x the fastest fp32 mode's (a cell without fp32 times: the fastest), and
+    explicit attention only when its time is at most ``kernel_margin`` x the fused kernel's at that precision (else
+    the fused kernel, timm's default)."""
     times = cell["times_s"]
     ordered = [k for k in MODE_KEYS if k in times]
     best = min(ordered, key=lambda k: times[k])
@@ -252,6 +258,10 @@ def fastest(cell: dict, margin: float = BF16_MARGIN) -> tuple[str, bool]:
         best_fp32 = min(fp32, key=lambda k: times[k])
         if times[best] > margin * times[best_fp32]:
             best = best_fp32
+    precision, fused = MODE_KEYS[best]
+    fused_key = mode_key(precision, True)
+    if not fused and fused_key in times and times[best] > kernel_margin * times[fused_key]:
+        best = fused_key
     return MODE_KEYS[best]
 
 
