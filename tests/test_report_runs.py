@@ -217,6 +217,13 @@ def test_runs_csv_columns_and_phases(reports):
     assert div["diverged"] == "True" and div["ok"] == "False"
 
 
+def _write_rows(path: Path, header: list[str], rows: list[dict]) -> None:
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=header, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
 def test_a_study_trained_on_two_machines_says_so_and_runs_csv_keeps_each_run_s_machine(reports, tmp_path):
     """runs.csv's ``machine`` (what each run trained on) round-trips, and a study whose runs trained on two machines
     says so with each machine's count of result runs; one machine (with or without runs that recorded none) says
@@ -229,10 +236,7 @@ def test_a_study_trained_on_two_machines_says_so_and_runs_csv_keeps_each_run_s_m
         row["machine"] = a if row["phase"] == "tune" or int(row["seed"]) < 2 else b
     header = [*list(rows[0])[:-1]]  # machine first put last; runs.csv's own order is checked on the way back
     header.insert(header.index("diverged"), "machine")
-    with open(tmp_path / "runs.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=header, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
+    _write_rows(tmp_path / "runs.csv", header, rows)
     code, out, err = _report("--study", str(root / "claims_tiny.yaml"), "--runs", str(tmp_path / "runs.csv"), "--out",
                              str(tmp_path / "two"), "--no-figures")
     assert code == 0, err
@@ -242,10 +246,7 @@ def test_a_study_trained_on_two_machines_says_so_and_runs_csv_keeps_each_run_s_m
     assert [r["machine"] for r in back] == [r["machine"] for r in rows]
     for row in rows:
         row["machine"] = a if row["seed"] != "0" else ""  # one machine, and runs that did not record theirs
-    with open(tmp_path / "one.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=header, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
+    _write_rows(tmp_path / "one.csv", header, rows)
     code, out, err = _report("--study", str(root / "claims_tiny.yaml"), "--runs", str(tmp_path / "one.csv"), "--out",
                              str(tmp_path / "one"), "--no-figures")
     assert code == 0, err

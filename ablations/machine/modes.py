@@ -138,9 +138,13 @@ def machine_text(device_type: str) -> str:
     if device_type == "cuda" and torch.cuda.is_available():
         where = f"{torch.cuda.get_device_name()} (CUDA {torch.version.cuda})"
     else:
-        name, flags = cpu_facts()
-        where = f"{name} ({', '.join(flags) or 'no avx2/avx512/amx'})"
+        where = cpu_text(*cpu_facts())
     return f"{where}, torch {torch.__version__.split('+')[0]}"
+
+
+def cpu_text(name: str, flags: list[str]) -> str:
+    """``<model name> (<flags torch uses>)``, as a run's ``machine`` and a signature's description name a CPU."""
+    return f"{name} ({', '.join(flags) or 'no avx2/avx512/amx'})"
 
 
 def _torch_version() -> str:
@@ -183,8 +187,7 @@ def native_bf16(signature: dict[str, Any]) -> bool:
 
 
 def describe_signature(signature: dict[str, Any]) -> str:
-    return (f"{signature['cpu']} ({', '.join(signature['cpu_flags']) or 'no avx2/avx512/amx'}), "
-            f"{signature['threads']} threads, torch {signature['torch']}")
+    return f"{cpu_text(signature['cpu'], signature['cpu_flags'])}, {signature['threads']} threads, torch {signature['torch']}"
 
 
 # --- tables ------------------------------------------------------------------------------------------------------

@@ -126,18 +126,18 @@ class StudyData:
     def modes(self) -> dict[str, int]:
         """How many result runs trained in each mode (precision + attention kernel, from the run summary; runs from
         before ``precision: auto`` recorded only their config's precision)."""
-        counts: dict[str, int] = {}
-        for run in self.runs:
-            counts[run_mode(run)] = counts.get(run_mode(run), 0) + 1
-        return counts
+        return self._count(run_mode)
 
     def machines(self) -> dict[str, int]:
         """How many result runs trained on each machine (``machine`` of the run summary; runs that did not record
         it count under "not recorded")."""
+        return self._count(lambda run: str(run.summary.get("machine") or "not recorded"))
+
+    def _count(self, name_of) -> dict[str, int]:
+        """The result runs counted by ``name_of(run)``, in the order the names first appear."""
         counts: dict[str, int] = {}
         for run in self.runs:
-            name = str(run.summary.get("machine") or "not recorded")
-            counts[name] = counts.get(name, 0) + 1
+            counts[name_of(run)] = counts.get(name_of(run), 0) + 1
         return counts
 
 

@@ -163,8 +163,8 @@ def retrain_rule(without_per_image: bool = False, modes: tuple[str, ...] = ()):
         return None
 
     def why(run) -> str | None:
-        if modes and run_mode(run) in modes:
-            return f"trained in mode {run_mode(run)} (they train again: --retrain-mode)"
+        if modes and (mode := run_mode(run)) in modes:
+            return f"trained in mode {mode} (they train again: --retrain-mode)"
         if without_per_image and lacks_per_image(run):
             return "without per-image test results (they train again: --retrain-without-per-image)"
         return None
@@ -209,7 +209,8 @@ def import_runs(path: str | Path, spec, storage, study_name: str, overrides: dic
                 tuned: dict[str, float] | None = None, retrain=None) -> int:
     """Add the completed rows of ``path`` for this stage (``spec.stage``: ``tune`` rows to the tuning stage's
     study, ``report`` rows to the study) as COMPLETE trials of their grid points; points already done here are
-    left alone; a reported row for which ``retrain`` (:func:`retrain_rule`) gives a reason is left out. ValueError (one line) for a row that is not this study's point; returns the trials added."""
+    left alone; a reported row for which ``retrain`` (:func:`retrain_rule`) gives a reason is left out. ValueError
+    (one line) for a row that is not this study's point; returns the trials added."""
     import optuna
     from optuna.trial import FixedTrial, TrialState, create_trial
 
