@@ -84,6 +84,12 @@ def mode_key(precision: str, fused_attn: bool) -> str:
     return f"{precision}/{'fused' if fused_attn else 'explicit'}"
 
 
+def mode_text(precision: str, fused_attn: bool, cuda: bool = False) -> str:
+    """``<precision> + <fused|explicit> attention[ on cuda]``: a mode as runs.csv's ``mode`` column and the report
+    name it (a CPU is not named)."""
+    return f"{precision} + {'fused' if fused_attn else 'explicit'} attention" + (" on cuda" if cuda else "")
+
+
 MODE_KEYS = {mode_key(p, f): (p, f) for p in PRECISIONS for f in (True, False)}  # the table's keys, in tie order
 CUDA_RULE = Mode("bf16-mixed", True, "rule: CUDA -> bf16 autocast + fused attention")
 CPU_RULE = ("32-true", True)  # no measurement for this CPU: fp32 with timm's fused attention

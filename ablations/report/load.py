@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import layout
+from ..machine.modes import mode_text
 from ..studies.spec import tune_name
 from ..studies.storage import repeated_results
 from ..training import HP_SUMMARY_KEYS
@@ -152,7 +153,7 @@ def run_mode(run: Run) -> str:
     if fused is None:  # before precision auto: the config's flag, None meaning timm's fused default
         fused = (run.config or {}).get("fused_attn") is not False
     on_gpu = run.summary.get("device") == "cuda" or (run.config or {}).get("accelerator") in ("gpu", "cuda")
-    return f"{precision} + {'fused' if fused else 'explicit'} attention" + (" on cuda" if on_gpu else "")
+    return mode_text(precision, fused, cuda=on_gpu)
 
 
 def open_study(url: str, study_name: str, spec=None):

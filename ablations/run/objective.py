@@ -107,8 +107,10 @@ class Objective:
 
     def __init__(self, spec: StudySpec, *, log_root: Path, overrides: dict[str, Any] | None = None,
                  keep_checkpoints: bool = False, loggers: tuple[str, ...] = (),
-                 results_dir: str | Path = layout.RESULTS_DIR, tuned: dict[str, float] | None = None) -> None:
+                 results_dir: str | Path = layout.RESULTS_DIR, tuned: dict[str, float] | None = None,
+                 kept: dict | None = None) -> None:
         self.spec = spec
+        self.kept = dict(kept or {})  # cell -> the mode precision auto keeps in this study (.kept_modes)
         self.results_dir = Path(results_dir)
         self.tuned = tuned  # the tuning stage's learning rate per cell (StudySpec.tune_key); None: the study's own
         self.log_root = Path(log_root)
@@ -118,13 +120,17 @@ class Objective:
         self._categorical: frozenset[str] | None = None  # read from the study at the first trial
 
     def config(self, params: dict[str, Any]):
-        """The point's RunConfig with this objective's overrides (:meth:`StudySpec.run_config`) and, in a study with
-        a tuning stage, its variant's chosen learning rate."""
+        """The point's RunConfig with this objective's overrides (:meth:`StudySpec.run_config`), in a study with a
+        tuning stage its variant's chosen learning rate, and for precision ``auto`` the mode the study's runs so far
+        trained in (:mod:`.kept_modes`)."""
+        from .kept_modes import keep_mode
+
         if self.spec.tune is None or self.spec.stage == "tune":
-            return self.spec.run_config(params, self.overrides)
+            return keep_mode(self.spec.run_config(params, self.overrides), self.kept)
         if self.tuned is None:
             raise ValueError(f"study '{self.spec.study_name}' has a tuning stage but no chosen learning rates")
-        return self.spec.run_config(params, {"lr": self.tuned[self.spec.tune_key(params)]} | self.overrides)
+        return keep_mode(self.spec.run_config(params, {"lr": self.tuned[self.spec.tune_key(params)]} | self.overrides),
+                         self.kept)
 
     def __call__(self, trial) -> float:
         return self.train(trial, self.prepare(trial))

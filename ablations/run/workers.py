@@ -111,6 +111,7 @@ def run_grid(spec, storage, study_name: str, args, overrides: dict, *, stage: st
           f"{redact(args.storage)}; TensorBoard: tensorboard --logdir {layout.runs_dir(args.results_dir, study_name)}",
           file=sys.stderr)
     measure_modes(spec, overrides, Path(args.results_dir))
+    _say_kept_modes(spec, storage, study_name, args, overrides)
     started = time.time()
     if args.workers == 1:
         work(spec, storage, study_name, args, overrides, progress_total=None if args.no_progress else total,
@@ -127,6 +128,20 @@ def run_grid(spec, storage, study_name: str, args, overrides: dict, *, stage: st
             _spawn_workers(args, storage, study_name, total, grid_keys(spec), stage=stage,
                            count=min(args.workers, len(retried)))
     return _finish(study_name, storage, spec, time.time() - started)
+
+
+def _say_kept_modes(spec, storage, study_name: str, args, overrides: dict) -> None:
+    """One line per model size whose runs so far fix the mode precision ``auto`` trains the rest in, where that is
+    not this machine's own choice or the runs are mixed (:mod:`.kept_modes`)."""
+    from .kept_modes import kept_lines, kept_modes, study_trials
+
+    kept = kept_modes(study_trials(storage, study_name, spec.stage), exclude=getattr(args, "retrain_mode", ()))
+    if not kept or spec.kind != "grid":
+        return
+    configs = [spec.run_config(p, overrides) for p in spec.grid()]
+    threads = overrides.get("threads") or os.cpu_count() or 1
+    for line in kept_lines(kept, configs, Path(args.results_dir), threads):
+        print(line, file=sys.stderr)
 
 
 def quiet() -> None:
@@ -152,13 +167,15 @@ def work(spec, storage, study_name: str, args, overrides: dict, progress_total: 
     from optuna.trial import TrialState
 
     from ..report.aggregate import refresh as refresh_aggregates
+    from .kept_modes import kept_modes, study_trials
     from .objective import Objective
 
     index = args.worker_index or 0
     study = create_study(spec, storage, study_name, seed=index)  # a distinct sampler seed per worker
     log_root = layout.runs_dir(args.results_dir, study_name)
+    kept = kept_modes(study_trials(storage, study_name, spec.stage), exclude=getattr(args, "retrain_mode", ()))
     objective = Objective(spec, log_root=log_root, overrides=overrides, keep_checkpoints=args.keep_checkpoints,
-                          loggers=tuple(args.loggers), results_dir=args.results_dir, tuned=tuned)
+                          loggers=tuple(args.loggers), results_dir=args.results_dir, tuned=tuned, kept=kept)
     grid = grid_keys(spec)
     bar = _progress(study, progress_total, grid)
 

@@ -1,0 +1,133 @@
+"""A study trains in one mode: precision ``auto`` keeps the mode the study's runs so far trained in.
+
+Precision ``auto`` picks the fastest train-step mode of the machine it runs on (:mod:`ablations.machine.modes`:
+precision and attention kernel). Two machines, or one machine whose modes table changed, can pick differently, and
+the modes do not give identical numbers (fused and explicit attention compute the same function in another order;
+fp32 and bf16 do not even compute the same one), so a study continued elsewhere would pair runs of two modes.
+
+So a trial whose config says ``auto`` trains in the mode the study's completed runs of the same model size on the
+same kind of device trained in (both stages; imported runs included): the most common one where they are mixed.
+Only a study with no run of that size yet takes the machine's own choice. A mode named by ``--retrain-mode`` is
+never kept: its rows train again in the machine's own mode, and so does everything after them. The study's first
+trials, started side by side before any completes, all ask ``auto`` on one machine and get the same answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from .. import layout
+from ..machine.modes import Mode, mode_text, tokens
+from ..studies.spec import tune_name
+
+#: (device type, width, tokens): the model size a mode is chosen for (:func:`ablations.machine.modes.choose_mode`).
+Cell = tuple[str, int, int]
+
+
+def trial_cell(attrs: dict[str, Any]) -> Cell | None:
+    """The cell of a trained trial from its user attrs: its model's width and tokens, and where it trained (a run
+    on a GPU records ``device: cuda``; None for a trial that recorded no model)."""
+    model = attrs.get(layout.MODEL_KEY) or {}
+    if not all(isinstance(model.get(k), int) for k in ("embed_dim", "img_size", "patch_size")):
+        return None
+    on_gpu = attrs.get("device") == "cuda" or (attrs.get("config") or {}).get("accelerator") in ("gpu", "cuda")
+    return ("cuda" if on_gpu else "cpu", model["embed_dim"], tokens(model["img_size"], model["patch_size"]))
+
+
+def config_cell(config: Any) -> Cell:
+    """The cell a run of ``config`` trains in on this machine (its accelerator resolved as the run resolves it)."""
+    from data import dataset_shape
+
+    from ..training import lightning_accelerator
+
+    shape = dataset_shape(config)
+    device = "cuda" if lightning_accelerator(config.accelerator) == "gpu" else "cpu"
+    return device, config.embed_dim, tokens(shape["img_size"], config.patch_size or shape["patch_size"])
+
+
+def recorded_modes(trials: Iterable[Any]) -> dict[Cell, dict[tuple[str, bool], int]]:
+    """How many completed trials trained in each mode (precision, fused attention), per cell, in trial order."""
+    from optuna.trial import TrialState
+
+    found: dict[Cell, dict[tuple[str, bool], int]] = {}
+    for t in sorted(trials, key=lambda t: t.number):
+        attrs = t.user_attrs
+        if t.state != TrialState.COMPLETE or not isinstance(attrs.get("precision"), str):
+            continue
+        cell = trial_cell(attrs)
+        if cell is None:
+            continue
+        mode = (attrs["precision"], attrs.get("fused_attn") is not False)
+        counts = found.setdefault(cell, {})
+        counts[mode] = counts.get(mode, 0) + 1
+    return found
+
+
+def kept_modes(trials: Iterable[Any], exclude: Iterable[str] = ()) -> dict[Cell, Mode]:
+    """The mode each cell keeps: the most common one of its completed trials (the first trained on a tie), leaving
+    out the modes in ``exclude`` (as :func:`ablations.machine.modes.mode_text` names them, e.g. ``32-true + fused
+    attention``)."""
+    skip = set(exclude)
+    kept = {}
+    for cell, counts in recorded_modes(trials).items():
+        usable = {m: n for m, n in counts.items() if mode_text(*m, cuda=cell[0] == "cuda") not in skip}
+        if not usable:
+            continue
+        (precision, fused), count = max(usable.items(), key=lambda item: item[1])  # max keeps the first of a tie
+        others = sum(counts.values()) - count
+        kept[cell] = Mode(precision, fused, f"kept: the mode of {count} of this study's runs at this size"
+                                            + (f" ({others} in other modes)" if others else ""))
+    return kept
+
+
+def study_trials(storage, study_name: str, stage: str) -> list[Any]:
+    """The trials of a study and, for its reported stage, of its tuning stage (the same study's runs)."""
+    import optuna
+
+    names = [study_name] + ([tune_name(study_name)] if stage != "tune" else [])
+    trials = []
+    for name in names:
+        try:
+            trials += optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
+        except KeyError:  # that stage has not started
+            continue
+    return trials
+
+
+def keep_mode(config: Any, kept: dict[Cell, Mode]) -> Any:
+    """``config`` with the study's kept mode of its cell when its precision is ``auto`` (an explicit attention
+    kernel of the config stays); else ``config`` as it is."""
+    if config.precision != "auto" or not kept:
+        return config
+    mode = kept.get(config_cell(config))
+    if mode is None:
+        return config
+    from ..training import with_mode
+
+    return with_mode(config, mode)
+
+
+def kept_lines(kept: dict[Cell, Mode], configs: Iterable[Any], results_dir, threads: int) -> list[str]:
+    """One line per cell of ``configs`` (precision ``auto``) whose kept mode is not what ``auto`` picks on this
+    machine now (on ``threads`` threads), or whose runs so far are mixed: what the study trains in and why."""
+    from ..machine.modes import choose_mode
+
+    lines, seen = [], set()
+    for config in configs:
+        if config.precision != "auto":
+            continue
+        cell = config_cell(config)
+        if cell in seen or cell not in kept:
+            continue
+        seen.add(cell)
+        mode = kept[cell]
+        device, width, count = cell
+        own = choose_mode(device, width, count, results_dir=results_dir, threads=threads)
+        if (own.precision, own.fused_attn) == (mode.precision, mode.fused_attn) and "other modes" not in mode.source:
+            continue
+        lines.append(f"precision auto, width {width}, {count} tokens: trains in "
+                     f"{mode_text(mode.precision, mode.fused_attn)}, {mode.source.removeprefix('kept: ')}; this "
+                     f"machine alone would pick {mode_text(own.precision, own.fused_attn)} (--import-runs with "
+                     "--retrain-mode MODE trains a mode's reported rows again in this machine's mode)")
+    return lines
