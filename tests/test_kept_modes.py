@@ -15,7 +15,7 @@ from optuna.trial import TrialState, create_trial
 
 from ablations.machine import modes
 from ablations.report.cli import main as report_main
-from ablations.run.kept_modes import kept_modes, recorded_modes, trial_cell
+from ablations.run.kept_modes import completed, kept_modes, recorded_modes, trial_cell
 
 MODEL = {"embed_dim": 64, "img_size": 28, "patch_size": 7}  # 16 patches + the class token: cell (cpu, 64, 17)
 
@@ -36,10 +36,10 @@ def test_the_most_common_mode_of_completed_runs_is_kept_per_cell_and_device():
               trial(4, state=TrialState.RUNNING), trial(5, precision=None),  # trained nothing it could record
               trial(6, "bf16-mixed", model={"embed_dim": 192, "img_size": 32, "patch_size": 4}),
               trial(7, "bf16-mixed", cuda=True), trial(8, "bf16-mixed", cuda=True)]
-    assert recorded_modes(trials) == {("cpu", 64, 17): {("32-true", False): 2, ("32-true", True): 1},
+    assert recorded_modes(completed(trials)) == {("cpu", 64, 17): {("32-true", False): 2, ("32-true", True): 1},
                                       ("cpu", 192, 65): {("bf16-mixed", True): 1},
                                       ("cuda", 64, 17): {("bf16-mixed", True): 2}}
-    kept = kept_modes(trials)
+    kept = kept_modes(completed(trials))
     assert {c: (m.precision, m.fused_attn) for c, m in kept.items()} == {
         ("cpu", 64, 17): ("32-true", False), ("cpu", 192, 65): ("bf16-mixed", True),
         ("cuda", 64, 17): ("bf16-mixed", True)}
@@ -49,12 +49,12 @@ def test_the_most_common_mode_of_completed_runs_is_kept_per_cell_and_device():
 
 def test_a_tie_keeps_the_mode_trained_first_and_excluded_modes_are_never_kept():
     trials = [trial(3, fused=False), trial(1), trial(2, fused=False), trial(0)]  # in trial order: fused first
-    assert kept_modes(trials)[("cpu", 64, 17)].fused_attn is True
-    kept = kept_modes(trials, exclude=["32-true + fused attention"])
+    assert kept_modes(completed(trials))[("cpu", 64, 17)].fused_attn is True
+    kept = kept_modes(completed(trials), exclude=["32-true + fused attention"])
     assert kept[("cpu", 64, 17)].fused_attn is False
     cuda = [trial(0, "bf16-mixed", cuda=True)]
-    assert kept_modes(cuda, exclude=["bf16-mixed + fused attention"])  # the CPU's name is not the GPU's mode
-    assert not kept_modes(cuda, exclude=["bf16-mixed + fused attention on cuda"])
+    assert kept_modes(completed(cuda), exclude=["bf16-mixed + fused attention"])  # the CPU's name is not the GPU's mode
+    assert not kept_modes(completed(cuda), exclude=["bf16-mixed + fused attention on cuda"])
 
 
 def test_a_trial_without_a_model_has_no_cell():
@@ -102,13 +102,22 @@ def test_a_study_continued_where_auto_picks_another_kernel_keeps_its_runs_mode(t
         writer.writeheader()
         writer.writerows(r for r in rows if r["seed"] == "0")
 
-    # another machine, whose own choice is the fused kernel, continues from the first's seed-0 rows
+    # another machine, whose own choice is the fused kernel, continues from the first's seed-0 rows; its dry run
+    # (from the file, or from the first machine's storage) says so first
     machine_picks(second, "fused")
+    line = ("precision auto, width 8, 5 tokens: trains in 32-true + explicit attention, the mode of 2 of this "
+            "study's runs at this size; this machine alone would pick 32-true + fused attention")
+    for source in (["--import-runs", partial, "--storage", url_of(tmp_path / "new.db")],
+                   ["--storage", url_of(tmp_path / "a.db")]):
+        result = run_in_process("--study", study, "--results-dir", second, "--threads", "1", "--dry-run", *source,
+                                cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert line.replace("2 of", "4 of" if "--import-runs" not in source else "2 of") in result.stdout
+    assert not (tmp_path / "new.db").exists()
     result = run_in_process("--study", study, "--storage", url_of(tmp_path / "b.db"), "--results-dir", second,
                             "--threads", "1", "--no-progress", "--import-runs", partial, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert ("precision auto, width 8, 5 tokens: trains in 32-true + explicit attention, the mode of 2 of this "
-            "study's runs at this size; this machine alone would pick 32-true + fused attention") in result.stderr
+    assert line in result.stderr
     trained = [t for t in trials_of(tmp_path / "b.db", "kept") if "worker" in t.user_attrs]
     assert sorted(t.params["seed"] for t in trained) == [1, 1]
     assert {(t.user_attrs["precision"], t.user_attrs["fused_attn"]) for t in trained} == {("32-true", False)}

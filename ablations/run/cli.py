@@ -233,7 +233,7 @@ def _main(args: argparse.Namespace) -> int:
             print(f"--import-runs {args.import_runs}: not read by this dry run, the storage already holds trials of "
                   f"'{study_name}' (below); the run adds the file's rows it lacks")
         return dry_run(spec, overrides, gpu=args.gpu, results_dir=Path(args.results_dir), workers=args.workers,
-                       stored=stored, measure=args.measure, stack=args.stack)
+                       stored=stored, measure=args.measure, stack=args.stack, retrain_modes=tuple(args.retrain_mode))
     for config in data_configs(spec, overrides):
         check_data_folder(config)  # before anything is stored: a missing or malformed folder is one line
 

@@ -188,9 +188,11 @@ def imported_done(path: str | Path, spec, study_name: str, retrain=None):
     """What the runs file would bring (:class:`ablations.run.study.Stored`, for a dry run): the points of each
     stage it completed, the points left, and its trials' wall times by (variant, depth) cell. Nothing is checked
     against the study file beyond the points (the run does that)."""
+    from .kept_modes import mode_facts
+
     path = Path(path)
     stages = ([spec.tune_stage()] if spec.tune is not None else []) + [spec]
-    done, left, seconds = [], [], {}
+    done, left, seconds, modes = [], [], {}, []
     for stage in stages:
         rows = [(r, p) for r, p in _matched(path, stage, study_name) if r.state == "complete" and p is not None
                 and not (retrain is not None and stage.stage != "tune" and retrain(r))]
@@ -198,11 +200,12 @@ def imported_done(path: str | Path, spec, study_name: str, retrain=None):
         done.append(len(finished))
         left += [p for p in stage.grid() if point_key(p) not in finished]
         for r, point in rows:
+            modes.append(mode_facts(_user_attrs(r, stage.run_config(point), stage.stage, path)))
             wall = r.summary.get("wall_time_s")
             if isinstance(wall, (int, float)) and wall > 0:  # the cell as stored_done keys it
                 seconds.setdefault((point["variant"], point.get("depth")), []).append(float(wall))
     tune_done, report_done = done if len(done) == 2 else (0, done[0])
-    return Stored(tune_done, report_done, f"runs file {path} (--import-runs)", seconds, tuple(left))
+    return Stored(tune_done, report_done, f"runs file {path} (--import-runs)", seconds, tuple(left), tuple(modes))
 
 
 def import_runs(path: str | Path, spec, storage, study_name: str, overrides: dict,

@@ -46,17 +46,31 @@ def config_cell(config: Any) -> Cell:
     return device, config.embed_dim, tokens(shape["img_size"], config.patch_size or shape["patch_size"])
 
 
-def recorded_modes(trials: Iterable[Any]) -> dict[Cell, dict[tuple[str, bool], int]]:
-    """How many completed trials trained in each mode (precision, fused attention), per cell, in trial order."""
+def mode_facts(attrs: dict[str, Any]) -> dict[str, Any]:
+    """What :func:`kept_modes` reads of a run's user attrs: its model, precision, attention kernel and device."""
+    return {k: attrs[k] for k in (layout.MODEL_KEY, "precision", "fused_attn", "device") if k in attrs} | {
+        "config": {"accelerator": (attrs.get("config") or {}).get("accelerator")}}
+
+
+def completed(trials: Iterable[Any]) -> list[dict[str, Any]]:
+    """The mode facts of the completed ``trials``, in trial order: what :func:`kept_modes` reads."""
     from optuna.trial import TrialState
 
+    return [mode_facts(t.user_attrs) for t in sorted(trials, key=lambda t: t.number) if t.state == TrialState.COMPLETE]
+
+
+def stored_kept(storage, study_name: str, stage: str, exclude: Iterable[str] = ()) -> dict[Cell, Mode]:
+    """:func:`kept_modes` of a stored study's completed runs (its tuning stage's too, for the reported stage)."""
+    return kept_modes(completed(study_trials(storage, study_name, stage)), exclude)
+
+
+def recorded_modes(runs: Iterable[dict[str, Any]]) -> dict[Cell, dict[tuple[str, bool], int]]:
+    """How many completed runs (their trials' user attrs, in order) trained in each mode (precision, fused
+    attention), per cell; runs that recorded no precision or model are not counted."""
     found: dict[Cell, dict[tuple[str, bool], int]] = {}
-    for t in sorted(trials, key=lambda t: t.number):
-        attrs = t.user_attrs
-        if t.state != TrialState.COMPLETE or not isinstance(attrs.get("precision"), str):
-            continue
+    for attrs in runs:
         cell = trial_cell(attrs)
-        if cell is None:
+        if cell is None or not isinstance(attrs.get("precision"), str):
             continue
         mode = (attrs["precision"], attrs.get("fused_attn") is not False)
         counts = found.setdefault(cell, {})
@@ -64,13 +78,13 @@ def recorded_modes(trials: Iterable[Any]) -> dict[Cell, dict[tuple[str, bool], i
     return found
 
 
-def kept_modes(trials: Iterable[Any], exclude: Iterable[str] = ()) -> dict[Cell, Mode]:
-    """The mode each cell keeps: the most common one of its completed trials (the first trained on a tie), leaving
-    out the modes in ``exclude`` (as :func:`ablations.machine.modes.mode_text` names them, e.g. ``32-true + fused
-    attention``)."""
+def kept_modes(runs: Iterable[dict[str, Any]], exclude: Iterable[str] = ()) -> dict[Cell, Mode]:
+    """The mode each cell keeps: the most common one of the completed ``runs`` (user attrs, in trial order; the
+    first trained on a tie), leaving out the modes in ``exclude`` (as :func:`ablations.machine.modes.mode_text`
+    names them, e.g. ``32-true + fused attention``)."""
     skip = set(exclude)
     kept = {}
-    for cell, counts in recorded_modes(trials).items():
+    for cell, counts in recorded_modes(runs).items():
         usable = {m: n for m, n in counts.items() if mode_text(*m, cuda=cell[0] == "cuda") not in skip}
         if not usable:
             continue

@@ -40,8 +40,10 @@ def stored_done(url: str, study_name: str, spec) -> Stored | None:
     if path is not None and not path.is_file():
         return None
     stages = ([(tune_name(study_name), spec.tune_stage())] if spec.tune is not None else []) + [(study_name, spec)]
+    from .kept_modes import completed
+
     seconds: dict[tuple[str, int | None], list[float]] = {}
-    done, left = [], []
+    done, left, modes = [], [], []
     quiet()
     try:
         for name, stage in stages:
@@ -54,6 +56,7 @@ def stored_done(url: str, study_name: str, spec) -> Stored | None:
             if stage.stage == "tune":  # with the rates it has added beyond its grid's edges
                 stage = spec.tune_stage(study.user_attrs.get(TUNE_EXTRA) or {})
             trials = done_trials(study)
+            modes += completed(trials)
             if stage.kind != "grid":
                 done.append(len(trials))
                 continue
@@ -67,7 +70,7 @@ def stored_done(url: str, study_name: str, spec) -> Stored | None:
     except Exception:  # noqa: BLE001 - a dry run never fails on the storage: it just cannot say what is done
         return None
     tune_done, report_done = done if len(done) == 2 else (0, done[0])
-    return (Stored(tune_done, report_done, redact(url), seconds, tuple(left))
+    return (Stored(tune_done, report_done, redact(url), seconds, tuple(left), tuple(modes))
             if tune_done or report_done else None)
 
 
@@ -91,7 +94,8 @@ def measured_left(stored: Stored, workers: int, fallback_s: float,
 
 
 def dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = Path(layout.RESULTS_DIR),
-            workers: int = 1, stored: Stored | None = None, measure: bool = False, stack: int | None = None) -> int:
+            workers: int = 1, stored: Stored | None = None, measure: bool = False, stack: int | None = None,
+            retrain_modes: tuple[str, ...] = ()) -> int:
     """Print the grid (or search space), the recipe, the estimated time on this machine with ``workers`` workers
     (:func:`estimate_seconds`) and the GPU-hours on class ``gpu`` (:mod:`ablations.run.gpu_hours`; measurements read
     from ``<results_dir>/device``). ``stored`` (:func:`stored_done`): the trials a stored study has done, which
@@ -134,6 +138,11 @@ def dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = P
                                      if len(names) > 1 else ""))
     print(_auto_line(configs[0], overrides, results_dir))
     threads = overrides.get("threads") or max(1, (os.cpu_count() or 1) // workers)
+    if stored is not None and stored.modes:  # a continued study keeps the mode of its runs (.kept_modes)
+        from .kept_modes import kept_lines, kept_modes
+
+        for line in kept_lines(kept_modes(stored.modes, retrain_modes), configs, results_dir, threads):
+            print(line)
     rates = [measured_rate(config, threads, results_dir) for config in configs]
     seconds = [estimate_seconds(config, rate[0] if rate else None) for config, rate in zip(configs, rates, strict=True)]
     cells = None

@@ -22,13 +22,15 @@ STOPPED = "stopped_by"  # user attr of a trial failed by Ctrl-C or SIGTERM: SIGI
 class Stored(NamedTuple):
     """What a stored study has done (:func:`ablations.run.plan.stored_done`): trials done per stage, where it is stored, and for a grid
     the wall times of its completed trials by (variant, depth) cell, both stages, with the grid points not done yet
-    (both stages). A trial's wall time is as it ran, beside the other workers of its run."""
+    (both stages), and the mode facts of its completed runs (:func:`ablations.run.kept_modes.mode_facts`, both
+    stages, in order). A trial's wall time is as it ran, beside the other workers of its run."""
 
     tune_done: int
     report_done: int
     where: str
     seconds: dict[tuple[str, int | None], list[float]] = {}
     left: tuple[dict, ...] = ()
+    modes: tuple[dict, ...] = ()
 
 
 def load_study(storage, study_name: str):

@@ -133,9 +133,9 @@ def run_grid(spec, storage, study_name: str, args, overrides: dict, *, stage: st
 def _say_kept_modes(spec, storage, study_name: str, args, overrides: dict) -> None:
     """One line per model size whose runs so far fix the mode precision ``auto`` trains the rest in, where that is
     not this machine's own choice or the runs are mixed (:mod:`.kept_modes`)."""
-    from .kept_modes import kept_lines, kept_modes, study_trials
+    from .kept_modes import kept_lines, stored_kept
 
-    kept = kept_modes(study_trials(storage, study_name, spec.stage), exclude=getattr(args, "retrain_mode", ()))
+    kept = stored_kept(storage, study_name, spec.stage, getattr(args, "retrain_mode", ()))
     if not kept or spec.kind != "grid":
         return
     configs = [spec.run_config(p, overrides) for p in spec.grid()]
@@ -167,13 +167,13 @@ def work(spec, storage, study_name: str, args, overrides: dict, progress_total: 
     from optuna.trial import TrialState
 
     from ..report.aggregate import refresh as refresh_aggregates
-    from .kept_modes import kept_modes, study_trials
+    from .kept_modes import stored_kept
     from .objective import Objective
 
     index = args.worker_index or 0
     study = create_study(spec, storage, study_name, seed=index)  # a distinct sampler seed per worker
     log_root = layout.runs_dir(args.results_dir, study_name)
-    kept = kept_modes(study_trials(storage, study_name, spec.stage), exclude=getattr(args, "retrain_mode", ()))
+    kept = stored_kept(storage, study_name, spec.stage, getattr(args, "retrain_mode", ()))
     objective = Objective(spec, log_root=log_root, overrides=overrides, keep_checkpoints=args.keep_checkpoints,
                           loggers=tuple(args.loggers), results_dir=args.results_dir, tuned=tuned, kept=kept)
     grid = grid_keys(spec)
