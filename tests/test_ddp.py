@@ -165,6 +165,7 @@ def test_ddp_spawn_ranks_train_disjoint_shards_covering_the_training_set_each_ep
         assert scored["weights"] == probes[0]["weights"][scored["epoch"]], checkpoint.name
 
 
+@pytest.mark.slow  # two spawned ranks training (~18 s); the fast tier keeps the single-process paths
 @pytest.mark.timeout(CLI_TIMEOUT_S)
 def test_ddp_spawn_val_metrics_are_those_of_the_whole_val_set(spawned):
     """Rank 0's logged ``val/acc`` and ``val/loss`` (TensorBoard event files; the accuracy also in the returned

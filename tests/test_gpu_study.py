@@ -41,6 +41,7 @@ TINY = {"name": "tiny", "kind": "grid", "metric": "test_acc",
         "axes": {"seed": [0, 1]}, "budgets": {"smoke": {"tune": {"seeds": [100]}}}}  # the test runs smoke: 8 trials
 
 
+@pytest.mark.slow  # a whole study, its report and its pack (~18 s)
 def test_the_cpu_dry_form_runs_the_study_reports_it_and_packs_eight_files_at_most(tmp_path):
     study = tmp_path / "tiny.yaml"
     study.write_text(yaml.safe_dump(TINY, sort_keys=False))
