@@ -122,6 +122,7 @@ def test_a_study_continued_where_auto_picks_another_kernel_keeps_its_runs_mode(t
     assert sorted(t.params["seed"] for t in trained) == [1, 1]
     assert {(t.user_attrs["precision"], t.user_attrs["fused_attn"]) for t in trained} == {("32-true", False)}
     assert all(t.user_attrs["config"]["fused_attn"] is False for t in trained)
+    assert {t.user_attrs["mode_source"] for t in trained} == {"kept: the mode of 2 of this study's runs at this size"}
     # the same seed in the same mode trains the same numbers as the first machine did
     first_acc = {(r["variant"], r["seed"]): r["test_acc"] for r in rows}
     out = tmp_path / "report_b"

@@ -122,6 +122,15 @@ def keep_mode(config: Any, kept: dict[Cell, Mode]) -> Any:
     return with_mode(config, mode)
 
 
+def kept_source(config: Any, kept: dict[Cell, Mode]) -> str | None:
+    """Where the mode of a run of ``config`` (as the study file gives it, before :func:`keep_mode`) comes from
+    when the study keeps it (the run's ``mode_source``); None when the run chooses its own."""
+    if config.precision != "auto" or not kept:
+        return None
+    mode = kept.get(config_cell(config))
+    return None if mode is None else mode.source
+
+
 def kept_lines(kept: dict[Cell, Mode], configs: Iterable[Any], results_dir, threads: int) -> list[str]:
     """One line per cell of ``configs`` (precision ``auto``) whose kept mode is not what ``auto`` picks on this
     machine now (on ``threads`` threads), or whose runs so far are mixed: what the study trains in and why."""

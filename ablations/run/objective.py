@@ -119,18 +119,19 @@ class Objective:
         self.loggers = tuple(loggers)
         self._categorical: frozenset[str] | None = None  # read from the study at the first trial
 
-    def config(self, params: dict[str, Any]):
+    def config(self, params: dict[str, Any], *, keep: bool = True):
         """The point's RunConfig with this objective's overrides (:meth:`StudySpec.run_config`), in a study with a
         tuning stage its variant's chosen learning rate, and for precision ``auto`` the mode the study's runs so far
-        trained in (:mod:`.kept_modes`)."""
+        trained in (:mod:`.kept_modes`; ``keep=False``: ``auto`` as the study file says)."""
         from .kept_modes import keep_mode
 
         if self.spec.tune is None or self.spec.stage == "tune":
-            return keep_mode(self.spec.run_config(params, self.overrides), self.kept)
-        if self.tuned is None:
+            config = self.spec.run_config(params, self.overrides)
+        elif self.tuned is None:
             raise ValueError(f"study '{self.spec.study_name}' has a tuning stage but no chosen learning rates")
-        return keep_mode(self.spec.run_config(params, {"lr": self.tuned[self.spec.tune_key(params)]} | self.overrides),
-                         self.kept)
+        else:
+            config = self.spec.run_config(params, {"lr": self.tuned[self.spec.tune_key(params)]} | self.overrides)
+        return keep_mode(config, self.kept) if keep else config
 
     def __call__(self, trial) -> float:
         return self.train(trial, self.prepare(trial))
@@ -141,6 +142,8 @@ class Objective:
         import optuna
 
         from data import dataset_shape
+
+        from .kept_modes import kept_source
 
         frozen = next(t for t in trial.study.get_trials(deepcopy=False) if t.number == trial.number)
         if self.spec.kind == "grid" and "fixed_params" not in frozen.system_attrs:
@@ -156,6 +159,7 @@ class Objective:
             raise optuna.TrialPruned(f"grid point already run by trial {duplicate}")
 
         config = self.config(params)
+        kept = kept_source(self.config(params, keep=False), self.kept)  # the study's mode, not this machine's
         original = retried_trial_number(frozen)
         run_name = self.run_name(trial, params, config, original)
         ckpt_dir = self.log_root / run_name / layout.CHECKPOINTS
@@ -175,7 +179,8 @@ class Objective:
             layout.MODEL_KEY: jsonable(config.model_config(dataset_shape(config)).to_dict()),
             "log_dir": str(self.log_root / run_name),
             "resume_checkpoint": None if ckpt_path is None else str(ckpt_path),
-            **({} if original is None else {"retry_of": original})})
+            **({} if original is None else {"retry_of": original}),
+            **({} if kept is None else {"mode_source": kept})})
         return Prepared(params, config, run_name, ckpt_dir, ckpt_path, original)
 
     def train(self, trial, prepared: Prepared) -> float:
