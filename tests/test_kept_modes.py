@@ -21,8 +21,8 @@ MODEL = {"embed_dim": 64, "img_size": 28, "patch_size": 7}  # 16 patches + the c
 
 
 def trial(number: int, precision: str | None = "32-true", fused: bool = True, *, state=TrialState.COMPLETE,
-          model: dict | None = None, cuda: bool = False):
-    attrs = {"model": model or MODEL} | ({"device": "cuda"} if cuda else {})
+          model: dict | None = None, cuda: bool = False, phase: str = "report"):
+    attrs = {"model": model or MODEL, "phase": phase} | ({"device": "cuda"} if cuda else {})
     if precision is not None:
         attrs |= {"precision": precision, "fused_attn": fused}
     made = create_trial(state=state, value=0.9 if state == TrialState.COMPLETE else None, params={"lr": 1e-3},
@@ -33,7 +33,7 @@ def trial(number: int, precision: str | None = "32-true", fused: bool = True, *,
 
 def test_the_most_common_mode_of_completed_runs_is_kept_per_cell_and_device():
     trials = [trial(0, fused=False), trial(1), trial(2, fused=False), trial(3, state=TrialState.FAIL),
-              trial(4, state=TrialState.RUNNING), trial(5, precision=None),  # trained nothing it could record
+              trial(4, state=TrialState.RUNNING), trial(5, precision=None), trial(9, "auto"),  # recorded no mode
               trial(6, "bf16-mixed", model={"embed_dim": 192, "img_size": 32, "patch_size": 4}),
               trial(7, "bf16-mixed", cuda=True), trial(8, "bf16-mixed", cuda=True)]
     assert recorded_modes(completed(trials)) == {("cpu", 64, 17): {("32-true", False): 2, ("32-true", True): 1},
@@ -43,8 +43,8 @@ def test_the_most_common_mode_of_completed_runs_is_kept_per_cell_and_device():
     assert {c: (m.precision, m.fused_attn) for c, m in kept.items()} == {
         ("cpu", 64, 17): ("32-true", False), ("cpu", 192, 65): ("bf16-mixed", True),
         ("cuda", 64, 17): ("bf16-mixed", True)}
-    assert kept[("cpu", 64, 17)].source == "kept: the mode of 2 of this study's runs at this size (1 in other modes)"
-    assert kept[("cpu", 192, 65)].source == "kept: the mode of 1 of this study's runs at this size"
+    assert kept[("cpu", 64, 17)].source == "kept: the mode of 2 of this study's reported runs at this size (1 in other modes)"
+    assert kept[("cpu", 192, 65)].source == "kept: the mode of 1 of this study's reported runs at this size"
 
 
 def test_a_tie_keeps_the_mode_trained_first_and_excluded_modes_are_never_kept():
@@ -55,6 +55,16 @@ def test_a_tie_keeps_the_mode_trained_first_and_excluded_modes_are_never_kept():
     cuda = [trial(0, "bf16-mixed", cuda=True)]
     assert kept_modes(completed(cuda), exclude=["bf16-mixed + fused attention"])  # the CPU's name is not the GPU's mode
     assert not kept_modes(completed(cuda), exclude=["bf16-mixed + fused attention on cuda"])
+
+
+def test_the_reported_runs_mode_comes_before_the_tuning_stage_s_even_where_it_has_fewer_runs():
+    tuning = [trial(n, "bf16-mixed", phase="tune") for n in range(3)] + [trial(3, phase="tune")]
+    kept = kept_modes(completed(tuning))  # the reported stage has not started: the tuning stage's mode
+    assert (kept[("cpu", 64, 17)].precision, kept[("cpu", 64, 17)].source) == (
+        "bf16-mixed", "kept: the mode of 3 of this study's tuning runs at this size (1 in other modes)")
+    kept = kept_modes(completed([*tuning, trial(4, fused=False)]))
+    assert (kept[("cpu", 64, 17)].precision, kept[("cpu", 64, 17)].fused_attn) == ("32-true", False)
+    assert kept[("cpu", 64, 17)].source == "kept: the mode of 1 of this study's reported runs at this size"
 
 
 def test_a_trial_without_a_model_has_no_cell():
@@ -106,7 +116,7 @@ def test_a_study_continued_where_auto_picks_another_kernel_keeps_its_runs_mode(t
     # (from the file, or from the first machine's storage) says so first
     machine_picks(second, "fused")
     line = ("precision auto, width 8, 5 tokens: trains in 32-true + explicit attention, the mode of 2 of this "
-            "study's runs at this size; this machine alone would pick 32-true + fused attention")
+            "study's reported runs at this size; this machine alone would pick 32-true + fused attention")
     for source in (["--import-runs", partial, "--storage", url_of(tmp_path / "new.db")],
                    ["--storage", url_of(tmp_path / "a.db")]):
         result = run_in_process("--study", study, "--results-dir", second, "--threads", "1", "--dry-run", *source,
@@ -122,7 +132,7 @@ def test_a_study_continued_where_auto_picks_another_kernel_keeps_its_runs_mode(t
     assert sorted(t.params["seed"] for t in trained) == [1, 1]
     assert {(t.user_attrs["precision"], t.user_attrs["fused_attn"]) for t in trained} == {("32-true", False)}
     assert all(t.user_attrs["config"]["fused_attn"] is False for t in trained)
-    assert {t.user_attrs["mode_source"] for t in trained} == {"kept: the mode of 2 of this study's runs at this size"}
+    assert {t.user_attrs["mode_source"] for t in trained} == {"kept: the mode of 2 of this study's reported runs at this size"}
     # the same seed in the same mode trains the same numbers as the first machine did
     first_acc = {(r["variant"], r["seed"]): r["test_acc"] for r in rows}
     out = tmp_path / "report_b"

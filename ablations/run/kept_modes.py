@@ -6,8 +6,9 @@ the modes do not give identical numbers (fused and explicit attention compute th
 fp32 and bf16 do not even compute the same one), so a study continued elsewhere would pair runs of two modes.
 
 So a trial whose config says ``auto`` trains in the mode the study's completed runs of the same model size on the
-same kind of device trained in (both stages; imported runs included): the most common one where they are mixed.
-Only a study with no run of that size yet takes the machine's own choice. A mode named by ``--retrain-mode`` is
+same kind of device trained in (imported runs included): the most common one of its reported runs where they are
+mixed, the tuning stage's where no reported run has trained yet. Only a study with no run of that size yet takes
+the machine's own choice. A mode named by ``--retrain-mode`` is
 never kept: its rows train again in the machine's own mode, and so does everything after them. The study's first
 trials, started side by side before any completes, all ask ``auto`` on one machine and get the same answer.
 """
@@ -47,8 +48,9 @@ def config_cell(config: Any) -> Cell:
 
 
 def mode_facts(attrs: dict[str, Any]) -> dict[str, Any]:
-    """What :func:`kept_modes` reads of a run's user attrs: its model, precision, attention kernel and device."""
-    return {k: attrs[k] for k in (layout.MODEL_KEY, "precision", "fused_attn", "device") if k in attrs} | {
+    """What :func:`kept_modes` reads of a run's user attrs: its model, precision, attention kernel, device and
+    stage (``phase``)."""
+    return {k: attrs[k] for k in (layout.MODEL_KEY, "precision", "fused_attn", "device", "phase") if k in attrs} | {
         "config": {"accelerator": (attrs.get("config") or {}).get("accelerator")}}
 
 
@@ -70,8 +72,8 @@ def recorded_modes(runs: Iterable[dict[str, Any]]) -> dict[Cell, dict[tuple[str,
     found: dict[Cell, dict[tuple[str, bool], int]] = {}
     for attrs in runs:
         cell = trial_cell(attrs)
-        if cell is None or not isinstance(attrs.get("precision"), str):
-            continue
+        if cell is None or not isinstance(attrs.get("precision"), str) or attrs["precision"] == "auto":
+            continue  # a run that recorded no mode it trained in
         mode = (attrs["precision"], attrs.get("fused_attn") is not False)
         counts = found.setdefault(cell, {})
         counts[mode] = counts.get(mode, 0) + 1
@@ -79,18 +81,28 @@ def recorded_modes(runs: Iterable[dict[str, Any]]) -> dict[Cell, dict[tuple[str,
 
 
 def kept_modes(runs: Iterable[dict[str, Any]], exclude: Iterable[str] = ()) -> dict[Cell, Mode]:
-    """The mode each cell keeps: the most common one of the completed ``runs`` (user attrs, in trial order; the
-    first trained on a tie), leaving out the modes in ``exclude`` (as :func:`ablations.machine.modes.mode_text`
-    names them, e.g. ``32-true + fused attention``)."""
-    skip = set(exclude)
+    """The mode each cell keeps: the most common one of the completed reported ``runs`` (mode facts, in trial
+    order; the first trained on a tie), else of the tuning stage's (``phase: tune``) where no reported run of the
+    cell has trained yet — the pairs are the reported runs, so theirs decides even where more tuning runs trained
+    in another mode. The modes in ``exclude`` (as :func:`ablations.machine.modes.mode_text` names them, e.g.
+    ``32-true + fused attention``) are never kept."""
+    runs = list(runs)
+    kept: dict[Cell, Mode] = {}
+    for stage in ("tuning", "reported"):  # the reported runs' mode replaces the tuning stage's
+        mine = [r for r in runs if (r.get("phase") == "tune") == (stage == "tuning")]
+        kept |= _most_common(recorded_modes(mine), set(exclude), f"this study's {stage} runs")
+    return kept
+
+
+def _most_common(recorded: dict[Cell, dict[tuple[str, bool], int]], skip: set[str], whose: str) -> dict[Cell, Mode]:
     kept = {}
-    for cell, counts in recorded_modes(runs).items():
+    for cell, counts in recorded.items():
         usable = {m: n for m, n in counts.items() if mode_text(*m, cuda=cell[0] == "cuda") not in skip}
         if not usable:
             continue
         (precision, fused), count = max(usable.items(), key=lambda item: item[1])  # max keeps the first of a tie
         others = sum(counts.values()) - count
-        kept[cell] = Mode(precision, fused, f"kept: the mode of {count} of this study's runs at this size"
+        kept[cell] = Mode(precision, fused, f"kept: the mode of {count} of {whose} at this size"
                                             + (f" ({others} in other modes)" if others else ""))
     return kept
 
