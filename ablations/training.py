@@ -226,7 +226,8 @@ def run_training(
     config, facts = resolve_mode(config, accelerator, datamodule, results_dir)
     facts["num_classes"] = datamodule.num_classes  # the chance level a diverged run counts at in the report
     facts["malloc"] = malloc
-    facts["machine"] = machine_text("cuda" if accelerator == "gpu" else "cpu")
+    facts["device"] = "cuda" if accelerator == "gpu" else "cpu"  # where it trained: its mode's device (kept_modes)
+    facts["machine"] = machine_text(facts["device"])
     model = build_model(config, datamodule)
     facts |= use_stream_kernels(model.model, config, accelerator, datamodule)
     if config.compile:

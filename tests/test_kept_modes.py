@@ -67,9 +67,32 @@ def test_the_reported_runs_mode_comes_before_the_tuning_stage_s_even_where_it_ha
     assert kept[("cpu", 64, 17)].source == "kept: the mode of 1 of this study's reported runs at this size"
 
 
-def test_a_trial_without_a_model_has_no_cell():
+def test_a_trial_without_a_model_has_no_cell_and_a_recorded_device_comes_before_the_config_s():
     assert trial_cell({"precision": "32-true"}) is None
-    assert trial_cell({"model": MODEL, "config": {"accelerator": "gpu"}}) == ("cuda", 64, 17)
+    assert trial_cell({"model": MODEL, "config": {"accelerator": "gpu"}}) == ("cuda", 64, 17)  # an older run
+    assert trial_cell({"model": MODEL, "device": "cpu", "config": {"accelerator": "gpu"}}) == ("cpu", 64, 17)
+
+
+@pytest.mark.parametrize(("mode", "expected"), [
+    ("bf16-mixed + fused attention on cuda", ("bf16-mixed", True, "cuda")),
+    ("32-true + explicit attention", ("32-true", False, "cpu"))])
+def test_an_imported_row_trained_where_its_mode_says_whatever_the_continuing_run_s_accelerator(mode, expected):
+    """runs.csv has no device column: an imported row's device is its mode's (`` on cuda`` or not), so a study
+    continued on a GPU does not count a CPU's rows as its own, nor a CPU the GPU's, and the report reads the mode
+    back as it was."""
+    from ablations.report.load import Run, run_mode
+    from ablations.run.imported import _user_attrs
+    from ablations.studies.spec import load_spec
+
+    spec = load_spec("residual_variants", "smoke")
+    config = spec.run_config(spec.grid()[0], {"accelerator": "cuda" if expected[2] == "cpu" else "cpu"})
+    run = Run(number=0, state="complete", variant="standard", depth=1, seed=0, row="standard", mode=mode,
+              summary={"test_acc": 0.5})
+    attrs = _user_attrs(run, config, "report", Path("runs.csv"))
+    assert (attrs["precision"], attrs["fused_attn"], attrs["device"]) == expected
+    assert trial_cell(attrs)[0] == expected[2]
+    assert run_mode(Run(number=0, state="complete", variant="standard", depth=1, seed=0, row="standard",
+                        summary=attrs, config=attrs["config"])) == mode
 
 
 # --- end to end: a study continued on a machine whose own choice is the other attention kernel ---------------------
@@ -132,7 +155,9 @@ def test_a_study_continued_where_auto_picks_another_kernel_keeps_its_runs_mode(t
     assert sorted(t.params["seed"] for t in trained) == [1, 1]
     assert {(t.user_attrs["precision"], t.user_attrs["fused_attn"]) for t in trained} == {("32-true", False)}
     assert all(t.user_attrs["config"]["fused_attn"] is False for t in trained)
-    assert {t.user_attrs["mode_source"] for t in trained} == {"kept: the mode of 2 of this study's reported runs at this size"}
+    # read again before each trial: the second counts the first (other workers' and machines' runs count alike)
+    assert [t.user_attrs["mode_source"] for t in sorted(trained, key=lambda t: t.number)] == [
+        f"kept: the mode of {n} of this study's reported runs at this size" for n in (2, 3)]
     # the same seed in the same mode trains the same numbers as the first machine did
     first_acc = {(r["variant"], r["seed"]): r["test_acc"] for r in rows}
     out = tmp_path / "report_b"

@@ -446,18 +446,17 @@ def probe(size: dict[str, Any], batch: int) -> Measure:
 
 
 def measured_step(embed_dim: int, tokens: int, *, threads: int | None = None,
-                  results_dir: str | Path = layout.RESULTS_DIR) -> dict[str, Any] | None:
+                  results_dir: str | Path = layout.RESULTS_DIR, mode: Mode | None = None) -> dict[str, Any] | None:
     """This machine's own measurement of a train step for (embed_dim, tokens) on ``threads`` threads: the cached
     probe cell (:func:`probe`) as ``{"seconds", "mode", "depth", "batch", "mlp_ratio", "path"}`` — the step time
-    of the mode ``auto`` picks, of a ``depth``-block ``standard`` model at ``batch`` images — or None where this
-    CPU's cache
-    has no such cell (or one measured before the cells recorded the probe's size). What a dry run prices its
-    trials with."""
+    of ``mode`` (default: the one ``auto`` picks), of a ``depth``-block ``standard`` model at ``batch`` images — or
+    None where this CPU's cache has no such cell (or one measured before the cells recorded the probe's size).
+    What a dry run prices its trials with."""
     signature = cpu_signature(threads)
     path = cache_path(signature, results_dir)
     cell = _cached_cell(path, signature, embed_dim, tokens)[1]
     if cell is None or not {"probe_depth", "probe_batch", "probe_mlp_ratio"} <= cell.keys():
         return None
-    key = mode_key(*fastest(cell))
+    key = mode_key(*fastest(cell)) if mode is None else mode.key
     return {"seconds": cell["times_s"][key], "mode": key, "depth": cell["probe_depth"], "batch": cell["probe_batch"],
             "mlp_ratio": cell["probe_mlp_ratio"], "path": str(path)}

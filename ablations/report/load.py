@@ -152,7 +152,8 @@ def run_mode(run: Run) -> str:
     fused = run.summary.get("fused_attn")
     if fused is None:  # before precision auto: the config's flag, None meaning timm's fused default
         fused = (run.config or {}).get("fused_attn") is not False
-    on_gpu = run.summary.get("device") == "cuda" or (run.config or {}).get("accelerator") in ("gpu", "cuda")
+    device = run.summary.get("device")  # recorded by the run; older runs say it by their config's accelerator
+    on_gpu = device == "cuda" if device else (run.config or {}).get("accelerator") in ("gpu", "cuda")
     return mode_text(precision, fused, cuda=on_gpu)
 
 

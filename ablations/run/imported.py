@@ -113,9 +113,10 @@ def _user_attrs(run, config, stage: str, path: Path) -> dict[str, Any]:
     attrs = {k: v for k, v in run.summary.items() if v is not None}
     if (run.config or {}).get("num_classes") is not None:  # a diverged run's chance level in the paired tests
         attrs["num_classes"] = run.config["num_classes"]
-    if run.mode:  # "<precision> + <fused|explicit> attention", as the report reads it back (run_mode)
-        precision, _, attention = run.mode.partition(" + ")
-        attrs |= {"precision": precision, "fused_attn": attention.startswith("fused")}
+    if run.mode:  # "<precision> + <fused|explicit> attention[ on cuda]", as the report reads it back (run_mode)
+        precision, _, attention = run.mode.removesuffix(" on cuda").partition(" + ")
+        attrs |= {"precision": precision, "fused_attn": attention.startswith("fused"),
+                  "device": "cuda" if run.mode.endswith(" on cuda") else "cpu"}
     return attrs | {"run_name": run.run_name, "phase": stage, IMPORTED: str(path),
                     "config": jsonable(config.to_dict()),
                     layout.MODEL_KEY: jsonable(config.model_config(dataset_shape(config)).to_dict())}

@@ -32,7 +32,8 @@ def trial_cell(attrs: dict[str, Any]) -> Cell | None:
     model = attrs.get(layout.MODEL_KEY) or {}
     if not all(isinstance(model.get(k), int) for k in ("embed_dim", "img_size", "patch_size")):
         return None
-    on_gpu = attrs.get("device") == "cuda" or (attrs.get("config") or {}).get("accelerator") in ("gpu", "cuda")
+    device = attrs.get("device")  # recorded by the run (an imported row: by its mode); else its config says
+    on_gpu = device == "cuda" if device else (attrs.get("config") or {}).get("accelerator") in ("gpu", "cuda")
     return ("cuda" if on_gpu else "cpu", model["embed_dim"], tokens(model["img_size"], model["patch_size"]))
 
 
@@ -121,12 +122,18 @@ def study_trials(storage, study_name: str, stage: str) -> list[Any]:
     return trials
 
 
-def keep_mode(config: Any, kept: dict[Cell, Mode]) -> Any:
-    """``config`` with the study's kept mode of its cell when its precision is ``auto`` (an explicit attention
-    kernel of the config stays); else ``config`` as it is."""
+def kept_for(config: Any, kept: dict[Cell, Mode]) -> Mode | None:
+    """The study's kept mode for a run of ``config`` (as the study file gives it): None where its precision is not
+    ``auto`` or no run of its cell has trained yet (the run chooses its own)."""
     if config.precision != "auto" or not kept:
-        return config
-    mode = kept.get(config_cell(config))
+        return None
+    return kept.get(config_cell(config))
+
+
+def keep_mode(config: Any, kept: dict[Cell, Mode]) -> Any:
+    """``config`` in the study's kept mode of its cell (:func:`kept_for`; an explicit attention kernel of the
+    config stays); else ``config`` as it is."""
+    mode = kept_for(config, kept)
     if mode is None:
         return config
     from ..training import with_mode
@@ -134,18 +141,11 @@ def keep_mode(config: Any, kept: dict[Cell, Mode]) -> Any:
     return with_mode(config, mode)
 
 
-def kept_source(config: Any, kept: dict[Cell, Mode]) -> str | None:
-    """Where the mode of a run of ``config`` (as the study file gives it, before :func:`keep_mode`) comes from
-    when the study keeps it (the run's ``mode_source``); None when the run chooses its own."""
-    if config.precision != "auto" or not kept:
-        return None
-    mode = kept.get(config_cell(config))
-    return None if mode is None else mode.source
-
-
 def kept_lines(kept: dict[Cell, Mode], configs: Iterable[Any], results_dir, threads: int) -> list[str]:
     """One line per cell of ``configs`` (precision ``auto``) whose kept mode is not what ``auto`` picks on this
     machine now (on ``threads`` threads), or whose runs so far are mixed: what the study trains in and why."""
+    if not kept:
+        return []
     from ..machine.modes import choose_mode
 
     lines, seen = [], set()
@@ -161,8 +161,9 @@ def kept_lines(kept: dict[Cell, Mode], configs: Iterable[Any], results_dir, thre
         own = choose_mode(device, width, count, results_dir=results_dir, threads=threads)
         if (own.precision, own.fused_attn) == (mode.precision, mode.fused_attn) and "other modes" not in mode.source:
             continue
+        cuda = device == "cuda"
         lines.append(f"precision auto, width {width}, {count} tokens: trains in "
-                     f"{mode_text(mode.precision, mode.fused_attn)}, {mode.source.removeprefix('kept: ')}; this "
-                     f"machine alone would pick {mode_text(own.precision, own.fused_attn)} (--import-runs with "
-                     "--retrain-mode MODE trains a mode's reported rows again in this machine's mode)")
+                     f"{mode_text(mode.precision, mode.fused_attn, cuda)}, {mode.source.removeprefix('kept: ')}; "
+                     f"this machine alone would pick {mode_text(own.precision, own.fused_attn, cuda)} (--import-runs "
+                     "with --retrain-mode MODE trains a mode's reported rows again in this machine's mode)")
     return lines

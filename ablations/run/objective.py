@@ -108,9 +108,10 @@ class Objective:
     def __init__(self, spec: StudySpec, *, log_root: Path, overrides: dict[str, Any] | None = None,
                  keep_checkpoints: bool = False, loggers: tuple[str, ...] = (),
                  results_dir: str | Path = layout.RESULTS_DIR, tuned: dict[str, float] | None = None,
-                 kept: dict | None = None) -> None:
+                 kept: dict | None = None, kept_from: tuple | None = None) -> None:
         self.spec = spec
         self.kept = dict(kept or {})  # cell -> the mode precision auto keeps in this study (.kept_modes)
+        self.kept_from = kept_from  # (storage, study name, stage, --retrain-mode modes): where refresh_kept reads
         self.results_dir = Path(results_dir)
         self.tuned = tuned  # the tuning stage's learning rate per cell (StudySpec.tune_key); None: the study's own
         self.log_root = Path(log_root)
@@ -118,6 +119,13 @@ class Objective:
         self.keep_checkpoints = keep_checkpoints
         self.loggers = tuple(loggers)
         self._categorical: frozenset[str] | None = None  # read from the study at the first trial
+
+    def refresh_kept(self) -> None:
+        """Read the study's kept modes again (:mod:`.kept_modes`): other workers and machines complete runs too."""
+        if self.kept_from is not None:
+            from .kept_modes import stored_kept
+
+            self.kept = stored_kept(*self.kept_from)
 
     def config(self, params: dict[str, Any], *, keep: bool = True):
         """The point's RunConfig with this objective's overrides (:meth:`StudySpec.run_config`), in a study with a
@@ -143,7 +151,7 @@ class Objective:
 
         from data import dataset_shape
 
-        from .kept_modes import kept_source
+        from .kept_modes import kept_for
 
         frozen = next(t for t in trial.study.get_trials(deepcopy=False) if t.number == trial.number)
         if self.spec.kind == "grid" and "fixed_params" not in frozen.system_attrs:
@@ -159,7 +167,7 @@ class Objective:
             raise optuna.TrialPruned(f"grid point already run by trial {duplicate}")
 
         config = self.config(params)
-        kept = kept_source(self.config(params, keep=False), self.kept)  # the study's mode, not this machine's
+        kept = kept_for(self.config(params, keep=False), self.kept)  # the study's mode, not this machine's
         original = retried_trial_number(frozen)
         run_name = self.run_name(trial, params, config, original)
         ckpt_dir = self.log_root / run_name / layout.CHECKPOINTS
@@ -180,7 +188,7 @@ class Objective:
             "log_dir": str(self.log_root / run_name),
             "resume_checkpoint": None if ckpt_path is None else str(ckpt_path),
             **({} if original is None else {"retry_of": original}),
-            **({} if kept is None else {"mode_source": kept})})
+            "mode_source": None if kept is None else kept.source})  # None: the run's own (a retry's is its own)
         return Prepared(params, config, run_name, ckpt_dir, ckpt_path, original)
 
     def train(self, trial, prepared: Prepared) -> float:

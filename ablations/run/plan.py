@@ -138,16 +138,16 @@ def dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = P
                                      if len(names) > 1 else ""))
     print(_auto_line(configs[0], overrides, results_dir))
     threads = overrides.get("threads") or max(1, (os.cpu_count() or 1) // workers)
-    if stored is not None and stored.modes:  # a continued study keeps the mode of its runs (.kept_modes)
-        from .kept_modes import kept_lines, kept_modes
+    from .kept_modes import keep_mode, kept_for, kept_lines, kept_modes
 
-        for line in kept_lines(kept_modes(stored.modes, retrain_modes), configs, results_dir, threads):
-            print(line)
-    rates = [measured_rate(config, threads, results_dir) for config in configs]
+    kept = kept_modes(stored.modes, retrain_modes) if stored is not None else {}  # a continued study's mode
+    for line in kept_lines(kept, configs, results_dir, threads):
+        print(line)
+    rates = [measured_rate(config, threads, results_dir, kept_for(config, kept)) for config in configs]
     seconds = [estimate_seconds(config, rate[0] if rate else None) for config, rate in zip(configs, rates, strict=True)]
     cells = None
     if measure:
-        factors = model_factors(configs, threads, results_dir)
+        factors = model_factors([keep_mode(c, kept) for c in configs], threads, results_dir)
         seconds = [TRIAL_OVERHEAD_S + (estimate_seconds(standard_twin(config), rate[0] if rate else None)
                                        - TRIAL_OVERHEAD_S) * factor
                    for config, rate, factor in zip(configs, rates, factors, strict=True)]
@@ -285,11 +285,12 @@ def estimate_seconds(config, flops_per_s: float | None = None) -> float:
     return TRIAL_OVERHEAD_S + training_flops(config) / (flops_per_s or EFFECTIVE_GFLOPS * 1e9)
 
 
-def measured_rate(config, threads: int, results_dir: Path) -> tuple[float, str] | None:
+def measured_rate(config, threads: int, results_dir: Path, mode=None) -> tuple[float, str] | None:
     """(training FLOP/s, where) of this CPU for ``config``'s cell on ``threads`` threads, from the train step that
     precision ``auto`` measured and cached (:func:`ablations.machine.modes.measured_step`: a ``standard`` model of the
     probe's depth, MLP ratio and batch, 3× its forward FLOPs per image); None for a GPU run, a fixed precision, or
-    a cell not measured yet."""
+    a cell not measured yet. ``mode``: the mode the run trains in where it is not ``auto``'s (a study's kept mode,
+    :mod:`.kept_modes`)."""
     if config.precision != "auto" or config.accelerator not in ("auto", "cpu"):
         return None
     from data import dataset_shape
@@ -299,7 +300,7 @@ def measured_rate(config, threads: int, results_dir: Path) -> tuple[float, str] 
 
     shape = dataset_shape(config)
     step = measured_step(config.embed_dim, tokens(shape["img_size"], config.patch_size or shape["patch_size"]),
-                         threads=threads, results_dir=results_dir)
+                         threads=threads, results_dir=results_dir, mode=mode)
     if step is None:
         return None
     probe = dataclasses.replace(config, residual="standard", residual_options={}, depth=step["depth"],

@@ -136,9 +136,10 @@ def _say_kept_modes(spec, storage, study_name: str, args, overrides: dict) -> No
     from .kept_modes import kept_lines, stored_kept
 
     kept = stored_kept(storage, study_name, spec.stage, getattr(args, "retrain_mode", ()))
-    if not kept or spec.kind != "grid":
+    if not kept:
         return
-    configs = [spec.run_config(p, overrides) for p in spec.grid()]
+    points = spec.grid() if spec.kind == "grid" else [{"variant": v.label} for v in spec.variants]
+    configs = [spec.run_config(p, overrides) for p in points]
     threads = overrides.get("threads") or os.cpu_count() or 1
     for line in kept_lines(kept, configs, Path(args.results_dir), threads):
         print(line, file=sys.stderr)
@@ -167,20 +168,21 @@ def work(spec, storage, study_name: str, args, overrides: dict, progress_total: 
     from optuna.trial import TrialState
 
     from ..report.aggregate import refresh as refresh_aggregates
-    from .kept_modes import stored_kept
     from .objective import Objective
 
     index = args.worker_index or 0
     study = create_study(spec, storage, study_name, seed=index)  # a distinct sampler seed per worker
     log_root = layout.runs_dir(args.results_dir, study_name)
-    kept = stored_kept(storage, study_name, spec.stage, getattr(args, "retrain_mode", ()))
     objective = Objective(spec, log_root=log_root, overrides=overrides, keep_checkpoints=args.keep_checkpoints,
-                          loggers=tuple(args.loggers), results_dir=args.results_dir, tuned=tuned, kept=kept)
+                          loggers=tuple(args.loggers), results_dir=args.results_dir, tuned=tuned,
+                          kept_from=(storage, study_name, spec.stage, tuple(getattr(args, "retrain_mode", ()))))
+    keep = objective.refresh_kept  # the study's mode as its completed runs have it, read before each trial or stack
     grid = grid_keys(spec)
     bar = _progress(study, progress_total, grid)
 
-    def between() -> None:  # before each stack of trials: stop signals, dead workers' trials, progress
+    def between() -> None:  # before each stack of trials: stop signals, dead workers' trials, the mode, progress
         check_stopping()
+        keep()
         optuna.storages.fail_stale_trials(study)
         retry_failed_points(study, spec, storage, only_stopped=True)  # e.g. a preempted worker's trial
         if bar is not None:
@@ -203,6 +205,7 @@ def work(spec, storage, study_name: str, args, overrides: dict, progress_total: 
                     break
             elif _search_budget_spent(study, args.n_trials or spec.n_trials):
                 break
+            keep()
             study.optimize(objective, n_trials=1, gc_after_trial=True, catch=(RuntimeError,))
             refresh_aggregates(study, spec, args.results_dir)  # TensorBoard's seed aggregates, with this trial
             if bar is not None:
