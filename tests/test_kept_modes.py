@@ -177,3 +177,19 @@ def test_a_study_continued_where_auto_picks_another_kernel_keeps_its_runs_mode(t
     assert {(t.user_attrs["precision"], t.user_attrs["fused_attn"]) for t in trials_of(tmp_path / "c.db", "kept")} \
         == {("32-true", True)}
 
+
+
+def test_the_report_lists_kept_modes_once_however_many_runs_counted_before_them():
+    """Each kept run's ``mode_source`` names how many runs came before it; the HTML report's facts say it once."""
+    from ablations.report.html import run_facts
+    from ablations.report.load import Run, StudyData
+
+    sources = ["measured: modes-cpu.json, cell width 64, 17 tokens"] + [
+        f"kept: the mode of {n} of this study's reported runs at this size" for n in (1, 2, 3)]
+    runs = [Run(number=i, state="complete", variant="standard", depth=4, seed=i, row="standard", acc=0.9,
+                summary={"mode_source": s, "precision": "32-true", "fused_attn": False}) for i, s in enumerate(sources)]
+    data = StudyData(name="s", kind="grid", runs=runs, rows=["standard"], row_variant={"standard": "standard"},
+                     row_extras={"standard": ()}, depths=[4])
+    facts = dict(run_facts(data))
+    assert facts["how precision auto chose"] == ("measured: modes-cpu.json, cell width 64, 17 tokens; kept: the mode "
+                                                 "the study's runs before them trained in (3 runs)")

@@ -374,7 +374,10 @@ def run_facts(data: StudyData, study=None) -> list[tuple[str, str]]:
         facts.append(("what the runs trained on", "; ".join(f"{m}: {n} runs" for m, n in machines.items())))
     workers = sorted({str(r.summary["worker"]).rsplit(":", 1)[0] for r in (*data.runs, *data.tune_runs)
                       if r.summary.get("worker")})
-    sources = sorted({str(r.summary["mode_source"]) for r in data.runs if r.summary.get("mode_source")})
+    sources = [str(r.summary["mode_source"]) for r in data.runs if r.summary.get("mode_source")]
+    kept = sum(s.startswith("kept: ") for s in sources)  # each names its count of runs then: one line for all
+    sources = sorted({s for s in sources if not s.startswith("kept: ")}) + (
+        [f"kept: the mode the study's runs before them trained in ({kept} runs)"] if kept else [])
     threads = sorted({(r.config or {}).get("threads") for r in data.runs if (r.config or {}).get("threads")})
     if workers:
         facts.append(("machines (the trials' workers)", ", ".join(workers)))
