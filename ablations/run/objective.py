@@ -166,8 +166,8 @@ class Objective:
             trial.set_user_attr("duplicate_of", duplicate)
             raise optuna.TrialPruned(f"grid point already run by trial {duplicate}")
 
-        config = self.config(params)
-        kept = kept_for(self.config(params, keep=False), self.kept)  # the study's mode, not this machine's
+        config, asked = self.config(params), self.config(params, keep=False)  # asked: as the study file says
+        kept = kept_for(asked, self.kept)  # the study's mode, not this machine's
         original = retried_trial_number(frozen)
         run_name = self.run_name(trial, params, config, original)
         ckpt_dir = self.log_root / run_name / layout.CHECKPOINTS
@@ -180,11 +180,12 @@ class Objective:
                             "not resuming it: trial %d starts from scratch", ckpt_dir / "last.ckpt", trial.number)
         # phase: tune | report (the report tables read report trials only); resume_checkpoint: what was offered
         # (whether Lightning did restore it, ``resumed_from_checkpoint``, ``start_epoch``, ``start_global_step``,
-        # and what this process trained itself come with the run's summary)
+        # and what this process trained itself come with the run's summary); config: the study's, precision auto
+        # unresolved (what the run trained in, kept or its own, is the summary's precision and fused_attn)
         set_user_attrs(trial, {
             "run_name": run_name, "phase": self.spec.stage, "worker": worker_id(),
-            "config": jsonable(config.to_dict()),
-            layout.MODEL_KEY: jsonable(config.model_config(dataset_shape(config)).to_dict()),
+            "config": jsonable(asked.to_dict()),
+            layout.MODEL_KEY: jsonable(asked.model_config(dataset_shape(asked)).to_dict()),
             "log_dir": str(self.log_root / run_name),
             "resume_checkpoint": None if ckpt_path is None else str(ckpt_path),
             **({} if original is None else {"retry_of": original}),
