@@ -115,7 +115,10 @@ def _rows(path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_a_study_continued_where_auto_picks_another_kernel_keeps_its_runs_mode(tmp_path):
+def test_a_study_continued_where_auto_picks_another_kernel_keeps_its_runs_mode(tmp_path, monkeypatch):
+    import ablations.run.kept_modes
+
+    monkeypatch.setattr(ablations.run.kept_modes, "REFRESH_S", 0.0)  # read before every trial (the tiny runs take 1 s)
     study = write_study(tmp_path / "kept.yaml", base=TINY, axes={"seed": [0, 1]})
     first, second = tmp_path / "first", tmp_path / "second"
     machine_picks(first, "explicit")

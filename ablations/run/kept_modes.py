@@ -10,7 +10,10 @@ same kind of device trained in (imported runs included): the most common one of 
 mixed, the tuning stage's where no reported run has trained yet. Only a study with no run of that size yet takes
 the machine's own choice. A mode named by ``--retrain-mode`` is
 never kept: its rows train again in the machine's own mode, and so does everything after them. The study's first
-trials, started side by side before any completes, all ask ``auto`` on one machine and get the same answer.
+trials, started side by side before any completes, all ask ``auto`` on one machine and get the same answer; each
+worker reads the kept modes again before a trial (at most every :data:`REFRESH_S` seconds), so where several
+machines start a fresh study together their first runs may differ (the report counts the modes) and from then on
+the most common mode wins everywhere.
 """
 
 from __future__ import annotations
@@ -21,6 +24,10 @@ from typing import Any
 from .. import layout
 from ..machine.modes import Mode, mode_text, tokens
 from ..studies.spec import tune_name
+
+#: Seconds between two readings of a running study's kept modes by one worker (reading every trial of a study of
+#: hundreds takes about a second): other machines' runs count within minutes, as the study's first runs complete.
+REFRESH_S = 120.0
 
 #: (device type, width, tokens): the model size a mode is chosen for (:func:`ablations.machine.modes.choose_mode`).
 Cell = tuple[str, int, int]

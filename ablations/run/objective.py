@@ -112,6 +112,7 @@ class Objective:
         self.spec = spec
         self.kept = dict(kept or {})  # cell -> the mode precision auto keeps in this study (.kept_modes)
         self.kept_from = kept_from  # (storage, study name, stage, --retrain-mode modes): where refresh_kept reads
+        self._kept_read = -math.inf  # when refresh_kept last read them
         self.results_dir = Path(results_dir)
         self.tuned = tuned  # the tuning stage's learning rate per cell (StudySpec.tune_key); None: the study's own
         self.log_root = Path(log_root)
@@ -121,11 +122,15 @@ class Objective:
         self._categorical: frozenset[str] | None = None  # read from the study at the first trial
 
     def refresh_kept(self) -> None:
-        """Read the study's kept modes again (:mod:`.kept_modes`): other workers and machines complete runs too."""
-        if self.kept_from is not None:
-            from .kept_modes import stored_kept
+        """Read the study's kept modes again (:mod:`.kept_modes`): other workers and machines complete runs too. At
+        most every :data:`.kept_modes.REFRESH_S` seconds (reading every trial of a study takes about a second)."""
+        import time
 
-            self.kept = stored_kept(*self.kept_from)
+        from . import kept_modes
+
+        if self.kept_from is not None and time.monotonic() - self._kept_read >= kept_modes.REFRESH_S:
+            self.kept = kept_modes.stored_kept(*self.kept_from)
+            self._kept_read = time.monotonic()
 
     def config(self, params: dict[str, Any], *, keep: bool = True):
         """The point's RunConfig with this objective's overrides (:meth:`StudySpec.run_config`), in a study with a
