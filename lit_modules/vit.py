@@ -135,6 +135,7 @@ class VisionTransformer(nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if cfg.class_token else None
         self.pos_embed = nn.Parameter(torch.zeros(1, self.patch_embed.num_patches + block_prefix_tokens, embed_dim))
         self.pos_drop = nn.Dropout(p=cfg.pos_drop_rate)
+        self.norm_pre = norm_layer(embed_dim) if variant.uses_embedding_norm(**options) else nn.Identity()
 
         dpr = calculate_drop_path_rates(cfg.drop_path_rate, depth)  # timm's linear stochastic-depth rule
         block_args = [
@@ -249,7 +250,7 @@ class VisionTransformer(nn.Module):
         cls_token = None if self.cls_token is None else self.cls_token.expand(x.shape[0], -1, -1)
         if cls_token is not None and not len(self.blocks_token_only):
             x = torch.cat([cls_token, x], dim=1)
-        x = self.pos_drop(x + self.pos_embed)
+        x = self.norm_pre(self.pos_drop(x + self.pos_embed))
         if self.input_multiplier != 1.0:
             x = x * self.input_multiplier
         self.value_state.open()  # V_1 (value residual) is recorded afresh by this forward's first layer-0 call

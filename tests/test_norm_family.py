@@ -283,6 +283,31 @@ def test_peri_ln_block_reads_and_writes_normalised():
         assert torch.allclose(blk(x), want, atol=1e-12, rtol=0)
 
 
+def test_peri_ln_embedding_norm_is_optional_and_normalises_the_embeddings_before_the_first_block():
+    """The paper's optional y_0 = Norm(x_0): off by default (no norm_pre, timm's Identity); with
+    ``embedding_norm=True`` a LayerNorm (gain 1, bias 0) over patches + position and class token, which the blocks
+    read, learned and never weight-decayed."""
+    plain = build("peri_ln")
+    assert isinstance(plain.norm_pre, nn.Identity) and plain.residual_options == {"embedding_norm": False}
+    model = perturb(build("peri_ln", {"embedding_norm": True}), scale=0.2).eval()
+    assert isinstance(model.norm_pre, nn.LayerNorm)
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in plain.parameters()) + 2 * 8
+    undecayed = {id(p) for g in model.param_groups(0.05) if g["weight_decay"] == 0.0 for p in g["params"]}
+    assert {id(model.norm_pre.weight), id(model.norm_pre.bias)} <= undecayed
+    x = images()
+    seen = []
+    model.blocks[0].register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    with torch.no_grad():
+        model(x)
+        tokens = torch.cat([model.cls_token.expand(4, -1, -1), model.patch_embed(x)], dim=1) + model.pos_embed
+        want = F.layer_norm(tokens, (8,), model.norm_pre.weight, model.norm_pre.bias, eps=model.norm_pre.eps)
+    assert torch.allclose(seen[0], want, atol=1e-12, rtol=0)
+    fresh = build("peri_ln", {"embedding_norm": True})
+    assert torch.equal(fresh.norm_pre.weight, torch.ones(8)) and torch.equal(fresh.norm_pre.bias, torch.zeros(8))
+    with pytest.raises(ValueError, match=r"^embedding_norm='yes' is not valid for peri_ln; valid: True, False$"):
+        build("peri_ln", {"embedding_norm": "yes"})
+
+
 def test_ln_scaling_scales_by_inverse_sqrt_layer():
     """1/√ℓ, ℓ = 1..4: 1, 0.7071068, 0.5773503, 0.5; the branch of block 4 reads LN(1, 2, 3, 4)·0.5."""
     model = build("ln_scaling", depth=4, **WIDE4)

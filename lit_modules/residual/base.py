@@ -190,6 +190,12 @@ class ResidualSite(nn.Module):
         pre-norm streams; a post-LN variant whose last block already ends in a norm (DeepNorm) may say False."""
         return True
 
+    @classmethod
+    def uses_embedding_norm(cls, **options: Any) -> bool:
+        """Whether the backbone normalises the embeddings (patches + position, class token) before the first block
+        (timm's ``norm_pre``). False by default; Peri-LN's optional embedding norm says True."""
+        return False
+
 
 class OptionalFinalNorm:
     """Mixin for a site whose network's last sublayer already ends in a norm (post-LN forms): the ``final_norm``

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from .base import BlockArgs, ResidualSite
@@ -16,14 +18,28 @@ class PeriLN(ResidualSite):
     ``LN_out`` is this site's own ``norm`` (gain 1, bias 0 at init, as the paper's LayerNorm; x-transformers'
     ``sandwich_norm``), of the backbone's norm kind. The stream is never normalised, so the final norm before the
     head is kept (the paper keeps its final LN). DropPath drops Δ (the standard placement).
+
+    ``embedding_norm``: False (default) / True — the paper's optional norm of the embeddings before the first block
+    (``y_0 = Norm(x_0)``: the backbone's ``norm_pre``, after the position embedding, of the backbone's norm kind,
+    gain 1 and bias 0).
     """
 
     name = "peri_ln"
     paper = "Kim et al. 2025 (Peri-LN), arXiv 2502.02732"
 
-    def __init__(self, dim: int, *, args: BlockArgs) -> None:
+    def __init__(self, dim: int, *, args: BlockArgs, embedding_norm: bool = False) -> None:
         super().__init__(dim, args=args)
         self.norm = args.norm_layer(dim)
+
+    @classmethod
+    def check_options(cls, options: dict[str, Any], dim: int, depth: int) -> None:
+        if not isinstance(options["embedding_norm"], bool):
+            raise ValueError(f"embedding_norm={options['embedding_norm']!r} is not valid for peri_ln; valid: True, "
+                             "False")
+
+    @classmethod
+    def uses_embedding_norm(cls, **options: Any) -> bool:
+        return options["embedding_norm"]
 
     def forward(self, x: torch.Tensor, u: torch.Tensor, f: torch.Tensor, history: list | None = None) -> torch.Tensor:
         return self.norm(f)
