@@ -182,6 +182,27 @@ def test_a_study_continued_where_auto_picks_another_kernel_keeps_its_runs_mode(t
 
 
 
+def test_a_dry_run_on_a_cpu_not_measured_yet_says_the_run_will_measure(tmp_path, monkeypatch):
+    """Where no table matches this CPU the dry run measures nothing: the line says the run would measure, not that
+    it would pick the fp32 rule, and says the kept mode even where it equals the rule's."""
+    from ablations.run.kept_modes import kept_lines
+    from ablations.studies.spec import load_spec
+
+    elsewhere = tmp_path / "packaged.json"
+    elsewhere.write_text(json.dumps({"device": "cpu", "machine": {"cpu": "another", "cpu_flags": [], "threads": 1,
+                                                                  "torch": "0.0"}, "cells": [{"embed_dim": 16, "tokens": 5, "times_s": dict.fromkeys(modes.MODE_KEYS, 1.0)}]}))
+    monkeypatch.setattr(modes, "PACKAGED", {"cpu": elsewhere})
+    spec = load_spec("residual_variants", "smoke")  # width 16, 5 tokens
+    config = spec.run_config(spec.grid()[0], {"threads": 1})
+    for fused in (True, False):
+        kept = kept_modes(completed([trial(0, fused=fused, model={"embed_dim": 16, "img_size": 8, "patch_size": 4})]))
+        assert kept_lines(kept, [config], tmp_path, 1) == [
+            f"precision auto, width 16, 5 tokens: trains in 32-true + {'fused' if fused else 'explicit'} attention, "
+            "the mode of 1 of this study's reported runs at this size; this machine alone would measure its modes "
+            "first (no table for this CPU yet) (--import-runs with --retrain-mode MODE trains a mode's reported "
+            "rows again in this machine's mode)"]
+
+
 def test_the_report_lists_kept_modes_once_however_many_runs_counted_before_them():
     """Each kept run's ``mode_source`` names how many runs came before it; the HTML report's facts say it once."""
     from ablations.report.html import run_facts

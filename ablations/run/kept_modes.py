@@ -166,11 +166,15 @@ def kept_lines(kept: dict[Cell, Mode], configs: Iterable[Any], results_dir, thre
         mode = kept[cell]
         device, width, count = cell
         own = choose_mode(device, width, count, results_dir=results_dir, threads=threads)
-        if (own.precision, own.fused_attn) == (mode.precision, mode.fused_attn) and "other modes" not in mode.source:
+        guess = own.source.startswith("rule: no modes")  # a dry run on a CPU not measured yet: the run will measure
+        if not guess and (own.precision, own.fused_attn) == (mode.precision, mode.fused_attn) \
+                and "other modes" not in mode.source:
             continue
         cuda = device == "cuda"
+        alone = ("measure its modes first (no table for this CPU yet)" if guess
+                 else f"pick {mode_text(own.precision, own.fused_attn, cuda)}")
         lines.append(f"precision auto, width {width}, {count} tokens: trains in "
                      f"{mode_text(mode.precision, mode.fused_attn, cuda)}, {mode.source.removeprefix('kept: ')}; "
-                     f"this machine alone would pick {mode_text(own.precision, own.fused_attn, cuda)} (--import-runs "
-                     "with --retrain-mode MODE trains a mode's reported rows again in this machine's mode)")
+                     f"this machine alone would {alone} (--import-runs with --retrain-mode MODE trains a mode's "
+                     "reported rows again in this machine's mode)")
     return lines
