@@ -90,6 +90,12 @@ def mode_text(precision: str, fused_attn: bool, cuda: bool = False) -> str:
     return f"{precision} + {'fused' if fused_attn else 'explicit'} attention" + (" on cuda" if cuda else "")
 
 
+def ran_on_cuda(device: str | None, accelerator: str | None) -> bool:
+    """Whether a run trained on a GPU: its recorded ``device`` (``cpu``/``cuda``; an imported row's comes from its
+    mode), else, for a run that recorded none, its config's ``accelerator``."""
+    return device == "cuda" if device else accelerator in ("gpu", "cuda")
+
+
 MODE_KEYS = {mode_key(p, f): (p, f) for p in PRECISIONS for f in (True, False)}  # the table's keys, in tie order
 CUDA_RULE = Mode("bf16-mixed", True, "rule: CUDA -> bf16 autocast + fused attention")
 CPU_RULE = ("32-true", True)  # no measurement for this CPU: fp32 with timm's fused attention

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import layout
-from ..machine.modes import mode_text
+from ..machine.modes import mode_text, ran_on_cuda
 from ..studies.spec import tune_name
 from ..studies.storage import repeated_results
 from ..training import HP_SUMMARY_KEYS
@@ -152,9 +152,7 @@ def run_mode(run: Run) -> str:
     fused = run.summary.get("fused_attn")
     if fused is None:  # before precision auto: the config's flag, None meaning timm's fused default
         fused = (run.config or {}).get("fused_attn") is not False
-    device = run.summary.get("device")  # recorded by the run; older runs say it by their config's accelerator
-    on_gpu = device == "cuda" if device else (run.config or {}).get("accelerator") in ("gpu", "cuda")
-    return mode_text(precision, fused, cuda=on_gpu)
+    return mode_text(precision, fused, cuda=ran_on_cuda(run.summary.get("device"), (run.config or {}).get("accelerator")))
 
 
 def open_study(url: str, study_name: str, spec=None):

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .. import layout
-from ..machine.modes import Mode, mode_text, tokens
+from ..machine.modes import Mode, mode_text, ran_on_cuda, tokens
 from ..studies.spec import tune_name
 
 #: Seconds between two readings of a running study's kept modes by one worker (reading every trial of a study of
@@ -39,8 +39,7 @@ def trial_cell(attrs: dict[str, Any]) -> Cell | None:
     model = attrs.get(layout.MODEL_KEY) or {}
     if not all(isinstance(model.get(k), int) for k in ("embed_dim", "img_size", "patch_size")):
         return None
-    device = attrs.get("device")  # recorded by the run (an imported row: by its mode); else its config says
-    on_gpu = device == "cuda" if device else (attrs.get("config") or {}).get("accelerator") in ("gpu", "cuda")
+    on_gpu = ran_on_cuda(attrs.get("device"), (attrs.get("config") or {}).get("accelerator"))
     return ("cuda" if on_gpu else "cpu", model["embed_dim"], tokens(model["img_size"], model["patch_size"]))
 
 

@@ -108,9 +108,9 @@ class Objective:
     def __init__(self, spec: StudySpec, *, log_root: Path, overrides: dict[str, Any] | None = None,
                  keep_checkpoints: bool = False, loggers: tuple[str, ...] = (),
                  results_dir: str | Path = layout.RESULTS_DIR, tuned: dict[str, float] | None = None,
-                 kept: dict | None = None, kept_from: tuple | None = None) -> None:
+                 kept_from: tuple | None = None) -> None:
         self.spec = spec
-        self.kept = dict(kept or {})  # cell -> the mode precision auto keeps in this study (.kept_modes)
+        self.kept: dict = {}  # cell -> the mode precision auto keeps in this study (.kept_modes; refresh_kept)
         self.kept_from = kept_from  # (storage, study name, stage, --retrain-mode modes): where refresh_kept reads
         self._kept_read = -math.inf  # when refresh_kept last read them
         self.results_dir = Path(results_dir)
@@ -156,6 +156,7 @@ class Objective:
 
         from data import dataset_shape
 
+        from ..training import with_mode
         from .kept_modes import kept_for
 
         frozen = next(t for t in trial.study.get_trials(deepcopy=False) if t.number == trial.number)
@@ -171,8 +172,9 @@ class Objective:
             trial.set_user_attr("duplicate_of", duplicate)
             raise optuna.TrialPruned(f"grid point already run by trial {duplicate}")
 
-        config, asked = self.config(params), self.config(params, keep=False)  # asked: as the study file says
+        asked = self.config(params, keep=False)  # as the study file says (precision auto unresolved)
         kept = kept_for(asked, self.kept)  # the study's mode, not this machine's
+        config = asked if kept is None else with_mode(asked, kept)
         original = retried_trial_number(frozen)
         run_name = self.run_name(trial, params, config, original)
         ckpt_dir = self.log_root / run_name / layout.CHECKPOINTS
