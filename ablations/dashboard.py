@@ -145,8 +145,7 @@ def study_columns(spec: Any) -> dict[str, list]:
 
 def study_constants(spec: Any) -> dict[str, Any]:
     """The configuration every point of the study shares (``RunConfig.to_hparams`` keys equal at every point)."""
-    points = spec.grid() if spec.kind == "grid" else [{"variant": v.label} for v in spec.variants]
-    flat = [spec.run_config(p).to_hparams() for p in points]
+    flat = [spec.run_config(p).to_hparams() for p in spec.points()]
     return {k: v for k, v in flat[0].items() if all(f.get(k) == v for f in flat[1:])}
 
 

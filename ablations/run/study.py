@@ -146,9 +146,8 @@ def measure_modes(spec, overrides: dict, results_dir: Path) -> None:
     from ..machine.modes import choose_mode, model_size, probe, tokens
 
     threads = overrides.get("threads") or os.cpu_count() or 1
-    points = spec.grid() if spec.kind == "grid" else [{"variant": v.label} for v in spec.variants]
     seen = set()
-    for params in points:
+    for params in spec.points():
         config = spec.run_config(params, overrides)
         if config.precision != "auto" or config.accelerator not in ("auto", "cpu"):
             continue
@@ -276,9 +275,8 @@ def validate_points(spec, overrides: dict, check_data: bool = True) -> None:
         validate_points(spec.tune_stage(), overrides, check_data=False)
         spec = dataclasses.replace(spec, tune=None)  # its points' lr comes from the tuning stage
     _make_pruner(spec)
-    points = spec.grid() if spec.kind == "grid" else [{"variant": v.label} for v in spec.variants]
     seen = set()
-    for params in points:
+    for params in spec.points():
         config = spec.run_config(params, overrides)
         key = (config.residual, repr(sorted(config.residual_options.items())), config.depth, config.embed_dim,
                config.class_attention_blocks)

@@ -138,8 +138,7 @@ def _say_kept_modes(spec, storage, study_name: str, args, overrides: dict) -> No
     kept = stored_kept(storage, study_name, spec.stage, getattr(args, "retrain_mode", ()))
     if not kept:
         return
-    points = spec.grid() if spec.kind == "grid" else [{"variant": v.label} for v in spec.variants]
-    configs = [spec.run_config(p, overrides) for p in points]
+    configs = [spec.run_config(p, overrides) for p in spec.points()]
     threads = overrides.get("threads") or os.cpu_count() or 1
     for line in kept_lines(kept, configs, Path(args.results_dir), threads):
         print(line, file=sys.stderr)

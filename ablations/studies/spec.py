@@ -323,6 +323,11 @@ class StudySpec:
                 for point in itertools.product(*(values[i] for i in order))]
         return grid + [dict(p) for p in self.extra_points]
 
+    def points(self) -> list[dict]:
+        """The settings the study's trials train at: a grid's points (:meth:`grid`), or a search's one point per
+        variant (what every trial of the variant shares; the searched options vary)."""
+        return self.grid() if self.kind == "grid" else [{"variant": v.label} for v in self.variants]
+
     @property
     def size(self) -> int:
         return len(self.grid()) if self.kind == "grid" else self.n_trials
