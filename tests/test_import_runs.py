@@ -234,6 +234,28 @@ def test_a_dry_run_prices_what_the_runs_file_leaves(first, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_dry_run_on_a_storage_counts_what_the_runs_file_adds_to_it(first, tmp_path):
+    """A storage that holds part of the study (the tuning stage and seed 0) and a runs file that holds more (seeds 0
+    and 1): the dry run counts the storage's points and the file's rows for the points the storage lacks, and prices
+    only what neither has (seed 2), as the run that imports the file would train it."""
+    root, study, rows = first
+    db = tmp_path / "h.db"
+    seed0 = write_study(tmp_path / f"{NAME}.yaml", variants=VARIANTS, tune=TUNE, axes={"seed": [0]})
+    result = _continue(seed0, db, root / "report_a" / "runs.csv", tmp_path, "--no-progress")  # nothing trains
+    assert result.returncode == 0, result.stderr
+    assert "2 completed reported trial(s) joined 'carried' as done; 4 not points of this study" in result.stderr
+    _write(tmp_path / "runs.csv", _cut_after_two_seeds(rows))
+    result = _continue(study, db, tmp_path / "runs.csv", tmp_path, "--dry-run")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout.splitlines()
+    assert f"stored in {url_of(db)} and runs file {tmp_path / 'runs.csv'} (--import-runs): 4 of the 6 reported " \
+           "trials done and 12 of the 12 tuning trials; a run continues with the rest" in out, out
+    (line,) = [x for x in out if x.startswith("time left as measured")]
+    assert "(2 trials, 2 priced at their cell's median wall time" in line, line
+    assert len(trials_of(db, NAME)) == 2  # the dry run stored nothing
+
+
+@pytest.mark.slow
 def test_a_study_stopped_in_its_tuning_stage_reports_its_runs_csv_and_continues_from_it(first, tmp_path):
     """A machine that goes away during the tuning stage: the report writes runs.csv and the tuning table (no
     reported trial yet, so no other table), and --import-runs continues from there, training only the rest."""

@@ -226,12 +226,12 @@ def _main(args: argparse.Namespace) -> int:
         study_name = args.study_name or spec.study_name
         check_url(args.storage)  # a URL the run would refuse is refused here too, before what is stored is read
         stored = stored_done(args.storage, study_name, spec)
-        if args.import_runs and stored is None:  # a new storage: what the file brings is what is done
-            stored = imported_done(args.import_runs, spec, study_name, retrain_rule(
-                args.retrain_without_per_image, tuple(args.retrain_mode)))
-        elif args.import_runs:
-            print(f"--import-runs {args.import_runs}: not read by this dry run, the storage already holds trials of "
-                  f"'{study_name}' (below); the run adds the file's rows it lacks")
+        if args.import_runs:  # what the file brings joins what is stored: the rows for points not done there
+            retrain = retrain_rule(args.retrain_without_per_image, tuple(args.retrain_mode))
+            if stored is None:
+                stored = imported_done(args.import_runs, spec, study_name, retrain)
+            else:
+                stored = stored.joined(imported_done(args.import_runs, spec, study_name, retrain, stored.finished))
         return dry_run(spec, overrides, gpu=args.gpu, results_dir=Path(args.results_dir), workers=args.workers,
                        stored=stored, measure=args.measure, stack=args.stack, retrain_modes=tuple(args.retrain_mode))
     for config in data_configs(spec, overrides):

@@ -185,28 +185,33 @@ def check_retrain_modes(path: str | Path, spec, study_name: str, modes: tuple[st
                              + ", ".join(f"'{m}'" for m in found))
 
 
-def imported_done(path: str | Path, spec, study_name: str, retrain=None):
+def imported_done(path: str | Path, spec, study_name: str, retrain=None, known: frozenset = frozenset()):
     """What the runs file would bring (:class:`ablations.run.study.Stored`, for a dry run): the points of each
-    stage it completed, the points left, and its trials' wall times by (variant, depth) cell. Nothing is checked
-    against the study file beyond the points (the run does that)."""
+    stage it completed, the points left, and its trials' wall times by (variant, depth) cell. ``known``: the
+    (stage, point key) pairs a storage has done already (:attr:`Stored.finished`), whose rows the import leaves
+    alone and which are not counted here. Nothing is checked against the study file beyond the points (the run does
+    that)."""
     from .kept_modes import mode_facts
 
     path = Path(path)
     stages = ([spec.tune_stage()] if spec.tune is not None else []) + [spec]
-    done, left, seconds, modes = [], [], {}, []
+    done, left, seconds, modes, added = [], [], {}, [], set()
     for stage in stages:
         rows = [(r, p) for r, p in _matched(path, stage, study_name) if r.state == "complete" and p is not None
+                and (stage.stage, point_key(p)) not in known
                 and not (retrain is not None and stage.stage != "tune" and retrain(r))]
         finished = {point_key(p) for _, p in rows}
         done.append(len(finished))
         left += [p for p in stage.grid() if point_key(p) not in finished]
+        added |= {(stage.stage, key) for key in finished}
         for r, point in rows:
             modes.append(mode_facts(_user_attrs(r, stage.run_config(point), stage.stage, path)))
             wall = r.summary.get("wall_time_s")
             if isinstance(wall, (int, float)) and wall > 0:  # the cell as stored_done keys it
                 seconds.setdefault((point["variant"], point.get("depth")), []).append(float(wall))
     tune_done, report_done = done if len(done) == 2 else (0, done[0])
-    return Stored(tune_done, report_done, f"runs file {path} (--import-runs)", seconds, tuple(left), tuple(modes))
+    return Stored(tune_done, report_done, f"runs file {path} (--import-runs)", seconds, tuple(left), tuple(modes),
+                  frozenset(added))
 
 
 def import_runs(path: str | Path, spec, storage, study_name: str, overrides: dict,

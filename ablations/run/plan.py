@@ -43,7 +43,7 @@ def stored_done(url: str, study_name: str, spec) -> Stored | None:
     from .kept_modes import completed
 
     seconds: dict[tuple[str, int | None], list[float]] = {}
-    done, left, modes = [], [], []
+    done, left, modes, finished = [], [], [], set()
     quiet()
     try:
         for name, stage in stages:
@@ -60,9 +60,10 @@ def stored_done(url: str, study_name: str, spec) -> Stored | None:
             if stage.kind != "grid":
                 done.append(len(trials))
                 continue
-            finished = {point_key(trial_point(t)) for t in trials}
-            done.append(len(finished & grid_keys(stage)))  # what count_done counts, from the same trials
-            left += [p for p in stage.grid() if point_key(p) not in finished]
+            here = {point_key(trial_point(t)) for t in trials}
+            done.append(len(here & grid_keys(stage)))  # what count_done counts, from the same trials
+            left += [p for p in stage.grid() if point_key(p) not in here]
+            finished |= {(stage.stage, key) for key in here}
             for t in trials:
                 params, wall = trial_point(t), t.user_attrs.get("wall_time_s")
                 if t.state == TrialState.COMPLETE and isinstance(wall, (int, float)) and wall > 0 and "variant" in params:
@@ -70,7 +71,7 @@ def stored_done(url: str, study_name: str, spec) -> Stored | None:
     except Exception:  # noqa: BLE001 - a dry run never fails on the storage: it just cannot say what is done
         return None
     tune_done, report_done = done if len(done) == 2 else (0, done[0])
-    return (Stored(tune_done, report_done, redact(url), seconds, tuple(left), tuple(modes))
+    return (Stored(tune_done, report_done, redact(url), seconds, tuple(left), tuple(modes), frozenset(finished))
             if tune_done or report_done else None)
 
 

@@ -23,7 +23,8 @@ class Stored(NamedTuple):
     """What a stored study has done (:func:`ablations.run.plan.stored_done`): trials done per stage, where it is stored, and for a grid
     the wall times of its completed trials by (variant, depth) cell, both stages, with the grid points not done yet
     (both stages), and the mode facts of its completed runs (:func:`ablations.run.kept_modes.mode_facts`, both
-    stages, in order). A trial's wall time is as it ran, beside the other workers of its run."""
+    stages, in order), with the grid points done (``finished``: (stage, point key) pairs). A trial's wall time is as
+    it ran, beside the other workers of its run."""
 
     tune_done: int
     report_done: int
@@ -31,6 +32,19 @@ class Stored(NamedTuple):
     seconds: dict[tuple[str, int | None], list[float]] = {}
     left: tuple[dict, ...] = ()
     modes: tuple[dict, ...] = ()
+    finished: frozenset[tuple[str, str]] = frozenset()
+
+    def joined(self, added: Stored) -> Stored:
+        """This storage's trials with what a runs file ``added`` (its rows for points not done here,
+        :func:`ablations.run.imported.imported_done` with ``known=self.finished``): what a run that imports the file
+        into this storage would have done."""
+        keys = {key for _, key in added.finished}
+        seconds = {cell: [*self.seconds.get(cell, []), *added.seconds.get(cell, [])]
+                   for cell in {**self.seconds, **added.seconds}}
+        return Stored(self.tune_done + added.tune_done, self.report_done + added.report_done,
+                      f"{self.where} and {added.where}", seconds,
+                      tuple(p for p in self.left if point_key(p) not in keys), self.modes + added.modes,
+                      self.finished | added.finished)
 
 
 def load_study(storage, study_name: str):
