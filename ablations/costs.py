@@ -50,6 +50,7 @@ EXTRA_FORMS: tuple[tuple[str, str, dict], ...] = (
     ("hyper_connections n=4 (DHC, the paper's LM rate)", "hyper_connections", {"n": 4}),  # the default is n = 2
     ("mhc n=2", "mhc", {"n": 2}),
     ("gpas gate=sublayer", "gpas", {"gate": "sublayer"}),
+    ("deep_delta value=sigmoid (the code's v = 4σ(w·x + b))", "deep_delta", {"value": "sigmoid"}),
     ("deep_delta value=constant (v = 2)", "deep_delta", {"value": "constant"}),
     ("hybrid_norm first_block=pre_norm (HybridNorm*)", "hybrid_norm", {"first_block": "pre_norm"}),
     ("kromhc n=8", "kromhc", {"n": 8}),

@@ -133,8 +133,9 @@ class ResPostBlock(SiteNormBlock):
 
 
 class InnerDropBlock(Block):
-    """Pre-norm block whose sites apply a norm *after* the sum (Keel's ``LN_out(α·x + F(LN_in x))``): DropPath drops
-    the branch F inside that norm, as ``PostNormBlock`` does, so a dropped site is LN_out(α·x), not x."""
+    """Pre-norm block whose sites act on the sum after the add (Keel's ``LN_out(α·x + F(LN_in x))``, GPAS's scaling
+    of x + F, Deep Delta's rank-1 skip): DropPath drops the branch F the site receives, as ``PostNormBlock`` does,
+    so a dropped site is the site's own map of x (LN_out(α·x); (1 − s)·x; the identity), not x."""
 
     def forward(self, x: torch.Tensor, history: list | None = None) -> torch.Tensor:
         u = self.norm1(x)

@@ -74,8 +74,8 @@ class SeeDNorm(nn.Module):
     α's channels of that group. groups = 16 (the paper's best for ViT-B; a single group diverged there), reduced to
     the largest divisor of 16 that divides D when D is not a multiple of 16 (``self.groups``). RMS(x) is taken over
     all D channels. No official code was found: the formula and inits are the paper's; its vision recipe's dropout on
-    the dynamic term and its 1/D variance scaling are not built. α and β are 1-D: never weight-decayed by this
-    project's rule (the paper decays them).
+    the dynamic term and its 1/D variance scaling are not built. Weight decay: α and β are decayed, as the paper
+    trains them (``decayed_vectors``: the exception to timm's rule that leaves 1-D parameters alone); γ is not.
     """
 
     def __init__(self, dim: int, eps: float = 1e-6, groups: int = 16, **factory: Any) -> None:
@@ -92,6 +92,9 @@ class SeeDNorm(nn.Module):
         s = (x.view(shape) * self.beta.view(g, -1)).sum(dim=-1, keepdim=True)  # x_g·β_g: (..., g, 1)
         gain = self.weight + (self.alpha.view(g, -1) * torch.tanh(s)).flatten(-2)
         return gain * (x * torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + self.eps))
+
+    def decayed_vectors(self) -> set[str]:
+        return {"alpha", "beta"}
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, groups={self.groups}, eps={self.eps:g}"

@@ -83,7 +83,7 @@ class CompleteP(StandardParametrization):
         hidden weights (every matrix of the blocks) initialised with std σ/√m_N (σ: timm's 0.02)
         embeddings × α_in,  pre-head features × α_out/m_N
         AdamW: hidden matrices lr η·m_N^{−1}·m_L^{α−1}, weight decay λ·m_N; hidden vectors (norms, biases)
-        lr η·m_L^{α−1}, no decay; embeddings, final norm, head: lr η; every group ε/(m_N·m_L^α)
+        lr η·m_L^{α−1}, no decay; embeddings, final norm, head: lr η; the residual blocks' groups ε/(m_N·m_L^α)
 
     As the reference (EleutherAI/nanoGPT-mup, branch ``completep``, ``model.py``: ``Block.residual_scaling``,
     ``CausalSelfAttention``'s ``attention_scale``, the μP init, ``configure_optimizers``). At α = 1 the depth factor
@@ -92,19 +92,22 @@ class CompleteP(StandardParametrization):
 
     Options: ``base_depth`` (2) and ``base_width`` (256): the base model the learning rate is tuned at (the
     reference's coordinate checks: depth 2, width 256); ``alpha`` ∈ [0.5, 1] (1: CompleteP; 0.5: the depth-μP
-    exponent it is compared with); ``input_alpha``, ``output_alpha`` (1: the reference's tunable multipliers).
-    Applies to the standard residual only (the paper's pre-LN transformer) and without a class-attention head;
-    refused otherwise. The weight-decay split is the backbone's (embeddings, norms, biases undecayed); the
-    reference also decays its (tied) token embedding.
+    exponent it is compared with); ``input_alpha``, ``output_alpha`` (1: the reference's tunable multipliers);
+    ``eps_scope``: ``"blocks"`` (default, the paper's Table 1: "AdamW ε (residual blocks)" scaled, the embeddings,
+    final norm and head at the base ε) or ``"all"`` (the reference code's ``configure_optimizers``: one scaled ε for
+    every group). Applies to the standard residual only (the paper's pre-LN transformer), with timm's attention
+    (Re-attention's head-mixing matrix is no linear layer of μP's: refused) and without a class-attention head;
+    refused otherwise. The weight-decay split is the backbone's (position embedding, class token, norms, biases
+    undecayed; the patch embedding and head decayed at λ); the reference also decays its position embedding.
     """
 
     name = "completep"
     paper = "Dey et al. 2025 (CompleteP), arXiv 2505.01618"
 
     def __init__(self, *, depth: int, width: int, base_depth: int = 2, base_width: int = 256, alpha: float = 1.0,
-                 input_alpha: float = 1.0, output_alpha: float = 1.0) -> None:
+                 input_alpha: float = 1.0, output_alpha: float = 1.0, eps_scope: str = "blocks") -> None:
         super().__init__(depth=depth, width=width)
-        self.base_depth, self.base_width = base_depth, base_width
+        self.base_depth, self.base_width, self.eps_scope = base_depth, base_width, eps_scope
         self.alpha, self.input_alpha, self.output_alpha = float(alpha), float(input_alpha), float(output_alpha)
         self.m_depth = depth / base_depth  # m_L
         self.m_width = width / base_width  # m_N
@@ -115,6 +118,12 @@ class CompleteP(StandardParametrization):
         if backbone.get("residual", "standard") != "standard":
             raise ValueError(f"parametrization 'completep' does not apply to residual '{backbone['residual']}': it "
                              f"scales the pre-LN residual branches; it applies to residual 'standard'")
+        if backbone.get("attention", "self") != "self":
+            raise ValueError(f"parametrization 'completep' does not apply with attention '{backbone['attention']}': "
+                             f"its hidden matrices are the linear layers' weights; it applies with attention 'self'")
+        if filled["eps_scope"] not in EPS_SCOPES:
+            raise ValueError(f"eps_scope={filled['eps_scope']!r} is not valid for completep; valid: "
+                             + ", ".join(EPS_SCOPES))
         if backbone.get("class_attention_blocks", 0):
             raise ValueError("parametrization 'completep' does not apply with class_attention_blocks > 0; it applies "
                              "with class_attention_blocks=0")
@@ -158,7 +167,7 @@ class CompleteP(StandardParametrization):
         matrices = {id(p) for p in hidden_parameters(model, matrices=True)}
         vectors = {id(p) for p in hidden_parameters(model, matrices=False)}
         depth_lr = self.m_depth ** (self.alpha - 1.0)
-        eps_scale = 1.0 / (self.m_width * self.m_depth ** self.alpha)
+        block_eps = 1.0 / (self.m_width * self.m_depth ** self.alpha)
         out: list[dict] = []
         for kind in ("rest", "matrix", "vector"):
             for group in groups:
@@ -171,12 +180,16 @@ class CompleteP(StandardParametrization):
                     wd, lr = wd * self.m_width, depth_lr / self.m_width
                 elif kind == "vector":
                     wd, lr = 0.0, depth_lr
+                eps_scale = block_eps if kind != "rest" or self.eps_scope == "all" else 1.0
                 out.append(group | {"params": params, "weight_decay": wd, "lr_scale": lr, "eps_scale": eps_scale})
         return out
 
     def __repr__(self) -> str:
         return (f"CompleteP(m_L={self.m_depth:g}, m_N={self.m_width:g}, alpha={self.alpha:g}, "
-                f"input_alpha={self.input_alpha:g}, output_alpha={self.output_alpha:g})")
+                f"input_alpha={self.input_alpha:g}, output_alpha={self.output_alpha:g}, eps_scope={self.eps_scope})")
+
+
+EPS_SCOPES = ("blocks", "all")
 
 
 def hidden_parameters(model: nn.Module, matrices: bool) -> list[nn.Parameter]:

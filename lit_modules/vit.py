@@ -113,7 +113,7 @@ class VisionTransformer(nn.Module):
         variant.check_options(options, dim=embed_dim, depth=depth)
         attn_options = attn_kind.validate_options(dict(cfg.attention_options), num_heads=cfg.num_heads, depth=depth)
         param_options = param_kind.validate_options(dict(cfg.parametrization_options), backbone={
-            "residual": cfg.residual, "class_attention_blocks": blocks_ca})
+            "residual": cfg.residual, "attention": cfg.attention, "class_attention_blocks": blocks_ca})
         self.parametrization = param_kind(depth=depth, width=embed_dim, **param_options)
         self.value_state = ValueState()  # the first layer's values of the forward in progress (ResFormer)
         values = value_residual_factory(cfg.value_residual, self.value_state)  # ValueError naming the valid choices
@@ -216,7 +216,26 @@ class VisionTransformer(nn.Module):
         parametrisation annotates them (CompleteP: each group's ``lr_scale`` and ``eps_scale``, the multipliers of
         the base learning rate and Adam's ε, and its weight decay; the standard parametrisation adds nothing)."""
         groups = param_groups_weight_decay(self, weight_decay, no_weight_decay_list=self.no_weight_decay())
+        decayed = {id(p) for name, p in self.named_parameters() if name in self.decayed_vectors()}
+        if decayed:  # vectors a design's paper decays (SeeDNorm's α, β) join the decayed group
+            kept = [p for g in groups if g["weight_decay"] == 0.0 for p in g["params"] if id(p) in decayed]
+            for g in groups:
+                g["params"] = [p for p in g["params"] if id(p) not in decayed or g["weight_decay"] > 0.0]
+            groups = [g for g in groups if g["params"]]
+            target = next((g for g in groups if g["weight_decay"] > 0.0), None)
+            if target is None:
+                groups.append(target := {"params": [], "weight_decay": weight_decay})
+            target["params"] += kept
         return self.parametrization.param_groups(self, groups)
+
+    def decayed_vectors(self) -> set[str]:
+        """Full names of 1-D parameters that are weight-decayed although timm's rule leaves vectors alone: those a
+        module's paper decays (``decayed_vectors()`` of the module; SeeDNorm's α and β)."""
+        names: set[str] = set()
+        for prefix, module in self.named_modules():
+            if module is not self and hasattr(module, "decayed_vectors"):
+                names |= {f"{prefix}.{n}" for n in module.decayed_vectors()}
+        return names
 
     def residual_sites(self) -> list[tuple[int, str, nn.Module]]:
         """(layer, sublayer, module) for every residual site, in forward order. For Block/WholeBlock sites a

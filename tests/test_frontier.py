@@ -271,6 +271,30 @@ def delta_reference(site, x: torch.Tensor, context: torch.Tensor, k_in: torch.Te
     return x + (beta * (v - proj) * k_scale) * k_rms
 
 
+def test_deep_delta_default_value_is_the_papers_linear_map_of_the_normalised_context():
+    """The paper's Appendix A.1 (the reported models): v = W_v c with c the sublayer's normalised input, no bias; the
+    reference code's sigmoid of the raw stream is ``value="sigmoid"``."""
+    from lit_modules.residual.deep_delta import DeepDelta
+
+    site = DeepDelta(4, args=block_args())
+    site.init_weights()
+    perturb(site, scale=0.5)
+    assert site.value.bias is None and site.beta.bias is not None
+    x, u, f = T(X), T(U), T(FB)
+    k = f / torch.sqrt(f.square().sum(-1, keepdim=True) + 1e-10)
+    beta = 2 * torch.sigmoid(site.beta(u))
+    v = u @ site.value.weight.T
+    want = beta * (v - (k * x).sum(-1, keepdim=True)) * k
+    assert torch.allclose(site(x, u, f, None), want, atol=1e-14, rtol=0)
+    shifted = site(x + 1.0, u, f, None) + beta * k.sum(-1, keepdim=True) * k  # x moved: only kᵀx changes
+    assert torch.allclose(shifted, want, atol=1e-12, rtol=0)  # v does not read the raw stream
+    code = DeepDelta(4, args=block_args(), value="sigmoid")
+    code.init_weights()
+    perturb(code, scale=0.5)
+    shifted = code(x + 1.0, u, f, None) + 2 * torch.sigmoid(code.beta(u)) * k.sum(-1, keepdim=True) * k
+    assert not torch.allclose(shifted, code(x, u, f, None), atol=1e-6)  # the code's v reads x
+
+
 @pytest.mark.parametrize("value", ["sigmoid", "constant"])
 def test_deep_delta_equals_the_reference_update(value):
     from lit_modules.residual.deep_delta import DeepDelta
@@ -287,7 +311,7 @@ def test_deep_delta_by_hand_and_the_skip_operator():
     x's component along k (x_new ⟂ k), with β = 2 and v = 0 it reflects it (kᵀx_new = −kᵀx)."""
     from lit_modules.residual.deep_delta import DeepDelta
 
-    site = DeepDelta(4, args=block_args())
+    site = DeepDelta(4, args=block_args(), value="sigmoid")
     wb, bb, wv, bv = [0.3, -0.2, 0.1, 0.5], 0.4, [-0.1, 0.2, 0.05, 0.3], -0.25
     with torch.no_grad():
         site.beta.weight.copy_(torch.tensor([wb]))
@@ -319,7 +343,8 @@ def test_deep_delta_init_liveness_and_decay():
     site = model.blocks[1].ls2
     assert torch.allclose(site.beta.bias, torch.zeros(1)) and site.beta_init == 1.0  # logit(1/2) = 0: β = 1
     assert 0.5 * site.beta.weight.std().item() < 0.5 / math.sqrt(8) < 2 * site.beta.weight.std().item()
-    assert site.value.bias.abs().item() <= 1 / math.sqrt(8)
+    assert site.value.bias is None and 0.5 * site.value.weight.std().item() < 0.5 / math.sqrt(8)
+    assert build("deep_delta", {"value": "sigmoid"}).blocks[0].ls1.value.bias.abs().item() <= 1 / math.sqrt(8)
     assert build("deep_delta", {"beta_init": 0.5}).blocks[0].ls1.beta.bias.item() == pytest.approx(math.log(1 / 3))
     assert not hasattr(build("deep_delta", {"value": "constant"}).blocks[0].ls1.value, "weight")
     out, ref = logits_pair("deep_delta")
@@ -327,11 +352,38 @@ def test_deep_delta_init_liveness_and_decay():
     assert_live(model)
     wd = decay_of(model)
     assert wd["blocks.0.ls1.beta.weight"] == 0.05 and wd["blocks.0.ls1.beta.bias"] == 0.0
-    assert wd["blocks.0.ls1.value.weight"] == 0.05 and wd["blocks.0.ls1.value.bias"] == 0.0
+    assert wd["blocks.0.ls1.value.weight"] == 0.05
+
+
+@pytest.mark.parametrize("residual, options", [("deep_delta", {}), ("gpas", {}), ("gpas", {"gate": "sublayer"})])
+def test_drop_path_drops_the_branch_before_the_site_of_a_design_that_acts_after_the_add(residual, options):
+    """DropPath p = 1 drops f before the site: Deep Delta's site is then the identity (k = 0), GPAS's still scales
+    the stream, x ← (1 − SiLU g)·x; a kept f enters the site rescaled by 1/(1 − p) (timm's DropPath), which leaves
+    Deep Delta's direction k, and so its skip's eigenvalue 1 − β, unchanged."""
+    from timm.layers import DropPath
+
+    model = perturb(build(residual, options, drop_path_rate=1.0), scale=0.2).train()
+    blk = model.blocks[1]
+    blk.drop_path1, blk.drop_path2 = DropPath(1.0), DropPath(1.0)
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    with torch.no_grad():
+        out = blk(x)
+        if residual == "deep_delta":
+            want = x
+        else:
+            s1 = torch.nn.functional.silu(blk.ls1.gate)
+            s2 = s1 if options == {} else torch.nn.functional.silu(blk.ls2.gate)
+            want = (1 - s2) * (1 - s1) * x
+    assert torch.allclose(out, want, atol=1e-12, rtol=0)
+    if residual == "deep_delta":  # k = f/‖f‖: a kept f rescaled by 1/(1 − p) gives the same update
+        with torch.no_grad():
+            u = blk.norm1(x)
+            f = blk.attn(u)
+            assert torch.allclose(blk.ls1(x, u, f, None), blk.ls1(x, u, f / 0.5, None), atol=1e-9, rtol=0)  # ε in ‖f‖
 
 
 @pytest.mark.parametrize("options, words", [
-    ({"value": "learned"}, ["value='learned'", "sigmoid, constant"]),
+    ({"value": "learned"}, ["value='learned'", "linear, sigmoid, constant"]),
     ({"beta_init": 2.5}, ["beta_init=2.5", "[0, 2]"]),
 ])
 def test_deep_delta_bad_options(options, words):
@@ -402,13 +454,32 @@ def test_kromhc_factors_by_hand():
     assert torch.allclose(res, torch.tensor(want), atol=1e-15, rtol=0)
 
 
+@pytest.mark.parametrize("residual", ["mhc_lite", "kromhc"])
+def test_lite_and_krom_home_streams_are_drawn_at_init_from_the_seed(residual):
+    """The reference draws each layer's home stream (its +1 in b_pre and b_post, one draw for both) with
+    ``randrange(n)``: here from the init seed — the same seed gives the same homes, another seed other homes;
+    ``home="cyclic"`` is HC's k mod n."""
+    def homes(model):
+        out = []
+        for site in (s for blk in model.blocks for s in (blk.ls1, blk.ls2)):
+            assert site.b_pre.tolist() == site.b_post.tolist() and sorted(site.b_pre.tolist()) == [-1, -1, -1, 1]
+            out.append(int(site.b_pre.argmax()))
+        return out
+
+    drawn = {seed: homes(build(residual, seed=seed, depth=8)) for seed in range(4)}
+    assert homes(build(residual, seed=0, depth=8)) == drawn[0]
+    assert len({tuple(h) for h in drawn.values()}) > 1 and any(len(set(h)) > 1 for h in drawn.values())
+    assert homes(build(residual, {"home": "cyclic"}, depth=8)) == [k % 4 for k in range(16)]
+
+
 def test_lite_and_krom_init_and_parameter_counts():
-    """The reference's static logits: H_pre = σ(±1), H_post = 2σ(±1) (+1 on the home stream k mod n), the identity
-    permutation at 0 and every other at −8; per site 132D + 35 (mHC-lite) and 52D + 15 (KromHC) at n = 4."""
+    """The reference's static logits: H_pre = σ(±1), H_post = 2σ(±1) (+1 on the home stream, here HC's k mod n),
+    the identity permutation at 0 and every other at −8; per site 132D + 35 (mHC-lite) and 52D + 15 (KromHC) at
+    n = 4."""
     e8 = math.exp(-8)
     for residual, per_site, diag in (("mhc_lite", 132 * 8 + 35, (1 + 5 * e8) / (1 + 23 * e8)),
                                      ("kromhc", 52 * 8 + 15, (1 / (1 + e8)) ** 2)):
-        model = build(residual)
+        model = build(residual, {"home": "cyclic"})
         site = model.blocks[1].ls2  # layer k = 3: home stream 3
         assert site.b_pre.tolist() == [-1.0, -1.0, -1.0, 1.0] == site.b_post.tolist()
         mixing = site.mixing(torch.zeros(4, 8))
@@ -455,7 +526,9 @@ def test_lite_and_krom_liveness_and_decay(residual):
 
 
 @pytest.mark.parametrize("residual, options, words", [
-    ("mhc_lite", {"n": 7}, ["n=7", "n! permutation matrices", "1..6"]),
+    ("mhc_lite", {"n": 7}, ["n=7", "n! permutation matrices", "2..6"]),
+    ("mhc_lite", {"n": 1}, ["n=1", "plain residual", "standard"]),
+    ("mhc_lite", {"home": "first"}, ["home='first'", "random, cyclic"]),
     ("kromhc", {"n": 3}, ["n=3", "power of 2"]),
     ("kromhc", {"n": 1}, ["n=1", "power of 2"]),
     ("mhc_lite", {"stream_out": "mean"}, ["stream_out='mean'", "norm_each, sum"]),
@@ -809,7 +882,7 @@ def test_seednorm_is_rmsnorm_at_init_and_its_groups():
 
 def test_seednorm_in_every_norm_liveness_and_decay():
     """norm_layer='seednorm' replaces every LayerNorm; at init α has zero gradient (tanh(x·0) = 0), β and γ learn;
-    all three are 1-D: undecayed."""
+    α and β are weight-decayed as the paper trains them (the exception to the 1-D rule), γ is not."""
     from lit_modules.norms import SeeDNorm
 
     model = build(norm_layer="seednorm")
@@ -817,7 +890,11 @@ def test_seednorm_in_every_norm_liveness_and_decay():
     assert sum(isinstance(m, SeeDNorm) for m in model.modules()) == 2 * TINY["depth"] + 1
     assert_live(model, dead=(".alpha",))
     wd = decay_of(model)
-    assert all(wd[n] == 0.0 for n in wd if n.endswith((".alpha", ".beta")))
+    dynamic = [n for n in wd if n.endswith((".alpha", ".beta"))]
+    assert len(dynamic) == 2 * (2 * TINY["depth"] + 1) and all(wd[n] == 0.05 for n in dynamic)
+    assert all(wd[n] == 0.0 for n in wd if n.endswith(".weight") and "norm" in n)  # γ, and LayerNorm's elsewhere
+    assert sum(p.numel() for g in model.param_groups(0.05) for p in g["params"]) == \
+        sum(p.numel() for p in model.parameters())  # every parameter in exactly one group
 
 
 # ================================================================================================================
@@ -868,13 +945,14 @@ def test_completep_init_scales_the_hidden_matrices_only():
 
 
 def reference_groups(model: VisionTransformer, lr: float, wd: float, eps: float, m_l: float, m_n: float,
-                     alpha: float = 1.0) -> dict[str, tuple[float, float, float]]:
+                     alpha: float = 1.0, eps_scope: str = "blocks") -> dict[str, tuple[float, float, float]]:
     """The reference's ``configure_optimizers`` (CompleteP branch) written out: name -> (lr, weight decay, ε), with
     its groups mapped to the ViT's parameters — hidden weights (c_attn, c_fc, c_proj: qkv, fc1, proj, fc2), hidden
     norms and biases, and the rest (embeddings, final norm, head); its ``weight_decay`` for the embeddings is the
-    backbone's rule here (the reference decays its tied token embedding)."""
+    backbone's rule here (the reference decays its tied token embedding). ε: the paper's Table 1 scales it in the
+    residual blocks only (``eps_scope="blocks"``), the reference code in every group (``"all"``)."""
     depth_lr, width_lr = m_l ** (alpha - 1), 1 / m_n
-    eps = eps * (1 / m_n) * m_l ** -alpha
+    base_eps, eps = eps, eps * (1 / m_n) * m_l ** -alpha
     decayed = {n for g in model.param_groups(wd) for p in g["params"] if g["weight_decay"] > 0
                for n, q in model.named_parameters() if q is p}
     out = {}
@@ -884,22 +962,24 @@ def reference_groups(model: VisionTransformer, lr: float, wd: float, eps: float,
         elif name.startswith("blocks."):
             out[name] = (lr * depth_lr, 0.0, eps)
         else:
-            out[name] = (lr, wd if name in decayed else 0.0, eps)
+            out[name] = (lr, wd if name in decayed else 0.0, eps if eps_scope == "all" else base_eps)
     return out
 
 
-@pytest.mark.parametrize("alpha", [1.0, 0.5])
-def test_completep_optimizer_groups_equal_the_reference(alpha):
+@pytest.mark.parametrize("alpha, eps_scope", [(1.0, "blocks"), (0.5, "blocks"), (1.0, "all")])
+def test_completep_optimizer_groups_equal_the_reference(alpha, eps_scope):
     """Through the LightningModule: each parameter's learning rate, weight decay and ε, and the schedule keeps the
     ratios (every group's rate follows the same warm-up and cosine)."""
     from lit_modules.classifier import ViTClassifier
 
     module = ViTClassifier("standard", **(TINY | {"depth": 4}), parametrization="completep",
-                           parametrization_options={"base_width": 16, "alpha": alpha}, lr=2e-3, weight_decay=0.05,
+                           parametrization_options={"base_width": 32, "alpha": alpha, "eps_scope": eps_scope},
+                           lr=2e-3, weight_decay=0.05,
                            steps_per_epoch=4, max_epochs=2, warmup_epochs=0.5)
     configured = module.configure_optimizers()
     optimizer, scheduler = configured["optimizer"], configured["lr_scheduler"]["scheduler"]
-    want = reference_groups(module.model, 2e-3, 0.05, 1e-8, m_l=2.0, m_n=0.5, alpha=alpha)
+    want = reference_groups(module.model, 2e-3, 0.05, 1e-8, m_l=2.0, m_n=0.25, alpha=alpha, eps_scope=eps_scope)
+    assert len({e for _, _, e in want.values()}) == (1 if eps_scope == "all" else 2)
     names = {id(p): n for n, p in module.model.named_parameters()}
     seen = set()
     for group in optimizer.param_groups:
@@ -921,7 +1001,10 @@ def test_completep_refusals():
                         ({"parametrization_options": {"base_depth": 0}}, "base_depth=0 is not valid for completep"),
                         ({"parametrization_options": {"depth_multiplier": 2}},
                          "option 'depth_multiplier' is not valid for parametrization 'completep'; valid options: "
-                         "alpha, base_depth, base_width, input_alpha, output_alpha"),
+                         "alpha, base_depth, base_width, eps_scope, input_alpha, output_alpha"),
+                        ({"parametrization_options": {"eps_scope": "head"}},
+                         "eps_scope='head' is not valid for completep; valid: blocks, all"),
+                        ({"attention": "re_attention"}, "does not apply with attention 're_attention'"),
                         ({"class_attention_blocks": 1}, "does not apply with class_attention_blocks > 0")):
         with pytest.raises(ValueError, match=re.escape(message)):
             build(parametrization="completep", **kw)

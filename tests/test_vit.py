@@ -120,8 +120,8 @@ RETROFIT = {
     "siamese_norm": ("siamese_norm", {}, _blocks(3, *(f"ls{s}.{n}.{p}" for s in (1, 2) for n in ("post_norm", "y_norm")
                                                       for p in ("weight", "bias")))
                      | {f"stream.norm_{s}.{p}" for s in "xy" for p in ("weight", "bias")}, False),
-    "deep_delta": ("deep_delta", {}, _blocks(3, *(f"ls{s}.{n}.{p}" for s in (1, 2) for n in ("beta", "value")
-                                                  for p in ("weight", "bias"))), False),
+    "deep_delta": ("deep_delta", {}, _blocks(3, *(f"ls{s}.{n}" for s in (1, 2)
+                                                  for n in ("beta.weight", "beta.bias", "value.weight"))), False),
     # the streams' ends normalise each stream (no final norm): the timm checkpoint's norm.* loads with "sum"
     "mhc_lite": ("mhc_lite", {"stream_out": "sum"}, _blocks(3, *(f"ls{s}.{p}" for s in (1, 2) for p in (
         "gamma", "phi_pre", "phi_res", "phi_post", "b_pre", "b_res", "b_post", "alpha_pre", "alpha_res",

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..blocks import InnerDropBlock
 from .base import BlockArgs, ResidualSite, SiteTerms, check_choice
 
 GATES = ("block", "sublayer")
@@ -29,8 +30,10 @@ class GPAS(ResidualSite):
     each sub-layer"). ``init_value``: g at init (the reference's ``gate_init_value``, 0). g is a scalar: never
     weight-decayed (the reference trains it with Adam and no decay).
 
-    DropPath drops the whole Δ (a dropped site leaves x unchanged, the project's convention); the reference has
-    no stochastic depth. ``decompose``: x_new = (1 − s)·(x + f), s = SiLU(g), so the branch term is (1 − s)·f and
+    DropPath (the reference has none) drops the branch f before the site (``blocks.InnerDropBlock``), as for every
+    design that acts after the add: h = x + DropPath(f), x ← h − SiLU(g)·sg(h), so a dropped site still scales the
+    stream and a kept one is scaled by exactly 1 − SiLU(g) (dropping Δ would rescale a kept sample's scaling by
+    1/(1 − p)). ``decompose``: x_new = (1 − s)·(x + f), s = SiLU(g), so the branch term is (1 − s)·f and
     the skip scale 1 − s.
     """
 
@@ -48,6 +51,10 @@ class GPAS(ResidualSite):
         value = options["init_value"]
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"init_value={value!r} is not valid for gpas; valid: a float (g at init; reference 0)")
+
+    @classmethod
+    def build_block(cls, args: BlockArgs, **options: Any) -> nn.Module:
+        return InnerDropBlock(args, sites=cls.build_sites(args, **options))
 
     @classmethod
     def build_sites(cls, args: BlockArgs, **options: Any) -> tuple[nn.Module, nn.Module]:

@@ -16,6 +16,7 @@ from .hyper_connections import Mixing, MultiStream, MultiStreamSite, StreamGrad,
 from .mhc import StreamProjection
 
 STREAM_OUTS = ("norm_each", "sum")
+HOMES = ("random", "cyclic")
 MAX_STREAMS = 6  # n! permutation matrices: 720 at n = 6
 RES_OFF = -8.0  # the reference's static logit of every permutation but the identity
 PRE_ON, PRE_OFF = 1.0, -1.0  # the reference's static logits of the read (H_pre) and write (H_post) weights
@@ -39,16 +40,19 @@ class MHCLite(MultiStreamSite):
     (the reference's ``einsum(alpha, residuals, '... s t, ... s d -> ... t d')``: output stream t = Σ_s A[s, t] x_s,
     so ``Mixing.res`` = Aᵀ). φ_pre, φ_post ∈ R^{nD×n}, φ_res ∈ R^{nD×n!} (zero at init), three scalar gates α
     (``alpha_init``, 0.01). Init of the static logits (the reference's): b_pre = b_post = +1 on the layer's home
-    stream k mod n (k = 2·block + sublayer) and −1 elsewhere (H_pre = σ(±1) = 0.73 / 0.27, H_post = 2σ(±1) = 1.46 /
-    0.54), b_res = 0 for the identity and −8 for every other permutation (A = I up to e⁻⁸ leakage). The streams
-    therefore start equal but differ after the first layer (the home stream gets 1.46·F, the others 0.54·F): the
-    model is not the standard ViT at init.
+    stream and −1 elsewhere (H_pre = σ(±1) = 0.73 / 0.27, H_post = 2σ(±1) = 1.46 / 0.54), b_res = 0 for the
+    identity and −8 for every other permutation (A = I up to e⁻⁸ leakage). The streams therefore start equal but
+    differ after the first layer (the home stream gets 1.46·F, the others 0.54·F): the model is not the standard ViT
+    at init. ``home``: ``"random"`` (default) — each layer's home stream drawn uniformly at init, one draw for both
+    b_pre and b_post (the reference's ``randrange(n)``: its ``model.py`` passes no ``layer_index``), here from the
+    model's init seed, so a seed gives the same homes; ``"cyclic"`` — stream k mod n (k = 2·block + sublayer),
+    Hyper-Connections' rule when a layer index is given.
 
     Reference: FFTYYY/mhc-lite ``hyper_conn/mhc_lite.py`` (``MHCLite``), its ``model.py`` for the stream ends:
     the embedding is copied into n streams, and after the last block **each stream is normalised and the n are
     summed** (``stream_out="norm_each"``, the default; ``"sum"`` sums first and lets the backbone's final norm
-    normalise the sum, as ``hyper_connections``/``mhc`` do). Options: ``n`` (4, the paper's; 1 … 6: n! matrices),
-    ``alpha_init``, ``stream_out``. Weight decay: the static logits, γ and the α are never decayed (HC's trap), φ
+    normalise the sum, as ``hyper_connections``/``mhc`` do). Options: ``n`` (4, the paper's; 2 … 6: n! matrices;
+    the reference's n = 1 is the plain residual, ``standard`` here), ``alpha_init``, ``stream_out``, ``home``. Weight decay: the static logits, γ and the α are never decayed (HC's trap), φ
     is (the reference's 2-D-only rule gives the same split).
     """
 
@@ -56,9 +60,9 @@ class MHCLite(MultiStreamSite):
     paper = "Yang & Gao 2026 (mHC-lite), arXiv 2601.05732"
 
     def __init__(self, dim: int, sublayer: int = 0, *, args: BlockArgs, n: int = 4, alpha_init: float = 0.01,
-                 stream_out: str = "norm_each") -> None:
+                 stream_out: str = "norm_each", home: str = "random") -> None:
         super().__init__(dim, sublayer, args=args)
-        self.n, self.alpha_init = n, float(alpha_init)
+        self.n, self.alpha_init, self.home = n, float(alpha_init), home
         r = self.res_size()
         self.gamma = nn.Parameter(torch.zeros(n * dim))
         self.phi_pre = nn.Parameter(torch.zeros(n * dim, n))
@@ -85,9 +89,12 @@ class MHCLite(MultiStreamSite):
 
     @classmethod
     def check_streams(cls, n: int) -> None:
+        if n == 1:
+            raise ValueError(f"n=1 is not valid for {cls.name}: one stream is the plain residual in the reference "
+                             f"(residual standard); valid: 2..{MAX_STREAMS}")
         if n > MAX_STREAMS:
             raise ValueError(f"n={n} is not valid for {cls.name}: it mixes the n! permutation matrices; "
-                             f"valid: 1..{MAX_STREAMS}")
+                             f"valid: 2..{MAX_STREAMS}")
 
     def res_logits_init(self) -> torch.Tensor:
         """b_res at init: 0 for the identity permutation (the first), −8 for the others."""
@@ -106,6 +113,7 @@ class MHCLite(MultiStreamSite):
         super().check_options(options, dim, depth)
         cls.check_streams(options["n"])
         check_choice("stream_out", options["stream_out"], STREAM_OUTS)
+        check_choice("home", options["home"], HOMES)
         alpha = options["alpha_init"]
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
             raise ValueError(f"alpha_init={alpha!r} must be a finite float (the gates α at init; reference 0.01)")
@@ -121,7 +129,7 @@ class MHCLite(MultiStreamSite):
         return options["stream_out"] == "sum"  # norm_each: the streams are already normalised before their sum
 
     def init_weights(self) -> None:
-        home = self.index % self.n
+        home = int(torch.randint(self.n, (), device="cpu")) if self.home == "random" else self.index % self.n
         with torch.no_grad():
             for p in (self.gamma, self.phi_pre, self.phi_res, self.phi_post):
                 p.zero_()
