@@ -107,6 +107,8 @@ class RunConfig:
                                      "CaiT class-attention blocks after the self-attention blocks (0: plain ViT)")
     norm_layer: str = _f(STUDY.norm_layer, "model", "str", "norm layer: " + ", ".join(NORM_LAYER_NAMES))
     norm_eps: float = _f(STUDY.norm_eps, "model", "float", "epsilon of every norm layer (inside the square root)")
+    norm_options: dict[str, Any] = _f(
+        {}, "model", "options", "the norm layer's own options, e.g. alpha_init=0.25 (dyt, derf), groups=4 (seednorm)")
     value_residual: str = _f(STUDY.value_residual, "model", "str",
                              "ResFormer value residual (layers > 0 mix in layer 0's values): "
                              + ", ".join(VALUE_RESIDUAL_NAMES) + " (fixed: V = (V_1 + V_n)/2)")
@@ -324,8 +326,8 @@ class RunConfig:
             opts += f"+{self.attention}" + "".join(f"-{k}={_scalar(v)}" for k, v in sorted(self.attention_options.items()))
         if self.class_attention_blocks:
             opts += f"+ca{self.class_attention_blocks}"
-        if self.norm_layer != RunConfig.norm_layer:
-            opts += f"+{self.norm_layer}"
+        if self.norm_layer != RunConfig.norm_layer or self.norm_options:
+            opts += f"+{self.norm_layer}" + "".join(f"-{k}={_scalar(v)}" for k, v in sorted(self.norm_options.items()))
         if self.value_residual != RunConfig.value_residual:
             opts += f"+vr_{self.value_residual}"
         if self.qk_norm != RunConfig.qk_norm:

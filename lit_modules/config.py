@@ -26,7 +26,7 @@ from typing import Any
 class ViTConfig:
     """One backbone. Fields mirror timm's ``VisionTransformer`` arguments; ``residual`` names a variant of
     ``lit_modules.RESIDUALS`` and ``residual_options`` its own options; ``attention`` / ``attention_options``,
-    ``qk_norm``, ``attention_gate``, ``class_attention_blocks``, ``norm_layer`` / ``norm_eps`` and
+    ``qk_norm``, ``attention_gate``, ``class_attention_blocks``, ``norm_layer`` / ``norm_eps`` / ``norm_options`` and
     ``value_residual`` are the backbone options orthogonal to it (see ``lit_modules.vit.VisionTransformer``);
     ``parametrization`` / ``parametrization_options`` say how scales and learning rates follow the model's size
     (``lit_modules.parametrization``).
@@ -53,6 +53,7 @@ class ViTConfig:
     drop_path_rate: float = 0.0
     norm_layer: str = "layernorm"
     norm_eps: float = 1e-6
+    norm_options: Mapping[str, Any] = field(default_factory=dict)
     attention: str = "self"
     attention_options: Mapping[str, Any] = field(default_factory=dict)
     class_attention_blocks: int = 0
@@ -82,7 +83,7 @@ class ViTConfig:
         return cls(**fields)
 
     def __post_init__(self) -> None:
-        for name in ("residual_options", "attention_options", "parametrization_options"):  # copied: the config owns them
+        for name in ("residual_options", "attention_options", "parametrization_options", "norm_options"):  # copied
             object.__setattr__(self, name, dict(getattr(self, name) or {}))
         if isinstance(self.qk_norm, bool):  # timm's boolean: False = none, True = its LayerNorm over each head
             object.__setattr__(self, "qk_norm", "layernorm" if self.qk_norm else "none")

@@ -9,7 +9,9 @@ have no ε, so they accept and ignore it.
 
 from __future__ import annotations
 
+import inspect
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -98,3 +100,22 @@ class SeeDNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, groups={self.groups}, eps={self.eps:g}"
+
+
+def check_norm_options(name: str, cls: type, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The norm layer's own options (``norm_options``: the keyword arguments of this module's classes beyond ``dim``
+    and ``eps``, e.g. DyT's ``alpha_init``), checked: a one-line ValueError names an unknown option with the valid
+    ones, or a value of the wrong kind. timm's LayerNorm and RmsNorm take none."""
+    own = cls.__module__ == __name__
+    params = {n: p.default for n, p in inspect.signature(cls).parameters.items()
+              if own and n not in ("dim", "eps") and p.default is not inspect.Parameter.empty}
+    for key, value in options.items():
+        if key not in params:
+            raise ValueError(f"option '{key}' is not valid for norm_layer '{name}'; valid options: "
+                             + (", ".join(sorted(params)) or "none"))
+        whole = isinstance(params[key], int)
+        if (isinstance(value, bool) or not isinstance(value, int if whole else (int, float))
+                or not math.isfinite(value) or (whole and value < 1)):
+            raise ValueError(f"{key}={value!r} is not valid for norm_layer '{name}'; valid: "
+                             + ("an integer >= 1" if whole else "a finite number"))
+    return dict(options)

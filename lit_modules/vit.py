@@ -31,6 +31,7 @@ from torch import nn
 from .attention import ATTENTIONS, QK_NORMS
 from .config import ViTConfig
 from .names import ATTENTION_GATE_NAMES, NORM_LAYER_CLASSES, resolve
+from .norms import check_norm_options
 from .parametrization import PARAMETRIZATIONS
 from .residual import RESIDUALS, BlockArgs, cait_init_value
 from .residual.hyper_connections import MultiStreamSite
@@ -75,8 +76,10 @@ class VisionTransformer(nn.Module):
       ``cait_init_value(depth)``, no stochastic depth (as timm's CaiT) — before the final norm and the head;
     - ``norm_layer``: ``"layernorm"`` (timm's ``LayerNorm``), ``"rmsnorm"`` (timm's ``RmsNorm``), ε ``norm_eps``,
       or a normalisation-free map (``lit_modules.norms``): ``"dyt"`` (Dynamic Tanh, arXiv 2503.10622) or ``"derf"``
-      (Derf, arXiv 2512.10938), which ignore ``norm_eps``; used by every norm of the model (pre-norms, final
-      norm, qk-norm, the variants' own norms);
+      (Derf, arXiv 2512.10938), which ignore ``norm_eps``, or ``"seednorm"``; used by every norm of the model
+      (pre-norms, final norm, the variants' own norms); ``norm_options`` are the norm layer's own keyword
+      arguments (DyT's and Derf's ``alpha_init``, Derf's ``shift_init``, SeeDNorm's ``groups``;
+      ``lit_modules.norms.check_norm_options``);
     - ``value_residual``: ResFormer (Zhou et al., arXiv 2410.17897) — ``"none"`` (default), ``"fixed"``
       (every self-attention layer after the first uses V_n ← ½V_1 + ½V_n, V_1 = the first layer's values in this
       forward) or ``"learned"`` (λ₁V_1 + λ₂V_n, two learned scalars per layer from 0.5); see
@@ -128,7 +131,7 @@ class VisionTransformer(nn.Module):
         # with a class-attention head the class token joins only after the self-attention blocks (CaiT)
         block_prefix_tokens = 0 if blocks_ca else self.num_prefix_tokens
         self.embed_dim = self.num_features = embed_dim
-        norm_layer = partial(norm_cls, eps=cfg.norm_eps)
+        norm_layer = partial(norm_cls, eps=cfg.norm_eps, **check_norm_options(cfg.norm_layer, norm_cls, cfg.norm_options))
 
         self.patch_embed = PatchEmbed(img_size=cfg.img_size, patch_size=cfg.patch_size, in_chans=cfg.in_chans,
                                       embed_dim=embed_dim)

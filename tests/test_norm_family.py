@@ -18,6 +18,7 @@ Formulas are checked against values computed by hand on 2- and 4-wide vectors (t
 from __future__ import annotations
 
 import math
+import re
 from functools import partial
 
 import lightning.pytorch as pl
@@ -118,6 +119,51 @@ def test_norm_free_layer_replaces_every_layernorm_and_is_live(norm_layer, cls):
         assert p.grad is not None and p.grad.abs().sum() > 0, name
     assert {"blocks.0.norm1.alpha"} <= {n for g in model.param_groups(0.05) if g["weight_decay"] == 0
                                          for n, p in model.named_parameters() if any(p is q for q in g["params"])}
+
+
+@pytest.mark.parametrize("norm_layer, options, attrs", [
+    ("dyt", {"alpha_init": 0.25}, {"alpha": 0.25}),
+    ("derf", {"alpha_init": 0.8, "shift_init": 0.1}, {"alpha": 0.8, "shift": 0.1}),
+])
+def test_norm_options_reach_every_norm_of_the_model(norm_layer, options, attrs):
+    """``norm_options`` are the norm layer's own arguments (the DyT paper's remedy for instability is a smaller α₀):
+    every norm of the model — pre-norms, the final norm — starts from them."""
+    model = build(norm_layer=norm_layer, norm_options=options, global_pool="avg")
+    norms = [m for m in model.modules() if isinstance(m, (DynamicTanh, DynamicErf))]
+    assert len(norms) == 2 * TINY["depth"] + 1
+    for m in norms:
+        for attr, value in attrs.items():
+            assert getattr(m, attr).item() == pytest.approx(value)
+
+
+def test_seednorm_groups_option():
+    from lit_modules.norms import SeeDNorm
+
+    model = build(norm_layer="seednorm", norm_options={"groups": 2})
+    assert {m.groups for m in model.modules() if isinstance(m, SeeDNorm)} == {2}
+
+
+@pytest.mark.parametrize("norm_layer, options, message", [
+    ("dyt", {"alpha": 0.25}, "option 'alpha' is not valid for norm_layer 'dyt'; valid options: alpha_init"),
+    ("derf", {"alpha_init": "small"}, "alpha_init='small' is not valid for norm_layer 'derf'; valid: a finite number"),
+    ("seednorm", {"groups": 1.5}, "groups=1.5 is not valid for norm_layer 'seednorm'; valid: an integer >= 1"),
+    ("seednorm", {"groups": 0}, "groups=0 is not valid for norm_layer 'seednorm'; valid: an integer >= 1"),
+    ("layernorm", {"alpha_init": 0.5}, "option 'alpha_init' is not valid for norm_layer 'layernorm'; valid options: "
+                                      "none"),
+])
+def test_bad_norm_options_are_one_line_errors(norm_layer, options, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        build(norm_layer=norm_layer, norm_options=options)
+
+
+def test_norm_options_from_the_command_line_name_the_run():
+    from ablations.config import RunConfig
+    from ablations.train import build_parser, config_from_args
+
+    config = config_from_args(build_parser().parse_args(["--norm-layer", "dyt", "--norm-option", "alpha_init=0.25"]))
+    assert config.norm_options == {"alpha_init": 0.25}
+    assert "+dyt-alpha_init=0.25_" in config.run_name()
+    assert "norm.alpha_init" in config.to_hparams() and "norm.alpha_init" not in RunConfig().to_hparams()
 
 
 # ================================================================================================================

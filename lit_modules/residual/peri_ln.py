@@ -10,7 +10,8 @@ from .base import BlockArgs, ResidualSite
 
 
 class PeriLN(ResidualSite):
-    """Peri-LN ("sandwich" norm; Gemma-2 / OLMo-2 style): a norm on both sides of every sublayer,
+    """Peri-LN ("sandwich" norm; Gemma-2's block, OLMo-core's ``PeriNormTransformerBlock``): a norm on both sides
+    of every sublayer,
 
         x ← x + LN_out(F(LN_in x)),   Δ = LN_out(f),  f = F(u), u = LN_in x
 
