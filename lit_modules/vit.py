@@ -219,7 +219,8 @@ class VisionTransformer(nn.Module):
         parametrisation annotates them (CompleteP: each group's ``lr_scale`` and ``eps_scale``, the multipliers of
         the base learning rate and Adam's ε, and its weight decay; the standard parametrisation adds nothing)."""
         groups = param_groups_weight_decay(self, weight_decay, no_weight_decay_list=self.no_weight_decay())
-        decayed = {id(p) for name, p in self.named_parameters() if name in self.decayed_vectors()}
+        names = self.decayed_vectors()
+        decayed = {id(p) for name, p in self.named_parameters() if name in names}
         if decayed:  # vectors a design's paper decays (SeeDNorm's α, β) join the decayed group
             kept = [p for g in groups if g["weight_decay"] == 0.0 for p in g["params"] if id(p) in decayed]
             for g in groups:
