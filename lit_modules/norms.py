@@ -73,17 +73,22 @@ class SeeDNorm(nn.Module):
     with γ, α, β ∈ R^D learned (γ = 1, α = 1, β = 0 at init: exactly RMSNorm with gain γ). ``x·β`` is a scalar per
     token in the single-head form; in the paper's multi-head form (its vision setting) x and β are split into
     ``groups`` contiguous groups of D/groups channels and each group g gets its own scalar x_g·β_g, which scales
-    α's channels of that group. groups = 16 (the paper's best for ViT-B; a single group diverged there), reduced to
-    the largest divisor of 16 that divides D when D is not a multiple of 16 (``self.groups``). RMS(x) is taken over
+    α's channels of that group. ``groups``: None (default) — 16 (the paper's best for ViT-B; a single group diverged
+    there), reduced to the largest divisor of 16 that divides D when D is not a multiple of 16 (``self.groups``);
+    an integer that divides D sets it (ValueError naming the divisors otherwise). RMS(x) is taken over
     all D channels. No official code was found: the formula and inits are the paper's; its vision recipe's dropout on
     the dynamic term and its 1/D variance scaling are not built. Weight decay: α and β are decayed, as the paper
     trains them (``decayed_vectors``: the exception to timm's rule that leaves 1-D parameters alone); γ is not.
     """
 
-    def __init__(self, dim: int, eps: float = 1e-6, groups: int = 16, **factory: Any) -> None:
+    def __init__(self, dim: int, eps: float = 1e-6, groups: int | None = None, **factory: Any) -> None:
         super().__init__()
         self.eps = float(eps)
-        self.groups = math.gcd(int(groups), dim)
+        if groups is not None and dim % groups:
+            divisors = ", ".join(str(g) for g in range(1, dim + 1) if dim % g == 0)
+            raise ValueError(f"groups={groups} is not valid for norm_layer 'seednorm' at width {dim}; valid: a divisor "
+                             f"of {dim} ({divisors})")
+        self.groups = math.gcd(16, dim) if groups is None else int(groups)
         self.weight = nn.Parameter(torch.ones(dim))  # γ
         self.alpha = nn.Parameter(torch.ones(dim))
         self.beta = nn.Parameter(torch.zeros(dim))
@@ -107,13 +112,13 @@ def check_norm_options(name: str, cls: type, options: Mapping[str, Any]) -> dict
     and ``eps``, e.g. DyT's ``alpha_init``), checked: a one-line ValueError names an unknown option with the valid
     ones, or a value of the wrong kind. timm's LayerNorm and RmsNorm take none."""
     own = cls.__module__ == __name__
-    params = {n: p.default for n, p in inspect.signature(cls).parameters.items()
+    params = {n: str(p.annotation) for n, p in inspect.signature(cls).parameters.items()
               if own and n not in ("dim", "eps") and p.default is not inspect.Parameter.empty}
     for key, value in options.items():
         if key not in params:
             raise ValueError(f"option '{key}' is not valid for norm_layer '{name}'; valid options: "
                              + (", ".join(sorted(params)) or "none"))
-        whole = isinstance(params[key], int)
+        whole = params[key].startswith("int")  # the annotation: int (an integer) or float
         if (isinstance(value, bool) or not isinstance(value, int if whole else (int, float))
                 or not math.isfinite(value) or (whole and value < 1)):
             raise ValueError(f"{key}={value!r} is not valid for norm_layer '{name}'; valid: "

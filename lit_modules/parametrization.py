@@ -75,6 +75,9 @@ class StandardParametrization:
         return groups
 
 
+EPS_SCOPES = ("blocks", "all")  # where CompleteP scales Adam's ε: the residual blocks (Table 1) or every group
+
+
 class CompleteP(StandardParametrization):
     """CompleteP: μP for width and α = 1 depth scaling, with m_L = L/L_base (blocks) and m_N = D/D_base (width):
 
@@ -118,6 +121,10 @@ class CompleteP(StandardParametrization):
         if backbone.get("residual", "standard") != "standard":
             raise ValueError(f"parametrization 'completep' does not apply to residual '{backbone['residual']}': it "
                              f"scales the pre-LN residual branches; it applies to residual 'standard'")
+        if backbone.get("norm_layer", "layernorm") == "seednorm":
+            raise ValueError("parametrization 'completep' does not apply with norm_layer 'seednorm': its hidden-vector "
+                             "rule (no decay) and SeeDNorm's decayed alpha and beta disagree; it applies with "
+                             "layernorm, rmsnorm, dyt, derf")
         if backbone.get("attention", "self") != "self":
             raise ValueError(f"parametrization 'completep' does not apply with attention '{backbone['attention']}': "
                              f"its hidden matrices are the linear layers' weights; it applies with attention 'self'")
@@ -187,9 +194,6 @@ class CompleteP(StandardParametrization):
     def __repr__(self) -> str:
         return (f"CompleteP(m_L={self.m_depth:g}, m_N={self.m_width:g}, alpha={self.alpha:g}, "
                 f"input_alpha={self.input_alpha:g}, output_alpha={self.output_alpha:g}, eps_scope={self.eps_scope})")
-
-
-EPS_SCOPES = ("blocks", "all")
 
 
 def hidden_parameters(model: nn.Module, matrices: bool) -> list[nn.Parameter]:

@@ -116,7 +116,8 @@ class VisionTransformer(nn.Module):
         variant.check_options(options, dim=embed_dim, depth=depth)
         attn_options = attn_kind.validate_options(dict(cfg.attention_options), num_heads=cfg.num_heads, depth=depth)
         param_options = param_kind.validate_options(dict(cfg.parametrization_options), backbone={
-            "residual": cfg.residual, "attention": cfg.attention, "class_attention_blocks": blocks_ca})
+            "residual": cfg.residual, "attention": cfg.attention, "norm_layer": cfg.norm_layer,
+            "class_attention_blocks": blocks_ca})
         self.parametrization = param_kind(depth=depth, width=embed_dim, **param_options)
         self.value_state = ValueState()  # the first layer's values of the forward in progress (ResFormer)
         values = value_residual_factory(cfg.value_residual, self.value_state)  # ValueError naming the valid choices

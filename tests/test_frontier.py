@@ -380,6 +380,20 @@ def test_drop_path_drops_the_branch_before_the_site_of_a_design_that_acts_after_
             u = blk.norm1(x)
             f = blk.attn(u)
             assert torch.allclose(blk.ls1(x, u, f, None), blk.ls1(x, u, f / 0.5, None), atol=1e-9, rtol=0)  # ε in ‖f‖
+        # p = 0.5 at the attention site only: each sample is either dropped there (the site is the identity) or kept
+        # with exactly the p = 0 update — dropping Δ instead would double a kept sample's update
+        x = torch.randn(16, 5, 8, dtype=torch.float64)
+        blk.drop_path1, blk.drop_path2 = DropPath(0.5), nn.Identity()
+        with torch.no_grad():
+            torch.manual_seed(3)
+            out = blk(x)
+            blk.drop_path1 = nn.Identity()
+            plain = blk(x)
+            blk.drop_path1 = DropPath(1.0)
+            dropped = blk(x)
+        kept = [torch.allclose(out[i], plain[i], atol=1e-9, rtol=0) for i in range(16)]
+        gone = [torch.allclose(out[i], dropped[i], atol=1e-9, rtol=0) for i in range(16)]
+        assert all(k or g for k, g in zip(kept, gone, strict=True)) and any(kept) and any(gone)
 
 
 @pytest.mark.parametrize("options, words", [
@@ -1005,6 +1019,7 @@ def test_completep_refusals():
                         ({"parametrization_options": {"eps_scope": "head"}},
                          "eps_scope='head' is not valid for completep; valid: blocks, all"),
                         ({"attention": "re_attention"}, "does not apply with attention 're_attention'"),
+                        ({"norm_layer": "seednorm"}, "does not apply with norm_layer 'seednorm'"),
                         ({"class_attention_blocks": 1}, "does not apply with class_attention_blocks > 0")):
         with pytest.raises(ValueError, match=re.escape(message)):
             build(parametrization="completep", **kw)

@@ -253,6 +253,14 @@ def test_a_dry_run_on_a_storage_counts_what_the_runs_file_adds_to_it(first, tmp_
     (line,) = [x for x in out if x.startswith("time left as measured")]
     assert "(2 trials, 2 priced at their cell's median wall time" in line, line
     assert len(trials_of(db, NAME)) == 2  # the dry run stored nothing
+    # a reported row at another rate than the storage's tuning stage chose trains again: it is not counted
+    moved = _cut_after_two_seeds(rows)
+    next(r for r in moved if r["phase"] != "tune" and r["seed"] == "1")["lr"] = "0.00025"
+    _write(tmp_path / "moved.csv", moved)
+    result = _continue(study, db, tmp_path / "moved.csv", tmp_path, "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert f"stored in {url_of(db)} and runs file {tmp_path / 'moved.csv'} (--import-runs): 3 of the 6 reported " \
+           "trials done and 12 of the 12 tuning trials; a run continues with the rest" in result.stdout.splitlines()
 
 
 @pytest.mark.slow

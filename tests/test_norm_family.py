@@ -148,6 +148,8 @@ def test_seednorm_groups_option():
     ("derf", {"alpha_init": "small"}, "alpha_init='small' is not valid for norm_layer 'derf'; valid: a finite number"),
     ("seednorm", {"groups": 1.5}, "groups=1.5 is not valid for norm_layer 'seednorm'; valid: an integer >= 1"),
     ("seednorm", {"groups": 0}, "groups=0 is not valid for norm_layer 'seednorm'; valid: an integer >= 1"),
+    ("seednorm", {"groups": 3}, "groups=3 is not valid for norm_layer 'seednorm' at width 8; valid: a divisor of 8 "
+                                "(1, 2, 4, 8)"),
     ("layernorm", {"alpha_init": 0.5}, "option 'alpha_init' is not valid for norm_layer 'layernorm'; valid options: "
                                       "none"),
 ])

@@ -231,7 +231,12 @@ def _main(args: argparse.Namespace) -> int:
             if stored is None:
                 stored = imported_done(args.import_runs, spec, study_name, retrain)
             else:
-                stored = stored.joined(imported_done(args.import_runs, spec, study_name, retrain, stored.finished))
+                try:  # the rates the stored tuning stage chose (none yet: its report stage is not created)
+                    tuned = stored_choice(args.storage, study_name) if spec.tune is not None else None
+                except KeyError:
+                    tuned = None
+                stored = stored.joined(imported_done(args.import_runs, spec, study_name, retrain, stored.finished,
+                                                     tuned))
         return dry_run(spec, overrides, gpu=args.gpu, results_dir=Path(args.results_dir), workers=args.workers,
                        stored=stored, measure=args.measure, stack=args.stack, retrain_modes=tuple(args.retrain_mode))
     for config in data_configs(spec, overrides):

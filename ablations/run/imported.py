@@ -185,12 +185,14 @@ def check_retrain_modes(path: str | Path, spec, study_name: str, modes: tuple[st
                              + ", ".join(f"'{m}'" for m in found))
 
 
-def imported_done(path: str | Path, spec, study_name: str, retrain=None, known: frozenset = frozenset()):
+def imported_done(path: str | Path, spec, study_name: str, retrain=None, known: frozenset = frozenset(),
+                  tuned: dict[str, float] | None = None):
     """What the runs file would bring (:class:`ablations.run.study.Stored`, for a dry run): the points of each
     stage it completed, the points left, and its trials' wall times by (variant, depth) cell. ``known``: the
     (stage, point key) pairs a storage has done already (:attr:`Stored.finished`), whose rows the import leaves
-    alone and which are not counted here. Nothing is checked against the study file beyond the points (the run does
-    that)."""
+    alone and which are not counted here; ``tuned``: the rates that storage's tuning stage chose, so that a reported
+    row at another rate counts as training again, as the import treats it. Nothing else is checked against the
+    study file beyond the points (the run does that)."""
     from .kept_modes import mode_facts
 
     path = Path(path)
@@ -199,7 +201,8 @@ def imported_done(path: str | Path, spec, study_name: str, retrain=None, known: 
     for stage in stages:
         rows = [(r, p) for r, p in _matched(path, stage, study_name) if r.state == "complete" and p is not None
                 and (stage.stage, point_key(p)) not in known
-                and not (retrain is not None and stage.stage != "tune" and retrain(r))]
+                and not (retrain is not None and stage.stage != "tune" and retrain(r))
+                and not (tuned and stage.stage != "tune" and _other_rate(r, tuned.get(spec.tune_key(p))))]
         finished = {point_key(p) for _, p in rows}
         done.append(len(finished))
         left += [p for p in stage.grid() if point_key(p) not in finished]
@@ -212,6 +215,11 @@ def imported_done(path: str | Path, spec, study_name: str, retrain=None, known: 
     tune_done, report_done = done if len(done) == 2 else (0, done[0])
     return Stored(tune_done, report_done, f"runs file {path} (--import-runs)", seconds, tuple(left), tuple(modes),
                   frozenset(added))
+
+
+def _other_rate(run, chosen: float | None) -> bool:
+    """Whether a reported row trained at another rate than the one its cell's tuning stage chose."""
+    return chosen is not None and run.lr is not None and not math.isclose(float(run.lr), chosen, rel_tol=1e-9)
 
 
 def import_runs(path: str | Path, spec, storage, study_name: str, overrides: dict,
