@@ -254,7 +254,7 @@ def test_a_dry_run_on_a_storage_counts_what_the_runs_file_adds_to_it(first, tmp_
     assert "(2 trials, 2 priced at their cell's median wall time" in line, line
     assert len(trials_of(db, NAME)) == 2  # the dry run stored nothing
     # a reported row at another rate than the storage's tuning stage chose trains again: it is not counted
-    moved = _cut_after_two_seeds(rows)
+    moved = [dict(r) for r in _cut_after_two_seeds(rows)]  # copies: the fixture's rows stay as they are
     next(r for r in moved if r["phase"] != "tune" and r["seed"] == "1")["lr"] = "0.00025"
     _write(tmp_path / "moved.csv", moved)
     result = _continue(study, db, tmp_path / "moved.csv", tmp_path, "--dry-run")
