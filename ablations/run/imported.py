@@ -84,7 +84,7 @@ def _mismatch(run, config, cache: dict) -> str | None:
             config.residual_options or {}):
         return (f"residual {stored.get('residual')} {json.dumps(stored.get('residual_options') or {})}, the study "
                 f"file now {config.residual} {json.dumps(config.residual_options or {})}")
-    if run.lr is None or not math.isclose(run.lr, config.lr, rel_tol=1e-9):
+    if not _same_rate(run.lr, config.lr):
         return f"learning rate {run.lr}, this study {config.lr:g}"
     params = run.summary.get("param_count")
     if params is not None and int(params) != (expected := _param_count(config, cache)):
@@ -217,9 +217,14 @@ def imported_done(path: str | Path, spec, study_name: str, retrain=None, known: 
                   frozenset(added))
 
 
+def _same_rate(lr: float | None, rate: float) -> bool:
+    """Whether a row's learning rate is ``rate`` (to rounding); a row without one is not."""
+    return lr is not None and math.isclose(float(lr), rate, rel_tol=1e-9)
+
+
 def _other_rate(run, chosen: float | None) -> bool:
     """Whether a reported row trained at another rate than the one its cell's tuning stage chose."""
-    return chosen is not None and run.lr is not None and not math.isclose(float(run.lr), chosen, rel_tol=1e-9)
+    return chosen is not None and run.lr is not None and not _same_rate(run.lr, chosen)
 
 
 def import_runs(path: str | Path, spec, storage, study_name: str, overrides: dict,

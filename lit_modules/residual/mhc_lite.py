@@ -52,8 +52,9 @@ class MHCLite(MultiStreamSite):
     the embedding is copied into n streams, and after the last block **each stream is normalised and the n are
     summed** (``stream_out="norm_each"``, the default; ``"sum"`` sums first and lets the backbone's final norm
     normalise the sum, as ``hyper_connections``/``mhc`` do). Options: ``n`` (4, the paper's; 2 … 6: n! matrices;
-    the reference's n = 1 is the plain residual, ``standard`` here), ``alpha_init``, ``stream_out``, ``home``. Weight decay: the static logits, γ and the α are never decayed (HC's trap), φ
-    is (the reference's 2-D-only rule gives the same split).
+    the reference's n = 1 is the plain residual, ``standard`` here), ``alpha_init``, ``stream_out``, ``home``.
+    Weight decay: the static logits, γ and the α are never decayed (HC's trap), φ is (the reference's 2-D-only rule
+    gives the same split).
     """
 
     name = "mhc_lite"
