@@ -20,6 +20,9 @@ REPORT_RUN = "_report"  # TensorBoard run (folder) of the report's text, next to
 DEVICE = "device"
 #: user attr of a study's trial: the backbone it trained, resolved (``lit_modules.config.ViTConfig.to_dict()``)
 MODEL_KEY = "model"
+#: user attr of a study's trial (and runs.csv column): the options its model's parts were built with, defaults filled
+#: in (``lit_modules.resolved_options`` as sorted JSON), so that a row of an earlier default is told apart
+FORM_KEY = "form"
 HPARAMS = "hparams.yaml"  # written by Lightning's TensorBoard logger into each run folder
 CHECKPOINTS = "checkpoints"
 

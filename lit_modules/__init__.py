@@ -9,13 +9,13 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-_EXPORTS = {"RESIDUALS": ".residual", "VisionTransformer": ".vit", "LoadReport": ".vit"}
+_EXPORTS = {"RESIDUALS": ".residual", "VisionTransformer": ".vit", "LoadReport": ".vit", "resolved_options": ".vit"}
 
-__all__ = ["RESIDUALS", "VisionTransformer", "LoadReport"]
+__all__ = ["RESIDUALS", "VisionTransformer", "LoadReport", "resolved_options"]
 
 if TYPE_CHECKING:
     from .residual import RESIDUALS
-    from .vit import LoadReport, VisionTransformer
+    from .vit import LoadReport, VisionTransformer, resolved_options
 
 
 def __getattr__(name: str) -> Any:

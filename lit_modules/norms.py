@@ -110,10 +110,12 @@ class SeeDNorm(nn.Module):
 def check_norm_options(name: str, cls: type, options: Mapping[str, Any]) -> dict[str, Any]:
     """The norm layer's own options (``norm_options``: the keyword arguments of this module's classes beyond ``dim``
     and ``eps``, e.g. DyT's ``alpha_init``), checked: a one-line ValueError names an unknown option with the valid
-    ones, or a value of the wrong kind. timm's LayerNorm and RmsNorm take none."""
+    ones, or a value of the wrong kind. timm's LayerNorm and RmsNorm take none. Returns the options with their
+    defaults filled in."""
     own = cls.__module__ == __name__
-    params = {n: str(p.annotation) for n, p in inspect.signature(cls).parameters.items()
-              if own and n not in ("dim", "eps") and p.default is not inspect.Parameter.empty}
+    signature = {n: p for n, p in inspect.signature(cls).parameters.items()
+                 if own and n not in ("dim", "eps") and p.default is not inspect.Parameter.empty}
+    params = {n: str(p.annotation) for n, p in signature.items()}
     for key, value in options.items():
         if key not in params:
             raise ValueError(f"option '{key}' is not valid for norm_layer '{name}'; valid options: "
@@ -123,4 +125,4 @@ def check_norm_options(name: str, cls: type, options: Mapping[str, Any]) -> dict
                 or not math.isfinite(value) or (whole and value < 1)):
             raise ValueError(f"{key}={value!r} is not valid for norm_layer '{name}'; valid: "
                              + ("an integer >= 1" if whole else "a finite number"))
-    return dict(options)
+    return {n: options.get(n, p.default) for n, p in signature.items()}

@@ -55,6 +55,28 @@ class LoadReport:
                 f"{', '.join(self.new) or 'none'}; {len(self.derived)} copied from an existing key")
 
 
+def resolved_options(cfg: ViTConfig) -> dict[str, dict[str, Any]]:
+    """The options every swappable part of ``cfg``'s model is built with, checked and with their defaults filled in:
+    ``{"residual": ..., "attention": ..., "norm": ..., "parametrization": ...}`` (one-line ValueErrors as
+    :class:`VisionTransformer` raises them). Two configs with equal resolved options build the same form, whatever
+    each spelled out: a run records them (its ``form``), so that a default changed later is seen (``--import-runs``
+    trains such a row again)."""
+    variant = _lookup("residual", cfg.residual, RESIDUALS)
+    attn_kind = _lookup("attention", cfg.attention, ATTENTIONS)
+    norm_cls = _lookup("norm_layer", cfg.norm_layer, NORM_LAYERS)
+    param_kind = _lookup("parametrization", cfg.parametrization, PARAMETRIZATIONS)
+    depth, blocks_ca = cfg.depth, cfg.class_attention_blocks
+    options = variant.validate_options(dict(cfg.residual_options),
+                                       backbone={"class_attention_blocks": blocks_ca, "class_token": cfg.class_token})
+    variant.check_options(options, dim=cfg.embed_dim, depth=depth)
+    return {"residual": options,
+            "attention": attn_kind.validate_options(dict(cfg.attention_options), num_heads=cfg.num_heads, depth=depth),
+            "norm": check_norm_options(cfg.norm_layer, norm_cls, cfg.norm_options),
+            "parametrization": param_kind.validate_options(dict(cfg.parametrization_options), backbone={
+                "residual": cfg.residual, "attention": cfg.attention, "norm_layer": cfg.norm_layer,
+                "class_attention_blocks": blocks_ca})}
+
+
 class VisionTransformer(nn.Module):
     """Vision Transformer (Dosovitskiy et al., arXiv 2010.11929) with a swappable residual connection.
 
@@ -110,14 +132,8 @@ class VisionTransformer(nn.Module):
         param_kind = _lookup("parametrization", cfg.parametrization, PARAMETRIZATIONS)
         cfg.check()
         depth, embed_dim, blocks_ca = cfg.depth, cfg.embed_dim, cfg.class_attention_blocks
-        options = variant.validate_options(dict(cfg.residual_options),
-                                           backbone={"class_attention_blocks": blocks_ca,
-                                                     "class_token": cfg.class_token})
-        variant.check_options(options, dim=embed_dim, depth=depth)
-        attn_options = attn_kind.validate_options(dict(cfg.attention_options), num_heads=cfg.num_heads, depth=depth)
-        param_options = param_kind.validate_options(dict(cfg.parametrization_options), backbone={
-            "residual": cfg.residual, "attention": cfg.attention, "norm_layer": cfg.norm_layer,
-            "class_attention_blocks": blocks_ca})
+        resolved = resolved_options(cfg)
+        options, attn_options, param_options = (resolved[k] for k in ("residual", "attention", "parametrization"))
         self.parametrization = param_kind(depth=depth, width=embed_dim, **param_options)
         self.value_state = ValueState()  # the first layer's values of the forward in progress (ResFormer)
         values = value_residual_factory(cfg.value_residual, self.value_state)  # ValueError naming the valid choices
@@ -132,7 +148,7 @@ class VisionTransformer(nn.Module):
         # with a class-attention head the class token joins only after the self-attention blocks (CaiT)
         block_prefix_tokens = 0 if blocks_ca else self.num_prefix_tokens
         self.embed_dim = self.num_features = embed_dim
-        norm_layer = partial(norm_cls, eps=cfg.norm_eps, **check_norm_options(cfg.norm_layer, norm_cls, cfg.norm_options))
+        norm_layer = partial(norm_cls, eps=cfg.norm_eps, **resolved["norm"])
 
         self.patch_embed = PatchEmbed(img_size=cfg.img_size, patch_size=cfg.patch_size, in_chans=cfg.in_chans,
                                       embed_dim=embed_dim)

@@ -369,3 +369,41 @@ def test_rows_of_another_mode_train_again_with_retrain_mode(first, tmp_path):
         f"error: --retrain-mode: no reported row of '{tmp_path / 'mixed.csv'}' trained in mode 'fp8 + magic'; its "
         f"modes: " + ", ".join(f"'{m}'" for m in sorted({here, other})))
     assert not (tmp_path / "i.db").exists()
+
+
+@pytest.mark.slow
+def test_a_row_of_an_earlier_form_trains_again_and_a_report_says_when_forms_mix(first, tmp_path):
+    """Each row records the form its model was built in (every part's options, defaults filled in). A row whose
+    form is not the one this version builds for its point (a default changed since it trained) is left out with a
+    count and its point trains again; the dry run counts it as left; a row without a recorded form imports as
+    before; a report over rows of two forms of one variant says so."""
+    root, study, rows = first
+    forms = {r["variant"]: json.loads(r["form"]) for r in rows}
+    assert forms["rezero"]["residual"] == {"init_value": 0.0, "norm": False}  # ReZero's paper form: alpha = 0
+    assert forms["standard"] == {"attention": {}, "norm": {}, "parametrization": {}, "residual": {}}
+    changed = [dict(r) for r in rows]
+    reported = [r for r in changed if r["phase"] == "report"]
+    earlier = next(r for r in reported if r["variant"] == "rezero" and r["seed"] == "1")
+    earlier["form"] = json.dumps(forms["rezero"] | {"residual": {"init_value": 1.0, "norm": False}})
+    next(r for r in reported if r["variant"] == "standard" and r["seed"] == "2")["form"] = ""  # not recorded
+    _write(tmp_path / "runs.csv", changed)
+    result = _continue(study, tmp_path / "dry.db", tmp_path / "runs.csv", tmp_path, "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert f"stored in runs file {tmp_path / 'runs.csv'} (--import-runs): 5 of the 6 reported trials done and 12 " \
+           "of the 12 tuning trials; a run continues with the rest" in result.stdout.splitlines()
+    mixed = run_in_process("--study", study, "--runs", tmp_path / "runs.csv", "--out", tmp_path / "mixed",
+                           "--no-figures", "--no-tensorboard", "--no-note", cwd=tmp_path, main=report_main)
+    assert mixed.returncode == 0, mixed.stderr
+    assert "rows whose runs were built in more than one form (a default changed between them): rezero: 2 forms" \
+           in mixed.stdout + mixed.stderr
+    db = tmp_path / "f.db"
+    result = _continue(study, db, tmp_path / "runs.csv", tmp_path, "--no-progress")
+    assert result.returncode == 0, result.stderr
+    assert ("5 completed reported trial(s) joined 'carried' as done; 1 built in an earlier form of their design, a "
+            "default has changed since (they train again)") in result.stderr
+    trained = [t for t in trials_of(db, NAME) if "worker" in t.user_attrs]
+    assert [(t.params["variant"], t.params["seed"]) for t in trained] == [("rezero", 1)]
+    assert json.loads(trained[0].user_attrs["form"]) == forms["rezero"]  # trained in today's form
+    again = _report(study, db, tmp_path / "report_f", tmp_path)  # the continued study: one form per variant again
+    assert {r["form"] for r in again if r["variant"] == "rezero"} == {json.dumps(forms["rezero"], sort_keys=True,
+                                                                                  separators=(",", ":"))}

@@ -289,3 +289,26 @@ def test_fused_attn_same_logits(residual, options):
         with torch.no_grad():
             logits.append(model(images()))
     assert (logits[0] - logits[1]).abs().max().item() < 1e-10
+
+
+def test_resolved_options_are_what_the_model_is_built_with_defaults_filled_in():
+    """``resolved_options``: each swappable part's options checked, with the defaults the papers give filled in;
+    a config that spells the defaults out resolves to the same form, one that changes one does not."""
+    from lit_modules import resolved_options
+    from lit_modules.config import ViTConfig
+
+    cfg = ViTConfig.build("mhc_lite", **(TINY | {"depth": 2, "norm_layer": "dyt"}))
+    form = resolved_options(cfg)
+    assert form == {"residual": {"n": 4, "alpha_init": 0.01, "stream_out": "norm_each", "home": "random"},
+                    "attention": {}, "norm": {"alpha_init": 0.5}, "parametrization": {}}
+    model = VisionTransformer(cfg)
+    assert model.residual_options == form["residual"] and model.blocks[0].norm1.alpha.item() == 0.5
+    spelled = ViTConfig.build("mhc_lite", form["residual"], **(TINY | {"depth": 2, "norm_layer": "dyt",
+                                                                        "norm_options": form["norm"]}))
+    assert resolved_options(spelled) == form
+    assert resolved_options(ViTConfig.build("mhc_lite", {"home": "cyclic"}, **(TINY | {"depth": 2})))["residual"][
+        "home"] == "cyclic"
+    completep = resolved_options(ViTConfig.build("standard", **(TINY | {"parametrization": "completep"})))
+    assert completep["parametrization"]["eps_scope"] == "blocks"  # CompleteP's Table 1: ε scaled in the blocks only
+    with pytest.raises(ValueError, match="valid options"):
+        resolved_options(ViTConfig.build("rezero", {"nope": 1}, **TINY))

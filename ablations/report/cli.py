@@ -129,6 +129,11 @@ def _main(args: argparse.Namespace) -> int:
         notes.append("runs trained on different machines (" + "; ".join(f"{m}: {n}" for m, n in machines.items())
                      + "): a seed gives the same weights, data and batch order on each, but machines of different "
                        "kinds compute different floats, so a pair that straddles two is paired only up to that")
+    if mixed := data.mixed_forms():  # e.g. runs stored before a variant's default changed (runs.csv: 'form')
+        notes.append("rows whose runs were built in more than one form (a default changed between them): "
+                     + "; ".join(f"{v}: {n} forms" for v, n in mixed.items())
+                     + "; their means mix designs: train them again (--import-runs leaves out rows of an earlier "
+                       "form)")
     if not args.no_figures:
         from .tuning import tuning_figure, tuning_records
 

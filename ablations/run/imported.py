@@ -98,6 +98,24 @@ def _mismatch(run, config, cache: dict) -> str | None:
     return None
 
 
+def _earlier_form(run, config) -> bool:
+    """Whether a row recorded the form its model was built in (runs.csv's ``form``) and that form is not the one
+    this version builds for the same study point (a variant's default changed since: the row measured another
+    design, so its point trains again). A row of another residual or other options given is no earlier form but
+    another study file (:func:`_mismatch` says so); a row without a recorded form cannot be told apart."""
+    from .objective import form_text
+
+    recorded, stored = run.summary.get(layout.FORM_KEY), run.config or {}
+    if not recorded or stored.get("residual") != config.residual or (
+            stored.get("residual_options") or {}) != (config.residual_options or {}):
+        return False
+    try:
+        return json.loads(recorded) != json.loads(form_text(config))
+    except json.JSONDecodeError:
+        raise ValueError(f"--import-runs: run {run.run_name or run.number}: column '{layout.FORM_KEY}' is not JSON: "
+                         f"'{recorded}'") from None
+
+
 def _only_the_rate(run, config, cache: dict) -> bool:
     """Whether a reported row differs from this study's point only in its learning rate: the tuning stage chose
     another rate for the cell (e.g. a study continued under more tuning seeds), so the row is no result of this
@@ -202,6 +220,7 @@ def imported_done(path: str | Path, spec, study_name: str, retrain=None, known: 
         rows = [(r, p) for r, p in _matched(path, stage, study_name) if r.state == "complete" and p is not None
                 and (stage.stage, point_key(p)) not in known
                 and not (retrain is not None and stage.stage != "tune" and retrain(r))
+                and not _earlier_form(r, stage.run_config(p))
                 and not (tuned and stage.stage != "tune" and _other_rate(r, tuned.get(spec.tune_key(p))))]
         finished = {point_key(p) for _, p in rows}
         done.append(len(finished))
@@ -244,7 +263,7 @@ def import_runs(path: str | Path, spec, storage, study_name: str, overrides: dic
     done = {point_key(trial_point(t)) for t in done_trials(study)}
     objective = Objective(spec, log_root=Path("."), overrides=overrides, tuned=tuned)
     categorical, cache = categorical_axes(study, spec), {}
-    trials, here, outside, incomplete, other_rate, again = [], 0, 0, 0, 0, {}
+    trials, here, outside, incomplete, other_rate, earlier, again = [], 0, 0, 0, 0, 0, {}
     for run, point in matched:
         if run.state != "complete":
             incomplete += 1
@@ -256,6 +275,9 @@ def import_runs(path: str | Path, spec, storage, study_name: str, overrides: dic
             again[why] = again.get(why, 0) + 1
         else:
             config = objective.config(point)
+            if _earlier_form(run, config):
+                earlier += 1  # a default of its design changed since it trained: the point trains in today's form
+                continue
             fault = _mismatch(run, config, cache)
             if fault is not None and spec.stage != "tune" and _only_the_rate(run, config, cache):
                 other_rate += 1  # this study's tuning stage chose another rate for its cell: the point trains again
@@ -286,6 +308,8 @@ def import_runs(path: str | Path, spec, storage, study_name: str, overrides: dic
                                                     (incomplete, "not complete (they train again)"),
                                                     (other_rate, "trained at another learning rate than this "
                                                                  "study's tuning stage chose (they train again)"),
+                                                    (earlier, "built in an earlier form of their design, a default "
+                                                              "has changed since (they train again)"),
                                                     *((n, why) for why, n in again.items()))
                           if n),
           file=sys.stderr)

@@ -7,6 +7,7 @@ from its last checkpoint.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -193,6 +194,7 @@ class Objective:
             "run_name": run_name, "phase": self.spec.stage, "worker": worker_id(),
             "config": jsonable(asked.to_dict()),
             layout.MODEL_KEY: jsonable(asked.model_config(dataset_shape(asked)).to_dict()),
+            layout.FORM_KEY: form_text(asked),
             "log_dir": str(self.log_root / run_name),
             "resume_checkpoint": None if ckpt_path is None else str(ckpt_path),
             **({} if original is None else {"retry_of": original}),
@@ -338,3 +340,13 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+def form_text(config) -> str:
+    """The form a run config's model is built in (:data:`ablations.layout.FORM_KEY`): the resolved options of its
+    residual, attention, norm layer and parametrization as sorted, compact JSON."""
+    from data import dataset_shape
+    from lit_modules import resolved_options
+
+    return json.dumps(jsonable(resolved_options(config.model_config(dataset_shape(config)))), sort_keys=True,
+                      separators=(",", ":"))
