@@ -11,7 +11,9 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 RESULTS_DIR = "results"
 STORAGE_FILE = "optuna.db"
@@ -20,8 +22,9 @@ REPORT_RUN = "_report"  # TensorBoard run (folder) of the report's text, next to
 DEVICE = "device"
 #: user attr of a study's trial: the backbone it trained, resolved (``lit_modules.config.ViTConfig.to_dict()``)
 MODEL_KEY = "model"
-#: user attr of a study's trial (and runs.csv column): the options its model's parts were built with, defaults filled
-#: in (``lit_modules.resolved_options`` as sorted JSON), so that a row of an earlier default is told apart
+#: user attr of a study's trial (and runs.csv column): the form its model was built in, each swappable part's kind and
+#: options with their defaults filled in (``ablations.run.objective.form_of`` as :func:`canonical_form` JSON), so that
+#: a row of an earlier default is told apart
 FORM_KEY = "form"
 HPARAMS = "hparams.yaml"  # written by Lightning's TensorBoard logger into each run folder
 CHECKPOINTS = "checkpoints"
@@ -53,3 +56,9 @@ def device_dir(results_dir: str | Path = RESULTS_DIR) -> Path:
 
 
 DEFAULT_STORAGE = storage_url()
+
+
+def canonical_form(form: Any) -> str:
+    """A form (parsed, or its JSON text) as sorted, compact JSON: two spellings of one form give one text; ValueError
+    for text that is not JSON."""
+    return json.dumps(json.loads(form) if isinstance(form, str) else form, sort_keys=True, separators=(",", ":"))

@@ -379,12 +379,15 @@ def test_a_row_of_an_earlier_form_trains_again_and_a_report_says_when_forms_mix(
     before; a report over rows of two forms of one variant says so."""
     root, study, rows = first
     forms = {r["variant"]: json.loads(r["form"]) for r in rows}
-    assert forms["rezero"]["residual"] == {"init_value": 0.0, "norm": False}  # ReZero's paper form: alpha = 0
-    assert forms["standard"] == {"attention": {}, "norm": {}, "parametrization": {}, "residual": {}}
+    assert forms["rezero"]["residual"] == {"kind": "rezero", "options": {"init_value": 0.0, "norm": False}}
+    assert forms["standard"] == {"attention": {"kind": "self", "options": {}}, "norm": {"kind": "layernorm",
+                                 "options": {}}, "parametrization": {"kind": "standard", "options": {}},
+                                 "residual": {"kind": "standard", "options": {}}}
     changed = [dict(r) for r in rows]
     reported = [r for r in changed if r["phase"] == "report"]
     earlier = next(r for r in reported if r["variant"] == "rezero" and r["seed"] == "1")
-    earlier["form"] = json.dumps(forms["rezero"] | {"residual": {"init_value": 1.0, "norm": False}})
+    earlier["form"] = json.dumps(forms["rezero"] | {"residual": {"kind": "rezero",  # ReZero's alpha from 1: not ReZero
+                                                                 "options": {"init_value": 1.0, "norm": False}}})
     next(r for r in reported if r["variant"] == "standard" and r["seed"] == "2")["form"] = ""  # not recorded
     _write(tmp_path / "runs.csv", changed)
     result = _continue(study, tmp_path / "dry.db", tmp_path / "runs.csv", tmp_path, "--dry-run")
@@ -407,3 +410,9 @@ def test_a_row_of_an_earlier_form_trains_again_and_a_report_says_when_forms_mix(
     again = _report(study, db, tmp_path / "report_f", tmp_path)  # the continued study: one form per variant again
     assert {r["form"] for r in again if r["variant"] == "rezero"} == {json.dumps(forms["rezero"], sort_keys=True,
                                                                                   separators=(",", ":"))}
+    # the same file under another --set is another study, not an earlier form: one line, nothing imported
+    result = _continue(study, tmp_path / "s.db", tmp_path / "runs.csv", tmp_path, "--no-progress", "--set",
+                       "norm_layer=dyt")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    (line,) = [x for x in result.stderr.strip().splitlines() if x.startswith("error:")]
+    assert "norm_layer layernorm, this study dyt" in line and "none of its tune rows were imported" in line, line

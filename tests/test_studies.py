@@ -50,6 +50,7 @@ from optuna.trial import TrialState
 from pg import free_port
 from polling import get_json, serving, wait_until_answers
 
+from ablations.run.objective import suggest
 from ablations.studies.spec import BUDGETS, available_studies, load_spec
 from ablations.studies.storage import open_storage, set_user_attrs
 
@@ -210,6 +211,46 @@ def test_killed_trial_is_retried_with_same_params_and_resumes_its_epochs(tmp_pat
 @pytest.mark.slow
 def test_corrupt_or_missing_checkpoint_of_a_dead_trial_restarts_it_and_stale_checkpoints_are_not_resumed(tmp_path):
     check_bad_checkpoints_restart_their_trials(tmp_path, tmp_path / "o.db")
+
+
+@pytest.mark.slow
+def test_a_dead_trial_that_began_in_an_earlier_form_restarts_instead_of_resuming(tmp_path):
+    """A worker died mid-trial; since then a default of the trial's design changed (its stored ``form`` differs from
+    the one this version builds). Its retry does not resume the checkpoint (weights of the other form) but trains
+    from scratch, says why, and records today's form. The checkpoint is a loadable stand-in: resuming it would
+    fail the trial."""
+    import json
+
+    import torch
+
+    from ablations.run.objective import form_text
+
+    write_study(tmp_path / "formed.yaml", base={"max_epochs": 1}, variants=TWO_VARIANTS[1:2])
+    spec = load_spec(str(tmp_path / "formed.yaml"))
+    (point,) = spec.grid()
+    today = json.loads(form_text(spec.run_config(point)))
+    earlier = json.dumps(today | {"residual": {**today["residual"], "options": {"nope": 1}}})
+    rdb = open_storage(url_of(tmp_path / "o.db"), heartbeat_s=1, grace_s=2)
+    study = optuna.create_study(storage=rdb, study_name=spec.study_name, direction=spec.direction)
+    study.enqueue_trial(point, skip_if_exists=True)
+    dead = study.ask()
+    suggest(dead, spec)
+    set_user_attrs(dead, {"form": earlier})
+    rdb.record_heartbeat(dead._trial_id)  # the worker was alive once, then died
+    ckpt = tmp_path / "results" / "runs" / "formed" / run_dir_name(spec, TWO_VARIANTS[1]["label"]) / "checkpoints"
+    ckpt.mkdir(parents=True)
+    torch.save({"state_dict": {}, "epoch": 0}, ckpt / "last.ckpt")
+    time.sleep(3)  # > grace
+
+    result = run_cli("--study", "formed.yaml", "--storage", url_of(tmp_path / "o.db"), "--results-dir", "results",
+                     "--heartbeat", "1", "--grace", "2", "--no-progress", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "trial 0 began in an earlier form of its design" in result.stderr
+    assert [t.state for t in trials_of(tmp_path / "o.db", "formed")] == [TrialState.FAIL, TrialState.COMPLETE]
+    retry = trials_of(tmp_path / "o.db", "formed")[1]
+    assert retry.user_attrs["retry_of"] == 0 and retry.user_attrs["resume_checkpoint"] is None
+    assert retry.user_attrs["resumed_from_checkpoint"] is False and retry.user_attrs["start_epoch"] == 0
+    assert json.loads(retry.user_attrs["form"]) == today
 
 
 @pytest.mark.slow

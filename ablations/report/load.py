@@ -135,14 +135,14 @@ class StudyData:
         return self._count(lambda run: str(run.summary.get("machine") or "not recorded"))
 
     def mixed_forms(self) -> dict[str, int]:
-        """The rows (variant names) whose result runs were built in more than one recorded form
+        """The table rows whose completed result runs were built in more than one recorded form
         (:data:`ablations.layout.FORM_KEY`: a default changed between them), each with its number of forms; runs
         that did not record one are left out."""
         forms: dict[str, set[str]] = {}
         for run in self.runs:
-            if run.summary.get(layout.FORM_KEY):
-                forms.setdefault(run.variant, set()).add(str(run.summary[layout.FORM_KEY]))
-        return {variant: len(found) for variant, found in forms.items() if len(found) > 1}
+            if run.state == "complete" and run.summary.get(layout.FORM_KEY):
+                forms.setdefault(run.row or run.variant, set()).add(layout.canonical_form(run.summary[layout.FORM_KEY]))
+        return {row: len(found) for row, found in forms.items() if len(found) > 1}
 
     def _count(self, name_of) -> dict[str, int]:
         """The result runs counted by ``name_of(run)``, in the order the names first appear."""

@@ -7,7 +7,10 @@ residual and options, the same learning rate (a tuning-stage row: its grid's; a 
 tuning stage chose), and the same parameter count (a model built on the meta device: a row from another budget or
 ``--set`` differs there). A row that disagrees is a one-line error and nothing is added — except a reported row
 that differs in its learning rate alone: this study's tuning stage chose another rate for its cell, so the point
-trains again (the import says how many). Rows that are not complete
+trains again (the import says how many), and a row built in an earlier form of its point (runs.csv's ``form``: a
+part of the model the same kind, the options given the same, a default changed since): it measured another design,
+so its point trains again in today's form (counted too). A row's form of another kind (``--set norm_layer=dyt``)
+or an explicitly given option at another value is a disagreement like the others. Rows that are not complete
 (failed, pruned) are not imported: their points train again. An imported trial keeps the row's run summary, mode and
 per-epoch validation curve (``val_acc_curve``; a runs.csv written before that column leaves it out of ``val_curves``),
 and its per-image test results (``test_correct``) where the row has them; with ``--retrain-without-per-image`` a
@@ -35,6 +38,7 @@ from .. import layout
 from .study import Stored, create_study, done_trials, point_key, trial_point
 
 IMPORTED = "imported_from"  # user attr of an imported trial: the runs.csv it came from
+_FORMS: dict[str, dict] = {}  # the form this version builds, by config (seed and rate left out)
 
 
 def _number(value: Any) -> Any:
@@ -84,6 +88,8 @@ def _mismatch(run, config, cache: dict) -> str | None:
             config.residual_options or {}):
         return (f"residual {stored.get('residual')} {json.dumps(stored.get('residual_options') or {})}, the study "
                 f"file now {config.residual} {json.dumps(config.residual_options or {})}")
+    if (fault := _form_fault(run, config)) is not None:
+        return fault
     if not _same_rate(run.lr, config.lr):
         return f"learning rate {run.lr}, this study {config.lr:g}"
     params = run.summary.get("param_count")
@@ -98,22 +104,58 @@ def _mismatch(run, config, cache: dict) -> str | None:
     return None
 
 
-def _earlier_form(run, config) -> bool:
-    """Whether a row recorded the form its model was built in (runs.csv's ``form``) and that form is not the one
-    this version builds for the same study point (a variant's default changed since: the row measured another
-    design, so its point trains again). A row of another residual or other options given is no earlier form but
-    another study file (:func:`_mismatch` says so); a row without a recorded form cannot be told apart."""
-    from .objective import form_text
+def _forms(run, config) -> tuple[dict, dict] | None:
+    """(the form the row recorded, the form this version builds for ``config``), both parsed; None for a row that
+    recorded none (a runs.csv written before the column). ValueError (one line) for a form that is not JSON."""
+    from .objective import form_of
 
-    recorded, stored = run.summary.get(layout.FORM_KEY), run.config or {}
-    if not recorded or stored.get("residual") != config.residual or (
-            stored.get("residual_options") or {}) != (config.residual_options or {}):
-        return False
+    recorded = run.summary.get(layout.FORM_KEY)
+    if not recorded:
+        return None
+    key = json.dumps({k: v for k, v in config.to_dict().items() if k not in ("seed", "lr")}, sort_keys=True,
+                     default=str)  # a point's seed and rate do not change its form
+    if key not in _FORMS:
+        _FORMS[key] = form_of(config)
     try:
-        return json.loads(recorded) != json.loads(form_text(config))
-    except json.JSONDecodeError:
+        return json.loads(layout.canonical_form(recorded)), _FORMS[key]
+    except (json.JSONDecodeError, TypeError):
         raise ValueError(f"--import-runs: run {run.run_name or run.number}: column '{layout.FORM_KEY}' is not JSON: "
                          f"'{recorded}'") from None
+
+
+def _form_fault(run, config) -> str | None:
+    """What differs between the row's recorded form and this study's point other than a default (None: nothing):
+    a part of another kind (``--set norm_layer=dyt``, another attention or parametrization) or an option this
+    study gives explicitly at another value — another study file or ``--set``, not a default changed since."""
+    forms = _forms(run, config)
+    if forms is None:
+        return None
+    from .objective import FORM_PARTS
+
+    recorded, today = forms
+    for part, (kind, options) in FORM_PARTS.items():
+        was, now = recorded.get(part) or {}, today[part]
+        if was.get("kind") != now["kind"]:
+            return f"{kind} {was.get('kind')}, this study {now['kind']}"
+        given = dict(getattr(config, options, None) or {}) if part != "residual" else {}
+        for key in sorted(given):
+            if (was.get("options") or {}).get(key) != now["options"].get(key):
+                return f"{options} {key}={(was.get('options') or {}).get(key)!r}, this study {now['options'].get(key)!r}"
+    return None
+
+
+def _earlier_form(run, config) -> bool:
+    """Whether the row was built in an earlier form of this study's point: it recorded a form (runs.csv's ``form``),
+    trained this point's residual with the same options given and the same kind of every part, and differs only
+    in an option's default (a variant's default changed since: the row measured another design, so its point trains
+    again). Anything else that differs is :func:`_mismatch`'s to report; a row without a recorded form cannot be told
+    apart."""
+    stored = run.config or {}
+    if stored.get("residual") != config.residual or (stored.get("residual_options") or {}) != (
+            config.residual_options or {}) or _form_fault(run, config) is not None:
+        return False
+    recorded, today = _forms(run, config) or (None, None)
+    return recorded is not None and recorded != today
 
 
 def _only_the_rate(run, config, cache: dict) -> bool:
@@ -209,8 +251,8 @@ def imported_done(path: str | Path, spec, study_name: str, retrain=None, known: 
     stage it completed, the points left, and its trials' wall times by (variant, depth) cell. ``known``: the
     (stage, point key) pairs a storage has done already (:attr:`Stored.finished`), whose rows the import leaves
     alone and which are not counted here; ``tuned``: the rates that storage's tuning stage chose, so that a reported
-    row at another rate counts as training again, as the import treats it. Nothing else is checked against the
-    study file beyond the points (the run does that)."""
+    row at another rate counts as training again, as the import treats it, and so does a row of an earlier form.
+    Nothing else is checked against the study file beyond the points (the run does that)."""
     from .kept_modes import mode_facts
 
     path = Path(path)

@@ -7,7 +7,6 @@ from its last checkpoint.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -179,8 +178,16 @@ class Objective:
         original = retried_trial_number(frozen)
         run_name = self.run_name(trial, params, config, original)
         ckpt_dir = self.log_root / run_name / layout.CHECKPOINTS
-        if original is not None:  # a retry: continue the dead attempt's training
+        form = form_text(asked)
+        if original is not None:  # a retry: continue the dead attempt's training, unless it began in another form
             ckpt_path = _usable_checkpoint(ckpt_dir / "last.ckpt")
+            began = next((t.user_attrs.get(layout.FORM_KEY) for t in trial.study.get_trials(deepcopy=False)
+                          if t.number == original), None)
+            if ckpt_path is not None and began and layout.canonical_form(began) != form:
+                log.warning("trial %d began in an earlier form of its design (a default changed since: %s, now %s); "
+                            "not resuming its checkpoint: trial %d starts from scratch", original, began, form,
+                            trial.number)
+                ckpt_path = None
         else:  # a first attempt never resumes: a checkpoint here is from an earlier study under this name
             ckpt_path = None
             if (ckpt_dir / "last.ckpt").exists():
@@ -194,7 +201,7 @@ class Objective:
             "run_name": run_name, "phase": self.spec.stage, "worker": worker_id(),
             "config": jsonable(asked.to_dict()),
             layout.MODEL_KEY: jsonable(asked.model_config(dataset_shape(asked)).to_dict()),
-            layout.FORM_KEY: form_text(asked),
+            layout.FORM_KEY: form,
             "log_dir": str(self.log_root / run_name),
             "resume_checkpoint": None if ckpt_path is None else str(ckpt_path),
             **({} if original is None else {"retry_of": original}),
@@ -342,11 +349,25 @@ def jsonable(value: Any) -> Any:
     return value
 
 
-def form_text(config) -> str:
-    """The form a run config's model is built in (:data:`ablations.layout.FORM_KEY`): the resolved options of its
-    residual, attention, norm layer and parametrization as sorted, compact JSON."""
+#: The swappable parts of a model as its form names them: part -> (the config field of its kind, of its options).
+FORM_PARTS = {"residual": ("residual", "residual_options"), "attention": ("attention", "attention_options"),
+              "norm": ("norm_layer", "norm_options"),
+              "parametrization": ("parametrization", "parametrization_options")}
+
+
+def form_of(config) -> dict[str, dict[str, Any]]:
+    """The form a run config's model is built in: ``{part: {"kind": ..., "options": ...}}`` for its residual,
+    attention, norm layer and parametrization, each part's options with their defaults filled in
+    (``lit_modules.resolved_options``), as plain JSON values."""
     from data import dataset_shape
     from lit_modules import resolved_options
 
-    return json.dumps(jsonable(resolved_options(config.model_config(dataset_shape(config)))), sort_keys=True,
-                      separators=(",", ":"))
+    model = config.model_config(dataset_shape(config))
+    options = resolved_options(model)
+    return jsonable({part: {"kind": getattr(model, kind), "options": options[part]}
+                     for part, (kind, _) in FORM_PARTS.items()})
+
+
+def form_text(config) -> str:
+    """:func:`form_of` as sorted, compact JSON (:data:`ablations.layout.FORM_KEY`, what a trial stores)."""
+    return layout.canonical_form(form_of(config))
