@@ -212,9 +212,12 @@ def test_a_curve_round_trips_through_its_runs_csv_cell_gaps_included():
 @pytest.mark.slow
 def test_a_dry_run_prices_what_the_runs_file_leaves(first, tmp_path):
     """On a new storage, ``--dry-run --import-runs`` counts what the file completed and prices the points it leaves
-    at its own trials' median wall time per cell; nothing is stored."""
+    at its own trials' median wall time per cell (a stacked trial's share of its stack, runs.csv's ``stack_size``);
+    nothing is stored."""
     root, study, rows = first
-    partial = _cut_after_two_seeds(rows)
+    partial = [dict(r) for r in _cut_after_two_seeds(rows)]  # copies: the fixture's rows stay as they are
+    for r in partial:  # rezero's rows trained two to a stack (the engine): each costs half its stack's wall time
+        r["stack_size"] = "2" if r["variant"] == "rezero" else ""
     _write(tmp_path / "runs.csv", partial)
     db = tmp_path / "e.db"
     result = _continue(study, db, tmp_path / "runs.csv", tmp_path, "--dry-run")
@@ -224,7 +227,7 @@ def test_a_dry_run_prices_what_the_runs_file_leaves(first, tmp_path):
            "the 12 tuning trials; a run continues with the rest" in out
     walls = {}
     for r in partial:
-        walls.setdefault(r["variant"], []).append(float(r["wall_time_s"]))
+        walls.setdefault(r["variant"], []).append(float(r["wall_time_s"]) / (2 if r["variant"] == "rezero" else 1))
     median = {v: statistics.median(w) for v, w in walls.items()}  # six tuning and two reported runs each
     (line,) = [x for x in out if x.startswith("time left as measured")]
     assert line.startswith(f"time left as measured by this study's completed trials: "

@@ -704,3 +704,15 @@ def test_every_committed_latex_table_is_ascii():
     bad = {path.relative_to(REPO).as_posix(): sorted({ch for ch in path.read_text() if ord(ch) > 127})
            for path in sorted((REPO / "results").rglob("*.tex"))}
     assert bad and {k: v for k, v in bad.items() if v} == {}
+
+
+def test_a_stacked_trial_costs_its_share_of_the_stack():
+    """``own_seconds``: a trial's wall time, divided among the K trials the engine trained in one stack (what pricing,
+    worker-hours and the power table's cost add up); None where no positive, finite wall time is recorded."""
+    from ablations.report.load import own_seconds
+
+    assert own_seconds({"wall_time_s": 400.0, "stack_size": 4}) == 100.0
+    assert own_seconds({"wall_time_s": 400.0}) == 400.0 == own_seconds({"wall_time_s": 400, "stack_size": 1})
+    assert own_seconds({"wall_time_s": 400.0, "stack_size": 0}) == 400.0  # not a stack: the run's own time
+    for bad in (0.0, -1.0, float("nan"), True, None, "400"):
+        assert own_seconds({"wall_time_s": bad, "stack_size": 4}) is None

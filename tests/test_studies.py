@@ -681,20 +681,22 @@ def test_dry_run_measure_prices_each_model_at_its_step_beside_a_standard_twin(tm
 
 def test_dry_run_of_a_stored_study_prices_what_is_left_from_its_own_trials(tmp_path, capsys):
     """Each grid point not done yet is priced at the median wall time of its (variant, depth) cell's completed
-    trials (either stage), a cell without any at the FLOP estimate, and the sum divided by the workers."""
+    trials (either stage; a trial the engine trained in a stack of K at its share, the stack's time / K), a cell
+    without any at the FLOP estimate, and the sum divided by the workers."""
     from ablations.run import plan as run
 
     spec = load_spec("residual_variants", "smoke")
     url = f"sqlite:///{tmp_path / 'stored.db'}"
     dist = optuna.distributions.CategoricalDistribution
-    walls = {f"{spec.study_name}-tune": [30.0, 50.0, 400.0],  # standard (two lrs), layerscale
+    walls = {f"{spec.study_name}-tune": [30.0, 50.0, 1600.0],  # standard (two lrs), layerscale in a stack of 4
              spec.study_name: [60.0, 100.0]}  # standard, layerscale at seed 0
     for name, points in ((f"{spec.study_name}-tune", spec.tune_stage().grid()[:3]), (spec.study_name, spec.grid()[:2])):
         study = optuna.create_study(study_name=name, storage=url)
         choices = {k: dist(sorted({p[k] for p in points}, key=str)) for k in points[0]}
         for params, wall in zip(points, walls[name], strict=True):
+            stacked = {"stack_size": 4} if wall == 1600.0 else {}
             study.add_trial(optuna.trial.create_trial(params=params, distributions=choices, value=0.5,
-                                                      user_attrs={"wall_time_s": wall}))
+                                                      user_attrs={"wall_time_s": wall} | stacked))
     stored = run.stored_done(url, spec.study_name, spec)
     assert stored.seconds == {("standard", 1): [30.0, 50.0, 60.0], ("layerscale", 1): [400.0, 100.0]}
     assert len(stored.left) == 30 - 5

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .format import Column, Table
-from .load import BASELINE, StudyData, finite
+from .load import BASELINE, StudyData, own_seconds
 
 REPORT = "report.html"
 INDEX = "index.html"
@@ -356,14 +356,13 @@ def run_facts(data: StudyData, study=None) -> list[tuple[str, str]]:
             for r in runs:
                 states[r.state] = states.get(r.state, 0) + 1
             facts.append((f"{phase} trials", f"{len(runs)} (" + ", ".join(f"{n} {s}" for s, n in states.items()) + ")"))
-    times = [float(r.summary["wall_time_s"]) for r in (*data.runs, *data.tune_runs) if finite(r.summary.get("wall_time_s"))]
+    times = [t for r in (*data.runs, *data.tune_runs) if (t := own_seconds(r.summary)) is not None]  # a stack's share
     if times:
         facts.append(("trial wall time", f"{sum(times) / 3600:.2f} worker-hours in all ({len(times)} trials; median "
                                          f"{statistics.median(times):.0f} s per trial and worker)"))
         per_row = []
         for row in data.rows:
-            own = [float(r.summary["wall_time_s"]) for r in data.runs if r.row == row
-                   and finite(r.summary.get("wall_time_s"))]
+            own = [t for r in data.runs if r.row == row and (t := own_seconds(r.summary)) is not None]
             if own:
                 per_row.append(f"{row} {statistics.median(own):.0f} s")
         facts.append(("median per reported trial", ", ".join(per_row)))

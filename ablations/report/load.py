@@ -46,6 +46,21 @@ THROUGHPUT_KEY = summary_key("train_images_per_s")
 PARAMS_KEY = summary_key("param_count")
 
 
+#: run-summary fact of a trial the engine trained in a stack of K (``ablations.engine.loop``): its wall time is the
+#: stack's, shared by the K trials
+STACK_SIZE_KEY = "stack_size"
+
+
+def own_seconds(summary: dict) -> float | None:
+    """A trial's own share of its worker's time: its wall time (:data:`WALL_TIME_KEY`), divided among the trials of
+    its stack when the engine trained K at once (:data:`STACK_SIZE_KEY`); None where no positive wall time is
+    recorded. What pricing and worker-hours add up (a stack's K trials sum to the stack's time, not K times it)."""
+    wall, k = summary.get(WALL_TIME_KEY), summary.get(STACK_SIZE_KEY)
+    if isinstance(wall, bool) or not isinstance(wall, (int, float)) or not math.isfinite(wall) or wall <= 0:
+        return None
+    return float(wall) / (int(k) if isinstance(k, (int, float)) and not isinstance(k, bool) and k >= 1 else 1)
+
+
 class ReportError(Exception):
     """A problem with the user's input (storage, study): reported as one line, exit status 2."""
 

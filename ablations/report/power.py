@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .format import Column, Table, frame
-from .load import WALL_TIME_KEY, StudyData
+from .load import StudyData, own_seconds
 from .stats import ALPHA, POWER, Cell, family_size, mde
 
 TARGETS_PP = (2.0, 1.0, 0.5)  # the MDEs a plan asks for, in percentage points
@@ -62,9 +62,9 @@ def sd_range(n: int, confidence: float = 0.95) -> tuple[float, float]:
 
 
 def _trial_seconds(data: StudyData) -> float | None:
-    """The study's mean wall time per trial and worker (report and tuning runs alike), None when none recorded it."""
-    times = [t for r in [*data.runs, *data.tune_runs]
-             if isinstance(t := r.summary.get(WALL_TIME_KEY), (int, float)) and t > 0]
+    """The study's mean wall time per trial and worker (report and tuning runs alike; a stacked trial's share of its
+    stack), None when none recorded it."""
+    times = [t for r in [*data.runs, *data.tune_runs] if (t := own_seconds(r.summary)) is not None]
     return statistics.fmean(times) if times else None
 
 

@@ -6,8 +6,8 @@ holds (main, paired, convergence, claims, tuning) byte-identical to the report m
 Columns, in this order: ``number, run_name, state, phase, variant, row, depth, seed``, the study's other grid axes,
 ``residual, residual_options`` (JSON), ``lr``, ``num_classes`` (what a diverged run's chance level is computed
 from; empty when not recorded), ``acc`` (the report's accuracy metric, :attr:`StudyData.metric`), every run-summary
-key of :data:`ablations.training.HP_SUMMARY_KEYS` but ``diverged``, then ``test_acc`` and ``test_acc_at_best_val``
-when any trial has them, ``test_correct`` (per-image test results), ``machine`` (what the run trained on) and
+key of :data:`ablations.training.HP_SUMMARY_KEYS` but ``diverged``, then ``test_acc``, ``test_acc_at_best_val`` and
+``stack_size`` (the engine's stack a trial trained in, whose wall time it shared) when any trial has them, ``test_correct`` (per-image test results), ``machine`` (what the run trained on) and
 ``form`` (the options its model's parts were built with, defaults filled in) when any trial has them, ``diverged, ok, mode``, and last ``val_acc_curve`` when any trial has one: the per-epoch
 validation accuracy the trial reported, a JSON list from epoch 1 (``null`` for an epoch without a value), so that a
 study continued elsewhere from this file (``python -m ablations.run --import-runs``) keeps its curves. Numbers are
@@ -28,13 +28,15 @@ from typing import Any
 
 from .. import layout
 from ..training import HP_SUMMARY_KEYS
-from .load import DIVERGED_KEY, ReportError, Run, StudyData, assemble, run_mode
+from .load import DIVERGED_KEY, STACK_SIZE_KEY, ReportError, Run, StudyData, assemble, run_mode
 from .stats import num_classes
 
 HEAD = ("number", "run_name", "state", "phase", "variant", "row", "depth", "seed")
 CONFIG_COLUMNS = ("residual", "residual_options", "lr", "num_classes", "acc")
 SUMMARY_COLUMNS = tuple(k for k in HP_SUMMARY_KEYS if k != DIVERGED_KEY)
-OPTIONAL_COLUMNS = ("test_acc", "test_acc_at_best_val")  # written when any trial has them
+#: written when any trial has them; ``stack_size``: a trial the engine trained in a stack of K, whose wall time is the
+#: stack's (:func:`ablations.report.load.own_seconds`)
+OPTIONAL_COLUMNS = ("test_acc", "test_acc_at_best_val", STACK_SIZE_KEY)
 #: written when any trial has them: the final epoch's per-image test results (:func:`lit_modules.predictions.pack`),
 #: what the report's two-level bootstrap (seeds x test images) resamples, and the machine the run trained on
 #: (:func:`ablations.machine.modes.machine_text`) and the form its model was built in (:data:`ablations.layout.FORM_KEY`:

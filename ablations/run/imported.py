@@ -253,6 +253,7 @@ def imported_done(path: str | Path, spec, study_name: str, retrain=None, known: 
     alone and which are not counted here; ``tuned``: the rates that storage's tuning stage chose, so that a reported
     row at another rate counts as training again, as the import treats it, and so does a row of an earlier form.
     Nothing else is checked against the study file beyond the points (the run does that)."""
+    from ..report.load import own_seconds
     from .kept_modes import mode_facts
 
     path = Path(path)
@@ -270,8 +271,8 @@ def imported_done(path: str | Path, spec, study_name: str, retrain=None, known: 
         added |= {(stage.stage, key) for key in finished}
         for r, point in rows:
             modes.append(mode_facts(_user_attrs(r, stage.run_config(point), stage.stage, path)))
-            wall = r.summary.get("wall_time_s")
-            if isinstance(wall, (int, float)) and wall > 0:  # the cell as stored_done keys it
+            wall = own_seconds(r.summary)  # a stacked trial: its share of the stack's time
+            if wall is not None:  # the cell as stored_done keys it
                 seconds.setdefault((point["variant"], point.get("depth")), []).append(float(wall))
     tune_done, report_done = done if len(done) == 2 else (0, done[0])
     return Stored(tune_done, report_done, f"runs file {path} (--import-runs)", seconds, tuple(left), tuple(modes),

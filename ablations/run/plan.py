@@ -33,6 +33,7 @@ def stored_done(url: str, study_name: str, spec) -> Stored | None:
     import optuna
     from optuna.trial import TrialState
 
+    from ..report.load import own_seconds
     from ..studies.spec import tune_name
     from ..studies.storage import sqlite_path
 
@@ -65,8 +66,8 @@ def stored_done(url: str, study_name: str, spec) -> Stored | None:
             left += [p for p in stage.grid() if point_key(p) not in here]
             finished |= {(stage.stage, key) for key in here}
             for t in trials:
-                params, wall = trial_point(t), t.user_attrs.get("wall_time_s")
-                if t.state == TrialState.COMPLETE and isinstance(wall, (int, float)) and wall > 0 and "variant" in params:
+                params, wall = trial_point(t), own_seconds(t.user_attrs)  # a stacked trial: its share
+                if t.state == TrialState.COMPLETE and wall is not None and "variant" in params:
                     seconds.setdefault((params["variant"], params.get("depth")), []).append(float(wall))
     except Exception:  # noqa: BLE001 - a dry run never fails on the storage: it just cannot say what is done
         return None
