@@ -51,6 +51,14 @@ def _continue(study, db, runs_csv, cwd, *more: str):
     return run_in_process("--study", study, "--storage", url_of(db), *more, "--import-runs", runs_csv, cwd=cwd)
 
 
+def _continue_and_train(study, db, runs_csv, cwd, count_line: str) -> list:
+    """:func:`_continue` to the end, which says ``count_line`` of the import; the trials this run trained itself."""
+    result = _continue(study, db, runs_csv, cwd, "--no-progress")
+    assert result.returncode == 0, result.stderr
+    assert count_line in result.stderr, result.stderr
+    return [t for t in trials_of(db, NAME) if "worker" in t.user_attrs]
+
+
 def _cut_after_two_seeds(rows: list[dict]) -> list[dict]:
     """The rows a machine that went away after the tuning stage and seeds 0 and 1 left in its last report."""
     return [r for r in rows if r["phase"] == "tune" or r["seed"] != "2"]
@@ -179,12 +187,9 @@ def test_a_reported_row_at_another_rate_than_the_tuning_chose_trains_again(first
     target = next(r for r in changed if r["phase"] == "report" and r["variant"] == "rezero" and r["seed"] == "1")
     target["lr"] = "0.00025"
     _write(tmp_path / "runs.csv", changed)
-    db = tmp_path / "g.db"
-    result = _continue(study, db, tmp_path / "runs.csv", tmp_path, "--no-progress")
-    assert result.returncode == 0, result.stderr
-    assert ("5 completed reported trial(s) joined 'carried' as done; 1 trained at another learning rate than this "
-            "study's tuning stage chose (they train again)") in result.stderr
-    trained = [t for t in trials_of(db, NAME) if "worker" in t.user_attrs]
+    trained = _continue_and_train(study, tmp_path / "g.db", tmp_path / "runs.csv", tmp_path,
+                                  "5 completed reported trial(s) joined 'carried' as done; 1 trained at another "
+                                  "learning rate than this study's tuning stage chose (they train again)")
     assert [(t.params["variant"], t.params["seed"]) for t in trained] == [("rezero", 1)]
 
 
@@ -403,11 +408,9 @@ def test_a_row_of_an_earlier_form_trains_again_and_a_report_says_when_forms_mix(
     assert "rows whose runs were built in more than one form (a default changed between them): rezero: 2 forms" \
            in mixed.stdout + mixed.stderr
     db = tmp_path / "f.db"
-    result = _continue(study, db, tmp_path / "runs.csv", tmp_path, "--no-progress")
-    assert result.returncode == 0, result.stderr
-    assert ("5 completed reported trial(s) joined 'carried' as done; 1 built in an earlier form of their design, a "
-            "default has changed since (they train again)") in result.stderr
-    trained = [t for t in trials_of(db, NAME) if "worker" in t.user_attrs]
+    trained = _continue_and_train(study, db, tmp_path / "runs.csv", tmp_path,
+                                  "5 completed reported trial(s) joined 'carried' as done; 1 built in an earlier "
+                                  "form of their design, a default has changed since (they train again)")
     assert [(t.params["variant"], t.params["seed"]) for t in trained] == [("rezero", 1)]
     assert json.loads(trained[0].user_attrs["form"]) == forms["rezero"]  # trained in today's form
     again = _report(study, db, tmp_path / "report_f", tmp_path)  # the continued study: one form per variant again

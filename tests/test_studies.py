@@ -223,12 +223,12 @@ def test_a_dead_trial_that_began_in_an_earlier_form_restarts_instead_of_resuming
 
     import torch
 
-    from ablations.run.objective import form_text
+    from ablations.run.objective import form_of
 
     write_study(tmp_path / "formed.yaml", base={"max_epochs": 1}, variants=TWO_VARIANTS[1:2])
     spec = load_spec(str(tmp_path / "formed.yaml"))
     (point,) = spec.grid()
-    today = json.loads(form_text(spec.run_config(point)))
+    today = form_of(spec.run_config(point))
     earlier = json.dumps(today | {"residual": {**today["residual"], "options": {"nope": 1}}})
     rdb = open_storage(url_of(tmp_path / "o.db"), heartbeat_s=1, grace_s=2)
     study = optuna.create_study(storage=rdb, study_name=spec.study_name, direction=spec.direction)

@@ -84,11 +84,7 @@ def _mismatch(run, config, cache: dict) -> str | None:
     from data import dataset_shape
 
     stored = run.config or {}
-    if stored.get("residual") != config.residual or (stored.get("residual_options") or {}) != (
-            config.residual_options or {}):
-        return (f"residual {stored.get('residual')} {json.dumps(stored.get('residual_options') or {})}, the study "
-                f"file now {config.residual} {json.dumps(config.residual_options or {})}")
-    if (fault := _form_fault(run, config)) is not None:
+    if (fault := _residual_fault(run, config) or _form_fault(run, config)) is not None:
         return fault
     if not _same_rate(run.lr, config.lr):
         return f"learning rate {run.lr}, this study {config.lr:g}"
@@ -102,6 +98,16 @@ def _mismatch(run, config, cache: dict) -> str | None:
     if epochs is not None and not run.diverged and int(epochs) != config.max_epochs:
         return f"{int(epochs)} epochs, this study {config.max_epochs}"
     return None
+
+
+def _residual_fault(run, config) -> str | None:
+    """The row's residual and the options given to it, where they are not this study's point's (None: the same)."""
+    stored = run.config or {}
+    if stored.get("residual") == config.residual and (stored.get("residual_options") or {}) == (
+            config.residual_options or {}):
+        return None
+    return (f"residual {stored.get('residual')} {json.dumps(stored.get('residual_options') or {})}, the study file "
+            f"now {config.residual} {json.dumps(config.residual_options or {})}")
 
 
 def _forms(run, config) -> tuple[dict, dict] | None:
@@ -150,9 +156,7 @@ def _earlier_form(run, config) -> bool:
     in an option's default (a variant's default changed since: the row measured another design, so its point trains
     again). Anything else that differs is :func:`_mismatch`'s to report; a row without a recorded form cannot be told
     apart."""
-    stored = run.config or {}
-    if stored.get("residual") != config.residual or (stored.get("residual_options") or {}) != (
-            config.residual_options or {}) or _form_fault(run, config) is not None:
+    if _residual_fault(run, config) is not None or _form_fault(run, config) is not None:
         return False
     recorded, today = _forms(run, config) or (None, None)
     return recorded is not None and recorded != today

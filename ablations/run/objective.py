@@ -159,7 +159,8 @@ class Objective:
         from ..training import with_mode
         from .kept_modes import kept_for
 
-        frozen = next(t for t in trial.study.get_trials(deepcopy=False) if t.number == trial.number)
+        stored = trial.study.get_trials(deepcopy=False)
+        frozen = next(t for t in stored if t.number == trial.number)
         if self.spec.kind == "grid" and "fixed_params" not in frozen.system_attrs:
             # Another worker took the last enqueued point between our check and ask(): nothing left to run.
             trial.set_user_attr(_SURPLUS, True)
@@ -178,11 +179,11 @@ class Objective:
         original = retried_trial_number(frozen)
         run_name = self.run_name(trial, params, config, original)
         ckpt_dir = self.log_root / run_name / layout.CHECKPOINTS
-        form = form_text(asked)
+        model = asked.model_config(dataset_shape(asked))
+        form = layout.canonical_form(model_form(model))
         if original is not None:  # a retry: continue the dead attempt's training, unless it began in another form
             ckpt_path = _usable_checkpoint(ckpt_dir / "last.ckpt")
-            began = next((t.user_attrs.get(layout.FORM_KEY) for t in trial.study.get_trials(deepcopy=False)
-                          if t.number == original), None)
+            began = next((t.user_attrs.get(layout.FORM_KEY) for t in stored if t.number == original), None)
             if ckpt_path is not None and began and layout.canonical_form(began) != form:
                 log.warning("trial %d began in an earlier form of its design (a default changed since: %s, now %s); "
                             "not resuming its checkpoint: trial %d starts from scratch", original, began, form,
@@ -200,7 +201,7 @@ class Objective:
         set_user_attrs(trial, {
             "run_name": run_name, "phase": self.spec.stage, "worker": worker_id(),
             "config": jsonable(asked.to_dict()),
-            layout.MODEL_KEY: jsonable(asked.model_config(dataset_shape(asked)).to_dict()),
+            layout.MODEL_KEY: jsonable(model.to_dict()),
             layout.FORM_KEY: form,
             "log_dir": str(self.log_root / run_name),
             "resume_checkpoint": None if ckpt_path is None else str(ckpt_path),
@@ -356,18 +357,18 @@ FORM_PARTS = {"residual": ("residual", "residual_options"), "attention": ("atten
 
 
 def form_of(config) -> dict[str, dict[str, Any]]:
-    """The form a run config's model is built in: ``{part: {"kind": ..., "options": ...}}`` for its residual,
-    attention, norm layer and parametrization, each part's options with their defaults filled in
-    (``lit_modules.resolved_options``), as plain JSON values."""
+    """The form a run config's model is built in (:func:`model_form` of its model config)."""
     from data import dataset_shape
+
+    return model_form(config.model_config(dataset_shape(config)))
+
+
+def model_form(model) -> dict[str, dict[str, Any]]:
+    """The form of a model config (``lit_modules.config.ViTConfig``): ``{part: {"kind": ..., "options": ...}}`` for
+    its residual, attention, norm layer and parametrization, each part's options with their defaults filled in
+    (``lit_modules.resolved_options``), as plain JSON values."""
     from lit_modules import resolved_options
 
-    model = config.model_config(dataset_shape(config))
     options = resolved_options(model)
     return jsonable({part: {"kind": getattr(model, kind), "options": options[part]}
                      for part, (kind, _) in FORM_PARTS.items()})
-
-
-def form_text(config) -> str:
-    """:func:`form_of` as sorted, compact JSON (:data:`ablations.layout.FORM_KEY`, what a trial stores)."""
-    return layout.canonical_form(form_of(config))
