@@ -151,3 +151,19 @@ def test_screenshots_script_says_what_it_needs():
     with contextlib.redirect_stderr(io.StringIO()) as err, pytest.raises(SystemExit) as exit_:
         shots.main([])
     assert exit_.value.code == 2 and "give --report and/or --tensorboard" in err.getvalue()
+
+
+def test_a_page_written_beside_an_existing_shared_bundle_uses_it_with_its_results_elsewhere(tmp_path):
+    """A study that ran in another checkout is reported with --results-dir there and --out into this checkout's
+    results folder, which already holds the shared bundle: the page links it instead of inlining 5 MB."""
+    (tmp_path / "here").mkdir()
+    (tmp_path / "here" / "plotly.min.js").write_text("stale", encoding="utf-8")
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        code = report.main(["--study", STUDY, "--runs", str(REPO / "results" / STUDY / "runs.csv"), "--results-dir",
+                            str(tmp_path / "there"), "--out", str(tmp_path / "here" / STUDY), "--html",
+                            "--no-tensorboard", "--no-figures"])
+    assert code == 0
+    text = (tmp_path / "here" / STUDY / "report.html").read_text(encoding="utf-8")
+    assert "../plotly.min.js" in re.findall(r"<script src=\"([^\"]+)\"", text) and len(text) < 2**20
+    assert (tmp_path / "here" / "plotly.min.js").stat().st_size > 2**20  # the stale bundle is brought up to date
+    assert not (tmp_path / "there" / "plotly.min.js").exists()

@@ -716,3 +716,38 @@ def test_a_stacked_trial_costs_its_share_of_the_stack():
     assert own_seconds({"wall_time_s": 400.0, "stack_size": 0}) == 400.0  # not a stack: the run's own time
     for bad in (0.0, -1.0, float("nan"), True, None, "400"):
         assert own_seconds({"wall_time_s": bad, "stack_size": 4}) is None
+
+
+def test_a_report_run_elsewhere_finds_each_trials_nested_run_folder_under_its_results_dir(tmp_path, monkeypatch):
+    """A trial stores its TensorBoard folder as its run saw it (relative, nested by variant/depth/seed/rate); a
+    report run from another directory with --results-dir must find it there, not only a flat name below runs/."""
+    import optuna
+
+    from ablations.report.load import collect
+
+    spec = load_spec("residual_variants", "smoke")
+    storage = f"sqlite:///{tmp_path / 'o.db'}"
+    study = optuna.create_study(study_name="residual_variants-smoke", storage=storage, direction="maximize")
+    stored = {"standard": "results/runs/residual_variants-smoke-tune/standard/depth=1/seed=0/lr=0.001",
+              "rezero": "results/runs/residual_variants-smoke/rezero/depth=1/seed=0",
+              "layerscale": "results/runs/residual_variants-smoke/layerscale-depth=1-seed=0",  # a flat, older name
+              "skipinit": "results/runs/residual_variants-smoke/skipinit/depth=1/seed=9"}  # no such folder
+    for number, (variant, log_dir) in enumerate(stored.items()):
+        study.add_trial(optuna.trial.create_trial(
+            params={"variant": variant, "depth": 1, "seed": 0},
+            distributions={"variant": optuna.distributions.CategoricalDistribution(list(stored)),
+                           "depth": optuna.distributions.IntDistribution(1, 1),
+                           "seed": optuna.distributions.IntDistribution(0, 9)},
+            value=0.5 + number / 10, user_attrs={"log_dir": log_dir, "best_val_acc": 0.5 + number / 10}))
+    elsewhere = tmp_path / "worktree" / "results"
+    for log_dir in list(stored.values())[:3]:
+        (elsewhere.parent / log_dir).mkdir(parents=True)
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")  # the stored relative paths do not exist from here
+
+    found = {r.variant: r.log_dir for r in collect(study, spec, results_dir=elsewhere).runs}
+    assert found["standard"] == elsewhere / "runs/residual_variants-smoke-tune/standard/depth=1/seed=0/lr=0.001"
+    assert found["rezero"] == elsewhere / "runs/residual_variants-smoke/rezero/depth=1/seed=0"
+    assert found["layerscale"] == elsewhere / "runs/residual_variants-smoke/layerscale-depth=1-seed=0"
+    assert found["skipinit"] is None
+    assert {r.variant: r.log_dir for r in collect(study, spec).runs} == dict.fromkeys(stored)  # no results_dir

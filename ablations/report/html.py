@@ -10,8 +10,9 @@ tables are plain tables, and every chart has a PNG twin. It is built from the sa
 regenerates from ``runs.csv`` alone.
 
 plotly's bundle (about 5 MB) is one file for all studies, ``<results-dir>/plotly.min.js``, when the page is in the
-results folder (``results/<study>/report.html``); a page written anywhere else carries the bundle inline. The page
-is deterministic: the same inputs give the same bytes (chart ids are fixed, no dates).
+results folder (``results/<study>/report.html``) or in a folder whose parent holds the bundle already; a page
+written anywhere else carries the bundle inline. The page is deterministic: the same inputs give the same bytes
+(chart ids are fixed, no dates).
 """
 
 from __future__ import annotations
@@ -334,12 +335,13 @@ def _asset(name: str) -> str:
 
 def plotly_script(out: Path, results_dir: Path) -> tuple[str, Path | None]:
     """(the page's script tag for plotly.js, the shared bundle file written, if any): ``<results-dir>/plotly.min.js``
-    beside a page in the results folder, else the bundle inline."""
+    beside a page in the results folder or in a folder that already holds the shared bundle (a report of a study
+    that ran in another checkout, written into this one's results), else the bundle inline."""
     from plotly.offline import get_plotlyjs
 
     bundle = get_plotlyjs()
-    if out.resolve().parent == results_dir.resolve():
-        path = results_dir / PLOTLY_BUNDLE
+    if out.resolve().parent == results_dir.resolve() or (out.parent / PLOTLY_BUNDLE).is_file():
+        path = out.parent / PLOTLY_BUNDLE
         if not path.is_file() or path.read_text(encoding="utf-8") != bundle:
             path.write_text(bundle, encoding="utf-8")
         return f'<script src="../{PLOTLY_BUNDLE}" charset="utf-8"></script>', path

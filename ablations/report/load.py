@@ -389,17 +389,23 @@ def best_per_row(data: StudyData) -> dict[str, Run]:
 
 
 def _resolve_log_dir(value: str | None, results_dir: Path | None, study_name: str) -> Path | None:
-    """The trial's TensorBoard folder: as stored, else under ``<results_dir>/runs/<study>/`` by its name."""
+    """The trial's TensorBoard folder: as stored, else the same folder under ``results_dir``.
+
+    A trial stores its folder as the run saw it (``results/runs/<study>/<variant>/depth=4/seed=0/...``, relative to
+    where it ran), so a report run elsewhere with ``--results-dir`` keeps the path below the stored ``runs/`` folder;
+    a flat run name directly under ``<results_dir>/runs/<study>/`` is the fallback."""
     if not value:
         return None
     path = Path(value)
     if path.is_dir():
         return path
-    if results_dir is not None:
-        alt = layout.runs_dir(results_dir, study_name) / path.name
-        if alt.is_dir():
-            return alt
-    return None
+    if results_dir is None:
+        return None
+    parts = path.parts
+    below = [parts[i + 1:] for i in range(len(parts) - 2, -1, -1) if parts[i] == layout.RUNS]
+    candidates = [Path(results_dir, layout.RUNS, *rest) for rest in below]
+    candidates.append(layout.runs_dir(results_dir, study_name) / path.name)
+    return next((c for c in candidates if c.is_dir()), None)
 
 
 def _int(value: Any) -> int | None:
