@@ -253,6 +253,48 @@ def test_a_dead_trial_that_began_in_an_earlier_form_restarts_instead_of_resuming
     assert json.loads(retry.user_attrs["form"]) == today
 
 
+def test_a_continued_study_says_which_of_its_done_trials_were_built_in_an_earlier_form(tmp_path):
+    """Both points of a study are done, one of them by a trial that recorded another form than this version builds
+    for the config it trained (a default changed since). Continuing the study trains nothing and says so in one
+    line naming the variant; a trial that recorded no form (stored before the column) is not counted."""
+    import json
+    import sqlite3
+
+    from optuna.trial import FixedTrial, create_trial
+
+    from ablations.run.objective import form_of, jsonable
+
+    write_study(tmp_path / "formed.yaml", base={"max_epochs": 1}, variants=TWO_VARIANTS[:2])
+    spec = load_spec(str(tmp_path / "formed.yaml"))
+    study = optuna.create_study(storage=url_of(tmp_path / "o.db"), study_name=spec.study_name,
+                                direction=spec.direction)
+    for point in spec.grid():
+        config = spec.run_config(point)
+        today = form_of(config)
+        form = json.dumps(today | {"residual": {**today["residual"], "options": {"init_value": 0.5}}}) \
+            if point["variant"] == TWO_VARIANTS[1]["label"] else json.dumps(today)
+        fixed = FixedTrial(point)
+        suggest(fixed, spec)
+        study.add_trial(create_trial(state=TrialState.COMPLETE, value=0.5, params=fixed.params,
+                                     distributions=fixed.distributions, system_attrs={"fixed_params": point},
+                                     user_attrs={"config": jsonable(config.to_dict()), "form": form}))
+    args = ("--study", "formed.yaml", "--storage", url_of(tmp_path / "o.db"), "--results-dir", "results",
+            "--no-progress")
+    result = run_cli(*args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if "earlier form" in line]
+    assert lines == [f"warning: study 'formed': 1 completed trial(s) were built in an earlier form of their design (a "
+                     f"default has changed since): {TWO_VARIANTS[1]['label']} 1; they stay done and the report notes "
+                     "the rows that mix forms; to train them in today's form, continue a new study from its "
+                     "runs.csv with --import-runs (rows of an earlier form train again)"]
+    assert len(trials_of(tmp_path / "o.db", "formed")) == 2  # nothing trained again
+
+    with sqlite3.connect(tmp_path / "o.db") as db:  # the earlier trial as stored before the form column
+        db.execute("DELETE FROM trial_user_attributes WHERE key = 'form'")
+    result = run_cli(*args, cwd=tmp_path)
+    assert result.returncode == 0 and "earlier form" not in result.stderr, result.stderr
+
+
 @pytest.mark.slow
 def test_interrupted_run_exits_130_and_the_rerun_resumes_the_interrupted_trial(tmp_path):
     """Ctrl-C (SIGINT to the process group) during training: exit 130 with the CLI's message, the trial FAILs and

@@ -50,6 +50,7 @@ from .study import (
     check_data_folder,
     create_study,
     data_configs,
+    earlier_forms_warning,
     load_study,
     stored_choice,
     stored_extra,
@@ -255,6 +256,7 @@ def _main(args: argparse.Namespace) -> int:
         return work(spec, storage, study_name, args, overrides, tuned=stored_choice(storage, study_name))
 
     study = create_study(spec, storage, study_name, seed=0)  # refuses a stored study of other overrides
+    _warn_earlier_forms(storage, study_name, study, tune=spec.tune is not None)
     if spec.overrides:
         print(f"--set {describe(spec.overrides)}: its own stored study '{study_name}' (a study never mixes two "
               "configurations)", file=sys.stderr)
@@ -278,6 +280,22 @@ def _main(args: argparse.Namespace) -> int:
                                                                at_bound.items()), file=sys.stderr)
         _tuning_note(spec, storage, study_name, study.user_attrs)
     return run_grid(spec, storage, study_name, args, overrides, study=study)
+
+
+def _warn_earlier_forms(storage, study_name: str, study, tune: bool) -> None:
+    """A line on stderr for each stage of a continued study holding trials of an earlier form of their design."""
+    from ..studies.spec import tune_name
+
+    stages = [study]
+    if tune:
+        try:
+            stages.insert(0, load_study(storage, tune_name(study_name)))
+        except KeyError:  # not created yet
+            pass
+    for stage in stages:
+        line = earlier_forms_warning(stage)
+        if line:
+            print(line, file=sys.stderr)
 
 
 def _tune(spec, storage, tune_study: str, args: argparse.Namespace, overrides: dict, study) -> int:

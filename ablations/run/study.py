@@ -466,3 +466,41 @@ def count_done(study, grid: set[str] | None = None) -> int:
     if grid is None:
         return len(done)
     return len({key for t in done if (key := point_key(trial_point(t))) in grid})
+
+
+def earlier_forms(study) -> dict[str, int]:
+    """The study's completed trials built in an earlier form of their design, counted by variant: the form a trial
+    recorded (``layout.FORM_KEY``) is not the form this version builds for the config it trained, so a default of
+    its design changed since. Trials that recorded no form, or whose config this version cannot build, are not
+    counted."""
+    from .. import layout
+    from ..config import RunConfig
+    from .objective import form_of
+
+    counts, forms = {}, {}
+    for t in done_trials(study):
+        recorded, config = t.user_attrs.get(layout.FORM_KEY), t.user_attrs.get("config")
+        if not recorded or not isinstance(config, dict):
+            continue
+        key = json.dumps({k: v for k, v in config.items() if k not in ("seed", "lr")}, sort_keys=True, default=str)
+        if key not in forms:  # a point's seed and rate do not change its form
+            try:
+                forms[key] = layout.canonical_form(form_of(RunConfig.from_dict(config)))
+            except (ValueError, TypeError, KeyError):
+                forms[key] = None
+        if forms[key] is not None and layout.canonical_form(recorded) != forms[key]:
+            variant = str(t.params.get("variant", config.get("residual", "?")))
+            counts[variant] = counts.get(variant, 0) + 1
+    return counts
+
+
+def earlier_forms_warning(study) -> str | None:
+    """One line naming a stored study's trials of an earlier form (:func:`earlier_forms`), None when it has none."""
+    counts = earlier_forms(study)
+    if not counts:
+        return None
+    return (f"warning: study '{study.study_name}': {sum(counts.values())} completed trial(s) were built in an "
+            "earlier form of their design (a default has changed since): "
+            + ", ".join(f"{v} {n}" for v, n in sorted(counts.items()))
+            + "; they stay done and the report notes the rows that mix forms; to train them in today's form, "
+            "continue a new study from its runs.csv with --import-runs (rows of an earlier form train again)")
