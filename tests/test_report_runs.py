@@ -718,6 +718,31 @@ def test_a_stacked_trial_costs_its_share_of_the_stack():
         assert own_seconds({"wall_time_s": bad, "stack_size": 4}) is None
 
 
+def test_the_convergence_table_counts_a_stacked_runs_share_of_the_stacks_time():
+    """The convergence table's s/epoch and wall-time columns: a run trained in a stack of K counts 1/K of the
+    stack's times (as pricing does), a plain run its own; the epochs-to and AUC columns are the runs' own."""
+    from ablations.report.load import assemble
+    from ablations.report.tables import convergence_table
+
+    spec = load_spec_from_text(YAML)
+
+    def run(number, variant, seed, stack, wall, epoch):
+        summary = {"best_val_acc": 0.8, "wall_time_s": wall, "time_per_epoch_s": epoch, "val_acc_auc": 0.5,
+                   "epochs_to_90pct_of_best": 3}
+        return report.Run(number=number, state="complete", variant=variant, depth=2, seed=seed, row="", acc=0.8,
+                          diverged=False, config={}, summary=summary | ({"stack_size": stack} if stack else {}))
+
+    runs = [run(0, "standard", 0, None, 100.0, 10.0), run(1, "standard", 1, None, 140.0, 14.0),
+            run(2, "rezero", 0, 4, 400.0, 40.0), run(3, "rezero", 1, 4, 480.0, 48.0)]
+    frame = convergence_table(assemble("t", spec, runs)).frame.set_index("variant")
+    assert frame.loc["standard", "wall_time_s"] == pytest.approx(120.0)
+    assert frame.loc["standard", "time_per_epoch_s"] == pytest.approx(12.0)
+    assert frame.loc["rezero", "wall_time_s"] == pytest.approx(110.0)  # (400 / 4 + 480 / 4) / 2
+    assert frame.loc["rezero", "time_per_epoch_s"] == pytest.approx(11.0)
+    assert frame.loc["rezero", "val_acc_auc"] == pytest.approx(0.5)
+    assert frame.loc["rezero", "epochs_to_90pct_of_best"] == pytest.approx(3.0)
+
+
 def test_a_report_run_elsewhere_finds_each_trials_nested_run_folder_under_its_results_dir(tmp_path, monkeypatch):
     """A trial stores its TensorBoard folder as its run saw it (relative, nested by variant/depth/seed/rate); a
     report run from another directory with --results-dir must find it there, not only a flat name below runs/."""

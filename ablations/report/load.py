@@ -51,14 +51,20 @@ PARAMS_KEY = summary_key("param_count")
 STACK_SIZE_KEY = "stack_size"
 
 
-def own_seconds(summary: dict) -> float | None:
-    """A trial's own share of its worker's time: its wall time (:data:`WALL_TIME_KEY`), divided among the trials of
-    its stack when the engine trained K at once (:data:`STACK_SIZE_KEY`); None where no positive wall time is
-    recorded. What pricing and worker-hours add up (a stack's K trials sum to the stack's time, not K times it)."""
-    wall, k = summary.get(WALL_TIME_KEY), summary.get(STACK_SIZE_KEY)
-    if isinstance(wall, bool) or not isinstance(wall, (int, float)) or not math.isfinite(wall) or wall <= 0:
+def own_share(summary: dict, key: str) -> float | None:
+    """A trial's own share of a time its run summary records (``key``: :data:`WALL_TIME_KEY` or
+    :data:`EPOCH_TIME_KEY`): the time divided among the trials of its stack when the engine trained K at once
+    (:data:`STACK_SIZE_KEY`); None where no positive time is recorded."""
+    value, k = summary.get(key), summary.get(STACK_SIZE_KEY)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         return None
-    return float(wall) / (int(k) if isinstance(k, (int, float)) and not isinstance(k, bool) and k >= 1 else 1)
+    return float(value) / (int(k) if isinstance(k, (int, float)) and not isinstance(k, bool) and k >= 1 else 1)
+
+
+def own_seconds(summary: dict) -> float | None:
+    """A trial's own share of its worker's time (:func:`own_share` of :data:`WALL_TIME_KEY`): what pricing and
+    worker-hours add up (a stack's K trials sum to the stack's time, not K times it)."""
+    return own_share(summary, WALL_TIME_KEY)
 
 
 class ReportError(Exception):
