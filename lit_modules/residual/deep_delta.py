@@ -14,7 +14,7 @@ from .base import BlockArgs, ResidualSite, check_choice
 VALUES = ("linear", "sigmoid", "constant")
 K_EPS = 1e-5  # the reference's ``ddl_k_eps``: k = f / √(‖f‖² + K_EPS²)
 V_SCALE = 4.0  # the reference code's ``ddl_v_sigmoid_scale``: v = 4σ(w_v·x + b_v)
-V_CONSTANT = 2.0  # the reference code's ``ddl_v_dim1_constant_value`` (its earlier form)
+V_CONSTANT = 2.0  # the reference code's ``ddl_v_dim1_constant_value`` (behind its opt-in ``ddl_v_dim1_constant``)
 
 
 def logit(p: float) -> float:
@@ -54,7 +54,7 @@ class DeepDelta(ResidualSite):
 
     Options: ``value``: ``"linear"`` (default, the paper's v = w_v·u), ``"sigmoid"`` (v = 4σ(w_v·x + b_v) on the
     raw stream x, the reference repository's current d_v = 1 file, which differs from the paper's text here) or
-    ``"constant"`` (v = 2, that file's earlier form, ``ddl_v_dim1_constant``: no ``value`` layer); ``beta_init``:
+    ``"constant"`` (v = 2, that file's opt-in ``ddl_v_dim1_constant``, off by default: no ``value`` layer); ``beta_init``:
     β₀ ∈ [0, 2].
 
     Level at init: neither the identity nor the standard ViT (β ≈ 1 projects x off k). Weight decay: the (1, D)
