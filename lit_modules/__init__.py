@@ -9,13 +9,14 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-_EXPORTS = {"RESIDUALS": ".residual", "VisionTransformer": ".vit", "LoadReport": ".vit", "resolved_options": ".vit"}
+_EXPORTS = {"RESIDUALS": ".residual", "VisionTransformer": ".vit", "LoadReport": ".vit", "resolved_options": ".vit",
+            "upgraded_form": ".vit"}
 
-__all__ = ["RESIDUALS", "VisionTransformer", "LoadReport", "resolved_options"]
+__all__ = ["RESIDUALS", "VisionTransformer", "LoadReport", "resolved_options", "upgraded_form"]
 
 if TYPE_CHECKING:
     from .residual import RESIDUALS
-    from .vit import LoadReport, VisionTransformer, resolved_options
+    from .vit import LoadReport, VisionTransformer, resolved_options, upgraded_form
 
 
 def __getattr__(name: str) -> Any:

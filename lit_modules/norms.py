@@ -4,7 +4,9 @@ Derf) and SeeDNorm, an RMSNorm with an input-dependent gain.
 DyT and Derf are element-wise maps with a learned per-channel affine, used in place of *every* LayerNorm of the
 model (pre-norms, final norm, the variants' own norms), as the papers' ``convert_ln_to_*`` helpers do. All take the
 backbone's ``eps`` argument so that every norm layer is called the same way (``cls(dim, eps=...)``); DyT and Derf
-have no ε, so they accept and ignore it.
+have no ε, so they accept and ignore it. A class that gains an option after runs recorded their form declares it in
+a class attribute ``added_options = {option: value before it existed}`` (as the residual sites do:
+``lit_modules.vit.upgraded_form``).
 """
 
 from __future__ import annotations

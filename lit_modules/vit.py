@@ -11,6 +11,7 @@ class-attention head (``class_attention_blocks``) and the norm layer (``norm_lay
 
 from __future__ import annotations
 
+import json
 import zlib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -75,6 +76,33 @@ def resolved_options(cfg: ViTConfig) -> dict[str, dict[str, Any]]:
             "parametrization": param_kind.validate_options(dict(cfg.parametrization_options), backbone={
                 "residual": cfg.residual, "attention": cfg.attention, "norm_layer": cfg.norm_layer,
                 "class_attention_blocks": blocks_ca})}
+
+
+#: the swappable parts of a model's form (:func:`resolved_options`' keys) and the registry each part's kind names
+FORM_REGISTRIES: dict[str, Mapping[str, type]] = {"residual": RESIDUALS, "attention": ATTENTIONS, "norm": NORM_LAYERS,
+                                                  "parametrization": PARAMETRIZATIONS}
+
+
+def upgraded_form(form: Mapping[str, Any] | str) -> Any:
+    """A form a run recorded (``{part: {"kind": ..., "options": {...}}}``, its resolved options), with every option
+    its part's class has gained since filled in at the value that builds what the run built: the class's
+    ``added_options`` (``{option: value before it existed}``). A run recorded before a new option compares equal to
+    today's form when the option's default keeps the old behaviour, and differs (an earlier form) when the default
+    changed it; an option missing from a recorded form that no class declares stays missing (a difference, as
+    before). Parts and kinds the registries do not know are kept as recorded. ``form``: parsed or its JSON text
+    (ValueError for text that is not JSON)."""
+    if isinstance(form, str):
+        form = json.loads(form)
+    if not isinstance(form, Mapping):
+        return form  # not a form: compared as it is
+    upgraded = {}
+    for part, value in form.items():
+        cls = FORM_REGISTRIES.get(part, {}).get(value.get("kind")) if isinstance(value, Mapping) else None
+        added = getattr(cls, "added_options", None) or {}
+        if added and isinstance(value.get("options"), Mapping):
+            value = {**value, "options": {**added, **value["options"]}}
+        upgraded[part] = value
+    return upgraded
 
 
 class VisionTransformer(nn.Module):

@@ -422,3 +422,52 @@ def test_a_row_of_an_earlier_form_trains_again_and_a_report_says_when_forms_mix(
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     (line,) = [x for x in result.stderr.strip().splitlines() if x.startswith("error:")]
     assert "norm_layer layernorm, this study dyt" in line and "none of its tune rows were imported" in line, line
+
+
+def test_an_option_added_since_a_run_recorded_its_form_counts_at_the_value_it_had(monkeypatch, tmp_path):
+    """A run recorded its form before its class gained an option (here ReZero's ``norm``, taken out of a recorded
+    form). Undeclared, the missing option is a difference: the run is of an earlier form for the import, the
+    runner's warning and the report alike. Declared in the class's ``added_options`` at the value that builds what
+    the run built (``norm=False``, today's default), the run is of today's form; declared at another value (the new
+    option's default changed the design), it is of an earlier form again."""
+    import optuna
+    from optuna.trial import FixedTrial, TrialState, create_trial
+
+    from ablations import report
+    from ablations.report.load import assemble
+    from ablations.run.imported import _earlier_form
+    from ablations.run.objective import form_of, jsonable, suggest
+    from ablations.run.study import earlier_forms
+    from ablations.studies.spec import load_spec
+    from lit_modules import RESIDUALS
+
+    spec = load_spec("residual_variants", "smoke")
+    point = next(p for p in spec.grid() if p["variant"] == "rezero")
+    config = spec.run_config(point)
+    today = form_of(config)
+    assert today["residual"]["options"]["norm"] is False
+    before = json.loads(json.dumps(today))
+    del before["residual"]["options"]["norm"]
+    run = report.Run(number=0, state="complete", variant="rezero", depth=point["depth"], seed=point["seed"], row="",
+                     acc=0.9, diverged=False, config={"residual": "rezero", "residual_options": {}},
+                     summary={"form": json.dumps(before), "best_val_acc": 0.9})
+    now = report.Run(number=1, state="complete", variant="rezero", depth=point["depth"], seed=point["seed"] + 1,
+                     row="", acc=0.9, diverged=False, config=run.config,
+                     summary={"form": json.dumps(today), "best_val_acc": 0.9})
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'o.db'}", study_name="s", direction="maximize")
+    fixed = FixedTrial(point)
+    suggest(fixed, spec)
+    study.add_trial(create_trial(state=TrialState.COMPLETE, value=0.9, params=fixed.params,
+                                 distributions=fixed.distributions, system_attrs={"fixed_params": point},
+                                 user_attrs={"config": jsonable(config.to_dict()), "form": json.dumps(before)}))
+
+    def seen() -> tuple[bool, dict, dict]:
+        return (_earlier_form(run, config), earlier_forms(study),
+                assemble("s", spec, [run, now]).mixed_forms())
+
+    assert RESIDUALS["rezero"].added_options == {}
+    assert seen() == (True, {"rezero": 1}, {"rezero": 2})  # undeclared: a difference
+    monkeypatch.setattr(RESIDUALS["rezero"], "added_options", {"norm": False})
+    assert seen() == (False, {}, {})  # the value it had is today's default: today's form
+    monkeypatch.setattr(RESIDUALS["rezero"], "added_options", {"norm": True})
+    assert seen() == (True, {"rezero": 1}, {"rezero": 2})  # the new option's default changed the design

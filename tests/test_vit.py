@@ -312,3 +312,26 @@ def test_resolved_options_are_what_the_model_is_built_with_defaults_filled_in():
     assert completep["parametrization"]["eps_scope"] == "blocks"  # CompleteP's Table 1: ε scaled in the blocks only
     with pytest.raises(ValueError, match="valid options"):
         resolved_options(ViTConfig.build("rezero", {"nope": 1}, **TINY))
+
+
+def test_upgraded_form_fills_only_the_options_a_class_declares_added(monkeypatch):
+    """``upgraded_form``: a recorded form (parsed or its JSON text) gets each option its part's class declares in
+    ``added_options`` where the form lacks it, never over a recorded value; parts and kinds the registries do not
+    know, and options no class declares, stay as recorded."""
+    import json
+
+    from lit_modules import RESIDUALS, upgraded_form
+    from lit_modules.parametrization import PARAMETRIZATIONS
+
+    recorded = {"residual": {"kind": "layerscale", "options": {"init_value": 0.1}},
+                "parametrization": {"kind": "standard", "options": {}},
+                "norm": {"kind": "no_such_norm", "options": {}}, "extra": 3}
+    assert upgraded_form(recorded) == recorded == upgraded_form(json.dumps(recorded))
+    monkeypatch.setattr(RESIDUALS["layerscale"], "added_options", {"init_value": 1.0, "learnable": True})
+    monkeypatch.setattr(PARAMETRIZATIONS["standard"], "added_options", {"init": "timm"})
+    assert upgraded_form(json.dumps(recorded)) == {
+        "residual": {"kind": "layerscale", "options": {"init_value": 0.1, "learnable": True}},  # recorded value kept
+        "parametrization": {"kind": "standard", "options": {"init": "timm"}},
+        "norm": {"kind": "no_such_norm", "options": {}}, "extra": 3}
+    assert recorded["parametrization"]["options"] == {}  # the recorded form itself is not changed
+    assert upgraded_form("[1, 2]") == [1, 2]

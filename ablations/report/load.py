@@ -158,11 +158,15 @@ class StudyData:
     def mixed_forms(self) -> dict[str, int]:
         """The table rows whose completed result runs were built in more than one recorded form
         (:data:`ablations.layout.FORM_KEY`: a default changed between them), each with its number of forms; runs
-        that did not record one are left out."""
+        that did not record one are left out; options added since a run recorded its form count as they were
+        (``lit_modules.upgraded_form``)."""
+        from lit_modules import upgraded_form
+
         forms: dict[str, set[str]] = {}
         for run in self.runs:
             if run.state == "complete" and run.summary.get(layout.FORM_KEY):
-                forms.setdefault(run.row or run.variant, set()).add(layout.canonical_form(run.summary[layout.FORM_KEY]))
+                forms.setdefault(run.row or run.variant, set()).add(
+                    layout.canonical_form(upgraded_form(run.summary[layout.FORM_KEY])))
         return {row: len(found) for row, found in forms.items() if len(found) > 1}
 
     def _count(self, name_of) -> dict[str, int]:

@@ -111,8 +111,11 @@ def _residual_fault(run, config) -> str | None:
 
 
 def _forms(run, config) -> tuple[dict, dict] | None:
-    """(the form the row recorded, the form this version builds for ``config``), both parsed; None for a row that
-    recorded none (a runs.csv written before the column). ValueError (one line) for a form that is not JSON."""
+    """(the form the row recorded, with the options added since filled in as they were (``lit_modules.
+    upgraded_form``), the form this version builds for ``config``), both parsed; None for a row that recorded none
+    (a runs.csv written before the column). ValueError (one line) for a form that is not JSON."""
+    from lit_modules import upgraded_form
+
     from .objective import form_of
 
     recorded = run.summary.get(layout.FORM_KEY)
@@ -123,7 +126,7 @@ def _forms(run, config) -> tuple[dict, dict] | None:
     if key not in _FORMS:
         _FORMS[key] = form_of(config)
     try:
-        return json.loads(layout.canonical_form(recorded)), _FORMS[key]
+        return upgraded_form(json.loads(layout.canonical_form(recorded))), _FORMS[key]
     except (json.JSONDecodeError, TypeError):
         raise ValueError(f"--import-runs: run {run.run_name or run.number}: column '{layout.FORM_KEY}' is not JSON: "
                          f"'{recorded}'") from None

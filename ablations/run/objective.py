@@ -155,6 +155,7 @@ class Objective:
         import optuna
 
         from data import dataset_shape
+        from lit_modules import upgraded_form
 
         from ..training import with_mode
         from .kept_modes import kept_for
@@ -184,7 +185,7 @@ class Objective:
         if original is not None:  # a retry: continue the dead attempt's training, unless it began in another form
             ckpt_path = _usable_checkpoint(ckpt_dir / "last.ckpt")
             began = next((t.user_attrs.get(layout.FORM_KEY) for t in stored if t.number == original), None)
-            if ckpt_path is not None and began and layout.canonical_form(began) != form:
+            if ckpt_path is not None and began and layout.canonical_form(upgraded_form(began)) != form:
                 log.warning("trial %d began in an earlier form of its design (a default changed since: %s, now %s); "
                             "not resuming its checkpoint: trial %d starts from scratch", original, began, form,
                             trial.number)

@@ -470,9 +470,11 @@ def count_done(study, grid: set[str] | None = None) -> int:
 
 def earlier_forms(study) -> dict[str, int]:
     """The study's completed trials built in an earlier form of their design, counted by variant: the form a trial
-    recorded (``layout.FORM_KEY``) is not the form this version builds for the config it trained, so a default of
-    its design changed since. Trials that recorded no form, or whose config this version cannot build, are not
+    recorded (``layout.FORM_KEY``, with the options added since filled in as they were: ``lit_modules.upgraded_form``)
+    is not the form this version builds for the config it trained, so a default of its design changed since. Trials that recorded no form, or whose config this version cannot build, are not
     counted."""
+    from lit_modules import upgraded_form
+
     from .. import layout
     from ..config import RunConfig
     from .objective import form_of
@@ -488,7 +490,7 @@ def earlier_forms(study) -> dict[str, int]:
                 forms[key] = layout.canonical_form(form_of(RunConfig.from_dict(config)))
             except (ValueError, TypeError, KeyError):
                 forms[key] = None
-        if forms[key] is not None and layout.canonical_form(recorded) != forms[key]:
+        if forms[key] is not None and layout.canonical_form(upgraded_form(recorded)) != forms[key]:
             variant = str(t.params.get("variant", config.get("residual", "?")))
             counts[variant] = counts.get(variant, 0) + 1
     return counts

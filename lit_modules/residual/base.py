@@ -56,6 +56,11 @@ class ResidualSite(nn.Module):
     #: usual recipe — e.g. nGPT: no weight decay, no warm-up. A study row of this residual takes them over the
     #: study's base; the row's own ``overrides`` still win (``ablations.studies.spec.StudySpec.config_for``).
     paper_training: ClassVar[dict[str, Any]] = {}
+    #: Options added to this class after runs recorded their form, each with the value that builds what the class
+    #: built before it existed: ``lit_modules.vit.upgraded_form`` fills them into an older recorded form, so a new
+    #: option whose default keeps the old behaviour does not make every stored run an "earlier form" (one whose
+    #: default changes the behaviour does). Add an entry with every option added from now on.
+    added_options: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, dim: int, *, args: BlockArgs) -> None:
         super().__init__()
