@@ -280,7 +280,7 @@ def test_a_continued_study_says_which_of_its_done_trials_were_built_in_an_earlie
                                      user_attrs={"config": jsonable(config.to_dict()), "form": form}))
     args = ("--study", "formed.yaml", "--storage", url_of(tmp_path / "o.db"), "--results-dir", "results",
             "--no-progress")
-    result = run_cli(*args, cwd=tmp_path)
+    result = run_in_process(*args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     lines = [line for line in result.stderr.splitlines() if "earlier form" in line]
     assert lines == [f"warning: study 'formed': 1 completed trial(s) were built in an earlier form of their design (a "
@@ -291,7 +291,7 @@ def test_a_continued_study_says_which_of_its_done_trials_were_built_in_an_earlie
 
     with sqlite3.connect(tmp_path / "o.db") as db:  # the earlier trial as stored before the form column
         db.execute("DELETE FROM trial_user_attributes WHERE key = 'form'")
-    result = run_cli(*args, cwd=tmp_path)
+    result = run_in_process(*args, cwd=tmp_path)
     assert result.returncode == 0 and "earlier form" not in result.stderr, result.stderr
 
 
