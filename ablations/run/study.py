@@ -471,8 +471,8 @@ def count_done(study, grid: set[str] | None = None) -> int:
 def earlier_forms(study) -> dict[str, int]:
     """The study's completed trials built in an earlier form of their design, counted by variant: the form a trial
     recorded (``layout.FORM_KEY``, with the options added since filled in as they were: ``lit_modules.upgraded_form``)
-    is not the form this version builds for the config it trained, so a default of its design changed since. Trials that recorded no form, or whose config this version cannot build, are not
-    counted."""
+    is not the form this version builds for the config it trained, so a default of its design changed since.
+    Trials that recorded no form, or whose config this version cannot build, are not counted."""
     from lit_modules import upgraded_form
 
     from .. import layout
