@@ -102,7 +102,8 @@ class RunConfig:
                               "how init, multipliers and learning rates follow width and depth: "
                               + ", ".join(PARAMETRIZATION_NAMES) + " (completep: arXiv 2505.01618)")
     parametrization_options: dict[str, Any] = _f(
-        {}, "model", "options", "the parametrization's own options, e.g. base_depth=2, base_width=256 (completep)")
+        {}, "model", "options", "the parametrization's own options, e.g. init=megatron (standard: the output "
+        "projections at std 0.02/sqrt(2L)), base_depth=2, base_width=256 (completep)")
     class_attention_blocks: int = _f(STUDY.class_attention_blocks, "model", "int",
                                      "CaiT class-attention blocks after the self-attention blocks (0: plain ViT)")
     norm_layer: str = _f(STUDY.norm_layer, "model", "str", "norm layer: " + ", ".join(NORM_LAYER_NAMES))

@@ -22,9 +22,17 @@ from torch import nn
 
 from .names import PARAMETRIZATION_CLASSES
 
+#: the standard parametrisation's inits: timm's ViT init, or Megatron-LM's scaled init of the output projections
+INITS = ("timm", "megatron")
+
 
 class StandardParametrization:
-    """The standard parametrisation: the model as built, one learning rate and one ε for every parameter."""
+    """The standard parametrisation: one learning rate and one ε for every parameter, the model initialised by
+    ``init``: ``"timm"`` (default: timm's ViT init, every weight as built) or ``"megatron"`` (Megatron-LM's init,
+    OLMo's ``full_megatron`` that HybridNorm's reference trains with: the blocks' output projections — the
+    attention's ``proj`` and the MLP's ``fc2`` — drawn with std σ/√(2L) instead of σ, σ = timm's 0.02 for every
+    hidden weight, L the blocks; the rest as timm's). Refused with a residual that initialises those projections
+    itself (``ResidualSite.own_output_init``: DeepNorm, nGPT)."""
 
     name: ClassVar[str] = "standard"
     paper: ClassVar[str] = ""
@@ -32,10 +40,10 @@ class StandardParametrization:
     #: built before it existed: ``lit_modules.vit.upgraded_form`` fills them into an older recorded form, so a new
     #: option whose default keeps the old behaviour does not make every stored run an "earlier form" (one whose
     #: default changes the behaviour does). Add an entry with every option added from now on.
-    added_options: ClassVar[dict[str, Any]] = {}
+    added_options: ClassVar[dict[str, Any]] = {"init": "timm"}
 
-    def __init__(self, *, depth: int, width: int) -> None:
-        self.depth, self.width = depth, width
+    def __init__(self, *, depth: int, width: int, init: str = "timm") -> None:
+        self.depth, self.width, self.init = depth, width, init
 
     # --- options ---------------------------------------------------------------------------------------------------
     @classmethod
@@ -52,7 +60,15 @@ class StandardParametrization:
             if key not in valid:
                 raise ValueError(f"option '{key}' is not valid for parametrization '{cls.name}'; valid options: "
                                  f"{', '.join(sorted(valid)) or 'none'}")
-        return {n: options.get(n, p.default) for n, p in valid.items()}
+        filled = {n: options.get(n, p.default) for n, p in valid.items()}
+        if "init" in filled:
+            if filled["init"] not in INITS:
+                raise ValueError(f"init={filled['init']!r} is not valid for parametrization '{cls.name}'; valid: "
+                                 + ", ".join(INITS))
+            if filled["init"] != "timm" and backbone.get("own_output_init"):
+                raise ValueError(f"init={filled['init']!r} does not apply to residual '{backbone.get('residual')}': "
+                                 "it initialises the output projections itself; valid with it: init='timm'")
+        return filled
 
     # --- what the backbone asks --------------------------------------------------------------------------------------
     @property
@@ -72,8 +88,13 @@ class StandardParametrization:
     def output_multiplier(self) -> float:
         return 1.0
 
+    @torch.no_grad()
     def init_weights(self, model: nn.Module) -> None:
-        """Rescale the model's initial weights (after the backbone's timm init)."""
+        """Rescale the model's initial weights (after the backbone's timm init): ``init="megatron"`` multiplies
+        timm's draw of every block's output projections by 1/√(2L) (std 0.02 → 0.02/√(2L))."""
+        if self.init == "megatron":
+            for p in output_projections(model):
+                p.mul_((2 * self.depth) ** -0.5)
 
     def param_groups(self, model: nn.Module, groups: list[dict]) -> list[dict]:
         """The optimiser's parameter groups (the backbone's weight-decay split), annotated."""
@@ -199,6 +220,12 @@ class CompleteP(StandardParametrization):
     def __repr__(self) -> str:
         return (f"CompleteP(m_L={self.m_depth:g}, m_N={self.m_width:g}, alpha={self.alpha:g}, "
                 f"input_alpha={self.input_alpha:g}, output_alpha={self.output_alpha:g}, eps_scope={self.eps_scope})")
+
+
+def output_projections(model: nn.Module) -> list[nn.Parameter]:
+    """The weights that write each block's sublayers into the stream: the attention's ``proj`` and the MLP's ``fc2``
+    (timm's names, which every residual variant keeps), 2L of them."""
+    return [p for block in model.blocks for p in (block.attn.proj.weight, block.mlp.fc2.weight)]
 
 
 def hidden_parameters(model: nn.Module, matrices: bool) -> list[nn.Parameter]:

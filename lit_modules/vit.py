@@ -75,7 +75,7 @@ def resolved_options(cfg: ViTConfig) -> dict[str, dict[str, Any]]:
             "norm": check_norm_options(cfg.norm_layer, norm_cls, cfg.norm_options),
             "parametrization": param_kind.validate_options(dict(cfg.parametrization_options), backbone={
                 "residual": cfg.residual, "attention": cfg.attention, "norm_layer": cfg.norm_layer,
-                "class_attention_blocks": blocks_ca})}
+                "class_attention_blocks": blocks_ca, "own_output_init": variant.own_output_init})}
 
 
 #: the swappable parts of a model's form (:func:`resolved_options`' keys) and the registry each part's kind names
@@ -99,6 +99,8 @@ def upgraded_form(form: Mapping[str, Any] | str) -> Any:
     for part, value in form.items():
         cls = FORM_REGISTRIES.get(part, {}).get(value.get("kind")) if isinstance(value, Mapping) else None
         added = getattr(cls, "added_options", None) or {}
+        if added and hasattr(cls, "options"):  # inherited declarations: only the options this class has
+            added = {k: v for k, v in added.items() if k in cls.options()}
         if added and isinstance(value.get("options"), Mapping):
             value = {**value, "options": {**added, **value["options"]}}
         upgraded[part] = value

@@ -389,7 +389,7 @@ def test_a_row_of_an_earlier_form_trains_again_and_a_report_says_when_forms_mix(
     forms = {r["variant"]: json.loads(r["form"]) for r in rows}
     assert forms["rezero"]["residual"] == {"kind": "rezero", "options": {"init_value": 0.0, "norm": False}}
     assert forms["standard"] == {"attention": {"kind": "self", "options": {}}, "norm": {"kind": "layernorm",
-                                 "options": {}}, "parametrization": {"kind": "standard", "options": {}},
+                                 "options": {}}, "parametrization": {"kind": "standard", "options": {"init": "timm"}},
                                  "residual": {"kind": "standard", "options": {}}}
     changed = [dict(r) for r in rows]
     reported = [r for r in changed if r["phase"] == "report"]

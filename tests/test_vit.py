@@ -300,7 +300,7 @@ def test_resolved_options_are_what_the_model_is_built_with_defaults_filled_in():
     cfg = ViTConfig.build("mhc_lite", **(TINY | {"depth": 2, "norm_layer": "dyt"}))
     form = resolved_options(cfg)
     assert form == {"residual": {"n": 4, "alpha_init": 0.01, "stream_out": "norm_each", "home": "random"},
-                    "attention": {}, "norm": {"alpha_init": 0.5}, "parametrization": {}}
+                    "attention": {}, "norm": {"alpha_init": 0.5}, "parametrization": {"init": "timm"}}
     model = VisionTransformer(cfg)
     assert model.residual_options == form["residual"] and model.blocks[0].norm1.alpha.item() == 0.5
     spelled = ViTConfig.build("mhc_lite", form["residual"], **(TINY | {"depth": 2, "norm_layer": "dyt",
@@ -316,22 +316,60 @@ def test_resolved_options_are_what_the_model_is_built_with_defaults_filled_in():
 
 def test_upgraded_form_fills_only_the_options_a_class_declares_added(monkeypatch):
     """``upgraded_form``: a recorded form (parsed or its JSON text) gets each option its part's class declares in
-    ``added_options`` where the form lacks it, never over a recorded value; parts and kinds the registries do not
-    know, and options no class declares, stay as recorded."""
+    ``added_options`` where the form lacks it, never over a recorded value, and only options the class has (CompleteP
+    inherits the standard parametrisation's declaration of ``init``, which it has not); parts and kinds the
+    registries do not know, and options no class declares, stay as recorded."""
     import json
 
     from lit_modules import RESIDUALS, upgraded_form
-    from lit_modules.parametrization import PARAMETRIZATIONS
 
     recorded = {"residual": {"kind": "layerscale", "options": {"init_value": 0.1}},
                 "parametrization": {"kind": "standard", "options": {}},
                 "norm": {"kind": "no_such_norm", "options": {}}, "extra": 3}
-    assert upgraded_form(recorded) == recorded == upgraded_form(json.dumps(recorded))
-    monkeypatch.setattr(RESIDUALS["layerscale"], "added_options", {"init_value": 1.0, "learnable": True})
-    monkeypatch.setattr(PARAMETRIZATIONS["standard"], "added_options", {"init": "timm"})
-    assert upgraded_form(json.dumps(recorded)) == {
-        "residual": {"kind": "layerscale", "options": {"init_value": 0.1, "learnable": True}},  # recorded value kept
-        "parametrization": {"kind": "standard", "options": {"init": "timm"}},
-        "norm": {"kind": "no_such_norm", "options": {}}, "extra": 3}
+    today = {**recorded, "parametrization": {"kind": "standard", "options": {"init": "timm"}}}
+    assert upgraded_form(recorded) == today == upgraded_form(json.dumps(recorded))
     assert recorded["parametrization"]["options"] == {}  # the recorded form itself is not changed
+    completep = {"parametrization": {"kind": "completep", "options": {"alpha": 1.0}}}
+    assert upgraded_form(completep) == completep
+    monkeypatch.setattr(RESIDUALS["layerscale"], "added_options", {"init_value": 1.0, "no_such_option": True})
+    assert upgraded_form(recorded)["residual"] == recorded["residual"]  # the recorded value kept, no stranger added
+    del recorded["residual"]["options"]["init_value"]
+    assert upgraded_form(recorded)["residual"] == {"kind": "layerscale", "options": {"init_value": 1.0}}
     assert upgraded_form("[1, 2]") == [1, 2]
+
+
+def test_megatron_init_scales_only_the_output_projections_and_is_refused_where_a_residual_inits_them():
+    """``parametrization_options={"init": "megatron"}``: from the same seed, every block's ``attn.proj`` and
+    ``mlp.fc2`` weights are timm's draw times 1/sqrt(2L) (std 0.02/sqrt(2L)) and every other parameter is
+    unchanged; the default ``init="timm"`` is the model as before. Refused, one line, with DeepNorm and nGPT (their
+    own init of those projections) and for CompleteP (not its option); a runs' form from before the option counts
+    as ``init="timm"``."""
+    from lit_modules import resolved_options, upgraded_form
+    from lit_modules.config import ViTConfig
+
+    size = TINY | {"depth": 3}
+    models = {}
+    for init in (None, "timm", "megatron"):
+        torch.manual_seed(0)
+        models[init] = VisionTransformer(ViTConfig.build(
+            "hybrid_norm", **size, **({} if init is None else {"parametrization_options": {"init": init}})))
+    base, timm, megatron = (dict(models[k].named_parameters()) for k in (None, "timm", "megatron"))
+    outputs = {f"blocks.{i}.{name}.weight" for i in range(3) for name in ("attn.proj", "mlp.fc2")}
+    assert all(torch.equal(base[n], timm[n]) for n in base)
+    for name, p in base.items():
+        if name in outputs:
+            assert torch.allclose(megatron[name], p / 6 ** 0.5, rtol=0, atol=1e-8), name
+        else:
+            assert torch.equal(megatron[name], p), name
+    for residual in ("deepnorm", "ngpt"):
+        with pytest.raises(ValueError, match=f"does not apply to residual '{residual}'"):
+            VisionTransformer(ViTConfig.build(residual, **size, parametrization_options={"init": "megatron"}))
+    with pytest.raises(ValueError, match="valid: timm, megatron"):
+        VisionTransformer(ViTConfig.build("standard", **size, parametrization_options={"init": "xavier"}))
+    with pytest.raises(ValueError, match="option 'init' is not valid for parametrization 'completep'"):
+        VisionTransformer(ViTConfig.build("standard", **size, parametrization="completep",
+                                          parametrization_options={"init": "megatron"}))
+    before = {"parametrization": {"kind": "standard", "options": {}}}
+    assert upgraded_form(before)["parametrization"] == {"kind": "standard",
+                                                         "options": resolved_options(models[None].cfg)[
+                                                             "parametrization"]}

@@ -56,6 +56,9 @@ class ResidualSite(nn.Module):
     #: usual recipe — e.g. nGPT: no weight decay, no warm-up. A study row of this residual takes them over the
     #: study's base; the row's own ``overrides`` still win (``ablations.studies.spec.StudySpec.config_for``).
     paper_training: ClassVar[dict[str, Any]] = {}
+    #: Whether the variant initialises the blocks' output projections (``attn.proj``, ``mlp.fc2``) itself, as its
+    #: paper's init: a parametrisation's init that rescales them (``init="megatron"``) is refused with it.
+    own_output_init: ClassVar[bool] = False
     #: Options added to this class after runs recorded their form, each with the value that builds what the class
     #: built before it existed: ``lit_modules.vit.upgraded_form`` fills them into an older recorded form, so a new
     #: option whose default keeps the old behaviour does not make every stored run an "earlier form" (one whose

@@ -56,6 +56,7 @@ class DeepNorm(OptionalFinalNorm, ResidualSite):
 
     name = "deepnorm"
     paper = "Wang et al. 2022 (DeepNet), arXiv 2203.00555"
+    own_output_init = True  # the β-scaled init of the output projections
 
     def __init__(self, dim: int, *, args: BlockArgs, alpha: float | str = "auto", beta: float | str = "auto",
                  init: str = "xavier_normal", final_norm: bool = False) -> None:

@@ -161,6 +161,7 @@ class NGPT(ResidualSite):
     name = "ngpt"
     paper = "Loshchilov et al. 2024 (nGPT), arXiv 2410.01131"
     paper_training = {"weight_decay": 0.0, "warmup_epochs": 0.0}  # the reference trains without either
+    own_output_init = True  # weights normalised on the unit sphere after init and every step
 
     def __init__(self, dim: int, *, args: BlockArgs, alpha_init: str = "paper", pool_norm: bool = True) -> None:
         super().__init__(dim, args=args)
