@@ -1046,9 +1046,12 @@ def test_every_row_of_the_frontier_smoke_budget_trains_through_lightning():
 
     spec = load_spec("frontier", "smoke")
     points = spec.grid()
-    assert len(points) == 19 and {p["variant"] for p in points} >= {"gpas", "siamese_norm", "deep_delta", "hybrid_norm",
+    assert len(points) == 21 and {p["variant"] for p in points} >= {"gpas", "siamese_norm", "deep_delta", "hybrid_norm",
                                                                      "mhc_lite", "kromhc", "muddformer", "qk_norm",
-                                                                     "gated_attention", "seednorm", "completep"}
+                                                                     "gated_attention", "seednorm", "completep",
+                                                                     "hybrid_norm_megatron_init"}
+    megatron = spec.run_config(next(p for p in points if p["variant"] == "hybrid_norm_megatron_init"))
+    assert megatron.residual == "hybrid_norm" and megatron.parametrization_options == {"init": "megatron"}
     dm = build_datamodule(spec.run_config(points[0]).replace(precision="32-true"))
     torch.set_default_dtype(torch.float32)  # as a run trains (the autouse fixture's float64 is for the formulas)
     for point in points:
