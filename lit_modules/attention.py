@@ -51,10 +51,7 @@ class SelfAttention(Attention):
 
     name: ClassVar[str] = "self"
     paper: ClassVar[str] = "Vaswani et al. 2017, arXiv 1706.03762"
-    #: Options added to this class after runs recorded their form, each with the value that builds what the class
-    #: built before it existed: ``lit_modules.vit.upgraded_form`` fills them into an older recorded form, so a new
-    #: option whose default keeps the old behaviour does not make every stored run an "earlier form" (one whose
-    #: default changes the behaviour does). Add an entry with every option added from now on.
+    #: Options added since runs recorded their form: see ``ResidualSite.added_options``.
     added_options: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, qk_norm: bool = False,

@@ -36,10 +36,7 @@ class StandardParametrization:
 
     name: ClassVar[str] = "standard"
     paper: ClassVar[str] = ""
-    #: Options added to this class after runs recorded their form, each with the value that builds what the class
-    #: built before it existed: ``lit_modules.vit.upgraded_form`` fills them into an older recorded form, so a new
-    #: option whose default keeps the old behaviour does not make every stored run an "earlier form" (one whose
-    #: default changes the behaviour does). Add an entry with every option added from now on.
+    #: Options added since runs recorded their form: see ``ResidualSite.added_options``.
     added_options: ClassVar[dict[str, Any]] = {"init": "timm"}
 
     def __init__(self, *, depth: int, width: int, init: str = "timm") -> None:

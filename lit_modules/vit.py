@@ -100,7 +100,8 @@ def upgraded_form(form: Mapping[str, Any] | str) -> Any:
         cls = FORM_REGISTRIES.get(part, {}).get(value.get("kind")) if isinstance(value, Mapping) else None
         added = getattr(cls, "added_options", None) or {}
         if added and hasattr(cls, "options"):  # inherited declarations: only the options this class has
-            added = {k: v for k, v in added.items() if k in cls.options()}
+            valid = cls.options()
+            added = {k: v for k, v in added.items() if k in valid}
         if added and isinstance(value.get("options"), Mapping):
             value = {**value, "options": {**added, **value["options"]}}
         upgraded[part] = value

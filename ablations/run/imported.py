@@ -38,7 +38,6 @@ from .. import layout
 from .study import Stored, create_study, done_trials, point_key, trial_point
 
 IMPORTED = "imported_from"  # user attr of an imported trial: the runs.csv it came from
-_FORMS: dict[str, dict] = {}  # the form this version builds, by config (seed and rate left out)
 
 
 def _number(value: Any) -> Any:
@@ -121,12 +120,8 @@ def _forms(run, config) -> tuple[dict, dict] | None:
     recorded = run.summary.get(layout.FORM_KEY)
     if not recorded:
         return None
-    key = json.dumps({k: v for k, v in config.to_dict().items() if k not in ("seed", "lr")}, sort_keys=True,
-                     default=str)  # a point's seed and rate do not change its form
-    if key not in _FORMS:
-        _FORMS[key] = form_of(config)
     try:
-        return upgraded_form(json.loads(layout.canonical_form(recorded))), _FORMS[key]
+        return upgraded_form(json.loads(layout.canonical_form(recorded))), form_of(config)
     except (json.JSONDecodeError, TypeError):
         raise ValueError(f"--import-runs: run {run.run_name or run.number}: column '{layout.FORM_KEY}' is not JSON: "
                          f"'{recorded}'") from None

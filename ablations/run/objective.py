@@ -7,6 +7,7 @@ from its last checkpoint.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -357,11 +358,19 @@ FORM_PARTS = {"residual": ("residual", "residual_options"), "attention": ("atten
               "parametrization": ("parametrization", "parametrization_options")}
 
 
-def form_of(config) -> dict[str, dict[str, Any]]:
-    """The form a run config's model is built in (:func:`model_form` of its model config)."""
-    from data import dataset_shape
+_FORMS: dict[str, str] = {}  # the form this version builds (JSON), by config without its seed and rate
 
-    return model_form(config.model_config(dataset_shape(config)))
+
+def form_of(config) -> dict[str, dict[str, Any]]:
+    """The form a run config's model is built in (:func:`model_form` of its model config), a fresh dict each call;
+    remembered per config without its seed and learning rate, which do not change the form."""
+    key = json.dumps({k: v for k, v in config.to_dict().items() if k not in ("seed", "lr")}, sort_keys=True,
+                     default=str)
+    if key not in _FORMS:
+        from data import dataset_shape
+
+        _FORMS[key] = json.dumps(model_form(config.model_config(dataset_shape(config))))
+    return json.loads(_FORMS[key])
 
 
 def model_form(model) -> dict[str, dict[str, Any]]:

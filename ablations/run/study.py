@@ -479,18 +479,16 @@ def earlier_forms(study) -> dict[str, int]:
     from ..config import RunConfig
     from .objective import form_of
 
-    counts, forms = {}, {}
+    counts = {}
     for t in done_trials(study):
         recorded, config = t.user_attrs.get(layout.FORM_KEY), t.user_attrs.get("config")
         if not recorded or not isinstance(config, dict):
             continue
-        key = json.dumps({k: v for k, v in config.items() if k not in ("seed", "lr")}, sort_keys=True, default=str)
-        if key not in forms:  # a point's seed and rate do not change its form
-            try:
-                forms[key] = layout.canonical_form(form_of(RunConfig.from_dict(config)))
-            except (ValueError, TypeError, KeyError):
-                forms[key] = None
-        if forms[key] is not None and layout.canonical_form(upgraded_form(recorded)) != forms[key]:
+        try:
+            today = layout.canonical_form(form_of(RunConfig.from_dict(config)))
+        except (ValueError, TypeError, KeyError):
+            continue
+        if layout.canonical_form(upgraded_form(recorded)) != today:
             variant = str(t.params.get("variant", config.get("residual", "?")))
             counts[variant] = counts.get(variant, 0) + 1
     return counts
