@@ -9,7 +9,9 @@ options and backbone fields, depth from the study's first depth), timed with the
 study's batch size, every model warmed up, then ``--rounds`` rounds in which each model runs ``--steps`` steps in
 turn, the order rotating; a row's ratio is the median over rounds of its time over ``standard``'s in the same round
 (paired: both ran seconds apart under the same machine load), with the smallest and largest round's in brackets.
-fp32 with fused attention, whatever precision ``auto`` would choose on this CPU. Prints a Markdown table (or JSON).
+fp32, whatever precision ``auto`` would choose on this CPU; fused attention unless ``--attention explicit`` (the
+attention a study's ``auto`` keeps on a CPU where it measured faster: its runs.csv's ``mode`` column says which).
+Prints a Markdown table (or JSON).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per model and round (default 3)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--attention", choices=("fused", "explicit"), default="fused",
+                        help="attention kernel (default fused; explicit: softmax(QK^T)V written out)")
     parser.add_argument("--json", action="store_true", help="print JSON rows instead of a Markdown table")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.steps < 1 or args.threads < 1:
@@ -59,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     shape = dataset_shape(configs["standard"])
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    models = {label: VisionTransformer(c.model_config(shape).replace(fused_attn=True), init_seed=0)
+    models = {label: VisionTransformer(c.model_config(shape).replace(fused_attn=args.attention == "fused"), init_seed=0)
               for label, c in configs.items()}
     batch = image_batch(configs["standard"].batch_size, shape["in_chans"], shape["img_size"], shape["num_classes"])
     started = time.strftime("%Y-%m-%d %H:%M:%S")
@@ -76,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
                      "time_ratios": ratios})
     c = configs["standard"]
     meta = {"study": spec.name, "budget": args.budget, "started": started, "threads": args.threads,
+            "attention": args.attention,
             "rounds": args.rounds, "steps": args.steps, "loadavg_start": load, "cpu": platform.processor() or "",
             "size": f"{c.dataset} {shape['img_size']}px patch {c.patch_size or shape['patch_size']}, width "
                     f"{c.embed_dim}, depth {point.get('depth')}, {c.num_heads} heads, MLP ratio {c.mlp_ratio}, "
@@ -87,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
              f"{r['time_ratio']:.2f}× [{min(r['time_ratios']):.2f}–{max(r['time_ratios']):.2f}]"] for r in rows]
     print(markdown_table(["row", "params", "+params vs standard", "ms / step", "step time vs standard"], body,
                          "lrrrr"))
-    print(f"\n{meta['size']}; fp32, fused attention, AdamW; {args.rounds} rounds x {args.steps} steps, "
+    print(f"\n{meta['size']}; fp32, {args.attention} attention, AdamW; {args.rounds} rounds x {args.steps} steps, "
           f"{args.threads} thread(s), started {started} (1-min load average {load:.2f}).")
     return 0
 

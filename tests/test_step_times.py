@@ -23,7 +23,7 @@ def test_a_study_s_rows_are_timed_against_standard_at_its_size(tmp_path):
     rows = [{"label": "standard", "residual": "standard"}, {"label": "gpas", "residual": "gpas"},
             {"label": "gated", "residual": "standard", "overrides": {"attention_gate": "elementwise"}}]
     study = write_study(tmp_path / "tiny.yaml", variants=rows, base={"embed_dim": 16, "batch_size": 4, "depth": 2})
-    done = run("--study", str(study), "--rounds", "2", "--steps", "1", "--json", cwd=tmp_path)
+    done = run("--study", str(study), "--rounds", "2", "--steps", "1", "--attention", "explicit", "--json", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     timed = {r["row"]: r for r in report["rows"]}
@@ -32,6 +32,7 @@ def test_a_study_s_rows_are_timed_against_standard_at_its_size(tmp_path):
     assert timed["gpas"]["params"] == timed["standard"]["params"] + 2  # one gate per block, depth 2
     assert timed["gated"]["params"] == timed["standard"]["params"] + 2 * (16 * 16 + 16)  # W_g, b_g per block
     assert "width 16" in report["meta"]["size"] and "batch 4" in report["meta"]["size"]
+    assert report["meta"]["attention"] == "explicit"
 
 
 def test_a_study_without_a_standard_row_is_one_line(tmp_path):
