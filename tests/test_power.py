@@ -54,12 +54,12 @@ def test_power_table_from_hand_made_differences():
         n = rec[f"seeds_{target:g}pp"]
         assert mde(sd, n, alpha) <= target / 100 < mde(sd, n - 1, alpha)
     assert rec["seeds_1pp"] == 12  # d = 1/1.095 = 0.913 (the normal shortcut (1.96 + 0.84)²/d² says 10)
-    # cost: 3 rows per seed; mean trial time (10 + 30 + 20) / 3 = 20 s
+    # cost: 3 rows per seed; median trial time of six runs each at 10, 30 and 20 s: 20 s
     n = rec["seeds_1pp"]
     assert f"the median MDE ≤ 1.0 pp needs {n} seeds per row ({3 * n} reported trials, " \
            f"{3 * n * 20 / 3600:.1f} worker-hours)" in table.caption
     # n = 6: χ²(5) quantiles 0.831 and 12.833: √(5/12.833) = 0.62, √(5/0.831) = 2.45
-    assert "mean 20 s per trial and worker" in table.caption and "0.62–2.45 × s_d" in table.caption
+    assert "median 20 s per trial and worker" in table.caption and "0.62–2.45 × s_d" in table.caption
     assert "| noisy     |       4 |       6 |       1.10 |" in table.markdown()
 
 

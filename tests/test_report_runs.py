@@ -718,9 +718,11 @@ def test_a_stacked_trial_costs_its_share_of_the_stack():
         assert own_seconds({"wall_time_s": bad, "stack_size": 4}) is None
 
 
-def test_the_convergence_table_counts_a_stacked_runs_share_of_the_stacks_time():
+def test_the_convergence_table_counts_a_stacked_runs_share_of_the_stacks_time_and_a_paused_run_moves_no_median():
     """The convergence table's s/epoch and wall-time columns: a run trained in a stack of K counts 1/K of the
-    stack's times (as pricing does), a plain run its own; the epochs-to and AUC columns are the runs' own."""
+    stack's times (as pricing does), a plain run its own; they are medians over the runs, so one run whose worker
+    was paused mid-training (its wall clock counting the pause) does not set its row's cost; the epochs-to and AUC
+    columns are the runs' means."""
     from ablations.report.load import assemble
     from ablations.report.tables import convergence_table
 
@@ -732,11 +734,14 @@ def test_the_convergence_table_counts_a_stacked_runs_share_of_the_stacks_time():
         return report.Run(number=number, state="complete", variant=variant, depth=2, seed=seed, row="", acc=0.8,
                           diverged=False, config={}, summary=summary | ({"stack_size": stack} if stack else {}))
 
-    runs = [run(0, "standard", 0, None, 100.0, 10.0), run(1, "standard", 1, None, 140.0, 14.0),
+    runs = [run(0, "standard", 0, None, 100.0, 10.0), run(1, "standard", 1, None, 120.0, 12.0),
+            run(4, "standard", 2, None, 2000.0, 200.0),  # paused for half an hour mid-training: its mean would be 740
             run(2, "rezero", 0, 4, 400.0, 40.0), run(3, "rezero", 1, 4, 480.0, 48.0)]
-    frame = convergence_table(assemble("t", spec, runs)).frame.set_index("variant")
+    table = convergence_table(assemble("t", spec, runs))
+    frame = table.frame.set_index("variant")
     assert frame.loc["standard", "wall_time_s"] == pytest.approx(120.0)
     assert frame.loc["standard", "time_per_epoch_s"] == pytest.approx(12.0)
+    assert "medians of the wall time per epoch" in table.caption
     assert frame.loc["rezero", "wall_time_s"] == pytest.approx(110.0)  # (400 / 4 + 480 / 4) / 2
     assert frame.loc["rezero", "time_per_epoch_s"] == pytest.approx(11.0)
     assert frame.loc["rezero", "val_acc_auc"] == pytest.approx(0.5)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -433,6 +434,13 @@ def mean_of(values: Iterable[Any]) -> float | None:
     """Mean of the finite values, None if there are none."""
     vals = [float(v) for v in values if finite(v)]
     return sum(vals) / len(vals) if vals else None
+
+
+def median_of(values: Iterable[Any]) -> float | None:
+    """Median of the finite values, None if there are none: what a study's times are summarised by, since a run whose
+    worker was paused or whose machine was suspended mid-training records the pause in its wall clock."""
+    vals = [float(v) for v in values if finite(v)]
+    return statistics.median(vals) if vals else None
 
 
 def first_line(exc: Any) -> str:

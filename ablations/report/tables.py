@@ -37,6 +37,7 @@ from .load import (
     best_per_row,
     first_line,
     mean_of,
+    median_of,
     own_share,
 )
 from .stats import ALPHA, CONFIDENCE, POWER, ZERO_SD, Cell, family_size
@@ -319,7 +320,7 @@ def convergence_table(data: StudyData) -> Table:
             for key in (*FRACTION_KEYS, AUC_KEY):
                 rec[key] = mean_of(r.summary.get(key) for r in ok)
             for key in (EPOCH_TIME_KEY, WALL_TIME_KEY):  # a stacked run: its share of the stack's time
-                rec[key] = mean_of(own_share(r.summary, key) for r in ok)
+                rec[key] = median_of(own_share(r.summary, key) for r in ok)
             records.append(rec)
     columns = [Column("variant", "variant"), Column("depth", "depth", fmt="d", align="l"), Column("n", "n", fmt="d"),
                *(Column(k, f"epochs to {p}%", fmt=".1f") for k, p in zip(FRACTION_KEYS, (90, 95, 99), strict=True)),
@@ -330,11 +331,12 @@ def convergence_table(data: StudyData) -> Table:
                 *((k, k, ".4f") for k in FRACTION_KEYS), (AUC_KEY, AUC_KEY, ".6f"),
                 (EPOCH_TIME_KEY, EPOCH_TIME_KEY, ".6f"), (WALL_TIME_KEY, WALL_TIME_KEY, ".6f"),
                 ("n_diverged", "n_diverged", "")]
-    caption = ("Convergence per variant and depth, means over the non-diverged completed runs (n): first epoch "
-               "(1-based) reaching 90/95/99% of the run's own best val accuracy; val-acc AUC = mean val accuracy "
-               "over the planned epochs (unmeasured epochs count 0); wall time per epoch (train + val) and per run, a "
-               "run trained in a stack of K counting 1/K of the stack's time; div. = diverged runs (not in the "
-               "means).")
+    caption = ("Convergence per variant and depth over the non-diverged completed runs (n): means of the first epoch "
+               "(1-based) reaching 90/95/99% of the run's own best val accuracy and of the val-acc AUC (mean val "
+               "accuracy over the planned epochs, unmeasured epochs counting 0); medians of the wall time per epoch "
+               "(train + val) and per run, a run trained in a stack of K counting 1/K of the stack's time (medians: "
+               "a run whose worker was paused or whose machine was suspended mid-training counts the pause in its "
+               "wall clock); div. = diverged runs (not in the means).")
     keys = ["variant", "depth", "n", *FRACTION_KEYS, AUC_KEY, EPOCH_TIME_KEY, WALL_TIME_KEY, "n_diverged"]
     return Table("convergence", f"{data.name}: convergence", caption, frame(records, keys), columns, csv_cols)
 
