@@ -36,9 +36,9 @@ def test_power_table_from_hand_made_differences():
     (no sd: no plan, like no MDE). The plan's seeds and the study's cost follow from s_d and the wall times."""
     standard = [0.90, 0.91, 0.89, 0.92, 0.90, 0.91]
     noisy = [+0.02, 0.00, +0.02, 0.00, +0.02, 0.00]  # s_d = 1.095 pp
-    runs = [_run("standard", s, a, 10.0) for s, a in enumerate(standard)]
+    runs = [_run("standard", s, a, 2000.0 if s == 5 else 10.0) for s, a in enumerate(standard)]  # one paused
     runs += [_run("noisy", s, a + d, 30.0) for s, (a, d) in enumerate(zip(standard, noisy, strict=True))]
-    runs += [_run("equal", s, a + 0.02, 20.0) for s, a in enumerate(standard)]
+    runs += [_run("equal", s, a + 0.02, 80.0) for s, a in enumerate(standard)]
     rows = ["standard", "noisy", "equal"]
     data = StudyData(name="t", kind="grid", metric="test_acc", runs=runs, rows=rows, row_variant={r: r for r in rows},
                      row_extras={r: () for r in rows}, depths=[4])
@@ -54,12 +54,14 @@ def test_power_table_from_hand_made_differences():
         n = rec[f"seeds_{target:g}pp"]
         assert mde(sd, n, alpha) <= target / 100 < mde(sd, n - 1, alpha)
     assert rec["seeds_1pp"] == 12  # d = 1/1.095 = 0.913 (the normal shortcut (1.96 + 0.84)²/d² says 10)
-    # cost: 3 rows per seed; median trial time of six runs each at 10, 30 and 20 s: 20 s
+    # cost: 3 rows per seed at the mean of the rows' median trial times 10, 30 and 80 s: 40 s (the paused run is
+    # not the median of its row; all 18 runs' mean would be 151 s, their median 30 s)
     n = rec["seeds_1pp"]
     assert f"the median MDE ≤ 1.0 pp needs {n} seeds per row ({3 * n} reported trials, " \
-           f"{3 * n * 20 / 3600:.1f} worker-hours)" in table.caption
+           f"{3 * n * 40 / 3600:.1f} worker-hours)" in table.caption
     # n = 6: χ²(5) quantiles 0.831 and 12.833: √(5/12.833) = 0.62, √(5/0.831) = 2.45
-    assert "median 20 s per trial and worker" in table.caption and "0.62–2.45 × s_d" in table.caption
+    assert "40 s per trial and worker, the mean over the study's cells of each cell's median trial" in table.caption
+    assert "0.62–2.45 × s_d" in table.caption
     assert "| noisy     |       4 |       6 |       1.10 |" in table.markdown()
 
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .format import Column, Table, frame
-from .load import StudyData, median_of, own_seconds
+from .load import StudyData, mean_of, median_of, own_seconds
 from .stats import ALPHA, POWER, Cell, family_size, mde
 
 TARGETS_PP = (2.0, 1.0, 0.5)  # the MDEs a plan asks for, in percentage points
@@ -62,10 +62,15 @@ def sd_range(n: int, confidence: float = 0.95) -> tuple[float, float]:
 
 
 def _trial_seconds(data: StudyData) -> float | None:
-    """The study's median wall time per trial and worker (report and tuning runs alike; a stacked trial's share of
-    its stack; the median, since a trial whose worker was paused mid-training counts the pause), None when none
-    recorded it."""
-    return median_of(own_seconds(r.summary) for r in [*data.runs, *data.tune_runs])
+    """The study's wall time per trial and worker (report and tuning runs alike; a stacked trial's share of its
+    stack): the mean over its cells (row, depth and other grid axes) of each cell's median trial, so rows that cost
+    more weigh in, and a trial whose worker was paused mid-training (its wall clock counting the pause) does not;
+    None when none recorded it."""
+    cells: dict[tuple, list[float]] = {}
+    for r in [*data.runs, *data.tune_runs]:
+        if (t := own_seconds(r.summary)) is not None:
+            cells.setdefault((r.row, r.depth, r.extras), []).append(t)
+    return mean_of(median_of(times) for times in cells.values())
 
 
 def _cost_text(data: StudyData, seeds: int, seconds: float | None) -> str:
@@ -104,7 +109,7 @@ def power_table(data: StudyData, cells: Sequence[Cell], alpha: float = ALPHA, po
         n = seeds_needed(lambda n, sd=pick(sds): sd * unit(n), target / 100)
         plans.append(f"the {name} MDE ≤ {target:.1f} pp needs {_seeds_text(n)} seeds per row"
                      + (f" ({_cost_text(data, n, seconds)})" if n is not None else ""))
-    pace = f" (worker-hours at this study's median {seconds:.0f} s per trial and worker)" if seconds else ""
+    pace = f" (worker-hours at {seconds:.0f} s per trial and worker, the mean over the study's cells of each cell's median trial)" if seconds else ""
     pairs = sorted(c.comparison.n for c in planned)
     middle = pairs[len(pairs) // 2]
     low, high = sd_range(middle)
