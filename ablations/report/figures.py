@@ -11,6 +11,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -37,15 +38,61 @@ def apply_style() -> None:
     matplotlib.rcParams.update(RC)
 
 
+#: legend entries beyond which a figure's legend goes outside its axes, at the right of the figure
+LEGEND_INSIDE = 8
+
+
 def colors(labels: Sequence[str]) -> dict[str, tuple]:
-    """A fixed colour per variant label, by its position in the study's order."""
+    """A fixed colour per variant label, by its position in the study's order: distinct for up to 40 labels
+    (tab10; tab20; tab20 then tab20b)."""
     from matplotlib import colormaps as cmaps
 
-    cmap = cmaps["tab10"] if len(labels) <= 10 else cmaps["tab20"]
-    return {label: cmap(i % cmap.N) for i, label in enumerate(labels)}
+    if len(labels) <= 10:
+        palette = list(cmaps["tab10"].colors)
+    else:
+        palette = list(cmaps["tab20"].colors) + ([] if len(labels) <= 20 else list(cmaps["tab20b"].colors))
+    return {label: palette[i % len(palette)] for i, label in enumerate(labels)}
 
 
-def new_figure(width: float, height: float) -> Figure:
+def legend_width(labels: Sequence[str]) -> float:
+    """Inches a legend of these labels takes at the figure's right (the line sample, the longest label at the
+    legend's font size, the padding): what a figure is widened by so that its panels keep their size."""
+    return 0.8 + 0.06 * max((len(label) for label in labels), default=0)
+
+
+def place_legends(fig, axes, labels: Sequence[str], **inside: Any) -> None:
+    """A legend in each panel that has entries (``inside``: its options), or, for more entries than
+    :data:`LEGEND_INSIDE`, one legend at the figure's right (:func:`legend_outside`)."""
+    if legend_outside_for(labels):
+        legend_outside(fig, axes)
+        return
+    for ax in axes:
+        if ax.get_legend_handles_labels()[0]:  # runs imported from a runs.csv (--import-runs) have no curve
+            ax.legend(**inside)
+
+
+def legend_outside(fig, axes) -> None:
+    """One legend for the figure at its right, outside every panel (its entries from all panels, first label wins):
+    what a figure with more than :data:`LEGEND_INSIDE` entries gets instead of a legend that covers its data."""
+    entries: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            entries.setdefault(label, handle)
+    if entries:
+        fig.legend(list(entries.values()), list(entries), loc="outside right upper")
+
+
+def legend_outside_for(labels: Sequence[str]) -> bool:
+    """Whether a legend of these entries goes outside the panels (more than :data:`LEGEND_INSIDE`)."""
+    return len(labels) > LEGEND_INSIDE
+
+
+def new_figure(width: float, height: float, *, legend: Sequence[str] = ()) -> Figure:
+    """A figure of ``width`` x ``height`` inches for its panels, widened (and heightened, if need be) for a legend of
+    ``legend``'s entries at its right when they are too many to sit inside a panel."""
+    if legend_outside_for(legend):
+        width += legend_width(legend)
+        height = max(height, 0.16 * len(legend))
     fig = Figure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(fig)
     return fig
@@ -88,7 +135,7 @@ def _lines_vs_depth(cells: Sequence[Mapping], variants: Sequence[str], *, ylabel
                     ceiling: bool = False) -> Figure:
     """One line per variant over depth: ``mean`` with ± ``std`` error bars (0 where n < 2); ``ceiling``: a dotted
     line at depth − 1 (every block counted)."""
-    fig = new_figure(4.8, 3.4)
+    fig = new_figure(4.8, 3.4, legend=variants)
     ax = fig.add_subplot()
     palette = colors(variants)
     depths = sorted({c["depth"] for c in cells})
@@ -107,7 +154,7 @@ def _lines_vs_depth(cells: Sequence[Mapping], variants: Sequence[str], *, ylabel
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(loc="best", ncols=2 if len(variants) > 4 else 1)
+    place_legends(fig, [ax], variants, loc="best", ncols=2 if len(variants) > 4 else 1)
     return fig
 
 
@@ -117,7 +164,7 @@ def val_curves(curves: Mapping[int, Mapping[str, Sequence[Mapping[int, float]]]]
     depths = sorted(curves)
     ncols = min(3, len(depths)) or 1
     nrows = math.ceil(len(depths) / ncols) or 1
-    fig = new_figure(3.6 * ncols, 2.8 * nrows)
+    fig = new_figure(3.6 * ncols, 2.8 * nrows, legend=[f"{label} (n=00)" for label in variants])
     axes = fig.subplots(nrows, ncols, squeeze=False)
     palette = colors(variants)
     for i, depth in enumerate(depths):
@@ -140,10 +187,9 @@ def val_curves(curves: Mapping[int, Mapping[str, Sequence[Mapping[int, float]]]]
         _integer_ticks(ax, [e for runs in curves[depth].values() for run in runs for e in run])
         ax.set_ylabel("val accuracy (%)")
         ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:  # runs imported from a runs.csv (--import-runs) have no curve
-            ax.legend(loc="lower right")
     for j in range(len(depths), nrows * ncols):
         axes[j // ncols][j % ncols].set_visible(False)
+    place_legends(fig, [ax for row in axes for ax in row], variants, loc="lower right")
     return fig
 
 
@@ -208,14 +254,14 @@ def branch_ratio(events: Mapping[str, Sequence[RunEvents]], variants: Sequence[s
     found = data["ratio_mean"]
     sublayers = [s for s in SUBLAYER_ORDER if s in found] + sorted(set(found) - set(SUBLAYER_ORDER))
     rows = [kind for kind in kinds if data[kind]]
-    fig = new_figure(3.6 * len(sublayers), 2.8 * len(rows))
+    fig = new_figure(3.6 * len(sublayers), 2.8 * len(rows), legend=[f"{label} (n=00)" for label in variants])
     axes = fig.subplots(len(rows), len(sublayers), squeeze=False)
     for r, kind in enumerate(rows):
         for ax, sublayer in zip(axes[r], sublayers, strict=True):
             _scale(ax, _mean_lines(ax, data[kind].get(sublayer, {}), variants))
             ax.set_title(f"{SUBLAYER_NAMES.get(sublayer, sublayer)}")
             ax.set_ylabel(kinds[kind])
-            ax.legend(loc="best")
+    place_legends(fig, [ax for row in axes for ax in row], variants, loc="best")
     fig.suptitle(f"branch / stream norm ratio and skip scale per layer (depth {depth}, last logged epoch)", fontsize=9)
     return fig
 
@@ -233,13 +279,14 @@ def similarity_curves(events: Mapping[str, Sequence[RunEvents]], variants: Seque
                     series[kind][label].setdefault(layer, []).append(value)
     if not any(per for per in series["attn_sim_adj"].values()):
         return None
-    fig = new_figure(7.2, 3.0)
-    for ax, (kind, title) in zip(fig.subplots(1, 2, squeeze=False)[0], kinds.items(), strict=True):
+    fig = new_figure(7.2, 3.0, legend=[f"{label} (n=00)" for label in variants])
+    panels = fig.subplots(1, 2, squeeze=False)[0]
+    for ax, (kind, title) in zip(panels, kinds.items(), strict=True):
         _mean_lines(ax, series[kind], variants)
         ax.set_ylim(0.0, 1.02)
         ax.set_title(f"similarity {title}")
         ax.set_ylabel("mean cosine similarity M")
-        ax.legend(loc="best")
+    place_legends(fig, list(panels), variants, loc="best")
     fig.suptitle(f"attention collapse: cross-layer similarity (depth {depth}, last logged epoch)", fontsize=9)
     return fig
 

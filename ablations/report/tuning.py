@@ -190,13 +190,17 @@ def tuning_figure(data: StudyData, records: list[dict], out: Path) -> list[Path]
     stability of each row's choice (``tuning_stability``: bars, the :data:`STABLE` line drawn)."""
     import matplotlib.pyplot as plt
 
-    from .figures import apply_style, close, colors, save
+    from .figures import apply_style, close, colors, legend_outside_for, legend_width, place_legends, save
 
     apply_style()
     palette = colors(data.rows)
-    fig, ax = plt.subplots(figsize=(6.0, 4.0))
     many_depths = len({r["depth"] for r in records}) > 1
-    for (row, depth), cell in _cells(records).items():
+    cells = _cells(records)
+    entries = [f"{row}, depth {depth}" if many_depths else row for row, depth in cells]
+    outside = legend_outside_for(entries)
+    fig, ax = plt.subplots(figsize=(6.0 + (legend_width(entries) if outside else 0.0),
+                                    max(4.0, 0.16 * len(entries) if outside else 0.0)), layout="constrained")
+    for (row, depth), cell in cells.items():
         points = [rec for rec in cell if rec["mean"] is not None]
         if not points:
             continue
@@ -211,13 +215,15 @@ def tuning_figure(data: StudyData, records: list[dict], out: Path) -> list[Path]
     ax.set_xlabel("peak learning rate")
     ax.set_ylabel(f"val accuracy (%) [{data.tune_metric}], tuning seeds")
     ax.set_title(f"{data.name}: LR tuning (circled: chosen)")
-    ax.legend(fontsize="small")
+    place_legends(fig, [ax], entries, fontsize="small")
     paths = save(fig, out, "tuning")
     close(fig)
     chosen = [rec for rec in records if rec["chosen"] and rec["stability"] is not None]
     if chosen:
         labels = [f"{rec['variant']} d{rec['depth']}" if many_depths else rec["variant"] for rec in chosen]
-        fig, ax = plt.subplots(figsize=(6.0, 0.6 + 0.28 * len(chosen)))
+        # the bars keep 4.8 in beside the labels, however long the row names
+        fig, ax = plt.subplots(figsize=(4.8 + 0.06 * max(len(label) for label in labels), 0.9 + 0.28 * len(chosen)),
+                               layout="constrained")
         ax.barh(range(len(chosen)), [100 * rec["stability"] for rec in chosen],
                 color=[palette.get(rec["variant"], "black") for rec in chosen])
         ax.axvline(100 * STABLE, color="grey", linestyle="--", linewidth=1)

@@ -1,0 +1,86 @@
+"""A study of many rows (frontier has 21) gets readable figures: a colour of its own per row, legends outside the
+data at the figure's right, and no label cut off or panel squeezed to nothing."""
+
+from __future__ import annotations
+
+import warnings
+
+import matplotlib
+import pytest
+import yaml
+from PIL import Image
+
+from ablations import report
+from ablations.report.figures import LEGEND_INSIDE, RC, accuracy_vs_depth, colors, val_curves
+from ablations.studies.spec import _build
+
+ROWS = ["standard", *(f"standard_params_matched_variant_{i:02d}" for i in range(1, 21))]  # 21 rows, long labels
+
+
+@pytest.mark.parametrize("n", [10, 20, 21, 40])
+def test_each_row_has_a_colour_of_its_own(n):
+    palette = colors([f"row{i}" for i in range(n)])
+    assert len(set(palette.values())) == n
+
+
+def test_val_curves_of_many_rows_keep_the_legend_outside_the_panel_and_the_panel_its_size():
+    curves = {4: {row: [{e: 50.0 + i + e for e in range(1, 31)} for _ in range(2)] for i, row in enumerate(ROWS)}}
+    with warnings.catch_warnings(), matplotlib.rc_context(RC):  # the report's style, as its figures are saved in
+        warnings.simplefilter("error")  # matplotlib warns when constrained layout collapses a panel to nothing
+        fig = val_curves(curves, ROWS)
+        fig.canvas.draw()
+    (ax,) = fig.axes
+    assert ax.get_legend() is None and len(fig.legends) == 1
+    legend = fig.legends[0]
+    assert [t.get_text() for t in legend.get_texts()] == [f"{row} (n=2)" for row in ROWS]
+    panel, box = ax.get_window_extent(), legend.get_window_extent()
+    assert box.x0 >= panel.x1  # at the right of the panel, covering none of its curves
+    assert panel.width > 0.4 * fig.bbox.width and panel.height > 0.5 * fig.bbox.height
+    few = val_curves({4: {row: curves[4][row] for row in ROWS[:LEGEND_INSIDE]}}, ROWS[:LEGEND_INSIDE])
+    assert few.axes[0].get_legend() is not None and not few.legends  # a few rows: the legend stays in the panel
+
+
+@pytest.mark.parametrize("rows", [len(ROWS), LEGEND_INSIDE])
+def test_accuracy_vs_depth_puts_the_legend_of_many_rows_beside_the_panel(rows):
+    cells = [{"variant": row, "depth": d, "mean": 90.0 + i / 10 + d, "std": 0.5, "n": 3}
+             for i, row in enumerate(ROWS[:rows]) for d in (4, 8)]
+    with warnings.catch_warnings(), matplotlib.rc_context(RC):
+        warnings.simplefilter("error")
+        fig = accuracy_vs_depth(cells, ROWS[:rows], ylabel="top-1 accuracy (%)")
+        fig.canvas.draw()
+    (ax,) = fig.axes
+    if rows > LEGEND_INSIDE:
+        assert ax.get_legend() is None and len(fig.legends[0].get_texts()) == rows
+        assert fig.legends[0].get_window_extent().x0 >= ax.get_window_extent().x1
+        assert ax.get_window_extent().width > 0.4 * fig.bbox.width
+    else:
+        assert len(ax.get_legend().get_texts()) == rows and not fig.legends
+
+
+def test_tuning_figures_of_many_rows_draw_without_a_collapsed_panel_or_a_cut_label(tmp_path):
+    from ablations.report.load import assemble
+    from ablations.report.tuning import tuning_figure, tuning_records
+
+    spec = _build(yaml.safe_load(
+        "name: many\nkind: grid\nmetric: test_acc\nbase: {dataset: synthetic}\n"
+        "variants: [" + ", ".join(f"{{label: {row}, residual: standard}}" for row in ROWS) + "]\n"
+        "axes: {depth: [4], seed: [0]}\n"), "default", "many.yaml")
+    runs, number = [], 0
+    for i, row in enumerate(ROWS):
+        for seed in (100, 101):
+            for lr, acc in ((0.001, 0.90), (0.002, 0.92 + 0.001 * i + 0.002 * (seed - 100)), (0.004, 0.91)):
+                runs.append(report.Run(number=number, state="complete", variant=row, depth=4, seed=seed, row="",
+                                       acc=acc, phase="tune", config={"lr": lr}, summary={"best_val_acc": acc}))
+                number += 1
+        runs.append(report.Run(number=i, state="complete", variant=row, depth=4, seed=0, row="", acc=0.93,
+                               config={"lr": 0.002}, summary={"best_val_acc": 0.93}))  # reported at its rate
+    data = assemble("many", spec, runs)
+    records = tuning_records(data)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        paths = tuning_figure(data, records, tmp_path)
+    assert sorted(p.name for p in paths) == ["tuning.pdf", "tuning.png", "tuning_stability.pdf",
+                                             "tuning_stability.png"]
+    with Image.open(tmp_path / "tuning_stability.png") as img:  # the long row labels are drawn, not cut at the edge
+        left = img.convert("L").crop((0, 0, 3, img.height))
+        assert min(left.getdata()) == 255  # a blank margin at the left: no label runs off the figure
