@@ -79,7 +79,7 @@ def legend_outside(fig, axes) -> None:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
             entries.setdefault(label, handle)
     if entries:
-        fig.legend(list(entries.values()), list(entries), loc="outside right upper")
+        fig.legend(list(entries.values()), list(entries), loc="outside right center")
 
 
 def legend_outside_for(labels: Sequence[str]) -> bool:
