@@ -8,6 +8,7 @@ import warnings
 import matplotlib
 import pytest
 import yaml
+from matplotlib.colors import to_hex
 from PIL import Image
 
 from ablations import report
@@ -57,14 +58,15 @@ def test_accuracy_vs_depth_puts_the_legend_of_many_rows_beside_the_panel(rows):
         assert len(ax.get_legend().get_texts()) == rows and not fig.legends
 
 
-def test_tuning_figures_of_many_rows_draw_without_a_collapsed_panel_or_a_cut_label(tmp_path):
+def _many_rows_study(report_seeds=(0, 1, 2)):
+    """21 rows of 'standard' (a spec the report accepts), tuning runs at three rates on two seeds, reported runs at
+    the middle rate on ``report_seeds``."""
     from ablations.report.load import assemble
-    from ablations.report.tuning import tuning_figure, tuning_records
 
     spec = _build(yaml.safe_load(
         "name: many\nkind: grid\nmetric: test_acc\nbase: {dataset: synthetic}\n"
         "variants: [" + ", ".join(f"{{label: {row}, residual: standard}}" for row in ROWS) + "]\n"
-        "axes: {depth: [4], seed: [0]}\n"), "default", "many.yaml")
+        "axes: {depth: [4], seed: [0, 1, 2]}\n"), "default", "many.yaml")
     runs, number = [], 0
     for i, row in enumerate(ROWS):
         for seed in (100, 101):
@@ -72,9 +74,33 @@ def test_tuning_figures_of_many_rows_draw_without_a_collapsed_panel_or_a_cut_lab
                 runs.append(report.Run(number=number, state="complete", variant=row, depth=4, seed=seed, row="",
                                        acc=acc, phase="tune", config={"lr": lr}, summary={"best_val_acc": acc}))
                 number += 1
-        runs.append(report.Run(number=i, state="complete", variant=row, depth=4, seed=0, row="", acc=0.93,
-                               config={"lr": 0.002}, summary={"best_val_acc": 0.93}))  # reported at its rate
-    data = assemble("many", spec, runs)
+        for seed in report_seeds:
+            acc = 0.93 + 0.001 * i + 0.002 * seed
+            runs.append(report.Run(number=number, state="complete", variant=row, depth=4, seed=seed, row="",
+                                   acc=acc, config={"lr": 0.002}, summary={"best_val_acc": acc, "test_acc": acc}))
+            number += 1
+    return assemble("many", spec, runs)
+
+
+def test_the_html_charts_of_many_rows_name_every_row_in_the_figures_colours():
+    from ablations.report.html import accuracy_figure, colour, delta_figure
+
+    data = _many_rows_study()
+    palette = colour(data.rows)
+    assert len(set(palette.values())) == len(ROWS)
+    assert palette == {row: to_hex(c) for row, c in colors(data.rows).items()}  # as the PNGs
+    acc = accuracy_figure(data)
+    assert acc.layout.showlegend is False  # the x axis names every row; a legend of 21 would cover them
+    assert acc.layout.margin.b >= 5 * max(len(row) for row in ROWS)  # room for the slanted names
+    delta = delta_figure(data, report.main_cells(data))
+    assert {t.y[0] for t in delta.data} == set(ROWS[1:])
+    assert delta.layout.height >= 24 * len(ROWS[1:])  # a tick label per row: plotly drops labels that would overlap
+
+
+def test_tuning_figures_of_many_rows_draw_without_a_collapsed_panel_or_a_cut_label(tmp_path):
+    from ablations.report.tuning import tuning_figure, tuning_records
+
+    data = _many_rows_study(report_seeds=(0,))
     records = tuning_records(data)
     with warnings.catch_warnings():
         warnings.simplefilter("error")

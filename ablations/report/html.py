@@ -37,8 +37,6 @@ INDEX = "index.html"
 PLOTLY_BUNDLE = "plotly.min.js"
 LEDGER = "claims.md"  # the results folder's claims ledger, linked from the index when present
 #: tab10, the colours of the report's matplotlib figures, by the study's row order
-PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-           "#17becf")
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0 auto;max-width:1200px;padding:0 1.2em 3em;
 color:#1b1b1b;line-height:1.45}
@@ -141,7 +139,12 @@ def table_section(table: Table) -> str:
 
 # --- charts -------------------------------------------------------------------------------------------------------
 def colour(rows: Sequence[str]) -> dict[str, str]:
-    return {row: PALETTE[i % len(PALETTE)] for i, row in enumerate(rows)}
+    """Each row's colour as hex, the same as in the PNG figures (:func:`ablations.report.figures.colors`)."""
+    from matplotlib.colors import to_hex
+
+    from .figures import colors
+
+    return {row: to_hex(c) for row, c in colors(rows).items()}
 
 
 def _rgba(hex_colour: str, alpha: float) -> str:
@@ -155,6 +158,7 @@ def accuracy_figure(data: StudyData):
     from plotly.subplots import make_subplots
 
     from .aggregate import band
+    from .figures import legend_outside_for
 
     depths = data.depths or [None]
     fig = make_subplots(rows=1, cols=len(depths), shared_yaxes=True,
@@ -179,7 +183,12 @@ def accuracy_figure(data: StudyData):
                 hovertemplate=f"{row}: mean %{{y:.2f}}% [{100 * b.lower:.2f}, {100 * b.upper:.2f}] 95% CI, "
                               f"n={b.n}<extra></extra>"), row=1, col=col)
     fig.update_yaxes(title_text=f"{data.metric} (%)", row=1, col=1)
-    return _style(fig, f"{data.metric}: every seed (dots) and the mean with its 95% CI (diamond)")
+    title = f"{data.metric}: every seed (dots) and the mean with its 95% CI (diamond)"
+    if not legend_outside_for(data.rows):
+        return _style(fig, title)
+    label = max(len(row) for row in data.rows)  # the x axis names every row: the legend would repeat it
+    fig.update_xaxes(tickangle=-45)
+    return _style(fig, title, height=420 + 5 * label, bottom=50 + 5 * label, legend=False)
 
 
 def delta_figure(data: StudyData, cells: Sequence) -> Any:
@@ -213,7 +222,9 @@ def delta_figure(data: StudyData, cells: Sequence) -> Any:
         fig.add_vline(x=0, line_dash="dot", line_color="gray", row=1, col=col)
         fig.update_xaxes(title_text=f"Δ vs {BASELINE} (pp)", row=1, col=col)
     fig.update_yaxes(autorange="reversed")
-    return _style(fig, f"paired Δ {data.metric} vs {BASELINE}: mean and 95% CI (filled: Holm-significant)")
+    rows = len({c.row for c in compared})  # a tick label per row: 24 px each, or plotly drops some
+    return _style(fig, f"paired Δ {data.metric} vs {BASELINE}: mean and 95% CI (filled: Holm-significant)",
+                  height=max(420, 150 + 24 * rows))
 
 
 def band_figure(cells: Sequence, tag: str, *, delta: bool, rows: Sequence[str], scale: float = 100.0):
@@ -278,9 +289,9 @@ def tuning_figure(data: StudyData, records: Sequence[Mapping]) -> Any:
     return _style(fig, "learning-rate tuning: mean ± sd over the tuning seeds (star: chosen)")
 
 
-def _style(fig, title: str):
-    fig.update_layout(title={"text": title, "font": {"size": 14}}, template="plotly_white", height=420,
-                      margin={"l": 60, "r": 20, "t": 70, "b": 50}, hovermode="closest",
+def _style(fig, title: str, *, height: int = 420, bottom: int = 50, legend: bool = True):
+    fig.update_layout(title={"text": title, "font": {"size": 14}}, template="plotly_white", height=height,
+                      margin={"l": 60, "r": 20, "t": 70, "b": bottom}, hovermode="closest", showlegend=legend,
                       legend={"orientation": "h", "y": -0.18})
     return fig
 
