@@ -110,3 +110,29 @@ def test_tuning_figures_of_many_rows_draw_without_a_collapsed_panel_or_a_cut_lab
     with Image.open(tmp_path / "tuning_stability.png") as img:  # the long row labels are drawn, not cut at the edge
         left = img.convert("L").crop((0, 0, 3, img.height))
         assert min(left.getdata()) == 255  # a blank margin at the left: no label runs off the figure
+
+
+def test_a_rows_depths_share_its_colour_and_differ_in_line_and_marker_in_the_tuning_figure(tmp_path, monkeypatch):
+    from ablations.report import figures
+    from ablations.report.load import assemble
+    from ablations.report.tuning import tuning_figure, tuning_records
+
+    spec = _build(yaml.safe_load(
+        "name: deep\nkind: grid\nmetric: test_acc\nbase: {dataset: synthetic}\n"
+        "variants: [{label: standard, residual: standard}, {label: rezero, residual: rezero}]\n"
+        "axes: {depth: [4, 12], seed: [0]}\n"), "default", "deep.yaml")
+    runs = [report.Run(number=n, state="complete", variant=row, depth=depth, seed=100, row="", acc=acc, phase="tune",
+                       config={"lr": lr}, summary={"best_val_acc": acc})
+            for n, (row, depth, lr, acc) in enumerate((row, depth, lr, 0.9 + lr) for row in ("standard", "rezero")
+                                                      for depth in (4, 12) for lr in (0.001, 0.002))]
+    drawn = []
+    monkeypatch.setattr(figures, "save", lambda fig, out, name, **kw: drawn.append((name, fig)) or [])
+    tuning_figure(assemble("deep", spec, runs), tuning_records(assemble("deep", spec, runs)), tmp_path)
+    fig = dict(drawn)["tuning"]
+    lines = {bars.get_label(): bars.lines[0] for bars in fig.axes[0].containers}  # errorbar: (data line, caps, bars)
+    assert sorted(lines) == ["rezero, depth 12", "rezero, depth 4", "standard, depth 12", "standard, depth 4"]
+    for row in ("standard", "rezero"):
+        shallow, deep = lines[f"{row}, depth 4"], lines[f"{row}, depth 12"]
+        assert shallow.get_color() == deep.get_color()
+        assert (shallow.get_linestyle(), shallow.get_marker()) != (deep.get_linestyle(), deep.get_marker())
+    assert lines["standard, depth 4"].get_color() != lines["rezero, depth 4"].get_color()

@@ -185,6 +185,10 @@ def tuning_table(data: StudyData, records: list[dict]) -> Table:
                  [(k, k, fmts.get(k, "")) for k in TUNING_KEYS])
 
 
+#: (line style, marker) of a row's curve at its study's first, second, ... depth in the tuning figure
+DEPTH_STYLES = (("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"))
+
+
 def tuning_figure(data: StudyData, records: list[dict], out: Path) -> list[Path]:
     """Val accuracy (mean ± sd over the tuning seeds) vs LR (log axis) per variant, the chosen LR circled; and the
     stability of each row's choice (``tuning_stability``: bars, the :data:`STABLE` line drawn)."""
@@ -194,7 +198,8 @@ def tuning_figure(data: StudyData, records: list[dict], out: Path) -> list[Path]
 
     apply_style()
     palette = colors(data.rows)
-    many_depths = len({r["depth"] for r in records}) > 1
+    depths = sorted({r["depth"] for r in records}, key=lambda d: (d is None, d))
+    many_depths = len(depths) > 1
     cells = _cells(records)
     entries = [f"{row}, depth {depth}" if many_depths else row for row, depth in cells]
     outside = legend_outside_for(entries)
@@ -206,8 +211,9 @@ def tuning_figure(data: StudyData, records: list[dict], out: Path) -> list[Path]
             continue
         xs, ys = [p["lr"] for p in points], [100 * p["mean"] for p in points]
         color = palette.get(row, "black")
-        ax.errorbar(xs, ys, yerr=[100 * (p["std"] or 0.0) for p in points], marker="o", capsize=3,
-                    label=f"{row}, depth {depth}" if many_depths else row, color=color)
+        style = DEPTH_STYLES[depths.index(depth) % len(DEPTH_STYLES)]  # a row's depths: one colour, own line and marker
+        ax.errorbar(xs, ys, yerr=[100 * (p["std"] or 0.0) for p in points], marker=style[1], linestyle=style[0],
+                    capsize=3, label=f"{row}, depth {depth}" if many_depths else row, color=color)
         chosen = [p for p in points if p["chosen"]]
         ax.scatter([p["lr"] for p in chosen], [100 * p["mean"] for p in chosen], s=120, facecolors="none",
                    edgecolors=color, linewidths=1.5)
