@@ -54,10 +54,26 @@ def colors(labels: Sequence[str]) -> dict[str, tuple]:
     return {label: palette[i % len(palette)] for i, label in enumerate(labels)}
 
 
+def legend_outside_for(labels: Sequence[str]) -> bool:
+    """Whether a legend of these entries goes outside the panels (more than :data:`LEGEND_INSIDE`)."""
+    return len(labels) > LEGEND_INSIDE
+
+
 def legend_width(labels: Sequence[str]) -> float:
     """Inches a legend of these labels takes at the figure's right (the line sample, the longest label at the
     legend's font size, the padding): what a figure is widened by so that its panels keep their size."""
     return 0.8 + 0.06 * max((len(label) for label in labels), default=0)
+
+
+def new_figure(width: float, height: float, *, legend: Sequence[str] = ()) -> Figure:
+    """A figure of ``width`` x ``height`` inches for its panels, widened (and heightened, if need be) for a legend of
+    ``legend``'s entries at its right when they are too many to sit inside a panel."""
+    if legend_outside_for(legend):
+        width += legend_width(legend)
+        height = max(height, 0.16 * len(legend))
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
 
 
 def place_legends(fig, axes, labels: Sequence[str], **inside: Any) -> None:
@@ -80,22 +96,6 @@ def legend_outside(fig, axes) -> None:
             entries.setdefault(label, handle)
     if entries:
         fig.legend(list(entries.values()), list(entries), loc="outside right center")
-
-
-def legend_outside_for(labels: Sequence[str]) -> bool:
-    """Whether a legend of these entries goes outside the panels (more than :data:`LEGEND_INSIDE`)."""
-    return len(labels) > LEGEND_INSIDE
-
-
-def new_figure(width: float, height: float, *, legend: Sequence[str] = ()) -> Figure:
-    """A figure of ``width`` x ``height`` inches for its panels, widened (and heightened, if need be) for a legend of
-    ``legend``'s entries at its right when they are too many to sit inside a panel."""
-    if legend_outside_for(legend):
-        width += legend_width(legend)
-        height = max(height, 0.16 * len(legend))
-    fig = Figure(figsize=(width, height), layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
 
 
 def save(fig, out_dir: Path, name: str, *, tight: bool = False) -> list[Path]:

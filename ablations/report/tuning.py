@@ -192,9 +192,7 @@ DEPTH_STYLES = (("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"))
 def tuning_figure(data: StudyData, records: list[dict], out: Path) -> list[Path]:
     """Val accuracy (mean ± sd over the tuning seeds) vs LR (log axis) per variant, the chosen LR circled; and the
     stability of each row's choice (``tuning_stability``: bars, the :data:`STABLE` line drawn)."""
-    import matplotlib.pyplot as plt
-
-    from .figures import apply_style, close, colors, legend_outside_for, legend_width, place_legends, save
+    from .figures import apply_style, close, colors, new_figure, place_legends, save
 
     apply_style()
     palette = colors(data.rows)
@@ -202,9 +200,8 @@ def tuning_figure(data: StudyData, records: list[dict], out: Path) -> list[Path]
     many_depths = len(depths) > 1
     cells = _cells(records)
     entries = [f"{row}, depth {depth}" if many_depths else row for row, depth in cells]
-    outside = legend_outside_for(entries)
-    fig, ax = plt.subplots(figsize=(6.0 + (legend_width(entries) if outside else 0.0),
-                                    max(4.0, 0.16 * len(entries) if outside else 0.0)), layout="constrained")
+    fig = new_figure(6.0, 4.0, legend=entries)
+    ax = fig.add_subplot()
     for (row, depth), cell in cells.items():
         points = [rec for rec in cell if rec["mean"] is not None]
         if not points:
@@ -228,8 +225,8 @@ def tuning_figure(data: StudyData, records: list[dict], out: Path) -> list[Path]
     if chosen:
         labels = [f"{rec['variant']} d{rec['depth']}" if many_depths else rec["variant"] for rec in chosen]
         # the bars keep 4.8 in beside the labels, however long the row names
-        fig, ax = plt.subplots(figsize=(4.8 + 0.06 * max(len(label) for label in labels), 0.9 + 0.28 * len(chosen)),
-                               layout="constrained")
+        fig = new_figure(4.8 + 0.06 * max(len(label) for label in labels), 0.9 + 0.28 * len(chosen))
+        ax = fig.add_subplot()
         ax.barh(range(len(chosen)), [100 * rec["stability"] for rec in chosen],
                 color=[palette.get(rec["variant"], "black") for rec in chosen])
         ax.axvline(100 * STABLE, color="grey", linestyle="--", linewidth=1)
