@@ -82,6 +82,7 @@ def _many_rows_study(report_seeds=(0, 1, 2)):
     return assemble("many", spec, runs)
 
 
+@pytest.mark.slow  # 21 rows' paired statistics and plotly: about 10 s
 def test_the_html_charts_of_many_rows_name_every_row_in_the_figures_colours():
     from ablations.report.html import accuracy_figure, colour, delta_figure
 
@@ -97,6 +98,7 @@ def test_the_html_charts_of_many_rows_name_every_row_in_the_figures_colours():
     assert delta.layout.height >= 24 * len(ROWS[1:])  # a tick label per row: plotly drops labels that would overlap
 
 
+@pytest.mark.slow  # two figures of 21 rows, PNG and PDF each: about 6 s
 def test_tuning_figures_of_many_rows_draw_without_a_collapsed_panel_or_a_cut_label(tmp_path):
     from ablations.report.tuning import tuning_figure, tuning_records
 
