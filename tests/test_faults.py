@@ -70,7 +70,7 @@ def _default_sigint() -> None:
 
 
 def _start(module: str, *args, cwd: Path, prefix: tuple = (), env: dict | None = None) -> subprocess.Popen:
-    """``python -m MODULE ARGS`` (after ``prefix``, e.g. an nsenter) in its own session, output piped."""
+    """``python -m MODULE ARGS`` (after ``prefix``, e.g. an nsenter) in a process group of its own, output piped."""
     args = one_worker_unless_told(args) if module == "ablations.run" else [str(a) for a in args]
     return subprocess.Popen([*prefix, sys.executable, "-m", module, *args], cwd=cwd, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,

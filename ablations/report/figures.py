@@ -59,10 +59,20 @@ def legend_outside_for(labels: Sequence[str]) -> bool:
     return len(labels) > LEGEND_INSIDE
 
 
+def text_width(labels: Sequence[str]) -> float:
+    """Inches the longest of these labels takes at the legend's and tick labels' font size."""
+    return 0.06 * max((len(label) for label in labels), default=0)
+
+
 def legend_width(labels: Sequence[str]) -> float:
-    """Inches a legend of these labels takes at the figure's right (the line sample, the longest label at the
-    legend's font size, the padding): what a figure is widened by so that its panels keep their size."""
-    return 0.8 + 0.06 * max((len(label) for label in labels), default=0)
+    """Inches a legend of these labels takes at the figure's right (the line sample, the longest label, the
+    padding): what a figure is widened by so that its panels keep their size."""
+    return 0.8 + text_width(labels)
+
+
+def _counted(variants: Sequence[str]) -> list[str]:
+    """The legend entries of lines labelled with their run count (``"<label> (n=<runs>)"``), sized at two digits."""
+    return [f"{label} (n=00)" for label in variants]
 
 
 def new_figure(width: float, height: float, *, legend: Sequence[str] = ()) -> Figure:
@@ -164,7 +174,7 @@ def val_curves(curves: Mapping[int, Mapping[str, Sequence[Mapping[int, float]]]]
     depths = sorted(curves)
     ncols = min(3, len(depths)) or 1
     nrows = math.ceil(len(depths) / ncols) or 1
-    fig = new_figure(3.6 * ncols, 2.8 * nrows, legend=[f"{label} (n=00)" for label in variants])
+    fig = new_figure(3.6 * ncols, 2.8 * nrows, legend=_counted(variants))
     axes = fig.subplots(nrows, ncols, squeeze=False)
     palette = colors(variants)
     for i, depth in enumerate(depths):
@@ -254,7 +264,7 @@ def branch_ratio(events: Mapping[str, Sequence[RunEvents]], variants: Sequence[s
     found = data["ratio_mean"]
     sublayers = [s for s in SUBLAYER_ORDER if s in found] + sorted(set(found) - set(SUBLAYER_ORDER))
     rows = [kind for kind in kinds if data[kind]]
-    fig = new_figure(3.6 * len(sublayers), 2.8 * len(rows), legend=[f"{label} (n=00)" for label in variants])
+    fig = new_figure(3.6 * len(sublayers), 2.8 * len(rows), legend=_counted(variants))
     axes = fig.subplots(len(rows), len(sublayers), squeeze=False)
     for r, kind in enumerate(rows):
         for ax, sublayer in zip(axes[r], sublayers, strict=True):
@@ -279,7 +289,7 @@ def similarity_curves(events: Mapping[str, Sequence[RunEvents]], variants: Seque
                     series[kind][label].setdefault(layer, []).append(value)
     if not any(per for per in series["attn_sim_adj"].values()):
         return None
-    fig = new_figure(7.2, 3.0, legend=[f"{label} (n=00)" for label in variants])
+    fig = new_figure(7.2, 3.0, legend=_counted(variants))
     panels = fig.subplots(1, 2, squeeze=False)[0]
     for ax, (kind, title) in zip(panels, kinds.items(), strict=True):
         _mean_lines(ax, series[kind], variants)

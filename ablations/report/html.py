@@ -36,7 +36,6 @@ REPORT = "report.html"
 INDEX = "index.html"
 PLOTLY_BUNDLE = "plotly.min.js"
 LEDGER = "claims.md"  # the results folder's claims ledger, linked from the index when present
-#: tab10, the colours of the report's matplotlib figures, by the study's row order
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0 auto;max-width:1200px;padding:0 1.2em 3em;
 color:#1b1b1b;line-height:1.45}

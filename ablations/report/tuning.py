@@ -192,7 +192,7 @@ DEPTH_STYLES = (("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"))
 def tuning_figure(data: StudyData, records: list[dict], out: Path) -> list[Path]:
     """Val accuracy (mean ± sd over the tuning seeds) vs LR (log axis) per variant, the chosen LR circled; and the
     stability of each row's choice (``tuning_stability``: bars, the :data:`STABLE` line drawn)."""
-    from .figures import apply_style, close, colors, new_figure, place_legends, save
+    from .figures import apply_style, close, colors, new_figure, place_legends, save, text_width
 
     apply_style()
     palette = colors(data.rows)
@@ -202,7 +202,7 @@ def tuning_figure(data: StudyData, records: list[dict], out: Path) -> list[Path]
     entries = [f"{row}, depth {depth}" if many_depths else row for row, depth in cells]
     fig = new_figure(6.0, 4.0, legend=entries)
     ax = fig.add_subplot()
-    for (row, depth), cell in cells.items():
+    for entry, ((row, depth), cell) in zip(entries, cells.items(), strict=True):
         points = [rec for rec in cell if rec["mean"] is not None]
         if not points:
             continue
@@ -210,7 +210,7 @@ def tuning_figure(data: StudyData, records: list[dict], out: Path) -> list[Path]
         color = palette.get(row, "black")
         style = DEPTH_STYLES[depths.index(depth) % len(DEPTH_STYLES)]  # a row's depths: one colour, own line and marker
         ax.errorbar(xs, ys, yerr=[100 * (p["std"] or 0.0) for p in points], marker=style[1], linestyle=style[0],
-                    capsize=3, label=f"{row}, depth {depth}" if many_depths else row, color=color)
+                    capsize=3, label=entry, color=color)
         chosen = [p for p in points if p["chosen"]]
         ax.scatter([p["lr"] for p in chosen], [100 * p["mean"] for p in chosen], s=120, facecolors="none",
                    edgecolors=color, linewidths=1.5)
@@ -225,7 +225,7 @@ def tuning_figure(data: StudyData, records: list[dict], out: Path) -> list[Path]
     if chosen:
         labels = [f"{rec['variant']} d{rec['depth']}" if many_depths else rec["variant"] for rec in chosen]
         # the bars keep 4.8 in beside the labels, however long the row names
-        fig = new_figure(4.8 + 0.06 * max(len(label) for label in labels), 0.9 + 0.28 * len(chosen))
+        fig = new_figure(4.8 + text_width(labels), 0.9 + 0.28 * len(chosen))
         ax = fig.add_subplot()
         ax.barh(range(len(chosen)), [100 * rec["stability"] for rec in chosen],
                 color=[palette.get(rec["variant"], "black") for rec in chosen])
