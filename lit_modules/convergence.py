@@ -148,7 +148,9 @@ def summarize(
     measured one (the final epoch's, the reported metric), ``test_acc_at_best_val`` the one of the epoch chosen on
     validation (``best_epoch``);
     ``train_loss``: mean train loss per epoch (NaN/None entries are skipped by ``final_train_loss``);
-    ``epoch_times``: wall time per epoch incl. validation; ``train_times``: the training part only.
+    ``epoch_times``: wall time per epoch incl. validation (``time_per_epoch_s`` is their median: an epoch in which the
+    process was paused, or the machine suspended, does not move it, nor does the first epoch's warm-up);
+    ``train_times``: the training part only.
     ``final_val_acc`` is the last measured val accuracy (of a diverged run: the last epoch validated before it
     diverged). Values never reached are None. ``epochs_completed`` counts validated epochs.
     """
@@ -174,7 +176,7 @@ def summarize(
         val_acc_late_change=late_change(curve),
         final_train_loss=last_finite(train_loss),
         wall_time_s=float(wall_time_s) if wall_time_s is not None else float(sum(epoch_times)),
-        time_per_epoch_s=float(np.mean(epoch_times)) if len(epoch_times) else None,
+        time_per_epoch_s=float(np.median(epoch_times)) if len(epoch_times) else None,
         train_images_per_s=float(images_seen / total_train) if total_train > 0 else None,
         epochs_completed=int(np.count_nonzero(~np.isnan(curve))),
         images_seen=int(images_seen),

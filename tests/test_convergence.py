@@ -77,8 +77,9 @@ def test_last_finite_and_keys():
 def test_summarize_hand_made_run():
     s = summarize(
         val_acc=CURVE, train_loss=[2.0, 1.5, 1.0, 0.8, 0.7, 0.6, 0.55, 0.5],
-        steps=[10 * e for e in range(1, 9)], epoch_times=[2.0] * 8, train_times=[1.5] * 8, images_seen=1200,
-        max_epochs=10, thresholds=(0.5, 0.8, 0.99), diverged=False, param_count=1234, wall_time_s=17.0,
+        steps=[10 * e for e in range(1, 9)], epoch_times=[2.5] + [2.0] * 6 + [60.0], train_times=[1.5] * 8,
+        images_seen=1200,
+        max_epochs=10, thresholds=(0.5, 0.8, 0.99), diverged=False, param_count=1234, wall_time_s=80.0,
     )
     assert s["best_val_acc"] == 0.96 and s["best_epoch"] == 7
     assert s["final_val_acc"] == 0.93
@@ -87,7 +88,8 @@ def test_summarize_hand_made_run():
     assert (s["epochs_to_acc_0.5"], s["epochs_to_acc_0.8"], s["epochs_to_acc_0.99"]) == (2, 3, None)
     assert s["val_acc_auc"] == pytest.approx(sum(CURVE) / 10)
     assert s["final_train_loss"] == 0.5
-    assert s["wall_time_s"] == 17.0 and s["time_per_epoch_s"] == 2.0
+    # s/epoch is the median epoch: the last epoch's pause (60 s) and the first's warm-up do not move it
+    assert s["wall_time_s"] == 80.0 and s["time_per_epoch_s"] == 2.0
     assert s["train_images_per_s"] == pytest.approx(1200 / 12.0)
     assert s["epochs_completed"] == 8 and s["diverged"] is False and s["param_count"] == 1234
     assert s["val_acc_curve"] == CURVE
