@@ -338,15 +338,20 @@ def param_count(config) -> int:
 
 
 PROTOCOL_STUDIES = [name for name in available_studies() if load_spec(name).tune is not None]
+#: every evidence budget a study under the protocol defines; the GPU sizes build wider and deeper models (slow tier)
+EVIDENCE_BUDGETS = [pytest.param(name, budget, marks=[pytest.mark.slow] if budget != "default" else [])
+                    for name in PROTOCOL_STUDIES for budget in ("default", "gpu", "paper")
+                    if budget in load_spec(name).budgets]
 
 
-@pytest.mark.parametrize("name", PROTOCOL_STUDIES)
-def test_a_variant_with_5_percent_more_parameters_has_a_matched_standard_row(name):
-    """The fair protocol's control: in a study under it (one with a tuning stage), every variant that adds >= 5%
-    parameters over standard (same depth) has a row ``standard_params_matched_<label>`` (standard, wider MLP)
-    whose parameter count is within 1% of the variant's (or ``<row>_params_matched_<label>``: e.g. the same
-    residual made deeper, where the extra parameters are whole blocks)."""
-    spec = load_spec(name)
+@pytest.mark.parametrize("name, budget", EVIDENCE_BUDGETS)
+def test_a_variant_with_5_percent_more_parameters_has_a_matched_standard_row(name, budget):
+    """The fair protocol's control: in a study under it (one with a tuning stage), at every evidence budget, every
+    variant that adds >= 5% parameters over standard (same depth) has a row ``standard_params_matched_<label>``
+    (standard, wider MLP) whose parameter count is within 1% of the variant's (or ``<row>_params_matched_<label>``:
+    e.g. the same residual made deeper, where the extra parameters are whole blocks). A control's width is resolved
+    at each point (``params_of``), so it stays matched where the GPU budgets change the depth or the width."""
+    spec = load_spec(name, budget)
     labels = [v.label for v in spec.variants]
     for depth in spec.axes.get("depth", [None]):
         point = {"seed": spec.axes.get("seed", [0])[0]} | ({"depth": depth} if depth is not None else {})
@@ -355,5 +360,5 @@ def test_a_variant_with_5_percent_more_parameters_has_a_matched_standard_row(nam
             if label == "standard" or "_params_matched_" in label or counts[label] < 1.05 * counts["standard"]:
                 continue
             controls = [c for c in labels if "_params_matched_" in c and abs(counts[c] / counts[label] - 1) <= 0.01]
-            assert controls, f"{name}: {label} has {counts[label] / counts['standard'] - 1:+.1%} parameters at " \
-                             f"depth {depth} but no row standard_params_matched_{label} within 1% of it"
+            assert controls, f"{name} ({budget}): {label} has {counts[label] / counts['standard'] - 1:+.1%} " \
+                             f"parameters at depth {depth} but no row standard_params_matched_{label} within 1% of it"

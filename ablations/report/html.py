@@ -136,6 +136,12 @@ def table_section(table: Table) -> str:
             f'<p class="caption">{md(table.caption, inline=True)}</p>{notes}</section>')
 
 
+def _overrides_text(variant) -> str:
+    """A variant's RunConfig overrides as JSON, with the row a parameter-matched control matches (``params_of``)."""
+    shown = dict(variant.overrides) | ({"params_of": variant.params_of} if variant.params_of else {})
+    return json.dumps(shown, sort_keys=True) if shown else ""
+
+
 # --- charts -------------------------------------------------------------------------------------------------------
 def colour(rows: Sequence[str]) -> dict[str, str]:
     """Each row's colour as hex, the same as in the PNG figures (:func:`ablations.report.figures.colors`)."""
@@ -417,7 +423,7 @@ def protocol_html(spec) -> str:
                    for k, v in spec.base.items())
     variants = "".join(f"<tr><td>{esc(v.label)}</td><td>{esc(v.residual)}</td>"
                        f"<td>{esc(json.dumps(v.options, sort_keys=True) if v.options else '')}</td>"
-                       f"<td>{esc(json.dumps(v.overrides, sort_keys=True) if v.overrides else '')}</td></tr>"
+                       f"<td>{esc(_overrides_text(v))}</td></tr>"
                        for v in spec.variants)
     claims = "".join(f"<li><strong>{esc(c.id)}</strong>: {esc(c.claim)} ({esc(c.source)})"
                      + (f"; untestable: {esc(c.reason)}" if not c.testable else "") + "</li>" for c in spec.claims)

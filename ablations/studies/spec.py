@@ -11,6 +11,8 @@ A study file (see ``ablations/studies/*.yaml``) says what to run, never how::
     variants:                      # labelled residual variants (the "variant" parameter)
       - {label: standard, residual: standard}
       - {label: layerscale, residual: layerscale, options: {init_value: auto}}
+      - {label: highway, residual: highway}
+      - {label: standard_params_matched_highway, residual: standard, params_of: highway}  # MLP width solved per point
     axes: {depth: [2, 6, 12], seed: [0, 1, 2]}                # grid axes: RunConfig fields × values
     tune:                          # optional: each variant's learning rate chosen on tuning seeds first
       lr: [5.0e-4, 1.0e-3, 2.0e-3, 4.0e-3]   # the starting grid
@@ -101,7 +103,7 @@ TUNE_STEP = 2.0
 _FLOOR_KEYS = ("metric", "chance_multiple")
 FLOOR_METRICS = ("final_val_acc", "best_val_acc")
 TUNE_METRICS = ("best_val_acc", "final_val_acc")  # validation metrics: the tuning stage never reads the test split
-_VARIANT_KEYS = ("label", "residual", "options", "overrides")
+_VARIANT_KEYS = ("label", "residual", "options", "overrides", "params_of")
 _SEARCH_KEYS = ("n_trials", "pruner", "space", "sampler")
 _PRUNERS = ("none", "median", "hyperband")
 _DIST_KEYS = ("low", "high", "log", "choices")
@@ -124,12 +126,15 @@ log = logging.getLogger("ablations.run")
 
 @dataclass(frozen=True)
 class Variant:
-    """A labelled residual variant: ``residual`` with its ``options`` (+ any RunConfig ``overrides``)."""
+    """A labelled residual variant: ``residual`` with its ``options`` (+ any RunConfig ``overrides``). A
+    parameter-matched control names the row it matches in ``params_of``: its MLP width is resolved at every point to
+    that row's parameter count (:mod:`ablations.studies.matched`)."""
 
     label: str
     residual: str
     options: dict = field(default_factory=dict)
     overrides: dict = field(default_factory=dict)
+    params_of: str | None = None
 
 
 @dataclass(frozen=True)
@@ -346,7 +351,14 @@ class StudySpec:
         fields = dict(self.base) | dict(paper)
         fields = with_recipe(fields, dict(variant.overrides))  # a later recipe replaces earlier fields
         fields = with_recipe(fields, {k: v for k, v in params.items() if k in self.axes})
-        return fields | {"residual": variant.residual, "residual_options": options}
+        fields |= {"residual": variant.residual, "residual_options": options}
+        if variant.params_of is not None:  # a parameter-matched control: its MLP width matches the row at this point
+            from .matched import matched_mlp_ratio, param_count
+
+            point = {k: v for k, v in params.items() if not k.startswith(prefix)} | {"variant": variant.params_of}
+            target = param_count(self.config_for(point))
+            fields["mlp_ratio"] = matched_mlp_ratio(fields, target, variant.label, variant.params_of)
+        return fields
 
     def run_config(self, params: dict, overrides: dict | None = None):
         """The RunConfig of one study point (``params`` as a trial holds them), with ``overrides`` (e.g. threads,
@@ -506,6 +518,12 @@ def _build(raw: dict, budget: str, source: str) -> StudySpec:
     labels = [v.label for v in variants]
     if len(set(labels)) != len(labels):
         raise ValueError(f"{where}: variant labels must be unique, got {', '.join(labels)}")
+    matched = {v.label: v.params_of for v in variants if v.params_of is not None}
+    for label, of in matched.items():
+        if of not in labels or of == label or of in matched:
+            valid = [v for v in labels if v != label and v not in matched]
+            raise ValueError(f"{where}: variant '{label}' has params_of '{of}': it must name another row that is not "
+                             f"itself matched; valid labels: {', '.join(valid)}")
     axes = merged.get("axes") or {}
     _check_config_keys(axes, f"{where} axes")
     for axis, values in axes.items():
@@ -611,8 +629,13 @@ def _variant(raw: Any, where: str) -> Variant:
         raise ValueError(f"{where}: each variant needs at least 'residual' (keys: {', '.join(_VARIANT_KEYS)})")
     _check_keys(raw, _VARIANT_KEYS, f"{where} variant '{raw.get('label', raw['residual'])}'")
     _check_config_keys(raw.get("overrides") or {}, f"{where} variant overrides")
-    return Variant(label=str(raw.get("label", raw["residual"])), residual=str(raw["residual"]),
-                   options=dict(raw.get("options") or {}), overrides=dict(raw.get("overrides") or {}))
+    label = str(raw.get("label", raw["residual"]))
+    params_of = raw.get("params_of")
+    if params_of is not None and (not isinstance(params_of, str) or "mlp_ratio" in (raw.get("overrides") or {})):
+        raise ValueError(f"{where} variant '{label}': params_of names the label of the row whose parameter count "
+                         f"this row's MLP width matches (then it sets no mlp_ratio itself), got {params_of!r}")
+    return Variant(label=label, residual=str(raw["residual"]), options=dict(raw.get("options") or {}),
+                   overrides=dict(raw.get("overrides") or {}), params_of=params_of)
 
 
 def _claims(raw: Any, labels: list[str], where: str) -> tuple[Claim, ...]:
