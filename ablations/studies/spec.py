@@ -406,7 +406,8 @@ def resolved(spec: StudySpec) -> dict:
         source = source.relative_to(STUDY_DIR.parent.parent)
     out = {"name": spec.name, "budget": spec.budget, "source": str(source), "kind": spec.kind, "metric": spec.metric,
            "direction": spec.direction, "base": dict(spec.base),
-           "variants": [{k: v for k, v in dataclasses.asdict(variant).items() if v != {}} for variant in spec.variants],
+           "variants": [{k: v for k, v in dataclasses.asdict(variant).items() if v not in ({}, None)}
+                        for variant in spec.variants],
            "axes": {k: list(v) for k, v in spec.axes.items()}}
     if spec.tune is not None:
         out["tune"] = spec.tune.as_dict()
