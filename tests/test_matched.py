@@ -23,11 +23,10 @@ def test_the_control_matches_its_row_at_every_depth_and_width(tmp_path):
     """Highway's gates add parameters per block: the control's MLP width is solved at each point, so it stays the
     nearest whole hidden width to highway's count at depth 1 and 3 and at width 8 and 16 (one unit more or less is
     farther), while one fixed ratio would match one point only."""
-    path = write_study(tmp_path / "matched.yaml", variants=HIGHWAY_AND_CONTROL, axes={"depth": [1, 3]})
     ratios = {}
     for dim in (8, 16):
-        spec = load_spec(str(path)) if dim == 8 else load_spec(str(write_study(
-            tmp_path / "wide.yaml", variants=HIGHWAY_AND_CONTROL, axes={"depth": [1, 3]}, base={"embed_dim": dim})))
+        spec = load_spec(str(write_study(tmp_path / f"width{dim}.yaml", variants=HIGHWAY_AND_CONTROL,
+                                         axes={"depth": [1, 3]}, base={"embed_dim": dim})))
         for depth in (1, 3):
             point = {"seed": 0, "depth": depth}
             config = spec.config_for(point | {"variant": "standard_params_matched_highway"})

@@ -151,6 +151,27 @@ budgets:
                           "diagnostics_every": 2, "recipe": "paper"}
 
 
+def test_a_budget_may_append_rows_to_the_study_s_variants(tmp_path):
+    """``add_variants`` appends a budget's own rows (e.g. the control a larger size needs) after the study's, which
+    the budget then keeps as they are; anything but a list is a one-line error."""
+    _write(tmp_path / "shared" / "base.yaml", BASE_FILE)
+    path = _write(tmp_path / "mine.yaml", """\
+name: mine
+extends: shared/base.yaml
+variants: [{label: a, residual: standard}, {label: b, residual: rezero}]
+axes: {seed: [0]}
+budgets:
+  paper: {add_variants: [{label: c, residual: skipinit}]}
+""")
+    assert [v.label for v in load_spec(str(path)).variants] == ["a", "b"]
+    paper = load_spec(str(path), "paper")
+    assert [(v.label, v.residual) for v in paper.variants] == [("a", "standard"), ("b", "rezero"), ("c", "skipinit")]
+    _write(path, path.read_text().replace("[{label: c, residual: skipinit}]", "{label: c, residual: skipinit}"))
+    with pytest.raises(ValueError) as caught:
+        load_spec(str(path), "paper")
+    assert "\n" not in str(caught.value) and "add_variants is a list of variants to append, got dict" in str(caught.value)
+
+
 def test_a_base_file_may_extend_another(tmp_path):
     _write(tmp_path / "p" / "root.yaml", BASE_FILE)
     _write(tmp_path / "p" / "wide.yaml", "extends: root.yaml\nbase: {embed_dim: 32}\n")

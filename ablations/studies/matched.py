@@ -17,6 +17,7 @@ from typing import Any
 
 #: the largest relative parameter difference a resolved control may keep (the protocol's "within 1%")
 TOLERANCE = 0.01
+_COUNTS: dict[str, int] = {}  # parameter counts by backbone configuration, per process
 
 
 def param_count(fields: dict[str, Any]) -> int:
@@ -31,9 +32,6 @@ def param_count(fields: dict[str, Any]) -> int:
     if key not in _COUNTS:
         _COUNTS[key] = _count(model_config)
     return _COUNTS[key]
-
-
-_COUNTS: dict[str, int] = {}  # per process: a study resolves each control once per point
 
 
 def _count(model_config) -> int:
@@ -63,9 +61,10 @@ def matched_mlp_ratio(fields: dict[str, Any], target: int, label: str, of: str) 
     ``of``); ValueError (one line) when the nearest is not within :data:`TOLERANCE`."""
     from ..config import RunConfig
 
-    dim = RunConfig.from_dict(fields).embed_dim
+    config = RunConfig.from_dict(fields)
+    dim = config.embed_dim
     count = functools.cache(lambda hidden: param_count(fields | {"mlp_ratio": ratio_for(hidden, dim)}))
-    start = max(1, int(dim * RunConfig.from_dict(fields).mlp_ratio))
+    start = max(1, int(dim * config.mlp_ratio))
     per_unit = (count(start + dim) - count(start)) / dim  # the count is affine in the hidden width
     guess = max(1, round(start + (target - count(start)) / per_unit))
     hidden = min((h for h in (guess - 1, guess, guess + 1) if h >= 1), key=lambda h: (abs(count(h) - target), h))

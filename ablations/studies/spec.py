@@ -44,6 +44,7 @@ budgets); the study file is laid over it, and what results is loaded as if it we
   ``axes`` and ``tune`` each key by key), ``tune`` updates ``tune``;
 - a ``base`` that sets ``recipe`` first drops the recipe fields of the ``base`` it updates (as a budget does below);
 - a list or a single value replaces: ``variants``, ``claims``, an axis' values, ``tune.lr``, ``description``;
+  a budget's ``add_variants`` appends its rows to the study's instead (e.g. a control a larger size needs);
 - a key of the base file the study does not set stays; a mapping's keys keep the base file's order, then the
   study's new ones (an axis' place sets the grid's order);
 - a base file may extend another; a file that extends itself (directly or not) is refused.
@@ -94,7 +95,7 @@ BUDGETS = ("smoke", "quick", "default", "gpu", "paper")
 FIRST_LOOK_BUDGETS = ("smoke", "quick")
 _TOP_KEYS = ("extends", "name", "description", "kind", "metric", "direction", "base", "variants", "axes", "search",
              "tune", "floor", "budgets", "claims")
-_BUDGET_KEYS = ("base", "variants", "axes", "search", "tune", "description")
+_BUDGET_KEYS = ("base", "variants", "add_variants", "axes", "search", "tune", "description")
 _TUNE_KEYS = ("lr", "seeds", "bounds", "metric", "axes")
 #: tuning seeds an evidence budget needs (the mean over them picks the rate; ``smoke``/``quick`` may use fewer)
 MIN_TUNE_SEEDS = 3
@@ -500,6 +501,11 @@ def _build(raw: dict, budget: str, source: str) -> StudySpec:
             # a first look (smoke, quick) tunes its own short grid once: it extends only where it says so itself
             inherited = {k: v for k, v in merged[key].items() if k != "bounds" or budget not in FIRST_LOOK_BUDGETS}
             merged[key] = inherited | value
+        elif key == "add_variants":
+            if not isinstance(value, list):
+                raise ValueError(f"{where} budgets.{budget}: add_variants is a list of variants to append, got "
+                                 f"{type(value).__name__}")
+            merged["variants"] = list(merged.get("variants") or []) + value
         elif key in ("axes", "search") and isinstance(value, dict) and isinstance(merged.get(key), dict):
             merged[key] = (merged.get(key) or {}) | value
         else:
