@@ -139,6 +139,8 @@ def attention_similarity(maps: Sequence[Tensor], tau: float = DEFAULT_TAU, k: in
     ``sim_k`` and ``sim_k_ratio`` (L−1,: block l against blocks l+1..l+k), ``similar_blocks`` (0-d: the number of
     blocks with ``sim_k_ratio > SIMILAR_SHARE``, see :func:`similar_blocks`) and ``entropy`` (L,). Column t of a map
     is ``A[b, h, :, t]``; an all-zero column (only possible for hand-made maps) has similarity 0 with everything.
+    Each column is scaled by its largest entry before its norm is taken (:func:`unit_columns`: a column of entries
+    below ~1e-19 would otherwise square to a zero float32 norm), so every similarity lies in [−1, 1] on any device.
     Memory: one float32 copy of the maps.
     """
     if len(maps) == 0:
@@ -155,14 +157,13 @@ def attention_similarity(maps: Sequence[Tensor], tau: float = DEFAULT_TAU, k: in
     for m in maps:
         m = m.detach().float()
         entropy.append(-torch.special.xlogy(m, m).sum(dim=-1).mean() / math.log(t) if t > 1 else m.new_zeros(()))
-        cols = m / m.norm(dim=-2, keepdim=True).clamp_min(1e-30)  # unit columns: norm over the query axis
-        flat.append(cols.transpose(-1, -2).reshape(-1))  # column-major: (b, h, t) blocks of T entries
+        flat.append(unit_columns(m).transpose(-1, -2).reshape(-1))  # column-major: (b, h, t) blocks of T entries
     flat = torch.stack(flat)  # (L, B·H·T·T)
-    sim_full = (flat @ flat.T) / n_cols
+    sim_full = ((flat @ flat.T) / n_cols).clamp(-1.0, 1.0)  # a mean of cosines: the clamp only trims rounding
     layers = len(maps)
 
     def per_column(p: int, q: int) -> Tensor:  # M^{p,q} for every (b, h, t)
-        return (flat[p] * flat[q]).view(n_cols, t).sum(dim=-1)
+        return (flat[p] * flat[q]).view(n_cols, t).sum(dim=-1).clamp(-1.0, 1.0)
 
     adj = [per_column(p, p + 1) for p in range(layers - 1)]
     near = [torch.cat([per_column(p, q) for q in range(p + 1, min(p + k, layers - 1) + 1)]) for p in range(layers - 1)]
@@ -183,6 +184,18 @@ def attention_similarity(maps: Sequence[Tensor], tau: float = DEFAULT_TAU, k: in
         "similar_blocks": similar_blocks(sim_k_ratio),
         "entropy": torch.stack(entropy),
     }
+
+
+def unit_columns(maps: Tensor) -> Tensor:
+    """``maps`` (..., T, T) with every column (``A[..., :, t]``, the query axis) scaled to unit length. The column is
+    first divided by its largest absolute entry, so its norm is at least 1 and cannot underflow however small its
+    entries; a column that is all zeros (or not finite) stays all zeros: its cosine with any column is 0."""
+    def safe_divide(x: Tensor, by: Tensor) -> Tensor:
+        usable = (by > 0) & torch.isfinite(by)
+        return torch.where(usable, x / torch.where(usable, by, torch.ones_like(by)), torch.zeros_like(x))
+
+    scaled = safe_divide(maps, maps.abs().amax(dim=-2, keepdim=True))
+    return safe_divide(scaled, scaled.norm(dim=-2, keepdim=True))
 
 
 def similar_blocks(sim_k_ratio: Tensor, share: float = SIMILAR_SHARE) -> Tensor:

@@ -91,6 +91,36 @@ def test_similarity_is_the_cosine_of_columns_hand_computed():
     assert DEFAULT_TAU == 0.9
 
 
+def test_a_column_of_tiny_entries_keeps_its_cosine():
+    """A column whose float32 entries square below the smallest float (1e-25² = 1e-50) has a norm that underflows;
+    its cosine is still the hand-computed one, never above 1: columns (t, 3t)/(t√10) in both maps give cosine 1, and
+    (t, 3t) against (3t, t) gives 6t²/10t² = 0.6."""
+    t = 1e-25
+    first = maps([[0.5, t], [0.5, 3 * t]])
+    second = maps([[0.5, 3 * t], [0.5, t]])
+    s = attention_similarity(first + first, k=1)
+    assert s["sim_adj"].item() == pytest.approx(1.0, abs=1e-6)  # both columns identical across the two maps
+    s = attention_similarity(first + second, k=1)
+    assert s["sim_adj"].item() == pytest.approx((1.0 + 0.6) / 2, abs=1e-6)  # column 0 equal, column 1 at 0.6
+    assert s["sim_full"].max().item() <= 1.0
+
+
+def test_similarities_stay_in_minus_one_one_whatever_the_scale_and_precision():
+    """Softmax maps scaled down to 1e-30 and cast to bfloat16, half and float32: every similarity within [−1, 1], the
+    same as at scale 1; an all-zero column has cosine 0 with everything."""
+    gen = torch.Generator().manual_seed(3)
+    ms = [torch.softmax(torch.randn(2, 2, 5, 5, generator=gen) * 4, dim=-1) for _ in range(4)]
+    reference = attention_similarity(ms, k=2)
+    for scale, dtype in ((1e-30, torch.float32), (1e-30, torch.bfloat16), (1e-3, torch.float16)):  # half: below ~6e-8 the entries themselves vanish
+        s = attention_similarity([(m * scale).to(dtype) for m in ms], k=2)
+        for key in ("sim_full", "sim_adj", "sim_k"):
+            assert s[key].abs().max().item() <= 1.0, (key, scale, dtype)
+            assert torch.allclose(s[key], reference[key], atol=2e-2), (key, scale, dtype)
+    zero = maps([[1.0, 0.0], [0.0, 0.0]])  # column 1 is all zeros
+    s = attention_similarity(zero + zero, k=1)
+    assert s["sim_adj"].item() == pytest.approx(0.5)  # column 0: cosine 1; column 1: defined as 0
+
+
 def test_heads_are_matched_by_index():
     same = attention_similarity(maps([IDENTITY, UNIFORM], [IDENTITY, UNIFORM]))["sim_adj"].item()
     swapped = attention_similarity(maps([IDENTITY, UNIFORM], [UNIFORM, IDENTITY]))["sim_adj"].item()
