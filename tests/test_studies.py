@@ -622,7 +622,7 @@ def test_list_shows_every_study_with_its_sizes(quick_calls):
     result = quick_calls.results["list"]
     assert result.returncode == 0, result.stderr
     rows = {line.split()[0]: line.split() for line in result.stdout.splitlines()[1:]}
-    assert sorted(rows) == sorted(available_studies()) and len(rows) == 12
+    assert sorted(rows) == sorted(available_studies())
     for name, row in rows.items():
         defined = load_spec(name).budgets
         assert row[1] == load_spec(name).kind

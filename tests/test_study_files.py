@@ -217,3 +217,28 @@ if __name__ == "__main__":  # python tests/test_study_files.py --write: freeze t
         sys.exit("usage: python tests/test_study_files.py --write  (rewrites tests/data/resolved_studies.json)")
     FROZEN.write_text(json.dumps(resolved_specs(), indent=1, ensure_ascii=False) + "\n")
     print(f"wrote {FROZEN}")
+
+
+def test_a_row_with_its_own_tune_axes_tunes_there_only_and_uses_that_rate_at_every_depth(tmp_path):
+    """deep_regime's CompleteP tunes at depth 4 only (``tune_axes``): its tuning points are depth 4 alone (the other rows
+    tune at every depth), and its depth-64 points take the depth-4 cell's rate; a value outside the study's axis is
+    refused in one line naming the axis and its values."""
+    spec = load_spec("deep_regime")
+    tune = spec.tune_stage()
+    depths = {}
+    for point in tune.grid():
+        depths.setdefault(point["variant"], set()).add(point["depth"])
+    assert depths["completep"] == {4}
+    assert depths["standard"] == {4, 16, 64}
+    assert len(tune.grid()) == (len(depths) - 1) * 3 * 4 * 3 + 4 * 3  # rows x depths x rates x seeds
+    assert spec.tune_key({"variant": "completep", "depth": 64, "seed": 0}) == \
+        spec.tune_key({"variant": "completep", "depth": 4, "seed": 0})
+    assert spec.tune_key({"variant": "standard", "depth": 64, "seed": 0}) != \
+        spec.tune_key({"variant": "standard", "depth": 4, "seed": 0})
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"name": "bad", "extends": str(PROTOCOL), "axes": {"depth": [2, 4], "seed": [0]},
+                                   "variants": [{"label": "standard", "residual": "standard",
+                                                 "tune_axes": {"depth": [8]}}]}))
+    with pytest.raises(ValueError, match=r"tune_axes.depth \[8\] must list values of one of the study's axes: "
+                                         r"depth \[2, 4\]"):
+        load_spec(str(bad))

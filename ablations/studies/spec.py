@@ -104,7 +104,7 @@ TUNE_STEP = 2.0
 _FLOOR_KEYS = ("metric", "chance_multiple")
 FLOOR_METRICS = ("final_val_acc", "best_val_acc")
 TUNE_METRICS = ("best_val_acc", "final_val_acc")  # validation metrics: the tuning stage never reads the test split
-_VARIANT_KEYS = ("label", "residual", "options", "overrides", "params_of")
+_VARIANT_KEYS = ("label", "residual", "options", "overrides", "params_of", "tune_axes")
 _SEARCH_KEYS = ("n_trials", "pruner", "space", "sampler")
 _PRUNERS = ("none", "median", "hyperband")
 _DIST_KEYS = ("low", "high", "log", "choices")
@@ -129,13 +129,16 @@ log = logging.getLogger("ablations.run")
 class Variant:
     """A labelled residual variant: ``residual`` with its ``options`` (+ any RunConfig ``overrides``). A
     parameter-matched control names the row it matches in ``params_of``: its MLP width is resolved at every point to
-    that row's parameter count (:mod:`ablations.studies.matched`)."""
+    that row's parameter count (:mod:`ablations.studies.matched`). ``tune_axes`` tunes this row's rate at these
+    values of an axis only, in place of ``tune.axes`` (e.g. CompleteP at the shallowest depth, its rate used at
+    every depth)."""
 
     label: str
     residual: str
     options: dict = field(default_factory=dict)
     overrides: dict = field(default_factory=dict)
     params_of: str | None = None
+    tune_axes: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -304,8 +307,10 @@ class StudySpec:
         axis tuned at a single value standing for all of its values (``tune.axes``)."""
         assert self.tune is not None
         cell = []
+        own = self.variant(params["variant"]).tune_axes if any(v.label == params["variant"] for v in self.variants) \
+            else {}
         for axis in self.tune_axes():
-            tuned = self.tune.axes.get(axis)
+            tuned = own.get(axis, self.tune.axes.get(axis))
             value = params[axis]
             if tuned is not None and value not in tuned:
                 if len(tuned) != 1:
@@ -327,6 +332,9 @@ class StudySpec:
         order = sorted(range(len(names)), key=lambda i: names[i] != "seed")  # the seed first, the rest as listed
         grid = [{names[i]: point[order.index(i)] for i in range(len(names))}
                 for point in itertools.product(*(values[i] for i in order))]
+        if self.stage == "tune":  # a row that tunes at some values of an axis only (Variant.tune_axes)
+            own = {v.label: v.tune_axes for v in self.variants if v.tune_axes}
+            grid = [p for p in grid if all(p[a] in vals for a, vals in own.get(p["variant"], {}).items())]
         return grid + [dict(p) for p in self.extra_points]
 
     def points(self) -> list[dict]:
@@ -536,6 +544,11 @@ def _build(raw: dict, budget: str, source: str) -> StudySpec:
     for axis, values in axes.items():
         if not isinstance(values, list) or not values:
             raise ValueError(f"{where}: axis '{axis}' must be a non-empty list of values")
+    for v in variants:
+        for axis, values in v.tune_axes.items():
+            if axis == "seed" or axis not in axes or any(x not in axes[axis] for x in values):
+                raise ValueError(f"{where}: variant '{v.label}' tune_axes.{axis} {values} must list values of one of "
+                                 f"the study's axes: {', '.join(f'{a} {axes[a]}' for a in axes if a != 'seed')}")
     search = merged.get("search") or {}
     _check_keys(search, _SEARCH_KEYS, f"{where} search")
     pruner = search.get("pruner") or {"type": "none"}
@@ -641,8 +654,13 @@ def _variant(raw: Any, where: str) -> Variant:
     if params_of is not None and (not isinstance(params_of, str) or "mlp_ratio" in (raw.get("overrides") or {})):
         raise ValueError(f"{where} variant '{label}': params_of names the label of the row whose parameter count "
                          f"this row's MLP width matches (then it sets no mlp_ratio itself), got {params_of!r}")
+    tune_axes = raw.get("tune_axes") or {}
+    if not isinstance(tune_axes, dict) or any(not isinstance(v, list) or not v for v in tune_axes.values()):
+        raise ValueError(f"{where} variant '{label}': tune_axes maps an axis to the values this row's rate is tuned "
+                         f"at (e.g. {{depth: [4]}}), got {tune_axes!r}")
     return Variant(label=label, residual=str(raw["residual"]), options=dict(raw.get("options") or {}),
-                   overrides=dict(raw.get("overrides") or {}), params_of=params_of)
+                   overrides=dict(raw.get("overrides") or {}), params_of=params_of,
+                   tune_axes={k: list(v) for k, v in tune_axes.items()})
 
 
 def _claims(raw: Any, labels: list[str], where: str) -> tuple[Claim, ...]:
