@@ -403,7 +403,7 @@ def claims_text(data: StudyData, spec) -> str | None:
         return None
     from .claims import claims_table
 
-    return claims_table(data, spec.claims).markdown()
+    return claims_table(data, spec.claims, spec=spec, resamples=2_000).markdown()  # refreshed after each trial
 
 
 def write_study(data: StudyData, spec, root: Path) -> Path | None:

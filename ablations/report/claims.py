@@ -1,19 +1,21 @@
 """Verdicts for the papers' claims a study file lists (``claims:`` in the YAML, :class:`ablations.studies.spec.Claim`),
-computed from the report-phase runs and written to ``claims.md`` / ``claims.csv``; never written by hand.
+computed from the study's runs and written to ``claims.md`` / ``claims.csv``; never written by hand.
 
-Each testable claim is a paired comparison of its variant with its baseline over seeds (at its depth, or one line
-per depth; per value of any extra grid axis), on its metric (default: the study's), with the statistics of
-:mod:`.stats` (diverged runs at chance level). The claims of one study are one Holm family (m = the comparisons with
-a defined test). The verdict of a line:
+Each testable claim gives one line per row of its variant × depth (per value of any extra grid axis): a paired
+comparison of the variant with its baseline on the claim's own metric (:mod:`.evidence`: accuracy, steps to the
+baseline's plateau, or the share of runs that train), measured by the rate-aware bootstrap (:mod:`.resample`:
+tuning seeds with each row's rate re-chosen, reported seeds, test images) and decided in the study's families
+(:mod:`.decide`: Holm over the deciding tests, and over the equivalence tests, with the group-sequential share of
+α of each line's look). The verdicts: held, not held, equivalent (within the declared margin), not converged, not
+resolved; and
 
-* **held**: Holm-adjusted paired t-test p < α and Δ in the paper's direction;
-* **not held**: Holm-adjusted p < α and Δ in the other direction;
-* **not resolved**: not significant after Holm (or no test: fewer than 2 pairs, all paired differences equal); the
-  MDE says how large an effect could have hidden;
 * **untestable**: the study file says the measure cannot test the claim (``testable: false``), with its reason;
 * **premise absent**: the claim presupposes something the same study measures (``premise:``, e.g. "standard's
-  accuracy falls with depth") and the study does not show it (:func:`premise_holds`); the line gives the premise's
-  own numbers, and it is not a test of the claim (it leaves the Holm family).
+  accuracy falls with depth") and the study does not show it (its rate-aware 95% interval is not on the premise's
+  side, :func:`premise_holds`); the line gives the premise's own numbers and leaves the families.
+
+A line whose rows' rates were tuned on fewer than three seeds rests on **old evidence**: its rate choice's
+uncertainty is not in its interval; it says so, and the all-claims family of the ledger does not decide it.
 
 The Markdown is one line per verdict, deterministic text that a README quotes verbatim.
 """
@@ -24,16 +26,23 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
+from .decide import VERDICTS, family, old_evidence
+from .evidence import Evidence, measure
 from .format import Column, Table, frame, latex_escape, p_text
 from .load import StudyData
-from .stats import ALPHA, POWER, Cell, adjust, compare, make_cell
-from .tables import CI_LABEL, all_equal, boot_text, ci_text, equal_text, signed
+from .resample import RESAMPLES, shares_text
+from .stats import ALPHA
+from .tables import signed
 
-VERDICTS = ("held", "not held", "not resolved", "premise absent", "untestable")
-CLAIM_KEYS = ["id", "claim", "source", "counts", "variant", "baseline", "depth", "baseline_depth", "metric", "direction",
-              "n_pairs", "delta", "sd", "ci_low", "ci_high", "boot_low", "boot_high", "p_t", "p_t_holm", "m", "mde",
-              "n_diverged_pairs", "premise", "premise_delta", "premise_ci_low", "premise_ci_high", "premise_n",
-              "verdict", "detail"]
+CLAIM_KEYS = ["id", "claim", "source", "counts", "kind", "variant", "baseline", "depth", "baseline_depth", "metric",
+              "direction", "margin", "scale", "n_pairs", "delta", "ci_low", "ci_high", "levels", "coverage",
+              "rates", "p", "p_holm", "p_eq", "p_eq_holm", "p_t", "m", "look_alpha", "agreement", "break_even",
+              "n_chance_pairs", "late_variant", "late_baseline", "trained", "old_evidence", "premise",
+              "premise_delta", "premise_ci_low", "premise_ci_high", "premise_n", "verdict", "detail"]
+KIND_TEXT = {"superior": "better", "noninferior": "at least as good, within the margin",
+             "faster": "fewer epochs to the baseline's plateau", "stable": "more (seed, rate) runs train"}
 
 
 def with_metric(runs: Sequence, metric: str, data: StudyData) -> list:
@@ -43,11 +52,29 @@ def with_metric(runs: Sequence, metric: str, data: StudyData) -> list:
     return [dataclasses.replace(r, acc=_number(r.summary.get(metric))) for r in runs]
 
 
-def claim_records(data: StudyData, claims: Sequence, alpha: float = ALPHA,
-                  power: float = POWER) -> tuple[list[dict], list[Cell]]:
-    """(one record per claim line, with its verdict — a testable claim gives one line per row of its variant ×
-    depth —, the compared cells: the Holm family). A line whose premise the study does not show leaves the family."""
-    lines: list[tuple[Any, Cell | None, dict]] = []
+def scale_text(spec, depth) -> str:
+    """The regime a line's numbers come from: dataset, width and depth (``mnist5k, width 64, depth 4``)."""
+    parts = []
+    if spec is not None and spec.kind == "grid":
+        config = spec.run_config(spec.grid()[0])
+        parts += [str(config.dataset), f"width {config.embed_dim}"]
+    if depth is not None:
+        parts.append(f"depth {depth}")
+    return ", ".join(parts) or "—"
+
+
+def claim_records(data: StudyData, claims: Sequence, alpha: float = ALPHA, spec=None,
+                  resamples: int = RESAMPLES) -> tuple[list[dict], list[Evidence]]:
+    """(one record per claim line with its verdict in the study's families, the evidence of the lines in them).
+    ``spec`` gives the verdict rules (``verdicts:``) and the seeds of the first look; a record keeps its evidence
+    under ``_evidence`` for the ledger."""
+    from ..studies.rules import VerdictRules
+
+    rules = getattr(spec, "verdicts", None) or VerdictRules()
+    first = len((getattr(spec, "axes", None) or {}).get("seed", [])) or max(
+        (len({r.seed for r in data.by_row_depth(row, d)}) for row in data.rows for d in data.depths or [None]),
+        default=0)
+    lines: list[tuple[Any, Evidence | None, dict]] = []
     for claim in claims:
         if not claim.testable:
             lines.append((claim, None, {}))
@@ -55,84 +82,87 @@ def claim_records(data: StudyData, claims: Sequence, alpha: float = ALPHA,
         metric = claim.metric or data.metric
         rows = [r for r in data.rows if data.row_variant.get(r) == claim.variant] or [claim.variant]
         for row in rows:
-            base_row = data.baseline_row(row, claim.baseline)
+            base_row = data.baseline_row(row, claim.baseline) or claim.baseline
             ran = [d for d in data.depths if data.by_row_depth(row, d)]  # a row may run at one depth only
             for depth in [claim.depth] if claim.depth is not None else (ran or data.depths or [None]):
                 base_depth = depth if claim.baseline_depth is None else claim.baseline_depth
-                own, ref = comparison_cells(data, row, depth, base_row or claim.baseline, base_depth, metric,
-                                            has_baseline=base_row is not None)
-                where = {"variant": row, "baseline": ref.row, "depth": depth, "metric": metric,
-                         "baseline_depth": claim.baseline_depth}
+                ev = measure(data, claim, row, depth, base_row, base_depth, metric, rules,
+                             key=(data.name, claim.id, row, depth), resamples=resamples)
+                where = {"variant": row, "baseline": base_row, "depth": depth, "metric": metric,
+                         "baseline_depth": claim.baseline_depth, "scale": scale_text(spec, depth)}
                 if claim.premise is not None:
-                    where |= premise_record(data, claim.premise, depth)
-                lines.append((claim, own, where))
-    cells = [cell for _, cell, where in lines if cell is not None and where.get("premise_held", True)]
-    m = adjust(cells, alpha, power)
-    return [_record(claim, cell, where, m, alpha) for claim, cell, where in lines], cells
+                    where |= premise_record(data, claim.premise, depth, rules, resamples)
+                lines.append((claim, ev, where))
+    tested = [ev if ev is not None and where.get("premise_held", True) else None for _, ev, where in lines]
+    looks = [rules.look_alpha(ev.n, first, alpha) if ev is not None else alpha for ev in tested]
+    accuracy = [where.get("metric") in ("test_acc", "test_acc_at_best_val", "final_val_acc", "best_val_acc")
+                for _, _, where in lines]
+    judged = family(tested, looks, alpha, accuracy, rules)
+    m = sum(1 for ev in tested if ev is not None and ev.p is not None)
+    records = [_record(claim, ev, where, j, m, look) for (claim, ev, where), j, look
+               in zip(lines, judged, looks, strict=True)]
+    return records, [ev for ev in tested if ev is not None]
 
 
-def comparison_cells(data: StudyData, row: str, depth, base_row: str, base_depth, metric: str,
-                     has_baseline: bool = True) -> tuple[Cell, Cell]:
-    """The two cells of a paired comparison on ``metric`` (``own`` carries the comparison with ``ref``)."""
-    own = make_cell(row, depth, with_metric(data.by_row_depth(row, depth), metric, data))
-    ref = make_cell(base_row, base_depth,
-                    with_metric(data.by_row_depth(base_row, base_depth), metric, data) if has_baseline else [])
-    own.pair_seeds, own.comparison, own.n_diverged_pairs = compare(own, ref)
-    return own, ref
+def comparison_evidence(data: StudyData, variant: str, depth, baseline: str, base_depth, metric: str, rules,
+                        direction: str = "higher", resamples: int = RESAMPLES) -> Evidence:
+    """The rate-aware evidence of ``variant`` − ``baseline`` on ``metric`` (a superiority comparison)."""
+    from ..studies.spec import Claim
+
+    probe = Claim(id="premise", claim="", source="", variant=variant, baseline=baseline, direction=direction)
+    return measure(data, probe, variant, depth, baseline, base_depth, metric, rules,
+                   key=(data.name, "premise", variant, depth, baseline, base_depth), resamples=resamples)
 
 
-def premise_holds(direction: str, cmp) -> bool:
-    """Whether a premise's paired comparison shows what it asserts (:data:`ablations.studies.spec.PREMISE_DIRECTIONS`):
-    ``lower``/``higher``: the 95% t-interval lies below/above 0 (all differences equal: their sign); ``not_higher``
-    / ``not_lower``: it does not lie above/below 0. Without 2 pairs nothing is shown: False."""
-    if cmp is None or cmp.n < 2 or cmp.delta is None:
+def premise_holds(direction: str, ev: Evidence | None) -> bool:
+    """Whether a premise's comparison shows what it asserts (:data:`ablations.studies.spec.PREMISE_DIRECTIONS`):
+    ``lower``/``higher``: its rate-aware 95% interval lies below/above 0; ``not_higher`` / ``not_lower``: it does
+    not lie above/below 0. Without an interval nothing is shown: False."""
+    if ev is None or ev.low is None or ev.n < 2:
         return False
-    if cmp.all_equal:
-        below, above = cmp.delta < 0, cmp.delta > 0
-    else:
-        below, above = cmp.ci_high < 0, cmp.ci_low > 0
+    below, above = ev.high < 0, ev.low > 0
     return {"lower": below, "higher": above, "not_higher": not above, "not_lower": not below}[direction]
 
 
-def premise_record(data: StudyData, premise, depth) -> dict:
+def premise_record(data: StudyData, premise, depth, rules, resamples: int = RESAMPLES) -> dict:
     """The premise's comparison (at its own depth, else the claim line's) as record fields and ``premise_held``."""
     at = premise.depth if premise.depth is not None else depth
     base_at = premise.baseline_depth if premise.baseline_depth is not None else at
     base_row = data.baseline_row(premise.variant, premise.baseline) or premise.baseline
-    own, _ = comparison_cells(data, premise.variant, at, base_row, base_at, premise.metric or data.metric)
-    cmp = own.comparison
+    ev = comparison_evidence(data, premise.variant, at, base_row, base_at, premise.metric or data.metric, rules,
+                             resamples=resamples)
     where = f" (depth {at}{'' if base_at == at else f' vs {base_at}'})" if at is not None else ""
     return {"premise": f"{premise.claim}: {premise.variant} vs {premise.baseline}{where}, {premise.direction}",
-            "premise_delta": cmp.delta, "premise_ci_low": cmp.ci_low, "premise_ci_high": cmp.ci_high,
-            "premise_n": cmp.n, "premise_held": premise_holds(premise.direction, cmp)}
+            "premise_delta": ev.estimate, "premise_ci_low": ev.low, "premise_ci_high": ev.high,
+            "premise_n": ev.n, "premise_held": premise_holds(premise.direction, ev)}
 
 
-def _record(claim, cell: Cell | None, where: Mapping[str, Any], m: int, alpha: float) -> dict:
+def _record(claim, ev: Evidence | None, where: Mapping[str, Any], judged, m: int, look: float) -> dict:
     rec: dict[str, Any] = {k: None for k in CLAIM_KEYS} | {
-        "id": claim.id, "claim": claim.claim, "source": claim.source, "counts": claim.counts or None}
-    if cell is None:
+        "id": claim.id, "claim": claim.claim, "source": claim.source, "counts": claim.counts or None,
+        "kind": claim.kind, "_evidence": None}
+    if ev is None:
         return rec | {"verdict": "untestable", "detail": claim.reason}
-    cmp = cell.comparison
-    rec |= {k: v for k, v in where.items() if k != "premise_held"} | {
-        "direction": claim.direction, "n_pairs": cmp.n, "delta": cmp.delta, "sd": cmp.sd, "ci_low": cmp.ci_low,
-        "ci_high": cmp.ci_high, "boot_low": cmp.boot_low, "boot_high": cmp.boot_high, "p_t": cmp.p_t,
-        "p_t_holm": cell.p_t_holm, "m": m, "mde": cell.mde, "n_diverged_pairs": cell.n_diverged_pairs}
+    rec |= {k: v for k, v in where.items() if k != "premise_held"} | evidence_fields(ev) | {
+        "direction": claim.direction, "old_evidence": old_evidence(ev), "_evidence": ev}
     if not where.get("premise_held", True):
-        return rec | {"p_t_holm": None, "m": None, "mde": None, "verdict": "premise absent",
-                      "detail": f"premise not shown here: {premise_numbers(rec)}"}
-    if cell.p_t_holm is not None and cell.p_t_holm < alpha:
-        along = cmp.delta > 0 if claim.direction == "higher" else cmp.delta < 0
-        return rec | {"verdict": "held" if along else "not held",
-                      "detail": "significant in the paper's direction" if along else "significant in the other direction"}
-    if cmp.n < 2:
-        detail = f"{cmp.n} pair{'s' if cmp.n != 1 else ''}: no test"
-    elif cmp.all_equal:
-        detail = "all paired differences equal: no interval, no test"
-    elif cmp.ci_low <= 0 <= cmp.ci_high:
-        detail = "the CI includes 0"
-    else:
-        detail = "the unadjusted CI excludes 0, but not significant after Holm"
-    return rec | {"verdict": "not resolved", "detail": detail}
+        return rec | {"verdict": "premise absent", "detail": f"premise not shown here: {premise_numbers(rec)}"}
+    return rec | {"p_holm": judged.p_holm, "p_eq_holm": judged.p_eq_holm, "m": m, "look_alpha": look,
+                  "agreement": judged.agreement, "break_even": judged.break_even, "verdict": judged.verdict,
+                  "detail": judged.detail + (f"; old evidence: {rec['old_evidence']}" if rec["old_evidence"] else "")}
+
+
+def evidence_fields(ev: Evidence) -> dict:
+    """The record fields of a line's evidence (before any family)."""
+    trained = None
+    if ev.counts is not None:
+        trained = f"{ev.counts[3]:.3f} vs {ev.counts[4]:.3f} of {ev.counts[2]} (seed, rate) runs"
+    return {"margin": ev.margin if ev.kind != "faster" else float(np.exp(ev.margin)), "n_pairs": ev.n,
+            "delta": ev.estimate, "ci_low": ev.low, "ci_high": ev.high, "levels": " x ".join(ev.levels) or None,
+            "coverage": ev.coverage, "rates": "; ".join(f"{side}: {shares_text(s)}" for side, s in ev.rates.items()
+                                                      if len(s) > 1) or None,
+            "p": ev.p, "p_eq": ev.p_eq, "p_t": ev.p_t, "n_chance_pairs": ev.n_chance, "late_variant": ev.late[0],
+            "late_baseline": ev.late[1], "trained": trained}
 
 
 def premise_numbers(rec: Mapping[str, Any]) -> str:
@@ -144,37 +174,70 @@ def premise_numbers(rec: Mapping[str, Any]) -> str:
     return f"{rec['premise']}: Δ = {signed(rec['premise_delta'], 'md')} pp{ci}, n = {rec['premise_n']}"
 
 
+def numbers_text(rec: Mapping[str, Any], style: str = "md") -> str:
+    """A line's estimate with its rate-aware interval, in the metric's own terms: Δ in pp for an accuracy, the
+    epochs ratio (baseline / variant) for steps to target, the shares of runs that train for stability."""
+    if rec["delta"] is None:
+        return "no pairs"
+    if rec["kind"] == "stable":
+        return f"trains in {rec['trained']}: Δ = {signed(rec['delta'], style)} pp"
+    if rec["kind"] == "faster":
+        ratio = f"{np.exp(rec['delta']):.2f}x"
+        ci = f" [{np.exp(rec['ci_low']):.2f}x, {np.exp(rec['ci_high']):.2f}x]" if rec["ci_low"] is not None else ""
+        return f"epochs to the baseline's plateau, baseline / variant = {ratio}{ci}"
+    ci = f" [{signed(rec['ci_low'], style)}, {signed(rec['ci_high'], style)}]" if rec["ci_low"] is not None else ""
+    return f"Δ = {signed(rec['delta'], style)} pp{ci}"
+
+
+def sureness_text(rec: Mapping[str, Any], agreement_key: str = "agreement", break_even_key: str = "break_even") -> str:
+    """How sure a line is, in words: the replicates that agree with its verdict and its break-even shift."""
+    parts = []
+    if rec.get(agreement_key) is not None:
+        parts.append(f"agrees in {100 * rec[agreement_key]:.1f}% of resamples")
+    if rec.get(break_even_key) is not None:
+        unit = "pp" if rec["kind"] != "faster" else "(log ratio)"
+        value = 100 * rec[break_even_key] if rec["kind"] != "faster" else rec[break_even_key]
+        parts.append(f"break-even shift {value:.2f} {unit}")
+    return ", ".join(parts)
+
+
 def line_text(rec: Mapping[str, Any]) -> str:
-    """The claim's one Markdown line (quoted verbatim by the README)."""
+    """The claim's one Markdown line (quoted verbatim by the README): what is compared, on which metric, at which
+    scale, the estimate and its rate-aware interval, the deciding test, how sure, and the verdict."""
     head = f"- **{rec['id']}**: {rec['claim']} ({rec['source']})."
     if rec["verdict"] == "untestable":
         return f"{head} **untestable**: {rec['detail']}"
+    depth = f" vs depth {rec['baseline_depth']}" if rec.get("baseline_depth") not in (None, rec["depth"]) else ""
+    what = f"{rec['variant']} vs {rec['baseline']} ({rec['scale']}{depth}), {_metric_text(rec)}"
     if rec["verdict"] == "premise absent":
-        depth = f", depth {rec['depth']}" if rec["depth"] is not None else ""
-        numbers = "no pairs" if rec["delta"] is None else f"Δ = {signed(rec['delta'], 'md')} pp"
-        return (f"{head} {rec['variant']} vs {rec['baseline']}{depth}, {rec['metric']}: {numbers}, n = "
-                f"{rec['n_pairs']}: **premise absent** ({rec['detail']}).")
-    depth = f", depth {rec['depth']}" if rec["depth"] is not None else ""
-    if rec.get("baseline_depth") is not None and rec["baseline_depth"] != rec["depth"]:
-        depth += f" vs depth {rec['baseline_depth']}"
-    comparison = f"{rec['variant']} vs {rec['baseline']}{depth}, {rec['metric']} (paper: {rec['direction']})"
-    if rec["delta"] is None:
-        numbers = "no pairs"
-    elif all_equal(rec):
-        numbers = equal_text(rec, "md")
-    else:
-        ci = f" {ci_text(rec, 'md')} ({CI_LABEL})" if rec["ci_low"] is not None else ""
-        if rec.get("boot_low") is not None:
-            ci += f", {boot_text(rec, 'md')} (two-level: seeds x test images)"
-        numbers = f"Δ = {signed(rec['delta'], 'md')} pp{ci}"
-    numbers += f", n = {rec['n_pairs']} pair{'s' if rec['n_pairs'] != 1 else ''}"
-    if rec["n_diverged_pairs"]:
-        numbers += f" ({rec['n_diverged_pairs']} with a diverged run at chance level)"
-    p = p_text(rec["p_t_holm"])
-    numbers += f", Holm p {'< ' + p[1:] if p.startswith('<') else '= ' + p} (m = {rec['m']})"
-    numbers += f", MDE {'—' if rec['mde'] is None else format(100 * rec['mde'], '.2f') + ' pp'}"
+        return f"{head} {what}: {numbers_text(rec)}, n = {rec['n_pairs']}: **premise absent** ({rec['detail']})."
     counts = f" Counts as held: {rec['counts']}." if rec["counts"] else ""
-    return f"{head}{counts} {comparison}: {numbers}: **{rec['verdict']}** ({rec['detail']})."
+    numbers = f"{numbers_text(rec)}, n = {rec['n_pairs']}"
+    if rec["levels"]:
+        numbers += f" ({rec['levels']}"
+        if rec["coverage"] is not None and rec["coverage"] < 1:
+            numbers += f"; {100 * rec['coverage']:.0f}% of rate choices covered"
+        numbers += ")"
+    if rec["n_chance_pairs"]:
+        numbers += f", {rec['n_chance_pairs']} pairs with a run at chance level"
+    test = "McNemar" if rec["kind"] == "stable" else "bootstrap"
+    p = p_text(rec["p_holm"])
+    numbers += f", {test} Holm p {'< ' + p[1:] if p.startswith('<') else '= ' + p} (m = {rec['m']})"
+    if rec["p_t"] is not None:
+        t = p_text(rec["p_t"])
+        numbers += f", t-test p {'< ' + t[1:] if t.startswith('<') else '= ' + t}"
+    sure = sureness_text(rec)
+    return f"{head}{counts} {what}: {numbers}{'; ' + sure if sure else ''}: **{rec['verdict']}** ({rec['detail']})."
+
+
+def _metric_text(rec: Mapping[str, Any]) -> str:
+    kind = rec["kind"]
+    if kind == "faster":
+        return f"epochs to the baseline's plateau (paper: {rec['direction']} speed; equivalent within {rec['margin']:.2f}x)"
+    if kind == "stable":
+        return "share of (seed, rate) runs that train"
+    margin = f", margin {100 * rec['margin']:.1f} pp" if rec.get("margin") is not None else ""
+    return f"{rec['metric']} (paper: {rec['direction']}, {kind}{margin})"
 
 
 class ClaimsTable(Table):
@@ -187,41 +250,53 @@ class ClaimsTable(Table):
 
 
 def delta_ci(rec: Mapping[str, Any], style: str) -> str:
-    """``Δ [CI]`` of a claim line; the no-interval text when its differences are all equal; ``—`` without pairs."""
-    if rec["delta"] is None:
-        return "—" if style == "md" else "---"
-    if all_equal(rec):
-        return equal_text(rec, style)
-    return f"{signed(rec['delta'], style)} {ci_text(rec, style)}"
+    """A line's estimate and interval (:func:`numbers_text`), LaTeX-escaped for the .tex table."""
+    text = numbers_text(rec, "md")
+    return text if style == "md" else latex_escape(text)
 
 
-def claims_table(data: StudyData, claims: Sequence, alpha: float = ALPHA, power: float = POWER) -> ClaimsTable:
-    from .tables import method_text
+def method_caption(rules, alpha: float, resamples: int) -> str:
+    """What the verdicts mean and how they were computed (the claims table's caption)."""
+    return (f"held / not held = the deciding test's Holm-adjusted p < {alpha} on the paper's / the other side; "
+            f"equivalent = not decided, and the equivalence test (TOST within ±{100 * rules.margin:.1f} pp, or "
+            f"{rules.ratio_margin:g}x for steps) Holm-adjusted p < {alpha}; not converged = it would be not held while "
+            f"the row behind still rose more than {100 * rules.late_rise:.1f} pp over its last {rules.late_window} "
+            "epochs; not resolved = neither. The deciding test is the rate-aware bootstrap "
+            f"({resamples:,} replicates: the tuning seeds resampled and each row's rate re-chosen, then the reported "
+            "seeds, then the test images where every run stored its per-image results; a replicate whose re-chosen "
+            "rate was not trained on the reported seeds counts against the claim), its two-sided p (+1 Monte Carlo "
+            "correction) scaled by the line's group-sequential share of α "
+            f"({rules.spending} spending over {rules.looks} looks); stability claims: McNemar's exact test on the paired "
+            "(seed, rate) runs of the whole rate grid. The interval is the replicates' 95% percentile interval; "
+            "agreement = the share of replicates on the verdict's side; break-even = how far the baseline could move "
+            "against the verdict before the line's Holm level would no longer decide it. The paired t-test over "
+            "seeds at the chosen rates is a column, not the decision.")
 
-    records, cells = claim_records(data, claims, alpha, power)
-    against = ("the claim's baseline (same seeds; at the control's depth where the claim names one, else the same "
-               "depth)" if any(c.baseline_depth for c in claims) else "the claim's baseline (same depth, same seeds)")
+
+def claims_table(data: StudyData, claims: Sequence, alpha: float = ALPHA, spec=None,
+                 resamples: int = RESAMPLES) -> ClaimsTable:
+    from ..studies.rules import VerdictRules
+
+    rules = getattr(spec, "verdicts", None) or VerdictRules()
+    records, _ = claim_records(data, claims, alpha, spec=spec, resamples=resamples)
     counts = {v: sum(1 for r in records if r["verdict"] == v) for v in VERDICTS}
-    caption = (f"Claims of study {data.name}: verdicts computed by ablations.report.claims from the report-phase "
-               f"runs, never written by hand ({', '.join(f'{n} {v}' for v, n in counts.items())}). held = "
-               f"Holm-adjusted paired t-test p < {alpha} with Δ in the paper's direction; not held = significant in "
-               f"the other direction; not resolved = not significant after Holm (an effect up to the MDE could hide); "
-               f"premise absent = the study does not show what the claim presupposes (its 95% t-interval does not "
-               f"lie on the premise's side of 0), so the line is no test of the claim and leaves the Holm family; "
-               f"untestable = the study file says the measure cannot test the claim. "
-               + (method_text(cells, against, "of the claims", wilcoxon=False) if cells else "No testable claim."))
+    caption = (f"Claims of study {data.name}: verdicts computed by ablations.report.claims from the study's runs, "
+               f"never written by hand ({', '.join(f'{n} {v}' for v, n in counts.items() if n)}). "
+               + method_caption(rules, alpha, resamples)
+               + " premise absent = the study does not show what the claim presupposes; untestable = the study file "
+               "says the measure cannot test the claim.")
 
     def verdict(rec, style):
         return rec["verdict"] if style == "md" else latex_escape(rec["verdict"])
 
     columns = [Column("id", "claim"), Column("variant", "variant"), Column("baseline", "baseline"),
-               Column("depth", "depth", fmt="d"),
-               Column("delta", f"Δ (pp) [{CI_LABEL}]", render=delta_ci),
-               Column("p_t_holm", "p (t, Holm)", render=lambda rec, style: latex_escape(p_text(rec["p_t_holm"]))),
-               Column("mde", "MDE (pp)", fmt=".2f", scale=100.0), Column("verdict", "verdict", render=verdict,
-                                                                        align="l")]
-    fmts = {"delta": ".6f", "sd": ".6f", "ci_low": ".6f", "ci_high": ".6f", "p_t": ".6g", "p_t_holm": ".6g",
-            "mde": ".6f"}
+               Column("depth", "depth", fmt="d"), Column("delta", "estimate [rate-aware 95%]", render=delta_ci),
+               Column("p_holm", "p (Holm)", render=lambda rec, style: latex_escape(p_text(rec["p_holm"]))),
+               Column("agreement", "agreement (%)", fmt=".1f", scale=100.0),
+               Column("verdict", "verdict", render=verdict, align="l")]
+    fmts = {k: ".6g" for k in ("delta", "ci_low", "ci_high", "coverage", "p", "p_holm", "p_eq", "p_eq_holm", "p_t",
+                               "look_alpha", "agreement", "break_even", "late_variant", "late_baseline", "margin",
+                               "premise_delta", "premise_ci_low", "premise_ci_high")}
     return ClaimsTable("claims", f"{data.name}: the papers' claims", caption, frame(records, CLAIM_KEYS), columns,
                        [(k, k, fmts.get(k, "")) for k in CLAIM_KEYS])
 

@@ -80,7 +80,7 @@ def _ledger(args: argparse.Namespace) -> int:
 
 def _main(args: argparse.Namespace) -> int:
     from ..studies.overrides import OVERRIDES_ATTR, apply_sets, describe, parse_sets
-    from ..studies.spec import load_spec
+    from ..studies.spec import contend_name, load_spec
     from . import format as fmt
     from . import runs as runs_csv
     from .load import collect, open_study, open_tune_study
@@ -100,7 +100,8 @@ def _main(args: argparse.Namespace) -> int:
 
         check_sqlite_file(args.storage)  # garbage or a truncated file: one line, and the file is never written
         study = open_study(args.storage, study_name, spec)
-        data = collect(study, spec, results_dir, tune_study=open_tune_study(study))
+        data = collect(study, spec, results_dir, tune_study=open_tune_study(study),
+                       contend_study=open_tune_study(study, contend_name))
     out = Path(args.out) if args.out else layout.report_dir(results_dir, study_name)
     if not any(r.state == "complete" for r in data.runs):
         if not any(r.state == "complete" for r in data.tune_runs):
@@ -254,7 +255,7 @@ def build_tables(data: StudyData, spec, study=None) -> tuple[list, list | None, 
         if power is not None:
             tables.append(power)
         if spec.claims:
-            tables.append(claims_table(data, spec.claims))
+            tables.append(claims_table(data, spec.claims, spec=spec))
         calibration = calibration_table(data, data.config_value("dataset") or spec.base.get("dataset"))
         if calibration is not None:
             tables.append(calibration)

@@ -30,16 +30,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .claims import VERDICTS, claim_records, premise_numbers
+from .claims import claim_records, numbers_text, premise_numbers, sureness_text
+from .decide import DECIDED, VERDICTS, family
 from .format import p_text
 from .load import Run, StudyData
-from .stats import ALPHA, holm
-from .tables import CI_LABEL, boot_text, ci_text, signed
+from .stats import ALPHA
 
-LEDGER_KEYS = ["group", "study", "setting", "tuning_seeds", "id", "claim", "source", "variant", "baseline", "depth",
-               "metric", "direction", "n_pairs", "delta", "sd", "ci_low", "ci_high", "boot_low", "boot_high", "p_t",
-               "p_t_holm", "m", "verdict", "p_all_holm", "m_all", "verdict_all", "same_runs_as", "shared_side",
-               "premise", "premise_delta", "premise_ci_low", "premise_ci_high", "premise_n", "detail"]
+LEDGER_KEYS = ["group", "study", "setting", "tuning_seeds", "id", "claim", "source", "kind", "variant", "baseline",
+               "depth", "scale", "metric", "direction", "margin", "n_pairs", "delta", "ci_low", "ci_high", "trained", "levels",
+               "coverage", "p", "p_t", "p_holm", "m", "agreement", "verdict", "p_all_holm", "m_all", "agreement_all",
+               "break_even_all", "verdict_all", "old_evidence", "same_runs_as", "shared_side", "premise",
+               "premise_delta", "premise_ci_low", "premise_ci_high", "premise_n", "detail", "detail_all"]
 
 
 @dataclass
@@ -81,7 +82,7 @@ def load_study_claims(results_dir: Path) -> list[StudyClaims]:
     for folder, study, budget in study_folders(results_dir):
         spec = load_spec(study, budget)
         data = read(Path(results_dir) / folder / "runs.csv", spec, folder)
-        records, _ = claim_records(data, spec.claims)
+        records, _ = claim_records(data, spec.claims, spec=spec)
         seeds = {r.seed for r in data.tune_runs if r.seed is not None}
         out.append(StudyClaims(folder, study, budget, data, records, len(seeds)))
     return out
@@ -115,11 +116,11 @@ def ledger_records(studies: Sequence[StudyClaims], alpha: float = ALPHA) -> list
                 out["group"] = f"untestable: {rec['id']}"
                 lines.append((out, None))
                 continue
-            out["group"] = f"{rec['variant']} vs {rec['baseline']}, {rec['metric']}, {rec['direction']}"
+            out["group"] = f"{rec['variant']} vs {rec['baseline']}, {_measure(rec)}, {rec['direction']}"
             here = f"{sc.folder} ({rec['id']})"
             sides = (("variant", _side(sc.data, rec["variant"], rec["depth"])),
                      ("baseline", _side(sc.data, rec["baseline"], rec["baseline_depth"] or rec["depth"])))
-            key = (sides[0][1], sides[1][1], rec["metric"])
+            key = (sides[0][1], sides[1][1], rec["metric"], rec["kind"])
             if all(side for _, side in sides) and key in first_line:
                 out["same_runs_as"] = first_line[key]
             else:
@@ -131,27 +132,39 @@ def ledger_records(studies: Sequence[StudyClaims], alpha: float = ALPHA) -> list
                 if side:
                     first_side.setdefault(side, (sc.folder, here))
             lines.append((out, rec))
-    family = [(out, rec) for out, rec in lines
-              if rec is not None and out["verdict_all"] is None and out["same_runs_as"] is None
-              and rec["p_t"] is not None]
-    adjusted = holm([rec["p_t"] for _, rec in family])
+    members = [(out, rec) for out, rec in lines
+               if rec is not None and out["verdict_all"] is None and out["same_runs_as"] is None
+               and rec.get("_evidence") is not None and rec["_evidence"].p is not None]
+    judged = family([rec["_evidence"] for _, rec in members], [rec["look_alpha"] or alpha for _, rec in members], alpha,
+                    [rec["metric"] in ("test_acc", "test_acc_at_best_val", "final_val_acc", "best_val_acc")
+                     for _, rec in members], rules=None, capped=[bool(rec["old_evidence"]) for _, rec in members])
     by_line = {}
-    for (out, _), p in zip(family, adjusted, strict=True):
-        out["p_all_holm"], out["m_all"] = p, len(family)
-        by_line[f"{out['study']}{'-' + out['setting'] if out['setting'] else ''} ({out['id']})"] = p
+    for (out, _), j in zip(members, judged, strict=True):
+        out |= {"p_all_holm": j.p_holm, "m_all": len(members), "agreement_all": j.agreement,
+                "break_even_all": j.break_even, "verdict_all": _keep_not_converged(out, j.verdict),
+                "detail_all": j.detail}
+        by_line[f"{out['study']}{'-' + out['setting'] if out['setting'] else ''} ({out['id']})"] = out
     for out, rec in lines:
         if rec is None or out["verdict_all"] is not None:
             continue
-        if out["same_runs_as"] is not None:
-            out["p_all_holm"], out["m_all"] = by_line.get(out["same_runs_as"]), len(family)
-        p = out["p_all_holm"]
-        if p is not None and p < alpha:
-            along = rec["delta"] > 0 if rec["direction"] == "higher" else rec["delta"] < 0
-            out["verdict_all"] = "held" if along else "not held"
+        first = by_line.get(out["same_runs_as"]) if out["same_runs_as"] is not None else None
+        if first is not None:
+            out |= {k: first[k] for k in ("p_all_holm", "m_all", "agreement_all", "break_even_all", "verdict_all",
+                                          "detail_all")}
         else:
-            out["verdict_all"] = "not resolved"
+            out["verdict_all"], out["m_all"] = "not resolved", len(members)
     order = {g: i for i, g in enumerate(dict.fromkeys(out["group"] for out, _ in lines))}
     return [out for out, _ in sorted(lines, key=lambda item: order[item[0]["group"]])]
+
+
+def _measure(rec: dict) -> str:
+    """What a line measures, for its group: the metric, or the kind of claim where that is not an accuracy."""
+    return {"faster": "steps to plateau", "stable": "runs that train"}.get(rec["kind"], rec["metric"])
+
+
+def _keep_not_converged(out: dict, verdict: str) -> str:
+    """The all-claims verdict, "not converged" where the study's own judgement found the row behind still rising."""
+    return "not converged" if verdict == "not held" and out.get("verdict") == "not converged" else verdict
 
 
 def _numbers(rec: dict) -> str:
@@ -159,18 +172,17 @@ def _numbers(rec: dict) -> str:
         return "—"
     if rec["delta"] is None:
         return "no pairs"
-    text = f"{signed(rec['delta'], 'md')} {ci_text(rec, 'md')}"
-    if rec.get("boot_low") is not None:
-        text += f"; two-level {boot_text(rec, 'md')}"
-    return text + f" (n = {rec['n_pairs']})"
+    return numbers_text(rec).replace("|", "/") + f" (n = {rec['n_pairs']})"
 
 
 def decided_line(rec: dict) -> str:
-    """One line of a claim decided under the all-claims family (quoted verbatim by the README)."""
+    """One line of a claim decided under the all-claims family (quoted verbatim by the README): the claim, the
+    comparison with its metric and scale, the estimate and interval, the Holm p, and how sure."""
     where = rec["study"] + (f" ({rec['setting']})" if rec["setting"] else "")
-    depth = f", depth {rec['depth']}" if rec["depth"] is not None else ""
-    return (f"- **{rec['id']}** ({where}{depth}): {rec['claim']} — {rec['variant']} vs {rec['baseline']}, "
-            f"Δ (pp) = {_numbers(rec)}, Holm p over all claims {p_text(rec['p_all_holm'])}: **{rec['verdict_all']}**.")
+    sure = sureness_text(rec, "agreement_all", "break_even_all")
+    return (f"- **{rec['id']}** ({where}; {rec['scale']}): {rec['claim']} — {rec['variant']} vs {rec['baseline']}, "
+            f"{_measure(rec)}: {_numbers(rec)}, Holm p over all claims {p_text(rec['p_all_holm'])}"
+            f"{'; ' + sure if sure else ''}: **{rec['verdict_all']}**.")
 
 
 def ledger_markdown(records: list[dict], studies: Sequence[StudyClaims], alpha: float = ALPHA) -> str:
@@ -179,21 +191,26 @@ def ledger_markdown(records: list[dict], studies: Sequence[StudyClaims], alpha: 
               for family, key in (("in its study", "verdict"), ("all claims", "verdict_all"))}
     m_all = next((r["m_all"] for r in records if r["m_all"]), 0)
     shared = sum(1 for r in records if r["same_runs_as"])
+    decided_all = sum(1 for r in records if r["verdict_all"] in DECIDED)
+    old = sum(1 for r in records if r["old_evidence"])
     lines = ["# Claims ledger", "",
              "Every paper claim the studies test, regenerated by `python -m ablations.report --ledger` from each "
              "study's committed `runs.csv` (never written by hand). Two families: **in its study** is the verdict of "
-             "the study's own claims.md (one Holm family per study); **all claims** puts every judged line of every "
-             f"study into one Holm–Bonferroni family (m = {m_all}, α = {alpha}). A line on the same runs as an "
-             f"earlier one ({shared} here) is a repeat, not a replication: it enters the family once. Δ in pp, "
-             f"{CI_LABEL}; two-level = the bootstrap over seeds and test images where the runs stored per-image "
-             "results.", "",
-             "| verdicts | " + " | ".join(VERDICTS) + " |", "|---|" + "---|" * len(VERDICTS)]
-    for family, c in counts.items():
-        lines.append(f"| {family} | " + " | ".join(str(c[v]) for v in VERDICTS) + " |")
+             "the study's own claims.md (its lines in one Holm family); **all claims** puts every judged line of "
+             f"every study into one Holm–Bonferroni family (m = {m_all}, α = {alpha}). Each line is judged on its "
+             "own metric by the rate-aware bootstrap (tuning seeds with each row's rate re-chosen, reported seeds, "
+             "test images; docs/protocol.md, \"Verdicts\"), with the equivalence test deciding \"equivalent\" where "
+             f"a difference is within the declared margin. A line on the same runs as an earlier one ({shared} "
+             f"here) is a repeat, not a replication: it enters the family once. {old} lines rest on old evidence "
+             "(a rate tuned on fewer than three seeds): their own study states a verdict, the all-claims family "
+             f"decides none of them. Decided with all claims in one family: {decided_all} of {len(records)} lines.",
+             "", "| verdicts | " + " | ".join(VERDICTS) + " |", "|---|" + "---|" * len(VERDICTS)]
+    for family_name, c in counts.items():
+        lines.append(f"| {family_name} | " + " | ".join(str(c[v]) for v in VERDICTS) + " |")
     lines += ["", "| study | setting | tuning seeds | claim lines |", "|---|---|---:|---:|"]
     for sc in studies:
         lines.append(f"| {sc.study} | {sc.budget} | {sc.tuning_seeds} | {len(sc.records)} |")
-    decided = [r for r in records if r["verdict_all"] in ("held", "not held") and not r["same_runs_as"]]
+    decided = [r for r in records if r["verdict_all"] in DECIDED and not r["same_runs_as"]]
     lines += ["", f"Decided with every claim in one family ({len(decided)} lines; the README quotes them):", ""]
     lines += [decided_line(r) for r in decided] or ["(none)"]
     groups: dict[str, list[dict]] = {}
@@ -205,8 +222,8 @@ def ledger_markdown(records: list[dict], studies: Sequence[StudyClaims], alpha: 
         lines += ["", f"### {group}", ""]
         if len(own) > 1:
             lines += [f"Tested on their own runs by {len(own)} studies: {', '.join(sorted(own))}.", ""]
-        lines += ["| study | claim | depth | Δ [CI] | in its study (Holm p) | all claims (Holm p) | note |",
-                  "|---|---|---:|---|---|---|---|"]
+        lines += ["| study | claim | scale | estimate [rate-aware 95%] | in its study (Holm p) | all claims (Holm p, "
+                  "agreement) | note |", "|---|---|---|---|---|---|---|"]
         for r in recs:
             study = r["study"] + (f" ({r['setting']})" if r["setting"] else "")
             note = f"the same runs as {r['same_runs_as']}: a repeat" if r["same_runs_as"] else (r["shared_side"] or "")
@@ -214,10 +231,12 @@ def ledger_markdown(records: list[dict], studies: Sequence[StudyClaims], alpha: 
                 note = "premise: " + premise_numbers(r).replace("|", "/")
             elif r["verdict"] == "untestable":
                 note = str(r["detail"]).replace("|", "/")
-            depth = "" if r["depth"] is None else str(r["depth"])
-            lines.append(f"| {study} | **{r['id']}**: {r['claim']} ({r['source']}) | {depth} | {_numbers(r)} | "
-                         f"{r['verdict']} ({p_text(r['p_t_holm'])}) | {r['verdict_all']} ({p_text(r['p_all_holm'])}) "
-                         f"| {note} |")
+            elif r["old_evidence"]:
+                note = ("old evidence: " + r["old_evidence"] + ("; " + note if note else "")).replace("|", "/")
+            agree = f", {100 * r['agreement_all']:.1f}%" if r.get("agreement_all") is not None else ""
+            lines.append(f"| {study} | **{r['id']}**: {r['claim']} ({r['source']}) | {r.get('scale') or ''} | "
+                         f"{_numbers(r)} | {r['verdict']} ({p_text(r['p_holm'])}) | {r['verdict_all']} "
+                         f"({p_text(r['p_all_holm'])}{agree}) | {note} |")
     return "\n".join(lines) + "\n"
 
 

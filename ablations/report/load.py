@@ -37,7 +37,9 @@ ACC_KEY = summary_key("best_val_acc")  # the accuracy of studies whose metric is
 #: Accuracy keys a study's ``metric`` may name; the report's accuracy column follows it (test_acc and
 #: test_acc_at_best_val: the test split's accuracy at the final epoch / at the epoch chosen on validation).
 ACC_KEYS = (ACC_KEY, summary_key("final_val_acc"), "test_acc", "test_acc_at_best_val")
-PHASES = ("tune", "report")  # a trial's user attr "phase"; absent (older studies) = "report"
+#: a trial's user attr "phase" (absent in older studies: "report"): the tuning stage's runs, the reported runs at
+#: each row's chosen rate, and the reported seeds at a row's contending rates (a rate choice not settled)
+PHASES = ("tune", "report", "contend")
 DIVERGED_KEY = summary_key("diverged")
 FRACTION_KEYS = tuple(summary_key(f"epochs_to_{p}pct_of_best") for p in (90, 95, 99))
 AUC_KEY = summary_key("val_acc_auc")
@@ -127,6 +129,8 @@ class StudyData:
     skipped: int = 0  # surplus / duplicate / retried trials
     metric: str = ACC_KEY  # the accuracy key of Run.acc (the study's metric when it is one of ACC_KEYS)
     tune_runs: list[Run] = field(default_factory=list)  # phase "tune": only the tuning table and figure use them
+    #: phase "contend": the reported seeds at a row's contending rates (only the rate-aware verdicts use them)
+    contend_runs: list[Run] = field(default_factory=list)
     tune_metric: str = ACC_KEY  # the validation metric the tuning stage chose by (spec.tune.metric)
     floor: str | None = None  # the study's floor for failed trainings, in words (None: it declares none)
     tune_grid: tuple[float, ...] = ()  # the tuning stage's starting rates (spec.tune.lr); others were added
@@ -286,24 +290,27 @@ def accuracy_key(metric: str) -> str:
     return metric if metric in ACC_KEYS else ACC_KEY
 
 
-def open_tune_study(study):
-    """The study's tuning stage (``<study>-tune`` in the same storage), None when it has none."""
+def open_tune_study(study, name=tune_name):
+    """The study's tuning stage (``<study>-tune`` in the same storage; ``name``: another stage's naming rule), None
+    when it has none."""
     import optuna
 
     try:
-        return optuna.load_study(study_name=tune_name(study.study_name), storage=study._storage)
+        return optuna.load_study(study_name=name(study.study_name), storage=study._storage)
     except KeyError:
         return None
 
 
-def collect(study, spec, results_dir: Path | None = None, tune_study=None) -> StudyData:
+def collect(study, spec, results_dir: Path | None = None, tune_study=None, contend_study=None) -> StudyData:
     """The study's results as Runs, in a deterministic order (spec variant order, depth, seed, trial number); the
-    trials of ``tune_study`` (its tuning stage) join as phase ``tune``."""
+    trials of ``tune_study`` (its tuning stage) join as phase ``tune``, those of ``contend_study`` (its contending
+    rates' stage) as phase ``contend``."""
     trials, pending, skipped = result_trials(study)
     runs = _runs(trials, spec, results_dir, study.study_name)
-    if tune_study is not None:
-        tune_runs = _runs(result_trials(tune_study)[0], spec, results_dir, tune_study.study_name)
-        runs += [dataclasses.replace(r, phase="tune") for r in tune_runs]
+    for stage, phase in ((tune_study, "tune"), (contend_study, "contend")):
+        if stage is not None:
+            runs += [dataclasses.replace(r, phase=phase) for r in
+                     _runs(result_trials(stage)[0], spec, results_dir, stage.study_name)]
     return assemble(study.study_name, spec, runs, pending=pending, skipped=skipped)
 
 
@@ -360,7 +367,8 @@ def assemble(name: str, spec, runs: list[Run], pending: int = 0, skipped: int = 
     runs = sorted(runs, key=lambda r: (row_key(r), r.depth if r.depth is not None else -1,
                                        r.seed if r.seed is not None else -1, r.number))
     tune = [r for r in runs if r.phase == "tune"]
-    runs = [r for r in runs if r.phase != "tune"]
+    contend = [r for r in runs if r.phase == "contend"]
+    runs = [r for r in runs if r.phase not in ("tune", "contend")]
     rows = list(dict.fromkeys(r.row for r in runs))
     row_variant = {r.row: r.variant for r in runs}
     row_extras = {r.row: r.extras for r in runs}
@@ -372,7 +380,7 @@ def assemble(name: str, spec, runs: list[Run], pending: int = 0, skipped: int = 
     return StudyData(
         name=name, kind=spec.kind, runs=runs, rows=rows, row_variant=row_variant, row_extras=row_extras,
         depths=sorted({r.depth for r in runs if r.depth is not None}), pending=pending, skipped=skipped,
-        metric=accuracy_key(spec.metric), tune_runs=tune,
+        metric=accuracy_key(spec.metric), tune_runs=tune, contend_runs=contend,
         tune_metric=getattr(getattr(spec, "tune", None), "metric", None) or ACC_KEY,
         floor=floor.text() if floor is not None else None,
         tune_grid=tuple(getattr(getattr(spec, "tune", None), "lr", ()) or ()),

@@ -28,7 +28,7 @@ from typing import Any
 
 from .. import layout
 from ..training import HP_SUMMARY_KEYS
-from .load import DIVERGED_KEY, STACK_SIZE_KEY, ReportError, Run, StudyData, assemble, run_mode
+from .load import DIVERGED_KEY, PHASES, STACK_SIZE_KEY, ReportError, Run, StudyData, assemble, run_mode
 from .stats import num_classes
 
 HEAD = ("number", "run_name", "state", "phase", "variant", "row", "depth", "seed")
@@ -55,8 +55,10 @@ def columns(data: StudyData, axes: list[str]) -> list[str]:
 
 
 def all_runs(data: StudyData) -> list[Run]:
-    """Both phases' runs: the tuning stage's (its own study: numbers from 0) first, each phase by trial number."""
-    return sorted([*data.runs, *data.tune_runs], key=lambda r: (r.phase != "tune", r.number))
+    """Every phase's runs: the tuning stage's (its own study: numbers from 0) first, then the reported runs, then the
+    contending rates' (their own study), each phase by trial number."""
+    order = {"tune": 0, "report": 1, "contend": 2}
+    return sorted([*data.runs, *data.tune_runs, *data.contend_runs], key=lambda r: (order.get(r.phase, 1), r.number))
 
 
 def _axes(data: StudyData) -> list[str]:
@@ -187,8 +189,8 @@ def _run(line: dict[str, str], lineno: int, path: Path, axes: list[str], summary
             raise ReportError(f"{where}: column '{key}' must be a number, got '{line[key]}'")
     if line["state"] not in STATES:
         raise ReportError(f"{where}: state '{line['state']}' is not valid; valid choices: {', '.join(STATES)}")
-    if line["phase"] not in ("tune", "report"):
-        raise ReportError(f"{where}: phase '{line['phase']}' is not valid; valid choices: tune, report")
+    if line["phase"] not in PHASES:
+        raise ReportError(f"{where}: phase '{line['phase']}' is not valid; valid choices: {', '.join(PHASES)}")
     if not isinstance(cells["diverged"], bool):
         raise ReportError(f"{where}: column 'diverged' must be True or False, got '{line['diverged']}'")
     try:

@@ -42,6 +42,8 @@ from ..studies.storage import (
     unusable_storage_error,
     unusable_storage_message,
 )
+from .contend import prepare as prepare_contend
+from .contend import stored_points
 from .gpu_hours import DEFAULT_GPU, DEVICE_RESULTS, GPU_CLASSES
 from .imported import check_retrain_modes, imported_done, retrain_rule
 from .plan import dry_run, stored_done
@@ -115,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "else assumed")
     p.add_argument("--no-progress", action="store_true", help="no study-level progress bar")
     p.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--stage", default="report", choices=("tune", "report"), help=argparse.SUPPRESS)
+    p.add_argument("--stage", default="report", choices=("tune", "report", "contend"), help=argparse.SUPPRESS)
     return p
 
 
@@ -253,6 +255,8 @@ def _main(args: argparse.Namespace) -> int:
     if args.worker_index is not None:
         if args.stage == "tune":
             return work(spec.tune_stage(stored_extra(storage, study_name)), storage, study_name, args, overrides)
+        if args.stage == "contend":
+            return work(spec.contend_stage(stored_points(storage, study_name)), storage, study_name, args, overrides)
         return work(spec, storage, study_name, args, overrides, tuned=stored_choice(storage, study_name))
 
     study = create_study(spec, storage, study_name, seed=0)  # refuses a stored study of other overrides
@@ -279,7 +283,14 @@ def _main(args: argparse.Namespace) -> int:
                   "(the report names these rows): " + "; ".join(f"{cell_text(k)} {side}" for k, side in
                                                                at_bound.items()), file=sys.stderr)
         _tuning_note(spec, storage, study_name, study.user_attrs)
-    return run_grid(spec, storage, study_name, args, overrides, study=study)
+    code = run_grid(spec, storage, study_name, args, overrides, study=study)
+    if code or spec.tune is None or spec.kind != "grid":
+        return code
+    contend = prepare_contend(spec, storage, study_name)
+    if contend is None:
+        return 0
+    stage, name, contend_study = contend
+    return run_grid(stage, storage, name, args, overrides, stage="contend", study=contend_study)
 
 
 def _warn_earlier_forms(storage, study_name: str, study, tune: bool) -> None:

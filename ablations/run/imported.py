@@ -55,7 +55,7 @@ def _matched(path: Path, spec, study_name: str) -> list[tuple[Any, dict | None]]
     grid = {_grid_point_key(p): p for p in spec.grid()}
     keys = next(iter(grid.values())).keys()
     matched = []
-    for run in data.tune_runs if spec.stage == "tune" else data.runs:
+    for run in {"tune": data.tune_runs, "contend": data.contend_runs}.get(spec.stage, data.runs):
         values = {"variant": run.variant, "depth": run.depth, "seed": run.seed, "lr": run.lr, **dict(run.extras)}
         matched.append((run, grid.get(_grid_point_key({k: values.get(k) for k in keys}))))
     return matched
@@ -200,7 +200,7 @@ def _read(path: Path, spec, study_name: str):
             raise ValueError(f"--import-runs: runs file '{path}' was written by an earlier report (no "
                              f"{', '.join(missing)} column): its runs cannot be checked against this study; rerun "
                              "those points, or report the old storage again with this version first")
-    reading = spec if spec.stage != "tune" else dataclasses.replace(
+    reading = spec if spec.stage not in ("tune", "contend") else dataclasses.replace(
         spec, axes={a: v for a, v in spec.axes.items() if a != "lr"})
     try:
         return read(path, reading, study_name)

@@ -87,6 +87,8 @@ from pathlib import Path
 from typing import Any
 
 from ..recipes import with_recipe
+from .rules import VerdictRules
+from .rules import parse as parse_rules
 
 STUDY_DIR = Path(__file__).parent  # the study files beside this loader
 BUDGETS = ("smoke", "quick", "default", "gpu", "paper")
@@ -94,7 +96,7 @@ BUDGETS = ("smoke", "quick", "default", "gpu", "paper")
 #: the run and every report table say so (:meth:`StudySpec.first_look`)
 FIRST_LOOK_BUDGETS = ("smoke", "quick")
 _TOP_KEYS = ("extends", "name", "description", "kind", "metric", "direction", "base", "variants", "axes", "search",
-             "tune", "floor", "budgets", "claims")
+             "tune", "floor", "budgets", "claims", "verdicts")
 _BUDGET_KEYS = ("base", "variants", "add_variants", "axes", "search", "tune", "description")
 _TUNE_KEYS = ("lr", "seeds", "bounds", "metric", "axes")
 #: tuning seeds an evidence budget needs (the mean over them picks the rate; ``smoke``/``quick`` may use fewer)
@@ -109,8 +111,12 @@ _SEARCH_KEYS = ("n_trials", "pruner", "space", "sampler")
 _PRUNERS = ("none", "median", "hyperband")
 _DIST_KEYS = ("low", "high", "log", "choices")
 _CLAIM_KEYS = ("id", "claim", "source", "variant", "baseline", "depth", "baseline_depth", "direction", "counts",
-               "metric", "testable", "reason", "premise")
+               "metric", "testable", "reason", "premise", "kind", "margin")
 CLAIM_DIRECTIONS = ("higher", "lower")
+#: what a claim asserts (:mod:`ablations.report.verdicts`): ``superior`` — better on its metric; ``noninferior`` —
+#: at least as good, within the margin ("matches", "at least as well"); ``faster`` — reaches the baseline's plateau
+#: in fewer epochs; ``stable`` — a larger share of its (seed, rate) runs train
+CLAIM_KINDS = ("superior", "noninferior", "faster", "stable")
 _PREMISE_KEYS = ("claim", "variant", "baseline", "depth", "baseline_depth", "direction", "metric")
 #: what a premise asserts of its paired comparison (variant − baseline): ``lower`` / ``higher``: the 95% interval
 #: lies below / above 0; ``not_higher`` / ``not_lower``: it is not significantly above / below 0 (e.g. "saturates")
@@ -217,6 +223,8 @@ class Claim:
     testable: bool = True
     reason: str = ""
     premise: Premise | None = None
+    kind: str = "superior"  # CLAIM_KINDS
+    margin: float | None = None  # the claim's own smallest effect worth having (None: the study's verdicts.margin)
 
 
 @dataclass(frozen=True)
@@ -263,6 +271,7 @@ class StudySpec:
     #: (low, high) of a numeric axis whose values may grow beyond the listed ones (the tuning stage's lr): its
     #: distribution covers the whole range on a log scale, so an extended rate fits the stored study
     axis_bounds: dict = field(default_factory=dict)
+    verdicts: VerdictRules = field(default_factory=VerdictRules)  # how its claims are decided (``verdicts:``)
 
     @property
     def study_name(self) -> str:
@@ -272,7 +281,7 @@ class StudySpec:
 
         name = self.name if self.budget == "default" else f"{self.name}-{self.budget}"
         name += name_suffix(self.overrides)
-        return tune_name(name) if self.stage == "tune" else name
+        return {"tune": tune_name, "contend": contend_name}.get(self.stage, str)(name)
 
     def first_look(self) -> str | None:
         """The label of a budget that is not evidence (``FIRST_LOOK_BUDGETS``), for the run's first line and the
@@ -297,6 +306,17 @@ class StudySpec:
         return dataclasses.replace(self, axes=axes, tune=None, stage="tune", metric=self.tune.metric,
                                    direction="maximize", extra_points=tuple(points),
                                    axis_bounds={"lr": (min(bounds[0], *self.tune.lr), max(bounds[1], *self.tune.lr))})
+
+    def contend_stage(self, points: list[dict]) -> StudySpec:
+        """The contending rates' stage: ``points`` — reported grid points with an ``lr``, the reported seeds of the
+        cells whose rate choice is not settled at each contending rate (:func:`ablations.studies.rules.contenders`)
+        — as a study of its own (``<name>-contend``) whose grid is exactly those points."""
+        assert self.tune is not None
+        bounds = self.tune.bounds or (min(self.tune.lr), max(self.tune.lr))
+        rates = sorted({float(p["lr"]) for p in points})
+        low, high = min([bounds[0], *rates]), max([bounds[1], *rates])
+        return dataclasses.replace(self, axes=dict(self.axes) | {"lr": rates or [low]}, tune=None, stage="contend",
+                                   extra_points=tuple(dict(p) for p in points), axis_bounds={"lr": (low, high)})
 
     def tune_axes(self) -> list[str]:
         """The axes a learning rate is chosen per (besides the variant): every axis but the seed."""
@@ -327,6 +347,8 @@ class StudySpec:
         """Every grid point as the trial's parameters: {'variant': label, axis: value, ...}, **seed-major**: every
         variant (and other axis value) of a seed before the next seed, so that a study stopped midway — or continued
         on another machine (``--import-runs``) — holds whole seeds, whose paired runs trained side by side."""
+        if self.stage == "contend":  # exactly its listed points (contend_stage)
+            return [dict(p) for p in self.extra_points]
         names = ["variant", *self.axes]
         values = [[v.label for v in self.variants], *self.axes.values()]
         order = sorted(range(len(names)), key=lambda i: names[i] != "seed")  # the seed first, the rest as listed
@@ -405,6 +427,15 @@ TUNE_AT_BOUND = "tune_at_bound"  # cell -> "low"/"high": its best rate sits at a
 def tune_name(study_name: str) -> str:
     """The storage name of a study's tuning stage."""
     return f"{study_name}-tune"
+
+
+def contend_name(study_name: str) -> str:
+    """The storage name of a study's contending-rates stage (:meth:`StudySpec.contend_stage`)."""
+    return f"{study_name}-contend"
+
+
+#: what a study's contending-rates stage stores (on its own study): its points, each a reported grid point with an lr
+CONTEND_POINTS = "contend_points"
 
 
 def resolved(spec: StudySpec) -> dict:
@@ -570,7 +601,8 @@ def _build(raw: dict, budget: str, source: str) -> StudySpec:
                      metric=str(merged.get("metric", "best_val_acc")), direction=direction, base=base,
                      variants=variants, axes=axes, n_trials=n_trials, pruner=pruner, space=space, source=source,
                      tune=tune, claims=_claims(merged.get("claims"), labels, where),
-                     budgets=defined, floor=_floor(merged.get("floor"), where))
+                     budgets=defined, floor=_floor(merged.get("floor"), where),
+                     verdicts=parse_rules(merged.get("verdicts"), where))
 
 
 def _floor(raw: Any, where: str) -> Floor | None:
@@ -712,10 +744,16 @@ def _claim(raw: Any, index: int, labels: list[str], where: str) -> Claim:
         raise ValueError(f"{at}: metric '{metric}' is not valid; valid choices: {', '.join(CLAIM_METRICS)}")
     if "reason" in raw:
         raise ValueError(f"{at}: 'reason' is for untestable claims ('testable: false') only")
+    kind, margin = raw.get("kind", "superior"), raw.get("margin")
+    if kind not in CLAIM_KINDS:
+        raise ValueError(f"{at}: kind '{kind}' is not valid; valid choices: {', '.join(CLAIM_KINDS)}")
+    if margin is not None and (isinstance(margin, bool) or not isinstance(margin, (int, float)) or margin <= 0):
+        raise ValueError(f"{at}: margin must be a positive number (an accuracy fraction, or a ratio above 1 for kind "
+                         f"faster), got {margin!r}")
     return Claim(id=raw["id"], claim=raw["claim"], source=raw["source"], variant=raw["variant"],
                  baseline=raw["baseline"], depth=depth, baseline_depth=baseline_depth, direction=raw["direction"],
-                 counts=str(raw.get("counts", "")),
-                 metric=metric, premise=_premise(raw.get("premise"), labels, at))
+                 counts=str(raw.get("counts", "")), metric=metric, premise=_premise(raw.get("premise"), labels, at),
+                 kind=kind, margin=None if margin is None else float(margin))
 
 
 def _premise(raw: Any, labels: list[str], at: str) -> Premise | None:

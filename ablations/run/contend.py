@@ -1,0 +1,79 @@
+"""The contending rates' stage: after the reported grid, the reported seeds of every cell whose rate choice is not
+settled train again at each contending rate (:func:`ablations.studies.rules.contenders`), so that a verdict's
+uncertainty can cover the choice (``ablations.report.resample``: a replicate that re-chooses a rate the reported
+seeds never trained at counts against the claim). A study whose every choice is settled has no such stage."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from ..studies.rules import contenders
+from ..studies.spec import CONTEND_POINTS, TUNED_LR, contend_name, tune_name
+from ..studies.storage import repeated_results
+from .study import cell_text, load_study, trial_point, tune_value
+
+
+def tuning_table(spec, tune_study) -> dict[str, dict[float, dict[int, float]]]:
+    """cell (:meth:`StudySpec.tune_key`) -> rate -> tuning seed -> value in the choice, from the tuning stage's
+    completed trials (the rule of :func:`ablations.run.study.tune_value`)."""
+    from optuna.trial import TrialState
+
+    complete = tune_study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    repeats = repeated_results(complete)
+    table: dict[str, dict[float, dict[int, float]]] = {}
+    for t in complete:
+        if t.user_attrs.get("surplus") or "duplicate_of" in t.user_attrs or t.number in repeats:
+            continue
+        params = trial_point(t)
+        rate = float(params["lr"])
+        table.setdefault(spec.tune_key(params), {}).setdefault(rate, {})[int(params["seed"])] = tune_value(
+            t.user_attrs, spec.tune.metric, spec.floor)
+    return table
+
+
+def rate_order(spec, rates) -> list[float]:
+    """The tuning rule's tie order: the grid's rates as listed, then the added ones (ascending)."""
+    grid = [float(r) for r in spec.tune.lr]
+    return [r for r in grid if r in rates] + sorted(r for r in rates if r not in grid)
+
+
+def contend_points(spec, tune_study, chosen: dict[str, float]) -> tuple[list[dict], dict[str, list[float]]]:
+    """(the stage's points, cell -> its contending rates): every reported grid point of an unsettled cell, once per
+    contending rate."""
+    table = tuning_table(spec, tune_study)
+    rates: dict[str, list[float]] = {}
+    for key, by_rate in sorted(table.items()):
+        if key in chosen:
+            found = contenders(by_rate, rate_order(spec, by_rate), float(chosen[key]), spec.verdicts)
+            if found:
+                rates[key] = found
+    points = [dict(p) | {"lr": rate} for p in spec.grid() for rate in rates.get(spec.tune_key(p), [])]
+    return points, rates
+
+
+def stored_points(storage, study_name: str) -> list[dict]:
+    """The points a contending-rates stage stored (its workers read them)."""
+    return list(load_study(storage, study_name).user_attrs.get(CONTEND_POINTS) or [])
+
+
+def prepare(spec, storage, study_name: str):
+    """The contending stage of ``study_name`` (its spec, storage name and Optuna study), its points computed from the
+    tuning stage and stored; None when every choice is settled (or the study has no tuning stage)."""
+    from .study import create_study
+
+    if spec.tune is None or spec.first_look() or len(spec.tune.seeds) < 2:
+        return None  # a first look is not evidence; one tuning seed cannot tell a settled choice
+    chosen = load_study(storage, study_name).user_attrs.get(TUNED_LR) or {}
+    points, rates = contend_points(spec, load_study(storage, tune_name(study_name)), chosen)
+    if not points:
+        return None
+    name = contend_name(study_name)
+    stage = spec.contend_stage(points)
+    study = create_study(stage, storage, name, seed=0)
+    study.set_user_attr(CONTEND_POINTS, json.loads(json.dumps(points)))
+    print(f"study '{study_name}': rate choices not settled (re-chosen in under {spec.verdicts.settled_share:.0%} of "
+          f"tuning-seed resamples, or won by under {100 * spec.verdicts.settled_margin:.1f} pp): the reported seeds "
+          "train again at " + "; ".join(f"{cell_text(k)} {', '.join(f'{r:g}' for r in v)}" for k, v in rates.items())
+          + f" ({len(points)} trials, study '{name}')", file=sys.stderr)
+    return stage, name, study
