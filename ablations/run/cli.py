@@ -241,7 +241,8 @@ def _main(args: argparse.Namespace) -> int:
                 stored = stored.joined(imported_done(args.import_runs, spec, study_name, retrain, stored.finished,
                                                      tuned))
         return dry_run(spec, overrides, gpu=args.gpu, results_dir=Path(args.results_dir), workers=args.workers,
-                       stored=stored, measure=args.measure, stack=args.stack, retrain_modes=tuple(args.retrain_mode))
+                       stored=stored, measure=args.measure, stack=args.stack, retrain_modes=tuple(args.retrain_mode),
+                       import_runs=Path(args.import_runs) if args.import_runs else None)
     for config in data_configs(spec, overrides):
         check_data_folder(config)  # before anything is stored: a missing or malformed folder is one line
 

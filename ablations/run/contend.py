@@ -77,3 +77,33 @@ def prepare(spec, storage, study_name: str):
           "train again at " + "; ".join(f"{cell_text(k)} {', '.join(f'{r:g}' for r in v)}" for k, v in rates.items())
           + f" ({len(points)} trials, study '{name}')", file=sys.stderr)
     return stage, name, study
+
+
+def count_from_runs(spec, path) -> int | None:
+    """The contending trials a runs file's completed tuning stage calls for (a dry run's price of the stage before
+    it runs): per cell, its contending rates × its reported seeds; None when the file's tuning stage has fewer than
+    three seeds (the choice's spread is not known from it) or no reported runs to read the chosen rates from."""
+    from ..report.evidence import side
+    from ..report.runs import read
+
+    data = read(path, spec, spec.study_name)
+    if len({r.seed for r in data.tune_runs}) < 3:
+        return None
+    per_cell: dict[tuple, int] = {}
+    for point in spec.grid():
+        per_cell[(point["variant"], point.get("depth"))] = per_cell.get((point["variant"], point.get("depth")), 0) + 1
+    total = 0
+    for (row, depth), seeds in per_cell.items():
+        cell = side(data, row, depth, lambda run: 1)
+        if cell.chosen is not None and cell.tune:
+            total += seeds * len(contenders(cell.tune, cell.order, cell.chosen, spec.verdicts))
+    return total
+
+
+def dry_run_trials(spec, import_runs=None) -> tuple[int | None, int] | None:
+    """(the trials a completed tuning stage in ``import_runs`` calls for — None when not known —, the most the stage
+    can take) for a dry run; None for a study without the stage (no tuning stage, or a first look)."""
+    if spec.tune is None or spec.first_look() or spec.kind != "grid":
+        return None
+    known = count_from_runs(spec, import_runs) if import_runs else None
+    return known, spec.size * (spec.verdicts.max_rates - 1)

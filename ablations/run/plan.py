@@ -97,7 +97,7 @@ def measured_left(stored: Stored, workers: int, fallback_s: float,
 
 def dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = Path(layout.RESULTS_DIR),
             workers: int = 1, stored: Stored | None = None, measure: bool = False, stack: int | None = None,
-            retrain_modes: tuple[str, ...] = ()) -> int:
+            retrain_modes: tuple[str, ...] = (), import_runs: Path | None = None) -> int:
     """Print the grid (or search space), the recipe, the estimated time on this machine with ``workers`` workers
     (:func:`estimate_seconds`) and the GPU-hours on class ``gpu`` (:mod:`ablations.run.gpu_hours`; measurements read
     from ``<results_dir>/device``). ``stored`` (:func:`stored_done`): the trials a stored study has done, which
@@ -106,6 +106,7 @@ def dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = P
     estimate times that factor (its fixed per-trial overhead once). Trains nothing. The GPU-hours estimate stays
     FLOP-based; a grid's engine line prices its stacks (of at most ``stack`` trials) from a measured stacked GPU
     step (:mod:`ablations.run.engine_price`)."""
+    from .contend import dry_run_trials as contend_trials
     from .gpu_hours import describe_estimate, estimate, recipe_line
 
     tune_size = 0
@@ -182,6 +183,13 @@ def dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = P
     measured_line = measured_left(stored, workers, per_trial, cells) if stored else None
     if measured_line:
         print(measured_line)
+    if (contend := contend_trials(spec, import_runs)) is not None:
+        known, most = contend
+        what = (f"{known} trials for the rate choices of the file's tuning stage that are not settled"
+                if known is not None else f"at most {most} trials (each reported point at up to "
+                f"{spec.verdicts.max_rates - 1} more rates): which cells is known once the tuning stage is done")
+        print(f"contending rates (stage {spec.study_name}-contend, after the reported grid): {what}; about "
+              f"{duration_text(per_trial * (known if known is not None else most) / max(1, workers))} more")
     for line in describe_estimate(estimate(configs, trials, gpu, results_dir)):
         print(line)
     if spec.kind == "grid":  # the engine's price on a GPU, from a measured stacked step (ablations.run.engine_price)

@@ -1,0 +1,88 @@
+"""The contending rates' stage (``ablations.run.contend``): after the reported grid, the reported seeds of every
+cell whose rate choice is not settled train again at the rates a resampled choice could have picked, as a study of
+their own; the report reads them (phase ``contend``) and the rate-aware verdicts cover the choice."""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import statistics
+
+import optuna
+import pytest
+from helpers import STUDY_TEST_MARKS, TWO_VARIANTS, run_in_process, url_of, write_study
+from optuna.trial import TrialState
+
+from ablations.report.cli import main as report_main
+from ablations.report.runs import read
+from ablations.studies.spec import load_spec
+
+pytestmark = STUDY_TEST_MARKS
+
+TUNE = {"lr": [1e-3, 2e-3], "seeds": [100, 101, 102], "bounds": [1e-3, 2e-3], "metric": "final_val_acc"}
+
+
+def shares_by_hand(by_seed: dict[float, dict[int, float]], order: list[float]) -> dict[float, float]:
+    """The 27 ordered draws of three tuning seeds, each choosing the highest mean (ties: first in ``order``)."""
+    seeds = sorted(next(iter(by_seed.values())))
+    counts = dict.fromkeys(order, 0)
+    draws = list(itertools.product(seeds, repeat=len(seeds)))
+    for draw in draws:
+        means = {r: statistics.fmean(by_seed[r][s] for s in draw) for r in order}
+        best = max(means.values())
+        counts[next(r for r in order if means[r] >= best - 1e-12)] += 1
+    return {r: c / len(draws) for r, c in counts.items()}
+
+
+def test_the_contend_stage_spec_is_exactly_its_points():
+    spec = load_spec("residual_variants")
+    points = [{"variant": "standard", "depth": 4, "seed": s, "lr": 0.004} for s in (0, 1)]
+    stage = spec.contend_stage(points)
+    assert stage.stage == "contend" and stage.study_name == "residual_variants-contend"
+    assert stage.grid() == points and stage.size == 2 and stage.tune is None
+    config = stage.run_config(points[0])
+    assert config.lr == 0.004 and config.seed == 0 and config.residual == "standard"
+
+
+@pytest.mark.slow  # tiny real trainings: 12 tuning, 4 reported and 4 contending runs (about a minute on 2 cores)
+def test_unsettled_cells_train_their_reported_seeds_at_each_contending_rate(tmp_path):
+    """End to end: a margin rule that leaves every choice unsettled (``settled_margin`` 0.5: no rate wins by 50 pp)
+    makes each cell's runner-up contend; the stage trains exactly the reported points at it (recomputed here from the
+    tuning trials by hand), its runs carry phase ``contend`` into runs.csv, and the claims' rate-aware replicates
+    are then all covered when the resampled choices pick only the two rates trained."""
+    path = write_study(tmp_path / "cont.yaml", variants=TWO_VARIANTS, axes={"seed": [0, 1]}, tune=TUNE,
+                       verdicts={"settled_margin": 0.5},
+                       claims=[{"id": "c", "claim": "rezero beats", "source": "test", "variant": "rezero",
+                                "baseline": "standard", "direction": "higher"}])
+    db = tmp_path / "o.db"
+    result = run_in_process("--study", str(path), "--storage", url_of(db), "--results-dir", "results",
+                            "--no-progress", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "the reported seeds train again at" in result.stderr
+    tune = optuna.load_study(study_name="cont-tune", storage=url_of(db))
+    chosen = optuna.load_study(study_name="cont", storage=url_of(db)).user_attrs["tuned_lr"]
+    expected = set()
+    for variant in ("standard", "rezero"):
+        by_seed: dict[float, dict[int, float]] = {}
+        for t in tune.get_trials(states=(TrialState.COMPLETE,)):
+            if t.params["variant"] == variant:
+                by_seed.setdefault(float(t.params["lr"]), {})[int(t.params["seed"])] = t.user_attrs["final_val_acc"]
+        key = next(k for k in chosen if variant in k)
+        means = {r: statistics.fmean(v.values()) for r, v in by_seed.items()}
+        runner_up = max((r for r in means if r != chosen[key]), key=lambda r: means[r])
+        shares = shares_by_hand(by_seed, [1e-3, 2e-3])
+        assert 0 < shares.get(chosen[key], 0) <= 1
+        expected |= {(variant, seed, runner_up) for seed in (0, 1)}
+    stage = optuna.load_study(study_name="cont-contend", storage=url_of(db))
+    trained = {(t.params["variant"], int(t.params["seed"]), float(t.params["lr"]))
+               for t in stage.get_trials(states=(TrialState.COMPLETE,))}
+    assert trained == expected
+    assert all(t.user_attrs["phase"] == "contend" for t in stage.get_trials(states=(TrialState.COMPLETE,)))
+    out = tmp_path / "report"
+    result = run_in_process("--study", str(path), "--storage", url_of(db), "--results-dir", "results", "--out", out,
+                            "--no-figures", "--no-tensorboard", "--no-note", cwd=tmp_path, main=report_main)
+    assert result.returncode == 0, result.stderr
+    data = read(out / "runs.csv", load_spec(str(path)), "cont")
+    assert {(r.variant, r.seed, r.lr) for r in data.contend_runs} == expected
+    (line,) = list(csv.DictReader((out / "claims.csv").open()))
+    assert line["levels"].startswith("rate x seeds") and float(line["coverage"]) == 1.0
