@@ -1,13 +1,23 @@
-"""One training run from a ``RunConfig``: ``run_training(config, log_dir=..., run_name=...) -> summary dict``.
+"""One training run: how it is built and what it records, for both ways of training, and its training by
+Lightning's loop: ``run_training(config, log_dir=..., run_name=...) -> summary dict``.
 
 Used by the ``python -m ablations.train`` CLI and, with extra callbacks (e.g. Optuna's pruning callback), a
-checkpoint folder and ``ckpt_path`` for resuming, by study objectives.
+checkpoint folder and ``ckpt_path`` for resuming, by study objectives. The stacked engine
+(:func:`ablations.engine.loop.train_stacked`) builds and records each run of its stack with the same functions:
 
-TensorBoard layout: ``<log_dir>/<run_name>/`` holds the event files, ``hparams.yaml`` and (if enabled)
-``checkpoints/``. Every run logs the same metric keys, :data:`HP_METRICS`, once, at its end, and the HParams
-experiment (the study's, at its log root; a single run's own) lists exactly those, so runs of one study directory
-share one HParams table (a different metric set in the same folder hides values). HParams metrics must be numbers: a summary value of None ("never reached", e.g. epochs to 95% of a
-run that diverged before its first validation) is logged as NaN; booleans as 0/1.
+- how a run is built: :func:`prepare_process` (threads, malloc, cuBLAS), :func:`build_run` (seed, data, mode,
+  model, facts); its schedule and optimiser groups are ``ViTClassifier``'s;
+- what it records: its :class:`lit_modules.convergence.ConvergenceTracker` (per-epoch records, steps,
+  divergence, per-image test results, timings, where it resumed from: the summary; its ``state_dict`` is part of
+  either loop's checkpoint) and its TensorBoard folder ``<log_dir>/<run_name>/`` (event files, ``hparams.yaml``
+  and, if enabled, ``checkpoints/``) through :func:`register_run` as it starts, :func:`log_resume` when it resumed
+  and :func:`finish_run` at its end.
+
+Every run logs the same metric keys, :data:`HP_METRICS`, once, at its end, and the HParams experiment (the
+study's, at its log root; a single run's own) lists exactly those, so runs of one study directory share one
+HParams table (a different metric set in the same folder hides values). HParams metrics must be numbers: a summary
+value of None ("never reached", e.g. epochs to 95% of a run that diverged before its first validation) is logged as
+NaN; booleans as 0/1.
 """
 
 from __future__ import annotations
@@ -16,8 +26,8 @@ import functools
 import math
 import os
 import time
-import warnings
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,17 +44,7 @@ HP_SUMMARY_KEYS: tuple[str, ...] = (
 )
 #: Summary entries too long for the summary table (TensorBoard's text): the per-image test results
 BULK_SUMMARY_KEYS = ("test_correct",)
-#: The checkpoint of a run's latest epoch (``<name>.ckpt``), which resuming continues from.
-LAST_CHECKPOINT = "last"
 HP_METRICS: tuple[str, ...] = tuple(f"hp/{k}" for k in HP_SUMMARY_KEYS)
-
-
-#: Key of ``trainer.callback_metrics`` that carries the summary from wherever ``fit`` ran (see _hand_back_summary).
-_SUMMARY_KEY = "ablations/summary"
-
-
-class SetupError(ValueError):
-    """The run could not be built from its config (bad residual options, missing data folder, ...): one line."""
 
 
 def hp_metric_values(summary: Mapping[str, Any]) -> dict[str, float]:
@@ -79,6 +79,14 @@ def summary_table(summary: Mapping[str, Any], markdown: bool = True) -> str:
         return markdown_table(["metric", "value"], rows)
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+#: The checkpoint of a run's latest epoch (``<name>.ckpt``), which resuming continues from.
+LAST_CHECKPOINT = "last"
+#: Key of ``trainer.callback_metrics`` that carries the summary from wherever ``fit`` ran (see _hand_back_summary).
+_SUMMARY_KEY = "ablations/summary"
+
+
+class SetupError(ValueError):
+    """The run could not be built from its config (bad residual options, missing data folder, ...): one line."""
 
 
 def lightning_accelerator(name: str) -> str:
@@ -143,12 +151,10 @@ def mixup_options(config: RunConfig) -> dict[str, float]:
             "switch_prob": config.mixup_switch_prob}
 
 
-def diagnostics_callback(config: RunConfig, datamodule: Any) -> Any | None:
-    try:
-        from lit_modules.diagnostics_logging import DiagnosticsCallback
-    except ImportError as exc:  # the module is optional while it is being written
-        warnings.warn(f"diagnostics_every={config.diagnostics_every} ignored: {exc}", stacklevel=3)
-        return None
+def diagnostics_callback(config: RunConfig, datamodule: Any) -> Any:
+    """The run's diagnostics (``diagnostics_every`` epochs, on a fixed batch of its training data)."""
+    from lit_modules.diagnostics_logging import DiagnosticsCallback
+
     return DiagnosticsCallback(datamodule.fixed_batch(config.diagnostics_batch_size), config.diagnostics_every,
                                k=config.diagnostics_sim_k)
 
@@ -168,6 +174,52 @@ def deterministic_without_nan_fill() -> dict[str, Any]:
     return {"deterministic": True}
 
 
+@dataclass
+class BuiltRun:
+    """A run as :func:`build_run` builds it: the config it trains with (precision ``auto`` resolved), its set-up
+    DataModule, its ``ViTClassifier`` and the facts of its summary."""
+
+    config: RunConfig
+    datamodule: Any
+    model: Any
+    facts: dict[str, Any]
+
+
+def prepare_process(config: RunConfig) -> tuple[str, str]:
+    """Set up the process that trains ``config``'s run (or a stack of its cell's): ``torch.set_num_threads(threads
+    or all cores)``, on a CPU glibc's malloc as ``ABLATIONS_MALLOC`` says (:mod:`ablations.machine.allocator`), on a
+    GPU deterministic cuBLAS. Returns the Lightning accelerator and the ``malloc`` fact."""
+    import torch
+
+    from ablations.machine.allocator import set_malloc
+
+    torch.set_num_threads(config.threads or os.cpu_count() or 1)
+    accelerator = lightning_accelerator(config.accelerator)
+    malloc = set_malloc() if accelerator == "cpu" else "system (not a CPU run)"
+    if accelerator == "gpu":  # deterministic cuBLAS (deterministic algorithms are enabled by the loop)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    return accelerator, malloc
+
+
+def build_run(config: RunConfig, accelerator: str, malloc: str,
+              results_dir: str | Path = layout.RESULTS_DIR) -> BuiltRun:
+    """A run up to its training, as both ways of training build it: seeded (``seed_everything(config.seed,
+    workers=True)``), its data set up, its mode resolved (:func:`resolve_mode`), its model built. Its facts:
+    ``precision``, ``fused_attn``, ``mode_source``, ``num_classes`` (the chance level a diverged run counts at in the
+    report), ``malloc``, ``device`` (where it trained: its mode's device) and ``machine``. Raises SetupError."""
+    import lightning.pytorch as pl
+
+    from ablations.machine.modes import machine_text
+
+    pl.seed_everything(config.seed, workers=True, verbose=False)
+    datamodule = build_datamodule(config)
+    config, facts = resolve_mode(config, accelerator, datamodule, results_dir)
+    device = "cuda" if accelerator == "gpu" else "cpu"
+    facts |= {"num_classes": datamodule.num_classes, "malloc": malloc, "device": device,
+              "machine": machine_text(device)}
+    return BuiltRun(config, datamodule, build_model(config, datamodule), facts)
+
+
 def run_training(
     config: RunConfig,
     *,
@@ -184,22 +236,20 @@ def run_training(
     experiment: str = "ablations",
     results_dir: str | Path = layout.RESULTS_DIR,
 ) -> dict[str, Any]:
-    """Train one run and return its summary (:func:`lit_modules.convergence.summarize`) plus ``run_name``,
-    ``log_dir`` (the run's TensorBoard folder) and ``param_count``.
+    """Train one run and return its summary (:meth:`lit_modules.convergence.ConvergenceTracker.summary` and the
+    run's facts) plus ``run_name``, ``log_dir`` (the run's TensorBoard folder) and ``param_count``.
 
-    Seeds everything (``seed_everything(config.seed, workers=True)``, ``deterministic=True`` without the NaN fill of
-    new tensors: ``deterministic_without_nan_fill``): the same config on
-    the same CPU gives identical metrics. Sets ``torch.set_num_threads(config.threads or all cores)`` for the
-    process and, on a CPU, glibc's malloc as ``ABLATIONS_MALLOC`` says (:mod:`ablations.machine.allocator`; the ``malloc``
-    fact). Checkpoints (``ModelCheckpoint`` on ``val/acc`` + ``last.ckpt``) are written to ``checkpoint_dir``
-    (default ``<run dir>/checkpoints``) when ``enable_checkpointing`` or ``checkpoint_dir`` is given;
-    ``ckpt_path`` resumes from a checkpoint (``"last"`` or a path; Lightning starts fresh if "last" has none).
+    Builds the run with :func:`prepare_process` and :func:`build_run`, and trains it deterministically
+    (``deterministic=True`` without the NaN fill of new tensors: ``deterministic_without_nan_fill``): the same config
+    on the same CPU gives identical metrics. Checkpoints (``ModelCheckpoint`` on ``val/acc`` + ``last.ckpt``) are
+    written to ``checkpoint_dir`` (default ``<run dir>/checkpoints``) when ``enable_checkpointing`` or
+    ``checkpoint_dir`` is given; ``ckpt_path`` resumes from a checkpoint (``"last"`` or a path; Lightning starts
+    fresh if "last" has none).
 
     TensorBoard tags are grouped for reading (:mod:`ablations.dashboard`). ``hparams``: the run's values of its
-    study's HParams columns (the study writes the columns once at its log root); None: a run on its own, whose
-    HParams entry lists the whole config. ``loggers``: extra Lightning loggers (``csv``, ``mlflow``; MLflow's
-    store is ``<log_dir>/mlflow.db``, SQLite, experiment ``experiment``). ``results_dir``: where precision ``auto``
-    looks for (and caches) this machine's mode measurements (``<results_dir>/device/``).
+    study's HParams columns (:func:`register_run`). ``loggers``: extra Lightning loggers (``csv``,
+    ``mlflow``; MLflow's store is ``<log_dir>/mlflow.db``, SQLite, experiment ``experiment``). ``results_dir``: where
+    precision ``auto`` looks for (and caches) this machine's mode measurements (``<results_dir>/device/``).
 
     Raises SetupError (a ValueError, one line) when the model or data cannot be built. If ``fit`` raises
     (e.g. ``optuna.TrialPruned`` from a pruning callback, or KeyboardInterrupt), the summary of the epochs run so
@@ -207,36 +257,17 @@ def run_training(
     A diverging run (non-finite loss) is not an exception: it stops and returns ``diverged=True``.
     """
     import lightning.pytorch as pl
-    import torch
-    from lightning.pytorch.callbacks import LambdaCallback, ModelCheckpoint
+    from lightning.pytorch.callbacks import LambdaCallback
 
-    from ablations.dashboard import extra_loggers, write_run_hparams
-    from ablations.machine.allocator import set_malloc
-    from ablations.machine.modes import machine_text
+    from ablations.dashboard import extra_loggers
     from ablations.tb_logger import tensorboard_logger
-    from lit_modules.convergence import ConvergenceTracker, StepTimer
+    from lit_modules.convergence import ConvergenceTracker
 
-    torch.set_num_threads(config.threads or os.cpu_count() or 1)
-    accelerator = lightning_accelerator(config.accelerator)
-    malloc = set_malloc() if accelerator == "cpu" else "system (not a CPU run)"
-    if accelerator == "gpu":  # deterministic cuBLAS (Trainer(deterministic=True) enables deterministic algorithms)
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    pl.seed_everything(config.seed, workers=True, verbose=False)
-    datamodule = build_datamodule(config)
-    config, facts = resolve_mode(config, accelerator, datamodule, results_dir)
-    facts["num_classes"] = datamodule.num_classes  # the chance level a diverged run counts at in the report
-    facts["malloc"] = malloc
-    facts["device"] = "cuda" if accelerator == "gpu" else "cpu"  # where it trained: its mode's device (kept_modes)
-    facts["machine"] = machine_text(facts["device"])
-    model = build_model(config, datamodule)
+    accelerator, malloc = prepare_process(config)
+    run = build_run(config, accelerator, malloc, results_dir)
+    config, datamodule, model, facts = run.config, run.datamodule, run.model, run.facts
     facts |= use_stream_kernels(model.model, config, accelerator, datamodule)
-    if config.compile:
-        if accelerator == "cpu":
-            from lit_modules.residual.stream_kernels import pin_vector_width
-
-            pin_vector_width()  # inductor's cache key must hold the vector width (see pin_vector_width)
-        model.model.compile()  # in place: state_dict keys stay model.* (torch.compile(m) would add _orig_mod)
-    compile_timer = StepTimer() if config.compile else None  # times the first batches: the compile time
+    compile_timer = compile_model(model.model, accelerator) if config.compile else None
 
     logger = tensorboard_logger(log_dir, run_name)
     more_loggers = extra_loggers(loggers, run_dir=Path(logger.log_dir), run_name=run_name, experiment=experiment,
@@ -244,23 +275,12 @@ def run_training(
     tracker = ConvergenceTracker(config.accuracy_thresholds)
     callbacks: list[Any] = [tracker, LambdaCallback(on_train_start=functools.partial(_record_resume, tracker))]
     if config.diagnostics_every > 0:
-        diagnostics = diagnostics_callback(config, datamodule)
-        if diagnostics is not None:
-            callbacks.append(diagnostics)
+        callbacks.append(diagnostics_callback(config, datamodule))
     checkpointing = enable_checkpointing or checkpoint_dir is not None
     if checkpointing:
-        dirpath = str(checkpoint_dir or Path(logger.log_dir) / layout.CHECKPOINTS)
-        callbacks.append(ModelCheckpoint(  # the best epoch
-            dirpath=dirpath, monitor="val/acc", mode="max", filename="epoch{epoch:03d}-acc{val/acc:.4f}",
-            auto_insert_metric_name=False))
-        # The latest epoch, what a resume continues from: last.ckpt, rewritten after every validation. (Lightning
-        # 2.6's save_last=True on the monitored checkpoint rewrites last.ckpt only when val/acc improves, so a
-        # killed trial resumed from its best epoch and trained the epochs after it again.)
-        callbacks.append(ModelCheckpoint(dirpath=dirpath, filename=LAST_CHECKPOINT, enable_version_counter=False))
+        callbacks += checkpoint_callbacks(checkpoint_dir or Path(logger.log_dir) / layout.CHECKPOINTS)
     callbacks.append(LambdaCallback(on_fit_end=functools.partial(_hand_back_summary, tracker)))
-    if compile_timer is not None:
-        callbacks.append(compile_timer)
-    callbacks.extend(extra_callbacks)
+    callbacks += [c for c in (compile_timer, *extra_callbacks) if c is not None]
     steps_per_epoch = len(datamodule.train_dataloader())
     trainer = pl.Trainer(
         accelerator=accelerator, devices=config.devices, strategy=config.strategy, precision=config.precision,
@@ -270,26 +290,48 @@ def run_training(
         enable_model_summary=enable_progress_bar if enable_model_summary is None else enable_model_summary,
         num_sanity_val_steps=0, log_every_n_steps=max(1, min(50, steps_per_epoch)), default_root_dir=str(log_dir),
     )
-    # Register this run's hyperparameters with the HParams plugin before fit starts (its metrics come at the end);
     # hparams.yaml and the extra loggers get the whole config (under config/: Lightning logs the model's own
-    # hyperparameters to them at fit start, and MLflow refuses a key logged twice with another spelling).
-    flat = config.to_hparams()
-    logger.hparams.update(flat)
+    # hyperparameters to them at fit start, and MLflow refuses a key logged twice with another spelling)
+    flat = register_run(logger, config, run_name, hparams) if trainer.is_global_zero else config.to_hparams()
     for extra in more_loggers:
         extra.log_hyperparams({f"config/{k}": v for k, v in flat.items()})
-    if trainer.is_global_zero:
-        write_run_hparams(logger.experiment, flat if hparams is None else hparams, HP_METRICS,
-                          run=run_name, own_experiment=hparams is None)
+    everyone = [logger, *more_loggers]
     try:
         trainer.fit(model, datamodule=datamodule, ckpt_path=None if ckpt_path is None else str(ckpt_path))
     except BaseException as exc:
-        exc.run_summary = finish_run(trainer, [logger, *more_loggers], tracker.summary() | facts, run_name,
-                                  status="failed")
+        exc.run_summary = finish_run(everyone, tracker.summary() | facts, run_name, "failed",
+                                     step=trainer.global_step, rank_zero=trainer.is_global_zero)
         raise
     summary = trainer.callback_metrics.pop(_SUMMARY_KEY, None) or tracker.summary()
     if compile_timer is not None:
         facts["compile_time_s"] = compile_timer.compile_time_s()
-    return finish_run(trainer, [logger, *more_loggers], summary | facts, run_name, status="success")
+    return finish_run(everyone, summary | facts, run_name, "success", step=trainer.global_step,
+                      rank_zero=trainer.is_global_zero)
+
+
+def compile_model(backbone: Any, accelerator: str) -> Any:
+    """Compile ``backbone`` in place (its ``state_dict`` keys stay ``model.*``; ``torch.compile(m)`` would add
+    ``_orig_mod``) and return the callback that times the first batches: the compile time."""
+    from lit_modules.convergence import StepTimer
+
+    if accelerator == "cpu":
+        from lit_modules.residual.stream_kernels import pin_vector_width
+
+        pin_vector_width()  # inductor's cache key must hold the vector width (see pin_vector_width)
+    backbone.compile()
+    return StepTimer()
+
+
+def checkpoint_callbacks(dirpath: str | Path) -> list[Any]:
+    """A run's Lightning checkpoints in ``dirpath``: its best epoch (on ``val/acc``) and its latest,
+    :data:`LAST_CHECKPOINT`, rewritten after every validation: what a resume continues from. (Lightning 2.6's
+    ``save_last=True`` on the monitored checkpoint rewrites ``last.ckpt`` only when ``val/acc`` improves, so a
+    killed trial would resume from its best epoch and train the epochs after it again.)"""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    return [ModelCheckpoint(dirpath=str(dirpath), monitor="val/acc", mode="max",
+                            filename="epoch{epoch:03d}-acc{val/acc:.4f}", auto_insert_metric_name=False),
+            ModelCheckpoint(dirpath=str(dirpath), filename=LAST_CHECKPOINT, enable_version_counter=False)]
 
 
 def use_stream_kernels(model: Any, config: RunConfig, accelerator: str, datamodule: Any) -> dict[str, Any]:
@@ -356,16 +398,10 @@ def resolve_mode(config: RunConfig, accelerator: str, datamodule: Any,
 
 
 def _record_resume(tracker: Any, trainer: Any, pl_module: Any) -> None:
-    """``on_train_start``, after the tracker: a run that Lightning resumed from a checkpoint writes what it
-    restored (epoch, global step, file) to TensorBoard, as scalars ``resume/*`` and the text ``resume``."""
-    start = tracker.this_process()
-    if not start["resumed_from_checkpoint"] or not trainer.is_global_zero or not trainer.loggers:
-        return
-    logger = trainer.loggers[0]
-    step = start["start_global_step"]
-    logger.log_metrics({"resume/start_epoch": start["start_epoch"], "resume/start_global_step": step}, step=step)
-    logger.experiment.add_text("resume", f"resumed from `{start['resumed_checkpoint']}`: Lightning restored epoch "
-                                         f"{start['start_epoch']}, global step {step}", global_step=step)
+    """``on_train_start``, after the tracker: a run that Lightning resumed from a checkpoint records it
+    (:func:`log_resume`)."""
+    if trainer.is_global_zero and trainer.loggers:
+        log_resume(trainer.loggers[0], tracker.this_process(), "Lightning")
 
 
 def _hand_back_summary(tracker: Any, trainer: Any, pl_module: Any) -> None:
@@ -375,13 +411,42 @@ def _hand_back_summary(tracker: Any, trainer: Any, pl_module: Any) -> None:
     trainer.callback_metrics[_SUMMARY_KEY] = tracker.summary()
 
 
-def finish_run(trainer: Any, loggers: list, summary: dict[str, Any], run_name: str, status: str) -> dict[str, Any]:
-    """Summary + ``hp/*`` metrics (every logger) + the Markdown summary table (TensorBoard, the first logger),
-    written after fit (a second event file) at the final global step (at least 1)."""
+# --- what a run records, either way it trains ---------------------------------------------------------------
+def register_run(logger: Any, config: RunConfig, run_name: str, hparams: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Register a run's hyperparameters as it starts (its metrics come at its end): the whole config (flat,
+    ``RunConfig.to_hparams``) for ``hparams.yaml``, and its HParams entry — ``hparams``, the run's values of its
+    study's columns (the study writes the columns once at its log root), or None: a run on its own, whose entry
+    lists the whole config in an experiment of its own. Returns the flat config."""
+    from ablations.dashboard import write_run_hparams
+
+    flat = config.to_hparams()
+    logger.hparams.update(flat)
+    write_run_hparams(logger.experiment, flat if hparams is None else hparams, HP_METRICS, run=run_name,
+                      own_experiment=hparams is None)
+    return flat
+
+
+def log_resume(logger: Any, start: Mapping[str, Any], restored_by: str) -> None:
+    """A run resumed from a checkpoint (``start``: the tracker's ``this_process()``) writes what was restored
+    (epoch, global step, file) as scalars ``resume/*`` and the text ``resume``; a run from scratch writes nothing."""
+    if not start["resumed_from_checkpoint"]:
+        return
+    step = start["start_global_step"]
+    logger.log_metrics({"resume/start_epoch": start["start_epoch"], "resume/start_global_step": step}, step=step)
+    logger.experiment.add_text("resume", f"resumed from `{start['resumed_checkpoint']}`: {restored_by} restored "
+                                         f"epoch {start['start_epoch']}, global step {step}", global_step=step)
+
+
+def finish_run(loggers: Sequence[Any], summary: dict[str, Any], run_name: str, status: str, *, step: int,
+               rank_zero: bool = True) -> dict[str, Any]:
+    """The run's summary plus ``run_name``, ``log_dir`` (the first logger's folder) and ``param_count``; on rank
+    zero the ``hp/*`` metrics (every logger) and the Markdown summary table (TensorBoard, the first logger) are
+    written at the final global ``step`` (at least 1: after every epoch's, even if no step was taken), and the
+    loggers finalised with ``status``."""
     logger = loggers[0]
     summary.update(run_name=run_name, log_dir=str(logger.log_dir), param_count=summary.get("param_count"))
-    if trainer.is_global_zero:
-        step = max(trainer.global_step, 1)  # a step after every epoch's, even if no step was taken
+    if rank_zero:
+        step = max(step, 1)
         for each in loggers:
             each.log_metrics(hp_metric_values(summary), step=step)
         logger.experiment.add_text("summary", summary_table(summary), global_step=step)

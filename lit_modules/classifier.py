@@ -61,6 +61,14 @@ class WarmupCosine:
         return self.min_ratio + (1.0 - self.min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def optimizer_groups(model: VisionTransformer, lr: float, weight_decay: float) -> list[dict[str, Any]]:
+    """``model``'s parameter groups as the optimiser takes them (``VisionTransformer.param_groups``: weight decay
+    per group), with a parametrisation's per-group multipliers of the learning rate and of Adam's ε applied as the
+    groups' ``lr`` and ``eps`` (CompleteP's ``lr_scale`` and ``eps_scale``; none by default)."""
+    groups = [g | {"lr": lr * g["lr_scale"]} if "lr_scale" in g else g for g in model.param_groups(weight_decay)]
+    return [g | {"eps": ADAM_EPS * g["eps_scale"]} if "eps_scale" in g else g for g in groups]
+
+
 class ViTClassifier(pl.LightningModule):
     """Image classification with a ``VisionTransformer`` backbone (``self.model``) whose residual is chosen by name.
 
@@ -241,10 +249,13 @@ class ViTClassifier(pl.LightningModule):
         self.test_acc.reset()
 
     # --- optimisation --------------------------------------------------------------------------------------------
-    def schedule_steps(self) -> tuple[int, int]:
-        """(warmup steps, total steps) of the learning-rate schedule."""
+    def schedule_steps(self, total: int | None = None) -> tuple[int, int]:
+        """(warmup steps, total steps) of the learning-rate schedule: ``warmup_epochs`` epochs of ``total`` optimizer
+        steps (default: ``steps_per_epoch`` × ``max_epochs``, else the Trainer's estimate)."""
         hp = self.hparams
-        if hp.steps_per_epoch is not None:
+        if total is not None:
+            per_epoch = total / max(1, hp.max_epochs)
+        elif hp.steps_per_epoch is not None:
             per_epoch = float(hp.steps_per_epoch)
             total = hp.steps_per_epoch * hp.max_epochs
         else:
@@ -252,14 +263,15 @@ class ViTClassifier(pl.LightningModule):
             per_epoch = total / max(1, self.trainer.max_epochs or hp.max_epochs)
         return round(hp.warmup_epochs * per_epoch), max(1, total)
 
+    def lr_schedule(self, total: int | None = None) -> WarmupCosine:
+        """The multiplier of the learning rate per optimizer step (:meth:`schedule_steps`' warm-up and length)."""
+        warmup, total = self.schedule_steps(total)
+        return WarmupCosine(warmup, total, self.hparams.min_lr / self.hparams.lr)
+
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
-        # a parametrisation's per-group multipliers of the learning rate and Adam's ε (CompleteP's; none by default)
-        groups = [g | {"lr": hp.lr * g["lr_scale"]} if "lr_scale" in g else g
-                  for g in self.model.param_groups(hp.weight_decay)]
-        groups = [g | {"eps": ADAM_EPS * g["eps_scale"]} if "eps_scale" in g else g for g in groups]
+        groups = optimizer_groups(self.model, hp.lr, hp.weight_decay)
         # fused=True: one kernel for all parameters instead of a Python loop with per-parameter ``.item()`` calls
         optimizer = OPTIMIZER_CLASSES[hp.optimizer](groups, lr=hp.lr, betas=tuple(hp.betas), eps=ADAM_EPS, fused=True)
-        warmup, total = self.schedule_steps()
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(warmup, total, hp.min_lr / hp.lr))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, self.lr_schedule())
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}

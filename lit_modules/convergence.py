@@ -196,18 +196,24 @@ def _metric(metrics: Mapping[str, Any], key: str) -> float | None:
 
 
 class ConvergenceTracker(pl.Callback):
-    """Records, per epoch: val accuracy (``val_metric``), mean train loss (``train_metric``), wall time (train +
-    val), train time, optimizer steps and images trained on; ``summary()`` turns them into the end-of-run dict
-    (see :func:`summarize`).
+    """What a run records, per epoch: val accuracy, test accuracy and the per-image test results, mean train loss,
+    wall time (train + val), train time, optimizer steps and images trained on; ``summary()`` turns them into the
+    end-of-run dict (see :func:`summarize`).
 
-    Divergence is read from the LightningModule's ``diverged`` attribute (set by ``ViTClassifier`` when a loss is
-    not finite) or inferred from a non-finite epoch train loss. The records are part of the checkpoint
-    (``state_dict``), so a resumed run keeps its earlier epochs and wall time.
+    Both ways of training fill it through the same methods — :meth:`begin`, :meth:`start`, :meth:`trained`,
+    :meth:`validated`, :meth:`epoch_ended`, :meth:`mark_diverged`, :meth:`end` —: Lightning through this callback's
+    hooks, which read ``val_metric``, ``test_metric`` and ``train_metric`` from ``trainer.callback_metrics``; the
+    stacked engine (:mod:`ablations.engine.loop`) calling them itself, once per run of its stack.
 
-    What this process itself did is recorded apart (:meth:`this_process`): the epoch and global step Lightning
-    restored before training started (0 and 0 for a run from scratch) and the epochs, optimizer steps, images and
-    wall time trained since. A resumed run is one whose restored global step is above 0: read from the trainer
-    after loading, not from "a checkpoint path was passed".
+    Divergence is flagged by :meth:`mark_diverged` (the hooks: when the LightningModule's ``diverged`` is set, as
+    ``ViTClassifier`` sets it for a loss that is not finite) or inferred from a non-finite epoch train loss. The
+    records are part of the checkpoint (``state_dict``; Lightning's, and the engine's), so a resumed run keeps its
+    earlier epochs, optimizer steps, divergence and wall time.
+
+    What this process itself did is recorded apart (:meth:`this_process`): the epoch and global step training
+    started from (0 and 0 for a run from scratch) and the epochs, optimizer steps, images and wall time trained
+    since. A resumed run is one whose restored global step is above 0: read after loading, not from "a checkpoint
+    path was passed".
     """
 
     def __init__(self, thresholds: Sequence[float] = (0.5, 0.8, 0.9, 0.95), val_metric: str = "val/acc",
@@ -223,31 +229,72 @@ class ConvergenceTracker(pl.Callback):
         self.epoch_times: dict[int, float] = {}
         self.train_times: dict[int, float] = {}
         self.images_seen = 0
+        self.global_step = 0  # optimizer steps taken (Lightning's global_step)
         self.elapsed_before = 0.0  # wall time of earlier fits of the run (restored from a checkpoint)
         self.max_epochs: int | None = None
         self.param_count: int | None = None
-        self._module: pl.LightningModule | None = None
+        self._diverged = False
         self._fit_start: float | None = None
         self._fit_end: float | None = None
         self._epoch_start = 0.0
         self._val_start = 0.0
         self._val_time = 0.0
         self._start: dict[str, Any] = {"epoch": 0, "global_step": 0, "images_seen": 0, "checkpoint": None}
-        self._global_step = 0
 
-    # hooks
-    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._module = pl_module
-        self.max_epochs = trainer.max_epochs
-        model = getattr(pl_module, "model", pl_module)
+    # --- the record ---------------------------------------------------------------------------------------------
+    def begin(self, max_epochs: int | None, model: Any) -> None:
+        """Training begins (its wall time from now): ``max_epochs`` planned, ``model``'s parameters counted."""
+        self.max_epochs = max_epochs
         self.param_count = sum(p.numel() for p in model.parameters())
         self._fit_start, self._fit_end = time.perf_counter(), None
 
+    def start(self, epoch: int, global_step: int, checkpoint: Any = None) -> None:
+        """Training starts from ``epoch`` (0-based) and ``global_step``, restored from ``checkpoint`` (a resumed run)
+        or from scratch (0, 0)."""
+        self._start = {"epoch": epoch, "global_step": global_step, "images_seen": self.images_seen,
+                       "checkpoint": checkpoint}
+        self.global_step = global_step
+
+    def trained(self, images: int, global_step: int) -> None:
+        """``images`` more trained on; ``global_step`` optimizer steps taken so far."""
+        self.images_seen += images
+        self.global_step = global_step
+
+    def validated(self, epoch: int, val_acc: float, global_step: int, test_acc: float | None = None,
+                  test_correct: Any = None) -> None:
+        """Epoch ``epoch`` (1-based) validated after ``global_step`` optimizer steps: its val accuracy, test accuracy
+        and per-image test results (a bool tensor in the test split's order, packed here; None: no test split)."""
+        self.val_acc[epoch] = val_acc
+        self.val_steps[epoch] = global_step
+        if test_acc is not None:
+            self.test_acc[epoch] = test_acc
+        self.test_correct = (epoch, pack(test_correct.numpy())) if test_correct is not None else None
+
+    def epoch_ended(self, epoch: int, elapsed: float, train_time: float, train_loss: float | None) -> None:
+        """Epoch ``epoch`` (1-based) ended: its wall time (train + validation), train time and mean train loss."""
+        self.epoch_times[epoch] = elapsed
+        self.train_times[epoch] = train_time
+        self.train_loss[epoch] = train_loss
+
+    def mark_diverged(self) -> None:
+        """The run's loss was not finite: it stopped (its later validations measure nothing)."""
+        self._diverged = True
+
+    def end(self) -> None:
+        """Training ended (its wall time stops here)."""
+        self._fit_end = time.perf_counter()
+
+    def latest(self, records: Mapping[int, Any]) -> Any:
+        """The value of the latest epoch in ``records`` (``val_acc``, ``train_loss``, ...); None when empty."""
+        return records[max(records)] if records else None
+
+    # --- Lightning's hooks ----------------------------------------------------------------------------------------
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.begin(trainer.max_epochs, getattr(pl_module, "model", pl_module))
+
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Runs after Lightning restored the checkpoint (model, loops, this callback's records), if any."""
-        self._start = {"epoch": trainer.current_epoch, "global_step": trainer.global_step,
-                       "images_seen": self.images_seen, "checkpoint": trainer.ckpt_path}
-        self._global_step = trainer.global_step
+        self.start(trainer.current_epoch, trainer.global_step, trainer.ckpt_path)
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._epoch_start, self._val_time = time.perf_counter(), 0.0
@@ -255,9 +302,8 @@ class ConvergenceTracker(pl.Callback):
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         skipped = outputs is None or (isinstance(outputs, Mapping) and outputs.get("loss") is None)
-        if not skipped:
-            self.images_seen += len(batch[0])
-        self._global_step = trainer.global_step
+        self.trained(0 if skipped else len(batch[0]), trainer.global_step)
+        self._read_divergence(pl_module)
 
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._val_start = time.perf_counter()
@@ -265,49 +311,50 @@ class ConvergenceTracker(pl.Callback):
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking:
             return
-        if getattr(pl_module, "diverged", False):  # the stop-time validation of a broken model: not a measurement
+        self._read_divergence(pl_module)
+        if self._diverged:  # the stop-time validation of a broken model: not a measurement
             return
         self._val_time += time.perf_counter() - self._val_start
         value = _metric(trainer.callback_metrics, self.val_metric)
         if value is not None:
-            epoch = trainer.current_epoch + 1
-            self.val_acc[epoch] = value
-            self.val_steps[epoch] = trainer.global_step
-            test = _metric(trainer.callback_metrics, self.test_metric)
-            if test is not None:
-                self.test_acc[epoch] = test
-            correct = getattr(pl_module, "test_correct", None)
-            self.test_correct = (epoch, pack(correct.numpy())) if correct is not None else None
+            self.validated(trainer.current_epoch + 1, value, trainer.global_step,
+                           _metric(trainer.callback_metrics, self.test_metric), getattr(pl_module, "test_correct", None))
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        epoch = trainer.current_epoch + 1
         elapsed = time.perf_counter() - self._epoch_start
-        self.epoch_times[epoch] = elapsed
-        self.train_times[epoch] = max(elapsed - self._val_time, 0.0)
-        self.train_loss[epoch] = _metric(trainer.callback_metrics, self.train_metric)
+        self.epoch_ended(trainer.current_epoch + 1, elapsed, max(elapsed - self._val_time, 0.0),
+                         _metric(trainer.callback_metrics, self.train_metric))
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._fit_end = time.perf_counter()
+        self._read_divergence(pl_module)
+        self.end()
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        self._fit_end = time.perf_counter()
+        self._read_divergence(pl_module)
+        self.end()
 
-    # checkpointing
+    def _read_divergence(self, pl_module: pl.LightningModule) -> None:
+        if getattr(pl_module, "diverged", False):
+            self.mark_diverged()
+
+    # --- checkpointing ------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"val_acc": self.val_acc, "test_acc": self.test_acc, "val_steps": self.val_steps,
                 "train_loss": self.train_loss, "test_correct": self.test_correct,
                 "epoch_times": self.epoch_times, "train_times": self.train_times, "images_seen": self.images_seen,
-                "elapsed": self.wall_time_s()}
+                "elapsed": self.wall_time_s(), "global_step": self.global_step, "diverged": self._diverged}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         for key in ("val_acc", "val_steps", "train_loss", "epoch_times", "train_times"):
             setattr(self, key, dict(state_dict[key]))
-        self.test_acc = dict(state_dict.get("test_acc", {}))  # checkpoints from before the test split have none
+        self.test_acc = dict(state_dict.get("test_acc", {}))  # a run without a test split has none
         self.test_correct = state_dict.get("test_correct")
         self.images_seen = int(state_dict["images_seen"])
         self.elapsed_before = float(state_dict["elapsed"])
+        self.global_step = int(state_dict.get("global_step", 0))
+        self._diverged = bool(state_dict.get("diverged", False))
 
-    # results
+    # --- results ----------------------------------------------------------------------------------------------
     def wall_time_s(self) -> float:
         """Wall time of fit so far (incl. the earlier fits of a resumed run)."""
         return self.elapsed_before + self._session_s()
@@ -319,7 +366,7 @@ class ConvergenceTracker(pl.Callback):
         return end - self._fit_start
 
     def this_process(self) -> dict[str, Any]:
-        """Where this fit started (as Lightning restored it) and what it trained itself."""
+        """Where this fit started (as it was restored) and what it trained itself."""
         start = self._start
         return {
             "resumed_from_checkpoint": start["global_step"] > 0,
@@ -327,15 +374,14 @@ class ConvergenceTracker(pl.Callback):
             "start_epoch": int(start["epoch"]),
             "start_global_step": int(start["global_step"]),
             "epochs_this_process": sum(1 for epoch in self.epoch_times if epoch > start["epoch"]),
-            "steps_this_process": int(self._global_step - start["global_step"]),
+            "steps_this_process": int(self.global_step - start["global_step"]),
             "images_this_process": int(self.images_seen - start["images_seen"]),
             "wall_time_this_process_s": self._session_s(),
         }
 
     @property
     def diverged(self) -> bool:
-        flagged = bool(getattr(self._module, "diverged", False))
-        return flagged or any(v is not None and not math.isfinite(v) for v in self.train_loss.values())
+        return self._diverged or any(v is not None and not math.isfinite(v) for v in self.train_loss.values())
 
     def summary(self) -> dict[str, Any]:
         """The end-of-run summary (see :func:`summarize`); callable at any time, e.g. after an exception."""

@@ -46,19 +46,42 @@ class DiagnosticsCallback(pl.Callback):
         self._last_epoch_seen: int | None = None
         self._last_logged: int | None = None
 
-    def is_diagnostic_epoch(self, trainer: pl.Trainer, epoch: int) -> bool:
-        last = trainer.max_epochs is not None and trainer.max_epochs > 0 and epoch >= trainer.max_epochs - 1
+    def is_diagnostic_epoch(self, epoch: int, max_epochs: int | None) -> bool:
+        """Whether epoch ``epoch`` (0-based) of a run of ``max_epochs`` is diagnosed: every n-th, and the last."""
+        last = max_epochs is not None and max_epochs > 0 and epoch >= max_epochs - 1
         return (epoch + 1) % self.every_n_epochs == 0 or last
 
-    # --- hooks ---
-    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        experiment = self._experiment(trainer)
+    # --- the work, for either way of training (Lightning's hooks below; the stacked engine calls them itself) ---
+    def define(self, experiment) -> None:
+        """Write the definitions of the tags (the text ``diag/definitions``) to a ``SummaryWriter``."""
         if experiment is not None:
             experiment.add_text(TAGS["definitions"], DEFINITIONS.format(tau=self.tau, k=self.k), global_step=0)
 
+    def diagnose(self, experiment, model: nn.Module, epoch: int, grad_norms: Tensor | None = None) -> None:
+        """Diagnose ``model`` (a ``VisionTransformer``) after ``epoch`` (0-based) and log it to ``experiment``
+        (None: kept in ``history`` only); ``grad_norms``: its per-block gradient norms at the epoch's first step."""
+        self._last_logged = epoch
+        device = next(model.parameters()).device
+        if self._device_images is None or self._device_images.device != device:
+            self._device_images = self.images.to(device)
+        result = collect_diagnostics(model, self._device_images, tau=self.tau, k=self.k)
+        scalars = diagnostic_scalars(result, None if grad_norms is None else grad_norms.tolist())
+        self.history.append({"epoch": epoch} | scalars)
+        if experiment is not None:
+            log_diagnostics(experiment, result, scalars, epoch)
+
+    def diagnosed(self, epoch: int) -> bool:
+        """Whether the latest diagnostic is of ``epoch``."""
+        return self._last_logged == epoch
+
+    # --- hooks ---
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.define(self._experiment(trainer))
+
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._grad_norms = None
-        self._grad_pending = trainer.is_global_zero and self.is_diagnostic_epoch(trainer, trainer.current_epoch)
+        self._grad_pending = trainer.is_global_zero and self.is_diagnostic_epoch(trainer.current_epoch,
+                                                                                 trainer.max_epochs)
 
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer) -> None:
         if self._grad_pending:
@@ -68,30 +91,20 @@ class DiagnosticsCallback(pl.Callback):
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         epoch = trainer.current_epoch
         self._last_epoch_seen = epoch
-        if self.is_diagnostic_epoch(trainer, epoch):
+        if self.is_diagnostic_epoch(epoch, trainer.max_epochs):
             self._diagnose(trainer, pl_module, epoch)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # stopped early (EarlyStopping, max_steps, pruning): diagnose the last epoch that ran, once
-        if self._last_epoch_seen is not None and self._last_logged != self._last_epoch_seen:
+        if self._last_epoch_seen is not None and not self.diagnosed(self._last_epoch_seen):
             self._diagnose(trainer, pl_module, self._last_epoch_seen)
 
-    # --- work ---
     def _diagnose(self, trainer: pl.Trainer, pl_module: pl.LightningModule, epoch: int) -> None:
-        self._last_logged = epoch
         grad_norms, self._grad_norms, self._grad_pending = self._grad_norms, None, False
-        if not trainer.is_global_zero:
-            return
-        model = _backbone(pl_module)
-        device = next(model.parameters()).device
-        if self._device_images is None or self._device_images.device != device:
-            self._device_images = self.images.to(device)
-        result = collect_diagnostics(model, self._device_images, tau=self.tau, k=self.k)
-        scalars = diagnostic_scalars(result, None if grad_norms is None else grad_norms.tolist())
-        self.history.append({"epoch": epoch} | scalars)
-        experiment = self._experiment(trainer)
-        if experiment is not None:
-            log_diagnostics(experiment, result, scalars, epoch)
+        if trainer.is_global_zero:
+            self.diagnose(self._experiment(trainer), _backbone(pl_module), epoch, grad_norms)
+        else:
+            self._last_logged = epoch
 
     @staticmethod
     def _experiment(trainer: pl.Trainer):

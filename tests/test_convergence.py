@@ -145,3 +145,38 @@ def test_late_change_is_the_fitted_rise_over_the_last_fifth():
     noisy = [0.0] * 16 + [0.90, 0.95, 0.90, 0.95]  # least squares: slope 0.01 -> 0.03 (endpoints say 0.05)
     assert late_change(noisy) == pytest.approx(0.03, abs=1e-12)
     assert late_change([0.0] * 16 + [0.9, None, 0.9, 0.9]) is None
+
+
+def test_a_tracker_filled_by_its_record_methods_summarises_and_resumes_its_run():
+    """What the stacked engine writes into a run's record (and Lightning's hooks, through the same methods): two
+    epochs of a run that diverges in its second, then its state loaded into a fresh tracker that resumes it."""
+    import torch
+
+    from lit_modules.convergence import ConvergenceTracker
+    from lit_modules.predictions import unpack
+
+    model = torch.nn.Linear(3, 2)  # 8 parameters
+    tracker = ConvergenceTracker()
+    tracker.begin(4, model)
+    tracker.start(0, 0)
+    tracker.trained(100, 10)
+    tracker.validated(1, 0.6, 10, 0.5, torch.tensor([True, False, True, False]))
+    tracker.epoch_ended(1, 2.0, 1.5, 1.1)
+    tracker.trained(30, 14)  # diverged at its 4th step of epoch 2: the skipped step counted, no validation
+    tracker.mark_diverged()
+    tracker.epoch_ended(2, 1.0, 1.0, 1.1)
+    s = tracker.summary()
+    assert (s["param_count"], s["images_seen"], s["epochs_completed"], s["diverged"]) == (8, 130, 1, True)
+    assert (s["best_val_acc"], s["test_acc"], s["steps_to_95pct_of_best"]) == (0.6, 0.5, 10)
+    assert unpack(s["test_correct"]).tolist() == [True, False, True, False]
+    assert s["train_images_per_s"] == pytest.approx(130 / 2.5) and s["time_per_epoch_s"] == pytest.approx(1.5)
+
+    resumed = ConvergenceTracker()
+    resumed.load_state_dict(tracker.state_dict())
+    resumed.begin(4, model)
+    resumed.start(2, resumed.global_step, "last.engine.pt")
+    assert resumed.diverged and resumed.global_step == 14 and resumed.latest(resumed.train_loss) == 1.1
+    own = resumed.this_process()
+    assert own["resumed_from_checkpoint"] and own["resumed_checkpoint"] == "last.engine.pt"
+    assert (own["start_epoch"], own["start_global_step"], own["epochs_this_process"]) == (2, 14, 0)
+    assert resumed.summary()["val_acc_curve"] == [0.6]

@@ -487,5 +487,5 @@ def test_callback_is_inert_on_the_step_path(tmp_path):
 
     callback.on_train_epoch_start(FakeTrainer(), None)
     callback.on_before_optimizer_step(FakeTrainer(), Trap(), None)  # no error: nothing computed
-    assert not callback.is_diagnostic_epoch(FakeTrainer(), 0)
-    assert callback.is_diagnostic_epoch(FakeTrainer(), 4) and callback.is_diagnostic_epoch(FakeTrainer(), 9)
+    assert not callback.is_diagnostic_epoch(0, FakeTrainer.max_epochs)
+    assert callback.is_diagnostic_epoch(4, FakeTrainer.max_epochs) and callback.is_diagnostic_epoch(9, 10)

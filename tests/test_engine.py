@@ -361,8 +361,11 @@ def test_stacked_runs_record_what_their_plain_runs_record(tmp_path):
 
 
 def test_an_interrupted_stack_resumes_from_its_checkpoints(tmp_path):
-    """Stopped inside its third epoch (Ctrl-C), a stack resumes from the checkpoints of its second and ends where
-    an uninterrupted stack ends, each run saying where it resumed."""
+    """Stopped inside its third epoch (Ctrl-C), a stack records what each run trained (its summary and TensorBoard
+    record, as a stopped plain run's), resumes from the checkpoints of its second and ends where an uninterrupted
+    stack ends, each run saying where it resumed."""
+    from helpers import event_scalars
+
     from ablations.config import RunConfig
     from ablations.engine.loop import StackedRun, train_stacked
 
@@ -383,6 +386,10 @@ def test_an_interrupted_stack_resumes_from_its_checkpoints(tmp_path):
         with pytest.raises(KeyboardInterrupt) as stopped:
             train_stacked(specs("cut"), results_dir=tmp_path, graph=False, on_epoch=stop_in_third_epoch)
         assert len(stopped.value.run_summaries) == 2  # what each had trained, for its trial's user attrs
+        for k, summary in enumerate(stopped.value.run_summaries):  # written as a stopped plain run writes it
+            assert summary["run_name"] == f"run{k}" and summary["epochs_completed"] in (2, 3)
+            assert event_scalars(tmp_path / "cut" / f"run{k}")["3_summary/epochs_completed"] == [
+                (summary["steps_this_process"], summary["epochs_completed"])]
         saved = [torch.load(tmp_path / "cut" / f"ckpt{k}" / "last.engine.pt", weights_only=False) for k in (0, 1)]
         assert [s["epoch"] for s in saved] == [2, 2]
         resumed = train_stacked(specs("cut", resume=True), results_dir=tmp_path, graph=False)

@@ -6,7 +6,8 @@
 - :mod:`.step` — the train step on the device: per-run loss over a static-shape batch, divergence, metrics summed
   on the device, the whole step capturable as one CUDA graph;
 - :mod:`.data` — the K runs' batches, stacked, their epochs resident on the device;
-- :mod:`.loop` — :func:`.loop.train_stacked`: the epochs, validation, TensorBoard, checkpoints and summaries;
+- :mod:`.loop` — :func:`.loop.train_stacked`: the epochs, validation and checkpoints; each run's record (summary,
+  TensorBoard, resume) written by the plain run's own code (:mod:`ablations.training`, ``ConvergenceTracker``);
 - :func:`.loop.cell_key` — what may stack: runs whose configs differ only in seed, learning rates and weight decay;
 - :mod:`.choice` — which engine trains a cell: stacked on CUDA, on a CPU only where it measured faster;
 - :mod:`.measure` — the levers' train-step timings (``python -m ablations.bench --sections engine``).

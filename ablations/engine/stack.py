@@ -263,10 +263,10 @@ def frozen_parameters(model: nn.Module, sample: torch.Tensor | None) -> set[str]
 
 @dataclass(frozen=True)
 class GroupScales:
-    """Per parameter (by name), what its optimiser group of ``VisionTransformer.param_groups`` sets: ``decay``, the
-    group's weight decay per unit of the run's (0: undecayed; CompleteP's hidden matrices: m_N), ``lr``, the
-    multiplier of the run's learning rate, and ``eps``, the multiplier of Adam's ε (CompleteP's ``lr_scale`` and
-    ``eps_scale``; 1 in the standard parametrisation)."""
+    """Per parameter (by name), what its optimiser group (:func:`lit_modules.classifier.optimizer_groups`) sets:
+    ``decay``, the group's weight decay per unit of the run's (0: undecayed; CompleteP's hidden matrices: m_N),
+    ``lr``, the multiplier of the run's learning rate, and ``eps``, Adam's ε (CompleteP scales both per group; the
+    standard parametrisation keeps 1 and ``ADAM_EPS``)."""
 
     decay: dict[str, float]
     lr: dict[str, float]
@@ -274,16 +274,18 @@ class GroupScales:
 
 
 def group_scales(model: nn.Module) -> GroupScales:
-    """The :class:`GroupScales` of ``model``'s parameter groups (as ``ViTClassifier.configure_optimizers`` reads
-    them: a group's weight decay is linear in the run's, so its value at a weight decay of 1 is the factor)."""
+    """The :class:`GroupScales` of ``model``: its optimiser groups at a learning rate and weight decay of 1 (a
+    group's learning rate and weight decay are linear in the run's, so their values there are the factors)."""
+    from lit_modules.classifier import ADAM_EPS, optimizer_groups
+
     names = {id(p): name for name, p in model.named_parameters()}
     decay, lr, eps = {}, {}, {}
-    for group in model.param_groups(1.0):
+    for group in optimizer_groups(model, lr=1.0, weight_decay=1.0):
         for p in group["params"]:
             name = names[id(p)]
             decay[name] = float(group["weight_decay"])
-            lr[name] = float(group.get("lr_scale", 1.0))
-            eps[name] = float(group.get("eps_scale", 1.0))
+            lr[name] = float(group.get("lr", 1.0))
+            eps[name] = float(group.get("eps", ADAM_EPS))
     return GroupScales(decay, lr, eps)
 
 

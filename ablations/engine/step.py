@@ -195,7 +195,7 @@ def build_step(backbones: list, *, optimizer: str, lrs: list[float], weight_deca
     stacked = StackedModel(backbones).train()
     table = schedule_table(lrs, schedules, total_steps)
     lr_scale = stacked.columns(scales.lr) if any(v != 1.0 for v in scales.lr.values()) else None
-    eps = ADAM_EPS * stacked.columns(scales.eps) if any(v != 1.0 for v in scales.eps.values()) else ADAM_EPS
+    eps = stacked.columns(scales.eps) if any(v != ADAM_EPS for v in scales.eps.values()) else ADAM_EPS
     adam = StackedAdam(stacked.weights, stacked.grads, kind=optimizer, lr_table=table, weight_decay=weight_decays,
                        decay=stacked.columns(scales.decay, default=0.0), lr_scale=lr_scale,
                        frozen=stacked.trainable_mask(frozen), betas=betas, eps=eps)
