@@ -42,16 +42,32 @@ def test_a_repeat_on_the_same_runs_is_not_a_replication_and_enters_the_family_on
     records = ledger_records(studies)
     first = [r for r in records if not r["setting"]]
     again = [r for r in records if r["setting"] == "paper"]
-    judged = [r for r in first if r["p_t"] is not None]
+    judged = [r for r in first if r["p"] is not None]
     assert len(again) == len(first) and all(r["same_runs_as"] == f"residual_variants ({r['id']})" for r in again)
     assert {r["m_all"] for r in judged} == {len(judged)}
-    expected = dict(zip([r["id"] for r in judged], holm([r["p_t"] for r in judged]), strict=True))
+    scaled = [min(1.0, r["p"] * 0.05 / r["look_alpha"]) for r in judged]  # each line's group-sequential share of α
+    expected = dict(zip([r["id"] for r in judged], holm(scaled), strict=True))
     for r in judged:
         assert r["p_all_holm"] == pytest.approx(expected[r["id"]])
     by_id = {r["id"]: r for r in first}
     assert all(r["verdict_all"] == by_id[r["id"]]["verdict_all"] for r in again)
     text = (write_ledger(tmp_path)[0][0]).read_text()
     assert "Tested on their own runs by 2 studies" not in text and "a repeat" in text
+
+
+def test_the_all_claims_family_is_one_holm_family_over_every_studys_lines(tmp_path):
+    """Two studies' lines in one family: m_all is the number of their lines with a test together (not per study),
+    and each line's all-claims p is Holm's over that one list — never smaller than its own study's."""
+    _copy_runs({"completep_depth": "completep_depth", "init_values": "init_values"}, tmp_path)
+    studies = load_study_claims(tmp_path)
+    records = ledger_records(studies)
+    judged = [r for r in records if r["p"] is not None and r["verdict"] not in ("premise absent", "untestable")]
+    per_study = {s.study: sum(1 for r in judged if r["study"] == s.study) for s in studies}
+    assert all(n >= 1 for n in per_study.values()) and len(per_study) == 2
+    assert {r["m_all"] for r in judged} == {len(judged)} and {r["m"] for r in judged} == set(per_study.values())
+    scaled = [min(1.0, r["p"] * 0.05 / r["look_alpha"]) for r in judged]
+    assert [r["p_all_holm"] for r in judged] == pytest.approx(holm(scaled))
+    assert all(r["p_all_holm"] >= r["p_holm"] - 1e-12 for r in judged)
 
 
 def test_the_ledger_without_study_folders_or_with_a_study_is_one_line(tmp_path):

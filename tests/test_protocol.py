@@ -53,9 +53,9 @@ def test_significance_is_decided_on_the_holm_p_not_the_raw_one():
     cells = [c for c in main_cells(data) if c.comparison is not None]
     assert [c.comparison.p_t for c in cells] == pytest.approx([raw] * 3)
     assert all(c.p_t_holm == pytest.approx(3 * raw) and not c.significant for c in cells)
-    records, _ = claim_records(data, spec.claims)
+    records, _ = claim_records(data, spec.claims, spec=spec)
     assert [r["verdict"] for r in records] == ["not resolved"] * 3
-    assert all("not significant after Holm" in r["detail"] for r in records)
+    assert all(r["p_t"] == pytest.approx(raw) and r["p"] < 0.05 < r["p_holm"] and r["m"] == 3 for r in records)
 
 
 def test_a_claim_whose_premise_is_absent_gets_premise_absent_and_leaves_the_holm_family():
@@ -79,15 +79,15 @@ def test_a_claim_whose_premise_is_absent_gets_premise_absent_and_leaves_the_holm
         return assemble("hand", spec, runs)
 
     rises = data([0.004, 0.006, 0.005, 0.003, 0.007, 0.005])
-    records, family = claim_records(rises, spec.claims)
+    records, family = claim_records(rises, spec.claims, spec=spec)
     deep = records[0]
-    assert deep["verdict"] == "premise absent" and deep["p_t_holm"] is None and deep["m"] is None
+    assert deep["verdict"] == "premise absent" and deep["p_holm"] is None and deep["m"] is None
     assert len(family) == 1 and records[1]["m"] == 1  # only the judged line is in the Holm family
     assert deep["premise_delta"] == pytest.approx(0.005) and deep["premise_ci_low"] > 0
     text = line_text(deep)
     assert "**premise absent**" in text and "standard's accuracy falls with depth" in text and "Δ = +0.50 pp" in text
     falls = data([-0.020, -0.025, -0.018, -0.022, -0.019, -0.021])
-    records, family = claim_records(falls, spec.claims)
+    records, family = claim_records(falls, spec.claims, spec=spec)
     assert records[0]["verdict"] == "held" and records[0]["m"] == 2 and len(family) == 2
 
 

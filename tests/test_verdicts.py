@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ablations.report.decide import family
-from ablations.report.evidence import Evidence, epochs_to, steps_diff, two_sided
+from ablations.report.evidence import Evidence, epochs_to, equivalence_t, steps_diff, two_sided_t
 from ablations.report.resample import Side, accuracy_diff, number_diff, resample
 from ablations.studies.rules import VerdictRules, choice_shares, contenders, parse
 
@@ -89,8 +89,9 @@ def test_a_rechosen_rate_without_reported_runs_is_uncovered_and_counts_against_t
     rep = resample(a, b, number_diff, resamples=R)
     uncovered = 1 - rep.coverage
     assert uncovered == pytest.approx(choice_shares(tune, [1e-3, 2e-3])[2e-3], abs=0.03)
-    assert two_sided(rep.deltas) >= min(1.0, 2 * uncovered)
     assert np.all(rep.covered > 0.04)  # where it can be evaluated, A is +5 pp
+    assert two_sided_t(0.05, 0.001, 10) < 1e-9  # +5 pp at SE 0.1 pp: certain where it can be evaluated...
+    assert two_sided_t(0.05, 0.001, 10, uncovered) == pytest.approx(min(1.0, 2 * uncovered), abs=1e-9)  # ...but not
 
 
 def test_choice_shares_enumerate_the_27_draws_of_three_tuning_seeds():
@@ -114,77 +115,71 @@ def test_contenders_are_the_rates_a_resampled_choice_picks_and_a_settled_choice_
 
 
 # --- the deciding test, equivalence, families ------------------------------------------------------------------------
-def evidence(deltas, estimate, kind="superior", direction="higher", margin=0.01, **kw) -> Evidence:
-    deltas = np.asarray(deltas, dtype=float)
-    ev = Evidence(kind=kind, direction=direction, margin=margin, n=10, estimate=estimate, **kw)
+def evidence(p: float, estimate: float, kind="superior", direction="higher", margin=0.01, p_eq=None,
+             replicates=None, se=0.001, **kw) -> Evidence:
+    """A line's evidence with its deciding p given (and its replicates, for agreement)."""
+    ev = Evidence(kind=kind, direction=direction, margin=margin, n=10, estimate=estimate, p=p, p_eq=p_eq, se=se, **kw)
+    deltas = np.asarray(replicates if replicates is not None else np.full(100, estimate), dtype=float)
     ev.oriented = (1 if direction == "higher" else -1) * deltas + (margin if kind == "noninferior" else 0.0)
-    ev.p = two_sided(ev.oriented)
-    if kind != "noninferior":
-        from ablations.report.evidence import equivalence
-
-        ev.p_eq = equivalence(deltas, margin)
     return ev
 
 
-def test_the_bootstrap_p_is_twice_the_smaller_tail_with_the_monte_carlo_correction():
-    deltas = np.array([0.01] * 95 + [-0.01] * 5)  # 5 of 100 replicates at or below 0
-    assert two_sided(deltas) == pytest.approx(2 * 6 / 101)
-    assert two_sided(-deltas) == pytest.approx(2 * 6 / 101)
-    assert two_sided(np.full(100, np.nan)) == 1.0
+def test_the_deciding_t_uses_the_bootstrap_se_on_n_minus_one_degrees_of_freedom():
+    """Δ = +1 pp, SE 0.4 pp, 10 seeds: t = 2.5 on 9 df, two-sided p = 0.0339 (scipy: 2·t.sf(2.5, 9)); 5% of
+    replicates uncovered add 0.1."""
+    from scipy.stats import t
+
+    assert two_sided_t(0.01, 0.004, 10) == pytest.approx(2 * t.sf(2.5, 9))
+    assert two_sided_t(0.01, 0.004, 10) == pytest.approx(0.0339, abs=1e-4)
+    assert two_sided_t(-0.01, 0.004, 10, 0.05) == pytest.approx(2 * t.sf(2.5, 9) + 0.1)
 
 
 def test_equivalence_within_the_margin_and_not_beyond_it():
-    """Replicates all within ±0.5 pp: equivalent within 1 pp (TOST p = 1/(R+1)); shifted by +0.8 pp, 30% of them
-    beyond +1 pp: not equivalent (p ≈ 0.3); and a decided line stays decided."""
-    rng = np.random.default_rng(0)
-    inside = rng.uniform(-0.005, 0.005, 1000)
-    judged = family([evidence(inside, 0.0)], [0.05])
+    """TOST within ±1 pp: Δ = 0.1 pp with SE 0.2 pp on 9 df is equivalent (p = t.sf(4.5, 9) = 7e-4); Δ = 0.8 pp with
+    the same SE is not (p = t.sf(1, 9) = 0.17); in the families, a decided line stays decided."""
+    from scipy.stats import t
+
+    assert equivalence_t(0.001, 0.01, 0.002, 10) == pytest.approx(t.sf(4.5, 9))
+    assert equivalence_t(0.008, 0.01, 0.002, 10) == pytest.approx(t.sf(1.0, 9))
+    inside = np.random.default_rng(0).uniform(-0.005, 0.005, 1000)
+    judged = family([evidence(0.6, 0.001, p_eq=equivalence_t(0.001, 0.01, 0.002, 10), replicates=inside, se=0.002)],
+                    [0.05])
     assert judged[0].verdict == "equivalent" and judged[0].agreement == 1.0
-    # TOST's 90% interval of U(−0.5, +0.5) pp is ±0.45 pp: 0.55 pp from the margin
-    assert judged[0].break_even == pytest.approx(0.0055, abs=3e-4)
-    shifted = np.concatenate([np.full(700, 0.008), np.full(300, 0.012)])
-    judged = family([evidence(shifted, 0.009)], [0.05])
+    # break-even: the 90% interval 0.1 ± 1.833·0.2 pp = [−0.267, +0.467] pp lies 0.533 pp inside +1 pp
+    assert judged[0].break_even == pytest.approx(0.01 - (0.001 + t.ppf(0.95, 9) * 0.002))
+    judged = family([evidence(0.001, 0.009, p_eq=0.3)], [0.05])
     assert judged[0].verdict == "held"  # significantly above 0: decided before equivalence is asked
-    straddle = np.concatenate([np.full(400, -0.002), np.full(300, 0.004), np.full(300, 0.012)])
-    judged = family([evidence(straddle, 0.003)], [0.05])
+    judged = family([evidence(0.4, 0.003, p_eq=0.2)], [0.05])
     assert judged[0].verdict == "not resolved"
 
 
 def test_noninferiority_holds_above_the_baseline_minus_the_margin():
-    rng = np.random.default_rng(1)
-    slightly_worse = rng.normal(-0.004, 0.002, 2000)  # −0.4 pp, well above −1 pp
-    judged = family([evidence(slightly_worse, -0.004, kind="noninferior")], [0.05])
+    judged = family([evidence(0.001, -0.004, kind="noninferior")], [0.05])  # −0.4 pp, significantly above −1 pp
     assert judged[0].verdict == "held" and "non-inferior" in judged[0].detail
-    much_worse = rng.normal(-0.03, 0.003, 2000)
-    judged = family([evidence(much_worse, -0.03, kind="noninferior")], [0.05])
-    assert judged[0].verdict == "not held"
+    judged = family([evidence(0.001, -0.03, kind="noninferior")], [0.05])  # −3 pp: significantly below −1 pp
+    assert judged[0].verdict == "not held" and "inferior" in judged[0].detail
 
 
 def test_one_family_holds_every_line_and_holm_orders_them():
     """Three lines with p = 0.002, 0.02 and 0.3 in one family of m = 3: Holm multiplies them by 3, 2 and 1 (0.006,
     0.04, 0.3): the first two held, the third not resolved; alone, the second line's p stays 0.02."""
-    strong = evidence(np.full(999, 0.02), 0.02)
-    mid = evidence(np.concatenate([np.full(990, 0.02), np.full(9, -0.01)]), 0.02)
-    weak = evidence(np.concatenate([np.full(850, 0.02), np.full(149, -0.01)]), 0.01)
-    judged = family([strong, mid, weak], [0.05] * 3)
+    lines = [evidence(0.002, 0.02), evidence(0.02, 0.02), evidence(0.3, 0.01)]
+    judged = family(lines, [0.05] * 3)
     assert [j.verdict for j in judged] == ["held", "held", "not resolved"]
-    assert judged[0].p_holm == pytest.approx(3 * 2 / 1000)
-    assert judged[1].p_holm == pytest.approx(max(3 * 2 / 1000, 2 * 2 * 10 / 1000))
-    alone = family([mid], [0.05])
-    assert alone[0].p_holm < judged[1].p_holm  # the same line in a family of one
+    assert [j.p_holm for j in judged] == pytest.approx([0.006, 0.04, 0.3])
+    assert family([lines[1]], [0.05])[0].p_holm == pytest.approx(0.02)
 
 
 def test_a_look_spends_its_share_of_alpha():
     """Pocock-type spending over 2 looks: α(1/2) = 0.05·ln(1 + (e − 1)/2) = 0.031006; the second look spends the rest;
-    O'Brien–Fleming-type: 2 − 2Φ(1.95996/√0.5) = 0.005575."""
+    O'Brien–Fleming-type: 2 − 2Φ(1.95996/√0.5) = 0.005575. A line's p enters its family as p · α / its share."""
     rules = VerdictRules()
     assert rules.look_alpha(10, 10, 0.05) == pytest.approx(0.05 * math.log(1 + (math.e - 1) / 2), rel=1e-9)
     assert rules.look_alpha(10, 10, 0.05) == pytest.approx(0.031006, abs=1e-6)
     assert rules.look_alpha(20, 10, 0.05) == pytest.approx(0.05 - 0.031006, abs=1e-6)
     assert parse({"spending": "obrien_fleming"}, "x").look_alpha(10, 10, 0.05) == pytest.approx(0.005575, abs=1e-6)
-    line = evidence(np.concatenate([np.full(990, 0.02), np.full(9, -0.01)]), 0.02)  # p = 0.02
-    assert family([line], [0.05])[0].verdict == "held"
-    pocock = family([line], [rules.look_alpha(10, 10, 0.05)])[0]  # p 0.02 scaled by 0.05 / 0.031006: 0.0323
+    line = evidence(0.02, 0.02)
+    pocock = family([line], [rules.look_alpha(10, 10, 0.05)])[0]  # 0.02 · 0.05 / 0.031006 = 0.0323
     assert pocock.verdict == "held" and pocock.p_holm == pytest.approx(0.02 * 0.05 / 0.031006, rel=1e-4)
     assert family([line], [0.005575])[0].verdict == "not resolved"  # O'Brien–Fleming's first look: 0.179
 
@@ -214,8 +209,8 @@ def test_the_not_converged_rule_takes_a_not_held_from_a_row_still_rising():
     """A line significantly against its claim whose variant rose 3 pp over its last 5 epochs reads "not converged";
     the same line with a flat variant reads "not held"."""
     rules = VerdictRules()
-    rising = evidence(np.full(999, -0.05), -0.05, late=(0.03, 0.0))
-    flat = evidence(np.full(999, -0.05), -0.05, late=(0.001, 0.0))
+    rising = evidence(0.001, -0.05, late=(0.03, 0.0))
+    flat = evidence(0.001, -0.05, late=(0.001, 0.0))
     assert family([rising], [0.05], rules=rules)[0].verdict == "not converged"
     assert family([flat], [0.05], rules=rules)[0].verdict == "not held"
 

@@ -39,7 +39,7 @@ from .tables import signed
 CLAIM_KEYS = ["id", "claim", "source", "counts", "kind", "variant", "baseline", "depth", "baseline_depth", "metric",
               "direction", "margin", "scale", "n_pairs", "delta", "ci_low", "ci_high", "levels", "coverage",
               "rates", "p", "p_holm", "p_eq", "p_eq_holm", "p_t", "m", "look_alpha", "agreement", "break_even",
-              "n_chance_pairs", "late_variant", "late_baseline", "trained", "old_evidence", "premise",
+              "n_chance_pairs", "all_equal", "late_variant", "late_baseline", "trained", "old_evidence", "premise",
               "premise_delta", "premise_ci_low", "premise_ci_high", "premise_n", "verdict", "detail"]
 KIND_TEXT = {"superior": "better", "noninferior": "at least as good, within the margin",
              "faster": "fewer epochs to the baseline's plateau", "stable": "more (seed, rate) runs train"}
@@ -162,7 +162,7 @@ def evidence_fields(ev: Evidence) -> dict:
             "coverage": ev.coverage, "rates": "; ".join(f"{side}: {shares_text(s)}" for side, s in ev.rates.items()
                                                       if len(s) > 1) or None,
             "p": ev.p, "p_eq": ev.p_eq, "p_t": ev.p_t, "n_chance_pairs": ev.n_chance, "late_variant": ev.late[0],
-            "late_baseline": ev.late[1], "trained": trained}
+            "late_baseline": ev.late[1], "trained": trained, "all_equal": ev.all_equal}
 
 
 def premise_numbers(rec: Mapping[str, Any]) -> str:
@@ -185,6 +185,8 @@ def numbers_text(rec: Mapping[str, Any], style: str = "md") -> str:
         ratio = f"{np.exp(rec['delta']):.2f}x"
         ci = f" [{np.exp(rec['ci_low']):.2f}x, {np.exp(rec['ci_high']):.2f}x]" if rec["ci_low"] is not None else ""
         return f"epochs to the baseline's plateau, baseline / variant = {ratio}{ci}"
+    if rec.get("all_equal"):
+        return f"all {rec['n_pairs']} differences equal: Δ = {signed(rec['delta'], style)} pp, no interval"
     ci = f" [{signed(rec['ci_low'], style)}, {signed(rec['ci_high'], style)}]" if rec["ci_low"] is not None else ""
     return f"Δ = {signed(rec['delta'], style)} pp{ci}"
 
@@ -219,7 +221,8 @@ def line_text(rec: Mapping[str, Any]) -> str:
             numbers += f"; {100 * rec['coverage']:.0f}% of rate choices covered"
         numbers += ")"
     if rec["n_chance_pairs"]:
-        numbers += f", {rec['n_chance_pairs']} pairs with a run at chance level"
+        k = rec["n_chance_pairs"]
+        numbers += f", {k} pair{'s' if k != 1 else ''} with a run at chance level (diverged or failed to train)"
     test = "McNemar" if rec["kind"] == "stable" else "bootstrap"
     p = p_text(rec["p_holm"])
     numbers += f", {test} Holm p {'< ' + p[1:] if p.startswith('<') else '= ' + p} (m = {rec['m']})"
@@ -261,13 +264,13 @@ def method_caption(rules, alpha: float, resamples: int) -> str:
             f"equivalent = not decided, and the equivalence test (TOST within ±{100 * rules.margin:.1f} pp, or "
             f"{rules.ratio_margin:g}x for steps) Holm-adjusted p < {alpha}; not converged = it would be not held while "
             f"the row behind still rose more than {100 * rules.late_rise:.1f} pp over its last {rules.late_window} "
-            "epochs; not resolved = neither. The deciding test is the rate-aware bootstrap "
-            f"({resamples:,} replicates: the tuning seeds resampled and each row's rate re-chosen, then the reported "
-            "seeds, then the test images where every run stored its per-image results; a replicate whose re-chosen "
-            "rate was not trained on the reported seeds counts against the claim), its two-sided p (+1 Monte Carlo "
-            "correction) scaled by the line's group-sequential share of α "
+            "epochs; not resolved = neither. The deciding test is a t-test on n − 1 degrees of freedom (n paired "
+            f"seeds) whose standard error comes from the rate-aware bootstrap ({resamples:,} replicates: the tuning "
+            "seeds resampled and each row's rate re-chosen, then the reported seeds, then the test images where "
+            "every run stored its per-image results), twice the share of replicates whose re-chosen rate was not "
+            "trained on the reported seeds added to its p, and p scaled by the line's group-sequential share of α "
             f"({rules.spending} spending over {rules.looks} looks); stability claims: McNemar's exact test on the paired "
-            "(seed, rate) runs of the whole rate grid. The interval is the replicates' 95% percentile interval; "
+            "(seed, rate) runs of the whole rate grid. The interval is Δ ± t_{0.975, n−1} · SE; "
             "agreement = the share of replicates on the verdict's side; break-even = how far the baseline could move "
             "against the verdict before the line's Holm level would no longer decide it. The paired t-test over "
             "seeds at the chosen rates is a column, not the decision.")

@@ -1,8 +1,10 @@
 """From a family of claim lines' evidence (:mod:`.evidence`) to their verdicts.
 
-**The deciding test** of a line is the rate-aware bootstrap's two-sided p (tuning seeds with each row's rate
-re-chosen, reported seeds, test images; :mod:`.resample`), or for a stability claim the exact McNemar test. The
-paired t-test over seeds stays beside it as a column.
+**The deciding test** of a line is a t-test whose standard error is the rate-aware bootstrap's (tuning seeds with
+each row's rate re-chosen, reported seeds, test images; :mod:`.resample`), with the n − 1 degrees of freedom of the
+paired seeds — the bootstrap's own percentiles are over-confident at ten seeds — and a replicate whose re-chosen
+rate was not trained on the reported seeds counted against the claim; for a stability claim the exact McNemar
+test. The paired t-test over seeds at the chosen rates stays beside it as a column.
 
 **Seeds in rounds (group-sequential).** A study's first look is at the seeds its file lists; undecided lines may
 get more seeds in rounds up to ``verdicts.looks`` times as many. A line at look k spends α(t_k) − α(t_{k−1}) of α
@@ -22,8 +24,8 @@ many looks a line takes, the family-wise error stays at α (Bonferroni over the 
 
 Each line reports **agreement** — the share of the rate-aware replicates on its verdict's side (an uncovered
 replicate never agrees) — and, when decided, its **break-even shift**: how far the baseline's mean could move
-against the verdict before the line's own Holm level would no longer decide it (the near quantile of its replicates
-at that level; for equivalence, the distance of its interval from ±δ).
+against the verdict before the line's own Holm level would no longer decide it (for equivalence, the distance of its
+interval at that level from ±δ).
 """
 
 from __future__ import annotations
@@ -140,6 +142,8 @@ def _margin_text(ev: Evidence) -> str:
 def _undecided(ev: Evidence | None) -> str:
     if ev is None or ev.estimate is None:
         return "no pairs"
+    if ev.all_equal:
+        return "all paired differences equal: no interval, no test"
     if ev.p is None:
         return f"{ev.n} pair{'s' if ev.n != 1 else ''}: no test"
     if ev.coverage is not None and ev.coverage < 0.95:
@@ -168,14 +172,14 @@ def agreement(ev: Evidence, verdict: str) -> float | None:
 
 
 def break_even(ev: Evidence, verdict: str, level: float | None) -> float | None:
-    """How far the baseline could move against the verdict before the line would fail its level (metric units)."""
-    if ev.oriented is None or level is None:
+    """How far the baseline could move against the verdict before the line would fail its level (metric units):
+    |oriented Δ| − t_{1 − level/2, n−1}·SE (equivalence: the distance of its 1 − 2·level interval from ±δ)."""
+    if ev.se is None or level is None or ev.estimate is None:
         return None
-    d = ev.oriented
+    oriented = ev.orientation * ev.estimate + ev.shift
     if verdict == "held":
-        return float(np.quantile(np.nan_to_num(d, nan=-np.inf), level / 2))
+        return oriented - ev.critical(level / 2) * ev.se
     if verdict == "not held":
-        return float(-np.quantile(np.nan_to_num(d, nan=np.inf), 1 - level / 2))
-    raw = np.nan_to_num(ev.orientation * (d - ev.shift), nan=np.inf)
-    low, high = np.quantile(raw, [level, 1 - level])
-    return float(min(ev.margin - high, low + ev.margin))
+        return -oriented - ev.critical(level / 2) * ev.se
+    half = ev.critical(level) * ev.se
+    return min(ev.margin - (ev.estimate + half), (ev.estimate - half) + ev.margin)

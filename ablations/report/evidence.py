@@ -45,7 +45,7 @@ class Evidence:
     margin: float  # δ in the metric's units (for ``faster``: log of the ratio margin)
     n: int = 0  # paired seeds (stable: paired (seed, rate) runs)
     estimate: float | None = None  # Δ, A − B
-    low: float | None = None  # percentile interval of the covered replicates (CONFIDENCE)
+    low: float | None = None  # the rate-aware interval Δ ± t·SE (CONFIDENCE)
     high: float | None = None
     p: float | None = None  # the deciding test (two-sided: along or against the claim)
     p_eq: float | None = None  # equivalence within ±δ (TOST on the replicates): superior and faster lines
@@ -59,6 +59,15 @@ class Evidence:
     late: tuple = (None, None)  # late rise of A and B (val accuracy, mean over the reported seeds)
     counts: tuple | None = None  # stable: (A trains & B fails, A fails & B trains, pairs, A's share, B's share)
     n_chance: int = 0  # pairs in which a run counts at chance level (diverged or failed to train)
+    all_equal: bool = False  # n ≥ 2 paired differences, all equal, and nothing else resampled: no interval, no test
+    se: float | None = None  # the standard error of Δ over every resampled level (the replicates' sd, n/(n − 1))
+    uncovered: float = 0.0  # share of replicates whose re-chosen rates were not trained on the reported seeds
+
+    def critical(self, level: float) -> float:
+        """t_{1 − level, n − 1}: the one-sided critical value at ``level``."""
+        from scipy.stats import t
+
+        return float(t.ppf(1.0 - level, max(1, self.n - 1)))
 
     @property
     def orientation(self) -> int:
@@ -145,13 +154,13 @@ def side(data: StudyData, row: str, depth, payload: Callable[[Run], object]) -> 
     """One side of a comparison: its tuning table, its chosen rate and its reported payloads at every rate it trained
     the reported seeds at (the chosen rate, and contending rates)."""
     reported_runs = data.by_row_depth(row, depth)
-    rates = Counter(r.lr for r in reported_runs if r.lr is not None)
+    rates = Counter(r.lr for r in reported_runs)  # None: runs that did not store their rate (one key for all)
     chosen = rates.most_common(1)[0][0] if rates else None
     out = Side(chosen=chosen)
-    contend = [r for r in data.contend_runs if r.row == row and r.depth == depth]
+    contend = [r for r in data.contend_runs if r.row == row and r.depth == depth and r.lr is not None]
     for run in [*reported_runs, *contend]:
         value = payload(run)
-        if value is not None and run.seed is not None and run.lr is not None:
+        if value is not None and run.seed is not None:
             out.reported.setdefault(run.lr, {}).setdefault(run.seed, value)
     for run in tune_cell(data, row, depth):
         if run.lr is not None and run.seed is not None:
@@ -188,14 +197,21 @@ def measure(data: StudyData, claim, row: str, depth, base_row: str, base_depth, 
              if (d := diff(a.reported[a.chosen][s], b.reported[b.chosen][s])) is not None]
     ev.p_t = paired(diffs).p_t
     ev.n_chance = sum(1 for s in seeds if _at_chance(data, row, depth, s) or _at_chance(data, base_row, base_depth, s))
+    if len(diffs) >= 2 and np.ptp(diffs) <= 1e-12 and "images" not in rep.levels and \
+            len({r for shares in rep.rates.values() for r in shares}) <= 2:
+        ev.all_equal = True  # every replicate would be this one number: no spread to test against
+        return ev
     covered = rep.covered
-    if covered.size:
-        tail = (1.0 - CONFIDENCE) / 2
-        ev.low, ev.high = (float(q) for q in np.quantile(covered, [tail, 1.0 - tail]))
     ev.oriented = ev.orientation * rep.deltas + ev.shift
-    ev.p = two_sided(ev.oriented)
+    ev.uncovered = 1.0 - rep.coverage
+    if covered.size < 2 or rep.n < 2 or float(np.std(covered)) <= 1e-15:
+        return ev
+    ev.se = float(np.std(covered, ddof=1)) * math.sqrt(rep.n / (rep.n - 1))
+    half = ev.critical((1.0 - CONFIDENCE) / 2) * ev.se
+    ev.low, ev.high = rep.estimate - half, rep.estimate + half
+    ev.p = two_sided_t(ev.orientation * rep.estimate + ev.shift, ev.se, rep.n, ev.uncovered)
     if kind != "noninferior":
-        ev.p_eq = equivalence(rep.deltas, margin)
+        ev.p_eq = equivalence_t(rep.estimate, margin, ev.se, rep.n, ev.uncovered)
     return ev
 
 
@@ -203,24 +219,23 @@ def _at_chance(data: StudyData, row: str, depth, seed: int) -> bool:
     return any(r.at_chance for r in data.by_row_depth(row, depth) if r.seed == seed)
 
 
-def two_sided(oriented: np.ndarray) -> float:
-    """The bootstrap's two-sided p of H0: Δ = 0 (oriented replicates; an uncovered replicate, NaN, counts against
-    either side): min(1, 2 · min(P(Δ* ≤ 0), P(Δ* ≥ 0))), each with the +1 of a valid Monte Carlo p."""
-    r = oriented.size
-    unc = ~np.isfinite(oriented)
-    below = (1 + np.count_nonzero((oriented <= 0) | unc)) / (r + 1)
-    above = (1 + np.count_nonzero((oriented >= 0) | unc)) / (r + 1)
-    return float(min(1.0, 2.0 * min(below, above)))
+def two_sided_t(estimate: float, se: float, n: int, uncovered: float = 0.0) -> float:
+    """The deciding test of H0: Δ = 0: t = Δ / SE against Student's t with n − 1 degrees of freedom (n paired
+    seeds, the top level of replication), SE the bootstrap's over every resampled level; the share of replicates
+    that could not be evaluated (a re-chosen rate the reported seeds did not train) is added twice, as if each had
+    fallen on the other side: p = min(1, 2·P(T ≥ |t|) + 2·uncovered)."""
+    from scipy.stats import t
+
+    return float(min(1.0, 2.0 * t.sf(abs(estimate) / se, max(1, n - 1)) + 2.0 * uncovered))
 
 
-def equivalence(deltas: np.ndarray, margin: float) -> float:
-    """TOST on the replicates: H0 Δ ≥ δ and H0 Δ ≤ −δ, each rejected by the share of replicates beyond it (+1); the
-    equivalence p is the larger of the two (uncovered replicates count against)."""
-    r = deltas.size
-    unc = ~np.isfinite(deltas)
-    upper = (1 + np.count_nonzero((deltas >= margin) | unc)) / (r + 1)
-    lower = (1 + np.count_nonzero((deltas <= -margin) | unc)) / (r + 1)
-    return float(max(upper, lower))
+def equivalence_t(estimate: float, margin: float, se: float, n: int, uncovered: float = 0.0) -> float:
+    """TOST within ±δ on the same t: the larger of the one-sided p-values of H0: Δ ≥ δ and H0: Δ ≤ −δ, plus the
+    uncovered share."""
+    from scipy.stats import t
+
+    df = max(1, n - 1)
+    return float(min(1.0, max(t.sf((margin - estimate) / se, df), t.sf((estimate + margin) / se, df)) + uncovered))
 
 
 def trained(run: Run) -> bool | None:

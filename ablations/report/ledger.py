@@ -38,7 +38,8 @@ from .stats import ALPHA
 
 LEDGER_KEYS = ["group", "study", "setting", "tuning_seeds", "id", "claim", "source", "kind", "variant", "baseline",
                "depth", "scale", "metric", "direction", "margin", "n_pairs", "delta", "ci_low", "ci_high", "trained", "levels",
-               "coverage", "p", "p_t", "p_holm", "m", "agreement", "verdict", "p_all_holm", "m_all", "agreement_all",
+               "coverage", "p", "p_eq", "look_alpha", "p_t", "p_holm", "m", "agreement", "verdict", "p_all_holm", "m_all",
+               "agreement_all",
                "break_even_all", "verdict_all", "old_evidence", "same_runs_as", "shared_side", "premise",
                "premise_delta", "premise_ci_low", "premise_ci_high", "premise_n", "detail", "detail_all"]
 

@@ -286,7 +286,7 @@ def paired_table(data: StudyData, cells: Sequence[Cell]) -> Table:
                Column("p_wilcoxon", "p (Wilcoxon)", render=wilcoxon_text("p_wilcoxon")),
                Column("p_wilcoxon_holm", "p (Wilcoxon, Holm)", render=wilcoxon_text("p_wilcoxon_holm")),
                Column("mde", "MDE (pp)", fmt=".2f", scale=100.0),
-               Column("n_diverged_pairs", "diverged in pairs", fmt="d"),
+               Column("n_diverged_pairs", "at chance in pairs", fmt="d"),
                Column("significant", "significant",
                       render=lambda rec, style: {True: "yes", False: "no"}.get(rec["significant"], "—" if style == "md" else "---"),
                       align="l")]
@@ -301,7 +301,8 @@ def paired_table(data: StudyData, cells: Sequence[Cell]) -> Table:
                 ("pair_seeds", "pair_seeds", "")]
     caption = (f"Paired comparisons with {BASELINE} in study {data.name} ({data.metric}; differences in percentage "
                f"points, CSV in fractions), over {_seeds_text(data)}; pairs = seeds where both runs have a result "
-               f"(a diverged run counts at chance level; failed or missing runs drop their seed). "
+               f"(a run that diverged or failed to train counts at chance level: 'at chance in pairs'; failed or "
+               f"missing runs drop their seed). "
                f"{_method(data, cells)}")
     return Table("paired", f"{data.name}: paired differences vs {BASELINE}", caption,
                  frame(records, MAIN_KEYS), columns, csv_cols, status_notes(data))
@@ -316,28 +317,38 @@ def convergence_table(data: StudyData) -> Table:
             if not runs:
                 continue
             ok = [r for r in runs if r.ok]
-            rec = {"variant": row, "depth": depth, "n": len(ok), "n_diverged": sum(1 for r in runs if r.diverged)}
-            for key in (*FRACTION_KEYS, AUC_KEY):
+            done = [r for r in runs if r.ok or r.at_chance]  # every completed run, whether it trained or not
+            rec = {"variant": row, "depth": depth, "n": len(done), "n_trained": len(ok),
+                   "n_failed_training": sum(1 for r in runs if r.failed_training),
+                   "n_diverged": sum(1 for r in runs if r.diverged)}
+            for key in FRACTION_KEYS:
                 rec[key] = mean_of(r.summary.get(key) for r in ok)
+            rec[AUC_KEY] = mean_of(r.summary.get(AUC_KEY) if r.summary.get(AUC_KEY) is not None else
+                                   (0.0 if r.diverged else None) for r in done)
             for key in (EPOCH_TIME_KEY, WALL_TIME_KEY):  # a stacked run: its share of the stack's time
                 rec[key] = median_of(own_share(r.summary, key) for r in ok)
             records.append(rec)
     columns = [Column("variant", "variant"), Column("depth", "depth", fmt="d", align="l"), Column("n", "n", fmt="d"),
+               Column("n_trained", "trained", fmt="d"), Column("n_failed_training", "failed to train", fmt="d"),
+               Column("n_diverged", "diverged", fmt="d"),
                *(Column(k, f"epochs to {p}%", fmt=".1f") for k, p in zip(FRACTION_KEYS, (90, 95, 99), strict=True)),
                Column(AUC_KEY, "val-acc AUC (%)", fmt=".2f", scale=100.0),
-               Column(EPOCH_TIME_KEY, "s / epoch", fmt=".2f"), Column(WALL_TIME_KEY, "wall time (s)", fmt=".1f"),
-               Column("n_diverged", "div.", fmt="d")]
-    csv_cols = [("variant", "variant", ""), ("depth", "depth", ""), ("n", "n", ""),
+               Column(EPOCH_TIME_KEY, "s / epoch", fmt=".2f"), Column(WALL_TIME_KEY, "wall time (s)", fmt=".1f")]
+    csv_cols = [("variant", "variant", ""), ("depth", "depth", ""), ("n", "n", ""), ("n_trained", "n_trained", ""),
+                ("n_failed_training", "n_failed_training", ""), ("n_diverged", "n_diverged", ""),
                 *((k, k, ".4f") for k in FRACTION_KEYS), (AUC_KEY, AUC_KEY, ".6f"),
-                (EPOCH_TIME_KEY, EPOCH_TIME_KEY, ".6f"), (WALL_TIME_KEY, WALL_TIME_KEY, ".6f"),
-                ("n_diverged", "n_diverged", "")]
-    caption = ("Convergence per variant and depth over the non-diverged completed runs (n): means of the first epoch "
-               "(1-based) reaching 90/95/99% of the run's own best val accuracy and of the val-acc AUC (mean val "
-               "accuracy over the planned epochs, unmeasured epochs counting 0); medians of the wall time per epoch "
-               "(train + val) and per run, a run trained in a stack of K counting 1/K of the stack's time (medians: "
-               "a run whose worker was paused or whose machine was suspended mid-training counts the pause in its "
-               "wall clock); div. = diverged runs (not in the means).")
-    keys = ["variant", "depth", "n", *FRACTION_KEYS, AUC_KEY, EPOCH_TIME_KEY, WALL_TIME_KEY, "n_diverged"]
+                (EPOCH_TIME_KEY, EPOCH_TIME_KEY, ".6f"), (WALL_TIME_KEY, WALL_TIME_KEY, ".6f")]
+    caption = ("Convergence per variant and depth over every completed run (n): trained = above the floor with a "
+               "finite loss; failed to train = completed below the study's floor; diverged = a non-finite loss. The "
+               "val-acc AUC (mean val accuracy over the planned epochs, unmeasured epochs counting 0) is a mean over "
+               "all n runs, so a row whose runs fail is not judged on its survivors alone; the epochs to 90/95/99% "
+               "of a run's own best val accuracy (1-based) are means over the runs that trained (a run that did not "
+               "has no best worth reaching); medians of the wall time per epoch (train + val) and per run, over the "
+               "runs that trained, a run trained in a stack of K counting 1/K of the stack's time (medians: a run "
+               "whose worker was paused or whose machine was suspended mid-training counts the pause in its wall "
+               "clock).")
+    keys = ["variant", "depth", "n", "n_trained", "n_failed_training", "n_diverged", *FRACTION_KEYS, AUC_KEY,
+            EPOCH_TIME_KEY, WALL_TIME_KEY]
     return Table("convergence", f"{data.name}: convergence", caption, frame(records, keys), columns, csv_cols)
 
 
