@@ -86,3 +86,23 @@ def test_unsettled_cells_train_their_reported_seeds_at_each_contending_rate(tmp_
     assert {(r.variant, r.seed, r.lr) for r in data.contend_runs} == expected
     (line,) = list(csv.DictReader((out / "claims.csv").open()))
     assert line["levels"].startswith("rate x seeds") and float(line["coverage"]) == 1.0
+
+
+def test_the_contending_runs_keep_the_mode_of_the_studys_reported_runs(tmp_path):
+    """The contending stage's kept mode comes from the study's own reported runs (and its tuning stage's): its runs
+    differ from the chosen rate's runs by their rate, never by an attention kernel this machine would pick."""
+    from ablations import layout
+    from ablations.run.kept_modes import stored_kept, study_trials
+
+    storage = f"sqlite:///{tmp_path / 'o.db'}"
+    model = {layout.MODEL_KEY: {"embed_dim": 64, "img_size": 28, "patch_size": 7}, "device": "cpu"}
+    explicit = model | {"precision": "32-true", "fused_attn": False, "phase": "report"}
+    for name, n in (("s", 3), ("s-tune", 2), ("s-contend", 0)):
+        study = optuna.create_study(study_name=name, storage=storage)
+        for _ in range(n):
+            study.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, value=1.0, params={},
+                                                      distributions={}, user_attrs=explicit))
+    assert len(study_trials(storage, "s-contend", "contend")) == 5  # none of its own yet: the study's 3 and 2
+    kept = stored_kept(storage, "s-contend", "contend")
+    assert {(m.precision, m.fused_attn) for m in kept.values()} == {("32-true", False)}
+    assert list(kept) == [("cpu", 64, 17)]

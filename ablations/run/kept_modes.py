@@ -115,10 +115,16 @@ def _most_common(recorded: dict[Cell, dict[tuple[str, bool], int]], skip: set[st
 
 
 def study_trials(storage, study_name: str, stage: str) -> list[Any]:
-    """The trials of a study and, for its reported stage, of its tuning stage (the same study's runs)."""
+    """The trials of a study and, for its reported stage, of its tuning stage (the same study's runs); for its
+    contending rates' stage (``<study>-contend``), also the study's reported and tuning runs, whose mode the
+    contending runs must keep (their differences from the chosen rate's runs are the rate's, not the kernel's)."""
     import optuna
 
-    names = [study_name] + ([tune_name(study_name)] if stage != "tune" else [])
+    if stage == "contend":
+        parent = study_name.removesuffix("-contend")
+        names = [study_name, parent, tune_name(parent)]
+    else:
+        names = [study_name] + ([tune_name(study_name)] if stage != "tune" else [])
     trials = []
     for name in names:
         try:
