@@ -115,6 +115,30 @@ def test_the_lr_with_the_highest_mean_validation_accuracy_is_chosen(tmp_path):
         choose_lrs(spec, partial)
 
 
+def test_a_best_rate_at_the_grid_edge_extends_the_grid_until_it_is_inside(tmp_path):
+    """Extending is unavoidable here: the best rate is the grid's top (4e-3) and the bounds allow 8e-3, so the stage
+    must add 8e-3 (never record the cell as "at a bound"); once 8e-3 has trained and is worse, the choice stays at
+    4e-3, strictly inside the rates tried, and nothing more is added. The other cell's best is inside: no rate."""
+    spec = spec_with(tmp_path, {"lr": [1e-3, 2e-3, 4e-3], "bounds": [1e-4, 3.2e-2]},
+                     axes={"depth": [1], "seed": [0]})
+    study = optuna.create_study()
+    climbing = {1e-3: 0.80, 2e-3: 0.85, 4e-3: 0.90}
+    inside = {1e-3: 0.80, 2e-3: 0.90, 4e-3: 0.85}
+    for variant, values in (("standard", climbing), ("rezero", inside)):
+        for lr, value in values.items():
+            for seed in SEEDS:
+                add(study, {"variant": variant, "depth": 1, "seed": seed, "lr": lr}, value)
+    standard, rezero = (json.dumps([v, [["depth", 1]]]) for v in ("standard", "rezero"))
+    outcome = tune_outcome(spec, study)
+    assert outcome.extend == {standard: 8e-3} and outcome.at_bound == {}
+    assert outcome.choice == {standard: 4e-3, rezero: 2e-3}
+    for seed in SEEDS:
+        add(study, {"variant": "standard", "depth": 1, "seed": seed, "lr": 8e-3}, 0.70)
+    after = tune_outcome(spec, study, {standard: [8e-3]})
+    assert after.extend == {} and after.at_bound == {} and after.choice[standard] == 4e-3
+    assert after.means[standard] == pytest.approx({"0.001": 0.80, "0.002": 0.85, "0.004": 0.90, "0.008": 0.70})
+
+
 def test_the_choice_waits_for_the_tuning_points_other_workers_are_training(tmp_path):
     """``await_other_workers``: while a point of the stage is RUNNING in another worker it waits (and returns once
     that trial is told), so the choice reads it; a point WAITING again (a dead worker's trial, retried) is this
