@@ -140,6 +140,11 @@ def _main(args: argparse.Namespace) -> int:
 
         if data.tune_runs:
             written += tuning_figure(data, tuning_records(data), out)
+        depth = next((t for t in tables if t.name == "depth"), None)
+        if depth is not None:  # drawn from runs.csv alone, like the tuning figure
+            from .depth import depth_figure
+
+            written += depth_figure(depth.frame.to_dict("records"), data.rows, data.name, out)
         if study is not None:
             from .figures import report_figures
 
@@ -242,6 +247,7 @@ def build_tables(data: StudyData, spec, study=None) -> tuple[list, list | None, 
     from . import tables as tb
     from .calibration import calibration_table
     from .claims import claims_table
+    from .depth import depth_table
     from .load import best_per_row
     from .power import power_table
     from .stats import main_cells
@@ -267,6 +273,8 @@ def build_tables(data: StudyData, spec, study=None) -> tuple[list, list | None, 
         tables.append(tb.convergence_table(data))
     elif spec.kind == "grid":
         notes.append("convergence: no run has the summary metrics it needs (an earlier report's runs.csv?); not written.")
+    if spec.kind == "grid" and (depth := depth_table(data, spec.verdicts)) is not None:
+        tables.append(depth)
     if study is None:
         notes.append("from runs.csv: the cost, collapse, mixing and importance tables and the figures but 'tuning' "
                      "need the storage's configurations or the TensorBoard event files and were not regenerated.")

@@ -1,0 +1,53 @@
+"""The depth premises (``ablations.report.depth``) on hand-made runs: the paired difference from a row's shallowest
+depth, the share of runs that train with its Clopper-Pearson interval, and the sentences that name the depth at
+which a row degrades or fails."""
+
+from __future__ import annotations
+
+import pytest
+from scipy import stats
+from test_protocol import BASE, SEEDS, run, spec_of
+
+from ablations.report.depth import depth_figure, depth_records, depth_table, premise_sentences
+from ablations.report.load import assemble
+
+
+def data_of(falls: dict[int, float], failed: dict[int, int]):
+    """standard at depths 4, 16, 64: its accuracy shifted by ``falls[depth]`` on every seed, and ``failed[depth]`` of
+    its six seeds below the floor (final val accuracy 0.3 < 5x chance)."""
+    spec = spec_of(["standard"], [], depths=(4, 16, 64), floor={"metric": "final_val_acc", "chance_multiple": 5})
+    runs = []
+    for depth in (4, 16, 64):
+        for s in SEEDS:
+            acc = 0.3 if s < failed.get(depth, 0) else BASE[s] + falls.get(depth, 0.0) + 0.001 * (s % 2)
+            runs.append(run(100 * depth + s, "standard", s, acc, depth=depth))
+    return spec, assemble("hand", spec, runs)
+
+
+def test_a_row_that_degrades_and_fails_is_named_at_the_first_depth_it_does():
+    spec, data = data_of({16: -0.002, 64: -0.05}, {64: 4})
+    records = depth_records(data, spec.verdicts, resamples=2000)
+    by_depth = {r["depth"]: r for r in records}
+    assert by_depth[4]["delta"] is None
+    assert by_depth[16]["delta"] == pytest.approx(-0.002, abs=1e-9)  # the same seeds, shifted by 0.2 pp
+    assert by_depth[64]["trained"] == 2 and by_depth[64]["runs"] == 6
+    ci = stats.binomtest(2, 6).proportion_ci(0.95, method="exact")
+    assert (by_depth[64]["share_low"], by_depth[64]["share_high"]) == pytest.approx((ci.low, ci.high))
+    (sentence,) = premise_sentences(records, spec.verdicts.margin)
+    assert "falls by more than 1.0 pp from depth 4 first at depth 64" in sentence
+    assert "at least 50% of its runs fail to train first at depth 64 (4 of 6)" in sentence
+    steady_spec, steady = data_of({16: 0.001, 64: 0.002}, {})
+    (sentence,) = premise_sentences(depth_records(steady, steady_spec.verdicts, resamples=2000), 0.01)
+    assert "does not fall by more than 1.0 pp from depth 4 up to depth 64" in sentence
+    assert "fewer than 50% of its runs fail to train up to depth 64" in sentence
+
+
+def test_the_depth_table_and_figure_are_written_for_a_study_of_several_depths(tmp_path):
+    spec, data = data_of({64: -0.05}, {64: 4})
+    table = depth_table(data, spec.verdicts, resamples=2000)
+    assert table is not None and "2/6 [4–78%]" in table.markdown()
+    paths = depth_figure(table.frame.to_dict("records"), data.rows, data.name, tmp_path)
+    assert [p.name for p in paths] == ["depth_premises.png", "depth_premises.pdf"] and paths[0].stat().st_size > 0
+    one_spec = spec_of(["standard"], [])
+    assert depth_table(assemble("hand", one_spec, [run(s, "standard", s, BASE[s]) for s in SEEDS]),
+                       one_spec.verdicts) is None
