@@ -313,7 +313,7 @@ def test_claim_verdicts_are_computed(reports):
         "- **layerscale_better**: LayerScale improves accuracy (Touvron et al. 2021 (CaiT), Table 1). Counts as held: "
         "Holm-significant paired difference in test_acc in the paper's direction. layerscale vs standard (synthetic, "
         "width 64, depth 2), test_acc (paper: higher, superior, margin 1.0 pp): Δ = +2.93 pp [")
-    assert "bootstrap Holm p" in lines[0] and "(m = 4)" in lines[0] and lines[0].endswith(
+    assert "rate-aware Holm p" in lines[0] and "(m = 4)" in lines[0] and lines[0].endswith(
         ": **held** (significant on the paper's side; old evidence: rate tuned on 2 seeds: the choice's uncertainty "
         "is not in the interval (re-tune on at least 3)).")
 

@@ -223,7 +223,7 @@ def line_text(rec: Mapping[str, Any]) -> str:
     if rec["n_chance_pairs"]:
         k = rec["n_chance_pairs"]
         numbers += f", {k} pair{'s' if k != 1 else ''} with a run at chance level (diverged or failed to train)"
-    test = "McNemar" if rec["kind"] == "stable" else "bootstrap"
+    test = "McNemar" if rec["kind"] == "stable" else "rate-aware"
     p = p_text(rec["p_holm"])
     numbers += f", {test} Holm p {'< ' + p[1:] if p.startswith('<') else '= ' + p} (m = {rec['m']})"
     if rec["p_t"] is not None:
@@ -236,7 +236,7 @@ def line_text(rec: Mapping[str, Any]) -> str:
 def _metric_text(rec: Mapping[str, Any]) -> str:
     kind = rec["kind"]
     if kind == "faster":
-        return f"epochs to the baseline's plateau (paper: {rec['direction']} speed; equivalent within {rec['margin']:.2f}x)"
+        return f"steps to target (paper: faster; equivalent within {rec['margin']:.2f}x)"
     if kind == "stable":
         return "share of (seed, rate) runs that train"
     margin = f", margin {100 * rec['margin']:.1f} pp" if rec.get("margin") is not None else ""

@@ -147,8 +147,8 @@ def _undecided(ev: Evidence | None) -> str:
     if ev.p is None:
         return f"{ev.n} pair{'s' if ev.n != 1 else ''}: no test"
     if ev.coverage is not None and ev.coverage < 0.95:
-        return (f"neither decided nor equivalent; {100 * (1 - ev.coverage):.0f}% of the rate choices are rates the "
-                "reported seeds did not train (contending rates untrained)")
+        return (f"neither decided nor equivalent; {100 * (1 - ev.coverage):.0f}% of the re-chosen rates were not "
+                "trained on the reported seeds: their contending runs are not in yet")
     return "neither decided nor equivalent within the margin"
 
 
