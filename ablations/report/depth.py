@@ -17,13 +17,14 @@ from .claims import comparison_evidence
 from .evidence import trained
 from .format import Column, Table, frame
 from .load import StudyData
+from .resample import RESAMPLES
 
 DEPTH_KEYS = ["variant", "depth", "n", "mean", "sd", "delta", "ci_low", "ci_high", "runs", "trained", "share_trained",
               "share_low", "share_high"]
 FAIL_SHARE = 0.5  # a row "fails to train" at a depth where at least this share of its runs do
 
 
-def depth_records(data: StudyData, rules, resamples: int = 20_000) -> list[dict]:
+def depth_records(data: StudyData, rules, resamples: int = RESAMPLES) -> list[dict]:
     """One record per row × depth: accuracy mean and sd over the reported runs that trained, the paired rate-aware
     difference from the row's shallowest depth, and the runs that train over every phase."""
     from scipy.stats import binomtest
@@ -77,7 +78,7 @@ def premise_sentences(records: list[dict], margin: float) -> list[str]:
     return out
 
 
-def depth_table(data: StudyData, rules, resamples: int = 20_000) -> Table | None:
+def depth_table(data: StudyData, rules, resamples: int = RESAMPLES) -> Table | None:
     """The ``depth`` table of a study with at least two depths (None otherwise)."""
     if len(data.depths) < 2:
         return None

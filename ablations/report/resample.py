@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-RESAMPLES = 20_000
+RESAMPLES = 10_000
 CHUNK = 2_000  # replicates per matrix product (memory: CHUNK x images floats)
 LEVELS = ("rate", "seeds", "images")
 
