@@ -1,12 +1,13 @@
 """What the command-line tools share: argparse that reports a bad argument as one line and exit status 2, the
 arguments that name one stored study (``ablations.run`` runs it, ``ablations.report`` reads it), the one Markdown
-table renderer of everything they print or write, and the typed reading of a value given on the command line
-(``parse_value``: ``--set``, ``--residual-option``, ``--init-value``)."""
+table renderer of everything they print or write, the typed reading of a value given on the command line
+(``parse_value``: ``--set``, ``--residual-option``, ``--init-value``) and of a duration (``--time-budget``)."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -80,3 +81,19 @@ def parse_value(text: str) -> Any:
         except ValueError:
             return value
     return value
+
+
+_DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?")
+
+
+def duration(text: str) -> float:
+    """Seconds from a duration written as seconds (``5400``), or with units (``90m``, ``1.5h``, ``2h30m``, ``45s``):
+    argparse's ``type`` of ``--time-budget``."""
+    match = _DURATION.fullmatch(text.strip().lower())
+    if not text.strip() or match is None or not any(match.groups()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (seconds, or e.g. 90m, 1.5h, 2h30m)")
+    hours, minutes, seconds = (float(g or 0) for g in match.groups())
+    total = hours * 3600 + minutes * 60 + seconds
+    if total <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a time budget must be more than 0 s")
+    return total
