@@ -34,9 +34,8 @@ sides ran seconds apart under the same machine load). On a busy machine
 every figure is noise: the load average at the start and end of the run is part of the report. Never run two
 benchmarks (or a benchmark and tests) at once: with more busy threads than cores, timings are meaningless.
 
-Memory (section 6) on the CPU runs one forward per variant at depth 24 at batch 16 (--quick: 8). Before DCA's GRN
-became a fused Function, full DCA at batch 64 saved ~9 GiB for backward and the run was OOM-killed on a 24 GiB
-machine; batch 16 keeps the section short and far from that.
+Memory (section 6) on the CPU runs one forward per variant at depth 24 at batch 16 (--quick: 8): a short section,
+far below a 24 GiB machine's memory for every variant.
 
 Data (section 7) times one epoch of the training data path alone (``ablations.training.build_datamodule`` on an
 in-memory CIFAR-shaped synthetic set, recipes ``basic`` and ``paper``) against section 1's train step, both in
@@ -102,7 +101,7 @@ def processes_text(processes: int) -> str:
 
 def render(meta: dict, sections: list[Section]) -> str:
     m = meta["machine"]
-    gpu = m.get("gpu", m.get("cuda"))  # bench.json files written before the key was "gpu"
+    gpu = m.get("gpu", m.get("cuda"))  # a bench.json may name the key "cuda"
     cores = m["logical_cores"] or 1  # others running at the start, or far more than our own threads at the end
     busy = m["loadavg_start"][0] > 0.5 * cores or m["loadavg_end"][0] > m["threads"] + 0.5 * cores
     out = ["# Benchmark: ViT backbone and its residual variants", "",

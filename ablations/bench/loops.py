@@ -27,7 +27,7 @@ def lightning_times(s: Settings) -> dict:
     dm = build_datamodule(config)
     loader = dm.train_dataloader()
     classifier = build_model(config, dm)
-    classifier.hparams.steps_per_epoch = len(loader)  # the schedule no longer needs a Trainer: same in every loop
+    classifier.hparams.steps_per_epoch = len(loader)  # the schedule needs no Trainer: same in every loop
     dev, precision = s.device, s.precision
     makers = dict(zip(LOOPS, (
         lambda n: plain_loop(copy.deepcopy(classifier), loader, n, dev, precision),

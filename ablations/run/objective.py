@@ -80,8 +80,9 @@ def suggest_axis(trial, axis: str, values: list, *, grid: bool, categorical: boo
 
 
 def categorical_axes(study, spec: StudySpec) -> frozenset[str]:
-    """Axes a stored study already holds as categoricals (studies run before the axes became numeric): they stay
-    categorical, since Optuna fixes a parameter's distribution kind for the life of a study."""
+    """Axes a stored study holds as categoricals although its file's values are numeric (a stored study keeps the
+    distribution kind it began with): they stay categorical, since Optuna fixes a parameter's distribution kind
+    for the life of a study."""
     from optuna.distributions import CategoricalDistribution
 
     found = set()
