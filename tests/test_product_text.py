@@ -42,7 +42,7 @@ CHANGELOG = re.compile(r"\bpreviously\b|\bformerly\b|\bha(?:s|ve) since\b|\bfoun
 #: back in
 ARRANGEMENT = re.compile(r"\blent\b|\b\d+[- ]minutes? (?:commands?|calls?|limit)\b|\ballows \d+ minutes\b"
                          r"|\b(?:commands?|calls?) of (?:about |at most )?\d+ minutes\b|\bminutes a command\b"
-                         r"|\bdevice tool\b|\$OUT\b|\bgpu_session\b", re.IGNORECASE)
+                         r"|\bdevice tool\b|\$OUT\b|\bgpu_session\b|\bdevelopment machines?\b", re.IGNORECASE)
 SELF = str(Path(__file__).resolve().relative_to(REPO))
 
 
@@ -118,7 +118,8 @@ def test_the_checks_catch_the_development_arrangement_and_let_ordinary_words_pas
                       ("one " + "command of about 9 minutes", "command of about 9 minutes"),
                       ("the " + "device tool allows it", "device tool"),
                       ("written under " + "$" + "OUT on the GPU", "$" + "OUT"),
-                      ("scripts/" + "gpu_session.py writes one", "gpu_session")):
+                      ("scripts/" + "gpu_session.py writes one", "gpu_session"),
+                      ("measured on the " + "development machine", "development machine")):
         assert history_in_line(line, commits) == [hit], line
     for line in ("a silent failure, an excellent fit", "a 10-minute run of the study", "$OUTPUT_DIR",
                  "--time-budget 90m stops the study", "the study's 60 s lock timeout"):

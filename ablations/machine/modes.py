@@ -14,7 +14,7 @@ measurement applies only to the machine it was made on:
 - **Lookup, CPU** (:func:`choose_mode`): the user's bench table ``results/device/modes-cpu.json`` (``python -m
   ablations.bench --sections modes --out results/device``), then this machine's cache of measured cells
   ``results/device/modes-cpu-<signature>.json``, then the table that ships with the project
-  (``ablations/machine/modes_cpu.json``, measured on the development machine) — each only if its signature is this
+  (``ablations/machine/modes_cpu.json``, measured on a 2-core AMD EPYC) — each only if its signature is this
   machine's. A grid table answers with its nearest cell in (log width, log tokens); the cache only for the exact
   (width, tokens) cell.
 - **Otherwise it measures** (:func:`measure_cell`, when the caller allows it: a training run and the study runner
