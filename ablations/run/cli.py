@@ -30,6 +30,7 @@ from .. import layout
 from ..cli import OneLineParser, add_study_arguments, duration
 from ..dashboard import check_loggers
 from ..machine import allocator
+from ..pricing.gpu_hours import DEFAULT_GPU, DEVICE_RESULTS, GPU_CLASSES
 from ..studies.overrides import RUN_ONLY, apply_sets, describe, parse_sets, value_text
 from ..studies.spec import TUNE_AT_BOUND, TUNE_EXTRA, TUNE_GRID, TUNE_MEANS, TUNED_LR
 from ..studies.stopping import interrupted, stop_after, stop_on_signals
@@ -44,7 +45,6 @@ from ..studies.storage import (
 )
 from .contend import prepare as prepare_contend
 from .contend import stored_points
-from .gpu_hours import DEFAULT_GPU, DEVICE_RESULTS, GPU_CLASSES
 from .imported import check_retrain_modes, imported_done, retrain_rule
 from .plan import dry_run, stored_done
 from .study import (

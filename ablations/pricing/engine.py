@@ -9,7 +9,7 @@ the study size. Each stack of the study is priced at
     steps × max(the measured call's time at the nearest measured K, scaled by depth,
                 K × images per step × 3 × forward FLOPs per image / the GPU's measured FLOP rate)
 
-(training batches, plus evaluation batches at :data:`ablations.run.gpu_hours.EVAL_STEP_SHARE` of a step): the
+(training batches, plus evaluation batches at :data:`ablations.pricing.gpu_hours.EVAL_STEP_SHARE` of a step): the
 launch floor of a small model, or the arithmetic of a large one. Without such a measurement the dry run says so
 and prices nothing.
 """
