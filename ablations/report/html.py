@@ -144,10 +144,10 @@ def _overrides_text(variant) -> str:
 
 # --- charts -------------------------------------------------------------------------------------------------------
 def colour(rows: Sequence[str]) -> dict[str, str]:
-    """Each row's colour as hex, the same as in the PNG figures (:func:`ablations.report.figures.colors`)."""
+    """Each row's colour as hex, the same as in the PNG figures (:func:`ablations.report.plot.colors`)."""
     from matplotlib.colors import to_hex
 
-    from .figures import colors
+    from .plot import colors
 
     return {row: to_hex(c) for row, c in colors(rows).items()}
 
@@ -163,7 +163,7 @@ def accuracy_figure(data: StudyData):
     from plotly.subplots import make_subplots
 
     from .aggregate import band
-    from .figures import legend_outside_for
+    from .plot import legend_outside_for
 
     depths = data.depths or [None]
     fig = make_subplots(rows=1, cols=len(depths), shared_yaxes=True,
@@ -316,7 +316,7 @@ def chart_html(fig, name: str, twin: str | None = None) -> str:
 
 def band_png(cells: Sequence, tag: str, *, delta: bool, rows: Sequence[str], scale: float = 100.0) -> str | None:
     """The PNG twin of :func:`band_figure` (matplotlib), base64; None when there is nothing to draw."""
-    from .figures import apply_style, new_figure
+    from .plot import apply_style, new_figure
 
     chosen = [c for c in cells if tag in (c.deltas if delta else c.curves)]
     if not chosen:

@@ -192,7 +192,7 @@ DEPTH_STYLES = (("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"))
 def tuning_figure(data: StudyData, records: list[dict], out: Path) -> list[Path]:
     """Val accuracy (mean ± sd over the tuning seeds) vs LR (log axis) per variant, the chosen LR circled; and the
     stability of each row's choice (``tuning_stability``: bars, the :data:`STABLE` line drawn)."""
-    from .figures import apply_style, close, colors, new_figure, place_legends, save, text_width
+    from .plot import apply_style, close, colors, new_figure, place_legends, save, text_width
 
     apply_style()
     palette = colors(data.rows)
