@@ -85,7 +85,7 @@ def _many_rows_study(report_seeds=(0, 1, 2)):
 
 @pytest.mark.slow  # 21 rows' paired statistics and plotly: about 10 s
 def test_the_html_charts_of_many_rows_name_every_row_in_the_figures_colours():
-    from ablations.report.html import accuracy_figure, colour, delta_figure
+    from ablations.report.charts import accuracy_figure, colour, delta_figure
 
     data = _many_rows_study()
     palette = colour(data.rows)

@@ -41,7 +41,7 @@ Package layout: :mod:`.load` (storage → runs), :mod:`.runs` (runs.csv ↔ runs
 verdicts), :mod:`.power` (seeds needed), :mod:`.tuning` (the LR tuning table and figure), :mod:`.cli` (arguments,
 writing); figures are drawn by :mod:`ablations.report.figures` (the diagnostics' by :mod:`.diagnostic_figures`, both in the frame of :mod:`.plot`). :mod:`.aggregate` (curves across seeds, TensorBoard's
 aggregate runs ``agg/<variant>/depth=<d>``, also written by the study runner), :mod:`.html` (``--html``:
-``report.html`` and ``index.html``) and :mod:`.notes` (the optuna-dashboard notes): docs/dashboards.md.
+``report.html`` and ``index.html``; its charts :mod:`.charts`, its text :mod:`.markup`) and :mod:`.notes` (the optuna-dashboard notes): docs/dashboards.md.
 """
 
 from __future__ import annotations
