@@ -175,40 +175,53 @@ def aggregate(data: StudyData, curves_of: Callable[[Run], Mapping[str, Mapping[i
             cell = CellAggregate(row=row, variant=data.row_variant.get(row, row), depth=depth,
                                  extras=data.row_extras.get(row, ()), seeds=sorted({r.seed for r in runs
                                                                                     if r.seed is not None}))
-            tags = sorted({tag for r in runs for tag in curves[r.number]})
-            for tag in tags:
+            for tag in sorted({tag for r in runs for tag in curves[r.number]}):
                 epochs = sorted({e for r in runs for e in curves[r.number].get(tag, {})})
                 cell.curves[tag] = {e: b for e in epochs if (b := band(
                     [curves[r.number].get(tag, {}).get(e) for r in runs], confidence)) is not None}
-            base_row = data.baseline_row(row)
-            if base_row is not None and base_row != row:
-                base = {r.seed: r for r in data.by_row_depth(base_row, depth) if r.state == "complete"}
-                own = {r.seed: r for r in runs}
-                seeds = sorted(s for s in set(own) & set(base) if s is not None)
-                cell.baseline = base_row if seeds else None
-                for tag in PAIRED_TAGS:
-                    epochs = sorted({e for s in seeds for e in curves[own[s].number].get(tag, {})})
-                    deltas = {}
-                    for e in epochs:
-                        diffs = [curves[own[s].number].get(tag, {}).get(e, math.nan)
-                                 - curves[base[s].number].get(tag, {}).get(e, math.nan) for s in seeds]
-                        b = band(diffs, confidence)
-                        if b is not None:
-                            deltas[e] = b
-                    if deltas:
-                        cell.deltas[tag] = deltas
-            ok = [r for r in runs if r.ok]
-            cell.n_ok = len(ok)
-            for key in HP_SUMMARY_KEYS:
-                pool = runs if key == DIVERGED_KEY else ok
-                values = [float(r.summary[key]) for r in pool if finite(r.summary.get(key))]
-                if values:
-                    cell.summary[key] = math.fsum(values) / len(values)
-            cell.metric = band([r.acc for r in ok], confidence)
-            lrs = {r.lr for r in runs}
-            cell.lr = lrs.pop() if len(lrs) == 1 else None
+            _paired_deltas(cell, data, runs, curves, confidence)
+            _summaries(cell, runs, confidence)
             cells.append(cell)
     return cells
+
+
+def _paired_deltas(cell: CellAggregate, data: StudyData, runs: Sequence[Run], curves: Mapping[int, Mapping],
+                   confidence: float) -> None:
+    """The cell's paired differences to its baseline row at the same depth, seed by seed, per epoch of each of
+    :data:`PAIRED_TAGS` (``cell.deltas``), and the baseline they are against when any seed pairs."""
+    base_row = data.baseline_row(cell.row)
+    if base_row is None or base_row == cell.row:
+        return
+    base = {r.seed: r for r in data.by_row_depth(base_row, cell.depth) if r.state == "complete"}
+    own = {r.seed: r for r in runs}
+    seeds = sorted(s for s in set(own) & set(base) if s is not None)
+    cell.baseline = base_row if seeds else None
+    for tag in PAIRED_TAGS:
+        epochs = sorted({e for s in seeds for e in curves[own[s].number].get(tag, {})})
+        deltas = {}
+        for e in epochs:
+            diffs = [curves[own[s].number].get(tag, {}).get(e, math.nan)
+                     - curves[base[s].number].get(tag, {}).get(e, math.nan) for s in seeds]
+            b = band(diffs, confidence)
+            if b is not None:
+                deltas[e] = b
+        if deltas:
+            cell.deltas[tag] = deltas
+
+
+def _summaries(cell: CellAggregate, runs: Sequence[Run], confidence: float) -> None:
+    """The cell's summary means over its ok runs (the divergence share over all), its metric's band and the
+    learning rate all its runs trained at."""
+    ok = [r for r in runs if r.ok]
+    cell.n_ok = len(ok)
+    for key in HP_SUMMARY_KEYS:
+        pool = runs if key == DIVERGED_KEY else ok
+        values = [float(r.summary[key]) for r in pool if finite(r.summary.get(key))]
+        if values:
+            cell.summary[key] = math.fsum(values) / len(values)
+    cell.metric = band([r.acc for r in ok], confidence)
+    lrs = {r.lr for r in runs}
+    cell.lr = lrs.pop() if len(lrs) == 1 else None
 
 
 # --- TensorBoard ----------------------------------------------------------------------------------------------------
