@@ -12,6 +12,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from .layout import DEFAULT_STORAGE
+
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse without the usage dump: an error is one ``error: ...`` line on stderr and exit status 2."""
@@ -29,8 +31,6 @@ def add_study_arguments(parser: argparse.ArgumentParser, *, report: bool = False
     """``--study``, ``--budget``, ``--storage``, ``--study-name`` and ``--set``: the study file, its size, where it
     is stored and the overrides that name its stored study. The report's ``--study`` is required (but for its
     ``--ledger``) and its ``--set`` only finds the study; the run's ``--set`` changes what runs."""
-    from .layout import DEFAULT_STORAGE
-
     parser.add_argument("--study", help="a study name (see python -m ablations.run --list) or a path to a study .yaml "
                                         "file" + (" (required, but with --ledger)" if report else ""))
     parser.add_argument("--budget", default="default",

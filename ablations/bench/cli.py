@@ -57,6 +57,8 @@ import warnings
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from ablations.machine.modes import cpu_facts
+
 from .. import layout
 from ..cli import OneLineParser
 from ..costs import all_configs
@@ -92,8 +94,6 @@ def machine_facts(threads: int) -> dict:
     import lightning
     import timm
     import torch
-
-    from ablations.machine.modes import cpu_facts
 
     cpu, flags = cpu_facts()
     return {"cpu": cpu, "cpu_flags": flags, "logical_cores": os.cpu_count(), "threads": threads,

@@ -17,7 +17,11 @@ nothing there.
 
 from __future__ import annotations
 
+from ablations.costs import measure as count
+from lit_modules.config import ViTConfig
+
 from ..machine.timing import interleave, median, round_ratios
+from ..pricing.gpu_hours import gpu_class_of, peak_flops
 from .harness import Section, Settings, ms, ratio_cell
 from .precision import AUTO_SIZES
 from .steps import OVERHEAD_GOALS
@@ -70,11 +74,7 @@ def _aggregate(s: Settings, sec: Section, cuda: bool, tiny: bool) -> dict:
 
 
 def _paper(s: Settings, sec: Section, cuda: bool, tiny: bool) -> dict:
-    from ablations.costs import measure as count
     from ablations.engine.measure import plain_step, stacked_step
-    from lit_modules.config import ViTConfig
-
-    from ..pricing.gpu_hours import gpu_class_of, peak_flops
 
     size = PAPER if not tiny else dict(PAPER, embed_dim=16, depth=1, num_heads=2)
     batch = PAPER_BATCH if not tiny else 4

@@ -10,6 +10,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ablations.config import RunConfig
+from ablations.run.objective import Objective
+from ablations.run.plan import estimate_seconds
+from ablations.studies.spec import load_spec
+from ablations.training import build_datamodule, build_model, deterministic_without_nan_fill, mixup_options
+
 from ..machine.timing import interleave, median, round_ratios, train_step
 from .harness import STUDY, Sampled, Section, Settings, ms, ours, random_batch, ratio_cell, runs_of, study_trial
 
@@ -21,8 +27,6 @@ def lightning_times(s: Settings) -> dict:
     """Section 3's measurement in this process: each loop of ``LOOPS`` run for ``loop_steps`` and for 0 optimizer
     steps in ``loop_reps`` interleaved rounds; the rounds' times, the per-step times (paired per round) and the
     trial config (JSON: a child returns it)."""
-    from ablations.training import build_datamodule, build_model
-
     _, config = study_trial(s)
     dm = build_datamodule(config)
     loader = dm.train_dataloader()
@@ -110,8 +114,6 @@ def lightning_loop(module, loader, steps: int, device: str = "cpu",
     """Lightning's fit loop over ``steps`` optimizer steps, deterministic as a trial's (``run_training``)."""
     import lightning.pytorch as pl
 
-    from ablations.training import deterministic_without_nan_fill
-
     def fit() -> None:
         trainer = pl.Trainer(accelerator="gpu" if device == "cuda" else "cpu", devices=1, precision=precision,
                              max_steps=steps, logger=False, enable_progress_bar=False,
@@ -145,10 +147,6 @@ def bare_module(classifier):
 # --- 5. study throughput -------------------------------------------------------------------------------------------
 def bench_study(s: Settings) -> Section:
     import optuna
-
-    from ablations.run.objective import Objective
-    from ablations.run.plan import estimate_seconds
-    from ablations.studies.spec import load_spec
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     spec = load_spec(STUDY)
@@ -246,8 +244,6 @@ DATA_RECIPES = {"basic": "the dataset's own crop/flip", "paper": "+ RandAugment 
 def data_configs(s: Settings) -> dict:
     """The RunConfig of each recipe whose training data path section 7 times: a CIFAR-shaped synthetic set (32x32,
     3 channels, uint8, 10 classes) held in memory, at the bench's batch, on the bench's device."""
-    from ablations.config import RunConfig
-
     base = {"dataset": "synthetic", "batch_size": s.batch, "augment": True, "seed": 0,
             "dataset_options": {"img_size": s.img_size, "num_samples": s.data_samples, "num_classes": 10},
             "accelerator": "gpu" if s.device == "cuda" else "cpu"}
@@ -273,7 +269,6 @@ def epoch_fn(loader, images: dict, name: str, mix: Callable | None = None) -> Ca
 def bench_data(s: Settings) -> Section:
     import torch
 
-    from ablations.training import build_datamodule, mixup_options
     from data.augment import SeededMixup
 
     configs = data_configs(s)

@@ -9,6 +9,9 @@ import sys
 
 from ..machine import allocator
 from .harness import Settings
+from .loops import lightning_times
+from .malloc import time_both_sizes
+from .steps import one_model_time, overhead_times
 
 
 def settings_from(fields: dict) -> Settings:
@@ -18,10 +21,6 @@ def settings_from(fields: dict) -> Settings:
 
 def main(payload: str) -> None:
     import torch
-
-    from .loops import lightning_times
-    from .malloc import time_both_sizes
-    from .steps import one_model_time, overhead_times
 
     tasks = {"lightning": lightning_times, "malloc": time_both_sizes, "one_model": one_model_time,
              "overhead": overhead_times}

@@ -39,16 +39,20 @@ Torch-free at import: a training run's configuration step can call ``choose_mode
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import math
 import os
+import platform
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 from .. import layout
+from .timing import image_batch, interleave, median, round_ratios, train_step
 
 PRECISIONS = ("32-true", "bf16-mixed")  # Lightning's names
 DEVICE_TYPES = ("cpu", "cuda")
@@ -110,8 +114,6 @@ def tokens(img_size: int, patch_size: int) -> int:
 # --- machine signature -------------------------------------------------------------------------------------------
 def cpu_facts() -> tuple[str, list[str]]:
     """(CPU model name, the :data:`SIGNATURE_FLAGS` it has) from ``/proc/cpuinfo`` (``unknown``, [] elsewhere)."""
-    import platform
-
     name, flags = platform.processor() or "unknown", []
     with contextlib.suppress(OSError):
         info = Path("/proc/cpuinfo").read_text()
@@ -161,8 +163,6 @@ def cpu_text(name: str, flags: list[str]) -> str:
 
 def _torch_version() -> str:
     """torch's ``major.minor`` without importing it (its kernels, and so the fastest mode, change between them)."""
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return ".".join(version("torch").split("+")[0].split(".")[:2])
     except PackageNotFoundError:
@@ -373,8 +373,6 @@ def choose_mode(device_type: str, embed_dim: int, tokens: int, table: dict | str
 @contextlib.contextmanager
 def locked(path: Path):
     """An exclusive ``flock`` on ``<path>.lock`` (created with its folder) for the block."""
-    import fcntl
-
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_name(path.name + ".lock"), "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -415,8 +413,6 @@ def measure_cell(size: dict[str, Any], batch: int, *, device: str = "cpu", reps:
     import torch
 
     from lit_modules import VisionTransformer
-
-    from .timing import image_batch, interleave, median, round_ratios, train_step
 
     with torch.random.fork_rng(devices=[]):
         x, y = image_batch(batch, size["in_chans"], size["img_size"], size["num_classes"], device)

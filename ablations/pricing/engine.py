@@ -25,6 +25,17 @@ from pathlib import Path
 from typing import Any
 
 from .. import layout
+from ..engine.loop import cell_key
+from ..machine.modes import tokens as token_count
+from .gpu_hours import (
+    EVAL_STEP_SHARE,
+    choose_basis,
+    find_measurements,
+    forward_flops,
+    gpu_class_of,
+    resolve_precision,
+    trial_batches,
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -52,8 +63,6 @@ class EngineStep:
 
 def find_engine_steps(results_dir: str | Path = layout.RESULTS_DIR) -> list[EngineStep]:
     """Every CUDA bench report's section 13 model under ``<results_dir>/device``, newest first."""
-    from .gpu_hours import gpu_class_of
-
     root = Path(results_dir) / layout.DEVICE
     found = []
     for path in sorted(root.rglob("bench.json")) if root.is_dir() else []:
@@ -89,8 +98,6 @@ def nearest(steps: Sequence[EngineStep], gpu: str, embed_dim: int, tokens: int) 
 def stacks(configs: Sequence[Any], stack: int) -> list[tuple[Any, int]]:
     """(a config, K) for every stack the engine would train: the configs grouped by cell, each cell cut into stacks
     of at most ``stack`` runs."""
-    from ..engine.loop import cell_key
-
     cells: dict[str, list] = {}
     for config in configs:
         cells.setdefault(cell_key(config), []).append(config)
@@ -106,16 +113,6 @@ def engine_lines(configs: Sequence[Any], gpu: str, results_dir: str | Path = lay
     """The dry run's lines for ``configs`` (every trial the run would train, tuning stage included) trained by the
     engine on a ``gpu``-class GPU (module docstring)."""
     from data import dataset_shape
-
-    from ..machine.modes import tokens as token_count
-    from .gpu_hours import (
-        EVAL_STEP_SHARE,
-        choose_basis,
-        find_measurements,
-        forward_flops,
-        resolve_precision,
-        trial_batches,
-    )
 
     steps = find_engine_steps(results_dir)
     if not configs:

@@ -50,9 +50,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..dashboard import display_tag, safe, short
+from .. import layout as paths
+from ..dashboard import display_tag, hparam_value, safe, short, write_study_hparams
 from ..training import HP_METRICS, HP_SUMMARY_KEYS
-from .load import DIVERGED_KEY, Run, StudyData, finite
+from .claims import claims_table
+from .events import read_run
+from .load import DIVERGED_KEY, Run, StudyData, collect, finite, first_line
 from .stats import CONFIDENCE
 
 AGG_RUN = "agg"  # the aggregate runs' folder under a study's TensorBoard root (layout.runs_dir)
@@ -102,8 +105,6 @@ def event_curves(log_dir: Path | None) -> dict[str, dict[int, float]]:
     """``{internal tag: {epoch (1-based): value}}`` of a run folder's ``train/``, ``val/``, ``test/`` and ``diag/``
     scalars ({} without event files). Lightning's metrics map to epochs through the run's ``epoch`` scalar; a step
     without one is dropped."""
-    from .events import read_run
-
     events = read_run(log_dir, prefix="")
     epoch_at = {step: int(round(value)) for step, value in events.scalars.get("epoch", {}).items()}
     curves: dict[str, dict[int, float]] = {}
@@ -307,8 +308,6 @@ def layout_summary(scalars_layout) -> Any:
 
 def hparams_values(cell: CellAggregate) -> dict[str, Any]:
     """The aggregate row's values of the study's HParams columns: its variant and grid axes, no seed."""
-    from ..dashboard import hparam_value
-
     values: dict[str, Any] = {"variant": cell.variant}
     if cell.depth is not None:
         values["depth"] = cell.depth
@@ -353,8 +352,6 @@ def write_tensorboard(root: Path, spec, cells: Sequence[CellAggregate], *, claim
     ``agg`` folder is replaced at once, under a lock. Returns the ``agg`` folder."""
     from tensorboard.plugins.text import summary_v2 as text
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
-
-    from ..dashboard import write_study_hparams
 
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -414,7 +411,6 @@ def claims_text(data: StudyData, spec) -> str | None:
     """The claims' verdicts (the Markdown of claims.md) of a study that lists claims and has results."""
     if not spec.claims or not any(r.ok for r in data.runs):
         return None
-    from .claims import claims_table
 
     return claims_table(data, spec.claims, spec=spec, resamples=2_000).markdown()  # refreshed after each trial
 
@@ -434,9 +430,6 @@ def refresh(study, spec, results_dir: str | Path) -> None:
     Never fails the study: a problem is one line on stderr."""
     if spec.kind != "grid" or spec.stage == "tune":
         return
-    from .. import layout as paths
-    from .load import collect, first_line
-
     try:
         data = collect(study, spec, Path(results_dir))
         write_study(data, spec, paths.runs_dir(results_dir, study.study_name))

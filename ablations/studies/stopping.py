@@ -14,6 +14,7 @@ making storage calls in a loop against a second one (scripts/stress_stop_signals
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import functools
 import os
@@ -103,8 +104,6 @@ def _on_stop_signal(signum, frame) -> None:
 
 def _redeliver() -> None:
     """Run the stop handler again in the main thread, at its next instruction."""
-    import _thread
-
     _REDELIVERED.append(True)
     _thread.interrupt_main(_STOPPING[0])
 
