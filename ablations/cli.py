@@ -14,6 +14,9 @@ from typing import Any, NoReturn
 
 from .layout import DEFAULT_STORAGE
 
+# Imported where they are used, not here: PyYAML and tabulate. Each takes from a tenth of a second to seconds to
+# import, and the command-line tools start without them.
+
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse without the usage dump: an error is one ``error: ...`` line on stderr and exit status 2."""

@@ -32,6 +32,9 @@ from lit_modules.config import ViTConfig
 
 from .cli import OneLineParser, fail, markdown_table
 
+# Imported where they are used, not here: the model (lit_modules: torch) and torch. Each takes from a tenth of a
+# second to seconds to import, and the command-line tools start without them.
+
 #: (label, residual, options) of the alternatives worth pricing besides every registered variant's default.
 EXTRA_FORMS: tuple[tuple[str, str, dict], ...] = (
     ("rezero norm=True (LN control)", "rezero", {"norm": True}),

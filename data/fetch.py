@@ -35,6 +35,9 @@ from urllib.parse import urlparse
 import data
 from data.common import DataError
 
+# Imported where they are used, not here: torchvision. Each takes from a tenth of a second to seconds to import, and
+# the command-line tools start without them.
+
 
 class FetchError(ValueError):
     """A download failed (offline, unreachable, corrupt) or cannot start: one line."""

@@ -17,6 +17,9 @@ from torch import Tensor, nn
 
 from .diagnostics import DEFAULT_SIM_K, DEFAULT_TAU, DEFINITIONS, TAGS, block_grad_norms, collect_diagnostics
 
+# Imported where they are used, not here: Lightning. Each takes from a tenth of a second to seconds to import, and the
+# command-line tools start without them.
+
 
 # --- Lightning callback ---------------------------------------------------------------------------------------------
 class DiagnosticsCallback(pl.Callback):

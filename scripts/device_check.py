@@ -74,6 +74,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+# Imported where they are used, not here: Lightning and torch. Each takes from a tenth of a second to seconds to
+# import, and the command-line tools start without them.
+
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a file (python scripts/device_check.py): the repository's packages
     sys.path.insert(0, str(ROOT))

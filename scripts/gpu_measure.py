@@ -46,6 +46,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+# Imported where they are used, not here: PyYAML and torch. Each takes from a tenth of a second to seconds to import,
+# and the command-line tools start without them.
+
 ROOT = Path(__file__).resolve().parents[1]
 for folder in (ROOT, ROOT / "scripts"):  # the repository's packages, and gpu_study beside this file
     if str(folder) not in sys.path:

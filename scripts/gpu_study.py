@@ -49,6 +49,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+# Imported where they are used, not here: torch and the report's modules. Each takes from a tenth of a second to
+# seconds to import, and the command-line tools start without them.
+
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a file (python scripts/gpu_study.py): the repository's packages
     sys.path.insert(0, str(ROOT))

@@ -83,6 +83,9 @@ from .precision import bench_auto, bench_modes, modes_table
 from .steps import bench_compile, bench_memory, bench_mfu, bench_overhead, bench_timm, bench_variants
 from .storage import bench_storage
 
+# Imported where they are used, not here: Lightning, timm and torch. Each takes from a tenth of a second to seconds to
+# import, and the command-line tools start without them.
+
 BENCHES = {"timm": bench_timm, "variants": bench_variants, "lightning": bench_lightning, "mfu": bench_mfu,
            "study": bench_study, "memory": bench_memory, "data": bench_data, "modes": bench_modes,
            "compile": bench_compile, "auto": bench_auto, "overhead": bench_overhead, "malloc": bench_malloc,

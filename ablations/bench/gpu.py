@@ -26,6 +26,9 @@ from .harness import Section, Settings, ms, ratio_cell
 from .precision import AUTO_SIZES
 from .steps import OVERHEAD_GOALS
 
+# Imported where they are used, not here: torch and the stacked engine. Each takes from a tenth of a second to
+# seconds to import, and the command-line tools start without them.
+
 #: (1) processes and runs per stack on a GPU; seconds each trains
 AGGREGATE_WORKERS, AGGREGATE_STACK, AGGREGATE_SECONDS = 8, 32, 10.0
 AGGREGATE_GOAL = 1_000_000

@@ -15,6 +15,9 @@ from ..cli import markdown_table
 from ..machine.timing import image_batch, median, round_ratios
 from . import child
 
+# Imported where they are used, not here: the model (lit_modules: torch), timm and torch. Each takes from a tenth of a
+# second to seconds to import, and the command-line tools start without them.
+
 BACKBONE = ViTConfig()  # the timed backbone's fields other than those Settings sets
 
 SECTIONS = ("timm", "variants", "lightning", "mfu", "study", "memory", "data", "modes", "compile", "auto",

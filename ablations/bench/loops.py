@@ -19,6 +19,9 @@ from ablations.training import build_datamodule, build_model, deterministic_with
 from ..machine.timing import interleave, median, round_ratios, train_step
 from .harness import STUDY, Sampled, Section, Settings, ms, ours, random_batch, ratio_cell, runs_of, study_trial
 
+# Imported where they are used, not here: torch, Lightning, Optuna and the datasets (data: torch). Each takes from a
+# tenth of a second to seconds to import, and the command-line tools start without them.
+
 # --- 3. Lightning loop vs a plain loop -----------------------------------------------------------------------------
 LOOPS = ("plain PyTorch", "Lightning, ViTClassifier", "Lightning, bare module")
 

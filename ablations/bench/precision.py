@@ -11,6 +11,9 @@ from lit_modules.config import preset
 from ..machine.timing import image_batch, interleave, median, round_ratios, train_step
 from .harness import BACKBONE, Section, Settings, ms, ours, ratio_cell
 
+# Imported where they are used, not here: torch. Each takes from a tenth of a second to seconds to import, and the
+# command-line tools start without them.
+
 
 def modes_grid(s: Settings) -> list[dict]:
     """The (width, heads, patch, tokens) cells of section 8."""

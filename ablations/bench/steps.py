@@ -25,6 +25,9 @@ from .harness import (
     set_fused_attn,
 )
 
+# Imported where they are used, not here: timm, torch and the model (lit_modules: torch). Each takes from a tenth of a
+# second to seconds to import, and the command-line tools start without them.
+
 
 # --- 1. our backbone vs timm's --------------------------------------------------------------------------------------
 def bench_timm(s: Settings) -> Section:

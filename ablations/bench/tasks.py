@@ -13,6 +13,9 @@ from .loops import lightning_times
 from .malloc import time_both_sizes
 from .steps import one_model_time, overhead_times
 
+# Imported where they are used, not here: torch. Each takes from a tenth of a second to seconds to import, and the
+# command-line tools start without them.
+
 
 def settings_from(fields: dict) -> Settings:
     """``Settings`` back from ``asdict`` through JSON (lists were tuples)."""

@@ -54,6 +54,9 @@ from typing import Any
 from .. import layout
 from .timing import image_batch, interleave, median, round_ratios, train_step
 
+# Imported where they are used, not here: torch and the model (lit_modules: torch). Each takes from a tenth of a
+# second to seconds to import, and the command-line tools start without them.
+
 PRECISIONS = ("32-true", "bf16-mixed")  # Lightning's names
 DEVICE_TYPES = ("cpu", "cuda")
 PACKAGED = {"cpu": Path(__file__).with_name("modes_cpu.json")}  # measured tables that ship with the project

@@ -37,6 +37,9 @@ from .gpu_hours import (
     trial_batches,
 )
 
+# Imported where they are used, not here: the datasets (data: torch). Each takes from a tenth of a second to seconds
+# to import, and the command-line tools start without them.
+
 
 @dataclass(frozen=True, eq=False)
 class EngineStep:

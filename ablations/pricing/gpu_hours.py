@@ -47,6 +47,9 @@ from ..costs import measure
 from ..machine.modes import auto_mode, tokens
 from ..recipes import describe
 
+# Imported where they are used, not here: the datasets (data: torch). Each takes from a tenth of a second to seconds
+# to import, and the command-line tools start without them.
+
 
 @dataclass(frozen=True)
 class GpuClass:

@@ -58,6 +58,9 @@ from .events import read_run
 from .load import DIVERGED_KEY, Run, StudyData, collect, finite, first_line
 from .stats import CONFIDENCE
 
+# Imported where they are used, not here: SciPy and TensorBoard. Each takes from a tenth of a second to seconds to
+# import, and the command-line tools start without them.
+
 AGG_RUN = "agg"  # the aggregate runs' folder under a study's TensorBoard root (layout.runs_dir)
 PAIRED_GROUP = "0_paired"
 #: Curves that get a paired difference to the baseline (the ones a reader compares variants on).

@@ -17,6 +17,9 @@ from .load import (
     StudyData,
 )
 
+# Imported where they are used, not here: pandas. Each takes from a tenth of a second to seconds to import, and the
+# command-line tools start without them.
+
 MARK = "*"  # Holm-significant paired difference
 MIN_IMPORTANCE_TRIALS = 4  # fewer completed trials in a scope: a note instead of importances
 _TEX = {"&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",

@@ -23,6 +23,9 @@ from ..studies.spec import tune_name
 from ..studies.storage import redact, repeated_results, with_installed_driver
 from ..training import HP_SUMMARY_KEYS
 
+# Imported where they are used, not here: Optuna, SQLAlchemy and the model (lit_modules: torch). Each takes from a
+# tenth of a second to seconds to import, and the command-line tools start without them.
+
 BASELINE = "standard"  # the variant every other one is compared with
 
 

@@ -26,6 +26,9 @@ from .load import (
     mean_of,
 )
 
+# Imported where they are used, not here: the model (lit_modules: torch) and the datasets (data: torch). Each takes
+# from a tenth of a second to seconds to import, and the command-line tools start without them.
+
 # --- attention collapse (DeepViT) ------------------------------------------------------------------------------------
 COLLAPSE_KEYS = ["variant", "depth", "n", "similar_blocks", "similar_blocks_std", "similar_blocks_fraction",
                  "attn_sim_adj_mean", "attn_entropy_mean", "epochs"]

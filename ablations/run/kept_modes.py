@@ -26,6 +26,9 @@ from ..machine.modes import Mode, choose_mode, mode_text, ran_on_cuda, tokens
 from ..studies.spec import tune_name
 from ..training import lightning_accelerator, with_mode
 
+# Imported where they are used, not here: the datasets (data: torch) and Optuna. Each takes from a tenth of a second
+# to seconds to import, and the command-line tools start without them.
+
 #: Seconds between two readings of a running study's kept modes by one worker (reading every trial of a study of
 #: hundreds takes about a second): other machines' runs count within minutes, as the study's first runs complete.
 REFRESH_S = 120.0

@@ -26,6 +26,9 @@ from ..training import run_training, with_mode
 from . import kept_modes
 from .kept_modes import keep_mode, kept_for
 
+# Imported where they are used, not here: Optuna, torch, the model (lit_modules: torch) and the datasets (data:
+# torch). Each takes from a tenth of a second to seconds to import, and the command-line tools start without them.
+
 log = logging.getLogger("ablations.run")
 
 #: Summary keys stored in ``trial.user_attrs`` besides the whole summary (for quick filtering in the dashboard).

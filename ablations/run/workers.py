@@ -34,6 +34,9 @@ from .study import (
 )
 from .write_errors import ResultsWriteError, one_line, write_error
 
+# Imported where they are used, not here: the report's modules, Optuna and tqdm. Each takes from a tenth of a second
+# to seconds to import, and the command-line tools start without them.
+
 #: Seconds the main process of ``--workers N`` gives its workers, after Ctrl-C or SIGTERM, to mark their trials
 #: failed (checkpoints kept) before it kills them; a killed worker's trial is retried once its heartbeat is stale.
 WORKER_STOP_S = 60

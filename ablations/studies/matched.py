@@ -17,6 +17,9 @@ from typing import Any
 
 from ..config import RunConfig
 
+# Imported where they are used, not here: the datasets (data: torch), torch and the model (lit_modules: torch). Each
+# takes from a tenth of a second to seconds to import, and the command-line tools start without them.
+
 #: the largest relative parameter difference a resolved control may keep (the protocol's "within 1%")
 TOLERANCE = 0.01
 _COUNTS: dict[str, int] = {}  # parameter counts by backbone configuration, per process

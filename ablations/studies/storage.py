@@ -20,6 +20,9 @@ from pathlib import Path
 from ..layout import DEFAULT_STORAGE  # noqa: F401 (re-exported: sqlite:///results/optuna.db)
 from .stopping import held_during
 
+# Imported where they are used, not here: SQLAlchemy and Optuna. Each takes from a tenth of a second to seconds to
+# import, and the command-line tools start without them.
+
 HEARTBEAT_S = 20
 GRACE_S = 60
 #: How long a SQLite connection waits for another connection's write lock before "database is locked". A heartbeat
