@@ -1,15 +1,21 @@
 """What the command-line tools share: argparse that reports a bad argument as one line and exit status 2, the
 arguments that name one stored study (``ablations.run`` runs it, ``ablations.report`` reads it), the one Markdown
-table renderer of everything they print or write, and the typed reading of a value given on the command line
-(``parse_value``: ``--set``, ``--residual-option``, ``--init-value``)."""
+table renderer of everything they print or write, the typed reading of a value given on the command line
+(``parse_value``: ``--set``, ``--residual-option``, ``--init-value``) and of a duration (``--time-budget``)."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
+
+from .layout import DEFAULT_STORAGE
+
+# Imported where they are used, not here: PyYAML and tabulate. Each takes from a tenth of a second to seconds to
+# import, and the command-line tools start without them.
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -28,8 +34,6 @@ def add_study_arguments(parser: argparse.ArgumentParser, *, report: bool = False
     """``--study``, ``--budget``, ``--storage``, ``--study-name`` and ``--set``: the study file, its size, where it
     is stored and the overrides that name its stored study. The report's ``--study`` is required (but for its
     ``--ledger``) and its ``--set`` only finds the study; the run's ``--set`` changes what runs."""
-    from .layout import DEFAULT_STORAGE
-
     parser.add_argument("--study", help="a study name (see python -m ablations.run --list) or a path to a study .yaml "
                                         "file" + (" (required, but with --ledger)" if report else ""))
     parser.add_argument("--budget", default="default",
@@ -80,3 +84,19 @@ def parse_value(text: str) -> Any:
         except ValueError:
             return value
     return value
+
+
+_DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?")
+
+
+def duration(text: str) -> float:
+    """Seconds from a duration written as seconds (``5400``), or with units (``90m``, ``1.5h``, ``2h30m``, ``45s``):
+    argparse's ``type`` of ``--time-budget``."""
+    match = _DURATION.fullmatch(text.strip().lower())
+    if not text.strip() or match is None or not any(match.groups()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (seconds, or e.g. 90m, 1.5h, 2h30m)")
+    hours, minutes, seconds = (float(g or 0) for g in match.groups())
+    total = hours * 3600 + minutes * 60 + seconds
+    if total <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a time budget must be more than 0 s")
+    return total

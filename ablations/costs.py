@@ -8,11 +8,9 @@ FLOPs are counted by ``torch.utils.flop_counter.FlopCounterMode`` on one forward
 counts matrix products (mm/bmm/addmm/einsum/SDPA) only: elementwise work — LayerScale's γ⊙f, ReZero's α·f,
 the gates' sigmoids — is not counted, so such variants show 0 FLOPs overhead although they cost memory traffic.
 One exception: ``addcmul`` counts 2 FLOPs per output element, because DenseFormer's and Attention Residuals'
-weighted sums over depth are written as chains of it (``lit_modules.residual.depth.weighted_sum``) where they were
-einsums, which the counter counted; without it those variants' sums would vanish from the count. (A sum of t
-terms is t multiplies and t − 1 adds: 2ND per sum less than the einsum's count, attn_res +1.03% instead of +1.11%
-at the default size; Hyper-Connections' and mHC's outer product write ⊗ f became a matmul and is now counted,
-+0.3 pp.)
+weighted sums over depth are chains of it (``lit_modules.residual.depth.weighted_sum``); without it those variants'
+sums would vanish from the count. (A sum of t terms is t multiplies and t − 1 adds, 2tND − ND FLOPs for N tokens of
+width D.) Hyper-Connections' and mHC's outer product write ⊗ f is a matmul, counted as one.
 Besides the residual variants, ``BACKBONE_FORMS`` prices the mechanisms orthogonal to them (attention kind,
 CaiT's class-attention head, norm layer, value residual, QK-norm, the attention's output gate, the
 parametrisation) on the standard residual.
@@ -33,6 +31,9 @@ from typing import Any
 from lit_modules.config import ViTConfig
 
 from .cli import OneLineParser, fail, markdown_table
+
+# Imported where they are used, not here: the model (lit_modules: torch) and torch. Each takes from a tenth of a
+# second to seconds to import, and the command-line tools start without them.
 
 #: (label, residual, options) of the alternatives worth pricing besides every registered variant's default.
 EXTRA_FORMS: tuple[tuple[str, str, dict], ...] = (

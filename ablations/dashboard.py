@@ -34,6 +34,9 @@ from typing import Any
 
 from .cli import markdown_table
 
+# Imported where they are used, not here: TensorBoard, torch, Lightning and MLflow. Each takes from a tenth of a
+# second to seconds to import, and the command-line tools start without them.
+
 #: Internal prefix -> TensorBoard group, in reading order (the number is the group's place).
 _GROUPS: tuple[tuple[str, str], ...] = (("train", "1_train"), ("val", "2_val"), ("hp", "3_summary"))
 #: Diagnostic kinds: (group, prefixes of the key after ``diag/``); the first match wins, then ``9_diag.other``.

@@ -22,14 +22,20 @@ import json
 import math
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from ablations.cli import OneLineParser, fail, parse_value
 from ablations.config import GROUPS, INIT_VALUE_OPTIONS, RunConfig, config_fields, option_fields
 from ablations.dashboard import check_loggers
+from ablations.engine.loop import NotStackable, StackedRun, device_of, train_stacked
 from ablations.layout import RESULTS_DIR, runs_dir
 from ablations.machine import allocator
 from ablations.recipes import RECIPES, with_recipe
+from ablations.training import SetupError, run_training, summary_table
+
+# Imported where they are used, not here: PyYAML, Lightning, torch and the datasets (data: torch). Each takes from a
+# tenth of a second to seconds to import, and the command-line tools start without them.
 
 DEFAULT_LOG_DIR = runs_dir(RESULTS_DIR, "train").as_posix()  # results/runs/train
 
@@ -220,7 +226,6 @@ def _wants_engine(config: RunConfig, args: argparse.Namespace) -> bool:
     """``--engine stacked``, or ``auto`` on CUDA (on a CPU a single run gains nothing from it: docs/gpu-engine.md)."""
     if args.engine == "plain":
         return False
-    from ablations.engine.loop import device_of
 
     return args.engine == "stacked" or device_of(config).type == "cuda"
 
@@ -228,10 +233,6 @@ def _wants_engine(config: RunConfig, args: argparse.Namespace) -> bool:
 def _engine_run(config: RunConfig, args: argparse.Namespace, run_name: str) -> dict | None:
     """The run through the engine (:func:`ablations.engine.loop.train_stacked`, one run); None, after one line
     saying why, when the engine cannot train it (the caller trains it as a plain run)."""
-    from pathlib import Path
-
-    from ablations.engine.loop import NotStackable, StackedRun, train_stacked
-
     try:
         if args.loggers:
             raise NotStackable(f"extra loggers ({', '.join(args.loggers)}) are written by Lightning's loop")
@@ -258,8 +259,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CLIError, ValueError) as exc:
         fail(str(exc))
     run_name = args.run_name or f"{config.run_name()}_{datetime.datetime.now():%Y%m%d-%H%M%S}"
-
-    from ablations.training import SetupError, run_training, summary_table
 
     # --json: stdout is the summary alone (``... --json > run.json``); the progress bar and model summary go to stderr
     output = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TypedDict
 
@@ -36,8 +37,6 @@ def split_sizes(pool_size: int | None, official_sizes: tuple[int, int] | None, v
                 test_fraction: float) -> tuple[int, int, int] | None:
     """(train, val, test) sizes of a pool of ``pool_size`` images or of official (train, test) splits, as the
     DataModules split them (:func:`data.common.three_way_split`, ``split_official``); None when neither is known."""
-    import math
-
     if official_sizes is not None:
         train, test = official_sizes
         if test_fraction == 0:

@@ -6,6 +6,9 @@ import torch
 
 from data.in_memory import InMemoryDataModule, Splits
 
+# Imported where they are used, not here: scikit-learn. Each takes from a tenth of a second to seconds to import, and
+# the command-line tools start without them.
+
 
 class DigitsDataModule(InMemoryDataModule):
     """``sklearn.datasets.load_digits`` with a fixed test split and a seeded train/val split (``data.common

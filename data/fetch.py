@@ -32,7 +32,11 @@ from pathlib import Path
 from typing import NoReturn
 from urllib.parse import urlparse
 
+import data
 from data.common import DataError
+
+# Imported where they are used, not here: torchvision. Each takes from a tenth of a second to seconds to import, and
+# the command-line tools start without them.
 
 
 class FetchError(ValueError):
@@ -84,8 +88,6 @@ def hosts(name: str) -> list[str]:
 def found_in(name: str, data_dir: str | Path | None) -> Path | None:
     """The folder a run of ``name`` would read its files from, or None when it finds none (what the DataModule
     checks when built): ``data_dir``, or a folder searched after it (Fashion-MNIST: the Debian package's)."""
-    import data
-
     try:
         dm = data.build_datamodule(name, data_dir=None if data_dir is None else str(data_dir))
     except DataError:
@@ -132,8 +134,6 @@ def plan(name: str, data_dir: str | Path | None) -> str:
 
 
 def _why_not(name: str) -> str:
-    import data
-
     if name == "imagefolder":
         return "a folder of your own images; torchvision has no downloader for it"
     if name in data.DATASETS:
@@ -211,8 +211,6 @@ def _download(name: str, spec: Fetchable, staging: Path, target: Path) -> None:
 
 def _failure(name: str, spec: Fetchable, target: Path, exc: BaseException) -> FetchError:
     """Offline / unreachable, or a download that failed its checks, as one line."""
-    import data
-
     module = data.DATASETS[name]
     layout = module.layout_text() if hasattr(module, "layout_text") else module.layout
     by_hand = f"copy the files to {target} by hand: {layout}"

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     from data.base import DataArgs
+# Imported where they are used, not here: timm. Each takes from a tenth of a second to seconds to import, and the
+# command-line tools start without them.
 
 LAYOUT = ("train/<class>/<images> and optionally val/<class>/<images> and test/<class>/<images> (torchvision "
           "ImageFolder layout)")

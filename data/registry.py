@@ -6,7 +6,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-from data.base import DataModuleBase
+from data.base import DataModuleBase, split_sizes
 from data.names import DATASET_CLASSES
 
 UNKNOWN_SIZES = (10000, 2000)  # (train, val) assumed for a dataset whose size is only known after loading
@@ -35,8 +35,6 @@ def dataset_shape(config: Any) -> dict:
     (train, val + test) images a trial trains on and evaluates per epoch (:func:`data.base.split_sizes` of its pool
     or official splits, at the config's fractions; otherwise :data:`UNKNOWN_SIZES`). From the constructed
     DataModule (cheap), else the class attributes."""
-    from data.base import split_sizes
-
     try:
         dm = build_datamodule(config.dataset, data_dir=config.data_dir, **config.dataset_options)
     except Exception:  # noqa: BLE001 - e.g. a folder dataset not on this machine: the class still knows its shape

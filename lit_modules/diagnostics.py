@@ -285,100 +285,114 @@ def collect_diagnostics(model: nn.Module, images: Tensor, tau: float = DEFAULT_T
     """
     sites = model.residual_sites()
     depth = len(model.blocks)
-    attentions = [_block_attention(blk, i) for i, blk in enumerate(model.blocks)]
-    site_stats: dict[tuple[int, str], dict[str, Tensor]] = {}
-    param_stats: dict[tuple[int, str], dict[str, Tensor]] = {}
-    mixings: dict[tuple[int, str], Tensor] = {}  # multi-stream sites' token-mean stream-mixing matrices
-    maps: list[list[Tensor]] = [[] for _ in range(depth)]
-    modes = [(m, m.training) for m in model.modules()]
-    fused = [(m, m.fused_attn) for m in model.modules() if hasattr(m, "fused_attn")]  # incl. class attention
-    handles = []
-
-    def site_hook(layer: int, sublayer: str, site: nn.Module):
-        def hook(module: nn.Module, args: tuple, output: Tensor) -> None:
-            x, branch, output, skip, params, mixing = site.diagnostic_terms(args, output)
-            if mixing is not None:  # multi-stream sites: their n×n mixing, multiplied over depth
-                mixings[layer, sublayer] = mixing
-            update = branch_ratios(x, output)["ratio_mean"]
-            skip = torch.as_tensor(skip, dtype=torch.float32, device=x.device).detach().mean()
-            site_stats[layer, sublayer] = branch_ratios(x, branch) | {
-                "stream_rms": stream_rms(x), "update_ratio": update, "skip_scale": skip}
-            if params:
-                param_stats[layer, sublayer] = params
-        return hook
-
-    def attn_hook(layer: int, read_input: bool):
-        def hook(module: nn.Module, args: tuple, output: Tensor) -> None:
-            maps[layer].append((args[0] if read_input else output).detach())
-        return hook
-
-    def out_hook(module: nn.Module, args: tuple, output: Tensor) -> None:
-        param_stats[depth, "out"] = module.diagnostics(args[0])
-
     aggregators = [m for m in model.modules() if isinstance(m, DepthWeights)]
-    depth_rows: dict[int, Tensor] = {}
-
-    def depth_hook(module: nn.Module, args: tuple, output: Tensor) -> None:
-        depth_rows[module.depth_index] = module.depth_weights(*args)
-
-    try:
-        model.eval()
-        model.set_fused_attn(False)
-        for layer, sublayer, site in sites:
-            handles.append(site.register_forward_hook(site_hook(layer, sublayer, site)))
-        for layer, attn in enumerate(attentions):  # the attention kind says where its maps are (``map_tap``)
-            tap, read_input = attn.map_tap() if hasattr(attn, "map_tap") else (attn.attn_drop, False)
-            handles.append(tap.register_forward_hook(attn_hook(layer, read_input)))
-        final_grn = getattr(getattr(model, "stream", None), "out", None)
-        if isinstance(final_grn, ResidualSite):
-            handles.append(final_grn.register_forward_hook(out_hook))
-        for module in aggregators:  # each reports its row of the depth-weight matrix
-            handles.append(module.register_forward_hook(depth_hook))
-        param = next(model.parameters())
-        with torch.no_grad(), torch.autocast(param.device.type, enabled=False):
-            # .forward, not __call__: a backbone compiled in place (``model.compile()``) runs eagerly here, so the
-            # hooks fire and the diagnostic forward neither recompiles nor graph-breaks the training graph
-            model.forward(images.to(device=param.device, dtype=param.dtype))
-    finally:
-        for h in handles:
-            h.remove()
-        for m, flag in fused:
-            m.fused_attn = flag
-        for m, training in modes:
-            m.training = training
-
+    seen = _Capture(depth)
+    seen.forward(model, images, sites, aggregators)
     # a block whose attention runs more than once per forward (SkipDense) says so and runs its own input first
     calls = [getattr(blk, "attention_calls", 1) for blk in model.blocks]
-    missing = [i for i, m in enumerate(maps) if len(m) != calls[i]]
+    missing = [i for i, m in enumerate(seen.maps) if len(m) != calls[i]]
     if missing:
-        raise RuntimeError(f"attention maps of blocks {missing} were captured {[len(maps[i]) for i in missing]} "
+        raise RuntimeError(f"attention maps of blocks {missing} were captured {[len(seen.maps[i]) for i in missing]} "
                            f"times instead of {[calls[i] for i in missing]}: does the attention route through "
                            f"its map_tap (attn.attn_drop)?")
-    sim = attention_similarity([m[0] for m in maps], tau=tau, k=k)
-
+    sim = attention_similarity([m[0] for m in seen.maps], tau=tau, k=k)
     sublayers = list(dict.fromkeys(s for _, s, _ in sites))
     out: dict[str, Any] = {"depth": depth, "tau": float(tau), "k": k, "sublayers": sublayers}
     for key in ("ratio_mean", "ratio_rms", "update_ratio", "skip_scale"):
-        out[key] = {s: _stack_layers(site_stats, depth, s, key).cpu() for s in sublayers}
+        out[key] = {s: _stack_layers(seen.site_stats, depth, s, key).cpu() for s in sublayers}
     first = {layer: s for layer, s, _ in reversed(sites)}  # the first site of each block sees the block's input
-    out["stream_rms"] = torch.stack([site_stats[layer, first[layer]]["stream_rms"] for layer in range(depth)]).cpu()
-    out["attn_sim_full"] = sim["sim_full"].cpu()
-    out["attn_sim_adj"] = sim["sim_adj"].cpu()
-    out["attn_sim_ratio"] = sim["sim_ratio"].cpu()
-    out["attn_sim_k"] = sim["sim_k"].cpu()
-    out["attn_sim_k_ratio"] = sim["sim_k_ratio"].cpu()
+    out["stream_rms"] = torch.stack([seen.site_stats[layer, first[layer]]["stream_rms"]
+                                     for layer in range(depth)]).cpu()
+    for key in ("sim_full", "sim_adj", "sim_ratio", "sim_k", "sim_k_ratio"):
+        out[f"attn_{key}"] = sim[key].cpu()
     out["similar_blocks"] = int(sim["similar_blocks"].item())
     out["attn_entropy"] = sim["entropy"].cpu()
-    out["params"] = _params_to_floats(param_stats)
-    ordered = [mixings[layer, s] for layer, s, _ in sites if (layer, s) in mixings]  # forward order
+    out["params"] = _params_to_floats(seen.param_stats)
+    ordered = [seen.mixings[layer, s] for layer, s, _ in sites if (layer, s) in seen.mixings]  # forward order
     out["composite_gain"] = composite_gain(ordered) if ordered else None
-    out["depth_weights"] = depth_weight_matrix(depth_rows, aggregators[0].depth_extent) if aggregators else None
-    rows = [f"{i} (none)" for i in range(aggregators[0].depth_extent[0] if aggregators else 0)]
+    return out | _depth_weights(seen.depth_rows, aggregators)
+
+
+class _Capture:
+    """What the hooks of one diagnostic forward see: each site's statistics, the variants' own parameters, the
+    multi-stream sites' mixing matrices, each block's attention maps and each depth aggregator's weights."""
+
+    def __init__(self, depth: int) -> None:
+        self.depth = depth
+        self.site_stats: dict[tuple[int, str], dict[str, Tensor]] = {}
+        self.param_stats: dict[tuple[int, str], dict[str, Tensor]] = {}
+        self.mixings: dict[tuple[int, str], Tensor] = {}  # multi-stream sites' token-mean stream-mixing matrices
+        self.maps: list[list[Tensor]] = [[] for _ in range(depth)]
+        self.depth_rows: dict[int, Tensor] = {}
+
+    def site_hook(self, layer: int, sublayer: str, site: nn.Module):
+        def hook(module: nn.Module, args: tuple, output: Tensor) -> None:
+            x, branch, output, skip, params, mixing = site.diagnostic_terms(args, output)
+            if mixing is not None:  # multi-stream sites: their n×n mixing, multiplied over depth
+                self.mixings[layer, sublayer] = mixing
+            update = branch_ratios(x, output)["ratio_mean"]
+            skip = torch.as_tensor(skip, dtype=torch.float32, device=x.device).detach().mean()
+            self.site_stats[layer, sublayer] = branch_ratios(x, branch) | {
+                "stream_rms": stream_rms(x), "update_ratio": update, "skip_scale": skip}
+            if params:
+                self.param_stats[layer, sublayer] = params
+        return hook
+
+    def attn_hook(self, layer: int, read_input: bool):
+        def hook(module: nn.Module, args: tuple, output: Tensor) -> None:
+            self.maps[layer].append((args[0] if read_input else output).detach())
+        return hook
+
+    def out_hook(self, module: nn.Module, args: tuple, output: Tensor) -> None:
+        self.param_stats[self.depth, "out"] = module.diagnostics(args[0])
+
+    def depth_hook(self, module: nn.Module, args: tuple, output: Tensor) -> None:
+        self.depth_rows[module.depth_index] = module.depth_weights(*args)
+
+    def forward(self, model: nn.Module, images: Tensor, sites: list, aggregators: list) -> None:
+        """The forward with every hook on (eval mode, explicit attention, autocast off); the modes, fused flags and
+        hooks are put back afterwards, also on error."""
+        modes = [(m, m.training) for m in model.modules()]
+        fused = [(m, m.fused_attn) for m in model.modules() if hasattr(m, "fused_attn")]  # incl. class attention
+        handles = []
+        try:
+            model.eval()
+            model.set_fused_attn(False)
+            for layer, sublayer, site in sites:
+                handles.append(site.register_forward_hook(self.site_hook(layer, sublayer, site)))
+            for layer, blk in enumerate(model.blocks):  # the attention kind says where its maps are (``map_tap``)
+                attn = _block_attention(blk, layer)
+                tap, read_input = attn.map_tap() if hasattr(attn, "map_tap") else (attn.attn_drop, False)
+                handles.append(tap.register_forward_hook(self.attn_hook(layer, read_input)))
+            final_grn = getattr(getattr(model, "stream", None), "out", None)
+            if isinstance(final_grn, ResidualSite):
+                handles.append(final_grn.register_forward_hook(self.out_hook))
+            for module in aggregators:  # each reports its row of the depth-weight matrix
+                handles.append(module.register_forward_hook(self.depth_hook))
+            param = next(model.parameters())
+            with torch.no_grad(), torch.autocast(param.device.type, enabled=False):
+                # .forward, not __call__: a backbone compiled in place (``model.compile()``) runs eagerly here, so
+                # the hooks fire and the diagnostic forward neither recompiles nor graph-breaks the training graph
+                model.forward(images.to(device=param.device, dtype=param.dtype))
+        finally:
+            for h in handles:
+                h.remove()
+            for m, flag in fused:
+                m.fused_attn = flag
+            for m, training in modes:
+                m.training = training
+
+
+def _depth_weights(depth_rows: dict[int, Tensor], aggregators: list) -> dict[str, Any]:
+    """The depth aggregators' mean weights as one (consumers, sources) matrix with its row and column labels
+    (None without an aggregator)."""
+    if not aggregators:
+        return {"depth_weights": None, "depth_weights_rows": None, "depth_weights_columns": None}
+    rows = [f"{i} (none)" for i in range(aggregators[0].depth_extent[0])]
     for module in aggregators:
         rows[module.depth_index] = module.depth_label
-    out["depth_weights_rows"] = rows if aggregators else None
-    out["depth_weights_columns"] = aggregators[0].depth_columns if aggregators else None
-    return out
+    return {"depth_weights": depth_weight_matrix(depth_rows, aggregators[0].depth_extent),
+            "depth_weights_rows": rows, "depth_weights_columns": aggregators[0].depth_columns}
 
 
 def _block_attention(blk: nn.Module, layer: int) -> Attention:

@@ -11,9 +11,14 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 from torch import Tensor, nn
 
 from .diagnostics import DEFAULT_SIM_K, DEFAULT_TAU, DEFINITIONS, TAGS, block_grad_norms, collect_diagnostics
+
+# Imported where they are used, not here: Lightning. Each takes from a tenth of a second to seconds to import, and the
+# command-line tools start without them.
 
 
 # --- Lightning callback ---------------------------------------------------------------------------------------------
@@ -190,9 +195,6 @@ def _json_matrix(matrix: Tensor) -> list[list[float | None]]:
 def heatmap(matrix: Tensor, *, title: str, xlabel: str, ylabel: str, vmin: float | None = None,
             vmax: float | None = None, row_labels: Sequence[str] | None = None):
     """A matplotlib Figure (Agg canvas, no pyplot state) of a matrix, NaN cells blank, values annotated when small."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     data = matrix.detach().double().cpu().numpy()
     rows, cols = data.shape
     width, height = 2.0 + 0.45 * max(cols, 4), 1.0 + 0.4 * max(rows, 4)

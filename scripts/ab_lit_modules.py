@@ -21,6 +21,9 @@ from pathlib import Path
 from statistics import median
 from types import SimpleNamespace
 
+# Imported where they are used, not here: torch and the model (lit_modules: torch). Each takes from a tenth of a
+# second to seconds to import, and the command-line tools start without them.
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

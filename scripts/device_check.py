@@ -51,7 +51,7 @@ stage, so a killed check keeps what ran::
 images, seconds, images/s so far). The train stage's ``precision`` is what the run trained at (``auto``
 resolved). The bench stage passes when every section ran (its goals are reported, not required: ``goals_met``).
 ``python -m ablations.run --dry-run --gpu CLASS`` reads the train stage's images/s (and the bench's MFU) back from
-here for its GPU-hours estimate (``ablations.run.gpu_hours``).
+here for its GPU-hours estimate (``ablations.pricing.gpu_hours``).
 
 Exit status: 0 every stage passed; 1 a stage failed or timed out; 2 bad input (one line: an unknown option,
 ``--device cuda`` without a CUDA device).
@@ -73,6 +73,9 @@ import traceback
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+
+# Imported where they are used, not here: Lightning and torch. Each takes from a tenth of a second to seconds to
+# import, and the command-line tools start without them.
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a file (python scripts/device_check.py): the repository's packages
@@ -226,7 +229,7 @@ def run_stage(name: str, command: list[str], timeout_s: float, out: Path) -> Sta
 def train_stage(device: str, short: bool, data_dir: str | None, out: Path) -> int:
     """Train the stage's config and write ``<out>/train_summary.json`` (figures, forward FLOPs, config). The
     process of the train stage (``--train-stage``): the parent kills it at the stage's limit."""
-    from ablations.run.gpu_hours import forward_flops, resolve_precision
+    from ablations.pricing.gpu_hours import forward_flops, resolve_precision
     from ablations.training import run_training
 
     config, note = training_config(device, short, data_dir)
@@ -275,7 +278,7 @@ def machine_facts() -> dict:
     """GPU name and memory, torch/CUDA/cuDNN versions, Python, CPU count (torch imported here)."""
     import torch
 
-    from ablations.run.gpu_hours import gpu_class_of
+    from ablations.pricing.gpu_hours import gpu_class_of
 
     facts: dict[str, Any] = {"gpu": None, "gpu_class": None, "gpu_count": 0, "torch": torch.__version__,
                              "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),

@@ -1,21 +1,21 @@
-"""A whole study in one GPU command of at most 9 minutes: the run, its report and its timings, under one folder.
+"""A whole study on a GPU in one command: the run, its report and its timings, under one folder.
 
-    python scripts/gpu_study.py --study residual_variants                   # on a GPU: the headline, <= 540 s
-    python scripts/gpu_study.py --study residual_variants --budget quick --limit-s 300
-    python scripts/gpu_study.py --study tests/x.yaml --device cpu --limit-s 120 --out /tmp/s   # the CPU dry form
+    python scripts/gpu_study.py --study residual_variants                   # on a GPU: the headline
+    python scripts/gpu_study.py --study residual_variants --budget gpu --time-budget 3h
+    python scripts/gpu_study.py --study tests/x.yaml --device cpu --time-budget 120 --out /tmp/s   # the CPU dry form
 
 Two stages, each a subprocess in its own process group:
 
   run     ``python -m ablations.run --study NAME [--budget B] [--set ...] --device D --engine E --workers W
           [--stack K] --storage sqlite:///<out>/optuna.db --results-dir <out>`` (the engine's stacks on a GPU:
-          ``docs/gpu-engine.md``). It must end by the *run deadline*: the command's limit less the margin kept for the
-          report. At the deadline the script sends SIGTERM to the run's process group, the study stops cleanly (its
-          running trials marked failed with their checkpoints kept, exit 143), and SIGKILL follows after
-          :data:`STOP_GRACE_S` if it has not;
+          ``docs/gpu-engine.md``). With ``--time-budget``, it must end by the *run deadline*: the budget less the
+          margin kept for the report. At the deadline the script sends SIGTERM to the run's process group, the study
+          stops cleanly (its running trials marked failed with their checkpoints kept, exit 143), and SIGKILL follows
+          after :data:`STOP_GRACE_S` if it has not;
   report  ``python -m ablations.report ... --no-figures`` on that storage: ``<out>/<study name>/runs.csv`` and the
           study's tables, from whatever finished (a study stopped inside its tuning stage reports its tuning rows
-          and runs.csv); then, with :data:`FIGURES_S` left, the same with its figures. Killed at the command's
-          limit less :data:`FINAL_S`.
+          and runs.csv); then (with a budget: with :data:`FIGURES_S` left) the same with its figures. With a
+          budget, killed at its end less :data:`FINAL_S`.
 
 Between the two, ``<out>/<study name>/runs.csv`` is written straight from the storage (the report's writer), so
 that the study can be continued elsewhere whatever the report's time.
@@ -23,8 +23,8 @@ that the study can be continued elsewhere whatever the report's time.
 ``<out>/gpu_study.json`` and ``.md`` (rewritten after each stage) hold the timings: each stage's seconds and status,
 the trials each stage of the study completed of how many, the stacks the engine trained, the training images of
 the completed trials and their aggregate images/s over the run's wall time, the study's wall time per completed
-trial, and the machine. ``--pack DIR`` then writes at most 8 files into DIR (what a GPU machine's ``$OUT`` can send
-back): the two timing files, the ``runs.csv`` (``python -m ablations.run --study NAME --import-runs runs.csv``
+trial, and the machine. ``--pack DIR`` then writes the four files to copy back from a remote machine into DIR:
+the two timing files, the ``runs.csv`` (``python -m ablations.run --study NAME --import-runs runs.csv``
 continues the study on any machine) and ``study.tar.gz`` (the report's folder, the run's log and the SQLite
 storage; not the TensorBoard event files).
 
@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import shlex
 import signal
@@ -48,16 +49,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+# Imported where they are used, not here: torch and the report's modules. Each takes from a tenth of a second to
+# seconds to import, and the command-line tools start without them.
+
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a file (python scripts/gpu_study.py): the repository's packages
     sys.path.insert(0, str(ROOT))
 
-from ablations.cli import OneLineParser, markdown_table  # noqa: E402
+from ablations.cli import OneLineParser, duration, markdown_table  # noqa: E402
 
 FORMAT = 1
-#: The limit of one GPU command (9 minutes: the tool allows 10, minus start-up and copying back).
-LIMIT_S = 540
-#: Seconds kept after the run for the report and writing (the run's deadline is the limit less this).
+#: With ``--time-budget``: seconds kept after the run for the report and writing (the run's deadline is the budget
+#: less this).
 MARGIN_S = 90
 #: After the run's SIGTERM: seconds for the workers to mark their trials failed before SIGKILL.
 STOP_GRACE_S = 30
@@ -96,15 +99,15 @@ def storage_url(out: Path) -> str:
 
 def run_until(command: list[str], deadline: float, log: Path, grace_s: float = STOP_GRACE_S) -> tuple[int | None, bool]:
     """Run ``command`` in its own process group (output to ``log``) until it ends or ``deadline`` (a
-    ``time.monotonic()``): then SIGTERM to the group, SIGKILL after ``grace_s``. Returns (exit status, stopped at
-    the deadline)."""
+    ``time.monotonic()``; ``math.inf``: none): then SIGTERM to the group, SIGKILL after ``grace_s``. Returns (exit
+    status, stopped at the deadline)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("a") as handle:
         handle.write(f"$ {shlex.join(command)}\n")
         handle.flush()
         proc = subprocess.Popen(command, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            return proc.wait(timeout=max(0.0, deadline - time.monotonic())), False
+            return proc.wait(timeout=None if math.isinf(deadline) else max(0.0, deadline - time.monotonic())), False
         except subprocess.TimeoutExpired:
             pass
         except BaseException:
@@ -204,10 +207,11 @@ def write(report: dict, out: Path) -> None:
 
 def render(report: dict) -> str:
     m = report["machine"]
+    limit = (f"time budget {report['limit_s']:g} s (run deadline {report['run_deadline_s']:g} s), "
+             if report["limit_s"] is not None else "")
     lines = [f"# {report['study']} ({report['budget']}) in one {report['device']} command", "",
              f"{report['date']}; {m.get('gpu') or 'no GPU'}; torch {m['torch']}, CUDA {m['cuda']}, Python "
-             f"{m['python']}, {m['cpu_count']} CPUs; limit {report['limit_s']} s (run deadline "
-             f"{report['run_deadline_s']} s), wall {report['wall_s']:.0f} s. Generated by `python "
+             f"{m['python']}, {m['cpu_count']} CPUs; {limit}wall {report['wall_s']:.0f} s. Generated by `python "
              f"scripts/gpu_study.py`; raw figures in gpu_study.json. Command: `{report['run']['command']}`.", ""]
     rows = [[name, f"{c['complete']} of {report['planned'].get(name, '?')}",
              ", ".join(f"{k}: {v}" for k, v in sorted(c["engines"].items())) or "—", f"{c['images']:,}"]
@@ -224,7 +228,7 @@ def render(report: dict) -> str:
 
 
 def pack(out: Path, dest: Path, study_name: str) -> list[Path]:
-    """At most 8 files into ``dest`` (module docstring)."""
+    """The four files to copy back into ``dest`` (module docstring)."""
     dest.mkdir(parents=True, exist_ok=True)
     written = []
     for name in ("gpu_study.json", "gpu_study.md"):
@@ -256,18 +260,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engine", choices=("auto", "plain", "stacked"), default="auto")
     p.add_argument("--workers", type=int, help=f"ablations.run --workers (default: {WORKERS})")
     p.add_argument("--stack", type=int, help=f"ablations.run --stack (default: {STACK})")
-    p.add_argument("--limit-s", type=float, default=LIMIT_S, help=f"the whole command's limit (default {LIMIT_S})")
+    p.add_argument("--time-budget", type=duration, metavar="DURATION",
+                   help="stop the run cleanly and write the report within this wall time (seconds, or e.g. 90m, 3h; "
+                        "default: none)")
     p.add_argument("--margin-s", type=float, default=MARGIN_S,
-                   help=f"seconds kept after the run for the report (default {MARGIN_S})")
+                   help=f"with --time-budget: seconds of it kept after the run for the report (default {MARGIN_S})")
     p.add_argument("--data-dir", help="as ablations.run --data-dir")
     p.add_argument("--import-runs", type=Path, metavar="RUNS_CSV",
-                   help="as ablations.run --import-runs: continue a study an earlier call stopped at its deadline")
+                   help="as ablations.run --import-runs: continue a study from an earlier run's runs.csv")
     p.add_argument("--no-figures", action="store_true", help="the report's tables only")
     p.add_argument("--out", type=Path, help="working folder (default: results/device/<device>/study-<study>-<budget>)")
-    p.add_argument("--pack", type=Path, metavar="DIR", help="also write at most 8 files of results into DIR")
+    p.add_argument("--pack", type=Path, metavar="DIR", help="also write the four files to copy back into DIR")
     args = p.parse_args(argv)
-    if args.limit_s <= args.margin_s + FINAL_S:
-        p.error(f"--limit-s ({args.limit_s:g}) must exceed --margin-s ({args.margin_s:g}) + {FINAL_S} s")
+    if args.time_budget is not None and args.time_budget <= args.margin_s + FINAL_S:
+        p.error(f"--time-budget ({args.time_budget:g} s) must exceed --margin-s ({args.margin_s:g}) + {FINAL_S} s")
+    limit = math.inf if args.time_budget is None else args.time_budget
     if args.device == "cuda":
         import torch
 
@@ -285,14 +292,14 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {
         "format": FORMAT, "study": args.study, "budget": args.budget, "sets": args.sets, "device": args.device,
-        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "limit_s": args.limit_s,
-        "run_deadline_s": args.limit_s - args.margin_s, "machine": machine_facts(args.device), "planned": planned,
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "limit_s": args.time_budget,
+        "run_deadline_s": None if args.time_budget is None else args.time_budget - args.margin_s, "machine": machine_facts(args.device), "planned": planned,
         "workers": args.workers, "stack": args.stack, "wall_s": 0.0, "studies": {}, "images_per_s": 0.0}
     command = run_command(args, out)
-    print(f"[1/2] run (deadline {args.limit_s - args.margin_s:.0f} s): {shlex.join(command[1:])}", file=sys.stderr,
-          flush=True)
+    deadline = f" (deadline {limit - args.margin_s:.0f} s)" if args.time_budget is not None else ""
+    print(f"[1/2] run{deadline}: {shlex.join(command[1:])}", file=sys.stderr, flush=True)
     run_start = time.monotonic()
-    code, stopped = run_until(command, started + args.limit_s - args.margin_s, out / "logs" / "run.log")
+    code, stopped = run_until(command, started + limit - args.margin_s, out / "logs" / "run.log")
     run_s = time.monotonic() - run_start
     report["run"] = {"command": shlex.join(command[1:]), "returncode": code, "stopped": stopped,
                      "seconds": round(run_s, 1),
@@ -310,12 +317,12 @@ def main(argv: list[str] | None = None) -> int:
     # the report's tables (runs.csv again among them), then its figures if time is left
     report_start = time.monotonic()
     for figures in (False, True):
-        left = started + args.limit_s - FINAL_S - time.monotonic()
+        left = started + limit - FINAL_S - time.monotonic()
         if figures and (args.no_figures or report["report"]["status"] != "passed" or left < FIGURES_S):
             break
         command = report_command(args, out, figures)
         print(f"[2/2] report{' figures' if figures else ''}: {shlex.join(command[1:])}", file=sys.stderr, flush=True)
-        code_r, killed = run_until(command, started + args.limit_s - FINAL_S, out / "logs" / "report.log",
+        code_r, killed = run_until(command, started + limit - FINAL_S, out / "logs" / "report.log",
                                    grace_s=3)
         status = "timeout" if killed else "passed" if code_r == 0 else "failed"
         if figures:
@@ -328,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     write(report, out)
     written = pack(out, args.pack, study_name) if args.pack else []
     print(f"gpu study: run {report['run']['status']}, report {report['report']['status']}, wall "
-          f"{report['wall_s']:.0f} s of {args.limit_s:g}; wrote {out / 'gpu_study.json'}"
+          f"{report['wall_s']:.0f} s; wrote {out / 'gpu_study.json'}"
           + (f" and {len(written)} files into {args.pack}" if written else ""), file=sys.stderr)
     return 0 if report["run"]["status"] == "passed" and report["report"]["status"] == "passed" else 1
 

@@ -24,6 +24,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+# Imported where they are used, not here: Selenium. Each takes from a tenth of a second to seconds to import, and the
+# command-line tools start without them.
+
 CHROMIUM = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
 CHROMEDRIVER = ("/usr/bin/chromedriver",)
 INSTALL = "apt-get install chromium chromium-driver (Debian/Ubuntu), and the dev extra: pip install -e '.[dev]'"

@@ -21,6 +21,9 @@ import time
 import warnings
 from pathlib import Path
 
+# Imported where they are used, not here: Optuna. Each takes from a tenth of a second to seconds to import, and the
+# command-line tools start without them.
+
 
 def loop(url: str, handle_signals: bool) -> None:
     import optuna

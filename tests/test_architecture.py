@@ -1,8 +1,9 @@
 """The house's layering holds: ``lint-imports`` (import-linter, contracts in ``pyproject.toml``) keeps every import
 pointing down (data <- lit_modules <- ablations, and the tools inside ``ablations`` above what they use) and no
 package holds a circle of imports; a copy of the tree with one import added upward, or one that closes a circle,
-breaks the contract it should. Besides: no module imports another module's underscore-private names, and
-``ablations/`` keeps at most ten top-level modules."""
+breaks the contract it should. Besides: no module imports another module's underscore-private names,
+``ablations/`` keeps at most ten top-level modules, and ``docs/architecture.md`` shows the contracts' layers and
+every package."""
 
 from __future__ import annotations
 
@@ -14,6 +15,11 @@ import sys
 from pathlib import Path
 
 import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: import-linter's own TOML reader
+    import tomli as tomllib
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("ablations", "lit_modules", "data")
@@ -83,3 +89,21 @@ def test_no_module_imports_another_module_s_private_names():
 def test_ablations_keeps_at_most_ten_top_level_modules():
     modules = sorted(p.name for p in (REPO / "ablations").glob("*.py"))
     assert len(modules) <= 10, modules
+
+
+def contract_layers(contract_id: str) -> list[str]:
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    return next(c["layers"] for c in contracts if c["id"] == contract_id)
+
+
+def test_the_architecture_page_shows_the_contracts_layers_and_every_package():
+    """docs/architecture.md's picture of the layers is pyproject's (kept true by the contracts it copies), and its
+    table names every package of ``ablations`` and the three top-level ones."""
+    page = (REPO / "docs" / "architecture.md").read_text()
+    section = page.split("## The layers inside `ablations`", 1)[1]
+    block = section.split("```", 2)[1].strip().splitlines()
+    assert block == [" | ".join(part.strip() for part in layer.split("|")) for layer in contract_layers("ablations")]
+    assert contract_layers("packages") == ["ablations", "lit_modules", "data"]
+    packages = [p.name for p in sorted((REPO / "ablations").iterdir()) if (p / "__init__.py").is_file()]
+    named = [f"`ablations/{name}/`" for name in packages] + ["`data/`", "`lit_modules/`", "`scripts/`"]
+    assert [n for n in named if f"| {n} |" not in page] == []

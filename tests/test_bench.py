@@ -549,7 +549,7 @@ def test_the_engine_sections_at_tiny_sizes_on_a_cpu(tmp_path):
 
 
 def test_a_gpu_sections_engine_step_is_the_dry_runs_flop_rate(tmp_path):
-    from ablations.run import gpu_hours
+    from ablations.pricing import gpu_hours
 
     report = {"meta": {"device": "cuda", "started": "2026-12-05 10:00:00", "settings": {},
                        "machine": {"gpu": "NVIDIA H200"}},

@@ -651,8 +651,8 @@ def test_a_dry_run_prices_the_engine_from_a_measured_stacked_gpu_step(tmp_path):
     import json
 
     from ablations.config import RunConfig
-    from ablations.run.engine_price import engine_lines, find_engine_steps, stacks
-    from ablations.run.gpu_hours import EVAL_STEP_SHARE, trial_batches
+    from ablations.pricing.engine import engine_lines, find_engine_steps, stacks
+    from ablations.pricing.gpu_hours import EVAL_STEP_SHARE, trial_batches
 
     configs = [RunConfig(dataset="digits", embed_dim=64, num_heads=4, depth=4, patch_size=4, seed=s, lr=lr,
                          max_epochs=2) for s in range(5) for lr in (1e-3,)]

@@ -210,6 +210,39 @@ def test_sigterm_mid_trial_exits_143_keeps_completed_trials_and_the_rerun_resume
     assert_resumed_from(retry, saved, max_epochs, tmp_path)
 
 
+@pytest.mark.slow
+def test_a_time_budget_stops_the_study_cleanly_and_the_rerun_continues_it(tmp_path):
+    """``--time-budget 10`` on a study whose one trial trains far longer (1,000 epochs, about 40 s on a 2-core CPU):
+    at 10 s the CLI stops itself as SIGTERM
+    would (exit 143, the budget's line, no traceback, no trial left RUNNING); the same command without the budget
+    then completes the study, resuming the stopped trial from the checkpoint it kept. (A budget is a timer, so on a
+    machine slow enough to spend the 10 s starting up, the stop comes before the first checkpoint and the rerun
+    trains the trial from its start.)"""
+    max_epochs = 1000
+    write_study(tmp_path / "budget.yaml", base={"max_epochs": max_epochs}, variants=[
+        {"label": "long", "residual": "standard"}])
+    spec = load_spec(str(tmp_path / "budget.yaml"))
+    db = tmp_path / "budget.db"
+    args = ("--study", "budget.yaml", "--storage", url_of(db), "--results-dir", "results", "--no-progress")
+    last_ckpt = tmp_path / "results" / "runs" / "budget" / run_dir_name(spec, "long") / "checkpoints" / "last.ckpt"
+
+    stopped = run_cli(*args, "--time-budget", "10", cwd=tmp_path)
+    assert stopped.returncode == 143, stopped.stderr
+    assert stopped.stderr.strip().splitlines()[-1] == ("time budget of 10 s reached: completed trials are kept; "
+                                                       "rerun the same command to continue")
+    _assert_no_traceback(stopped)
+    before = trials_of(db, "budget") if db.exists() else []
+    assert all(t.state == TrialState.FAIL and t.user_attrs["stopped_by"] == "SIGTERM" for t in before), before
+    saved = saved_checkpoint(last_ckpt)
+
+    rerun = run_cli(*args, cwd=tmp_path)
+    assert rerun.returncode == 0, rerun.stderr
+    retry = assert_grid_complete_once(db, spec)[(("variant", "long"),)]
+    assert retry.user_attrs["epochs_completed"] == max_epochs
+    if saved is not None:
+        assert_resumed_from(retry, saved, max_epochs, tmp_path)
+
+
 FINALIZER_SCRIPT = """
 import os, signal, sys, time
 from ablations.studies import stopping

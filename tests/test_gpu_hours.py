@@ -1,4 +1,4 @@
-"""The GPU-hours estimate of ``python -m ablations.run --dry-run --gpu CLASS`` (ablations/run/gpu_hours.py).
+"""The GPU-hours estimate of ``python -m ablations.run --dry-run --gpu CLASS`` (ablations/pricing/gpu_hours.py).
 
 Every test reads measurements from its own tmp results folder, never the real ``results/``.
 """
@@ -13,7 +13,7 @@ from helpers import assert_one_line_error, run_in_process
 
 from ablations.config import RunConfig
 from ablations.costs import measure
-from ablations.run import gpu_hours
+from ablations.pricing import gpu_hours
 from ablations.run import main as run_main
 from ablations.studies.spec import load_spec
 

@@ -1,5 +1,5 @@
-"""scripts/gpu_measure.py, the one command a lent GPU machine runs first, in its CPU dry form (``--device cpu --tiny``):
-its three stages run under their deadlines and it leaves at most seven files (the caller's tee is the eighth)."""
+"""scripts/gpu_measure.py, every GPU measurement in one command, in its CPU dry form (``--device cpu --tiny``): its
+three stages run (under their shares of a time budget) and it leaves its seven files."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def test_the_cpu_dry_form_runs_every_stage_and_packs_seven_files(tmp_path):
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     out = tmp_path / "out"
-    code = module.main(["--device", "cpu", "--tiny", "--limit-s", "1500", "--out", str(out),
+    code = module.main(["--device", "cpu", "--tiny", "--time-budget", "25m", "--out", str(out),
                         "--work", str(tmp_path / "work")])
     report = json.loads((out / "gpu_measure.json").read_text())
     assert code == 0, report["stages"]
@@ -49,13 +49,19 @@ def _module():
     return module
 
 
-def test_the_gpu_call_runs_the_headline_and_its_gpu_budget_on_the_carried_data_continuing_a_runs_csv(tmp_path):
-    """On the GPU the study stage is residual_variants, on its default budget first (the CPU study's twin) and then on
-    its gpu budget, reading the Fashion-MNIST files carried in (``--data-dir``, when the folder is there) and
-    continuing an earlier call's ``runs.csv`` (``--import-runs``)."""
+def test_the_gpu_command_runs_the_headline_or_its_gpu_budget_on_local_data_continuing_a_runs_csv(tmp_path):
+    """On the GPU the study stage is residual_variants, on its default budget (the CPU study's twin) or on its gpu
+    budget, reading local Fashion-MNIST files (``--data-dir``, when the folder is there) and continuing an earlier
+    run's ``runs.csv`` (``--import-runs``). Without ``--time-budget`` no stage has a limit; with one, the study gets
+    what the CUDA tests' and the bench's shares leave."""
     module = _module()
-    first = module.stages(_parse(module, ["--out", str(tmp_path / "o")]), tmp_path)["study"][0]
+    unlimited = module.stages(_parse(module, ["--out", str(tmp_path / "o")]), tmp_path)
+    first = unlimited["study"][0]
     assert first[first.index("--budget") + 1] == "default" and "--import-runs" not in first
+    assert "--time-budget" not in first and [s for _, s in unlimited.values()] == [None, None, None]
+    budgeted = module.stages(_parse(module, ["--out", str(tmp_path / "o"), "--time-budget", "1h"]), tmp_path)
+    assert [s for _, s in budgeted.values()] == [60, 3600 - 60 - 150 - 15, 150]
+    assert budgeted["study"][0][budgeted["study"][0].index("--time-budget") + 1] == "3375"
     data = tmp_path / "fashion"
     data.mkdir()
     args = _parse(module, ["--out", str(tmp_path / "o"), "--budget", "gpu", "--data-dir", str(data),

@@ -59,7 +59,7 @@ def test_the_check_sees_imports_inside_functions(tmp_path):
     """The walk reaches a function body's import and resolves relative levels (a check that can fail)."""
     probe = ROOT / "ablations" / "run" / "plan.py"
     found = {(module, tuple(names)) for _, module, names in imports(probe)}
-    assert ("ablations.run.gpu_hours", ("describe_estimate", "estimate", "recipe_line")) in found  # in dry_run
+    assert ("ablations.pricing.gpu_hours", ("describe_estimate", "estimate", "recipe_line")) in found  # in dry_run
     assert any(module == "ablations.run.study" for module, _ in found)
 
 

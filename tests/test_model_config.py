@@ -16,10 +16,10 @@ from ablations.bench.precision import AUTO_SIZES
 from ablations.config import RunConfig
 from ablations.costs import cost_table, measure
 from ablations.machine.modes import model_size
+from ablations.pricing.gpu_hours import forward_flops
 from ablations.recipes import RECIPES
 from ablations.report.load import Run
 from ablations.report.model_tables import _backbone
-from ablations.run.gpu_hours import forward_flops
 from ablations.training import build_datamodule, build_model, datamodule_shape
 from data import dataset_shape
 from lit_modules import VisionTransformer

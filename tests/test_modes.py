@@ -220,8 +220,8 @@ def test_a_dry_run_prices_trials_from_this_cpus_measured_step(tmp_path, monkeypa
     rate (3 x the probe's forward FLOPs x batch / seconds) and divides the study's time by its workers."""
     import dataclasses
 
+    from ablations.pricing.gpu_hours import forward_flops, training_flops
     from ablations.run import plan, study
-    from ablations.run.gpu_hours import forward_flops, training_flops
     from ablations.studies.spec import load_spec
 
     monkeypatch.setattr(modes, "PACKAGED", {"cpu": write(tmp_path / "packaged.json", elsewhere(TABLE))})

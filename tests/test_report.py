@@ -503,7 +503,7 @@ def test_undefined_tests_are_none():
 
 
 def test_the_diagnostics_note_says_how_many_runs_the_figures_stand_on():
-    from ablations.report.figures import diagnostics_note
+    from ablations.report.diagnostic_figures import diagnostics_note
 
     assert diagnostics_note("all seeds", 16, found=50, total=50) == \
         "diagnostic figures use all seeds at depth 16, last logged epoch."

@@ -12,7 +12,8 @@ from matplotlib.colors import to_hex
 from PIL import Image
 
 from ablations import report
-from ablations.report.figures import LEGEND_INSIDE, RC, accuracy_vs_depth, colors, val_curves
+from ablations.report.figures import accuracy_vs_depth, val_curves
+from ablations.report.plot import LEGEND_INSIDE, RC, colors
 from ablations.studies.spec import _build
 
 ROWS = ["standard", *(f"standard_params_matched_variant_{i:02d}" for i in range(1, 21))]  # 21 rows, long labels
@@ -84,7 +85,7 @@ def _many_rows_study(report_seeds=(0, 1, 2)):
 
 @pytest.mark.slow  # 21 rows' paired statistics and plotly: about 10 s
 def test_the_html_charts_of_many_rows_name_every_row_in_the_figures_colours():
-    from ablations.report.html import accuracy_figure, colour, delta_figure
+    from ablations.report.charts import accuracy_figure, colour, delta_figure
 
     data = _many_rows_study()
     palette = colour(data.rows)
@@ -115,7 +116,7 @@ def test_tuning_figures_of_many_rows_draw_without_a_collapsed_panel_or_a_cut_lab
 
 
 def test_a_rows_depths_share_its_colour_and_differ_in_line_and_marker_in_the_tuning_figure(tmp_path, monkeypatch):
-    from ablations.report import figures
+    from ablations.report import plot
     from ablations.report.load import assemble
     from ablations.report.tuning import tuning_figure, tuning_records
 
@@ -128,7 +129,7 @@ def test_a_rows_depths_share_its_colour_and_differ_in_line_and_marker_in_the_tun
             for n, (row, depth, lr, acc) in enumerate((row, depth, lr, 0.9 + lr) for row in ("standard", "rezero")
                                                       for depth in (4, 12) for lr in (0.001, 0.002))]
     drawn = []
-    monkeypatch.setattr(figures, "save", lambda fig, out, name, **kw: drawn.append((name, fig)) or [])
+    monkeypatch.setattr(plot, "save", lambda fig, out, name, **kw: drawn.append((name, fig)) or [])
     tuning_figure(assemble("deep", spec, runs), tuning_records(assemble("deep", spec, runs)), tmp_path)
     fig = dict(drawn)["tuning"]
     lines = {bars.get_label(): bars.lines[0] for bars in fig.axes[0].containers}  # errorbar: (data line, caps, bars)

@@ -7,9 +7,14 @@ SQLite write lock open) and prints where the KeyboardInterrupt was raised and wh
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
+
+import pytest
+
+from ablations.cli import duration
 
 SCRIPT = """
 import json, os, signal, sqlite3, sys, time, traceback
@@ -92,3 +97,49 @@ def test_a_storage_call_that_hangs_does_not_hold_the_signal_past_the_limit(tmp_p
     seen = _run(tmp_path, "ours", hang=True, limit_s=0.5)
     assert seen["forced"] and seen["in_sqlalchemy"] and not seen["listener_returned"], seen
     assert not seen["returned"], seen
+
+
+BUDGET_SCRIPT = """
+import sys, time
+from ablations.studies import stopping
+
+stopping.stop_on_signals()
+cancel = stopping.stop_after(float(sys.argv[1]))
+if sys.argv[2] == "cancel":
+    cancel()
+try:
+    time.sleep(float(sys.argv[3]))
+except KeyboardInterrupt:
+    sys.exit(stopping.interrupted())
+print("slept to the end")
+"""
+
+
+def _budget(budget: str, mode: str, sleep_s: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", BUDGET_SCRIPT, budget, mode, sleep_s], capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_the_end_of_a_time_budget_stops_the_process_as_sigterm_does_and_says_so():
+    """``--time-budget``'s timer: after 0.5 s the process sends itself SIGTERM, the one-hour sleep is cut short
+    and the process exits 143 with the budget's line (the CLI's run and its rerun: tests/test_faults.py)."""
+    result = _budget("0.5", "keep", "3600")
+    assert result.returncode == 143, result.stderr
+    assert result.stderr.strip() == ("time budget of 0.5 s reached: completed trials are kept; rerun the same "
+                                     "command to continue") and result.stdout == ""
+
+
+def test_a_cancelled_time_budget_never_fires():
+    """The CLI cancels its budget as it returns (a caller's process, a test calling ``main``, must never get the
+    signal later): cancelled, a 0.2 s budget lets a 1 s sleep end."""
+    result = _budget("0.2", "cancel", "1")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "slept to the end" and result.stderr == ""
+
+
+def test_a_duration_is_read_in_seconds_minutes_or_hours_and_anything_else_is_refused():
+    assert [duration(t) for t in ("5400", "45s", "90m", "1.5h", "2h30m", " 2H ")] == [
+        5400.0, 45.0, 5400.0, 5400.0, 9000.0, 7200.0]
+    for bad in ("", "0", "0m", "abc", "h", "1d", "-5"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            duration(bad)

@@ -298,8 +298,8 @@ def test_a_continued_study_says_which_of_its_done_trials_were_built_in_an_earlie
 @pytest.mark.slow
 def test_interrupted_run_exits_130_and_the_rerun_resumes_the_interrupted_trial(tmp_path):
     """Ctrl-C (SIGINT to the process group) during training: exit 130 with the CLI's message, the trial FAILs and
-    keeps its checkpoint. A FAIL trial used to block its grid point for good (enqueue(skip_if_exists=True) counts
-    it as existing: every rerun ran nothing and exited 1); the rerun now retries it and resumes its epochs."""
+    keeps its checkpoint. A FAIL trial must not block its grid point for good (enqueue(skip_if_exists=True) counts
+    it as existing, so every rerun would run nothing and exit 1): the rerun retries it and resumes its epochs."""
     max_epochs = LONG_TRIAL_EPOCHS
     write_study(tmp_path / "interrupted.yaml", variants=TWO_VARIANTS[:1], base={"max_epochs": max_epochs})
     spec = load_spec(str(tmp_path / "interrupted.yaml"))

@@ -149,8 +149,39 @@ def test_retrofit_into_normalisation_free_default_names_the_norm_keys(residual):
         build(residual).load_pretrained(timm_model(**TINY).state_dict())
 
 
-def test_retrofit_covers_every_variant():
-    assert {v[0] for v in RETROFIT.values()} | set(NO_RETROFIT) == set(RESIDUALS)
+def test_retrofit_cases_name_registered_variants():
+    """The hand-written cases above add expected keys for the variants they name; every variant, named there or not,
+    gets the checks derived from its own model below."""
+    assert {v[0] for v in RETROFIT.values()} | set(NO_RETROFIT) <= set(RESIDUALS)
+
+
+@pytest.mark.parametrize("residual", list(RESIDUALS))
+def test_a_timm_checkpoint_loads_by_name_or_is_refused_naming_the_keys(residual):
+    """Every registered variant at its default options, its expectations read from its own model: a timm checkpoint whose
+    every key the model has (same name and shape) loads with every tensor copied, the model's other tensors either
+    derived from a checkpoint key or left at their init; one with keys the model lacks is refused with a
+    ValueError naming the first of them."""
+    size = TINY | {"embed_dim": 16}  # wide enough for every variant's default options (LAuReL's rank 16)
+    state = timm_model(**size).state_dict()
+    model = build(residual, {}, seed=3, **size)
+    init = {k: v.clone() for k, v in model.state_dict().items()}
+    unexpected = sorted(set(state) - set(init))
+    if unexpected:
+        with pytest.raises(ValueError, match=rf"checkpoint keys not in residual '{residual}' model: "
+                                             rf"{re.escape(unexpected[0])}"):
+            model.load_pretrained(state)
+        return
+    report = model.load_pretrained(state)
+    assert report.loaded == sorted(state)
+    assert set(report.new) | set(report.derived) == set(init) - set(state)
+    assert not set(report.new) & set(report.derived)
+    own = model.state_dict()
+    for key in state:
+        assert torch.equal(own[key], state[key]), key
+    for key, src in report.derived.items():
+        assert torch.equal(own[key], state[src]), key
+    for key in report.new:
+        assert torch.equal(own[key], init[key]), f"{key} should stay at its init"
 
 
 @pytest.mark.parametrize("residual", list(NO_RETROFIT))

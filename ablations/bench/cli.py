@@ -34,9 +34,8 @@ sides ran seconds apart under the same machine load). On a busy machine
 every figure is noise: the load average at the start and end of the run is part of the report. Never run two
 benchmarks (or a benchmark and tests) at once: with more busy threads than cores, timings are meaningless.
 
-Memory (section 6) on the CPU runs one forward per variant at depth 24 at batch 16 (--quick: 8). Before DCA's GRN
-became a fused Function, full DCA at batch 64 saved ~9 GiB for backward and the run was OOM-killed on a 24 GiB
-machine; batch 16 keeps the section short and far from that.
+Memory (section 6) on the CPU runs one forward per variant at depth 24 at batch 16 (--quick: 8): a short section,
+far below a 24 GiB machine's memory for every variant.
 
 Data (section 7) times one epoch of the training data path alone (``ablations.training.build_datamodule`` on an
 in-memory CIFAR-shaped synthetic set, recipes ``basic`` and ``paper``) against section 1's train step, both in
@@ -58,17 +57,34 @@ import warnings
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from ablations.machine.modes import cpu_facts
+
 from .. import layout
 from ..cli import OneLineParser
+from ..costs import all_configs
 from ..machine import allocator
 from .engine import bench_engine
 from .gpu import bench_gpu
-from .harness import DEFAULT_SECTIONS, FULL, QUICK, SECTIONS, TINY, Section, goal_mark, parse_variants, table
+from .harness import (
+    DEFAULT_SECTIONS,
+    FULL,
+    QUICK,
+    SECTIONS,
+    TINY,
+    Section,
+    Settings,
+    goal_mark,
+    parse_variants,
+    table,
+)
 from .loops import bench_data, bench_lightning, bench_study
 from .malloc import bench_malloc
 from .precision import bench_auto, bench_modes, modes_table
 from .steps import bench_compile, bench_memory, bench_mfu, bench_overhead, bench_timm, bench_variants
 from .storage import bench_storage
+
+# Imported where they are used, not here: Lightning, timm and torch. Each takes from a tenth of a second to seconds to
+# import, and the command-line tools start without them.
 
 BENCHES = {"timm": bench_timm, "variants": bench_variants, "lightning": bench_lightning, "mfu": bench_mfu,
            "study": bench_study, "memory": bench_memory, "data": bench_data, "modes": bench_modes,
@@ -81,8 +97,6 @@ def machine_facts(threads: int) -> dict:
     import lightning
     import timm
     import torch
-
-    from ablations.machine.modes import cpu_facts
 
     cpu, flags = cpu_facts()
     return {"cpu": cpu, "cpu_flags": flags, "logical_cores": os.cpu_count(), "threads": threads,
@@ -102,7 +116,7 @@ def processes_text(processes: int) -> str:
 
 def render(meta: dict, sections: list[Section]) -> str:
     m = meta["machine"]
-    gpu = m.get("gpu", m.get("cuda"))  # bench.json files written before the key was "gpu"
+    gpu = m.get("gpu", m.get("cuda"))  # a bench.json may name the key "cuda"
     cores = m["logical_cores"] or 1  # others running at the start, or far more than our own threads at the end
     busy = m["loadavg_start"][0] > 0.5 * cores or m["loadavg_end"][0] > m["threads"] + 0.5 * cores
     out = ["# Benchmark: ViT backbone and its residual variants", "",
@@ -203,48 +217,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.threads is not None and args.threads < 1:
-        build_parser().error(f"--threads must be >= 1, got {args.threads}")
-    if args.processes < 1:
-        build_parser().error(f"--processes must be >= 1, got {args.processes}")
-    if args.isolate < 0 or (args.isolate and args.processes > 1):
-        build_parser().error(f"--isolate must be >= 0 and is not combined with --processes (got --isolate "
-                             f"{args.isolate}, --processes {args.processes})")
-    try:
-        allocator.choice()
-    except ValueError as exc:
-        build_parser().error(str(exc))
-    settings = replace(TINY if args.tiny else QUICK if args.quick else FULL, device=args.device,
-                       processes=args.processes, isolate=args.isolate)
-    names = args.sections or list(DEFAULT_SECTIONS)
-    if args.processes > 1 and not {"lightning", "overhead"} & set(names):
-        build_parser().error(f"--processes applies to sections lightning (3) and overhead (11) only, and --sections "
-                             f"chose {', '.join(names)}")
-    if args.isolate and "overhead" not in names:
-        build_parser().error(f"--isolate applies to section overhead (11) only, and --sections chose {', '.join(names)}")
-    if args.overhead_batch is not None:
-        if args.overhead_batch < 1 or "overhead" not in names:
-            build_parser().error(f"--overhead-batch must be >= 1 and applies to section overhead (11) only (got "
-                                 f"{args.overhead_batch}, sections {', '.join(names)})")
-        settings = replace(settings, overhead_batch=args.overhead_batch)
-    if args.compile and "compile" not in names:
-        names.append("compile")
-    settings = replace(settings, engine_compile=args.device == "cpu" or args.compile)
-
-    import lightning.pytorch  # noqa: F401  (imported first: it resets its loggers' level on import)
+    settings, names = _settings(args)
+    # torch and Lightning (seconds to import) only once the arguments are good: --help and bad input stay quick.
+    # Lightning first: it resets its loggers' level on import.
+    import lightning.pytorch  # noqa: F401
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
         build_parser().error("--device cuda: torch.cuda.is_available() is False (no CUDA device, or a CPU-only "
                              "torch build)")
     if args.variants is not None:
-        from ablations.costs import all_configs
-
         try:
             settings = replace(settings, variants=parse_variants(args.variants, [c[0] for c in all_configs()]))
         except argparse.ArgumentTypeError as exc:
             build_parser().error(f"--variants: {exc}")
-
     for name in ("lightning.pytorch", "lightning.fabric"):  # "GPU available: ...", tips, "max_steps reached"
         logging.getLogger(name).setLevel(logging.WARNING)
     for message in (".*validation_step.* no .val_dataloader", ".*treespec", ".*does not have many workers"):
@@ -256,12 +242,61 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"mode": settings.mode, "device": settings.device, "settings": asdict(settings),
             "machine": machine_facts(threads) | {"malloc": malloc},
             "started": time.strftime("%Y-%m-%d %H:%M:%S"), "sections": names}
-    start = time.perf_counter()
     load = meta["machine"]["loadavg_start"][0]
     print(f"bench ({settings.mode}, {settings.device}): {', '.join(names)} on {threads} threads; "
           f"load average {load:.2f}"
           + (" — the machine is busy: timings will be noise (and with more threads than free cores, very slow)"
              if load > 0.5 * (os.cpu_count() or 1) else ""), file=sys.stderr)
+    sections = _run_sections(names, settings, threads, Path(args.out), meta)
+    out = Path(args.out)
+    passed = sum(g["passed"] for s in sections for g in s.goals)
+    total = sum(len(s.goals) for s in sections)
+    written = [out / "bench.md", out / "bench.json"]
+    if any(s.name == "modes" and not s.error for s in sections):
+        written.append(out / f"modes-{settings.device}.json")
+    print(f"\n{passed}/{total} goals met; wrote {', '.join(map(str, written))} ({meta['wall_s']:.0f} s)",
+          file=sys.stderr)
+    return 1 if any(s.error for s in sections) else 0
+
+
+def _settings(args: argparse.Namespace) -> tuple[Settings, list[str]]:
+    """The run's settings and sections from the arguments; a bad combination is one line and exit status 2."""
+    fail = build_parser().error
+    if args.threads is not None and args.threads < 1:
+        fail(f"--threads must be >= 1, got {args.threads}")
+    if args.processes < 1:
+        fail(f"--processes must be >= 1, got {args.processes}")
+    if args.isolate < 0 or (args.isolate and args.processes > 1):
+        fail(f"--isolate must be >= 0 and is not combined with --processes (got --isolate {args.isolate}, "
+             f"--processes {args.processes})")
+    try:
+        allocator.choice()
+    except ValueError as exc:
+        fail(str(exc))
+    settings = replace(TINY if args.tiny else QUICK if args.quick else FULL, device=args.device,
+                       processes=args.processes, isolate=args.isolate)
+    names = args.sections or list(DEFAULT_SECTIONS)
+    if args.processes > 1 and not {"lightning", "overhead"} & set(names):
+        fail(f"--processes applies to sections lightning (3) and overhead (11) only, and --sections chose "
+             f"{', '.join(names)}")
+    if args.isolate and "overhead" not in names:
+        fail(f"--isolate applies to section overhead (11) only, and --sections chose {', '.join(names)}")
+    if args.overhead_batch is not None:
+        if args.overhead_batch < 1 or "overhead" not in names:
+            fail(f"--overhead-batch must be >= 1 and applies to section overhead (11) only (got "
+                 f"{args.overhead_batch}, sections {', '.join(names)})")
+        settings = replace(settings, overhead_batch=args.overhead_batch)
+    if args.compile and "compile" not in names:
+        names.append("compile")
+    return replace(settings, engine_compile=args.device == "cpu" or args.compile), names
+
+
+def _run_sections(names: list[str], settings: Settings, threads: int, out: Path, meta: dict) -> list[Section]:
+    """Each section in turn, printed as it ends and the report rewritten after it (a crash keeps what ran); a
+    section that fails is reported with its error and the others still run."""
+    import torch  # loaded by main already
+
+    start = time.perf_counter()
     sections = []
     for name in names:
         t0 = time.perf_counter()
@@ -275,13 +310,5 @@ def main(argv: list[str] | None = None) -> int:
         sections.append(sec)
         print(f"\n## {sec.title}  ({sec.wall_s:.0f} s)\n" + (f"ERROR {sec.error}" if sec.error else
                                                                table(sec.columns, sec.rows)), flush=True)
-        write_results(Path(args.out), meta, sections, start)  # after every section: a crash keeps what ran
-    out = Path(args.out)
-    passed = sum(g["passed"] for s in sections for g in s.goals)
-    total = sum(len(s.goals) for s in sections)
-    written = [out / "bench.md", out / "bench.json"]
-    if any(s.name == "modes" and not s.error for s in sections):
-        written.append(out / f"modes-{settings.device}.json")
-    print(f"\n{passed}/{total} goals met; wrote {', '.join(map(str, written))} ({meta['wall_s']:.0f} s)",
-          file=sys.stderr)
-    return 1 if any(s.error for s in sections) else 0
+        write_results(out, meta, sections, start)
+    return sections

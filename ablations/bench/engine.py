@@ -10,6 +10,9 @@ from ..machine.timing import interleave, median, round_ratios
 from .harness import Section, Settings, ms, ratio_cell
 from .precision import AUTO_SIZES
 
+# Imported where they are used, not here: torch and the stacked engine. Each takes from a tenth of a second to
+# seconds to import, and the command-line tools start without them.
+
 #: K of the stacked rows (seeds or learning rates of one cell)
 STACKS = (2, 4, 8)
 

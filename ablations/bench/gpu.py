@@ -5,7 +5,7 @@
    once on the device: training images per second of all of them together (goal: a million).
 2. **The paper recipe's model step**: width 384, depth 6, 6 heads, 65 tokens (patch 4 on 32 px), batch 1024, bf16
    autocast with fused attention: images/s and MFU (3 × forward FLOPs per image × images/s over the GPU's dense
-   bf16 peak, ``ablations.run.gpu_hours``) of the plain eager step and of the engine's step as one CUDA graph
+   bf16 peak, ``ablations.pricing.gpu_hours``) of the plain eager step and of the engine's step as one CUDA graph
    (goal: 40 % MFU).
 3. **The multi-stream designs' step against standard's** at section 11's size (ViT-Tiny width, depth 6, batch 32),
    each as the engine trains it (one run, one CUDA graph replay): the ratio of their step times (the CPU goals
@@ -17,10 +17,17 @@ nothing there.
 
 from __future__ import annotations
 
+from ablations.costs import measure as count
+from lit_modules.config import ViTConfig
+
 from ..machine.timing import interleave, median, round_ratios
+from ..pricing.gpu_hours import gpu_class_of, peak_flops
 from .harness import Section, Settings, ms, ratio_cell
 from .precision import AUTO_SIZES
 from .steps import OVERHEAD_GOALS
+
+# Imported where they are used, not here: torch and the stacked engine. Each takes from a tenth of a second to
+# seconds to import, and the command-line tools start without them.
 
 #: (1) processes and runs per stack on a GPU; seconds each trains
 AGGREGATE_WORKERS, AGGREGATE_STACK, AGGREGATE_SECONDS = 8, 32, 10.0
@@ -70,11 +77,7 @@ def _aggregate(s: Settings, sec: Section, cuda: bool, tiny: bool) -> dict:
 
 
 def _paper(s: Settings, sec: Section, cuda: bool, tiny: bool) -> dict:
-    from ablations.costs import measure as count
     from ablations.engine.measure import plain_step, stacked_step
-    from lit_modules.config import ViTConfig
-
-    from ..run.gpu_hours import gpu_class_of, peak_flops
 
     size = PAPER if not tiny else dict(PAPER, embed_dim=16, depth=1, num_heads=2)
     batch = PAPER_BATCH if not tiny else 4

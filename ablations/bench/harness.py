@@ -7,10 +7,16 @@ import argparse
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from ablations.costs import all_configs
+from ablations.studies.spec import load_spec
 from lit_modules.config import ViTConfig
 
 from ..cli import markdown_table
 from ..machine.timing import image_batch, median, round_ratios
+from . import child
+
+# Imported where they are used, not here: the model (lit_modules: torch), timm and torch. Each takes from a tenth of a
+# second to seconds to import, and the command-line tools start without them.
 
 BACKBONE = ViTConfig()  # the timed backbone's fields other than those Settings sets
 
@@ -151,7 +157,6 @@ def parse_variants(text: str, labels: list[str]) -> tuple[str, ...]:
 def selected_configs(s: Settings) -> list[tuple[str, str, dict, dict]]:
     """(label, residual, options, backbone options) of sections 2 and 6: ``s.variants`` (plus standard) when given,
     else all of ``costs.all_configs()`` or, with ``defaults_only``, the registry's variants at their defaults."""
-    from ablations.costs import all_configs
     from lit_modules import RESIDUALS
 
     if s.variants is not None:
@@ -167,8 +172,6 @@ def is_dca(residual: str, options: dict) -> bool:
 def study_trial(s: Settings):
     """The RunConfig of the study's representative trial (first variant, middle depth, seed 0) with the mode's
     overrides, and the spec."""
-    from ablations.studies.spec import load_spec
-
     spec = load_spec(STUDY)
     grid = spec.grid()
     depths = sorted({p["depth"] for p in grid if "depth" in p})
@@ -184,8 +187,6 @@ def runs_of(s: Settings, task: str, measure: Callable[[Settings], dict]) -> list
     if s.processes <= 1:
         return [measure(s)]
     import torch
-
-    from . import child
 
     return [child.run(task, s, torch.get_num_threads()) for _ in range(s.processes)]
 

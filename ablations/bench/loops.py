@@ -10,8 +10,17 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ablations.config import RunConfig
+from ablations.run.objective import Objective
+from ablations.run.plan import estimate_seconds
+from ablations.studies.spec import load_spec
+from ablations.training import build_datamodule, build_model, deterministic_without_nan_fill, mixup_options
+
 from ..machine.timing import interleave, median, round_ratios, train_step
 from .harness import STUDY, Sampled, Section, Settings, ms, ours, random_batch, ratio_cell, runs_of, study_trial
+
+# Imported where they are used, not here: torch, Lightning, Optuna and the datasets (data: torch). Each takes from a
+# tenth of a second to seconds to import, and the command-line tools start without them.
 
 # --- 3. Lightning loop vs a plain loop -----------------------------------------------------------------------------
 LOOPS = ("plain PyTorch", "Lightning, ViTClassifier", "Lightning, bare module")
@@ -21,13 +30,11 @@ def lightning_times(s: Settings) -> dict:
     """Section 3's measurement in this process: each loop of ``LOOPS`` run for ``loop_steps`` and for 0 optimizer
     steps in ``loop_reps`` interleaved rounds; the rounds' times, the per-step times (paired per round) and the
     trial config (JSON: a child returns it)."""
-    from ablations.training import build_datamodule, build_model
-
     _, config = study_trial(s)
     dm = build_datamodule(config)
     loader = dm.train_dataloader()
     classifier = build_model(config, dm)
-    classifier.hparams.steps_per_epoch = len(loader)  # the schedule no longer needs a Trainer: same in every loop
+    classifier.hparams.steps_per_epoch = len(loader)  # the schedule needs no Trainer: same in every loop
     dev, precision = s.device, s.precision
     makers = dict(zip(LOOPS, (
         lambda n: plain_loop(copy.deepcopy(classifier), loader, n, dev, precision),
@@ -110,8 +117,6 @@ def lightning_loop(module, loader, steps: int, device: str = "cpu",
     """Lightning's fit loop over ``steps`` optimizer steps, deterministic as a trial's (``run_training``)."""
     import lightning.pytorch as pl
 
-    from ablations.training import deterministic_without_nan_fill
-
     def fit() -> None:
         trainer = pl.Trainer(accelerator="gpu" if device == "cuda" else "cpu", devices=1, precision=precision,
                              max_steps=steps, logger=False, enable_progress_bar=False,
@@ -145,10 +150,6 @@ def bare_module(classifier):
 # --- 5. study throughput -------------------------------------------------------------------------------------------
 def bench_study(s: Settings) -> Section:
     import optuna
-
-    from ablations.run.objective import Objective
-    from ablations.run.plan import estimate_seconds
-    from ablations.studies.spec import load_spec
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     spec = load_spec(STUDY)
@@ -246,8 +247,6 @@ DATA_RECIPES = {"basic": "the dataset's own crop/flip", "paper": "+ RandAugment 
 def data_configs(s: Settings) -> dict:
     """The RunConfig of each recipe whose training data path section 7 times: a CIFAR-shaped synthetic set (32x32,
     3 channels, uint8, 10 classes) held in memory, at the bench's batch, on the bench's device."""
-    from ablations.config import RunConfig
-
     base = {"dataset": "synthetic", "batch_size": s.batch, "augment": True, "seed": 0,
             "dataset_options": {"img_size": s.img_size, "num_samples": s.data_samples, "num_classes": 10},
             "accelerator": "gpu" if s.device == "cuda" else "cpu"}
@@ -273,7 +272,6 @@ def epoch_fn(loader, images: dict, name: str, mix: Callable | None = None) -> Ca
 def bench_data(s: Settings) -> Section:
     import torch
 
-    from ablations.training import build_datamodule, mixup_options
     from data.augment import SeededMixup
 
     configs = data_configs(s)

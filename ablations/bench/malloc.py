@@ -16,6 +16,9 @@ from ..machine.timing import median, rotated, train_step
 from . import child
 from .harness import Section, Settings, ms, ours, random_batch, ratio_cell
 
+# Imported where they are used, not here: torch and the model (lit_modules: torch). Each takes from a tenth of a
+# second to seconds to import, and the command-line tools start without them.
+
 SETTINGS = ("system", "keep")
 LABELS = ("standard", "mhc")
 

@@ -5,23 +5,23 @@ from __future__ import annotations
 
 import tempfile
 
+from ablations.machine.modes import MODE_KEYS, auto_mode, fastest, measure_cell, probe, tokens
 from lit_modules.config import preset
 
 from ..machine.timing import image_batch, interleave, median, round_ratios, train_step
 from .harness import BACKBONE, Section, Settings, ms, ours, ratio_cell
 
+# Imported where they are used, not here: torch. Each takes from a tenth of a second to seconds to import, and the
+# command-line tools start without them.
+
 
 def modes_grid(s: Settings) -> list[dict]:
     """The (width, heads, patch, tokens) cells of section 8."""
-    from ablations.machine.modes import tokens
-
     return [{"embed_dim": w, "num_heads": max(2, w // 64), "patch_size": p, "tokens": tokens(s.img_size, p)}
             for w in s.modes_widths for p in s.modes_patches]
 
 
 def bench_modes(s: Settings) -> Section:
-    from ablations.machine.modes import MODE_KEYS, fastest, measure_cell, tokens
-
     keys = list(MODE_KEYS)
     ref = keys[0]
     sec = Section("modes", "8. Fastest train-step mode per width and token count",
@@ -71,8 +71,6 @@ def bench_auto(s: Settings) -> Section:
     here (a table matching this machine's signature, else measured on the spot as a training run would) timed
     interleaved with ``32-true`` and ``bf16-mixed`` (both with timm's fused attention, the fixed modes' kernel)."""
     import torch
-
-    from ablations.machine.modes import auto_mode, probe, tokens
 
     sizes = AUTO_SIZES if s.mode != "tiny" else (("tiny", dict(AUTO_SIZES[0][1], embed_dim=16, depth=1), 8),)
     sec = Section("auto", "10. precision auto vs the fixed precisions",

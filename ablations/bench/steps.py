@@ -6,7 +6,10 @@ from __future__ import annotations
 import copy
 import time
 
+from ablations.costs import default_configs, measure
+
 from ..machine.timing import interleave, median, paired_ratio, rotated, round_ratios, synchronised, train_step
+from . import child
 from .harness import (
     Sampled,
     Section,
@@ -21,6 +24,9 @@ from .harness import (
     selected_configs,
     set_fused_attn,
 )
+
+# Imported where they are used, not here: timm, torch and the model (lit_modules: torch). Each takes from a tenth of a
+# second to seconds to import, and the command-line tools start without them.
 
 
 # --- 1. our backbone vs timm's --------------------------------------------------------------------------------------
@@ -57,8 +63,6 @@ def bench_timm(s: Settings) -> Section:
 
 # --- 2. every variant vs standard ----------------------------------------------------------------------------------
 def bench_variants(s: Settings) -> Section:
-    from ablations.costs import measure
-
     size = s.vit(s.variant_depth)
     configs = selected_configs(s)
     models = {label: ours(res, opts, size, backbone=kw) for label, res, opts, kw in configs}
@@ -233,8 +237,6 @@ def cuda_peak_bytes(model, batch, precision: str = "32-true") -> int:
 
 # --- 9. model.compile() --------------------------------------------------------------------------------------------
 def bench_compile(s: Settings) -> Section:
-    from ablations.costs import default_configs
-
     size = s.vit(s.depth)
     batch = random_batch(s)
     fns, compile_s = {}, {}
@@ -291,7 +293,6 @@ def overhead_times(s: Settings) -> dict:
     """Section 11's measurement: every model of ``overhead_labels`` interleaved in ``s.overhead_reps`` rounds in this
     process or, with ``s.isolate`` = K, each in a fresh process of its own (``one_model_time``) in K rounds; their
     times, FLOPs and the kernels (JSON: a child returns it)."""
-    from ablations.costs import measure
     from lit_modules.residual import stream_kernels
 
     kernels = stream_kernels.resolve("auto", s.device)
@@ -310,8 +311,6 @@ def isolated_times(s: Settings, labels: list[str]) -> dict[str, list[float]]:
     """``s.isolate`` rounds; in each, every label's model in a fresh child process of its own (one model, as a
     training run holds), the order rotating from round to round: per label, each round's median seconds a step."""
     import torch
-
-    from . import child
 
     times: dict[str, list[float]] = {label: [] for label in labels}
     for r in range(s.isolate):

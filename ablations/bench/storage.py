@@ -10,7 +10,11 @@ import tempfile
 from pathlib import Path
 
 from ..machine.timing import interleave, median, round_ratios
+from ..studies.storage import open_storage, set_user_attrs
 from .harness import Section, Settings, ms, ratio_cell
+
+# Imported where they are used, not here: Optuna. Each takes from a tenth of a second to seconds to import, and the
+# command-line tools start without them.
 
 #: a run's summary as a study stores it: per-epoch curves (30 epochs) and scalars, about 53 attributes in all
 CURVES, SCALARS, EPOCHS = 8, 45, 30
@@ -24,8 +28,6 @@ def summary() -> dict:
 
 def bench_storage(s: Settings) -> Section:
     import optuna
-
-    from ..studies.storage import open_storage, set_user_attrs
 
     attrs = summary()
     sec = Section("storage", "15. A trial's summary into the study's storage (opt-in)",

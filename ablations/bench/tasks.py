@@ -9,6 +9,12 @@ import sys
 
 from ..machine import allocator
 from .harness import Settings
+from .loops import lightning_times
+from .malloc import time_both_sizes
+from .steps import one_model_time, overhead_times
+
+# Imported where they are used, not here: torch. Each takes from a tenth of a second to seconds to import, and the
+# command-line tools start without them.
 
 
 def settings_from(fields: dict) -> Settings:
@@ -18,10 +24,6 @@ def settings_from(fields: dict) -> Settings:
 
 def main(payload: str) -> None:
     import torch
-
-    from .loops import lightning_times
-    from .malloc import time_both_sizes
-    from .steps import one_model_time, overhead_times
 
     tasks = {"lightning": lightning_times, "malloc": time_both_sizes, "one_model": one_model_time,
              "overhead": overhead_times}

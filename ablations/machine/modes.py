@@ -14,7 +14,7 @@ measurement applies only to the machine it was made on:
 - **Lookup, CPU** (:func:`choose_mode`): the user's bench table ``results/device/modes-cpu.json`` (``python -m
   ablations.bench --sections modes --out results/device``), then this machine's cache of measured cells
   ``results/device/modes-cpu-<signature>.json``, then the table that ships with the project
-  (``ablations/machine/modes_cpu.json``, measured on the development machine) — each only if its signature is this
+  (``ablations/machine/modes_cpu.json``, measured on a 2-core AMD EPYC) — each only if its signature is this
   machine's. A grid table answers with its nearest cell in (log width, log tokens); the cache only for the exact
   (width, tokens) cell.
 - **Otherwise it measures** (:func:`measure_cell`, when the caller allows it: a training run and the study runner
@@ -39,16 +39,23 @@ Torch-free at import: a training run's configuration step can call ``choose_mode
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import math
 import os
+import platform
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 from .. import layout
+from .timing import image_batch, interleave, median, round_ratios, train_step
+
+# Imported where they are used, not here: torch and the model (lit_modules: torch). Each takes from a tenth of a
+# second to seconds to import, and the command-line tools start without them.
 
 PRECISIONS = ("32-true", "bf16-mixed")  # Lightning's names
 DEVICE_TYPES = ("cpu", "cuda")
@@ -110,8 +117,6 @@ def tokens(img_size: int, patch_size: int) -> int:
 # --- machine signature -------------------------------------------------------------------------------------------
 def cpu_facts() -> tuple[str, list[str]]:
     """(CPU model name, the :data:`SIGNATURE_FLAGS` it has) from ``/proc/cpuinfo`` (``unknown``, [] elsewhere)."""
-    import platform
-
     name, flags = platform.processor() or "unknown", []
     with contextlib.suppress(OSError):
         info = Path("/proc/cpuinfo").read_text()
@@ -161,8 +166,6 @@ def cpu_text(name: str, flags: list[str]) -> str:
 
 def _torch_version() -> str:
     """torch's ``major.minor`` without importing it (its kernels, and so the fastest mode, change between them)."""
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return ".".join(version("torch").split("+")[0].split(".")[:2])
     except PackageNotFoundError:
@@ -373,8 +376,6 @@ def choose_mode(device_type: str, embed_dim: int, tokens: int, table: dict | str
 @contextlib.contextmanager
 def locked(path: Path):
     """An exclusive ``flock`` on ``<path>.lock`` (created with its folder) for the block."""
-    import fcntl
-
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_name(path.name + ".lock"), "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -415,8 +416,6 @@ def measure_cell(size: dict[str, Any], batch: int, *, device: str = "cpu", reps:
     import torch
 
     from lit_modules import VisionTransformer
-
-    from .timing import image_batch, interleave, median, round_ratios, train_step
 
     with torch.random.fork_rng(devices=[]):
         x, y = image_batch(batch, size["in_chans"], size["img_size"], size["num_classes"], device)

@@ -18,6 +18,9 @@ from typing import Any
 
 from ..recipes import RECIPES
 
+# Imported where they are used, not here: torch and timm. Each takes from a tenth of a second to seconds to import,
+# and the command-line tools start without them.
+
 #: the timed step's AdamW settings: the default (``basic``) recipe's
 LR, WEIGHT_DECAY = RECIPES["basic"]["lr"], RECIPES["basic"]["weight_decay"]
 

@@ -39,9 +39,9 @@ trials, exits 2 with one line.
 Package layout: :mod:`.load` (storage → runs), :mod:`.runs` (runs.csv ↔ runs), :mod:`.stats` (paired statistics),
 :mod:`.tables` (tables as DataFrames and their one Markdown / LaTeX / CSV formatter), :mod:`.claims` (claim
 verdicts), :mod:`.power` (seeds needed), :mod:`.tuning` (the LR tuning table and figure), :mod:`.cli` (arguments,
-writing); figures are drawn by :mod:`ablations.report.figures`. :mod:`.aggregate` (curves across seeds, TensorBoard's
+writing); figures are drawn by :mod:`ablations.report.figures` (the diagnostics' by :mod:`.diagnostic_figures`, both in the frame of :mod:`.plot`). :mod:`.aggregate` (curves across seeds, TensorBoard's
 aggregate runs ``agg/<variant>/depth=<d>``, also written by the study runner), :mod:`.html` (``--html``:
-``report.html`` and ``index.html``) and :mod:`.notes` (the optuna-dashboard notes): docs/dashboards.md.
+``report.html`` and ``index.html``; its charts :mod:`.charts`, its text :mod:`.markup`) and :mod:`.notes` (the optuna-dashboard notes): docs/dashboards.md.
 """
 
 from __future__ import annotations

@@ -50,10 +50,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..dashboard import display_tag, safe, short
+from .. import layout as paths
+from ..dashboard import display_tag, hparam_value, safe, short, write_study_hparams
 from ..training import HP_METRICS, HP_SUMMARY_KEYS
-from .load import DIVERGED_KEY, Run, StudyData, finite
+from .claims import claims_table
+from .events import read_run
+from .load import DIVERGED_KEY, Run, StudyData, collect, finite, first_line
 from .stats import CONFIDENCE
+
+# Imported where they are used, not here: SciPy and TensorBoard. Each takes from a tenth of a second to seconds to
+# import, and the command-line tools start without them.
 
 AGG_RUN = "agg"  # the aggregate runs' folder under a study's TensorBoard root (layout.runs_dir)
 PAIRED_GROUP = "0_paired"
@@ -102,8 +108,6 @@ def event_curves(log_dir: Path | None) -> dict[str, dict[int, float]]:
     """``{internal tag: {epoch (1-based): value}}`` of a run folder's ``train/``, ``val/``, ``test/`` and ``diag/``
     scalars ({} without event files). Lightning's metrics map to epochs through the run's ``epoch`` scalar; a step
     without one is dropped."""
-    from .events import read_run
-
     events = read_run(log_dir, prefix="")
     epoch_at = {step: int(round(value)) for step, value in events.scalars.get("epoch", {}).items()}
     curves: dict[str, dict[int, float]] = {}
@@ -175,40 +179,53 @@ def aggregate(data: StudyData, curves_of: Callable[[Run], Mapping[str, Mapping[i
             cell = CellAggregate(row=row, variant=data.row_variant.get(row, row), depth=depth,
                                  extras=data.row_extras.get(row, ()), seeds=sorted({r.seed for r in runs
                                                                                     if r.seed is not None}))
-            tags = sorted({tag for r in runs for tag in curves[r.number]})
-            for tag in tags:
+            for tag in sorted({tag for r in runs for tag in curves[r.number]}):
                 epochs = sorted({e for r in runs for e in curves[r.number].get(tag, {})})
                 cell.curves[tag] = {e: b for e in epochs if (b := band(
                     [curves[r.number].get(tag, {}).get(e) for r in runs], confidence)) is not None}
-            base_row = data.baseline_row(row)
-            if base_row is not None and base_row != row:
-                base = {r.seed: r for r in data.by_row_depth(base_row, depth) if r.state == "complete"}
-                own = {r.seed: r for r in runs}
-                seeds = sorted(s for s in set(own) & set(base) if s is not None)
-                cell.baseline = base_row if seeds else None
-                for tag in PAIRED_TAGS:
-                    epochs = sorted({e for s in seeds for e in curves[own[s].number].get(tag, {})})
-                    deltas = {}
-                    for e in epochs:
-                        diffs = [curves[own[s].number].get(tag, {}).get(e, math.nan)
-                                 - curves[base[s].number].get(tag, {}).get(e, math.nan) for s in seeds]
-                        b = band(diffs, confidence)
-                        if b is not None:
-                            deltas[e] = b
-                    if deltas:
-                        cell.deltas[tag] = deltas
-            ok = [r for r in runs if r.ok]
-            cell.n_ok = len(ok)
-            for key in HP_SUMMARY_KEYS:
-                pool = runs if key == DIVERGED_KEY else ok
-                values = [float(r.summary[key]) for r in pool if finite(r.summary.get(key))]
-                if values:
-                    cell.summary[key] = math.fsum(values) / len(values)
-            cell.metric = band([r.acc for r in ok], confidence)
-            lrs = {r.lr for r in runs}
-            cell.lr = lrs.pop() if len(lrs) == 1 else None
+            _paired_deltas(cell, data, runs, curves, confidence)
+            _summaries(cell, runs, confidence)
             cells.append(cell)
     return cells
+
+
+def _paired_deltas(cell: CellAggregate, data: StudyData, runs: Sequence[Run], curves: Mapping[int, Mapping],
+                   confidence: float) -> None:
+    """The cell's paired differences to its baseline row at the same depth, seed by seed, per epoch of each of
+    :data:`PAIRED_TAGS` (``cell.deltas``), and the baseline they are against when any seed pairs."""
+    base_row = data.baseline_row(cell.row)
+    if base_row is None or base_row == cell.row:
+        return
+    base = {r.seed: r for r in data.by_row_depth(base_row, cell.depth) if r.state == "complete"}
+    own = {r.seed: r for r in runs}
+    seeds = sorted(s for s in set(own) & set(base) if s is not None)
+    cell.baseline = base_row if seeds else None
+    for tag in PAIRED_TAGS:
+        epochs = sorted({e for s in seeds for e in curves[own[s].number].get(tag, {})})
+        deltas = {}
+        for e in epochs:
+            diffs = [curves[own[s].number].get(tag, {}).get(e, math.nan)
+                     - curves[base[s].number].get(tag, {}).get(e, math.nan) for s in seeds]
+            b = band(diffs, confidence)
+            if b is not None:
+                deltas[e] = b
+        if deltas:
+            cell.deltas[tag] = deltas
+
+
+def _summaries(cell: CellAggregate, runs: Sequence[Run], confidence: float) -> None:
+    """The cell's summary means over its ok runs (the divergence share over all), its metric's band and the
+    learning rate all its runs trained at."""
+    ok = [r for r in runs if r.ok]
+    cell.n_ok = len(ok)
+    for key in HP_SUMMARY_KEYS:
+        pool = runs if key == DIVERGED_KEY else ok
+        values = [float(r.summary[key]) for r in pool if finite(r.summary.get(key))]
+        if values:
+            cell.summary[key] = math.fsum(values) / len(values)
+    cell.metric = band([r.acc for r in ok], confidence)
+    lrs = {r.lr for r in runs}
+    cell.lr = lrs.pop() if len(lrs) == 1 else None
 
 
 # --- TensorBoard ----------------------------------------------------------------------------------------------------
@@ -294,8 +311,6 @@ def layout_summary(scalars_layout) -> Any:
 
 def hparams_values(cell: CellAggregate) -> dict[str, Any]:
     """The aggregate row's values of the study's HParams columns: its variant and grid axes, no seed."""
-    from ..dashboard import hparam_value
-
     values: dict[str, Any] = {"variant": cell.variant}
     if cell.depth is not None:
         values["depth"] = cell.depth
@@ -340,8 +355,6 @@ def write_tensorboard(root: Path, spec, cells: Sequence[CellAggregate], *, claim
     ``agg`` folder is replaced at once, under a lock. Returns the ``agg`` folder."""
     from tensorboard.plugins.text import summary_v2 as text
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
-
-    from ..dashboard import write_study_hparams
 
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -401,7 +414,6 @@ def claims_text(data: StudyData, spec) -> str | None:
     """The claims' verdicts (the Markdown of claims.md) of a study that lists claims and has results."""
     if not spec.claims or not any(r.ok for r in data.runs):
         return None
-    from .claims import claims_table
 
     return claims_table(data, spec.claims, spec=spec, resamples=2_000).markdown()  # refreshed after each trial
 
@@ -421,9 +433,6 @@ def refresh(study, spec, results_dir: str | Path) -> None:
     Never fails the study: a problem is one line on stderr."""
     if spec.kind != "grid" or spec.stage == "tune":
         return
-    from .. import layout as paths
-    from .load import collect, first_line
-
     try:
         data = collect(study, spec, Path(results_dir))
         write_study(data, spec, paths.runs_dir(results_dir, study.study_name))

@@ -10,9 +10,39 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
+import yaml
+
 from .. import layout
 from ..cli import OneLineParser, add_study_arguments
-from .load import AUC_KEY, EPOCH_TIME_KEY, FRACTION_KEYS, WALL_TIME_KEY, ReportError, StudyData, first_line
+from ..studies.overrides import OVERRIDES_ATTR, apply_sets, describe, parse_sets
+from ..studies.spec import TUNE_MEANS, TUNED_LR, contend_name, load_spec, resolved
+from ..studies.storage import check_sqlite_file, unusable_storage_error, unusable_storage_message
+from . import format as fmt
+from . import model_tables as mt
+from . import runs as runs_csv
+from . import tables as tb
+from .aggregate import write_study
+from .calibration import calibration_table
+from .claims import claims_table
+from .depth import depth_figure, depth_table
+from .ledger import summary, write_ledger
+from .load import (
+    AUC_KEY,
+    EPOCH_TIME_KEY,
+    FRACTION_KEYS,
+    WALL_TIME_KEY,
+    ReportError,
+    StudyData,
+    best_per_row,
+    collect,
+    first_line,
+    open_study,
+    open_tune_study,
+)
+from .notes import study_note, tuning_note
+from .power import power_table
+from .stats import main_cells
+from .tuning import tuning_figure, tuning_records, tuning_table
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,7 +85,6 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the interpreter's flush at exit
         return 0
     except Exception as exc:  # a storage file found damaged past the check in _main: one line, not a traceback
-        from ..studies.storage import unusable_storage_error, unusable_storage_message
 
         damaged = unusable_storage_error(exc)
         if damaged is None:
@@ -66,8 +95,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _ledger(args: argparse.Namespace) -> int:
     """``--ledger``: the claims ledger from every study folder's runs.csv (:mod:`.ledger`)."""
-    from .ledger import summary, write_ledger
-
     if args.study:
         raise ReportError("--ledger reads every study under --results-dir: give no --study")
     paths, records = write_ledger(Path(args.results_dir))
@@ -79,12 +106,6 @@ def _ledger(args: argparse.Namespace) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from ..studies.overrides import OVERRIDES_ATTR, apply_sets, describe, parse_sets
-    from ..studies.spec import contend_name, load_spec
-    from . import format as fmt
-    from . import runs as runs_csv
-    from .load import collect, open_study, open_tune_study
-
     if args.ledger:
         return _ledger(args)
     if not args.study:
@@ -96,8 +117,6 @@ def _main(args: argparse.Namespace) -> int:
     if args.runs:
         data = runs_csv.read(Path(args.runs), spec, study_name)
     else:
-        from ..studies.storage import check_sqlite_file
-
         check_sqlite_file(args.storage)  # garbage or a truncated file: one line, and the file is never written
         study = open_study(args.storage, study_name, spec)
         data = collect(study, spec, results_dir, tune_study=open_tune_study(study),
@@ -120,7 +139,32 @@ def _main(args: argparse.Namespace) -> int:
         written += fmt.write_table(table, out, study_name)
     written.append(runs_csv.write(data, out / "runs.csv"))  # every result trial: the tables' one input
     written.append(write_resolved(spec, out / "study.yaml"))  # the study as it ran: base files and budget resolved
-    notes = [f"{t.name}: {n}" for t in tables for n in t.notes] + notes
+    notes = [f"{t.name}: {n}" for t in tables for n in t.notes] + notes + mixed_run_notes(data)
+    if not args.no_figures:
+        written += _figures(data, study, cells, tables, out, notes)
+    if not args.no_tensorboard:
+        written += _tensorboard(data, spec, study, tables, results_dir, study_name)
+    page = None
+    if args.html:
+        page = _html(data, spec, tables, out, results_dir, study, args.runs)
+        written.append(page)
+        if out.resolve().parent == results_dir.resolve():  # results/<study>/report.html: the index lists it
+            written.append(_index(results_dir))
+    if study is not None and not args.no_note:
+        notes += _dashboard_notes(study, spec, study_name, tables, page or out / "report.html")
+
+    print(tables[0].markdown())
+    for n in notes:
+        print(f"note: {n}")
+    print(f"\nfiles written ({len(written)}):")
+    for path in written:
+        print(f"  {path}")
+    return 0
+
+
+def mixed_run_notes(data: StudyData) -> list[str]:
+    """Notes on runs that a pair compares although they differ: in their modes, their machines or their forms."""
+    notes = []
     modes = data.modes()
     if len(modes) > 1:  # e.g. a study continued after precision auto: its pairs mix numerics (runs.csv: 'mode')
         notes.append("runs trained in different modes (" + "; ".join(f"{m}: {n}" for m, n in modes.items())
@@ -135,70 +179,67 @@ def _main(args: argparse.Namespace) -> int:
                      + "; ".join(f"{v}: {n} forms" for v, n in mixed.items())
                      + "; their means mix designs: train them again (--import-runs leaves out rows of an earlier "
                        "form)")
-    if not args.no_figures:
-        from .tuning import tuning_figure, tuning_records
+    return notes
 
-        if data.tune_runs:
-            written += tuning_figure(data, tuning_records(data), out)
-        depth = next((t for t in tables if t.name == "depth"), None)
-        if depth is not None:  # drawn from runs.csv alone, like the tuning figure
-            from .depth import depth_figure
 
-            written += depth_figure(depth.frame.to_dict("records"), data.rows, data.name, out)
-        if study is not None:
-            from .figures import report_figures
+def _figures(data: StudyData, study, cells, tables: Sequence, out: Path, notes: list[str]) -> list[Path]:
+    """The tuning and depth figures (drawn from runs.csv alone), and from a storage every other figure (their notes
+    added to ``notes``)."""
+    written = tuning_figure(data, tuning_records(data), out) if data.tune_runs else []
+    depth = next((t for t in tables if t.name == "depth"), None)
+    if depth is not None:
+        written += depth_figure(depth.frame.to_dict("records"), data.rows, data.name, out)
+    if study is not None:
+        from .figures import report_figures  # matplotlib, optuna's plots and torch: only when figures are drawn
 
-            figs, fig_notes = report_figures(study, data, cells, out)
-            written += figs
-            notes += fig_notes
-    if study is not None and not args.no_tensorboard:
+        figs, fig_notes = report_figures(study, data, cells, out)
+        written += figs
+        notes += fig_notes
+    return written
+
+
+def _tensorboard(data: StudyData, spec, study, tables: Sequence, results_dir: Path, study_name: str) -> list[Path]:
+    """The tables as TensorBoard text (from a storage) and the seed aggregates (from a storage or runs.csv alone)."""
+    written = []
+    if study is not None:
         written.append(write_tensorboard(tensorboard_dir(data, results_dir, study_name), tables))
-    if not args.no_tensorboard:  # from the storage or from runs.csv alone: the seed aggregates
-        from .aggregate import write_study
+    agg = write_study(data, spec, tensorboard_dir(data, results_dir, study_name).parent)
+    return written + ([agg] if agg is not None else [])
 
-        agg = write_study(data, spec, tensorboard_dir(data, results_dir, study_name).parent)
-        if agg is not None:
-            written.append(agg)
-    html = None
-    if args.html:
-        from .html import write_index, write_report
 
-        html = write_report(data, spec, tables, out, results_dir=results_dir, study=study,
-                            source="storage" if study is not None else str(args.runs))
-        written.append(html)
-        if out.resolve().parent == results_dir.resolve():  # results/<study>/report.html: the index lists it
-            written.append(write_index(results_dir))
-    if study is not None and not args.no_note:
-        from ..studies.spec import TUNE_MEANS, TUNED_LR
-        from .notes import study_note, tuning_note
+def _html(data: StudyData, spec, tables: Sequence, out: Path, results_dir: Path, study, runs: str | None) -> Path:
+    from .html import write_report  # plotly and markdown: only for --html
 
-        try:
-            save_dashboard_note(study, study_note(study_name, tables, html or out / "report.html"))
-            notes.append(f"optuna-dashboard note saved on study '{study_name}'.")
-            tune_study = open_tune_study(study)
-            if tune_study is not None and spec.tune is not None and study.user_attrs.get(TUNED_LR):
-                save_dashboard_note(tune_study, tuning_note(study_name, study.user_attrs[TUNED_LR],
-                                                            study.user_attrs.get(TUNE_MEANS) or {},
-                                                            metric=spec.tune.metric, seeds=spec.tune.seeds))
-                notes.append(f"optuna-dashboard note saved on its tuning stage '{tune_study.study_name}'.")
-        except Exception as exc:  # noqa: BLE001 - a read-only storage must not lose the report
-            notes.append(f"optuna-dashboard note not saved: {first_line(exc)}")
+    return write_report(data, spec, tables, out, results_dir=results_dir, study=study,
+                        source="storage" if study is not None else str(runs))
 
-    print(tables[0].markdown())
-    for n in notes:
-        print(f"note: {n}")
-    print(f"\nfiles written ({len(written)}):")
-    for path in written:
-        print(f"  {path}")
-    return 0
+
+def _index(results_dir: Path) -> Path:
+    from .html import write_index  # plotly and markdown: only for --html
+
+    return write_index(results_dir)
+
+
+def _dashboard_notes(study, spec, study_name: str, tables: Sequence, page: Path) -> list[str]:
+    """Attach the report to the study, and the tuning choice to its tuning stage, as optuna-dashboard notes; what
+    was saved, or the one line why not (a read-only storage must not lose the report)."""
+    notes = []
+    try:
+        save_dashboard_note(study, study_note(study_name, tables, page))
+        notes.append(f"optuna-dashboard note saved on study '{study_name}'.")
+        tune_study = open_tune_study(study)
+        if tune_study is not None and spec.tune is not None and study.user_attrs.get(TUNED_LR):
+            save_dashboard_note(tune_study, tuning_note(study_name, study.user_attrs[TUNED_LR],
+                                                        study.user_attrs.get(TUNE_MEANS) or {},
+                                                        metric=spec.tune.metric, seeds=spec.tune.seeds))
+            notes.append(f"optuna-dashboard note saved on its tuning stage '{tune_study.study_name}'.")
+    except Exception as exc:  # noqa: BLE001 - a read-only storage must not lose the report
+        notes.append(f"optuna-dashboard note not saved: {first_line(exc)}")
+    return notes
 
 
 def write_resolved(spec, path: Path) -> Path:
     """The study as trained (:func:`ablations.studies.spec.resolved`) as YAML at ``path``."""
-    import yaml
-
-    from ..studies.spec import resolved
-
     path.parent.mkdir(parents=True, exist_ok=True)
     header = ("# The study file with its base files and budget resolved, as the code that wrote this report reads it;\n"
               "# each stored run's own settings (learning rate, seed, tuning stage, mode) are its row of runs.csv.\n")
@@ -219,10 +260,6 @@ def label_first_look(tables: Sequence, spec) -> bool:
 def _tuning_only(data: StudyData, spec, out: Path, figures: bool) -> int:
     """A study still in its tuning stage: its runs.csv (what ``python -m ablations.run --import-runs`` continues it
     from elsewhere) and the tuning table (and figure) so far; the reported tables wait for reported trials."""
-    from . import format as fmt
-    from . import runs as runs_csv
-    from .tuning import tuning_figure, tuning_records, tuning_table
-
     table = tuning_table(data, tuning_records(data))
     label_first_look([table], spec)
     written = [*fmt.write_table(table, out, data.name), runs_csv.write(data, out / "runs.csv")]
@@ -243,15 +280,6 @@ CONVERGENCE_INPUTS = (*FRACTION_KEYS, AUC_KEY, EPOCH_TIME_KEY, WALL_TIME_KEY)
 def build_tables(data: StudyData, spec, study=None) -> tuple[list, list | None, list[str]]:
     """(tables, the main table's cells (grid studies), notes). Without a ``study`` (from runs.csv) the tables whose
     inputs are not in runs.csv are skipped with a note."""
-    from . import model_tables as mt
-    from . import tables as tb
-    from .calibration import calibration_table
-    from .claims import claims_table
-    from .depth import depth_table
-    from .load import best_per_row
-    from .power import power_table
-    from .stats import main_cells
-    from .tuning import tuning_records, tuning_table
 
     cells, notes = None, []
     if spec.kind == "grid":
@@ -318,7 +346,7 @@ def write_tensorboard(run_dir: Path, tables: Sequence) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     for old in run_dir.glob("events.out.tfevents.*"):
         old.unlink()
-    from torch.utils.tensorboard import SummaryWriter
+    from torch.utils.tensorboard import SummaryWriter  # torch: only when the tables go to TensorBoard
 
     writer = SummaryWriter(log_dir=str(run_dir))
     try:
@@ -330,7 +358,7 @@ def write_tensorboard(run_dir: Path, tables: Sequence) -> Path:
 
 
 def save_dashboard_note(study, markdown: str) -> None:
-    import optuna_dashboard
+    import optuna_dashboard  # 2 s to import: only when a note is saved
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

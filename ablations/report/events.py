@@ -20,6 +20,9 @@ from lit_modules.names import DIAGNOSTIC_TAGS
 
 from ..dashboard import internal_tag
 
+# Imported where they are used, not here: TensorBoard. Each takes from a tenth of a second to seconds to import, and
+# the command-line tools start without them.
+
 TEXT_SUFFIX = "/text_summary"  # torch's SummaryWriter.add_text appends it to the tag
 RATIO_RE = re.compile(r"^diag/ratio_mean/(?P<sublayer>[^/]+)/(?P<layer>\d+)$")
 SITE_RE = r"^diag/{kind}/(?P<sublayer>[^/]+)/(?P<layer>\d+)$"  # per (sublayer, layer): ratio_mean, skip_scale, ...

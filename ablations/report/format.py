@@ -17,6 +17,9 @@ from .load import (
     StudyData,
 )
 
+# Imported where they are used, not here: pandas. Each takes from a tenth of a second to seconds to import, and the
+# command-line tools start without them.
+
 MARK = "*"  # Holm-significant paired difference
 MIN_IMPORTANCE_TRIALS = 4  # fewer completed trials in a scope: a note instead of importances
 _TEX = {"&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
@@ -92,47 +95,61 @@ class Table:
 def render(table: Table, style: str, label: str = "") -> str:
     """``table`` as Markdown (``md``: title, table, caption, notes), LaTeX (``tex``: a booktabs ``table`` float
     with caption and label) or ``csv`` (the frame)."""
-    records = table.frame.to_dict("records")
     if style == "csv":
-        out = io.StringIO()
-        writer = csv.writer(out, lineterminator="\n")
-        writer.writerow([header for _, header, _ in table.csv])
-        for rec in records:
-            writer.writerow([csv_value(rec.get(key), fmt) for key, _, fmt in table.csv])
-        return out.getvalue()
-    fixed = [c for c in table.columns if not c.per_depth]
-    spread = [c for c in table.columns if c.per_depth]
-    if spread:  # wide: one line per index value, one column group per depth
-        depths = list(dict.fromkeys(rec.get("depth") for rec in records))
-        lines = list(dict.fromkeys(rec[table.index] for rec in records))
-        at = {(rec[table.index], rec.get("depth")): rec for rec in records}
-        body = [[c.text(at.get((line, depths[0])) if depths else None, style) for c in fixed]
-                + [c.text(at.get((line, d)), style) for d in depths for c in spread] for line in lines]
-        headers = [c.header for c in fixed] + [c.header.format(depth=d) if d is not None else c.sub
-                                                for d in depths for c in spread]
-        align = "".join(c.alignment for c in fixed) + "".join(c.alignment for _ in depths for c in spread)
-    else:
-        depths = []
-        body = [[c.text(rec, style) for c in fixed] for rec in records]
-        headers = [c.header for c in fixed]
-        align = "".join(c.alignment for c in fixed)
+        return _csv(table)
+    headers, body, align, depths = _grid(table, style)
     if style == "md":
         text = markdown_table(headers, body, align, pad=True)
         parts = [f"### {table.title}", "", text, "", table.caption]
         parts += [f"\nNote: {n}" for n in table.notes]
         return "\n".join(parts) + "\n"
     caption = latex_escape(table.caption + "".join(f" Note: {n}" for n in table.notes))
-    head = [" & ".join(latex_escape(h) for h in headers) + r" \\"]
-    if spread and depths != [None]:  # two header lines: "depth d" groups over their sub-columns
-        k, width = len(fixed), len(spread)
-        groups = [rf"\multicolumn{{{width}}}{{c}}{{depth {d}}}" for d in depths]
-        rules = "".join(rf"\cmidrule(lr){{{k + 1 + i * width}-{k + (i + 1) * width}}}" for i in range(len(depths)))
-        subs = [latex_escape(c.header) for c in fixed] + [latex_escape(c.sub) for _ in depths for c in spread]
-        head = [" & ".join([""] * k + groups) + r" \\", rules, " & ".join(subs) + r" \\"]
     return "\n".join([r"\begin{table}", r"\centering", rf"\caption{{{caption}}}", rf"\label{{{label}}}",
-                      rf"\begin{{tabular}}{{{align}}}", r"\toprule", *head, r"\midrule",
+                      rf"\begin{{tabular}}{{{align}}}", r"\toprule", *_latex_head(table, headers, depths), r"\midrule",
                       *(" & ".join(line) + r" \\" for line in body), r"\bottomrule", r"\end{tabular}",
                       r"\end{table}"]) + "\n"
+
+
+def _csv(table: Table) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow([header for _, header, _ in table.csv])
+    for rec in table.frame.to_dict("records"):
+        writer.writerow([csv_value(rec.get(key), fmt) for key, _, fmt in table.csv])
+    return out.getvalue()
+
+
+def _grid(table: Table, style: str) -> tuple[list[str], list[list[str]], str, list]:
+    """(headers, body cells in ``style``, alignment, the depths of a wide table): one line per record, or for a
+    table with per-depth columns one line per index value with a column group per depth."""
+    records = table.frame.to_dict("records")
+    fixed = [c for c in table.columns if not c.per_depth]
+    spread = [c for c in table.columns if c.per_depth]
+    if not spread:
+        return ([c.header for c in fixed], [[c.text(rec, style) for c in fixed] for rec in records],
+                "".join(c.alignment for c in fixed), [])
+    depths = list(dict.fromkeys(rec.get("depth") for rec in records))
+    lines = list(dict.fromkeys(rec[table.index] for rec in records))
+    at = {(rec[table.index], rec.get("depth")): rec for rec in records}
+    body = [[c.text(at.get((line, depths[0])) if depths else None, style) for c in fixed]
+            + [c.text(at.get((line, d)), style) for d in depths for c in spread] for line in lines]
+    headers = [c.header for c in fixed] + [c.header.format(depth=d) if d is not None else c.sub
+                                            for d in depths for c in spread]
+    align = "".join(c.alignment for c in fixed) + "".join(c.alignment for _ in depths for c in spread)
+    return headers, body, align, depths
+
+
+def _latex_head(table: Table, headers: Sequence[str], depths: list) -> list[str]:
+    """The LaTeX header lines: one, or for a wide table two, "depth d" groups over their sub-columns."""
+    fixed = [c for c in table.columns if not c.per_depth]
+    spread = [c for c in table.columns if c.per_depth]
+    if not spread or depths == [None]:
+        return [" & ".join(latex_escape(h) for h in headers) + r" \\"]
+    k, width = len(fixed), len(spread)
+    groups = [rf"\multicolumn{{{width}}}{{c}}{{depth {d}}}" for d in depths]
+    rules = "".join(rf"\cmidrule(lr){{{k + 1 + i * width}-{k + (i + 1) * width}}}" for i in range(len(depths)))
+    subs = [latex_escape(c.header) for c in fixed] + [latex_escape(c.sub) for _ in depths for c in spread]
+    return [" & ".join([""] * k + groups) + r" \\", rules, " & ".join(subs) + r" \\"]
 
 
 def write_table(table: Table, out: Path, study_name: str) -> list[Path]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sqlite3
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -19,8 +20,11 @@ from typing import Any
 from .. import layout
 from ..machine.modes import mode_text, ran_on_cuda
 from ..studies.spec import tune_name
-from ..studies.storage import repeated_results
+from ..studies.storage import redact, repeated_results, with_installed_driver
 from ..training import HP_SUMMARY_KEYS
+
+# Imported where they are used, not here: Optuna, SQLAlchemy and the model (lit_modules: torch). Each takes from a
+# tenth of a second to seconds to import, and the command-line tools start without them.
 
 BASELINE = "standard"  # the variant every other one is compared with
 
@@ -200,7 +204,6 @@ def open_study(url: str, study_name: str, spec=None):
     of them is missing."""
     if "://" not in url:
         raise ReportError(f"storage '{url}' is not a URL; e.g. {layout.DEFAULT_STORAGE}")
-    from ..studies.storage import redact, with_installed_driver
 
     names: list[str] | None = None
     if url.startswith("sqlite:"):
@@ -241,8 +244,6 @@ def open_study(url: str, study_name: str, spec=None):
 
 
 def _sqlite_study_names(path: Path) -> list[str]:
-    import sqlite3
-
     try:
         con = sqlite3.connect(f"file:{path.resolve()}?mode=ro", uri=True)
         try:

@@ -13,6 +13,7 @@ from lit_modules.config import GEOMETRY
 from lit_modules.names import DIAGNOSTIC_TAGS
 
 from .. import layout
+from ..costs import measure
 from .events import ATTN_ENTROPY_MEAN, ATTN_SIM_ADJ_MEAN, SIMILAR_BLOCKS, RunEvents, read_run
 from .format import Column, Table, fmt_param, frame, num, status_notes
 from .load import (
@@ -24,6 +25,9 @@ from .load import (
     first_line,
     mean_of,
 )
+
+# Imported where they are used, not here: the model (lit_modules: torch) and the datasets (data: torch). Each takes
+# from a tenth of a second to seconds to import, and the command-line tools start without them.
 
 # --- attention collapse (DeepViT) ------------------------------------------------------------------------------------
 COLLAPSE_KEYS = ["variant", "depth", "n", "similar_blocks", "similar_blocks_std", "similar_blocks_fraction",
@@ -215,8 +219,6 @@ def cost_table(data: StudyData, representative: dict[str, Run], *, depth_note: s
     """Params and forward FLOPs (``costs.measure``, batch 1) of each row's representative config (as the trial
     stored it) vs the same config with the standard residual; measured train images/s (mean over the row's
     completed runs at that depth)."""
-    from ..costs import measure
-
     cache: dict[tuple, dict] = {}
     records, notes = [], []
     for row in data.rows:

@@ -9,6 +9,9 @@ import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+# Imported where they are used, not here: optuna-dashboard. Each takes from a tenth of a second to seconds to import,
+# and the command-line tools start without them.
+
 
 def study_note(study_name: str, tables: Sequence, html: Path) -> str:
     """Markdown: the claims' verdicts (when the study lists claims), the HTML report's path (whether it exists

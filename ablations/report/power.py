@@ -23,6 +23,9 @@ from .format import Column, Table, frame
 from .load import StudyData, mean_of, median_of, own_seconds
 from .stats import ALPHA, POWER, Cell, family_size, mde
 
+# Imported where they are used, not here: SciPy. Each takes from a tenth of a second to seconds to import, and the
+# command-line tools start without them.
+
 TARGETS_PP = (2.0, 1.0, 0.5)  # the MDEs a plan asks for, in percentage points
 MAX_SEEDS = 10_000  # beyond this a target reads "> 10000": the differences are too noisy for it
 

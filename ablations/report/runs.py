@@ -31,6 +31,9 @@ from ..training import HP_SUMMARY_KEYS
 from .load import DIVERGED_KEY, PHASES, STACK_SIZE_KEY, ReportError, Run, StudyData, assemble, run_mode
 from .stats import num_classes
 
+# Imported where they are used, not here: pandas. Each takes from a tenth of a second to seconds to import, and the
+# command-line tools start without them.
+
 HEAD = ("number", "run_name", "state", "phase", "variant", "row", "depth", "seed")
 CONFIG_COLUMNS = ("residual", "residual_options", "lr", "num_classes", "acc")
 SUMMARY_COLUMNS = tuple(k for k in HP_SUMMARY_KEYS if k != DIVERGED_KEY)

@@ -42,6 +42,9 @@ from .load import (
 )
 from .stats import ALPHA, CONFIDENCE, POWER, ZERO_SD, Cell, family_size
 
+# Imported where they are used, not here: Optuna. Each takes from a tenth of a second to seconds to import, and the
+# command-line tools start without them.
+
 # --- main table (grid studies) -------------------------------------------------------------------------------------
 MAIN_KEYS = ["variant", "depth", "lr", "n", "n_runs", "mean", "std", "n_diverged", "n_failed_training", "n_failed",
              "best", "baseline",

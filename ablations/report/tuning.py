@@ -63,29 +63,40 @@ def tuning_records(data: StudyData) -> list[dict]:
         return order.get(row, len(order)), row, depth if depth is not None else -1, lr
 
     grid = {float(lr) for lr in data.tune_grid}
-    records = []
-    for (row, depth, lr), runs in sorted(groups.items(), key=key):
-        values = [tune_run_value(r, data.tune_metric) for r in runs]
-        reported = [r for r in data.runs if r.row == row and r.depth == depth] or \
-            [r for r in data.runs if r.row == row]
-        records.append({"variant": row, "depth": depth, "lr": lr, "added": bool(grid) and lr not in grid,
-                        "n": len(values), "mean": statistics.fmean(values) if values else None,
-                        "std": statistics.stdev(values) if len(values) >= 2 else None,
-                        "n_diverged": sum(1 for r in runs if r.diverged),
-                        "n_failed_training": sum(1 for r in runs if r.failed_training),
-                        "n_failed": sum(1 for r in runs if not r.ok and not r.at_chance),
-                        "seeds": sorted({r.seed for r in runs if r.seed is not None}),
-                        "chosen": lr in {r.lr for r in reported}, "margin": None, "stability": None})
-    for (row, depth), cell in _cells(records).items():
-        chosen = [rec for rec in cell if rec["chosen"]]
-        if len(chosen) != 1 or chosen[0]["mean"] is None:
-            continue
-        others = [rec["mean"] for rec in cell if not rec["chosen"] and rec["mean"] is not None]
-        chosen[0]["margin"] = chosen[0]["mean"] - max(others) if others else None
-        by_seed = {rec["lr"]: {r.seed: tune_run_value(r, data.tune_metric)
-                               for r in groups[(row, depth, rec["lr"])] if r.seed is not None} for rec in cell}
-        chosen[0]["stability"] = choice_stability(by_seed, chosen[0]["lr"])
+    records = [_rate_record(data, row, depth, lr, runs, grid)
+               for (row, depth, lr), runs in sorted(groups.items(), key=key)]
+    for cell in _cells(records).values():
+        _mark_choice(data, cell, groups)
     return records
+
+
+def _rate_record(data: StudyData, row: str, depth, lr: float, runs: list, grid: set[float]) -> dict:
+    """The record of one row × depth × LR of the tuning runs (:func:`tuning_records`), its margin and stability
+    not yet set."""
+    values = [tune_run_value(r, data.tune_metric) for r in runs]
+    reported = [r for r in data.runs if r.row == row and r.depth == depth] or [r for r in data.runs if r.row == row]
+    return {"variant": row, "depth": depth, "lr": lr, "added": bool(grid) and lr not in grid,
+            "n": len(values), "mean": statistics.fmean(values) if values else None,
+            "std": statistics.stdev(values) if len(values) >= 2 else None,
+            "n_diverged": sum(1 for r in runs if r.diverged),
+            "n_failed_training": sum(1 for r in runs if r.failed_training),
+            "n_failed": sum(1 for r in runs if not r.ok and not r.at_chance),
+            "seeds": sorted({r.seed for r in runs if r.seed is not None}),
+            "chosen": lr in {r.lr for r in reported}, "margin": None, "stability": None}
+
+
+def _mark_choice(data: StudyData, cell: list[dict], groups: dict[tuple, list]) -> None:
+    """On a row × depth's one chosen rate (if it has one, with a mean): its margin over the next-best rate's mean and
+    the stability of the choice over the tuning seeds."""
+    chosen = [rec for rec in cell if rec["chosen"]]
+    if len(chosen) != 1 or chosen[0]["mean"] is None:
+        return
+    others = [rec["mean"] for rec in cell if not rec["chosen"] and rec["mean"] is not None]
+    chosen[0]["margin"] = chosen[0]["mean"] - max(others) if others else None
+    by_seed = {rec["lr"]: {r.seed: tune_run_value(r, data.tune_metric)
+                           for r in groups[(rec["variant"], rec["depth"], rec["lr"])] if r.seed is not None}
+               for rec in cell}
+    chosen[0]["stability"] = choice_stability(by_seed, chosen[0]["lr"])
 
 
 def _cells(records: list[dict]) -> dict[tuple, list[dict]]:
@@ -192,7 +203,7 @@ DEPTH_STYLES = (("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"))
 def tuning_figure(data: StudyData, records: list[dict], out: Path) -> list[Path]:
     """Val accuracy (mean ± sd over the tuning seeds) vs LR (log axis) per variant, the chosen LR circled; and the
     stability of each row's choice (``tuning_stability``: bars, the :data:`STABLE` line drawn)."""
-    from .figures import apply_style, close, colors, new_figure, place_legends, save, text_width
+    from .plot import apply_style, close, colors, new_figure, place_legends, save, text_width
 
     apply_style()
     palette = colors(data.rows)

@@ -13,8 +13,8 @@ storage is elsewhere or gone from the runs.csv of its report: those trials count
 
 Exit status: 0 every point done (or, for the last points, running in other workers on the same study); 1 trials
 failed or are missing, or the storage or the results folder failed
-(one "error:" line); 2 bad input; 130 Ctrl-C (SIGINT); 143 SIGTERM (SLURM, Kubernetes, systemd stopping the job).
-After 130 or 143 the trials that were running are marked failed with their checkpoints kept: rerunning the same
+(one "error:" line); 2 bad input; 130 Ctrl-C (SIGINT); 143 SIGTERM (SLURM, Kubernetes, systemd stopping the job)
+or the end of ``--time-budget``. After 130 or 143 the trials that were running are marked failed with their checkpoints kept: rerunning the same
 command retries them from there. See docs/reliability.md.
 """
 
@@ -27,12 +27,13 @@ import threading
 from pathlib import Path
 
 from .. import layout
-from ..cli import OneLineParser, add_study_arguments
+from ..cli import OneLineParser, add_study_arguments, duration
 from ..dashboard import check_loggers
 from ..machine import allocator
+from ..pricing.gpu_hours import DEFAULT_GPU, DEVICE_RESULTS, GPU_CLASSES
 from ..studies.overrides import RUN_ONLY, apply_sets, describe, parse_sets, value_text
 from ..studies.spec import TUNE_AT_BOUND, TUNE_EXTRA, TUNE_GRID, TUNE_MEANS, TUNED_LR
-from ..studies.stopping import interrupted, stop_on_signals
+from ..studies.stopping import interrupted, stop_after, stop_on_signals
 from ..studies.storage import (
     GRACE_S,
     HEARTBEAT_S,
@@ -44,7 +45,6 @@ from ..studies.storage import (
 )
 from .contend import prepare as prepare_contend
 from .contend import stored_points
-from .gpu_hours import DEFAULT_GPU, DEVICE_RESULTS, GPU_CLASSES
 from .imported import check_retrain_modes, imported_done, retrain_rule
 from .plan import dry_run, stored_done
 from .study import (
@@ -115,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"--dry-run: the GPU class of the GPU-hours estimate (default {DEFAULT_GPU}); its MFU is "
                         f"measured when <results-dir>/{DEVICE_RESULTS}/ holds a device check or bench of a GPU, "
                         "else assumed")
+    p.add_argument("--time-budget", type=duration, metavar="DURATION",
+                   help="stop cleanly after this wall time (seconds, or e.g. 90m, 1.5h), as SIGTERM would (exit 143); "
+                        "rerunning the same command continues the study. Set it below a scheduler's job time limit")
     p.add_argument("--no-progress", action="store_true", help="no study-level progress bar")
     p.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--stage", default="report", choices=("tune", "report", "contend"), help=argparse.SUPPRESS)
@@ -125,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what the worker processes are started with
     restore_signals = stop_on_signals()
+    end_budget = stop_after(args.time_budget if args.worker_index is None else None)  # workers stop with the main
     excepthook = threading.excepthook  # _main installs its own (lost storage, write errors): undone on return
     try:
         return _main(args)
@@ -155,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
               "or make the folder writable, then rerun the same command", file=sys.stderr)
         return 1
     finally:
+        end_budget()
         restore_signals()
         threading.excepthook = excepthook  # a caller's process (a test, a notebook) keeps its own hook
 

@@ -27,6 +27,7 @@ into one storage at the same moment would both add every row.
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 import math
@@ -35,7 +36,13 @@ from pathlib import Path
 from typing import Any
 
 from .. import layout
+from .kept_modes import mode_facts
+from .objective import FORM_PARTS, Objective, categorical_axes, form_of, jsonable, suggest
 from .study import Stored, create_study, done_trials, point_key, trial_point
+
+# Imported where they are used, not here: torch, the datasets (data: torch), the model (lit_modules: torch), the
+# report's modules and Optuna. Each takes from a tenth of a second to seconds to import, and the command-line tools
+# start without them.
 
 IMPORTED = "imported_from"  # user attr of an imported trial: the runs.csv it came from
 
@@ -115,8 +122,6 @@ def _forms(run, config) -> tuple[dict, dict] | None:
     (a runs.csv written before the column). ValueError (one line) for a form that is not JSON."""
     from lit_modules import upgraded_form
 
-    from .objective import form_of
-
     recorded = run.summary.get(layout.FORM_KEY)
     if not recorded:
         return None
@@ -134,7 +139,6 @@ def _form_fault(run, config) -> str | None:
     forms = _forms(run, config)
     if forms is None:
         return None
-    from .objective import FORM_PARTS
 
     recorded, today = forms
     for part, (kind, options) in FORM_PARTS.items():
@@ -170,8 +174,6 @@ def _only_the_rate(run, config, cache: dict) -> bool:
 def _user_attrs(run, config, stage: str, path: Path) -> dict[str, Any]:
     from data import dataset_shape
 
-    from .objective import jsonable
-
     attrs = {k: v for k, v in run.summary.items() if v is not None}
     if (run.config or {}).get("num_classes") is not None:  # a diverged run's chance level in the paired tests
         attrs["num_classes"] = run.config["num_classes"]
@@ -187,8 +189,6 @@ def _user_attrs(run, config, stage: str, path: Path) -> dict[str, Any]:
 def _read(path: Path, spec, study_name: str):
     """The runs file as StudyData; a tuning stage's spec is read without its lr axis (a column of every row). A file
     written before the report recorded each run's configuration (no ``lr``, ``residual`` columns) is refused."""
-    import csv
-
     from ..report.load import ReportError
     from ..report.runs import read
 
@@ -256,7 +256,6 @@ def imported_done(path: str | Path, spec, study_name: str, retrain=None, known: 
     row at another rate counts as training again, as the import treats it, and so does a row of an earlier form.
     Nothing else is checked against the study file beyond the points (the run does that)."""
     from ..report.load import own_seconds
-    from .kept_modes import mode_facts
 
     path = Path(path)
     stages = ([spec.tune_stage()] if spec.tune is not None else []) + [spec]
@@ -299,8 +298,6 @@ def import_runs(path: str | Path, spec, storage, study_name: str, overrides: dic
     (one line) for a row that is not this study's point; returns the trials added."""
     import optuna
     from optuna.trial import FixedTrial, TrialState, create_trial
-
-    from .objective import Objective, categorical_axes, suggest
 
     path = Path(path)
     matched = _matched(path, spec, study_name)

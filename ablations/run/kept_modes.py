@@ -22,8 +22,12 @@ from collections.abc import Iterable
 from typing import Any
 
 from .. import layout
-from ..machine.modes import Mode, mode_text, ran_on_cuda, tokens
+from ..machine.modes import Mode, choose_mode, mode_text, ran_on_cuda, tokens
 from ..studies.spec import tune_name
+from ..training import lightning_accelerator, with_mode
+
+# Imported where they are used, not here: the datasets (data: torch) and Optuna. Each takes from a tenth of a second
+# to seconds to import, and the command-line tools start without them.
 
 #: Seconds between two readings of a running study's kept modes by one worker (reading every trial of a study of
 #: hundreds takes about a second): other machines' runs count within minutes, as the study's first runs complete.
@@ -46,8 +50,6 @@ def trial_cell(attrs: dict[str, Any]) -> Cell | None:
 def config_cell(config: Any) -> Cell:
     """The cell a run of ``config`` trains in on this machine (its accelerator resolved as the run resolves it)."""
     from data import dataset_shape
-
-    from ..training import lightning_accelerator
 
     shape = dataset_shape(config)
     device = "cuda" if lightning_accelerator(config.accelerator) == "gpu" else "cpu"
@@ -148,7 +150,6 @@ def keep_mode(config: Any, kept: dict[Cell, Mode]) -> Any:
     mode = kept_for(config, kept)
     if mode is None:
         return config
-    from ..training import with_mode
 
     return with_mode(config, mode)
 
@@ -158,7 +159,6 @@ def kept_lines(kept: dict[Cell, Mode], configs: Iterable[Any], results_dir, thre
     machine now (on ``threads`` threads), or whose runs so far are mixed: what the study trains in and why."""
     if not kept:
         return []
-    from ..machine.modes import choose_mode
 
     lines, seen = [], set()
     for config in configs:

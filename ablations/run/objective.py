@@ -13,13 +13,21 @@ import math
 import os
 import shutil
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .. import layout
+from ..dashboard import run_name, study_columns
 from ..studies.spec import SPAWN_STRATEGIES, StudySpec
 from ..studies.storage import retried_trial_number, set_user_attrs
+from ..training import run_training, with_mode
+from . import kept_modes
+from .kept_modes import keep_mode, kept_for
+
+# Imported where they are used, not here: Optuna, torch, the model (lit_modules: torch) and the datasets (data:
+# torch). Each takes from a tenth of a second to seconds to import, and the command-line tools start without them.
 
 log = logging.getLogger("ablations.run")
 
@@ -80,8 +88,9 @@ def suggest_axis(trial, axis: str, values: list, *, grid: bool, categorical: boo
 
 
 def categorical_axes(study, spec: StudySpec) -> frozenset[str]:
-    """Axes a stored study already holds as categoricals (studies run before the axes became numeric): they stay
-    categorical, since Optuna fixes a parameter's distribution kind for the life of a study."""
+    """Axes a stored study holds as categoricals although its file's values are numeric (a stored study keeps the
+    distribution kind it began with): they stay categorical, since Optuna fixes a parameter's distribution kind
+    for the life of a study."""
     from optuna.distributions import CategoricalDistribution
 
     found = set()
@@ -125,10 +134,6 @@ class Objective:
     def refresh_kept(self) -> None:
         """Read the study's kept modes again (:mod:`.kept_modes`): other workers and machines complete runs too. At
         most every :data:`.kept_modes.REFRESH_S` seconds (reading every trial of a study takes about a second)."""
-        import time
-
-        from . import kept_modes
-
         if self.kept_from is not None and time.monotonic() - self._kept_read >= kept_modes.REFRESH_S:
             self.kept = kept_modes.stored_kept(*self.kept_from)
             self._kept_read = time.monotonic()
@@ -137,8 +142,6 @@ class Objective:
         """The point's RunConfig with this objective's overrides (:meth:`StudySpec.run_config`), in a study with a
         tuning stage its variant's chosen learning rate, and for precision ``auto`` the mode the study's runs so far
         trained in (:mod:`.kept_modes`; ``keep=False``: ``auto`` as the study file says)."""
-        from .kept_modes import keep_mode
-
         if self.spec.tune is None or self.spec.stage == "tune":
             config = self.spec.run_config(params, self.overrides)
         elif self.tuned is None:
@@ -157,9 +160,6 @@ class Objective:
 
         from data import dataset_shape
         from lit_modules import upgraded_form
-
-        from ..training import with_mode
-        from .kept_modes import kept_for
 
         stored = trial.study.get_trials(deepcopy=False)
         frozen = next(t for t in stored if t.number == trial.number)
@@ -216,8 +216,6 @@ class Objective:
         import optuna
         from optuna_integration import PyTorchLightningPruningCallback
 
-        from ..training import run_training
-
         # The pruning callback reports val acc per epoch (the curve the report draws); it prunes only when the
         # study's pruner says so (grids use NopPruner: every point runs in full).
         callbacks = [PyTorchLightningPruningCallback(trial, monitor="val/acc")]
@@ -258,8 +256,6 @@ class Objective:
         """The trial's run folder (:func:`ablations.dashboard.run_name`): ``<variant>/depth=<d>/seed=<s>[/...]``,
         plus ``/trial_<n>`` for a search (its points can repeat) or when a first attempt finds the folder taken
         (left by an earlier study under this name). A retry continues the folder of the trial it retries."""
-        from ..dashboard import run_name
-
         if original is not None:
             dead = next((t for t in trial.study.get_trials(deepcopy=False) if t.number == original), None)
             if dead is not None and dead.user_attrs.get("run_name"):
@@ -278,8 +274,6 @@ class Objective:
 
     def hparams(self, params: dict[str, Any]) -> dict[str, Any]:
         """The trial's values of the study's HParams columns (:func:`ablations.dashboard.study_columns`)."""
-        from ..dashboard import study_columns
-
         return {name: params[name] for name in study_columns(self.spec) if name in params}
 
     def _duplicate_of(self, trial, params: dict[str, Any]) -> int | None:

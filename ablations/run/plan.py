@@ -9,9 +9,9 @@ import statistics
 from pathlib import Path
 
 from .. import layout
+from ..pricing.gpu_hours import DEFAULT_GPU
 from ..studies.spec import TUNE_EXTRA
 from ..studies.storage import redact
-from .gpu_hours import DEFAULT_GPU
 from .study import Stored, done_trials, grid_keys, point_key, trial_point
 from .workers import quiet
 
@@ -99,15 +99,15 @@ def dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = P
             workers: int = 1, stored: Stored | None = None, measure: bool = False, stack: int | None = None,
             retrain_modes: tuple[str, ...] = (), import_runs: Path | None = None) -> int:
     """Print the grid (or search space), the recipe, the estimated time on this machine with ``workers`` workers
-    (:func:`estimate_seconds`) and the GPU-hours on class ``gpu`` (:mod:`ablations.run.gpu_hours`; measurements read
+    (:func:`estimate_seconds`) and the GPU-hours on class ``gpu`` (:mod:`ablations.pricing.gpu_hours`; measurements read
     from ``<results_dir>/device``). ``stored`` (:func:`stored_done`): the trials a stored study has done, which
     the estimate leaves out (a run resumes with the rest). ``measure`` (``--measure``): each model's train step is
     timed beside its standard twin's (:func:`model_factors`, seconds per model) and each trial priced at its twin's
     estimate times that factor (its fixed per-trial overhead once). Trains nothing. The GPU-hours estimate stays
     FLOP-based; a grid's engine line prices its stacks (of at most ``stack`` trials) from a measured stacked GPU
-    step (:mod:`ablations.run.engine_price`)."""
+    step (:mod:`ablations.pricing.engine`)."""
+    from ..pricing.gpu_hours import describe_estimate, estimate, recipe_line
     from .contend import dry_run_trials as contend_trials
-    from .gpu_hours import describe_estimate, estimate, recipe_line
 
     tune_size = 0
     if spec.tune is not None:
@@ -192,8 +192,8 @@ def dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = P
               f"{duration_text(per_trial * (known if known is not None else most) / max(1, workers))} more")
     for line in describe_estimate(estimate(configs, trials, gpu, results_dir)):
         print(line)
-    if spec.kind == "grid":  # the engine's price on a GPU, from a measured stacked step (ablations.run.engine_price)
-        from .engine_price import engine_lines
+    if spec.kind == "grid":  # the engine's price on a GPU, from a measured stacked step (ablations.pricing.engine)
+        from ..pricing.engine import engine_lines
 
         tuning = [tune.run_config(p, overrides) for p in tune.grid()] if tune_size else []
         for line in engine_lines(configs + tuning, gpu, results_dir, stack or 32):
@@ -288,9 +288,9 @@ def duration_text(seconds: float) -> str:
 
 def estimate_seconds(config, flops_per_s: float | None = None) -> float:
     """Wall time of one trial on this machine: its training FLOPs (3× forward per training image, 1× per val and
-    test image, × epochs: :func:`ablations.run.gpu_hours.training_flops`) at ``flops_per_s`` (:func:`measured_rate`;
+    test image, × epochs: :func:`ablations.pricing.gpu_hours.training_flops`) at ``flops_per_s`` (:func:`measured_rate`;
     default the rough calibrated :data:`EFFECTIVE_GFLOPS`), plus a fixed per-trial overhead."""
-    from .gpu_hours import training_flops
+    from ..pricing.gpu_hours import training_flops
 
     return TRIAL_OVERHEAD_S + training_flops(config) / (flops_per_s or EFFECTIVE_GFLOPS * 1e9)
 
@@ -306,7 +306,7 @@ def measured_rate(config, threads: int, results_dir: Path, mode=None) -> tuple[f
     from data import dataset_shape
 
     from ..machine.modes import measured_step, tokens
-    from .gpu_hours import forward_flops
+    from ..pricing.gpu_hours import forward_flops
 
     shape = dataset_shape(config)
     step = measured_step(config.embed_dim, tokens(shape["img_size"], config.patch_size or shape["patch_size"]),

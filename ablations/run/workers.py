@@ -11,12 +11,17 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 from .. import layout
+from ..dashboard import write_study_hparams
 from ..studies.stopping import check_stopping, stop_signal
 from ..studies.storage import redact
 from .imported import import_runs, retrain_rule
+from .kept_modes import kept_lines, stored_kept
+from .objective import Objective, worker_id
+from .stacked import work_stacked
 from .study import (
     STOPPED,
     count_done,
@@ -28,6 +33,9 @@ from .study import (
     stored_choice,
 )
 from .write_errors import ResultsWriteError, one_line, write_error
+
+# Imported where they are used, not here: the report's modules, Optuna and tqdm. Each takes from a tenth of a second
+# to seconds to import, and the command-line tools start without them.
 
 #: Seconds the main process of ``--workers N`` gives its workers, after Ctrl-C or SIGTERM, to mark their trials
 #: failed (checkpoints kept) before it kills them; a killed worker's trial is retried once its heartbeat is stale.
@@ -92,7 +100,6 @@ class _QuietStops(logging.Filter):
 
 def run_grid(spec, storage, study_name: str, args, overrides: dict, *, stage: str = "report", study=None) -> int:
     """One stage of a study: create (or continue) it, enqueue its grid, and train it with ``--workers`` workers."""
-    from ..dashboard import write_study_hparams
     from ..report.aggregate import STUDY_METRICS
 
     study = study or create_study(spec, storage, study_name, seed=0)
@@ -133,8 +140,6 @@ def run_grid(spec, storage, study_name: str, args, overrides: dict, *, stage: st
 def _say_kept_modes(spec, storage, study_name: str, args, overrides: dict) -> None:
     """One line per model size whose runs so far fix the mode precision ``auto`` trains the rest in, where that is
     not this machine's own choice or the runs are mixed (:mod:`.kept_modes`)."""
-    from .kept_modes import kept_lines, stored_kept
-
     kept = stored_kept(storage, study_name, spec.stage, getattr(args, "retrain_mode", ()))
     if not kept:
         return
@@ -146,8 +151,6 @@ def _say_kept_modes(spec, storage, study_name: str, args, overrides: dict) -> No
 
 def quiet() -> None:
     """Study output is the progress bar and one line per event: silence per-trial Lightning chatter."""
-    import warnings
-
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -167,7 +170,6 @@ def work(spec, storage, study_name: str, args, overrides: dict, progress_total: 
     from optuna.trial import TrialState
 
     from ..report.aggregate import refresh as refresh_aggregates
-    from .objective import Objective
 
     index = args.worker_index or 0
     study = create_study(spec, storage, study_name, seed=index)  # a distinct sampler seed per worker
@@ -190,7 +192,6 @@ def work(spec, storage, study_name: str, args, overrides: dict, progress_total: 
 
     try:
         if spec.kind == "grid" and getattr(args, "engine", "plain") != "plain":  # stacks of a cell's trials first (ablations.engine)
-            from .stacked import work_stacked
 
             work_stacked(study, objective, args, between,
                          after=lambda: refresh_aggregates(study, spec, args.results_dir))
@@ -314,8 +315,6 @@ def _fail_left_running(procs: list, storage, study_name: str) -> None:
     import optuna
     from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
-
-    from .objective import worker_id
 
     ours = {worker_id(p.pid) for p in procs}
     stopped_by = signal.Signals(stop_signal() or signal.SIGINT).name

@@ -15,6 +15,11 @@ import json
 import math
 from typing import Any
 
+from ..config import RunConfig
+
+# Imported where they are used, not here: the datasets (data: torch), torch and the model (lit_modules: torch). Each
+# takes from a tenth of a second to seconds to import, and the command-line tools start without them.
+
 #: the largest relative parameter difference a resolved control may keep (the protocol's "within 1%")
 TOLERANCE = 0.01
 _COUNTS: dict[str, int] = {}  # parameter counts by backbone configuration, per process
@@ -23,8 +28,6 @@ _COUNTS: dict[str, int] = {}  # parameter counts by backbone configuration, per 
 def param_count(fields: dict[str, Any]) -> int:
     """Parameters of the backbone that a run with these RunConfig ``fields`` trains."""
     from data import dataset_shape
-
-    from ..config import RunConfig
 
     config = RunConfig.from_dict(fields)
     model_config = config.model_config(dataset_shape(config))
@@ -59,8 +62,6 @@ def ratio_for(hidden: int, dim: int) -> float:
 def matched_mlp_ratio(fields: dict[str, Any], target: int, label: str, of: str) -> float:
     """The ``mlp_ratio`` at which a run with ``fields`` has the parameter count nearest ``target`` (that of row
     ``of``); ValueError (one line) when the nearest is not within :data:`TOLERANCE`."""
-    from ..config import RunConfig
-
     config = RunConfig.from_dict(fields)
     dim = config.embed_dim
     count = functools.cache(lambda hidden: param_count(fields | {"mlp_ratio": ratio_for(hidden, dim)}))

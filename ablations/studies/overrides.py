@@ -24,9 +24,14 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import re
 from collections.abc import Sequence
 from typing import Any
+
+from ..cli import parse_value
+from ..config import coerce_field, config_fields
+from ..recipes import RECIPE_FIELDS, with_recipe
 
 #: Fields that do not change what a trial trains: a ``--set`` of them needs no study of its own.
 RUN_ONLY = ("threads", "data_dir")
@@ -38,9 +43,6 @@ _SAFE = re.compile(r"[A-Za-z0-9._,-]*")
 def parse_sets(items: Sequence[str] | None) -> dict[str, Any]:
     """``["max_epochs=2", ...]`` -> ``{"max_epochs": 2, ...}``, each field a RunConfig field and each value of the
     field's type. ValueError (one line) for a malformed item, an unknown field, a bad value or a field given twice."""
-    from ..cli import parse_value
-    from ..config import coerce_field, config_fields
-
     kinds = {f.name: f.metadata["kind"] for f in config_fields()}
     values: dict[str, Any] = {}
     for item in items or ():
@@ -64,10 +66,6 @@ def parse_sets(items: Sequence[str] | None) -> dict[str, Any]:
 def value_text(name: str, value: Any) -> str:
     """The value as study names and the stored attr write it: normalised by the field's type (``2`` not ``2.0``
     for an int, ``0.001`` for ``1e-3``), ``true``/``false``/``none``, lists comma-joined."""
-    import json
-
-    from ..config import coerce_field, config_fields
-
     kind = next(f.metadata["kind"] for f in config_fields() if f.name == name)
     value = coerce_field(name, kind, value)
     if value is None or isinstance(value, bool):
@@ -101,7 +99,6 @@ def apply_sets(spec, sets: dict[str, Any]):
     value that makes a point's configuration invalid."""
     if not sets:
         return spec
-    from ..recipes import RECIPE_FIELDS, with_recipe
 
     owners = _owners(spec)
     for name in sets:

@@ -14,8 +14,10 @@ making storage calls in a loop against a second one (scripts/stress_stop_signals
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import functools
+import os
 import signal
 import sys
 import threading
@@ -30,6 +32,7 @@ _REDELIVERED: list[bool] = []  # set while a held or swallowed stop signal is de
 _HELD: list[bool] = []  # a stop signal waits for the main thread's storage call to end (held_during)
 _FORCED: list[bool] = []  # set when a held signal waited DEFER_LIMIT_S: raise it wherever the main thread is
 _DEPTH = [0]  # how many held_during blocks the main thread is in
+_BUDGET: list[float] = []  # the time budget (seconds) whose end is stopping this process (:func:`stop_after`)
 
 
 class Stop(KeyboardInterrupt):
@@ -47,7 +50,7 @@ def stop_on_signals():
     background job) stays ignored. Returns a function that puts the previous handlers back."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
-    for state in (_STOPPING, _REDELIVERED, _HELD, _FORCED):
+    for state in (_STOPPING, _REDELIVERED, _HELD, _FORCED, _BUDGET):
         state.clear()
     previous = {}
     for signum, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
@@ -62,6 +65,24 @@ def stop_on_signals():
         sys.unraisablehook = unraisable
 
     return restore
+
+
+def stop_after(seconds: float | None):
+    """A wall-time budget (``--time-budget``): once ``seconds`` have passed, this process sends itself SIGTERM, the
+    signal a scheduler's time limit sends, so the study stops as :func:`stop_on_signals` describes and rerunning the
+    same command continues it. Set the budget below a job's time limit (SLURM's ``--time``, a preemptible node's
+    notice) to leave the clean-up its seconds. Returns a function that cancels the budget (None: no budget)."""
+    if seconds is None:
+        return lambda: None
+
+    def expire() -> None:
+        _BUDGET.append(seconds)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+    return timer.cancel
 
 
 def _on_stop_signal(signum, frame) -> None:
@@ -83,8 +104,6 @@ def _on_stop_signal(signum, frame) -> None:
 
 def _redeliver() -> None:
     """Run the stop handler again in the main thread, at its next instruction."""
-    import _thread
-
     _REDELIVERED.append(True)
     _thread.interrupt_main(_STOPPING[0])
 
@@ -145,7 +164,12 @@ def check_stopping() -> None:
 
 
 def interrupted() -> int:
-    """Say that the CLI was stopped (one line) and return its exit status: 143 for SIGTERM, 130 for Ctrl-C."""
+    """Say that the CLI was stopped (one line) and return its exit status: 143 for SIGTERM (or the end of its time
+    budget), 130 for Ctrl-C."""
+    if _STOPPING and _STOPPING[0] == signal.SIGTERM and _BUDGET:
+        print(f"time budget of {_BUDGET[0]:g} s reached: completed trials are kept; rerun the same command to "
+              "continue", file=sys.stderr)
+        return EXIT_SIGTERM
     if _STOPPING and _STOPPING[0] == signal.SIGTERM:
         print("interrupted (SIGTERM): completed trials are kept; rerun the same command to continue", file=sys.stderr)
         return EXIT_SIGTERM

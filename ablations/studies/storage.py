@@ -3,14 +3,25 @@ heartbeats so a trial whose worker died is detected and retried with the same pa
 
 from __future__ import annotations
 
+import copy
 import functools
+import importlib.util
 import inspect
+import multiprocessing
+import os
 import random
+import re
+import sqlite3
+import sys
+import threading
 import time
 from pathlib import Path
 
 from ..layout import DEFAULT_STORAGE  # noqa: F401 (re-exported: sqlite:///results/optuna.db)
 from .stopping import held_during
+
+# Imported where they are used, not here: SQLAlchemy and Optuna. Each takes from a tenth of a second to seconds to
+# import, and the command-line tools start without them.
 
 HEARTBEAT_S = 20
 GRACE_S = 60
@@ -111,8 +122,6 @@ def _retry_class() -> type:
     worker until it set its own, and the main process of ``--workers N`` fails the RUNNING trials of its own
     stopped workers by that attr (``workers._fail_left_running``). Found here as ``FreshRetry`` when a storage is
     unpickled (a DDP rank: the storage carries its callback)."""
-    import copy
-
     try:
         from optuna.storages import RetryHeartbeatStaleTrialCallback as base
         storage_arg = "heartbeat_stale_trial_callback"
@@ -255,8 +264,6 @@ def check_sqlite_file(url: str) -> None:
 
 
 def _sqlite_damage(path: Path) -> str | None:
-    import sqlite3
-
     try:
         con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=SQLITE_LOCK_TIMEOUT_S)
         try:
@@ -296,8 +303,6 @@ def with_installed_driver(url: str) -> str:
     psycopg (3), 2.0 to psycopg2; this project depends on psycopg2-binary, so without psycopg 3 the bare URL would
     fail with "driver not installed". An explicit ``postgresql+driver://`` is left alone; ``postgres://`` (libpq's
     and many hosting services' spelling, unknown to SQLAlchemy) is read as ``postgresql://``."""
-    import importlib.util
-
     if url.startswith("postgres://"):
         url = "postgresql://" + url[len("postgres://"):]
     if url.startswith("postgresql://") and importlib.util.find_spec("psycopg") is None \
@@ -361,11 +366,6 @@ def exit_when_heartbeat_fails(url: str) -> None:
     traceback: training on without heartbeats, the trial would soon look dead and another worker would retry it
     beside this one, in the same run folder. The trial stays RUNNING; once the storage is back, the next run fails
     it (stale heartbeat) and retries it from its last checkpoint, as after ``kill -9``."""
-    import multiprocessing
-    import os
-    import sys
-    import threading
-
     default = threading.excepthook
 
     def hook(args) -> None:
@@ -389,6 +389,4 @@ def _first_line(exc: BaseException) -> str:
 
 def redact(url: str) -> str:
     """Hide a password in a URL before printing it."""
-    import re
-
     return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)

@@ -62,7 +62,7 @@ class ResidualSite(nn.Module):
     #: Options added to this class after runs recorded their form, each with the value that builds what the class
     #: built before it existed: ``lit_modules.vit.upgraded_form`` fills them into an older recorded form, so a new
     #: option whose default keeps the old behaviour does not make every stored run an "earlier form" (one whose
-    #: default changes the behaviour does). Add an entry with every option added from now on.
+    #: default changes the behaviour does). Add an entry for every option a variant gains.
     added_options: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, dim: int, *, args: BlockArgs) -> None:

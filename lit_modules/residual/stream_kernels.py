@@ -35,6 +35,9 @@ import torch
 
 from ..names import STREAM_KERNEL_NAMES as KERNELS
 
+# Imported where they are used, not here: torch's compiler (inductor, dynamo). Each takes from a tenth of a second to
+# seconds to import, and the command-line tools start without them.
+
 ENV = "ABLATIONS_STREAM_KERNELS"
 RECOMPILE_LIMIT = 64  # graphs per kernel: n, dtype, a first static and a dynamic batch, with and without a total
 

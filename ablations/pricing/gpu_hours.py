@@ -40,7 +40,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lit_modules.config import ViTConfig
+
 from .. import layout
+from ..costs import measure
+from ..machine.modes import auto_mode, tokens
+from ..recipes import describe
+
+# Imported where they are used, not here: the datasets (data: torch). Each takes from a tenth of a second to seconds
+# to import, and the command-line tools start without them.
 
 
 @dataclass(frozen=True)
@@ -113,8 +121,6 @@ def resolve_precision(config: Any, accelerator: str = "cuda", results_dir: str |
         return config.precision
     from data import dataset_shape
 
-    from ..machine.modes import auto_mode, tokens
-
     shape = dataset_shape(config)
     count = tokens(shape["img_size"], config.patch_size or shape["patch_size"])
     return auto_mode(accelerator, config.embed_dim, count, results_dir=results_dir).precision
@@ -139,10 +145,6 @@ def forward_flops(config: Any, shape: dict | None = None) -> float:
 
 @functools.cache
 def _forward_flops(key: str) -> float:
-    from lit_modules.config import ViTConfig
-
-    from ..costs import measure
-
     return float(measure(ViTConfig(**json.loads(key)))["flops"])
 
 
@@ -442,6 +444,4 @@ def describe_estimate(est: Estimate) -> list[str]:
 
 def recipe_line(config: Any) -> str:
     """``recipe: NAME (the pieces it switches on)`` of a RunConfig (:func:`ablations.recipes.describe`)."""
-    from ..recipes import describe
-
     return f"recipe: {config.recipe} ({describe(config.recipe_values())})"

@@ -9,7 +9,7 @@ the study size. Each stack of the study is priced at
     steps × max(the measured call's time at the nearest measured K, scaled by depth,
                 K × images per step × 3 × forward FLOPs per image / the GPU's measured FLOP rate)
 
-(training batches, plus evaluation batches at :data:`ablations.run.gpu_hours.EVAL_STEP_SHARE` of a step): the
+(training batches, plus evaluation batches at :data:`ablations.pricing.gpu_hours.EVAL_STEP_SHARE` of a step): the
 launch floor of a small model, or the arithmetic of a large one. Without such a measurement the dry run says so
 and prices nothing.
 """
@@ -25,6 +25,20 @@ from pathlib import Path
 from typing import Any
 
 from .. import layout
+from ..engine.loop import cell_key
+from ..machine.modes import tokens as token_count
+from .gpu_hours import (
+    EVAL_STEP_SHARE,
+    choose_basis,
+    find_measurements,
+    forward_flops,
+    gpu_class_of,
+    resolve_precision,
+    trial_batches,
+)
+
+# Imported where they are used, not here: the datasets (data: torch). Each takes from a tenth of a second to seconds
+# to import, and the command-line tools start without them.
 
 
 @dataclass(frozen=True, eq=False)
@@ -52,8 +66,6 @@ class EngineStep:
 
 def find_engine_steps(results_dir: str | Path = layout.RESULTS_DIR) -> list[EngineStep]:
     """Every CUDA bench report's section 13 model under ``<results_dir>/device``, newest first."""
-    from .gpu_hours import gpu_class_of
-
     root = Path(results_dir) / layout.DEVICE
     found = []
     for path in sorted(root.rglob("bench.json")) if root.is_dir() else []:
@@ -89,8 +101,6 @@ def nearest(steps: Sequence[EngineStep], gpu: str, embed_dim: int, tokens: int) 
 def stacks(configs: Sequence[Any], stack: int) -> list[tuple[Any, int]]:
     """(a config, K) for every stack the engine would train: the configs grouped by cell, each cell cut into stacks
     of at most ``stack`` runs."""
-    from ..engine.loop import cell_key
-
     cells: dict[str, list] = {}
     for config in configs:
         cells.setdefault(cell_key(config), []).append(config)
@@ -106,16 +116,6 @@ def engine_lines(configs: Sequence[Any], gpu: str, results_dir: str | Path = lay
     """The dry run's lines for ``configs`` (every trial the run would train, tuning stage included) trained by the
     engine on a ``gpu``-class GPU (module docstring)."""
     from data import dataset_shape
-
-    from ..machine.modes import tokens as token_count
-    from .gpu_hours import (
-        EVAL_STEP_SHARE,
-        choose_basis,
-        find_measurements,
-        forward_flops,
-        resolve_precision,
-        trial_batches,
-    )
 
     steps = find_engine_steps(results_dir)
     if not configs:
