@@ -51,7 +51,7 @@ def test_unsettled_cells_train_their_reported_seeds_at_each_contending_rate(tmp_
     tuning trials by hand), its runs carry phase ``contend`` into runs.csv, and the claims' rate-aware replicates
     are then all covered when the resampled choices pick only the two rates trained."""
     path = write_study(tmp_path / "cont.yaml", variants=TWO_VARIANTS, axes={"seed": [0, 1]}, tune=TUNE,
-                       verdicts={"settled_margin": 0.5},
+                       verdicts={"settled_margin": 0.5, "looks": 1},  # one look: no second round here
                        claims=[{"id": "c", "claim": "rezero beats", "source": "test", "variant": "rezero",
                                 "baseline": "standard", "direction": "higher"}])
     db = tmp_path / "o.db"

@@ -431,7 +431,7 @@ def write_study(data: StudyData, spec, root: Path) -> Path | None:
 def refresh(study, spec, results_dir: str | Path) -> None:
     """The runner's hook after each trial: rewrite the study's aggregate runs from its storage (report phase only).
     Never fails the study: a problem is one line on stderr."""
-    if spec.kind != "grid" or spec.stage == "tune":
+    if spec.kind != "grid" or spec.stage != "report":  # a tuning, contending or second-look stage: not the study
         return
     try:
         data = collect(study, spec, Path(results_dir))

@@ -15,7 +15,7 @@ import yaml
 from .. import layout
 from ..cli import OneLineParser, add_study_arguments
 from ..studies.overrides import OVERRIDES_ATTR, apply_sets, describe, parse_sets
-from ..studies.spec import TUNE_MEANS, TUNED_LR, contend_name, load_spec, resolved
+from ..studies.spec import TUNE_MEANS, TUNED_LR, contend_name, load_spec, resolved, round_name
 from ..studies.storage import check_sqlite_file, unusable_storage_error, unusable_storage_message
 from . import format as fmt
 from . import model_tables as mt
@@ -120,7 +120,8 @@ def _main(args: argparse.Namespace) -> int:
         check_sqlite_file(args.storage)  # garbage or a truncated file: one line, and the file is never written
         study = open_study(args.storage, study_name, spec)
         data = collect(study, spec, results_dir, tune_study=open_tune_study(study),
-                       contend_study=open_tune_study(study, contend_name))
+                       contend_study=open_tune_study(study, contend_name),
+                       round_study=open_tune_study(study, round_name))
     out = Path(args.out) if args.out else layout.report_dir(results_dir, study_name)
     if not any(r.state == "complete" for r in data.runs):
         if not any(r.state == "complete" for r in data.tune_runs):

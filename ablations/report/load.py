@@ -43,7 +43,7 @@ ACC_KEY = summary_key("best_val_acc")  # the accuracy of studies whose metric is
 ACC_KEYS = (ACC_KEY, summary_key("final_val_acc"), "test_acc", "test_acc_at_best_val")
 #: a trial's user attr "phase" (absent in older studies: "report"): the tuning stage's runs, the reported runs at
 #: each row's chosen rate, and the reported seeds at a row's contending rates (a rate choice not settled)
-PHASES = ("tune", "report", "contend")
+PHASES = ("tune", "report", "contend", "round")  # round: the reported runs of a second look (more seeds)
 DIVERGED_KEY = summary_key("diverged")
 FRACTION_KEYS = tuple(summary_key(f"epochs_to_{p}pct_of_best") for p in (90, 95, 99))
 AUC_KEY = summary_key("val_acc_auc")
@@ -302,15 +302,23 @@ def open_tune_study(study, name=tune_name):
         return None
 
 
-def collect(study, spec, results_dir: Path | None = None, tune_study=None, contend_study=None) -> StudyData:
+#: the first trial number a study's second look (``<study>-round``) carries here: its own study numbers its trials from
+#: 0 again, and a run is known by its number
+ROUND_OFFSET = 100_000
+
+
+def collect(study, spec, results_dir: Path | None = None, tune_study=None, contend_study=None,
+            round_study=None) -> StudyData:
     """The study's results as Runs, in a deterministic order (spec variant order, depth, seed, trial number); the
     trials of ``tune_study`` (its tuning stage) join as phase ``tune``, those of ``contend_study`` (its contending
-    rates' stage) as phase ``contend``."""
+    rates' stage) as phase ``contend``, those of ``round_study`` (its second look) as phase ``round``, reported runs
+    numbered from :data:`ROUND_OFFSET`."""
     trials, pending, skipped = result_trials(study)
     runs = _runs(trials, spec, results_dir, study.study_name)
-    for stage, phase in ((tune_study, "tune"), (contend_study, "contend")):
+    for stage, phase, offset in ((tune_study, "tune", 0), (contend_study, "contend", 0),
+                                 (round_study, "round", ROUND_OFFSET)):
         if stage is not None:
-            runs += [dataclasses.replace(r, phase=phase) for r in
+            runs += [dataclasses.replace(r, phase=phase, number=r.number + offset) for r in
                      _runs(result_trials(stage)[0], spec, results_dir, stage.study_name)]
     return assemble(study.study_name, spec, runs, pending=pending, skipped=skipped)
 

@@ -21,6 +21,7 @@ command retries them from there. See docs/reliability.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import threading
@@ -32,7 +33,7 @@ from ..dashboard import check_loggers
 from ..machine import allocator
 from ..pricing.gpu_hours import DEFAULT_GPU, DEVICE_RESULTS, GPU_CLASSES
 from ..studies.overrides import RUN_ONLY, apply_sets, describe, parse_sets, value_text
-from ..studies.spec import TUNE_AT_BOUND, TUNE_EXTRA, TUNE_GRID, TUNE_MEANS, TUNED_LR
+from ..studies.spec import TUNE_AT_BOUND, TUNE_EXTRA, TUNE_GRID, TUNE_MEANS, TUNED_LR, parent_name
 from ..studies.stopping import interrupted, stop_after, stop_on_signals
 from ..studies.storage import (
     GRACE_S,
@@ -47,6 +48,8 @@ from .contend import prepare as prepare_contend
 from .contend import stored_points
 from .imported import check_retrain_modes, imported_done, retrain_rule
 from .plan import dry_run, stored_done
+from .rounds import prepare as prepare_round
+from .rounds import stored_points as stored_round_points
 from .study import (
     cell_text,
     check_data_folder,
@@ -120,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "rerunning the same command continues the study. Set it below a scheduler's job time limit")
     p.add_argument("--no-progress", action="store_true", help="no study-level progress bar")
     p.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--stage", default="report", choices=("tune", "report", "contend"), help=argparse.SUPPRESS)
+    p.add_argument("--stage", default="report", choices=("tune", "report", "contend", "round"), help=argparse.SUPPRESS)
     return p
 
 
@@ -263,6 +266,9 @@ def _main(args: argparse.Namespace) -> int:
             return work(spec.tune_stage(stored_extra(storage, study_name)), storage, study_name, args, overrides)
         if args.stage == "contend":
             return work(spec.contend_stage(stored_points(storage, study_name)), storage, study_name, args, overrides)
+        if args.stage == "round":
+            return work(spec.round_stage(stored_round_points(storage, study_name)), storage, study_name, args,
+                        overrides, tuned=stored_choice(storage, parent_name(study_name)))
         return work(spec, storage, study_name, args, overrides, tuned=stored_choice(storage, study_name))
 
     study = create_study(spec, storage, study_name, seed=0)  # refuses a stored study of other overrides
@@ -292,6 +298,21 @@ def _main(args: argparse.Namespace) -> int:
     code = run_grid(spec, storage, study_name, args, overrides, study=study)
     if code or spec.tune is None or spec.kind != "grid":
         return code
+    code = _contend(spec, storage, study_name, args, overrides)
+    second = None if code else prepare_round(spec, storage, study_name, Path(args.results_dir))
+    if second is None:
+        return code
+    stage, name, round_study = second
+    code = run_grid(stage, storage, name, args, overrides, stage="round", study=round_study)
+    if code:
+        return code
+    return _contend(dataclasses.replace(spec, extra_points=spec.extra_points + stage.extra_points), storage,
+                    study_name, args, overrides)
+
+
+def _contend(spec, storage, study_name: str, args: argparse.Namespace, overrides: dict) -> int:
+    """The contending rates' stage of the points of ``spec`` (its grid and any second look's), when a choice is not
+    settled; 0 when there is nothing to train."""
     contend = prepare_contend(spec, storage, study_name)
     if contend is None:
         return 0

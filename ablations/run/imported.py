@@ -200,7 +200,7 @@ def _read(path: Path, spec, study_name: str):
             raise ValueError(f"--import-runs: runs file '{path}' was written by an earlier report (no "
                              f"{', '.join(missing)} column): its runs cannot be checked against this study; rerun "
                              "those points, or report the old storage again with this version first")
-    reading = spec if spec.stage not in ("tune", "contend") else dataclasses.replace(
+    reading = spec if spec.stage not in ("tune", "contend", "round") else dataclasses.replace(
         spec, axes={a: v for a, v in spec.axes.items() if a != "lr"})
     try:
         return read(path, reading, study_name)

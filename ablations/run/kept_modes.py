@@ -23,7 +23,7 @@ from typing import Any
 
 from .. import layout
 from ..machine.modes import Mode, choose_mode, mode_text, ran_on_cuda, tokens
-from ..studies.spec import tune_name
+from ..studies.spec import parent_name, tune_name
 from ..training import lightning_accelerator, with_mode
 
 # Imported where they are used, not here: the datasets (data: torch) and Optuna. Each takes from a tenth of a second
@@ -122,8 +122,8 @@ def study_trials(storage, study_name: str, stage: str) -> list[Any]:
     contending runs must keep (their differences from the chosen rate's runs are the rate's, not the kernel's)."""
     import optuna
 
-    if stage == "contend":
-        parent = study_name.removesuffix("-contend")
+    if stage in ("contend", "round"):
+        parent = parent_name(study_name)
         names = [study_name, parent, tune_name(parent)]
     else:
         names = [study_name] + ([tune_name(study_name)] if stage != "tune" else [])

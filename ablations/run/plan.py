@@ -190,6 +190,10 @@ def dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = P
                 f"{spec.verdicts.max_rates - 1} more rates): which cells is known once the tuning stage is done")
         print(f"contending rates (stage {spec.study_name}-contend, after the reported grid): {what}; about "
               f"{duration_text(per_trial * (known if known is not None else most) / max(1, workers))} more")
+    if spec.kind == "grid" and spec.claims and spec.verdicts.looks > 1 and not spec.first_look():
+        print(f"second look (stage {spec.study_name}-round, after the first look's verdicts): the rows of the claim "
+              f"lines still undecided train {len(spec.axes.get('seed', []))} more seeds each — at most {spec.size} "
+              f"trials (about {duration_text(per_trial * spec.size / max(1, workers))}), and their contending rates")
     for line in describe_estimate(estimate(configs, trials, gpu, results_dir)):
         print(line)
     if spec.kind == "grid":  # the engine's price on a GPU, from a measured stacked step (ablations.pricing.engine)

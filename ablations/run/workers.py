@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .. import layout
 from ..dashboard import write_study_hparams
+from ..studies.spec import parent_name
 from ..studies.stopping import check_stopping, stop_signal
 from ..studies.storage import redact
 from .imported import import_runs, retrain_rule
@@ -103,7 +104,7 @@ def run_grid(spec, storage, study_name: str, args, overrides: dict, *, stage: st
     from ..report.aggregate import STUDY_METRICS
 
     study = study or create_study(spec, storage, study_name, seed=0)
-    tuned = None if stage in ("tune", "contend") else stored_choice(storage, study_name)
+    tuned = None if stage in ("tune", "contend") else stored_choice(storage, parent_name(study_name))
     if spec.kind == "grid" and args.import_runs:
         import_runs(args.import_runs, spec, storage, study_name, overrides, tuned=tuned,
                     retrain=retrain_rule(args.retrain_without_per_image, tuple(args.retrain_mode)))

@@ -281,7 +281,7 @@ class StudySpec:
 
         name = self.name if self.budget == "default" else f"{self.name}-{self.budget}"
         name += name_suffix(self.overrides)
-        return {"tune": tune_name, "contend": contend_name}.get(self.stage, str)(name)
+        return {"tune": tune_name, "contend": contend_name, "round": round_name}.get(self.stage, str)(name)
 
     def first_look(self) -> str | None:
         """The label of a budget that is not evidence (``FIRST_LOOK_BUDGETS``), for the run's first line and the
@@ -318,6 +318,14 @@ class StudySpec:
         return dataclasses.replace(self, axes=dict(self.axes) | {"lr": rates or [low]}, tune=None, stage="contend",
                                    extra_points=tuple(dict(p) for p in points), axis_bounds={"lr": (low, high)})
 
+    def round_stage(self, points: list[dict]) -> StudySpec:
+        """A second look's stage: ``points`` — reported grid points at new seeds, for the rows of the lines the first
+        look left undecided (:mod:`ablations.run.rounds`) — as a study of its own (``<name>-round``) whose grid is
+        exactly those points, each at its row's tuned rate; its runs are reported runs like the study's own."""
+        seeds = sorted({*self.axes.get("seed", []), *(int(p["seed"]) for p in points)})
+        return dataclasses.replace(self, axes=dict(self.axes) | {"seed": seeds}, stage="round",
+                                   extra_points=tuple(dict(p) for p in points))
+
     def tune_axes(self) -> list[str]:
         """The axes a learning rate is chosen per (besides the variant): every axis but the seed."""
         return [a for a in self.axes if a != "seed"]
@@ -347,7 +355,7 @@ class StudySpec:
         """Every grid point as the trial's parameters: {'variant': label, axis: value, ...}, **seed-major**: every
         variant (and other axis value) of a seed before the next seed, so that a study stopped midway — or continued
         on another machine (``--import-runs``) — holds whole seeds, whose paired runs trained side by side."""
-        if self.stage == "contend":  # exactly its listed points (contend_stage)
+        if self.stage in ("contend", "round"):  # exactly its listed points (contend_stage, round_stage)
             return [dict(p) for p in self.extra_points]
         names = ["variant", *self.axes]
         values = [[v.label for v in self.variants], *self.axes.values()]
@@ -436,6 +444,21 @@ def contend_name(study_name: str) -> str:
 
 #: what a study's contending-rates stage stores (on its own study): its points, each a reported grid point with an lr
 CONTEND_POINTS = "contend_points"
+#: what a study's second look stores (on its own study): its points, reported grid points at new seeds
+ROUND_POINTS = "round_points"
+
+
+def round_name(study_name: str) -> str:
+    """The storage name of a study's second look (:meth:`StudySpec.round_stage`)."""
+    return f"{study_name}-round"
+
+
+def parent_name(study_name: str) -> str:
+    """The study a stage's storage name belongs to (``<name>-tune``, ``-contend``, ``-round`` -> ``<name>``)."""
+    for suffix in ("-tune", "-contend", "-round"):
+        if study_name.endswith(suffix):
+            return study_name[:-len(suffix)]
+    return study_name
 
 
 def resolved(spec: StudySpec) -> dict:

@@ -1,0 +1,104 @@
+"""A study's second look (``ablations.run.rounds``): the rows of the claim lines its first look left undecided train
+as many new seeds again, never a tuning seed; decided, futile and old-evidence lines get none; the runs are reported
+runs of their own stage, numbered apart in a report."""
+
+from __future__ import annotations
+
+import numpy as np
+import optuna
+import pytest
+from helpers import STUDY_TEST_MARKS, TWO_VARIANTS, run_in_process, url_of, write_study
+from optuna.trial import TrialState
+
+from ablations.report.evidence import Evidence
+from ablations.report.load import ROUND_OFFSET
+from ablations.run.rounds import futile, new_seeds, undecided_cells
+from ablations.studies.rules import VerdictRules
+from ablations.studies.spec import load_spec
+
+pytestmark = STUDY_TEST_MARKS
+
+
+def test_a_second_look_trains_as_many_new_seeds_and_never_a_tuning_seed():
+    spec = load_spec("residual_variants")
+    assert new_seeds(spec) == list(range(20, 40))
+    small = load_spec("init_values")
+    assert small.axes["seed"] == [0, 1, 2, 3, 4] and new_seeds(small) == [5, 6, 7, 8, 9]
+    import dataclasses
+
+    crowded = dataclasses.replace(spec, axes=dict(spec.axes) | {"seed": list(range(95, 100))})
+    assert new_seeds(crowded) == [103, 104, 105, 106, 107]  # 100-102 are the tuning seeds
+    stage = spec.round_stage([{"variant": "standard", "depth": 4, "seed": 20}])
+    assert stage.study_name == "residual_variants-round" and stage.grid() == [{"variant": "standard", "depth": 4,
+                                                                               "seed": 20}]
+    assert 20 in stage.axes["seed"] and stage.tune is not None  # it trains at the tuned rate of its cell
+
+
+def evidence(estimate: float, se: float, n: int = 10, kind: str = "superior") -> Evidence:
+    return Evidence(kind=kind, direction="higher", margin=0.01, n=n, estimate=estimate, se=se, p=0.5,
+                    oriented=np.zeros(10))
+
+
+def test_a_line_is_futile_when_twice_the_seeds_could_decide_nothing():
+    """+0.5 pp at SE 0.3 pp: at 20 seeds the SE is 0.21 pp, t = 2.36 on 19 df, p = 0.029, scaled by α over the second
+    look's share (0.019): 0.076 — not decidable; but equivalence within 1 pp is (the interval would be inside): not
+    futile. +2 pp at SE 3 pp: neither. +1.5 pp at SE 0.5 pp: decidable."""
+    rules = VerdictRules()
+    assert not futile(evidence(0.005, 0.003), rules, 0.05)
+    assert futile(evidence(0.02, 0.03), rules, 0.05)
+    assert not futile(evidence(0.015, 0.005), rules, 0.05)
+    assert futile(Evidence(kind="superior", direction="higher", margin=0.01), rules, 0.05)  # no test at all
+
+
+def test_only_undecided_lines_worth_it_get_a_second_look():
+    rules = VerdictRules()
+    rec = {"variant": "a", "baseline": "standard", "depth": 4, "baseline_depth": None, "old_evidence": None}
+    records = [rec | {"verdict": "not resolved", "_evidence": evidence(0.015, 0.005)},
+               rec | {"variant": "b", "verdict": "held", "_evidence": evidence(0.03, 0.002)},
+               rec | {"variant": "c", "verdict": "not resolved", "_evidence": evidence(0.02, 0.03)},  # futile
+               rec | {"variant": "d", "verdict": "not resolved", "old_evidence": "rate tuned on 1 seed",
+                      "_evidence": evidence(0.015, 0.005)},
+               rec | {"variant": "e", "baseline": "post_ln", "baseline_depth": 16, "verdict": "not resolved",
+                      "_evidence": evidence(0.015, 0.005)}]
+    assert undecided_cells(records, rules, 0.05) == {("a", 4), ("standard", 4), ("e", 4), ("post_ln", 16)}
+
+
+TUNE = {"lr": [1e-3, 2e-3], "seeds": [100, 101, 102], "bounds": [1e-3, 2e-3], "metric": "final_val_acc"}
+
+
+@pytest.mark.slow  # tiny real trainings: 12 tuning, 4 reported, a second look of up to 4, its contending runs
+def test_an_undecided_line_gets_a_second_look_end_to_end(tmp_path, monkeypatch):
+    """Two seeds cannot decide a claim (a t on one degree of freedom would need t > 20): the second look trains seeds
+    2 and 3 of both rows at their tuned rates in 'cont-round'; the report reads them as reported runs (phase round,
+    numbered from 100,000) and the line's pairs grow to four. (Futility is switched off: whether two more seeds
+    could decide depends on this machine's numbers.)"""
+    import ablations.run.rounds as rounds
+
+    monkeypatch.setattr(rounds, "futile", lambda *args: False)
+    path = write_study(tmp_path / "cont.yaml", variants=TWO_VARIANTS, axes={"seed": [0, 1]}, tune=TUNE,
+                       verdicts={"margin": 0.0001},  # nothing is equivalent within 0.01 pp: the line stays open
+                       claims=[{"id": "c", "claim": "rezero beats", "source": "test", "variant": "rezero",
+                                "baseline": "standard", "direction": "higher"}])
+    db = tmp_path / "o.db"
+    result = run_in_process("--study", str(path), "--storage", url_of(db), "--results-dir", "results",
+                            "--no-progress", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "a second look trains 2 more seeds of rezero depth=1, standard depth=1" in result.stderr
+    second = optuna.load_study(study_name="cont-round", storage=url_of(db))
+    done = second.get_trials(states=(TrialState.COMPLETE,))
+    assert {(t.params["variant"], int(t.params["seed"])) for t in done} == {
+        (v, s) for v in ("standard", "rezero") for s in (2, 3)}
+    chosen = optuna.load_study(study_name="cont", storage=url_of(db)).user_attrs["tuned_lr"]
+    assert {t.user_attrs["config"]["lr"] for t in done if t.params["variant"] == "rezero"} == \
+        {v for k, v in chosen.items() if "rezero" in k}
+    from ablations.report.cli import main as report_main
+    from ablations.report.runs import read
+
+    out = tmp_path / "report"
+    result = run_in_process("--study", str(path), "--storage", url_of(db), "--results-dir", "results", "--out", out,
+                            "--no-figures", "--no-tensorboard", "--no-note", cwd=tmp_path, main=report_main)
+    assert result.returncode == 0, result.stderr
+    data = read(out / "runs.csv", load_spec(str(path)), "cont")
+    rounds = [r for r in data.runs if r.phase == "round"]
+    assert len(rounds) == 4 and all(r.number >= ROUND_OFFSET for r in rounds)
+    assert {r.seed for r in data.by_row_depth("rezero", 1)} == {0, 1, 2, 3}
