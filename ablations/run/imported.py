@@ -343,7 +343,7 @@ def import_runs(path: str | Path, spec, storage, study_name: str, overrides: dic
                          f"'{study_name}' ({outside} row(s) of other points): is it another study's runs.csv?")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study.add_trials(trials)
-    stage = "tuning-stage" if spec.stage == "tune" else "reported"
+    stage = {"tune": "tuning-stage", "contend": "contending-rate", "round": "second-look"}.get(spec.stage, "reported")
     print(f"--import-runs {path}: {len(trials)} completed {stage} trial(s) joined '{study_name}' as done"
           + "".join(f"; {n} {what}" for n, what in ((here, "already done here"),
                                                     (outside, "not points of this study (left out)"),
