@@ -696,8 +696,10 @@ def test_a_first_look_budget_labels_every_table_and_the_default_none(reports, tm
     assert (tmp_path / "t" / "tuning.md").read_text().splitlines()[0].endswith("(first look: budget quick, underpowered)")
     assert load_spec("residual_variants", "smoke").first_look() and load_spec("residual_variants", "quick").first_look()
     assert load_spec("residual_variants").first_look() is None and load_spec("residual_variants", "paper").first_look() is None
-    with pytest.raises(ValueError, match="defines no 'quick' budget; valid choices: smoke, default, gpu, paper"):
-        load_spec("norm_placement", "quick")  # never the default's settings under the quick budget's name
+    (tmp_path / "no_quick.yaml").write_text("name: no_quick\nkind: grid\nbudgets: {smoke: {axes: {seed: [0]}}}\n"
+                                            "variants: [{label: standard, residual: standard}]\n")
+    with pytest.raises(ValueError, match="defines no 'quick' budget; valid choices: smoke, default"):
+        load_spec(str(tmp_path / "no_quick.yaml"), "quick")  # never the default's settings under the quick budget's name
 
 
 def test_every_committed_latex_table_is_ascii():
