@@ -415,14 +415,22 @@ def _overrides(args: argparse.Namespace) -> dict:
     return overrides
 
 
+def size_text(spec) -> str:
+    """A study's trials under one budget as the progress bars count them: ``reported+tuning`` (the tuning stage's
+    starting grid; an evidence budget's may extend at its edges), or the reported trials alone without one."""
+    return f"{spec.size}+{spec.tune_stage().size}" if spec.tune is not None else str(spec.size)
+
+
 def _list(studies: dict, budgets: tuple, load_spec) -> int:
-    """One line per study: its kind, its size under each budget it defines ('—' where it defines none) and the
-    start of its description."""
+    """One line per study: its kind, its trials under each budget it defines (:func:`size_text`; '—' where it
+    defines none) and the start of its description; then what the sizes count."""
     print(f"{'study':<20} {'kind':<7} " + " ".join(f"{b:>8}" for b in budgets) + "  description")
     for name in studies:
         default = load_spec(name)
-        sizes = [str(load_spec(name, b).size) if b in default.budgets else "—" for b in budgets]
+        sizes = [size_text(load_spec(name, b)) if b in default.budgets else "—" for b in budgets]
         print(f"{name:<20} {default.kind:<7} " + " ".join(f"{s:>8}" for s in sizes) + f"  {default.description[:70]}")
+    print("trials: reported+tuning (the tuning stage runs first; at the default, gpu and paper budgets its grid may "
+          "extend while a row's best rate is at an edge)")
     return 0
 
 

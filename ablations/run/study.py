@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
+from .. import layout
 from ..studies.overrides import check_stored
 from ..studies.spec import TUNE_EXTRA, TUNED_LR
 from ..studies.storage import point_key, repeated_results
@@ -177,6 +178,9 @@ def measure_modes(spec, overrides: dict, results_dir: Path) -> None:
         if torch.cuda.is_available():  # accelerator auto trains on the GPU: its rule needs no measurement
             return
         size = model_size(config, shape["img_size"], patch, shape["in_chans"], shape["num_classes"])
+        print(f"precision auto, width {cell[0]}, {cell[1]} tokens, {threads} thread(s): timing the four precision "
+              "modes on this CPU before the first trial (about a minute, once per machine: cached in "
+              f"{layout.device_dir(results_dir)})", file=sys.stderr, flush=True)
         before = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:

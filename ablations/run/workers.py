@@ -115,17 +115,19 @@ def run_grid(spec, storage, study_name: str, args, overrides: dict, *, stage: st
         follow_study_file(study, spec, storage)
         retry_failed_points(study, spec, storage)
     total = spec.size if spec.kind == "grid" else (args.n_trials or spec.n_trials)
-    print(f"study '{study_name}' ({spec.kind}{', tuning stage' if stage == 'tune' else ''}, {total} trials) in "
+    part = stage_text(spec, stage)
+    print(f"study '{study_name}' ({spec.kind}{f', {part}' if part else ''}: {total} trials) in "
           f"{redact(args.storage)}; TensorBoard: tensorboard --logdir {layout.runs_dir(args.results_dir, study_name)}",
           file=sys.stderr)
     measure_modes(spec, overrides, Path(args.results_dir))
     _say_kept_modes(spec, storage, study_name, args, overrides)
     started = time.time()
+    desc = f"{study_name} [{part}]" if part else study_name
     if args.workers == 1:
         work(spec, storage, study_name, args, overrides, progress_total=None if args.no_progress else total,
-              tuned=tuned)
+              tuned=tuned, desc=desc)
     else:
-        _spawn_workers(args, storage, study_name, total, grid_keys(spec), stage=stage)
+        _spawn_workers(args, storage, study_name, total, grid_keys(spec), stage=stage, desc=desc)
         # A worker stopped on its own (one machine preempted) fails its trial while it saves; when the other workers
         # had already run out of points by then, nobody took it over: train it now, resuming from its checkpoint.
         while spec.kind == "grid":
@@ -134,8 +136,16 @@ def run_grid(spec, storage, study_name: str, args, overrides: dict, *, stage: st
             if not retried:
                 break
             _spawn_workers(args, storage, study_name, total, grid_keys(spec), stage=stage,
-                           count=min(args.workers, len(retried)))
+                           count=min(args.workers, len(retried)), desc=desc)
     return _finish(study_name, storage, spec, time.time() - started)
+
+
+def stage_text(spec, stage: str) -> str:
+    """Which stage of a study with a tuning stage runs (its progress bar and first line say it): ``tuning 1/2``
+    (the tuning stage trains first), ``reported 2/2``; empty for a study without one."""
+    if stage == "tune":
+        return "tuning 1/2"
+    return "reported 2/2" if spec.tune is not None else ""
 
 
 def _say_kept_modes(spec, storage, study_name: str, args, overrides: dict) -> None:
@@ -165,7 +175,7 @@ def quiet() -> None:
 
 
 def work(spec, storage, study_name: str, args, overrides: dict, progress_total: int | None = None,
-          tuned: dict[str, float] | None = None) -> int:
+          tuned: dict[str, float] | None = None, desc: str | None = None) -> int:
     """One worker: take enqueued grid points (or sample search points) until none are left."""
     import optuna
     from optuna.trial import TrialState
@@ -180,7 +190,7 @@ def work(spec, storage, study_name: str, args, overrides: dict, progress_total: 
                           kept_from=(storage, study_name, spec.stage, tuple(getattr(args, "retrain_mode", ()))))
     keep = objective.refresh_kept  # the study's mode as its completed runs have it, read before each trial or stack
     grid = grid_keys(spec)
-    bar = _progress(study, progress_total, grid)
+    bar = _progress(study, progress_total, grid, desc)
 
     def between() -> None:  # before each stack of trials: stop signals, dead workers' trials, the mode, progress
         check_stopping()
@@ -234,16 +244,17 @@ def _search_budget_spent(study, n_trials: int) -> bool:
                for t in trials) >= n_trials
 
 
-def _progress(study, total: int | None, grid: set[str] | None = None):
+def _progress(study, total: int | None, grid: set[str] | None = None, desc: str | None = None):
     if total is None:
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, initial=count_done(study, grid), desc=study.study_name, unit="trial", dynamic_ncols=True)
+    return tqdm(total=total, initial=count_done(study, grid), desc=desc or study.study_name, unit="trial",
+                dynamic_ncols=True)
 
 
 def _spawn_workers(args, storage, study_name: str, total: int, grid: set[str] | None = None,
-                   stage: str = "report", count: int | None = None) -> None:
+                   stage: str = "report", count: int | None = None, desc: str | None = None) -> None:
     """``count`` (default ``--workers``) local processes on the same study, each with its share of the cores and its
     own sampler seed. On Ctrl-C or SIGTERM the workers are stopped the same way (:func:`_stop_workers`) before this
     process exits."""
@@ -256,7 +267,7 @@ def _spawn_workers(args, storage, study_name: str, total: int, grid: set[str] | 
             procs.append(subprocess.Popen([sys.executable, "-m", "ablations.run", *argv, "--worker-index", str(i),
                                            "--no-progress", "--study-name", study_name, "--stage", stage]))
         if not args.no_progress:
-            bar = _progress(optuna.load_study(study_name=study_name, storage=storage), total, grid)
+            bar = _progress(optuna.load_study(study_name=study_name, storage=storage), total, grid, desc)
         while any(p.poll() is None for p in procs):
             check_stopping()
             time.sleep(2)
