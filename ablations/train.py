@@ -246,6 +246,15 @@ def _engine_run(config: RunConfig, args: argparse.Namespace, run_name: str) -> d
     return outcome.summary
 
 
+def _below_floor(summary: dict, config: RunConfig) -> None:
+    """A run that ended below the shared protocol's floor says so on stderr, with its likely causes."""
+    from ablations.studies.advice import below_floor_line, protocol_floor
+
+    floor = protocol_floor()
+    if floor.failed(summary.get(floor.metric), summary.get("num_classes")):
+        print(f"note: {below_floor_line([(summary, config.to_dict())], 0, floor)}", file=sys.stderr, flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -280,6 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if rank_zero_only.rank != 0:  # strategy ddp runs this script once per device: rank 0 reports for all
         return 0
+    _below_floor(summary, config)
     if args.json:
         print(json.dumps(_json_safe(summary), allow_nan=False), flush=True)
     else:

@@ -106,7 +106,8 @@ def build_datamodule(config: RunConfig):
         dm = data.build_datamodule(
             config.dataset, data_dir=config.data_dir, batch_size=config.batch_size,
             val_fraction=config.val_fraction, test_fraction=config.test_fraction, seed=config.seed, augment=config.augment,
-            num_workers=config.num_workers, train_augment=train_augment(config), **config.dataset_options,
+            num_workers=config.num_workers, train_augment=train_augment(config),
+            **data.fitted_options(config.dataset, config.dataset_options, config.patch_size),
         )
         dm.setup("fit")
     except TypeError as exc:  # an unknown dataset option

@@ -248,6 +248,7 @@ def _main(args: argparse.Namespace) -> int:
                     tuned = None
                 stored = stored.joined(imported_done(args.import_runs, spec, study_name, retrain, stored.finished,
                                                      tuned))
+        _say_budget_and_data(spec, overrides)
         return dry_run(spec, overrides, gpu=args.gpu, results_dir=Path(args.results_dir), workers=args.workers,
                        stored=stored, measure=args.measure, stack=args.stack, retrain_modes=tuple(args.retrain_mode),
                        import_runs=Path(args.import_runs) if args.import_runs else None)
@@ -272,6 +273,7 @@ def _main(args: argparse.Namespace) -> int:
         return work(spec, storage, study_name, args, overrides, tuned=stored_choice(storage, study_name))
 
     study = create_study(spec, storage, study_name, seed=0)  # refuses a stored study of other overrides
+    _say_budget_and_data(spec, overrides)
     _warn_earlier_forms(storage, study_name, study, tune=spec.tune is not None)
     if spec.overrides:
         print(f"--set {describe(spec.overrides)}: its own stored study '{study_name}' (a study never mixes two "
@@ -318,6 +320,21 @@ def _contend(spec, storage, study_name: str, args: argparse.Namespace, overrides
         return 0
     stage, name, contend_study = contend
     return run_grid(stage, storage, name, args, overrides, stage="contend", study=contend_study)
+
+
+def _say_budget_and_data(spec, overrides: dict) -> None:
+    """Lines on stderr before anything runs: what the budget changes against the study's default (its data kept or
+    swapped, said either way), and each dataset the points train on as it will be read (an image folder: its
+    images, and the channels, size, patch and augmentation chosen for them)."""
+    import data
+
+    from ..studies.budgets import budget_line
+
+    line = budget_line(spec)
+    if line:
+        print(line, file=sys.stderr)
+    for config in data_configs(spec, overrides):
+        print(f"data: {data.describe(config)}", file=sys.stderr)
 
 
 def _warn_earlier_forms(storage, study_name: str, study, tune: bool) -> None:

@@ -312,7 +312,8 @@ def data_configs(spec, overrides: dict) -> list:
         points = stage.grid() if stage.kind == "grid" else [{"variant": v.label} for v in stage.variants]
         for params in points:
             config = stage.run_config(params, overrides)
-            found.setdefault((config.dataset, config.data_dir, repr(sorted(config.dataset_options.items()))), config)
+            found.setdefault((config.dataset, config.data_dir, repr(sorted(config.dataset_options.items())),
+                              config.patch_size), config)
     return list(found.values())
 
 
@@ -321,7 +322,8 @@ def check_data_folder(config) -> None:
     import data
 
     try:
-        data.build_datamodule(config.dataset, data_dir=config.data_dir, **config.dataset_options)
+        data.build_datamodule(config.dataset, data_dir=config.data_dir,
+                              **data.fitted_options(config.dataset, config.dataset_options, config.patch_size))
     except TypeError as exc:
         raise ValueError(f"invalid dataset option for '{config.dataset}': {exc}") from None
 

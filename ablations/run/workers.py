@@ -382,6 +382,24 @@ def await_other_workers(spec, storage, study_name: str, poll_s: float = AWAIT_PO
         time.sleep(poll_s)
 
 
+def _say_below_floor(study, spec, study_name: str) -> None:
+    """One line when completed trials ended below the study's floor (they count as failed to train), with the
+    likely causes (:mod:`ablations.studies.advice`)."""
+    from optuna.trial import TrialState
+
+    from ..studies.advice import below_floor_line
+
+    if spec.floor is None:
+        return
+    done = [t.user_attrs for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
+    failed = [(attrs, attrs.get("config") or {}) for attrs in done
+              if spec.floor.failed(attrs.get(spec.floor.metric),
+                                   attrs.get("num_classes") or (attrs.get("config") or {}).get("num_classes"))]
+    line = below_floor_line(failed, len(done), spec.floor, what=f"completed trials of '{study_name}'")
+    if line:
+        print(line, file=sys.stderr)
+
+
 def _finish(study_name: str, storage, spec, elapsed: float) -> int:
     import optuna
     from optuna.trial import TrialState
@@ -390,6 +408,7 @@ def _finish(study_name: str, storage, spec, elapsed: float) -> int:
     counts = {s.name.lower(): len(study.get_trials(deepcopy=False, states=(s,))) for s in TrialState}
     print(f"study '{study_name}': {counts['complete']} complete, {counts['pruned']} pruned, {counts['fail']} failed, "
           f"{counts['running']} running, {counts['waiting']} waiting; {elapsed:.0f} s this run", file=sys.stderr)
+    _say_below_floor(study, spec, study_name)
     missing = counts["waiting"] + (spec.size - count_done(study, grid_keys(spec)) if spec.kind == "grid" else 0)
     if 0 < missing <= counts["running"] and not counts["waiting"]:
         # Independent workers (other machines, a SLURM array): the last points are being trained by the others.
