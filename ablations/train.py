@@ -29,7 +29,7 @@ from ablations.cli import OneLineParser, fail, parse_value
 from ablations.config import GROUPS, INIT_VALUE_OPTIONS, RunConfig, config_fields, option_fields
 from ablations.dashboard import check_loggers
 from ablations.engine.loop import NotStackable, StackedRun, device_of, train_stacked
-from ablations.layout import RESULTS_DIR, runs_dir
+from ablations.layout import OUTPUT_DIR, runs_dir
 from ablations.machine import allocator
 from ablations.recipes import RECIPES, with_recipe
 from ablations.training import SetupError, run_training, summary_table
@@ -37,7 +37,7 @@ from ablations.training import SetupError, run_training, summary_table
 # Imported where they are used, not here: PyYAML, Lightning, torch and the datasets (data: torch). Each takes from a
 # tenth of a second to seconds to import, and the command-line tools start without them.
 
-DEFAULT_LOG_DIR = runs_dir(RESULTS_DIR, "train").as_posix()  # results/runs/train
+DEFAULT_LOG_DIR = runs_dir(OUTPUT_DIR, "train").as_posix()  # outputs/runs/train
 
 
 class CLIError(Exception):

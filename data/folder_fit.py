@@ -10,7 +10,7 @@ option                    auto
 ========================  ===============================================================================
 ``channels``              1 when every sampled image is grey (mode L, or RGB with equal channels), else 3
 ``img_size``              the images' median shorter side, at most :data:`MAX_AUTO_SIZE`, a multiple of the patch
-patch (``patch_size``)    16 from 128 px, else about 8x8 patches (img_size / 8; 4 at 32 px, as CIFAR's ViTs)
+patch (``patch_size``)    16 from 128 px, about 8x8 patches from 64 px, about 4x4 below (8 px at 32 px)
 ``crop``                  ``shift`` (a random crop of the image padded by an eighth of its side, as CIFAR's
                           4 px at 32) for grey or small (< 64 px) images; ``resized`` (timm's random-resized
                           crop) for larger colour images; ``none`` takes none
@@ -89,8 +89,11 @@ class Fit:
 
 
 def auto_patch(img_size: int) -> int:
-    """The patch side for an image side: 16 from 128 px (ViT's), else about 8x8 patches (4 at 32 px)."""
-    return 16 if img_size >= 128 else max(1, round(img_size / 8))
+    """The patch side for an image side: 16 from 128 px (ViT's), about 8x8 patches from 64 px, about 4x4 below (8 px
+    patches at 32 px, as the protocol's 7 px patches of 28 px MNIST digits: 16 tokens, quick on a CPU)."""
+    if img_size >= 128:
+        return 16
+    return max(1, round(img_size / (8 if img_size >= 64 else 4)))
 
 
 def image_files(split_dir: Path, extensions: tuple[str, ...]) -> list[Path]:

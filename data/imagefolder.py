@@ -108,8 +108,8 @@ class ImageFolderDataModule(DataModuleBase):
     Before anything is loaded, a sample of the train images says what they are (:mod:`data.folder_fit`): every
     option left at ``"auto"`` fits them — ``channels`` (1 for grey images, loaded as such; 3 for colour),
     ``img_size`` (their median shorter side, at most 224; images are resized to it, shorter side first, and
-    centre-cropped), the patch (``patch_size``, else 16 from 128 px and about 8x8 patches below), and the training
-    augmentation: ``crop`` (``shift``: a random crop of the image padded by an eighth of its side; ``resized``:
+    centre-cropped), the patch (``patch_size``, else 16 from 128 px, about 8x8 patches from 64 px, 4x4 below),
+    and the training augmentation: ``crop`` (``shift``: a random crop of the image padded by an eighth of its side; ``resized``:
     timm's random-resized crop; ``none``), ``flip`` (colour images only) and ``color_jitter`` (0.4 with the
     resized crop of colour images). :attr:`fit` holds the choices and ``fit.text()`` says them. Train mean/std are
     measured on up to ``stats_samples`` train images (a seeded sample) with the eval geometry. A recipe's

@@ -47,13 +47,13 @@ def write_photo_folder(root: Path, sizes=((120, 96), (100, 90), (96, 96))) -> Pa
 def test_grey_digits_get_one_channel_their_own_size_and_shifts_without_flip_or_jitter(tmp_path):
     root = write_digit_folder(tmp_path / "digits")
     dm = build_datamodule("imagefolder", data_dir=str(root), batch_size=8)
-    assert (dm.num_classes, dm.in_chans, dm.img_size, dm.default_patch_size) == (10, 1, 32, 4)
+    assert (dm.num_classes, dm.in_chans, dm.img_size, dm.default_patch_size) == (10, 1, 32, 8)  # 4x4 patches
     fit = dm.fit
     assert (fit.crop, fit.flip, fit.color_jitter, fit.padding) == ("shift", False, 0.0, 4)
     assert fit.auto == ("channels", "img_size", "crop", "flip", "color_jitter")
     assert dm.describe() == (
-        f"imagefolder '{root}': 10 classes; grey images 32x32 (64 sampled) -> 1 channel(s), img_size 32, patch 4 "
-        "(64 tokens); training augmentation: shifts of up to 4 px (a random crop of the padded image), no flip, no "
+        f"imagefolder '{root}': 10 classes; grey images 32x32 (64 sampled) -> 1 channel(s), img_size 32, patch 8 "
+        "(16 tokens); training augmentation: shifts of up to 4 px (a random crop of the padded image), no flip, no "
         "colour jitter (chosen from the images: channels, img_size, crop, flip, color_jitter; set any with "
         "--dataset-option)")
     assert dm.sizes() == (120, 40, 40)  # 200 images split as setup() splits them, known before loading

@@ -608,8 +608,11 @@ def test_layout_names_the_paths_other_tools_use():
     from ablations import layout, train
     from ablations.studies import storage
 
-    assert layout.DEFAULT_STORAGE == storage.DEFAULT_STORAGE == "sqlite:///results/optuna.db"
-    assert Path(train.DEFAULT_LOG_DIR) == layout.runs_dir(layout.RESULTS_DIR, "train")
+    assert layout.DEFAULT_STORAGE == storage.DEFAULT_STORAGE == "sqlite:///outputs/optuna.db"
+    assert Path(train.DEFAULT_LOG_DIR) == layout.runs_dir(layout.OUTPUT_DIR, "train") == Path("outputs/runs/train")
+    # a user's outputs go where git ignores them; device records stay the repository's for the default folder
+    assert layout.device_dir(layout.OUTPUT_DIR) == Path("results/device") == layout.device_dir("results")
+    assert layout.device_dir("elsewhere") == Path("elsewhere/device")
     assert layout.report_run_dir("r", "s") == Path("r/runs/s/_report") and report.REPORT_RUN == "_report"
 
 

@@ -658,6 +658,7 @@ def test_dry_run_prints_points_and_estimate_and_touches_no_storage(quick_calls):
     assert estimate.startswith(f"estimated time on this machine: {duration_text(30 * per_trial)} "
                                f"({duration_text(per_trial)} per trial, 30 trials with the tuning stage;"), estimate
     assert not (quick_calls.root / "dry_run.db").exists() and not (quick_calls.root / "results").exists()
+    assert not (quick_calls.root / "outputs").exists()
 
 
 def test_dry_run_of_a_stored_study_prices_only_the_trials_left(tmp_path, capsys):

@@ -50,9 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python -m ablations.report", description=doc.split("\n\n")[0],
                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=doc.split("\n\n", 1)[-1])
     add_study_arguments(p, report=True)
-    p.add_argument("--results-dir", default=layout.RESULTS_DIR,
+    p.add_argument("--results-dir", default=layout.OUTPUT_DIR,
                    help=f"results folder: tables go to <dir>/<study name>/, TensorBoard runs are in "
-                        f"<dir>/{layout.RUNS}/")
+                        f"<dir>/{layout.RUNS}/ (default {layout.OUTPUT_DIR}, which git ignores; the committed studies "
+                        f"are regenerated with --results-dir {layout.RESULTS_DIR})")
     p.add_argument("--out", help="folder for tables and figures (default: <results-dir>/<study name>)")
     p.add_argument("--runs", metavar="CSV",
                    help="regenerate the tables from a runs.csv alone (no storage): main, paired, power, convergence, "

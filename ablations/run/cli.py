@@ -9,7 +9,7 @@ Rerunning continues a study: completed trials never run again; a trial whose wor
 same parameters and resumes from its last checkpoint. Grid points added to the study file run on the next run;
 points removed from it keep their finished trials. ``--import-runs results/NAME/runs.csv`` continues a study whose
 storage is elsewhere or gone from the runs.csv of its report: those trials count as done. Watch it with
-``optuna-dashboard <storage URL>`` and ``tensorboard --logdir results/runs/<study>``.
+``optuna-dashboard <storage URL>`` and ``tensorboard --logdir outputs/runs/<study>/agg``.
 
 Exit status: 0 every point done (or, for the last points, running in other workers on the same study); 1 trials
 failed or are missing, or the storage or the results folder failed
@@ -73,8 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int,
                    help="local worker processes sharing the study (cores split); default: the fastest layout here, "
                         "one worker per core with one thread each for trials on the CPU, one for trials on a GPU")
-    p.add_argument("--results-dir", default=layout.RESULTS_DIR,
-                   help=f"where TensorBoard runs go (<dir>/{layout.RUNS}/<study>/)")
+    p.add_argument("--results-dir", default=layout.OUTPUT_DIR,
+                   help=f"where TensorBoard runs go (<dir>/{layout.RUNS}/<study>/; default {layout.OUTPUT_DIR}, which "
+                        f"git ignores; the committed studies are in {layout.RESULTS_DIR})")
     p.add_argument("--data-dir", help="data folder for folder datasets (cifar10, imagefolder, ...; fashion_mnist: "
                                       "optional, also found in Debian's dataset-fashion-mnist folder)")
     p.add_argument("--download", action="store_true",
