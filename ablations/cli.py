@@ -18,6 +18,13 @@ from .layout import DEFAULT_STORAGE
 # import, and the command-line tools start without them.
 
 
+def program(module: str) -> str:
+    """The name a tool was called by, for its usage line: its console command (``ablations-run``, installed by
+    ``pip install``) when started as one, else ``python -m <module>``."""
+    called = os.path.basename(sys.argv[0] or "")
+    return called if called.startswith("ablations-") else f"python -m {module}"
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse without the usage dump: an error is one ``error: ...`` line on stderr and exit status 2; an
     unrecognized flag names the closest one this tool has (``--workers`` -> ``--num-workers``)."""

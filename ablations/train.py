@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ablations.cli import OneLineParser, fail, parse_value
+from ablations.cli import OneLineParser, fail, parse_value, program
 from ablations.config import GROUPS, INIT_VALUE_OPTIONS, RunConfig, config_fields, option_fields
 from ablations.dashboard import check_loggers
 from ablations.engine.loop import NotStackable, StackedRun, device_of, train_stacked
@@ -100,7 +100,7 @@ def _default_text(value: Any) -> str:
 # --- the parser ----------------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
-        prog="python -m ablations.train",
+        prog=program("ablations.train"),
         description="Train one Vision Transformer with a chosen residual connection and print its convergence "
                     "summary (best/final val accuracy, epochs to 95% of best, AUC, wall time). TensorBoard logs "
                     "go to --log-dir/<run name>.",
@@ -147,8 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "on a GPU, data and metrics kept on the device; a run it cannot train falls back to plain "
                           "with one line); auto (default): the engine on CUDA, plain on a CPU")
     run.add_argument("--logger", action="append", default=[], metavar="NAME", dest="loggers",
-                     help="an extra logger besides TensorBoard (repeatable): csv (<run>/csv/metrics.csv) or mlflow "
-                          "(local SQLite store <log-dir>/mlflow.db)")
+                     help="an extra logger besides TensorBoard (repeatable): csv (<run>/csv/metrics.csv), mlflow "
+                          "(local SQLite store <log-dir>/mlflow.db) or wandb (Weights & Biases; offline unless you "
+                          "are logged in or WANDB_MODE says otherwise: <log-dir>/wandb)")
     return parser
 
 

@@ -272,7 +272,7 @@ def run_training(
 
     logger = tensorboard_logger(log_dir, run_name)
     more_loggers = extra_loggers(loggers, run_dir=Path(logger.log_dir), run_name=run_name, experiment=experiment,
-                                 mlflow_db=Path(log_dir) / "mlflow.db")
+                                 mlflow_db=Path(log_dir) / "mlflow.db", wandb_dir=Path(log_dir))
     tracker = ConvergenceTracker(config.accuracy_thresholds)
     callbacks: list[Any] = [tracker, LambdaCallback(on_train_start=functools.partial(_record_resume, tracker))]
     if config.diagnostics_every > 0:
@@ -453,4 +453,7 @@ def finish_run(loggers: Sequence[Any], summary: dict[str, Any], run_name: str, s
         logger.experiment.add_text("summary", summary_table(summary), global_step=step)
         for each in loggers:
             each.finalize(status)
+        from ablations.dashboard import finish_wandb
+
+        finish_wandb(loggers)
     return summary

@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from .. import layout
-from ..cli import OneLineParser, add_study_arguments
+from ..cli import OneLineParser, add_study_arguments, program
 from ..studies.overrides import OVERRIDES_ATTR, apply_sets, describe, parse_sets
 from ..studies.spec import TUNE_MEANS, TUNED_LR, contend_name, load_spec, resolved, round_name
 from ..studies.storage import check_sqlite_file, unusable_storage_error, unusable_storage_message
@@ -47,7 +47,7 @@ from .tuning import tuning_figure, tuning_records, tuning_table
 
 def build_parser() -> argparse.ArgumentParser:
     doc = sys.modules[__package__].__doc__ or ""
-    p = OneLineParser(prog="python -m ablations.report", description=doc.split("\n\n")[0],
+    p = OneLineParser(prog=program("ablations.report"), description=doc.split("\n\n")[0],
                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=doc.split("\n\n", 1)[-1])
     add_study_arguments(p, report=True)
     p.add_argument("--results-dir", default=layout.OUTPUT_DIR,

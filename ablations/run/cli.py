@@ -28,7 +28,7 @@ import threading
 from pathlib import Path
 
 from .. import layout
-from ..cli import OneLineParser, add_study_arguments, duration
+from ..cli import OneLineParser, add_study_arguments, duration, program
 from ..dashboard import check_loggers
 from ..machine import allocator
 from ..pricing.gpu_hours import DEFAULT_GPU, DEVICE_RESULTS, GPU_CLASSES
@@ -67,7 +67,7 @@ from .write_errors import ResultsWriteError, one_line, write_error
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog="python -m ablations.run", description=__doc__.split("\n\n")[0],
+    p = OneLineParser(prog=program("ablations.run"), description=__doc__.split("\n\n")[0],
                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     add_study_arguments(p)
     p.add_argument("--workers", type=int,
@@ -95,8 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heartbeat", type=int, default=HEARTBEAT_S, help="trial heartbeat interval, seconds")
     p.add_argument("--grace", type=int, default=GRACE_S, help="seconds without heartbeat before a trial is retried")
     p.add_argument("--logger", action="append", default=[], metavar="NAME", dest="loggers",
-                   help="an extra logger per trial besides TensorBoard (repeatable): csv (<run>/csv/metrics.csv) or "
-                        "mlflow (local SQLite store <results-dir>/runs/<study>/mlflow.db)")
+                   help="an extra logger per trial besides TensorBoard (repeatable): csv (<run>/csv/metrics.csv), "
+                        "mlflow (local SQLite store <results-dir>/runs/<study>/mlflow.db) or wandb (Weights & Biases, "
+                        "project <study>, a row's seeds grouped; offline unless you are logged in or WANDB_MODE says "
+                        "otherwise: <results-dir>/runs/<study>/wandb)")
     p.add_argument("--import-runs", metavar="RUNS_CSV",
                    help="continue the study from a runs.csv of its report made elsewhere (another machine, a lost "
                         "storage): its completed trials join this storage as done and only the other points train")
