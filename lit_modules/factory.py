@@ -9,8 +9,9 @@
 The first argument names a residual variant (``lit_modules.RESIDUALS``); every other keyword is a backbone field
 (``lit_modules.config.ViTConfig``: size, geometry, attention, norms, parametrization, ...) or one of that
 variant's own options (``init_value``, ``form``, ``n``, ...), told apart by name (no option shares a field's name).
-``preset`` starts from a named size (``vit_tiny``, ``vit_small``, ``vit_base``, ``study``). The models train from
-scratch: there are no pretrained weights.
+``preset`` starts from a named size (``vit_tiny``, ``vit_small``, ``vit_base``, ``study``). No weights are
+downloaded (``pretrained=True`` is refused): ``model.load_pretrained(path)`` loads a timm ViT checkpoint of the same
+configuration.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ def create_model(residual: str = "standard", *, preset: str | None = None, pretr
     from .vit import VisionTransformer
 
     if pretrained:
-        raise ValueError("pretrained=True: these models train from scratch; no pretrained weights exist")
+        raise ValueError("pretrained=True: no weights are downloaded; build the model, then model.load_pretrained(path) "
+                         "loads a timm ViT checkpoint of the same configuration")
     if residual not in RESIDUALS:
         raise ValueError(f"unknown residual {residual!r}; valid choices: {', '.join(RESIDUALS)}")
     if preset is not None and preset not in PRESETS:

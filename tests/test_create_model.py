@@ -47,7 +47,8 @@ def test_options_fields_and_presets_combine_as_timm_s_create_model_does():
     (lambda: create_model("standard", preset="vit_huge"), ValueError, "unknown preset 'vit_huge'; valid choices:"),
     (lambda: create_model("rezero", gate_bias=1.0), TypeError,
      "create_model('rezero') got an unknown argument 'gate_bias'; valid: the backbone's fields (residual,"),
-    (lambda: create_model("standard", pretrained=True), ValueError, "no pretrained weights"),
+    (lambda: create_model("standard", pretrained=True), ValueError, "no weights are downloaded; build the model, then "
+     "model.load_pretrained(path)"),
     (lambda: create_model("layerscale", embed_dim=64, num_heads=5), ValueError, "embed_dim=64 is not divisible"),
 ])
 def test_a_wrong_name_or_value_is_one_line(call, error, message):

@@ -265,6 +265,18 @@ def test_dashboard_note_saved(study):
     note = "".join(v for k, v in sorted(s._storage.get_study_system_attrs(s._study_id).items())
                    if k.startswith("dashboard:note_str:"))
     assert "top-1 val accuracy" in note and "| layerscale" in note
+    # a grid's note opens on what the dashboard's best trial and importance are there, and where the verdict is
+    assert note.index("the *best trial* is one seed of one row") < note.index("| layerscale")
+    assert "seed among them" in note and "The seed-aggregated verdict is below" in note
+
+
+def test_a_grid_study_s_note_says_its_best_trial_is_one_seed():
+    from ablations.report.notes import GRID_CAVEAT, study_note
+
+    grid = study_note("s", [], Path("nowhere/report.html"))
+    search = study_note("s", [], Path("nowhere/report.html"), grid=False)
+    assert grid.splitlines()[2] == GRID_CAVEAT and GRID_CAVEAT not in search
+    assert "parameter importance" in GRID_CAVEAT and "not a test of any row against another" in GRID_CAVEAT
 
 
 def _finite_metrics(run: dict) -> bool:

@@ -227,7 +227,7 @@ def _dashboard_notes(study, spec, study_name: str, tables: Sequence, page: Path)
     was saved, or the one line why not (a read-only storage must not lose the report)."""
     notes = []
     try:
-        save_dashboard_note(study, study_note(study_name, tables, page))
+        save_dashboard_note(study, study_note(study_name, tables, page, grid=spec.kind == "grid"))
         notes.append(f"optuna-dashboard note saved on study '{study_name}'.")
         tune_study = open_tune_study(study)
         if tune_study is not None and spec.tune is not None and study.user_attrs.get(TUNED_LR):
