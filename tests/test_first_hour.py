@@ -24,10 +24,11 @@ COMMITTED_READERS = ("tests/test_ledger.py", "tests/test_report_runs.py", "tests
 
 
 def readme_blocks(readme: str, after: str) -> list[tuple[str, str]]:
-    """The fenced blocks (language, text) of the README paragraph that starts with ``after``, up to the next one."""
+    """The fenced blocks (language, text) of the README paragraph that starts with ``after``, up to the next bold
+    paragraph or section."""
     start = readme.index(after)
-    end = readme.find("\n**", start + len(after))
-    section = readme[start:end if end > 0 else None]
+    ends = [i for i in (readme.find("\n**", start + len(after)), readme.find("\n## ", start)) if i > 0]
+    section = readme[start:min(ends) if ends else None]
     return re.findall(r"```(\w+)\n(.*?)```", section, flags=re.S)
 
 

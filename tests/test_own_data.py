@@ -187,3 +187,22 @@ def test_a_run_below_the_floor_says_so_at_its_end_with_its_likely_causes(tmp_pat
     assert line.startswith("1 of 8 completed trials of 'x' ended below the floor (final_val_acc under 75%, 5x chance "
                            "with 2 classes; the first at 30.0%) and count as failed to train. Likely causes: still")
     assert below_floor_line([], 8, floor) is None
+
+
+def test_the_image_folder_script_writes_a_folder_to_try_the_own_data_path_with(tmp_path):
+    """``scripts/image_folder.py``: an embedded dataset as grey PNGs at the size asked (mnist5k's digits centred on
+    a black canvas, not stretched); a folder that already holds files is refused in one line."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "image_folder.py"
+    done = subprocess.run([sys.executable, script, tmp_path / "f", "--per-class", "3"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"wrote 30 32x32 grey PNGs of mnist5k to {tmp_path / 'f'}/train/<class>/"
+    files = sorted((tmp_path / "f" / "train").rglob("*.png"))
+    assert len(files) == 30 and sorted({p.parent.name for p in files}) == [str(d) for d in range(10)]
+    image = np.asarray(Image.open(files[0]))
+    assert image.shape == (32, 32) and image[:2].max() == 0 and image[2:30, 2:30].max() > 0  # the 28 px digit, centred
+    again = subprocess.run([sys.executable, script, tmp_path / "f"], capture_output=True, text=True)
+    assert again.returncode == 2 and again.stderr.strip() == f"error: '{tmp_path / 'f'}' already holds files; give an " \
+        "empty or new folder"
