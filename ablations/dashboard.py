@@ -209,19 +209,28 @@ def study_constants(spec: Any) -> dict[str, Any]:
     return {k: v for k, v in flat[0].items() if all(f.get(k) == v for f in flat[1:])}
 
 
-def write_study_hparams(log_root: str | Path, spec: Any, metrics: Sequence[str]) -> Path:
-    """Write the study's HParams configuration and constants at ``log_root`` (TensorBoard's ``.`` run), replacing
-    an earlier one; ``metrics`` are internal names (``hp/...``). Returns the event file."""
+def study_experiment_pb(spec: Any, metrics: Sequence[str], extra: Mapping[str, list] | None = None):
+    """The study's HParams experiment: its columns (:func:`study_columns`, then ``extra``, e.g. the aggregate rows'
+    tuned ``lr``) and ``metrics`` (internal names, ``hp/...``); the columns whose values differ come first."""
     from tensorboard.plugins.hparams import summary_v2 as hp
+
+    columns = study_columns(spec) | dict(extra or {})
+    return _experiment_pb([hp.HParam(name, _domain(hp, name, values)) for name, values in columns.items()], metrics,
+                          differs={name for name, values in columns.items() if len(set(map(repr, values))) > 1})
+
+
+def write_study_hparams(log_root: str | Path, spec: Any, metrics: Sequence[str],
+                        extra: Mapping[str, list] | None = None) -> Path:
+    """Write the study's HParams configuration (:func:`study_experiment_pb`) and constants at ``log_root``
+    (TensorBoard's ``.`` run), replacing an earlier one; ``metrics`` are internal names (``hp/...``). Returns the
+    event file."""
     from torch.utils.tensorboard import SummaryWriter
 
     root = Path(log_root)
     root.mkdir(parents=True, exist_ok=True)
     for old in root.glob(f"events.out.tfevents.*{STUDY_SUFFIX}"):
         old.unlink(missing_ok=True)
-    columns = study_columns(spec)
-    pb = _experiment_pb([hp.HParam(name, _domain(hp, name, values)) for name, values in columns.items()], metrics,
-                        differs={name for name, values in columns.items() if len(set(map(repr, values))) > 1})
+    pb = study_experiment_pb(spec, metrics, extra)
     writer = SummaryWriter(log_dir=str(root), filename_suffix=STUDY_SUFFIX)
     try:
         writer._get_file_writer().add_summary(pb)

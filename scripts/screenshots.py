@@ -180,6 +180,87 @@ def custom_scalars_screenshot(logdir: Path, out: Path) -> Path:
         return shoot(driver, out / "tensorboard-custom-scalars.png")
 
 
+#: JavaScript: call ``f`` on every element of the page, through open shadow roots (TensorBoard's cards live in them)
+WALK = ("function walk(n, f) { f(n); (n.shadowRoot ? [n.shadowRoot] : []).concat(Array.from(n.children))"
+        ".forEach(function (c) { walk(c, f); }); }")
+
+
+def tensorboard_check(logdir: Path, out: Path) -> dict:
+    """TensorBoard on ``logdir`` as a person opens it: the Custom Scalars tab once its margin charts hold data
+    (``tensorboard-custom-scalars.png``), then the HParams tab (``tensorboard-hparams.png``). Returns the margin
+    charts holding data (a series of a run), those showing TensorBoard's "Missing Tags" warning (a run that lacks
+    part of a chart's tags), and the HParams tab's hyperparameter names in the order it lists them."""
+    count = (WALK + "var k = 0, m = 0; walk(document.body, function (n) {"
+             " if (n.tagName === 'TF-CUSTOM-SCALAR-MARGIN-CHART-CARD') {"
+             " if (Object.keys(n._nameToDataSeries || {}).length) k++;"
+             " if ((n._missingTags || []).length) m++; } }); return [k, m];")
+    with tensorboard(logdir, out / "tensorboard.log") as base, browser(width=1600, height=1400) as driver:
+        driver.get(f"{base}/#custom_scalars")
+        wait_for(driver, "return document.readyState === 'complete'", "a loaded page")
+        wait_for(driver, f"var r = (function () {{ {count} }})(); return r[0] > 0 && r;", "a drawn margin chart")
+        time.sleep(3)  # the other cards of the open categories
+        drawn, missing = driver.execute_script(count)
+        shoot(driver, out / "tensorboard-custom-scalars.png")
+        driver.get(f"{base}/#hparams")
+        names = (WALK + "var out = []; walk(document.body, function (n) { if (n.tagName === 'PAPER-CHECKBOX' &&"
+                 " n.closest && n.textContent.trim()) out.push(n.textContent.trim()); }); return out;")
+        listed = wait_for(driver, f"var r = (function () {{ {names} }})(); return r.length > 2 && r;",
+                          "the HParams tab's hyperparameters")
+        time.sleep(2)
+        shoot(driver, out / "tensorboard-hparams.png")
+        return {"drawn": drawn, "missing": missing, "hparams": list(driver.execute_script(names)) or listed}
+
+
+@contextlib.contextmanager
+def optuna_dashboard(storage: str, log: Path) -> Iterator[str]:
+    """optuna-dashboard on ``storage`` on a free loopback port; its base URL. Stopped after."""
+    import urllib.request
+
+    port = free_port()
+    command = Path(sys.executable).with_name("optuna-dashboard")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as fh:
+        proc = subprocess.Popen([str(command), storage, "--host", "127.0.0.1", "--port", str(port)], stdout=fh,
+                                stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"optuna-dashboard exited: {Path(log).read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=30):
+                    break
+            except OSError:
+                time.sleep(0.5)
+            if time.monotonic() > deadline:
+                raise TimeoutError("optuna-dashboard never answered")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def optuna_dashboard_check(storage: str, study: str, out: Path, *, expect: str) -> str:
+    """optuna-dashboard on ``storage``, opened on ``study``'s page once its note shows ``expect``
+    (``optuna-dashboard.png``); returns the page's text."""
+    import json
+    import urllib.request
+
+    with optuna_dashboard(storage, out / "optuna-dashboard.log") as base, browser(width=1500, height=1300) as driver:
+        with urllib.request.urlopen(f"{base}/api/studies", timeout=60) as answer:
+            studies = json.loads(answer.read())["study_summaries"]
+        study_id = next(s["study_id"] for s in studies if s["study_name"] == study)
+        driver.get(f"{base}/dashboard/studies/{study_id}")
+        wait_for(driver, f"return document.body.innerText.indexOf({json.dumps(expect)}) >= 0", "the study's note")
+        time.sleep(1)
+        shoot(driver, out / "optuna-dashboard.png")
+        return driver.execute_script("return document.body.innerText;")
+
+
 def main(argv: list[str] | None = None) -> int:
     doc = (__doc__ or "").split("\n\n")
     p = argparse.ArgumentParser(prog="python scripts/screenshots.py", description=doc[0],

@@ -102,12 +102,46 @@ def test_the_readme_s_first_hour_leaves_a_fresh_clone_clean_and_its_tests_passin
     assert {"residual_variants-smoke", "residual_variants-smoke-tune", "my_study-smoke", "my_study-smoke-tune"} <= names
     assert not (clone / "results" / "residual_variants-smoke").exists() and not (clone / "run.json").exists()
 
+    # the README's dashboard commands, opened in headless Chromium: data in every margin chart, no "Missing Tags",
+    # the study's axes first in HParams; optuna-dashboard's study page says what its Best Trial is in a grid
+    browser_checks(quick_start, clone, tmp_path)
+
     # the tests that read the committed results pass in the clone after all that
     tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *COMMITTED_READERS],
                            cwd=clone, env=env, capture_output=True, text=True, timeout=1800)
     assert tests.returncode == 0, tests.stdout[-3000:]
     assert subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=clone, capture_output=True,
                           text=True, check=True).stdout == ""
+
+
+def browser_checks(quick_start: str, clone: Path, tmp_path: Path) -> None:
+    """The quick start's ``tensorboard`` and ``optuna-dashboard`` commands (at the smoke size), as a person opens
+    them; screenshots to ``$ABLATIONS_SCREENSHOTS`` when set (``docs/images``: the README's), else the test's
+    folder."""
+    import importlib.util
+
+    from prerequisites import missing
+
+    spec = importlib.util.spec_from_file_location("screenshots", REPO / "scripts" / "screenshots.py")
+    shots = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shots)
+    why = shots.missing_browser()
+    if why:
+        missing(why, shots.INSTALL)
+    out = Path(os.environ.get("ABLATIONS_SCREENSHOTS") or tmp_path / "shots")
+    lines = [at_smoke_size(c) for c in commands(quick_start)]
+    logdir = shlex.split(next(c for c in lines if c.startswith("tensorboard ")))[2]
+    seen = shots.tensorboard_check(clone / logdir, out)
+    assert seen["drawn"] >= 5 and seen["missing"] == 0, seen
+    axes = [name for name in seen["hparams"] if name in ("variant", "depth", "lr", "seed")]
+    assert axes[:3] == ["variant", "depth", "lr"], seen["hparams"]
+    storage = shlex.split(next(c for c in lines if c.startswith("optuna-dashboard ")))[1]
+    storage = storage.replace("sqlite:///", f"sqlite:///{clone}/", 1)
+    page = shots.optuna_dashboard_check(storage, "residual_variants-smoke", out, expect="'Best Trial' is one seed")
+    assert "0_how_to_read" in page and "Note tab and the HTML report" in page
+    own = shots.optuna_dashboard_check(storage, "my_study-smoke", tmp_path / "own", expect="'Best Trial' is one seed")
+    assert "my_study-smoke" in own
+    assert shots.tensorboard_check(clone / "outputs" / "runs" / "my_study-smoke" / "agg", tmp_path / "own")["missing"] == 0
 
 
 def test_the_readme_s_first_hour_commands_are_found_and_made_small(tmp_path):

@@ -268,6 +268,7 @@ def test_dashboard_note_saved(study):
     # a grid's note opens on what the dashboard's best trial and importance are there, and where the verdict is
     assert note.index("the *best trial* is one seed of one row") < note.index("| layerscale")
     assert "seed among them" in note and "The seed-aggregated verdict is below" in note
+    assert s.user_attrs["0_how_to_read"].startswith("a grid: 'Best Trial' is one seed of one row")  # its first page
 
 
 def test_a_grid_study_s_note_says_its_best_trial_is_one_seed():
@@ -277,6 +278,10 @@ def test_a_grid_study_s_note_says_its_best_trial_is_one_seed():
     search = study_note("s", [], Path("nowhere/report.html"), grid=False)
     assert grid.splitlines()[2] == GRID_CAVEAT and GRID_CAVEAT not in search
     assert "parameter importance" in GRID_CAVEAT and "not a test of any row against another" in GRID_CAVEAT
+    from ablations.report.notes import READING_ATTR, reading_line
+
+    line = reading_line(Path("r/report.html"))
+    assert READING_ATTR < "budget" and "Note tab and the HTML report" in line and line.endswith("r/report.html")
 
 
 def _finite_metrics(run: dict) -> bool:

@@ -39,7 +39,7 @@ from .load import (
     open_study,
     open_tune_study,
 )
-from .notes import study_note, tuning_note
+from .notes import READING_ATTR, reading_line, study_note, tuning_note
 from .power import power_table
 from .stats import main_cells
 from .tuning import tuning_figure, tuning_records, tuning_table
@@ -228,6 +228,8 @@ def _dashboard_notes(study, spec, study_name: str, tables: Sequence, page: Path)
     notes = []
     try:
         save_dashboard_note(study, study_note(study_name, tables, page, grid=spec.kind == "grid"))
+        if spec.kind == "grid":  # on the study's first page, beside the Best Trial and Importance panels
+            study.set_user_attr(READING_ATTR, reading_line(page))
         notes.append(f"optuna-dashboard note saved on study '{study_name}'.")
         tune_study = open_tune_study(study)
         if tune_study is not None and spec.tune is not None and study.user_attrs.get(TUNED_LR):

@@ -21,6 +21,21 @@ GRID_CAVEAT = (
     "over seeds per row), and, in full, the HTML report.")
 
 
+#: a grid study's user attribute that optuna-dashboard lists on the study's first page, beside its Best Trial and
+#: Hyperparameter Importance panels (sorted first: the attributes are listed by key)
+READING_ATTR = "0_how_to_read"
+
+
+def reading_line(html: Path | None) -> str:
+    """The first page's one line for a grid study: what Best Trial and Importance are there, where the verdict is
+    (``html`` None: before any report)."""
+    where = (f"the Note tab and the HTML report {Path(html).resolve()}" if html is not None else
+             "the Note tab and the HTML report once `python -m ablations.report --study NAME --html` has run")
+    return ("a grid: 'Best Trial' is one seed of one row, and 'Hyperparameter Importance' ranks the grid's axes (seed "
+            f"among them) by single runs, not rows against each other; the seed-aggregated verdict (claims, paired "
+            f"over seeds) is in {where}")
+
+
 def study_note(study_name: str, tables: Sequence, html: Path, grid: bool = True) -> str:
     """Markdown: for a grid study (``grid``) what the dashboard's best trial and importance mean there, then the
     claims' verdicts (when the study lists claims), the HTML report's path (whether it exists yet), then every

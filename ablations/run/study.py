@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from .. import layout
+from ..report.notes import READING_ATTR, reading_line
 from ..studies.overrides import check_stored
 from ..studies.spec import TUNE_EXTRA, TUNED_LR
 from ..studies.storage import point_key, repeated_results
@@ -343,6 +344,8 @@ def create_study(spec, storage, study_name: str, seed: int):
     sampler = optuna.samplers.TPESampler(seed=seed)
     study = optuna.create_study(storage=storage, study_name=study_name, direction=spec.direction, sampler=sampler,
                                 pruner=_make_pruner(spec), load_if_exists=True)
+    if spec.kind == "grid" and READING_ATTR not in study.user_attrs:  # set first: optuna-dashboard lists it first
+        study.set_user_attr(READING_ATTR, reading_line(None))
     check_same_choices(study, spec)
     check_stored(study, spec)
     if study.metric_names is None:
