@@ -176,13 +176,14 @@ def test_hparams_rows_per_variant_beside_the_seeds(tmp_path):
     from ablations.dashboard import display_tag
 
     assert [m.name.tag for m in experiment.metric_infos] == [display_tag(m) for m in agg.STUDY_METRICS]
-    # the same experiment in the agg run itself: `tensorboard --logdir <study>/agg` opens on the study's axes and the
-    # rate each row trained at, marked as differing, so TensorBoard lists them first
+    # the agg run's own experiment: `tensorboard --logdir <study>/agg` opens on the study's axes and the rate each row
+    # trained at, marked as differing, and no seed column (an aggregate row has none)
     inside = HParamsPluginData.FromString(
         _read(root / "agg").PluginTagToContent("hparams")[hp_metadata.EXPERIMENT_TAG]).experiment
-    assert inside == experiment
-    columns = {h.name: h.differs for h in experiment.hparam_infos}
-    assert list(columns)[:2] == ["variant", "depth"] and columns["lr"] and columns["variant"] and columns["depth"]
+    columns = {h.name: h.differs for h in inside.hparam_infos}
+    assert columns == {"variant": True, "depth": True, "lr": True}
+    assert [h.name for h in experiment.hparam_infos] == ["variant", "depth", "seed", "lr"]
+    assert list(inside.metric_infos) == list(experiment.metric_infos)
 
 
 def test_event_curves_map_steps_to_epochs(tmp_path):

@@ -39,7 +39,8 @@ def commands(block: str) -> list[str]:
 
 def at_smoke_size(command: str) -> str:
     """A quick-start command at the smoke size: the smoke budget, one epoch of a single run, a small image folder."""
-    command = command.replace("--budget quick", "--budget smoke")
+    command = command.replace("--budget quick", "--budget smoke").replace("residual_variants-quick/",
+                                                                          "residual_variants-smoke/")
     if "ablations.train" in command:
         command += " --max-epochs 1 --no-progress-bar"
     if "scripts/image_folder.py" in command:
@@ -133,8 +134,10 @@ def browser_checks(quick_start: str, clone: Path, tmp_path: Path) -> None:
     logdir = shlex.split(next(c for c in lines if c.startswith("tensorboard ")))[2]
     seen = shots.tensorboard_check(clone / logdir, out)
     assert seen["drawn"] >= 5 and seen["missing"] == 0, seen
-    axes = [name for name in seen["hparams"] if name in ("variant", "depth", "lr", "seed")]
-    assert axes[:3] == ["variant", "depth", "lr"], seen["hparams"]
+    listed = seen["hparams"]
+    first = [name for name in listed if name in ("variant", "depth", "lr", "seed", "accelerator", "test_acc")]
+    assert set(first[:3]) == {"variant", "depth", "lr"} and "seed" not in first and "accelerator" not in first, listed
+    assert listed.index("test_acc") > max(listed.index(name) for name in ("variant", "depth", "lr"))
     storage = shlex.split(next(c for c in lines if c.startswith("optuna-dashboard ")))[1]
     storage = storage.replace("sqlite:///", f"sqlite:///{clone}/", 1)
     page = shots.optuna_dashboard_check(storage, "residual_variants-smoke", out, expect="'Best Trial' is one seed")
@@ -157,3 +160,5 @@ def test_the_readme_s_first_hour_commands_are_found_and_made_small(tmp_path):
     assert (bash, yaml_language) == ("bash", "yaml") and study.startswith("# ~/my_study.yaml\n")
     assert not any("--set" in c for c in commands(own)) and "--budget smoke" in own
     assert shlex.split(at_smoke_size(commands(own)[0]))[-2:] == ["--per-class", "20"]
+    tensorboard = next(c for c in lines if c.startswith("tensorboard "))
+    assert shlex.split(at_smoke_size(tensorboard))[2] == "outputs/runs/residual_variants-smoke/agg"

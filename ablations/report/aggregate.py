@@ -35,7 +35,7 @@ axes) holds, at step = epoch,
 
 The run ``agg`` itself holds the Custom Scalars layout (margin charts: one category per metric, one chart per
 depth whose one series every variant's run draws; the paired-Δ categories first; diagnostics in closed categories),
-the claims as text and the study's HParams experiment (the study's axes and the tuned rate first), so that
+the claims as text and the study's HParams experiment (its axes but the seed, and the tuned rate), so that
 ``tensorboard --logdir <runs>/<study>/agg`` opens on the aggregates with every chart and column there. The whole ``agg`` folder is rebuilt and swapped in at once, under a lock (several workers refresh it).
 """
 
@@ -397,7 +397,8 @@ def write_tensorboard(root: Path, spec, cells: Sequence[CellAggregate], *, claim
         writer = EventFileWriter(str(building))
         try:
             writer.add_event(_summary_event(layout_summary(layout(cells, baseline))))
-            writer.add_event(_summary_event(study_experiment_pb(spec, STUDY_METRICS, extra)))  # logdir agg: the same
+            # for `--logdir <study>/agg`: the study's columns but the seed (an aggregate row has none)
+            writer.add_event(_summary_event(study_experiment_pb(spec, STUDY_METRICS, extra, without=("seed",))))
             writer.add_event(_summary_event(text.text_pb("aggregate/about", about(cells, baseline))))
             if claims:
                 writer.add_event(_summary_event(text.text_pb("aggregate/claims", claims)))
@@ -416,10 +417,11 @@ def about(cells: Sequence[CellAggregate], baseline: str) -> str:
     percent = f"{100 * CONFIDENCE:.0f}%"
     rows = "\n".join(f"| `{AGG_RUN}/{c.path}` | {len(c.seeds)} | {', '.join(map(str, c.seeds))} |" for c in cells)
     return (f"Each run `{AGG_RUN}/<variant>/depth=<d>` holds, per epoch (the step), the mean over its completed runs "
-            f"(seeds) of every curve with its {percent} t interval (`<tag>/<variant>/depth=<d>/mean`, `lower`, `upper`, "
-            f"`n`), and the paired difference to `{baseline}` at the same depth (`{PAIRED_GROUP}/...`: mean and "
-            f"{percent} interval of the per-seed differences). An epoch with one run has no interval: its band is "
-            "the mean. Custom Scalars shows them as margin charts, one per metric and depth.\n\n"
+            f"(seeds) of every curve with its {percent} t interval (`<tag>/depth=<d>/mean`, `lower`, `upper`, `n`: "
+            f"the run is the variant), and the paired difference to `{baseline}` at the same depth "
+            f"(`{PAIRED_GROUP}/...`: mean and {percent} interval of the per-seed differences, accuracies in "
+            "percentage points). An epoch with one run has no interval: its band is the mean. Custom Scalars shows "
+            "them as margin charts, one per metric and depth, a band per variant.\n\n"
             f"| run | seeds | which |\n|---|---:|---|\n{rows}")
 
 

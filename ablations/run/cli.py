@@ -276,17 +276,17 @@ def _main(args: argparse.Namespace) -> int:
         return work(spec, storage, study_name, args, overrides, tuned=stored_choice(storage, study_name))
 
     study = create_study(spec, storage, study_name, seed=0)  # refuses a stored study of other overrides
+    stored = study.user_attrs.get(TUNE_GRID) if spec.tune is not None else None
+    if stored is not None and stored != spec.tune.as_dict():
+        raise ValueError(f"study '{study_name}' chose its learning rates with the tuning grid {stored}; the study "
+                         f"file now has {spec.tune.as_dict()}: its reported trials would mix two choices. Pass "
+                         "--study-name NEW_NAME for a new study, or restore the file's tune section")
     _say_budget_and_data(spec, overrides)
     _warn_earlier_forms(storage, study_name, study, tune=spec.tune is not None)
     if spec.overrides:
         print(f"--set {describe(spec.overrides)}: its own stored study '{study_name}' (a study never mixes two "
               "configurations)", file=sys.stderr)
     if spec.tune is not None:
-        stored = study.user_attrs.get(TUNE_GRID)
-        if stored is not None and stored != spec.tune.as_dict():
-            raise ValueError(f"study '{study_name}' chose its learning rates with the tuning grid {stored}; the study "
-                             f"file now has {spec.tune.as_dict()}: its reported trials would mix two choices. Pass "
-                             "--study-name NEW_NAME for a new study, or restore the file's tune section")
         if stored is None:
             code = _tune(spec, storage, tune_name(study_name), args, overrides, study)
             if code:
