@@ -2,14 +2,15 @@
 aggregates, taken by headless Chromium (Debian's ``chromium`` and ``chromium-driver``, driven by selenium).
 
     python scripts/screenshots.py --report results/residual_variants/report.html --out docs/images
-    python scripts/screenshots.py --tensorboard results/runs/residual_variants/agg --out docs/images
+    python scripts/screenshots.py --tensorboard outputs/runs/residual_variants-quick/agg --out docs/images
 
 ``--report`` writes ``<out>/report.png`` (the top of the page: claims and the main table) and
 ``report-charts.png`` (the interactive charts); ``--tensorboard`` starts TensorBoard on a free loopback port
 with that log folder, opens its Custom Scalars tab once the aggregate margin charts have drawn, writes
 ``<out>/tensorboard-custom-scalars.png`` and stops TensorBoard. TensorBoard selects no run at first when a log folder
-holds more than 40 runs (a study's seeds): give the study's ``agg`` folder then, whose runs it all selects. The tests (tests/test_report_html.py) use the same
-functions. A missing browser is one line and exit 2.
+holds more than 40 runs (a study's seeds): give the study's ``agg`` folder then, whose runs it all selects. The tests
+(tests/test_report_html.py, tests/test_first_hour.py: :func:`tensorboard_check`, :func:`optuna_dashboard_check`) use
+the same functions. A missing browser is one line and exit 2.
 """
 
 from __future__ import annotations
