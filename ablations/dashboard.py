@@ -209,14 +209,12 @@ def study_constants(spec: Any) -> dict[str, Any]:
     return {k: v for k, v in flat[0].items() if all(f.get(k) == v for f in flat[1:])}
 
 
-def study_experiment_pb(spec: Any, metrics: Sequence[str], extra: Mapping[str, list] | None = None,
-                        without: Sequence[str] = ()):
+def study_experiment_pb(spec: Any, metrics: Sequence[str], extra: Mapping[str, list] | None = None):
     """The study's HParams experiment: its columns (:func:`study_columns`, then ``extra``, e.g. the aggregate rows'
-    tuned ``lr``; less ``without``) and ``metrics`` (internal names, ``hp/...``); the columns whose values differ
-    are marked so."""
+    tuned ``lr``) and ``metrics`` (internal names, ``hp/...``); the columns whose values differ are marked so."""
     from tensorboard.plugins.hparams import summary_v2 as hp
 
-    columns = {k: v for k, v in (study_columns(spec) | dict(extra or {})).items() if k not in without}
+    columns = study_columns(spec) | dict(extra or {})
     return _experiment_pb([hp.HParam(name, _domain(hp, name, values)) for name, values in columns.items()], metrics,
                           differs={name for name, values in columns.items() if len(set(map(repr, values))) > 1})
 

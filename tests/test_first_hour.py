@@ -134,10 +134,9 @@ def browser_checks(quick_start: str, clone: Path, tmp_path: Path) -> None:
     logdir = shlex.split(next(c for c in lines if c.startswith("tensorboard ")))[2]
     seen = shots.tensorboard_check(clone / logdir, out)
     assert seen["drawn"] >= 5 and seen["missing"] == 0, seen
-    listed = seen["hparams"]
-    first = [name for name in listed if name in ("variant", "depth", "lr", "seed", "accelerator", "test_acc")]
-    assert set(first[:3]) == {"variant", "depth", "lr"} and "seed" not in first and "accelerator" not in first, listed
-    assert listed.index("test_acc") > max(listed.index(name) for name in ("variant", "depth", "lr"))
+    listed = seen["hparams"]  # the study's columns before the metrics; none of the 60 configuration fields
+    assert listed.index("test_acc") > max(listed.index(name) for name in ("variant", "depth", "lr")), listed
+    assert "accelerator" not in listed and "embed_dim" not in listed, listed
     storage = shlex.split(next(c for c in lines if c.startswith("optuna-dashboard ")))[1]
     storage = storage.replace("sqlite:///", f"sqlite:///{clone}/", 1)
     page = shots.optuna_dashboard_check(storage, "residual_variants-smoke", out, expect="'Best Trial' is one seed")

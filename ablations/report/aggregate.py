@@ -35,7 +35,7 @@ axes) holds, at step = epoch,
 
 The run ``agg`` itself holds the Custom Scalars layout (margin charts: one category per metric, one chart per
 depth whose one series every variant's run draws; the paired-Δ categories first; diagnostics in closed categories),
-the claims as text and the study's HParams experiment (its axes but the seed, and the tuned rate), so that
+the claims as text and the study's HParams experiment (its axes and the tuned rate), so that
 ``tensorboard --logdir <runs>/<study>/agg`` opens on the aggregates with every chart and column there. The whole ``agg`` folder is rebuilt and swapped in at once, under a lock (several workers refresh it).
 """
 
@@ -397,8 +397,9 @@ def write_tensorboard(root: Path, spec, cells: Sequence[CellAggregate], *, claim
         writer = EventFileWriter(str(building))
         try:
             writer.add_event(_summary_event(layout_summary(layout(cells, baseline))))
-            # for `--logdir <study>/agg`: the study's columns but the seed (an aggregate row has none)
-            writer.add_event(_summary_event(study_experiment_pb(spec, STUDY_METRICS, extra, without=("seed",))))
+            # for `--logdir <study>/agg`; the same as the study root's, which TensorBoard may read instead of it
+            # when both are in its log folder (it takes the first experiment it finds)
+            writer.add_event(_summary_event(study_experiment_pb(spec, STUDY_METRICS, extra)))
             writer.add_event(_summary_event(text.text_pb("aggregate/about", about(cells, baseline))))
             if claims:
                 writer.add_event(_summary_event(text.text_pb("aggregate/claims", claims)))
