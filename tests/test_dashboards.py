@@ -187,8 +187,8 @@ def test_tensorboard_and_optuna_dashboard_show_names_columns_and_numeric_axes(tm
         experiment = wait_until_answers(f"{base}/data/plugin/hparams/experiment", tb, body={"experimentName": ""},
                                         ready=study_experiment_loaded, what="TensorBoard's HParams experiment")
         columns = [h["name"] for h in experiment["hparamInfos"]]
-        assert set(columns) == {"variant", "depth", "seed"}
-        assert set(columns[:2]) == {"variant", "depth"}  # what varies comes first (seed has one value here)
+        assert set(columns) == {"variant", "depth", "seed", "lr"}  # lr: the rate each aggregate row trained at
+        assert set(columns[:2]) == {"variant", "depth"}  # what varies comes first (seed and lr have one value here)
         metrics = [m["name"]["tag"] for m in experiment["metricInfos"]]
         assert metrics == [display_tag(m) for m in STUDY_METRICS]  # the summary's, then the aggregates' columns
         assert experiment["metricInfos"][0]["displayName"] == "test_acc"  # the primary metric first
