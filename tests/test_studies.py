@@ -807,3 +807,15 @@ def test_without_workers_a_cpu_study_runs_one_worker_per_core(tmp_path, capsys):
     assert code == 0
     estimate = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("estimated time"))
     assert f"; {expected} worker(s) x {max(1, cores() // expected)} thread(s);" in estimate
+
+
+def test_each_stage_of_a_tuned_study_is_named_on_its_progress_bar(tmp_path):
+    """The tuning stage, the reported grid, the contending rates and a second look each say which they are (the
+    progress bar's label and the stage's first line); a study without a tuning stage has one stage, unnamed."""
+    from ablations.run.workers import stage_text
+
+    tuned = load_spec("residual_variants", "quick")
+    assert [stage_text(tuned, s) for s in ("tune", "report", "contend", "round")] == [
+        "tuning stage", "reported grid", "contending rates", "second look"]
+    plain = load_spec(str(write_study(tmp_path / "plain.yaml")))
+    assert plain.tune is None and stage_text(plain, "report") == ""

@@ -140,12 +140,17 @@ def run_grid(spec, storage, study_name: str, args, overrides: dict, *, stage: st
     return _finish(study_name, storage, spec, time.time() - started)
 
 
+#: how a stage of a study with a tuning stage is named on its first line and progress bar
+STAGE_NAMES = {"tune": "tuning stage", "report": "reported grid", "contend": "contending rates",
+               "round": "second look"}
+
+
 def stage_text(spec, stage: str) -> str:
-    """Which stage of a study with a tuning stage runs (its progress bar and first line say it): ``tuning 1/2``
-    (the tuning stage trains first), ``reported 2/2``; empty for a study without one."""
-    if stage == "tune":
-        return "tuning 1/2"
-    return "reported 2/2" if spec.tune is not None else ""
+    """Which stage of a study with a tuning stage runs (its progress bar and first line say it): the tuning stage
+    first, then the reported grid, then any contending rates or second look; empty for a study without one."""
+    if stage == "report" and spec.tune is None:
+        return ""
+    return STAGE_NAMES.get(stage, stage)
 
 
 def _say_kept_modes(spec, storage, study_name: str, args, overrides: dict) -> None:
