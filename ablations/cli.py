@@ -18,16 +18,42 @@ from .layout import DEFAULT_STORAGE
 # import, and the command-line tools start without them.
 
 
+def program(module: str) -> str:
+    """The name a tool was called by, for its usage line: its console command (``ablations-run``, installed by
+    ``pip install``) when started as one, else ``python -m <module>``."""
+    called = os.path.basename(sys.argv[0] or "")
+    return called if called.startswith("ablations-") else f"python -m {module}"
+
+
 class OneLineParser(argparse.ArgumentParser):
-    """argparse without the usage dump: an error is one ``error: ...`` line on stderr and exit status 2."""
+    """argparse without the usage dump: an error is one ``error: ...`` line on stderr and exit status 2; an
+    unrecognized flag names the closest one this tool has (``--workers`` -> ``--num-workers``)."""
 
     def error(self, message: str) -> NoReturn:
+        if message.startswith("unrecognized arguments:"):
+            import difflib
+
+            flags = [f for action in self._actions for f in action.option_strings if f.startswith("--")]
+            given = [word.split("=")[0] for word in message.split(":", 1)[1].split() if word.startswith("--")]
+            close = [m for word in given for m in difflib.get_close_matches(word, flags, n=1, cutoff=0.6)]
+            if close:
+                message += f"; did you mean {' or '.join(dict.fromkeys(close))}?"
         fail(message)
 
 
 def fail(message: str) -> NoReturn:
-    sys.stderr.write(f"error: {' '.join(str(message).split())}\n")
+    sys.stderr.write(f"error: {one_line(message)}\n")
     sys.exit(2)
+
+
+def one_line(message: object) -> str:
+    """An error message as one line. An error raised in a DataLoader worker process carries the worker's
+    traceback in its text ("Caught DataError in DataLoader worker process 0. Original Traceback ..."): its last
+    line, the error's own message, is what it says."""
+    text = str(message).strip()
+    if "Original Traceback" in text:
+        text = text.splitlines()[-1].split(": ", 1)[-1]
+    return " ".join(text.split())
 
 
 def add_study_arguments(parser: argparse.ArgumentParser, *, report: bool = False) -> None:

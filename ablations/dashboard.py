@@ -26,6 +26,7 @@ run records only its values of those columns (``session_start_info``), so the ta
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -53,7 +54,7 @@ _INTERNAL_OF_GROUP = {group: prefix for prefix, group in _GROUPS} | {
     group: "diag" for group in (*(g for g, _ in _DIAG_KINDS), _DIAG_OTHER)}
 
 #: Extra Lightning loggers a run can write besides TensorBoard (``--logger``), all offline.
-EXTRA_LOGGERS: tuple[str, ...] = ("csv", "mlflow")
+EXTRA_LOGGERS: tuple[str, ...] = ("csv", "mlflow", "wandb")
 
 
 def display_tag(tag: str) -> str:
@@ -76,11 +77,14 @@ def internal_tag(tag: str) -> str:
     return f"{_INTERNAL_OF_GROUP[m['group']]}/{m['rest']}"
 
 
-def extra_loggers(names: Sequence[str], *, run_dir: Path, run_name: str, experiment: str, mlflow_db: Path) -> list:
+def extra_loggers(names: Sequence[str], *, run_dir: Path, run_name: str, experiment: str, mlflow_db: Path,
+                  wandb_dir: Path | None = None) -> list:
     """The extra Lightning loggers ``names`` (see :data:`EXTRA_LOGGERS`): ``csv`` writes ``<run dir>/csv/
     metrics.csv`` (+ ``hparams.yaml``); ``mlflow`` writes to the local SQLite store ``mlflow_db`` (MLflow 3 keeps
     its plain-file store in maintenance mode and refuses it by default; browse with ``mlflow ui
-    --backend-store-uri sqlite:///<db>``) under experiment ``experiment``, run name ``run_name``."""
+    --backend-store-uri sqlite:///<db>``) under experiment ``experiment``, run name ``run_name``; ``wandb``: a
+    Weights & Biases run in project ``experiment``, named ``run_name`` and grouped by its cell (the run name without
+    its seed), so that W&B shows a row's seeds as one line with their spread (:func:`wandb_logger`)."""
     check_loggers(names)
     loggers = []
     for name in names:
@@ -88,6 +92,8 @@ def extra_loggers(names: Sequence[str], *, run_dir: Path, run_name: str, experim
             from lightning.pytorch.loggers import CSVLogger
 
             loggers.append(CSVLogger(save_dir=str(run_dir), name="", version="csv"))
+        elif name == "wandb":
+            loggers.append(wandb_logger(run_name, experiment, Path(wandb_dir or Path(run_dir).parent)))
         else:
             from lightning.pytorch.loggers import MLFlowLogger
 
@@ -99,6 +105,57 @@ def extra_loggers(names: Sequence[str], *, run_dir: Path, run_name: str, experim
             loggers.append(MLFlowLogger(experiment_name=experiment, run_name=run_name,
                                         tracking_uri=mlflow_uri(mlflow_db)))
     return loggers
+
+
+def wandb_mode() -> str:
+    """W&B's mode: ``WANDB_MODE`` when set, else ``online`` when an API key is configured (``WANDB_API_KEY`` or a
+    ``wandb login`` in ~/.netrc), else ``offline``: a run never stops to ask for a login, and ``wandb sync`` uploads
+    an offline run later."""
+    import netrc
+
+    if os.environ.get("WANDB_MODE"):
+        return os.environ["WANDB_MODE"]
+    if os.environ.get("WANDB_API_KEY"):
+        return "online"
+    try:
+        return "online" if netrc.netrc().authenticators("api.wandb.ai") else "offline"
+    except (OSError, netrc.NetrcParseError):
+        return "offline"
+
+
+def wandb_group(run_name: str) -> str | None:
+    """The W&B group of a study's run: its cell, the run name without ``seed=<s>`` (``layerscale/depth=4``); None
+    for a run name without a seed (a single run)."""
+    parts = run_name.split("/")
+    kept = [p for p in parts if not p.startswith("seed=")]
+    return "/".join(kept) if len(kept) < len(parts) else None
+
+
+def wandb_logger(run_name: str, project: str, save_dir: Path):
+    """Lightning's ``WandbLogger`` for one run (files under ``save_dir/wandb``, mode :func:`wandb_mode`); a W&B
+    run a failed trial left open in this process is finished first, so every trial is its own run. ValueError
+    (one line) when wandb is not installed."""
+    try:
+        import wandb
+    except ImportError:
+        raise ValueError("--logger wandb needs the wandb package: pip install -e '.[wandb]'") from None
+    from lightning.pytorch.loggers import WandbLogger
+
+    if wandb.run is not None:
+        wandb.finish()
+    save_dir.mkdir(parents=True, exist_ok=True)
+    return WandbLogger(project=safe(project), name=run_name, group=wandb_group(run_name), save_dir=str(save_dir),
+                       offline=wandb_mode() == "offline", mode=wandb_mode(), job_type="trial")
+
+
+def finish_wandb(loggers: Sequence) -> None:
+    """End the W&B run of each ``WandbLogger`` among ``loggers`` (Lightning leaves it open; the next trial of this
+    process would otherwise log into it)."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    for each in loggers:
+        if isinstance(each, WandbLogger) and each._experiment is not None:
+            each.experiment.finish()
 
 
 def mlflow_uri(db: str | Path) -> str:
@@ -152,19 +209,28 @@ def study_constants(spec: Any) -> dict[str, Any]:
     return {k: v for k, v in flat[0].items() if all(f.get(k) == v for f in flat[1:])}
 
 
-def write_study_hparams(log_root: str | Path, spec: Any, metrics: Sequence[str]) -> Path:
-    """Write the study's HParams configuration and constants at ``log_root`` (TensorBoard's ``.`` run), replacing
-    an earlier one; ``metrics`` are internal names (``hp/...``). Returns the event file."""
+def study_experiment_pb(spec: Any, metrics: Sequence[str], extra: Mapping[str, list] | None = None):
+    """The study's HParams experiment: its columns (:func:`study_columns`, then ``extra``, e.g. the aggregate rows'
+    tuned ``lr``) and ``metrics`` (internal names, ``hp/...``); the columns whose values differ are marked so."""
     from tensorboard.plugins.hparams import summary_v2 as hp
+
+    columns = study_columns(spec) | dict(extra or {})
+    return _experiment_pb([hp.HParam(name, _domain(hp, name, values)) for name, values in columns.items()], metrics,
+                          differs={name for name, values in columns.items() if len(set(map(repr, values))) > 1})
+
+
+def write_study_hparams(log_root: str | Path, spec: Any, metrics: Sequence[str],
+                        extra: Mapping[str, list] | None = None) -> Path:
+    """Write the study's HParams configuration (:func:`study_experiment_pb`) and constants at ``log_root``
+    (TensorBoard's ``.`` run), replacing an earlier one; ``metrics`` are internal names (``hp/...``). Returns the
+    event file."""
     from torch.utils.tensorboard import SummaryWriter
 
     root = Path(log_root)
     root.mkdir(parents=True, exist_ok=True)
     for old in root.glob(f"events.out.tfevents.*{STUDY_SUFFIX}"):
         old.unlink(missing_ok=True)
-    columns = study_columns(spec)
-    pb = _experiment_pb([hp.HParam(name, _domain(hp, name, values)) for name, values in columns.items()], metrics,
-                        differs={name for name, values in columns.items() if len(set(map(repr, values))) > 1})
+    pb = study_experiment_pb(spec, metrics, extra)
     writer = SummaryWriter(log_dir=str(root), filename_suffix=STUDY_SUFFIX)
     try:
         writer._get_file_writer().add_summary(pb)

@@ -25,11 +25,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ablations.cli import OneLineParser, fail, parse_value
+from ablations.cli import OneLineParser, fail, parse_value, program
 from ablations.config import GROUPS, INIT_VALUE_OPTIONS, RunConfig, config_fields, option_fields
 from ablations.dashboard import check_loggers
 from ablations.engine.loop import NotStackable, StackedRun, device_of, train_stacked
-from ablations.layout import RESULTS_DIR, runs_dir
+from ablations.layout import OUTPUT_DIR, runs_dir
 from ablations.machine import allocator
 from ablations.recipes import RECIPES, with_recipe
 from ablations.training import SetupError, run_training, summary_table
@@ -37,7 +37,7 @@ from ablations.training import SetupError, run_training, summary_table
 # Imported where they are used, not here: PyYAML, Lightning, torch and the datasets (data: torch). Each takes from a
 # tenth of a second to seconds to import, and the command-line tools start without them.
 
-DEFAULT_LOG_DIR = runs_dir(RESULTS_DIR, "train").as_posix()  # results/runs/train
+DEFAULT_LOG_DIR = runs_dir(OUTPUT_DIR, "train").as_posix()  # outputs/runs/train
 
 
 class CLIError(Exception):
@@ -100,7 +100,7 @@ def _default_text(value: Any) -> str:
 # --- the parser ----------------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
-        prog="python -m ablations.train",
+        prog=program("ablations.train"),
         description="Train one Vision Transformer with a chosen residual connection and print its convergence "
                     "summary (best/final val accuracy, epochs to 95% of best, AUC, wall time). TensorBoard logs "
                     "go to --log-dir/<run name>.",
@@ -147,8 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "on a GPU, data and metrics kept on the device; a run it cannot train falls back to plain "
                           "with one line); auto (default): the engine on CUDA, plain on a CPU")
     run.add_argument("--logger", action="append", default=[], metavar="NAME", dest="loggers",
-                     help="an extra logger besides TensorBoard (repeatable): csv (<run>/csv/metrics.csv) or mlflow "
-                          "(local SQLite store <log-dir>/mlflow.db)")
+                     help="an extra logger besides TensorBoard (repeatable): csv (<run>/csv/metrics.csv), mlflow "
+                          "(local SQLite store <log-dir>/mlflow.db) or wandb (Weights & Biases; offline unless you "
+                          "are logged in or WANDB_MODE says otherwise: <log-dir>/wandb)")
     return parser
 
 
@@ -246,6 +247,15 @@ def _engine_run(config: RunConfig, args: argparse.Namespace, run_name: str) -> d
     return outcome.summary
 
 
+def _below_floor(summary: dict, config: RunConfig) -> None:
+    """A run that ended below the shared protocol's floor says so on stderr, with its likely causes."""
+    from ablations.studies.advice import below_floor_line, protocol_floor
+
+    floor = protocol_floor()
+    if floor.failed(summary.get(floor.metric), summary.get("num_classes")):
+        print(f"note: {below_floor_line([(summary, config.to_dict())], 0, floor)}", file=sys.stderr, flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -280,6 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if rank_zero_only.rank != 0:  # strategy ddp runs this script once per device: rank 0 reports for all
         return 0
+    _below_floor(summary, config)
     if args.json:
         print(json.dumps(_json_safe(summary), allow_nan=False), flush=True)
     else:

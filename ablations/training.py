@@ -106,7 +106,8 @@ def build_datamodule(config: RunConfig):
         dm = data.build_datamodule(
             config.dataset, data_dir=config.data_dir, batch_size=config.batch_size,
             val_fraction=config.val_fraction, test_fraction=config.test_fraction, seed=config.seed, augment=config.augment,
-            num_workers=config.num_workers, train_augment=train_augment(config), **config.dataset_options,
+            num_workers=config.num_workers, train_augment=train_augment(config),
+            **data.fitted_options(config.dataset, config.dataset_options, config.patch_size),
         )
         dm.setup("fit")
     except TypeError as exc:  # an unknown dataset option
@@ -271,7 +272,7 @@ def run_training(
 
     logger = tensorboard_logger(log_dir, run_name)
     more_loggers = extra_loggers(loggers, run_dir=Path(logger.log_dir), run_name=run_name, experiment=experiment,
-                                 mlflow_db=Path(log_dir) / "mlflow.db")
+                                 mlflow_db=Path(log_dir) / "mlflow.db", wandb_dir=Path(log_dir))
     tracker = ConvergenceTracker(config.accuracy_thresholds)
     callbacks: list[Any] = [tracker, LambdaCallback(on_train_start=functools.partial(_record_resume, tracker))]
     if config.diagnostics_every > 0:
@@ -452,4 +453,7 @@ def finish_run(loggers: Sequence[Any], summary: dict[str, Any], run_name: str, s
         logger.experiment.add_text("summary", summary_table(summary), global_step=step)
         for each in loggers:
             each.finalize(status)
+        from ablations.dashboard import finish_wandb
+
+        finish_wandb(loggers)
     return summary

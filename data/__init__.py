@@ -30,6 +30,8 @@ _EXPORTS: dict[str, str] = {
     "UNKNOWN_SIZES": "data.registry",
     "build_datamodule": "data.registry",
     "dataset_shape": "data.registry",
+    "describe": "data.registry",
+    "fitted_options": "data.registry",
 }
 
 __all__ = ["DATASET_CLASSES", "DATASET_NAMES", *_EXPORTS]  # every registered DataModule class among them

@@ -4,10 +4,12 @@ via torchvision + timm.
 Images are decoded per item, so this family uses a regular DataLoader (with ``num_workers``) and timm's
 transforms. Augmentation stays reproducible: the sampler hands every item a seed drawn from (seed, epoch), and the
 transform runs with Python's and torch's global RNGs seeded from it (their previous state is restored after).
+Channels, size, patch, crop, flip and colour jitter fit the images unless given (:mod:`data.folder_fit`).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,6 +21,8 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from data.base import DataModuleBase
 from data.common import (
+    PARSE_ERRORS,
+    DataError,
     channel_mean_std,
     data_error,
     reading,
@@ -28,6 +32,7 @@ from data.common import (
     stratified_split,
     three_way_split,
 )
+from data.folder_fit import Fit, choose, image_files, look_at, unreadable
 from data.loader import EpochSampler
 
 if TYPE_CHECKING:
@@ -53,6 +58,18 @@ def find_classes(data_dir: str, split_dir: Path) -> list[str]:
         if not any(path.suffix.lower() in IMG_EXTENSIONS for path in (split_dir / cls).rglob("*")):
             raise data_error(data_dir, "imagefolder", f"has no images in {split}/{cls}/", LAYOUT)
     return classes
+
+
+def load_image(path: str, mode: str = "RGB"):
+    """One image file as a PIL image in ``mode`` ("L": grey, "RGB"); a file that cannot be decoded is a DataError
+    naming it (not the folder layout: the folder is fine, the file is not)."""
+    from PIL import Image
+
+    try:
+        with open(path, "rb") as handle:
+            return Image.open(handle).convert(mode)
+    except PARSE_ERRORS as exc:
+        raise DataError(unreadable(Path(path), exc)) from None
 
 
 class ItemSeedSampler(EpochSampler):
@@ -88,13 +105,17 @@ class FolderSubset(Dataset):
 class ImageFolderDataModule(DataModuleBase):
     """An ImageFolder tree; splits as :meth:`setup` says (a test split always, unless ``test_fraction`` is 0).
 
-    Images are loaded as RGB and resized to ``img_size``. Train mean/std are measured on up to ``stats_samples``
-    train images (a seeded sample) with the eval geometry. Transforms: timm's ``create_transform`` (training:
-    random-resized crop, flip, colour jitter when ``augment``; eval: resize + centre crop, crop_pct 1). A recipe's
+    Before anything is loaded, a sample of the train images says what they are (:mod:`data.folder_fit`): every
+    option left at ``"auto"`` fits them — ``channels`` (1 for grey images, loaded as such; 3 for colour),
+    ``img_size`` (their median shorter side, at most 224; images are resized to it, shorter side first, and
+    centre-cropped), the patch (``patch_size``, else 16 from 128 px, about 8x8 patches from 64 px, 4x4 below),
+    and the training augmentation: ``crop`` (``shift``: a random crop of the image padded by an eighth of its side; ``resized``:
+    timm's random-resized crop; ``none``), ``flip`` (colour images only) and ``color_jitter`` (0.4 with the
+    resized crop of colour images). :attr:`fit` holds the choices and ``fit.text()`` says them. Train mean/std are
+    measured on up to ``stats_samples`` train images (a seeded sample) with the eval geometry. A recipe's
     RandAugment, colour jitter and random erasing (``train_augment``) become timm's own per-image versions (timm's
     RandAugment op set and magnitude scale, which differ from torchvision's; timm drops the colour jitter when
-    RandAugment is on); its crop padding mode does not apply to the random-resized crop.
-    ``default_patch_size`` is ``patch_size`` if given, else 16 for images of 128 px or more and 4 below.
+    RandAugment is on); its crop padding mode pads the ``shift`` crop.
     """
 
     name = "imagefolder"
@@ -103,16 +124,16 @@ class ImageFolderDataModule(DataModuleBase):
     def __init__(
         self,
         *,
-        img_size: int = 32,
+        img_size: int | str = "auto",
         patch_size: int | None = None,
+        channels: int | str = "auto",
+        crop: str = "auto",
+        flip: bool | str = "auto",
+        color_jitter: float | str = "auto",
         stats_samples: int = 2000,
         **common: Unpack[DataArgs],
     ) -> None:
         super().__init__(**common)
-        self.img_size = img_size
-        self.default_patch_size = patch_size or (16 if img_size >= 128 else 4)
-        if img_size % self.default_patch_size:
-            raise ValueError(f"img_size {img_size} is not a multiple of the patch size {self.default_patch_size}")
         self.stats_samples = stats_samples
         self.root = require_data_dir(self.data_dir, self.name, LAYOUT)
         self.classes = find_classes(self.data_dir, self.root / "train")
@@ -127,22 +148,61 @@ class ImageFolderDataModule(DataModuleBase):
             val_classes = find_classes(self.data_dir, self.root / "val")
             if val_classes != self.classes:
                 raise data_error(self.data_dir, self.name, "has val/ class folders that differ from train/'s", LAYOUT)
+        train_files = tuple(image_files(self.root / "train", IMG_EXTENSIONS))
+        needs_look = "auto" in (img_size, channels, crop, flip, color_jitter)
+        try:
+            look = look_at(train_files) if needs_look else None
+        except ValueError as exc:  # an image that cannot be decoded: named by its file
+            raise DataError(str(exc)) from None
+        try:
+            self.fit: Fit = choose(look, img_size=img_size, patch_size=patch_size, channels=channels, crop=crop,
+                                   flip=flip, color_jitter=color_jitter)
+        except ValueError as exc:
+            raise DataError(f"{exc} (imagefolder '{self.data_dir}')") from None
+        self.in_chans = self.fit.channels
+        self.img_size = self.fit.img_size
+        self.default_patch_size = self.fit.patch_size
+        held_out = self.root / ("test" if self.has_test_folder else "val")
+        if not self.has_val_folder and not self.has_test_folder:
+            self.pool_size = len(train_files)  # the dry run's estimate: split as setup() splits it
+        elif not (self.has_val_folder and self.has_test_folder):
+            self.official_sizes = (len(train_files), len(image_files(held_out, IMG_EXTENSIONS)))
         self.train_set: FolderSubset | None = None
         self.val_set: FolderSubset | None = None
         self.test_set: FolderSubset | None = None
 
-    def make_transform(self, training: bool, mean: tuple[float, ...], std: tuple[float, ...]) -> Callable:
-        from timm.data import create_transform
+    def describe(self) -> str:
+        """One line: the folder, its classes and what the run makes of its images (:meth:`Fit.text`)."""
+        return f"imagefolder '{self.data_dir}': {self.num_classes} classes; {self.fit.text()}"
 
+    def _folder(self, split: str) -> ImageFolder:
+        return ImageFolder(str(self.root / split),
+                           loader=functools.partial(load_image, mode="L" if self.fit.channels == 1 else "RGB"))
+
+    def make_transform(self, training: bool, mean: tuple[float, ...], std: tuple[float, ...]) -> Callable:
+        """The eval transform (resize to ``img_size``, centre crop, normalise) or the training one: the crop and
+        flip of :attr:`fit`, then the recipe's ops (:attr:`train_augment`) or the fit's colour jitter."""
+        from timm.data.transforms_factory import transforms_imagenet_eval, transforms_imagenet_train
+        from torchvision import transforms
+
+        size = self.fit.img_size
         if not training:
-            return create_transform(input_size=self.img_size, is_training=False, mean=mean, std=std, crop_pct=1.0)
+            return transforms_imagenet_eval(img_size=size, crop_pct=1.0, interpolation="bilinear", mean=mean, std=std)
         aug = self.train_augment  # the recipe's ops, as timm's per-image transforms (timm's RandAugment op set)
-        if not aug.changes_pixels:
-            return create_transform(input_size=self.img_size, is_training=True, mean=mean, std=std, crop_pct=1.0)
-        return create_transform(
-            input_size=self.img_size, is_training=True, mean=mean, std=std, crop_pct=1.0,
+        primary, secondary, final = transforms_imagenet_train(
+            img_size=size, hflip=0.5 if self.fit.flip else 0.0, interpolation="bilinear", mean=mean, std=std,
+            color_jitter=aug.color_jitter or self.fit.color_jitter or None, re_prob=aug.random_erasing,
+            re_mode="pixel",
             auto_augment=f"rand-m{aug.rand_augment_magnitude}-n{aug.rand_augment_ops}" if aug.rand_augment_ops else None,
-            color_jitter=aug.color_jitter or None, re_prob=aug.random_erasing, re_mode="pixel")
+            separate=True)
+        if self.fit.crop != "resized":  # the image at its size (resized, centre-cropped), shifted or not
+            steps = [transforms.Resize(size), transforms.CenterCrop(size)]
+            if self.fit.crop == "shift":
+                steps.append(transforms.RandomCrop(size, padding=self.fit.padding,
+                                                   padding_mode=aug.crop_padding_mode))
+            flips = [t for t in primary.transforms if isinstance(t, transforms.RandomHorizontalFlip)]
+            primary = transforms.Compose(steps + flips)
+        return transforms.Compose([*primary.transforms, *secondary.transforms, *final.transforms])
 
     def setup(self, stage: str | None = None) -> None:
         """Index the folders once, split if needed, measure the train statistics and build the transforms.
@@ -154,16 +214,16 @@ class ImageFolderDataModule(DataModuleBase):
         if self.train_set is not None:
             return
         with reading(self.data_dir, self.name, LAYOUT):
-            train_folder = ImageFolder(str(self.root / "train"))
+            train_folder = self._folder("train")
             labels = torch.tensor(train_folder.targets)
             test_folder = val_folder = None
             test_indices: list[int] = []
             if self.test_fraction and self.has_test_folder:
-                test_folder = ImageFolder(str(self.root / "test"))
+                test_folder = self._folder("test")
             elif self.test_fraction and self.has_val_folder:
-                test_folder = ImageFolder(str(self.root / "val"))
+                test_folder = self._folder("val")
             if self.has_val_folder and (self.has_test_folder or not self.test_fraction):
-                val_folder = ImageFolder(str(self.root / "val"))
+                val_folder = self._folder("val")
                 train_indices, val_indices = list(range(len(train_folder))), list(range(len(val_folder)))
             elif test_folder is not None or not self.test_fraction:
                 val_folder = train_folder
@@ -185,7 +245,8 @@ class ImageFolderDataModule(DataModuleBase):
     def measure_mean_std(self, folder: ImageFolder, indices: list[int]) -> tuple[tuple[float, ...], tuple[float, ...]]:
         """Per-channel mean/std of a seeded sample of at most ``stats_samples`` train images, in [0, 1] units."""
         pick = torch.randperm(len(indices), generator=seeded_generator(self.seed, 0x57A7))[: self.stats_samples]
-        unnormalised = self.make_transform(False, mean=(0.0,) * 3, std=(1.0,) * 3)
+        channels = self.fit.channels
+        unnormalised = self.make_transform(False, mean=(0.0,) * channels, std=(1.0,) * channels)
         sample = FolderSubset(folder, [indices[i] for i in pick.sort().values], unnormalised)
         images = torch.stack([sample[i][0] for i in range(len(sample))])
         return channel_mean_std(images, pixel_max=1.0)

@@ -2,14 +2,15 @@
 aggregates, taken by headless Chromium (Debian's ``chromium`` and ``chromium-driver``, driven by selenium).
 
     python scripts/screenshots.py --report results/residual_variants/report.html --out docs/images
-    python scripts/screenshots.py --tensorboard results/runs/residual_variants/agg --out docs/images
+    python scripts/screenshots.py --tensorboard outputs/runs/residual_variants-quick/agg --out docs/images
 
 ``--report`` writes ``<out>/report.png`` (the top of the page: claims and the main table) and
 ``report-charts.png`` (the interactive charts); ``--tensorboard`` starts TensorBoard on a free loopback port
 with that log folder, opens its Custom Scalars tab once the aggregate margin charts have drawn, writes
 ``<out>/tensorboard-custom-scalars.png`` and stops TensorBoard. TensorBoard selects no run at first when a log folder
-holds more than 40 runs (a study's seeds): give the study's ``agg`` folder then, whose runs it all selects. The tests (tests/test_report_html.py) use the same
-functions. A missing browser is one line and exit 2.
+holds more than 40 runs (a study's seeds): give the study's ``agg`` folder then, whose runs it all selects. The tests
+(tests/test_report_html.py, tests/test_first_hour.py: :func:`tensorboard_check`, :func:`optuna_dashboard_check`) use
+the same functions. A missing browser is one line and exit 2.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +33,8 @@ CHROMIUM = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
 CHROMEDRIVER = ("/usr/bin/chromedriver",)
 INSTALL = "apt-get install chromium chromium-driver (Debian/Ubuntu), and the dev extra: pip install -e '.[dev]'"
 WAIT_S = 300  # stops a page that never draws; never a measure of speed
+#: where the servers' own output goes (never beside the screenshots: docs/images holds only the images)
+LOGS = Path(tempfile.gettempdir()) / "ablations-screenshots"
 
 
 def browser_paths() -> tuple[str, str] | None:
@@ -128,30 +132,28 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def tensorboard(logdir: Path, log: Path) -> Iterator[str]:
-    """TensorBoard on a free loopback port with ``logdir``; its base URL. Stopped (terminate, then kill) after."""
-    port = free_port()
+def serving(command: list[str], port: int, log: Path, ready_path: str, ready=lambda body: True,
+            what: str = "the server") -> Iterator[str]:
+    """A local web server started by ``command`` on ``port`` (output to ``log``); its base URL once ``ready_path``
+    answers with a body ``ready`` accepts. Stopped (terminate, then kill) after."""
+    import urllib.request
+
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host",
-                                 "127.0.0.1", "--port", str(port), "--reload_interval", "1"], stdout=fh,
-                                stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(command, stdout=fh, stderr=subprocess.STDOUT)
     try:
-        import urllib.request
-
         deadline = time.monotonic() + WAIT_S
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"TensorBoard exited: {Path(log).read_text()[-2000:]}")
+                raise RuntimeError(f"{what} exited: {Path(log).read_text()[-2000:]}")
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/plugin/custom_scalars/layout",
-                                            timeout=30) as answer:
-                    if b"category" in answer.read():
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}{ready_path}", timeout=30) as answer:
+                    if ready(answer.read()):
                         break
             except OSError:
                 pass
             if time.monotonic() > deadline:
-                raise TimeoutError("TensorBoard never served the Custom Scalars layout")
+                raise TimeoutError(f"{what} never served {ready_path}")
             time.sleep(0.5)
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -163,10 +165,18 @@ def tensorboard(logdir: Path, log: Path) -> Iterator[str]:
             proc.wait()
 
 
+def tensorboard(logdir: Path, log: Path):
+    """TensorBoard on a free loopback port with ``logdir``, once it serves the Custom Scalars layout; its base URL."""
+    port = free_port()
+    return serving([sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1",
+                    "--port", str(port), "--reload_interval", "1"], port, log, "/data/plugin/custom_scalars/layout",
+                   ready=lambda body: b"category" in body, what="TensorBoard")
+
+
 def custom_scalars_screenshot(logdir: Path, out: Path) -> Path:
     """``tensorboard-custom-scalars.png``: the Custom Scalars tab once its margin charts (the aggregate runs: no
     other run has their tags) have drawn."""
-    with tensorboard(logdir, out / "tensorboard.log") as base, browser(width=1600, height=1400) as driver:
+    with tensorboard(logdir, LOGS / "tensorboard.log") as base, browser(width=1600, height=1400) as driver:
         driver.get(f"{base}/#custom_scalars")
         wait_for(driver, "return document.readyState === 'complete'", "a loaded page")
         # the cards live in shadow roots: count the margin-chart cards that hold a drawn plot (an SVG path)
@@ -178,6 +188,66 @@ def custom_scalars_screenshot(logdir: Path, out: Path) -> Path:
         wait_for(driver, count, "a drawn margin chart")
         time.sleep(2)
         return shoot(driver, out / "tensorboard-custom-scalars.png")
+
+
+#: JavaScript: call ``f`` on every element of the page, through open shadow roots (TensorBoard's cards live in them)
+WALK = ("function walk(n, f) { f(n); (n.shadowRoot ? [n.shadowRoot] : []).concat(Array.from(n.children))"
+        ".forEach(function (c) { walk(c, f); }); }")
+
+
+def tensorboard_check(logdir: Path, out: Path) -> dict:
+    """TensorBoard on ``logdir`` as a person opens it: the Custom Scalars tab once its margin charts hold data
+    (``tensorboard-custom-scalars.png``), then the HParams tab (``tensorboard-hparams.png``). Returns the margin
+    charts holding data (a series of a run), those showing TensorBoard's "Missing Tags" warning (a run that lacks
+    part of a chart's tags), and the HParams tab's hyperparameter names in the order it lists them."""
+    count = (WALK + "var k = 0, m = 0; walk(document.body, function (n) {"
+             " if (n.tagName === 'TF-CUSTOM-SCALAR-MARGIN-CHART-CARD') {"
+             " if (Object.keys(n._nameToDataSeries || {}).length) k++;"
+             " if ((n._missingTags || []).length) m++; } }); return [k, m];")
+    with tensorboard(logdir, LOGS / "tensorboard.log") as base, browser(width=1600, height=1400) as driver:
+        driver.get(f"{base}/#custom_scalars")
+        wait_for(driver, "return document.readyState === 'complete'", "a loaded page")
+        wait_for(driver, f"var r = (function () {{ {count} }})(); return r[0] > 0 && r;", "a drawn margin chart")
+        time.sleep(3)  # the other cards of the open categories
+        drawn, missing = driver.execute_script(count)
+        shoot(driver, out / "tensorboard-custom-scalars.png")
+        driver.get(f"{base}/#hparams")
+        names = (WALK + "var out = []; walk(document.body, function (n) { if (n.tagName === 'PAPER-CHECKBOX' &&"
+                 " n.closest && n.textContent.trim()) out.push(n.textContent.trim()); }); return out;")
+        listed = wait_for(driver, f"var r = (function () {{ {names} }})(); return r.length > 2 && r;",
+                          "the HParams tab's hyperparameters")
+        time.sleep(2)
+        shoot(driver, out / "tensorboard-hparams.png")
+        return {"drawn": drawn, "missing": missing, "hparams": list(driver.execute_script(names)) or listed}
+
+
+def optuna_dashboard(storage: str, log: Path):
+    """optuna-dashboard on ``storage`` on a free loopback port, once it answers; its base URL."""
+    port = free_port()
+    command = Path(sys.executable).with_name("optuna-dashboard")
+    return serving([str(command), storage, "--host", "127.0.0.1", "--port", str(port)], port, log, "/api/studies",
+                   what="optuna-dashboard")
+
+
+def optuna_dashboard_check(storage: str, study: str, out: Path, *, expect: str) -> str:
+    """optuna-dashboard on ``storage``, opened on ``study``'s page once it shows ``expect`` (a grid study's
+    ``0_how_to_read`` attribute), ``optuna-dashboard.png`` of its Best Trial panel and attributes; the page's text."""
+    import json
+    import urllib.request
+
+    with optuna_dashboard(storage, LOGS / "optuna-dashboard.log") as base, browser(width=1500, height=1300) as driver:
+        with urllib.request.urlopen(f"{base}/api/studies", timeout=60) as answer:
+            studies = json.loads(answer.read())["study_summaries"]
+        study_id = next(s["study_id"] for s in studies if s["study_name"] == study)
+        driver.get(f"{base}/dashboard/studies/{study_id}")
+        wait_for(driver, f"return document.body.innerText.indexOf({json.dumps(expect)}) >= 0", "the study's note")
+        time.sleep(1)
+        driver.execute_script(  # the Best Trial panel and, below it, the study's attributes with the line
+            "var h = Array.from(document.querySelectorAll('h6, h5, h4, h3, p, span')).find(function (e) {"
+            " return e.textContent.indexOf('Best Trial') === 0; }); if (h) h.scrollIntoView();")
+        time.sleep(1)
+        shoot(driver, out / "optuna-dashboard.png")
+        return driver.execute_script("return document.body.innerText;")
 
 
 def main(argv: list[str] | None = None) -> int:

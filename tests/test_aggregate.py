@@ -82,7 +82,7 @@ def test_aggregate_runs_hold_the_means_intervals_and_paired_differences(tmp_path
     agg.write_study(data, spec, root)
     for (variant, depth), curves in VAL.items():
         acc = _read(root / "agg" / variant / f"depth={depth}")
-        head = f"2_val/acc/{variant}/depth={depth}"
+        head = f"2_val/acc/depth={depth}"  # the run is the variant: every variant's run of a depth has these tags
         means, lowers, uppers = (_series(acc, f"{head}/{k}") for k in ("mean", "lower", "upper"))
         assert sorted(means) == [1, 2, 3]  # step = epoch
         for epoch in (1, 2, 3):
@@ -90,23 +90,27 @@ def test_aggregate_runs_hold_the_means_intervals_and_paired_differences(tmp_path
             assert means[epoch] == pytest.approx(mean, abs=1e-6)
             assert (lowers[epoch], uppers[epoch]) == pytest.approx((low, high), abs=1e-6)
         assert _series(acc, f"{head}/n") == {1: 3.0, 2: 3.0, 3: 3.0}
-        test = _series(acc, f"test/acc/{variant}/depth={depth}/mean")  # from the run summary's test_acc_curve
+        test = _series(acc, f"test/acc/depth={depth}/mean")  # from the run summary's test_acc_curve
         assert test[3] == pytest.approx(sum(c[-1] for c in curves) / 3 - 0.01, abs=1e-6)
         if variant == "standard":
             assert not any(t.startswith("0_paired/") for t in acc.Tags()["scalars"])
             continue
         base = VAL["standard", depth]
-        delta = {k: _series(acc, f"0_paired/val/acc/rezero/depth={depth}/{k}") for k in ("delta", "lower", "upper")}
-        for epoch in (1, 2, 3):
+        delta = {k: _series(acc, f"0_paired/val/acc/depth={depth}/{k}") for k in ("delta", "lower", "upper")}
+        for epoch in (1, 2, 3):  # in percentage points, as the report's tables
             diffs = [c[epoch - 1] - b[epoch - 1] for c, b in zip(curves, base, strict=True)]
             mean, low, high = _hand_band(diffs)
             ref = paired(diffs)  # the paired t interval of the report's tables, per epoch
-            assert delta["delta"][epoch] == pytest.approx(mean, abs=1e-6) == pytest.approx(ref.delta, abs=1e-6)
-            assert (delta["lower"][epoch], delta["upper"][epoch]) == pytest.approx((low, high), abs=1e-6)
+            assert delta["delta"][epoch] == pytest.approx(100 * mean, abs=1e-4) == pytest.approx(100 * ref.delta,
+                                                                                               abs=1e-4)
+            assert (delta["lower"][epoch], delta["upper"][epoch]) == pytest.approx((100 * low, 100 * high), abs=1e-4)
             assert (low, high) == pytest.approx((ref.ci_low, ref.ci_high))
 
 
-def test_layout_puts_every_variant_of_a_depth_on_one_margin_chart(tmp_path):
+def test_layout_puts_every_variant_of_a_depth_on_one_margin_chart_without_missing_tags(tmp_path):
+    """One series per chart, whose tags every variant's run of that depth holds: TensorBoard draws it once per run
+    (variant), and no selected run lacks part of a chart's tags (its "Missing Tags" warning: a run lacking some but
+    not all three of a chart's tags)."""
     from tensorboard.plugins.custom_scalar import layout_pb2, metadata
 
     spec, data = _study(tmp_path)
@@ -116,26 +120,26 @@ def test_layout_puts_every_variant_of_a_depth_on_one_margin_chart(tmp_path):
     [event] = acc.Tensors(metadata.CONFIG_SUMMARY_TAG)
     layout = layout_pb2.Layout.FromString(event.tensor_proto.string_val[0])
     titles = [c.title for c in layout.category]
-    assert titles[0].startswith("Δ val/acc vs standard, paired by seed")  # the paired differences first
+    assert titles[0].startswith("Δ val/acc vs standard (pp), paired by seed")  # the paired differences first
     val = next(c for c in layout.category if c.title.startswith("val/acc: mean and 95% CI"))
-    assert [ch.title for ch in val.chart] == ["val/acc, depth 2", "val/acc, depth 4"]
+    assert [ch.title for ch in val.chart] == ["val/acc, depth=2", "val/acc, depth=4"]
+    runs = {(v.label, d): set(_read(root / "agg" / v.label / f"depth={d}").Tags()["scalars"])
+            for v in spec.variants for d in (2, 4)}
     for chart, depth in zip(val.chart, (2, 4), strict=True):
-        series = chart.margin.series
-        assert [s.value for s in series] == [f"2_val/acc/{v}/depth={depth}/mean" for v in ("standard", "rezero")]
-        assert [s.lower for s in series] == [f"2_val/acc/{v}/depth={depth}/lower" for v in ("standard", "rezero")]
-        for s in series:  # every series names tags its run really has
-            run = s.value.split("/")[2:4]
-            tags = _read(root / "agg" / run[0] / run[1]).Tags()["scalars"]
-            assert {s.value, s.lower, s.upper} <= set(tags)
-    labels = {v.label for v in spec.variants}
-    for category in layout.category:  # each metric's category names every variant (the paired ones: all but the
-        values = [s.value for ch in category.chart for s in ch.margin.series]  # baseline) at every depth
-        named = {(label, depth) for label in labels for depth in (2, 4)
-                 if any(f"/{label}/depth={depth}/" in v for v in values)}
-        expected = labels - {"standard"} if category.title.startswith("Δ") else labels
-        assert named == {(label, depth) for label in expected for depth in (2, 4)}, category.title
+        (series,) = chart.margin.series
+        assert (series.value, series.lower, series.upper) == tuple(f"2_val/acc/depth={depth}/{k}"
+                                                                  for k in ("mean", "lower", "upper"))
+    for category in layout.category:  # no run holds part of a chart's tags: each holds all three or none
+        for chart in category.chart:
+            (series,) = chart.margin.series
+            wanted = {series.value, series.lower, series.upper}
+            holding = {run for run, tags in runs.items() if wanted <= tags}
+            assert all(not (wanted & tags) or wanted <= tags for tags in runs.values()), chart.title
+            depth = int(chart.title.rsplit("depth=", 1)[1])
+            expected = {("rezero", depth)} if category.title.startswith("Δ") else {("standard", depth), ("rezero", depth)}
+            assert holding == expected, chart.title
     paired_chart = layout.category[0].chart[0]
-    assert [s.value for s in paired_chart.margin.series] == ["0_paired/val/acc/rezero/depth=2/delta"]
+    assert [s.value for s in paired_chart.margin.series] == ["0_paired/val/acc/depth=2/delta"]
     texts = {t.rsplit("/", 1)[0] for t in acc.Tags()["tensors"]} | set(acc.Tags()["tensors"])
     assert "aggregate/claims" in texts or "aggregate/claims/text_summary" in texts
     claims = next(e for t in acc.Tags()["tensors"] if t.startswith("aggregate/claims") for e in acc.Tensors(t))
@@ -155,7 +159,9 @@ def test_hparams_rows_per_variant_beside_the_seeds(tmp_path):
         content = acc.PluginTagToContent("hparams")[hp_metadata.SESSION_START_INFO_TAG]
         start = HParamsPluginData.FromString(content).session_start_info
         assert {k: v.WhichOneof("kind") for k, v in start.hparams.items()} == {"variant": "string_value",
-                                                                               "depth": "number_value"}
+                                                                               "depth": "number_value",
+                                                                               "lr": "number_value"}
+        assert start.hparams["lr"].number_value == pytest.approx(0.004 if variant == "rezero" else 0.002)
         assert start.hparams["variant"].string_value == variant and start.hparams["depth"].number_value == depth
         assert _series(acc, "3_summary/test_acc")[3] == pytest.approx(cells[variant, depth].mean, abs=1e-6)
         mean, low, high = _hand_band([c[-1] - 0.01 for c in curves])
@@ -170,6 +176,13 @@ def test_hparams_rows_per_variant_beside_the_seeds(tmp_path):
     from ablations.dashboard import display_tag
 
     assert [m.name.tag for m in experiment.metric_infos] == [display_tag(m) for m in agg.STUDY_METRICS]
+    # the same experiment in the agg run: `tensorboard --logdir <study>/agg` opens on the study's axes and the rate
+    # each row trained at, marked as differing (TensorBoard reads either when both are in its log folder)
+    inside = HParamsPluginData.FromString(
+        _read(root / "agg").PluginTagToContent("hparams")[hp_metadata.EXPERIMENT_TAG]).experiment
+    assert inside == experiment
+    columns = {h.name: h.differs for h in experiment.hparam_infos}
+    assert columns == {"variant": True, "depth": True, "seed": True, "lr": True}
 
 
 def test_event_curves_map_steps_to_epochs(tmp_path):
@@ -204,9 +217,9 @@ def test_report_from_runs_csv_alone_writes_the_aggregates(tmp_path):
                             str(results), "--no-figures"])
     assert code == 0, err.getvalue()
     acc = _read(results / "runs" / spec.study_name / "agg" / "rezero" / "depth=2")
-    means = _series(acc, "2_val/acc/rezero/depth=2/mean")
+    means = _series(acc, "2_val/acc/depth=2/mean")
     assert means[2] == pytest.approx(sum(c[1] for c in VAL["rezero", 2]) / 3, abs=1e-6)
-    assert "test/acc/rezero/depth=2/mean" not in acc.Tags()["scalars"]  # runs.csv carries the val curve only
+    assert "test/acc/depth=2/mean" not in acc.Tags()["scalars"]  # runs.csv carries the val curve only
     assert str(results / "runs" / spec.study_name / "agg") in out.getvalue()
 
 
@@ -228,7 +241,7 @@ def test_the_runners_hook_reads_the_storage_and_never_fails_the_study(tmp_path, 
             value=run.acc, user_attrs=attrs))
     agg.refresh(study, spec, tmp_path / "results")
     acc = _read(tmp_path / "results" / "runs" / spec.study_name / "agg" / "rezero" / "depth=4")
-    assert _series(acc, "2_val/acc/rezero/depth=4/mean")[3] == pytest.approx(
+    assert _series(acc, "2_val/acc/depth=4/mean")[3] == pytest.approx(
         sum(c[2] for c in VAL["rezero", 4]) / 3, abs=1e-6)
     assert _series(acc, "3_summary/test_acc")[3] == pytest.approx(sum(c[2] - 0.01 for c in VAL["rezero", 4]) / 3,
                                                                   abs=1e-6)

@@ -162,13 +162,14 @@ def _tags_loaded(tags: object, names: set[str]) -> bool:
 
 
 @pytest.mark.slow
-def test_tensorboard_and_optuna_dashboard_show_names_columns_and_numeric_axes(tmp_path):
+def test_tensorboard_and_optuna_dashboard_show_names_columns_and_numeric_axes(tmp_path, monkeypatch):
     write_study(tmp_path / "dash.yaml", axes={"depth": [2, 1], "seed": [0]},
                 base={"diagnostics_every": 1, "max_epochs": 2})
     spec = load_spec(str(tmp_path / "dash.yaml"))
     db = tmp_path / "o.db"
+    monkeypatch.setenv("WANDB_MODE", "offline")  # W&B never goes online in a test
     result = run_cli("--study", "dash.yaml", "--storage", url_of(db), "--results-dir", "results", "--no-progress",
-                     "--logger", "csv", "--logger", "mlflow", cwd=tmp_path)
+                     "--logger", "csv", "--logger", "mlflow", "--logger", "wandb", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     runs_dir = tmp_path / "results" / "runs" / "dash"
     names = {f"{v.label}/depth={d}/seed=0" for v in spec.variants for d in (1, 2)}
@@ -186,8 +187,8 @@ def test_tensorboard_and_optuna_dashboard_show_names_columns_and_numeric_axes(tm
         experiment = wait_until_answers(f"{base}/data/plugin/hparams/experiment", tb, body={"experimentName": ""},
                                         ready=study_experiment_loaded, what="TensorBoard's HParams experiment")
         columns = [h["name"] for h in experiment["hparamInfos"]]
-        assert set(columns) == {"variant", "depth", "seed"}
-        assert set(columns[:2]) == {"variant", "depth"}  # what varies comes first (seed has one value here)
+        assert set(columns) == {"variant", "depth", "seed", "lr"}  # lr: the rate each aggregate row trained at
+        assert set(columns[:2]) == {"variant", "depth"}  # what varies comes first (seed and lr have one value here)
         metrics = [m["name"]["tag"] for m in experiment["metricInfos"]]
         assert metrics == [display_tag(m) for m in STUDY_METRICS]  # the summary's, then the aggregates' columns
         assert experiment["metricInfos"][0]["displayName"] == "test_acc"  # the primary metric first
@@ -234,12 +235,53 @@ def test_tensorboard_and_optuna_dashboard_show_names_columns_and_numeric_axes(tm
         assert len(client.get_metric_history(r.info.run_id, "val/acc")) == 2
         assert r.data.params["config/seed"] == "0" and r.info.status == "FINISHED"
         assert 0 <= r.data.metrics["hp/best_val_acc"] <= 1
+    # W&B, offline: one run per trial (each finished before the next began), named as the TensorBoard run and
+    # grouped by its cell; its record file holds the epochs' and the summary's metrics
+    records = sorted((runs_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(records) == len(names)
+    found = set()
+    for path in records:
+        data = path.read_bytes()
+        (name,) = [n for n in names if n.encode() in data]
+        found.add(name)
+        assert name.rsplit("/seed=", 1)[0].encode() in data.replace(name.encode(), b"")  # the group, beside the name
+        assert b"val/acc" in data and b"hp/best_val_acc" in data
+    assert found == names
+
+
+def test_wandb_groups_a_row_s_seeds_and_never_stops_to_ask_for_a_login(tmp_path, monkeypatch):
+    """``--logger wandb``: a study's run is named as its TensorBoard run and grouped by its cell (W&B then draws a
+    row's seeds as one line with their spread); without WANDB_MODE, an API key or a ``wandb login`` it runs
+    offline (``wandb sync`` uploads later) instead of prompting; WANDB_MODE wins."""
+    pytest.importorskip("wandb")
+    from ablations.dashboard import wandb_group, wandb_logger, wandb_mode
+
+    assert wandb_group("layerscale/depth=4/seed=3") == "layerscale/depth=4"
+    assert wandb_group("highway/depth=8/seed=0/drop_path_rate=0.1") == "highway/depth=8/drop_path_rate=0.1"
+    assert wandb_group("standard_d4_w64_digits_s0_20260101-120000") is None  # a single run: no group
+    for name in ("WANDB_MODE", "WANDB_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc: not logged in
+    monkeypatch.setenv("NETRC", str(tmp_path / ".netrc"))
+    assert wandb_mode() == "offline"
+    (tmp_path / ".netrc").write_text("machine api.wandb.ai\n  login user\n  password 0123456789abcdef\n")
+    (tmp_path / ".netrc").chmod(0o600)
+    assert wandb_mode() == "online"
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert wandb_mode() == "disabled"
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    logger = wandb_logger("rezero/depth=4/seed=1", "my study", tmp_path / "runs")
+    init = logger._wandb_init  # what wandb.init will get (nothing is started until the first metric)
+    assert (init["name"], init["group"], init["project"], init["mode"]) == ("rezero/depth=4/seed=1", "rezero/depth=4",
+                                                                           "my_study", "offline")
+    assert init["dir"] == str(tmp_path / "runs") and logger._experiment is None
 
 
 def test_train_cli_rejects_an_unknown_logger(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "ablations.train", "--logger", "wandb", "--log-dir",
+    result = subprocess.run([sys.executable, "-m", "ablations.train", "--logger", "aim", "--log-dir",
                              str(tmp_path)], capture_output=True, text=True, timeout=HANG_LIMIT_S)
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert result.stderr.strip() == "error: unknown logger 'wandb'; valid choices: csv, mlflow (TensorBoard is always on)"
+    assert result.stderr.strip() == ("error: unknown logger 'aim'; valid choices: csv, mlflow, wandb (TensorBoard is "
+                                     "always on)")
     assert not any(Path(tmp_path).iterdir())
 

@@ -446,7 +446,7 @@ def test_full_mnist_folder(tmp_path, monkeypatch):
 def test_imagefolder_without_val_folder_splits_train(tmp_path):
     write_png_tree(tmp_path / "train", ["ant", "bee", "cat"], per_class=5)
     dm = build_datamodule("imagefolder", data_dir=str(tmp_path), batch_size=4, img_size=16)
-    assert (dm.num_classes, dm.in_chans, dm.img_size, dm.default_patch_size) == (3, 3, 16, 4)
+    assert (dm.num_classes, dm.in_chans, dm.img_size, dm.default_patch_size) == (3, 3, 16, 4)  # 4x4 patches
     dm.setup()
     assert (dm.train_size, dm.val_size, dm.test_size) == (9, 3, 3)
     assert sorted(dm.val_set.folder.targets[i] for i in dm.val_set.indices) == [0, 1, 2]  # stratified

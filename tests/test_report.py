@@ -265,6 +265,23 @@ def test_dashboard_note_saved(study):
     note = "".join(v for k, v in sorted(s._storage.get_study_system_attrs(s._study_id).items())
                    if k.startswith("dashboard:note_str:"))
     assert "top-1 val accuracy" in note and "| layerscale" in note
+    # a grid's note opens on what the dashboard's best trial and importance are there, and where the verdict is
+    assert note.index("the *best trial* is one seed of one row") < note.index("| layerscale")
+    assert "seed among them" in note and "The seed-aggregated verdict is below" in note
+    assert s.user_attrs["0_how_to_read"].startswith("a grid: 'Best Trial' is one seed of one row")  # its first page
+
+
+def test_a_grid_study_s_note_says_its_best_trial_is_one_seed():
+    from ablations.report.notes import GRID_CAVEAT, study_note
+
+    grid = study_note("s", [], Path("nowhere/report.html"))
+    search = study_note("s", [], Path("nowhere/report.html"), grid=False)
+    assert grid.splitlines()[2] == GRID_CAVEAT and GRID_CAVEAT not in search
+    assert "parameter importance" in GRID_CAVEAT and "not a test of any row against another" in GRID_CAVEAT
+    from ablations.report.notes import READING_ATTR, reading_line
+
+    line = reading_line(Path("r/report.html"))
+    assert READING_ATTR < "budget" and "Note tab and the HTML report" in line and line.endswith("r/report.html")
 
 
 def _finite_metrics(run: dict) -> bool:
@@ -608,8 +625,11 @@ def test_layout_names_the_paths_other_tools_use():
     from ablations import layout, train
     from ablations.studies import storage
 
-    assert layout.DEFAULT_STORAGE == storage.DEFAULT_STORAGE == "sqlite:///results/optuna.db"
-    assert Path(train.DEFAULT_LOG_DIR) == layout.runs_dir(layout.RESULTS_DIR, "train")
+    assert layout.DEFAULT_STORAGE == storage.DEFAULT_STORAGE == "sqlite:///outputs/optuna.db"
+    assert Path(train.DEFAULT_LOG_DIR) == layout.runs_dir(layout.OUTPUT_DIR, "train") == Path("outputs/runs/train")
+    # a user's outputs go where git ignores them; device records stay the repository's for the default folder
+    assert layout.device_dir(layout.OUTPUT_DIR) == Path("results/device") == layout.device_dir("results")
+    assert layout.device_dir("elsewhere") == Path("elsewhere/device")
     assert layout.report_run_dir("r", "s") == Path("r/runs/s/_report") and report.REPORT_RUN == "_report"
 
 

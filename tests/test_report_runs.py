@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import scipy.stats
+from committed import committed
 
 from ablations import report
 from ablations.report import claims as claims_mod
@@ -642,7 +643,7 @@ def test_extra_grid_axes_round_trip_through_runs_csv(tmp_path):
 def test_the_docs_quote_claim_verdicts_verbatim():
     """Any line of the README or of docs/ that quotes a claim of a committed results/<study>/claims.md is that
     file's line, verbatim (the verdicts are computed; a hand edit of a quoted verdict fails here)."""
-    files = {str(p): p.read_text() for p in [*sorted((REPO / "results").glob("*/claims.md")),
+    files = {str(p): p.read_text() for p in [*committed("results/*/claims.md"),
                                             REPO / "results" / "claims.md"]}
     for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
         assert claims_mod.misquoted(doc.read_text(), files) == [], doc
@@ -662,7 +663,7 @@ def test_the_studies_page_quotes_every_verdict_of_the_headline_and_links_every_c
     headline = REPO / "results" / "residual_variants" / "claims.md"
     verdicts = [line for line in headline.read_text().splitlines() if line.startswith("- **")]
     assert verdicts and [line for line in verdicts if line not in studies.splitlines()] == []
-    for path in sorted((REPO / "results").glob("*/claims.md")):
+    for path in committed("results/*/claims.md"):
         assert f"(../results/{path.parent.name}/claims.md)" in studies, path
 
 
@@ -696,14 +697,16 @@ def test_a_first_look_budget_labels_every_table_and_the_default_none(reports, tm
     assert (tmp_path / "t" / "tuning.md").read_text().splitlines()[0].endswith("(first look: budget quick, underpowered)")
     assert load_spec("residual_variants", "smoke").first_look() and load_spec("residual_variants", "quick").first_look()
     assert load_spec("residual_variants").first_look() is None and load_spec("residual_variants", "paper").first_look() is None
-    with pytest.raises(ValueError, match="defines no 'quick' budget; valid choices: smoke, default, gpu, paper"):
-        load_spec("norm_placement", "quick")  # never the default's settings under the quick budget's name
+    (tmp_path / "no_quick.yaml").write_text("name: no_quick\nkind: grid\nbudgets: {smoke: {axes: {seed: [0]}}}\n"
+                                            "variants: [{label: standard, residual: standard}]\n")
+    with pytest.raises(ValueError, match="defines no 'quick' budget; valid choices: smoke, default"):
+        load_spec(str(tmp_path / "no_quick.yaml"), "quick")  # never the default's settings under the quick budget's name
 
 
 def test_every_committed_latex_table_is_ascii():
     """pdflatex without inputenc tricks rejects a raw χ or ⋯: the formatter maps every symbol a caption uses."""
     bad = {path.relative_to(REPO).as_posix(): sorted({ch for ch in path.read_text() if ord(ch) > 127})
-           for path in sorted((REPO / "results").rglob("*.tex"))}
+           for path in committed("results/**/*.tex")}
     assert bad and {k: v for k, v in bad.items() if v} == {}
 
 

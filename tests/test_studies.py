@@ -191,7 +191,10 @@ def test_smoke_study_completes_every_grid_point_once_and_rerun_adds_nothing(tmp_
 # --- study files by path -----------------------------------------------------------------------------------------
 def test_study_file_given_by_path_runs_as_its_own_study(tiny_study):
     assert tiny_study.result.returncode == 0, tiny_study.result.stderr
-    assert "study 'tiny' (grid, 2 trials)" in tiny_study.result.stderr
+    assert "study 'tiny' (grid: 2 trials)" in tiny_study.result.stderr
+    measured = tiny_study.result.stderr.find("measured the four modes here")
+    if measured >= 0:  # precision auto measured this CPU first: said before it starts, as a step of its own
+        assert 0 <= tiny_study.result.stderr.find("timing the four precision modes on this CPU") < measured
     assert assert_grid_complete_once(tiny_study.db, tiny_study.spec)
     study = optuna.load_study(study_name="tiny", storage=url_of(tiny_study.db))
     assert study.metric_names == ["best_val_acc"]
@@ -621,13 +624,18 @@ def test_failing_invocations_keep_an_existing_study(tiny_study, tmp_path):
 def test_list_shows_every_study_with_its_sizes(quick_calls):
     result = quick_calls.results["list"]
     assert result.returncode == 0, result.stderr
-    rows = {line.split()[0]: line.split() for line in result.stdout.splitlines()[1:]}
+    lines = result.stdout.splitlines()
+    rows = {line.split()[0]: line.split() for line in lines[1:-1]}
     assert sorted(rows) == sorted(available_studies())
     for name, row in rows.items():
         defined = load_spec(name).budgets
         assert row[1] == load_spec(name).kind
-        assert row[2:2 + len(BUDGETS)] == [str(load_spec(name, b).size) if b in defined else "—" for b in BUDGETS]
-    assert rows["norm_placement"][2 + BUDGETS.index("quick")] == "—"  # it defines no quick budget
+        sizes = [f"{load_spec(name, b).size}+{load_spec(name, b).tune_stage().size}" if b in defined else "—"
+                 for b in BUDGETS]
+        assert row[2:2 + len(BUDGETS)] == sizes
+    # the quick start's count: 10 rows x 3 seeds reported, 10 rows x 3 rates x 1 tuning seed first = 60 trials
+    assert rows["residual_variants"][2 + BUDGETS.index("quick")] == "30+30"
+    assert lines[-1].startswith("trials: reported+tuning")
 
 
 def test_dry_run_prints_points_and_estimate_and_touches_no_storage(quick_calls):
@@ -650,6 +658,7 @@ def test_dry_run_prints_points_and_estimate_and_touches_no_storage(quick_calls):
     assert estimate.startswith(f"estimated time on this machine: {duration_text(30 * per_trial)} "
                                f"({duration_text(per_trial)} per trial, 30 trials with the tuning stage;"), estimate
     assert not (quick_calls.root / "dry_run.db").exists() and not (quick_calls.root / "results").exists()
+    assert not (quick_calls.root / "outputs").exists()
 
 
 def test_dry_run_of_a_stored_study_prices_only_the_trials_left(tmp_path, capsys):
@@ -798,3 +807,15 @@ def test_without_workers_a_cpu_study_runs_one_worker_per_core(tmp_path, capsys):
     assert code == 0
     estimate = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("estimated time"))
     assert f"; {expected} worker(s) x {max(1, cores() // expected)} thread(s);" in estimate
+
+
+def test_each_stage_of_a_tuned_study_is_named_on_its_progress_bar(tmp_path):
+    """The tuning stage, the reported grid, the contending rates and a second look each say which they are (the
+    progress bar's label and the stage's first line); a study without a tuning stage has one stage, unnamed."""
+    from ablations.run.workers import stage_text
+
+    tuned = load_spec("residual_variants", "quick")
+    assert [stage_text(tuned, s) for s in ("tune", "report", "contend", "round")] == [
+        "tuning stage", "reported grid", "contending rates", "second look"]
+    plain = load_spec(str(write_study(tmp_path / "plain.yaml")))
+    assert plain.tune is None and stage_text(plain, "report") == ""

@@ -242,3 +242,53 @@ def test_a_row_with_its_own_tune_axes_tunes_there_only_and_uses_that_rate_at_eve
     with pytest.raises(ValueError, match=r"tune_axes.depth \[8\] must list values of one of the study's axes: "
                                          r"depth \[2, 4\]"):
         load_spec(str(bad))
+
+
+OWN_DATA = """\
+name: mine
+extends: protocol/mnist5k.yaml
+base: {dataset: imagefolder, data_dir: /data/my_images}
+variants: [{label: standard, residual: standard}, {label: rezero, residual: rezero}]
+axes: {depth: [4], seed: [0, 1, 2, 3, 4]}
+"""
+
+
+def test_a_study_of_its_own_data_keeps_it_under_the_protocol_s_small_budgets(tmp_path):
+    """A study file outside the repository finds the shared protocol by ``protocol/mnist5k.yaml``; the protocol's
+    smoke and quick budgets shrink it (epochs, seeds, width, rates) and never swap its images for digits or its
+    patch size for the protocol's; a budget of the study file itself may still change its data."""
+    path = _write(tmp_path / "elsewhere" / "mine.yaml", OWN_DATA)
+    default, smoke, quick = (load_spec(str(path), b) for b in ("default", "smoke", "quick"))
+    for spec in (default, smoke, quick):
+        assert (spec.base["dataset"], spec.base["data_dir"]) == ("imagefolder", "/data/my_images")
+        assert "patch_size" not in spec.base and "dataset_options" not in spec.base  # the images' own geometry
+    assert (default.base["max_epochs"], smoke.base["max_epochs"], quick.base["max_epochs"]) == (30, 1, 10)
+    assert smoke.base["embed_dim"] == 16 and default.base["embed_dim"] == 64
+    assert (default.size, smoke.size, quick.size) == (10, 2, 6)
+    assert (smoke.tune.seeds, quick.tune.seeds, quick.tune.lr) == ((100,), (100,), (0.002, 0.004, 0.008))
+    assert quick.first_look() and smoke.first_look()
+    # the committed studies, which name no dataset, still take the protocol's data and its smoke budget's digits
+    assert load_spec("residual_variants", "smoke").base["dataset"] == "digits"
+    assert load_spec("frontier", "quick").base["dataset"] == "mnist5k"
+    # the study's own budget may change its data
+    _write(path, OWN_DATA + "budgets: {smoke: {base: {dataset: digits}}}\n")
+    assert load_spec(str(path), "smoke").base["dataset"] == "digits"
+
+
+def test_extends_that_finds_nothing_names_both_places_and_the_protocol(tmp_path):
+    path = _write(tmp_path / "mine.yaml", OWN_DATA.replace("protocol/mnist5k.yaml",
+                                                          "ablations/studies/protocol/mnist5k.yaml"))
+    with pytest.raises(ValueError) as caught:
+        load_spec(str(path))
+    text = str(caught.value)
+    assert "\n" not in text and f"'{tmp_path.resolve()}/ablations/studies/protocol/mnist5k.yaml' does not exist" in text
+    assert f"relative to the study file or to {STUDY_DIR}" in text and "'extends: protocol/mnist5k.yaml'" in text
+
+
+@pytest.mark.parametrize(("classes", "threshold"), [(10, 0.5), (100, 0.05), (2, 0.75), (4, 0.625), (5, 0.6)])
+def test_the_protocol_s_floor_stays_below_certainty_for_few_classes(classes, threshold):
+    """5x chance of 10 classes is 50%; of 2 classes it would be 250% (every run failed): the floor is at most halfway
+    from chance to 100%."""
+    floor = load_spec("residual_variants").floor
+    assert floor.chance_multiple == 5 and floor.threshold(classes) == pytest.approx(threshold)
+    assert floor.failed(threshold - 0.01, classes) and not floor.failed(threshold, classes)

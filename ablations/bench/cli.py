@@ -60,7 +60,7 @@ from pathlib import Path
 from ablations.machine.modes import cpu_facts
 
 from .. import layout
-from ..cli import OneLineParser
+from ..cli import OneLineParser, program
 from ..costs import all_configs
 from ..machine import allocator
 from .engine import bench_engine
@@ -184,12 +184,13 @@ def parse_sections(text: str) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog="python -m ablations.bench", description=__doc__.split("\n\n")[0],
+    p = OneLineParser(prog=program("ablations.bench"), description=__doc__.split("\n\n")[0],
                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--quick", action="store_true", help="small sizes and fewer rounds (every section still runs)")
     p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # the test's sizes: seconds, meaningless
-    p.add_argument("--out", default=layout.RESULTS_DIR,
-                   help=f"folder for bench.md and bench.json (default: {layout.RESULTS_DIR})")
+    p.add_argument("--out", default=layout.OUTPUT_DIR,
+                   help=f"folder for bench.md and bench.json (default: {layout.OUTPUT_DIR}; the committed bench is "
+                        f"{layout.RESULTS_DIR})")
     p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's own, the physical cores)")
     p.add_argument("--sections", type=parse_sections, help=f"comma-separated subset of {', '.join(SECTIONS)} "
                    f"(or numbers 1-{len(SECTIONS)}); default: all but compile, malloc, engine, gpu and storage")

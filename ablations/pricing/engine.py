@@ -66,7 +66,7 @@ class EngineStep:
 
 def find_engine_steps(results_dir: str | Path = layout.RESULTS_DIR) -> list[EngineStep]:
     """Every CUDA bench report's section 13 model under ``<results_dir>/device``, newest first."""
-    root = Path(results_dir) / layout.DEVICE
+    root = layout.device_dir(results_dir)
     found = []
     for path in sorted(root.rglob("bench.json")) if root.is_dir() else []:
         try:

@@ -224,7 +224,7 @@ class StepTime:
 def _read_reports(results_dir: str | Path, readers: dict) -> list:
     """What ``readers`` (file name -> reader of its JSON) make of the reports under ``<results_dir>/device``; a file
     that cannot be read or is not of the reader's form gives nothing."""
-    root = Path(results_dir) / DEVICE_RESULTS
+    root = layout.device_dir(results_dir)
     found = []
     for path in sorted(root.rglob("*.json")) if root.is_dir() else []:
         reader = readers.get(path.name)
@@ -393,7 +393,7 @@ def estimate(configs: Iterable[Any], trials: int, gpu: str = DEFAULT_GPU,
     measurements = find_measurements(results_dir)
     step_times = find_step_times(results_dir)
     step_time = next((t for t in step_times if t.gpu_class == gpu), step_times[0] if step_times else None)
-    searched = short(str(Path(results_dir) / DEVICE_RESULTS))
+    searched = short(str(layout.device_dir(results_dir)))
     bases: dict[str, Basis] = {}
     seconds, steps, floors = [], [], []
     for config in configs:

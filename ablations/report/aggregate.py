@@ -21,19 +21,22 @@ seeds both have at that epoch: the paired t interval of :func:`ablations.report.
 **TensorBoard** (``<runs>/<study>/agg``): run ``agg/<variant>/depth=<d>`` (then ``<axis>=<value>`` for other grid
 axes) holds, at step = epoch,
 
-- ``<tag>/<cell>/mean``, ``…/lower``, ``…/upper``, ``…/n`` for each curve, ``<tag>`` its TensorBoard tag
-  (``2_val/acc``, ``4_diag.ratio/ratio_mean/attn/00``, :func:`ablations.dashboard.display_tag`) and ``<cell>`` the
-  run's own ``<variant>/depth=<d>``;
-- ``0_paired/<tag>/<cell>/delta``, ``…/lower``, ``…/upper``, ``…/n``: the paired difference to the baseline
-  (:data:`PAIRED_TAGS`; group ``0_paired`` sorts first in the Time Series tab);
+- ``<tag>/<where>/mean``, ``…/lower``, ``…/upper``, ``…/n`` for each curve, ``<tag>`` its TensorBoard tag
+  (``2_val/acc``, ``4_diag.ratio/ratio_mean/attn/00``, :func:`ablations.dashboard.display_tag`) and ``<where>`` the
+  cell's ``depth=<d>`` (and other axes), not its variant: every variant's run of a depth holds the same tags, so a
+  margin chart is one series that TensorBoard draws once per run (variant), and no run lacks a chart's tags;
+- ``0_paired/<tag>/<where>/delta``, ``…/lower``, ``…/upper``, ``…/n``: the paired difference to the baseline
+  (:data:`PAIRED_TAGS`; accuracies in percentage points, as the report's tables; group ``0_paired`` sorts first in
+  the Time Series tab);
 - the ``hp/*`` summary metrics (means over the cell's ok runs) and :data:`AGG_METRICS` (n, the interval of the
   study metric's mean, the learning rate), with an HParams entry of the cell's variant and axes (no seed), so the
   HParams table shows one row per variant beside the per-seed rows. Every run of the study lists the same metrics
   (:data:`STUDY_METRICS`, the study's HParams experiment): a per-seed row leaves the aggregate-only columns empty.
 
 The run ``agg`` itself holds the Custom Scalars layout (margin charts: one category per metric, one chart per
-depth with a series per variant; the paired-Δ categories first; diagnostics in closed categories) and the claims as
-text. The whole ``agg`` folder is rebuilt and swapped in at once, under a lock (several workers refresh it).
+depth whose one series every variant's run draws; the paired-Δ categories first; diagnostics in closed categories),
+the claims as text and the study's HParams experiment (its axes and the tuned rate), so that
+``tensorboard --logdir <runs>/<study>/agg`` opens on the aggregates with every chart and column there. The whole ``agg`` folder is rebuilt and swapped in at once, under a lock (several workers refresh it).
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import layout as paths
-from ..dashboard import display_tag, hparam_value, safe, short, write_study_hparams
+from ..dashboard import display_tag, hparam_value, safe, short, study_experiment_pb, write_study_hparams
 from ..training import HP_METRICS, HP_SUMMARY_KEYS
 from .claims import claims_table
 from .events import read_run
@@ -62,6 +65,7 @@ from .stats import CONFIDENCE
 # import, and the command-line tools start without them.
 
 AGG_RUN = "agg"  # the aggregate runs' folder under a study's TensorBoard root (layout.runs_dir)
+ALL = "all"  # a cell's place in the grid when the grid has no depth or other axes (CellAggregate.where)
 PAIRED_GROUP = "0_paired"
 #: Curves that get a paired difference to the baseline (the ones a reader compares variants on).
 PAIRED_TAGS: tuple[str, ...] = ("val/acc", "test/acc", "val/loss", "train/loss", "train/acc")
@@ -159,9 +163,15 @@ class CellAggregate:
 
     @property
     def path(self) -> str:
-        """``<variant>/depth=<d>[/<axis>=<value> ...]``: the cell's name in run folders and tags."""
-        parts = [safe(self.variant)] + ([] if self.depth is None else [f"depth={self.depth}"])
-        return "/".join(parts + [f"{safe(str(a))}={safe(short(v))}" for a, v in self.extras])
+        """``<variant>/depth=<d>[/<axis>=<value> ...]``: the cell's run folder."""
+        return "/".join([safe(self.variant), self.where] if self.where != ALL else [safe(self.variant)])
+
+    @property
+    def where(self) -> str:
+        """``depth=<d>[/<axis>=<value> ...]`` (:data:`ALL` without either): the cell's place in the grid, the part
+        of its tags that every variant there shares."""
+        parts = ([] if self.depth is None else [f"depth={self.depth}"])
+        return "/".join(parts + [f"{safe(str(a))}={safe(short(v))}" for a, v in self.extras]) or ALL
 
 
 def aggregate(data: StudyData, curves_of: Callable[[Run], Mapping[str, Mapping[int, float]]] = run_curves,
@@ -230,15 +240,22 @@ def _summaries(cell: CellAggregate, runs: Sequence[Run], confidence: float) -> N
 
 # --- TensorBoard ----------------------------------------------------------------------------------------------------
 def curve_tags(tag: str, cell: CellAggregate) -> tuple[str, str, str, str]:
-    """(mean, lower, upper, n) TensorBoard tags of a cell's curve ``tag`` (an internal name)."""
-    head = f"{display_tag(tag)}/{cell.path}"
+    """(mean, lower, upper, n) TensorBoard tags of a cell's curve ``tag`` (an internal name): the same for every
+    variant at the cell's depth and axes (:attr:`CellAggregate.where`)."""
+    head = f"{display_tag(tag)}/{cell.where}"
     return f"{head}/mean", f"{head}/lower", f"{head}/upper", f"{head}/n"
 
 
 def delta_tags(tag: str, cell: CellAggregate) -> tuple[str, str, str, str]:
     """(delta, lower, upper, n) TensorBoard tags of a cell's paired difference on ``tag`` (an internal name)."""
-    head = f"{PAIRED_GROUP}/{tag}/{cell.path}"
+    head = f"{PAIRED_GROUP}/{tag}/{cell.where}"
     return f"{head}/delta", f"{head}/lower", f"{head}/upper", f"{head}/n"
+
+
+def delta_scale(tag: str) -> float:
+    """What a paired difference on ``tag`` is written in: accuracies in percentage points (×100), as the report's
+    tables give them; losses as they are."""
+    return 100.0 if tag.endswith("acc") else 1.0
 
 
 def layout(cells: Sequence[CellAggregate], baseline: str) -> Any:
@@ -247,18 +264,18 @@ def layout(cells: Sequence[CellAggregate], baseline: str) -> Any:
     curves, then each diagnostic family in a closed category."""
     from tensorboard.plugins.custom_scalar import layout_pb2
 
-    depths = list(dict.fromkeys(c.depth for c in cells))
     percent = f"{100 * CONFIDENCE:.0f}%"
 
     def charts(tag: str, tags_of, what: str) -> list:
         out = []
-        for depth in depths:
-            series = [layout_pb2.MarginChartContent.Series(value=v, lower=lo, upper=up)
-                      for c in cells if c.depth == depth
-                      and tag in (c.deltas if tags_of is delta_tags else c.curves)
-                      for v, lo, up, _ in [tags_of(tag, c)]]
-            if series:
-                title = " ".join(filter(None, (what, tag))) + ("" if depth is None else f", depth {depth}")
+        for where in dict.fromkeys(c.where for c in cells):  # one chart per depth (and axes); each variant a run
+            tags = {tags_of(tag, c)[:3] for c in cells if c.where == where
+                    and tag in (c.deltas if tags_of is delta_tags else c.curves)}
+            if tags:
+                (value, lower, upper), = tags
+                unit = " (pp)" if tags_of is delta_tags and delta_scale(tag) == 100.0 else ""
+                title = " ".join(filter(None, (what, tag))) + unit + ("" if where == ALL else f", {where}")
+                series = [layout_pb2.MarginChartContent.Series(value=value, lower=lower, upper=upper)]
                 out.append(layout_pb2.Chart(title=title, margin=layout_pb2.MarginChartContent(series=series)))
         return out
 
@@ -266,7 +283,8 @@ def layout(cells: Sequence[CellAggregate], baseline: str) -> Any:
     paired = [t for t in PAIRED_TAGS if any(t in c.deltas for c in cells)]
     for tag in paired:
         categories.append(layout_pb2.Category(
-            title=f"Δ {tag} vs {baseline}, paired by seed (mean and {percent} CI per epoch)",
+            title=f"Δ {tag} vs {baseline}{' (pp)' if delta_scale(tag) == 100.0 else ''}, paired by seed (mean and "
+                  f"{percent} CI per epoch)",
             chart=charts(tag, delta_tags, "Δ")))
     tags = sorted({t for c in cells for t in c.curves})
     main = [t for t in MAIN_TAGS if t in tags] + [t for t in tags if not t.startswith("diag/") and t not in MAIN_TAGS]
@@ -315,7 +333,15 @@ def hparams_values(cell: CellAggregate) -> dict[str, Any]:
     if cell.depth is not None:
         values["depth"] = cell.depth
     values |= {str(a): hparam_value(v) for a, v in cell.extras}
+    if cell.lr is not None:
+        values["lr"] = cell.lr
     return values
+
+
+def tuned_columns(cells: Sequence[CellAggregate]) -> dict[str, list]:
+    """The HParams columns the aggregate rows add to the study's: ``lr``, the rate each row trained at."""
+    rates = sorted({c.lr for c in cells if c.lr is not None})
+    return {"lr": rates} if rates else {}
 
 
 def write_cell(run_dir: Path, cell: CellAggregate) -> None:
@@ -332,8 +358,9 @@ def write_cell(run_dir: Path, cell: CellAggregate) -> None:
         for source, tags_of in ((cell.curves, curve_tags), (cell.deltas, delta_tags)):
             for tag, points in source.items():
                 names = tags_of(tag, cell)
+                scale = delta_scale(tag) if tags_of is delta_tags else 1.0
                 for epoch, b in sorted(points.items()):
-                    for name, value in zip(names, (b.mean, b.lower, b.upper, b.n), strict=True):
+                    for name, value in zip(names, (scale * b.mean, scale * b.lower, scale * b.upper, b.n), strict=True):
                         writer.add_event(_scalar_event(name, float(value), epoch, now))
                     last = max(last, epoch)
         metrics = {f"hp/{k}": v for k, v in cell.summary.items()}
@@ -360,7 +387,8 @@ def write_tensorboard(root: Path, spec, cells: Sequence[CellAggregate], *, claim
     root.mkdir(parents=True, exist_ok=True)
     final = root / AGG_RUN
     with _locked(root / f".{AGG_RUN}.lock"):
-        write_study_hparams(root, spec, STUDY_METRICS)
+        extra = tuned_columns(cells)
+        write_study_hparams(root, spec, STUDY_METRICS, extra=extra)
         building = root / f".{AGG_RUN}.new-{os.getpid()}"
         shutil.rmtree(building, ignore_errors=True)
         building.mkdir()
@@ -369,6 +397,9 @@ def write_tensorboard(root: Path, spec, cells: Sequence[CellAggregate], *, claim
         writer = EventFileWriter(str(building))
         try:
             writer.add_event(_summary_event(layout_summary(layout(cells, baseline))))
+            # for `--logdir <study>/agg`; the same as the study root's, which TensorBoard may read instead of it
+            # when both are in its log folder (it takes the first experiment it finds)
+            writer.add_event(_summary_event(study_experiment_pb(spec, STUDY_METRICS, extra)))
             writer.add_event(_summary_event(text.text_pb("aggregate/about", about(cells, baseline))))
             if claims:
                 writer.add_event(_summary_event(text.text_pb("aggregate/claims", claims)))
@@ -387,10 +418,11 @@ def about(cells: Sequence[CellAggregate], baseline: str) -> str:
     percent = f"{100 * CONFIDENCE:.0f}%"
     rows = "\n".join(f"| `{AGG_RUN}/{c.path}` | {len(c.seeds)} | {', '.join(map(str, c.seeds))} |" for c in cells)
     return (f"Each run `{AGG_RUN}/<variant>/depth=<d>` holds, per epoch (the step), the mean over its completed runs "
-            f"(seeds) of every curve with its {percent} t interval (`<tag>/<variant>/depth=<d>/mean`, `lower`, `upper`, "
-            f"`n`), and the paired difference to `{baseline}` at the same depth (`{PAIRED_GROUP}/...`: mean and "
-            f"{percent} interval of the per-seed differences). An epoch with one run has no interval: its band is "
-            "the mean. Custom Scalars shows them as margin charts, one per metric and depth.\n\n"
+            f"(seeds) of every curve with its {percent} t interval (`<tag>/depth=<d>/mean`, `lower`, `upper`, `n`: "
+            f"the run is the variant), and the paired difference to `{baseline}` at the same depth "
+            f"(`{PAIRED_GROUP}/...`: mean and {percent} interval of the per-seed differences, accuracies in "
+            "percentage points). An epoch with one run has no interval: its band is the mean. Custom Scalars shows "
+            "them as margin charts, one per metric and depth, a band per variant.\n\n"
             f"| run | seeds | which |\n|---|---:|---|\n{rows}")
 
 

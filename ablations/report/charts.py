@@ -1,12 +1,14 @@
 """The interactive charts of a study's web page (plotly; :mod:`ablations.report.html`): the accuracy of every seed,
 the paired differences with their intervals, the curves across seeds with their 95% bands (:mod:`.aggregate`), the
 tuning; each in the colours of the PNG figures, and a curve chart with a PNG twin for a reader without JavaScript.
+A curve chart of more than :data:`MANY_ROWS` rows gives each row its own small panel, the baseline in grey beside it.
 Chart ids are fixed, so the same inputs give the same page."""
 
 from __future__ import annotations
 
 import base64
 import io
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -20,6 +22,12 @@ from .load import BASELINE, StudyData
 from .markup import esc, slug
 from .plot import apply_style, colors, legend_outside_for, new_figure
 from .tuning import tuning_records
+
+#: rows above which a band chart draws one small panel per row instead of every row in one panel: a dozen
+#: overlapping bands cannot be read
+MANY_ROWS = 8
+#: the line style of each depth in a chart of small panels (the first depth solid)
+DEPTH_DASHES = ("solid", "dash", "dot", "dashdot")
 
 
 def colour(rows: Sequence[str]) -> dict[str, str]:
@@ -103,6 +111,8 @@ def band_figure(cells: Sequence, tag: str, *, delta: bool, rows: Sequence[str], 
     chosen = [c for c in cells if tag in (c.deltas if delta else c.curves)]
     if not chosen:
         return None
+    if len({c.row for c in chosen}) > MANY_ROWS:
+        return _band_panels(chosen, tag, delta=delta, rows=rows, scale=scale)
     depths = list(dict.fromkeys(c.depth for c in chosen))
     fig = make_subplots(rows=1, cols=len(depths), shared_yaxes=True,
                         subplot_titles=[f"depth {d}" if d is not None else "" for d in depths])
@@ -129,6 +139,63 @@ def band_figure(cells: Sequence, tag: str, *, delta: bool, rows: Sequence[str], 
     what = f"paired Δ {tag} vs {BASELINE}" if delta else tag
     fig.update_yaxes(title_text=what + unit, row=1, col=1)
     return _style(fig, f"{what}: mean over seeds per epoch with its 95% CI band")
+
+
+def panel_grid(rows: Sequence[str]) -> tuple[int, int]:
+    """(panel rows, panel columns) of one small panel per row: four across."""
+    cols = min(4, len(rows))
+    return math.ceil(len(rows) / cols), cols
+
+
+def _series(cell, tag: str, delta: bool, scale: float) -> tuple[list, list, list, list]:
+    """(epochs, means, lowers, uppers) of one cell's curve (or paired Δ curve), scaled."""
+    points = sorted((cell.deltas if delta else cell.curves)[tag].items())
+    return ([e for e, _ in points], [scale * b.mean for _, b in points], [scale * b.lower for _, b in points],
+            [scale * b.upper for _, b in points])
+
+
+def _band_panels(chosen: Sequence, tag: str, *, delta: bool, rows: Sequence[str], scale: float):
+    """One small panel per row: its mean curve and 95% band in its colour, the baseline's mean in grey beside it
+    (a Δ panel: the zero line), one line style per depth; shared axes, so panels compare at a glance."""
+    present = [r for r in rows if any(c.row == r for c in chosen)]
+    depths = list(dict.fromkeys(c.depth for c in chosen))
+    nrows, ncols = panel_grid(present)
+    fig = make_subplots(rows=nrows, cols=ncols, shared_xaxes=True, shared_yaxes=True, subplot_titles=present,
+                        vertical_spacing=min(0.08, 0.6 / nrows), horizontal_spacing=0.03)
+    colours = colour(rows)
+    baseline = {c.depth: c for c in chosen if c.row == BASELINE}
+    for i, row in enumerate(present):
+        at = {"row": i // ncols + 1, "col": i % ncols + 1}
+        for c in (c for c in chosen if c.row == row):
+            dash = DEPTH_DASHES[depths.index(c.depth) % len(DEPTH_DASHES)]
+            where = "" if len(depths) == 1 else f", depth {c.depth}"
+            ref = baseline.get(c.depth)
+            if ref is not None and row != BASELINE and not delta:
+                x, mean, _, _ = _series(ref, tag, delta, scale)
+                fig.add_trace(go.Scatter(x=x, y=mean, mode="lines", name=f"{BASELINE}{where}", showlegend=False,
+                                         line={"color": "#9a9a9a", "width": 1.2, "dash": dash},
+                                         hovertemplate=f"{BASELINE}{where}, epoch %{{x}}: %{{y:.3f}}<extra></extra>"),
+                              **at)
+            x, mean, lower, upper = _series(c, tag, delta, scale)
+            fig.add_trace(go.Scatter(x=x + x[::-1], y=upper + lower[::-1], fill="toself", mode="lines",
+                                     fillcolor=_rgba(colours.get(row, "#444444"), 0.2), line={"width": 0},
+                                     hoverinfo="skip", showlegend=False, name=row), **at)
+            fig.add_trace(go.Scatter(
+                x=x, y=mean, mode="lines", name=f"{row}{where}", showlegend=False,
+                line={"color": colours.get(row, "#444444"), "width": 2, "dash": dash},
+                customdata=[[lo, hi] for lo, hi in zip(lower, upper, strict=True)],
+                hovertemplate=f"{row}{where}, epoch %{{x}}: %{{y:.3f}} [%{{customdata[0]:.3f}}, "
+                              "%{customdata[1]:.3f}]<extra></extra>"), **at)
+        if delta:
+            fig.add_hline(y=0, line_dash="dot", line_color="gray", **at)
+    what = f"paired Δ {tag} vs {BASELINE}" if delta else tag
+    unit = " (pp)" if scale == 100.0 and delta else (" (%)" if scale == 100.0 else "")
+    styles = "" if len(depths) == 1 else "; line style: depth " + ", ".join(
+        f"{d} {DEPTH_DASHES[i % len(DEPTH_DASHES)]}" for i, d in enumerate(depths))
+    fig.update_yaxes(title_text=what + unit, col=1)
+    reference = "" if delta else f"; grey: {BASELINE}"
+    return _style(fig, f"{what}: mean over seeds per epoch and its 95% CI band, one panel per row{reference}{styles}",
+                  height=120 + 170 * nrows, legend=False)
 
 
 def tuning_figure(data: StudyData, records: Sequence[Mapping]) -> Any:
@@ -179,6 +246,8 @@ def band_png(cells: Sequence, tag: str, *, delta: bool, rows: Sequence[str], sca
     if not chosen:
         return None
     apply_style()
+    if len({c.row for c in chosen}) > MANY_ROWS:
+        return _png(_band_panels_png(chosen, tag, delta=delta, rows=rows, scale=scale))
     depths = list(dict.fromkeys(c.depth for c in chosen))
     fig = new_figure(3.8 * len(depths), 3.0)
     colours = colour(rows)
@@ -196,9 +265,44 @@ def band_png(cells: Sequence, tag: str, *, delta: bool, rows: Sequence[str], sca
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6)
     fig.axes[0].set_ylabel(f"Δ {tag} vs {BASELINE}" if delta else tag)
+    return _png(fig)
+
+
+def _png(fig) -> str:
+    """A matplotlib figure as base64 PNG (no metadata: the page is deterministic)."""
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=90, metadata={"Software": None})
     return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _band_panels_png(chosen: Sequence, tag: str, *, delta: bool, rows: Sequence[str], scale: float):
+    """The PNG twin of :func:`_band_panels`: one small panel per row, the baseline in grey, shared axes."""
+    present = [r for r in rows if any(c.row == r for c in chosen)]
+    depths = list(dict.fromkeys(c.depth for c in chosen))
+    nrows, ncols = panel_grid(present)
+    fig = new_figure(2.6 * ncols, 1.9 * nrows)
+    axes = fig.subplots(nrows, ncols, squeeze=False, sharex=True, sharey=True)
+    colours = colour(rows)
+    baseline = {c.depth: c for c in chosen if c.row == BASELINE}
+    styles = ("-", "--", ":", "-.")
+    for i, row in enumerate(present):
+        ax = axes[i // ncols][i % ncols]
+        for c in (c for c in chosen if c.row == row):
+            style = styles[depths.index(c.depth) % len(styles)]
+            if baseline.get(c.depth) is not None and row != BASELINE and not delta:
+                x, mean, _, _ = _series(baseline[c.depth], tag, delta, scale)
+                ax.plot(x, mean, color="0.6", lw=1, ls=style)
+            x, mean, lower, upper = _series(c, tag, delta, scale)
+            ax.plot(x, mean, color=colours.get(row, "#444444"), lw=1.5, ls=style)
+            ax.fill_between(x, lower, upper, color=colours.get(row, "#444444"), alpha=0.2, lw=0)
+        if delta:
+            ax.axhline(0, color="0.5", ls=":", lw=1)
+        ax.set_title(row, fontsize=7)
+        ax.grid(alpha=0.3)
+    for j in range(len(present), nrows * ncols):
+        axes[j // ncols][j % ncols].set_visible(False)
+    axes[0][0].set_ylabel(f"Δ {tag} vs {BASELINE}" if delta else tag)
+    return fig
 
 
 def charts(data: StudyData, spec, cells) -> list[str]:

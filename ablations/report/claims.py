@@ -63,6 +63,9 @@ def scale_text(spec, depth) -> str:
     return ", ".join(parts) or "—"
 
 
+ACCURACY_METRICS = ("test_acc", "test_acc_at_best_val", "final_val_acc", "best_val_acc")
+
+
 def claim_records(data: StudyData, claims: Sequence, alpha: float = ALPHA, spec=None,
                   resamples: int = RESAMPLES) -> tuple[list[dict], list[Evidence]]:
     """(one record per claim line with its verdict in the study's families, the evidence of the lines in them).
@@ -71,37 +74,45 @@ def claim_records(data: StudyData, claims: Sequence, alpha: float = ALPHA, spec=
     from ..studies.rules import VerdictRules
 
     rules = getattr(spec, "verdicts", None) or VerdictRules()
-    first = len((getattr(spec, "axes", None) or {}).get("seed", [])) or max(
-        (len({r.seed for r in data.by_row_depth(row, d)}) for row in data.rows for d in data.depths or [None]),
-        default=0)
-    lines: list[tuple[Any, Evidence | None, dict]] = []
-    for claim in claims:
-        if not claim.testable:
-            lines.append((claim, None, {}))
-            continue
-        metric = claim.metric or data.metric
-        rows = [r for r in data.rows if data.row_variant.get(r) == claim.variant] or [claim.variant]
-        for row in rows:
-            base_row = data.baseline_row(row, claim.baseline) or claim.baseline
-            ran = [d for d in data.depths if data.by_row_depth(row, d)]  # a row may run at one depth only
-            for depth in [claim.depth] if claim.depth is not None else (ran or data.depths or [None]):
-                base_depth = depth if claim.baseline_depth is None else claim.baseline_depth
-                ev = measure(data, claim, row, depth, base_row, base_depth, metric, rules,
-                             key=(data.name, claim.id, row, depth), resamples=resamples)
-                where = {"variant": row, "baseline": base_row, "depth": depth, "metric": metric,
-                         "baseline_depth": claim.baseline_depth, "scale": scale_text(spec, depth)}
-                if claim.premise is not None:
-                    where |= premise_record(data, claim.premise, depth, rules, resamples)
-                lines.append((claim, ev, where))
+    lines = [line for claim in claims for line in claim_lines(data, claim, rules, spec, resamples)]
     tested = [ev if ev is not None and where.get("premise_held", True) else None for _, ev, where in lines]
+    first = first_look(data, spec)
     looks = [rules.look_alpha(ev.n, first, alpha) if ev is not None else alpha for ev in tested]
-    accuracy = [where.get("metric") in ("test_acc", "test_acc_at_best_val", "final_val_acc", "best_val_acc")
-                for _, _, where in lines]
+    accuracy = [where.get("metric") in ACCURACY_METRICS for _, _, where in lines]
     judged = family(tested, looks, alpha, accuracy, rules)
     m = sum(1 for ev in tested if ev is not None and ev.p is not None)
     records = [_record(claim, ev, where, j, m, look) for (claim, ev, where), j, look
                in zip(lines, judged, looks, strict=True)]
     return records, [ev for ev in tested if ev is not None]
+
+
+def first_look(data: StudyData, spec) -> int:
+    """The seeds of a study's first look: those its file lists, else the most a cell of ``data`` has."""
+    listed = len((getattr(spec, "axes", None) or {}).get("seed", []))
+    return listed or max((len({r.seed for r in data.by_row_depth(row, d)}) for row in data.rows
+                          for d in data.depths or [None]), default=0)
+
+
+def claim_lines(data: StudyData, claim, rules, spec, resamples: int) -> list[tuple[Any, Evidence | None, dict]]:
+    """A claim's lines as (claim, evidence, where): one per row of its variant × depth (every depth the row ran
+    at when the claim names none); an untestable claim is one line without evidence."""
+    if not claim.testable:
+        return [(claim, None, {})]
+    metric = claim.metric or data.metric
+    lines = []
+    for row in [r for r in data.rows if data.row_variant.get(r) == claim.variant] or [claim.variant]:
+        base_row = data.baseline_row(row, claim.baseline) or claim.baseline
+        ran = [d for d in data.depths if data.by_row_depth(row, d)]  # a row may run at one depth only
+        for depth in [claim.depth] if claim.depth is not None else (ran or data.depths or [None]):
+            base_depth = depth if claim.baseline_depth is None else claim.baseline_depth
+            ev = measure(data, claim, row, depth, base_row, base_depth, metric, rules,
+                         key=(data.name, claim.id, row, depth), resamples=resamples)
+            where = {"variant": row, "baseline": base_row, "depth": depth, "metric": metric,
+                     "baseline_depth": claim.baseline_depth, "scale": scale_text(spec, depth)}
+            if claim.premise is not None:
+                where |= premise_record(data, claim.premise, depth, rules, resamples)
+            lines.append((claim, ev, where))
+    return lines
 
 
 def comparison_evidence(data: StudyData, variant: str, depth, baseline: str, base_depth, metric: str, rules,

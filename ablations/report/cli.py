@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from .. import layout
-from ..cli import OneLineParser, add_study_arguments
+from ..cli import OneLineParser, add_study_arguments, program
 from ..studies.overrides import OVERRIDES_ATTR, apply_sets, describe, parse_sets
 from ..studies.spec import TUNE_MEANS, TUNED_LR, contend_name, load_spec, resolved, round_name
 from ..studies.storage import check_sqlite_file, unusable_storage_error, unusable_storage_message
@@ -39,7 +39,7 @@ from .load import (
     open_study,
     open_tune_study,
 )
-from .notes import study_note, tuning_note
+from .notes import READING_ATTR, reading_line, study_note, tuning_note
 from .power import power_table
 from .stats import main_cells
 from .tuning import tuning_figure, tuning_records, tuning_table
@@ -47,12 +47,13 @@ from .tuning import tuning_figure, tuning_records, tuning_table
 
 def build_parser() -> argparse.ArgumentParser:
     doc = sys.modules[__package__].__doc__ or ""
-    p = OneLineParser(prog="python -m ablations.report", description=doc.split("\n\n")[0],
+    p = OneLineParser(prog=program("ablations.report"), description=doc.split("\n\n")[0],
                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=doc.split("\n\n", 1)[-1])
     add_study_arguments(p, report=True)
-    p.add_argument("--results-dir", default=layout.RESULTS_DIR,
+    p.add_argument("--results-dir", default=layout.OUTPUT_DIR,
                    help=f"results folder: tables go to <dir>/<study name>/, TensorBoard runs are in "
-                        f"<dir>/{layout.RUNS}/")
+                        f"<dir>/{layout.RUNS}/ (default {layout.OUTPUT_DIR}, which git ignores; the committed studies "
+                        f"are regenerated with --results-dir {layout.RESULTS_DIR})")
     p.add_argument("--out", help="folder for tables and figures (default: <results-dir>/<study name>)")
     p.add_argument("--runs", metavar="CSV",
                    help="regenerate the tables from a runs.csv alone (no storage): main, paired, power, convergence, "
@@ -226,7 +227,9 @@ def _dashboard_notes(study, spec, study_name: str, tables: Sequence, page: Path)
     was saved, or the one line why not (a read-only storage must not lose the report)."""
     notes = []
     try:
-        save_dashboard_note(study, study_note(study_name, tables, page))
+        save_dashboard_note(study, study_note(study_name, tables, page, grid=spec.kind == "grid"))
+        if spec.kind == "grid":  # on the study's first page, beside the Best Trial and Importance panels
+            study.set_user_attr(READING_ATTR, reading_line(page))
         notes.append(f"optuna-dashboard note saved on study '{study_name}'.")
         tune_study = open_tune_study(study)
         if tune_study is not None and spec.tune is not None and study.user_attrs.get(TUNED_LR):

@@ -92,6 +92,10 @@ def optuna_figure(plot, *args, **kwargs):
     return fig
 
 
+#: figures whose x axis is the depth: a study of one depth would draw one point per row (skipped, with a note)
+OVER_DEPTH = ("acc_vs_depth", "similar_blocks_vs_depth")
+
+
 def report_figures(study, data, cells, out: Path) -> tuple[list[Path], list[str]]:
     """Every figure of a study's report (``data``: :class:`ablations.report.load.StudyData`; ``cells``: the main
     table's cells for grid studies, else None), saved under ``out``; returns (paths, notes)."""
@@ -100,6 +104,13 @@ def report_figures(study, data, cells, out: Path) -> tuple[list[Path], list[str]
     notes: list[str] = []
 
     def keep(fig, name: str, tight: bool = False) -> None:
+        if name in OVER_DEPTH and len(data.depths) < 2:
+            notes.append(f"figure {name} skipped: the study trained one depth, so each row would be one point "
+                         "(the main table has it).")
+            close(fig)
+            for stale in (out / f"{name}.png", out / f"{name}.pdf"):  # an earlier report's, with more depths
+                stale.unlink(missing_ok=True)
+            return
         written.extend(save(fig, out, name, tight=tight))
 
     if data.kind == "grid":

@@ -36,7 +36,7 @@ from .charts import charts
 from .claims import VERDICTS, line_text
 from .format import Column, Table
 from .load import BASELINE, StudyData, own_seconds
-from .markup import esc, md, slug
+from .markup import esc, md, shared_sentences, slug, split_caption
 from .stats import main_cells
 
 REPORT = "report.html"
@@ -121,10 +121,21 @@ def _right(col: Column) -> bool:
     return col.alignment == "r"
 
 
-def table_section(table: Table) -> str:
+def table_section(table: Table, shared: Sequence[str] = ()) -> str:
+    """A table with its one-line caption; the rest of what its caption alone says folds under it (what several
+    tables' captions say, ``shared``, is said once above the tables: :func:`reading_html`)."""
     notes = "".join(f'<p class="note">Note: {md(n, inline=True)}</p>' for n in table.notes)
+    line, rest = split_caption(table.caption, shared)
+    more = ("<details><summary>more on this table</summary>"
+            f"<p class=\"caption\">{md(' '.join(rest), inline=True)}</p></details>" if rest else "")
     return (f'<section id="{slug(table.name)}"><h3>{esc(table.title)}</h3>{table_html(table)}'
-            f'<p class="caption">{md(table.caption, inline=True)}</p>{notes}</section>')
+            f'<p class="caption">{md(line, inline=True)}</p>{more}{notes}</section>')
+
+
+def reading_html(shared: Sequence[str]) -> str:
+    """What several tables' captions say alike, once, above the tables."""
+    return ("" if not shared else '<section id="reading"><h3>Reading the tables</h3><p class="caption">'
+            f"{md(' '.join(shared), inline=True)}</p></section>")
 
 
 def _overrides_text(variant) -> str:
@@ -285,6 +296,7 @@ def write_report(data: StudyData, spec, tables: Sequence[Table], out: Path, *, r
     script, _ = plotly_script(out, Path(results_dir))
     label = spec.first_look()
     summary = summary_line(data, spec, tables)
+    shared = shared_sentences([t.caption for t in tables if t.name != "claims"])
     nav = "".join(f'<a href="#{slug(t.name)}">{esc(t.name if t.name != "claims" else "claims table")}</a>'
                   for t in tables)
     body = [f"<h1>{esc(data.name)}</h1>", f'<p class="lede">{esc(summary)}</p>',
@@ -292,7 +304,7 @@ def write_report(data: StudyData, spec, tables: Sequence[Table], out: Path, *, r
             f'<nav><a href="../{INDEX}">all studies</a><a href="#claims-verdicts">claims</a>{nav}'
             '<a href="#charts">charts</a><a href="#figures">figures</a><a href="#protocol">protocol</a>'
             '<a href="#run">run</a></nav>',
-            claims_html(tables), "<h2>Tables</h2>", *(table_section(t) for t in tables),
+            claims_html(tables), "<h2>Tables</h2>", reading_html(shared), *(table_section(t, shared) for t in tables),
             '<h2 id="charts">Charts</h2><p class="caption">Interactive: hover for the values, drag to zoom, click a '
             "legend entry to hide it. Intervals are 95% t intervals over seeds (paired by seed for Δ).</p>",
             *charts(data, spec, cells),

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .claims import claim_records, numbers_text, premise_numbers, sureness_text
+from .claims import ACCURACY_METRICS, claim_records, numbers_text, premise_numbers, sureness_text
 from .decide import DECIDED, VERDICTS, family
 from .format import p_text
 from .load import Run, StudyData
@@ -108,54 +108,63 @@ def ledger_records(studies: Sequence[StudyClaims], alpha: float = ALPHA) -> list
     lines, first_line, first_side = [], {}, {}
     for sc in studies:
         for rec in sc.records:
-            out = {k: rec.get(k) for k in LEDGER_KEYS if k in rec} | {
-                "study": sc.study, "setting": sc.budget if sc.budget != "default" else "",
-                "tuning_seeds": sc.tuning_seeds, "same_runs_as": None, "shared_side": None, "p_all_holm": None,
-                "m_all": None, "verdict_all": rec["verdict"] if rec["verdict"] in ("untestable", "premise absent")
-                else None}
-            if rec["verdict"] == "untestable":
-                out["group"] = f"untestable: {rec['id']}"
-                lines.append((out, None))
-                continue
-            out["group"] = f"{rec['variant']} vs {rec['baseline']}, {_measure(rec)}, {rec['direction']}"
-            here = f"{sc.folder} ({rec['id']})"
-            sides = (("variant", _side(sc.data, rec["variant"], rec["depth"])),
-                     ("baseline", _side(sc.data, rec["baseline"], rec["baseline_depth"] or rec["depth"])))
-            key = (sides[0][1], sides[1][1], rec["metric"], rec["kind"])
-            if all(side for _, side in sides) and key in first_line:
-                out["same_runs_as"] = first_line[key]
-            else:
-                first_line.setdefault(key, here)
-                shared = [f"{name}: the same runs as {first_side[side][1]}" for name, side in sides
-                          if side and first_side.get(side, (sc.folder,))[0] != sc.folder]
-                out["shared_side"] = "; ".join(shared) or None
-            for _, side in sides:
-                if side:
-                    first_side.setdefault(side, (sc.folder, here))
-            lines.append((out, rec))
+            lines.append((_ledger_line(sc, rec, first_line, first_side), None if rec["verdict"] == "untestable"
+                          else rec))
+    _all_claims(lines, alpha)
+    order = {g: i for i, g in enumerate(dict.fromkeys(out["group"] for out, _ in lines))}
+    return [out for out, _ in sorted(lines, key=lambda item: order[item[0]["group"]])]
+
+
+def _ledger_line(sc: StudyClaims, rec: dict, first_line: dict, first_side: dict) -> dict:
+    """A study's claim line as a ledger record: its group, and the earlier line whose runs it reuses (both sides:
+    ``same_runs_as``; one side: ``shared_side``); ``first_line`` and ``first_side`` remember the lines seen so far."""
+    out = {k: rec.get(k) for k in LEDGER_KEYS if k in rec} | {
+        "study": sc.study, "setting": sc.budget if sc.budget != "default" else "", "tuning_seeds": sc.tuning_seeds,
+        "same_runs_as": None, "shared_side": None, "p_all_holm": None, "m_all": None,
+        "verdict_all": rec["verdict"] if rec["verdict"] in ("untestable", "premise absent") else None}
+    if rec["verdict"] == "untestable":
+        return out | {"group": f"untestable: {rec['id']}"}
+    out["group"] = f"{rec['variant']} vs {rec['baseline']}, {_measure(rec)}, {rec['direction']}"
+    here = f"{sc.folder} ({rec['id']})"
+    sides = (("variant", _side(sc.data, rec["variant"], rec["depth"])),
+             ("baseline", _side(sc.data, rec["baseline"], rec["baseline_depth"] or rec["depth"])))
+    key = (sides[0][1], sides[1][1], rec["metric"], rec["kind"])
+    if all(side for _, side in sides) and key in first_line:
+        out["same_runs_as"] = first_line[key]
+    else:
+        first_line.setdefault(key, here)
+        shared = [f"{name}: the same runs as {first_side[side][1]}" for name, side in sides
+                  if side and first_side.get(side, (sc.folder,))[0] != sc.folder]
+        out["shared_side"] = "; ".join(shared) or None
+    for _, side in sides:
+        if side:
+            first_side.setdefault(side, (sc.folder, here))
+    return out
+
+
+def _all_claims(lines: list[tuple[dict, dict | None]], alpha: float) -> None:
+    """Every judged line of every study in one family (repeats once, with their first line's numbers; lines on old
+    evidence in it but never decided there): the all-claims fields of each record."""
     members = [(out, rec) for out, rec in lines
                if rec is not None and out["verdict_all"] is None and out["same_runs_as"] is None
                and rec.get("_evidence") is not None and rec["_evidence"].p is not None]
     judged = family([rec["_evidence"] for _, rec in members], [rec["look_alpha"] or alpha for _, rec in members], alpha,
-                    [rec["metric"] in ("test_acc", "test_acc_at_best_val", "final_val_acc", "best_val_acc")
-                     for _, rec in members], rules=None, capped=[bool(rec["old_evidence"]) for _, rec in members])
+                    [rec["metric"] in ACCURACY_METRICS for _, rec in members], rules=None,
+                    capped=[bool(rec["old_evidence"]) for _, rec in members])
+    keys = ("p_all_holm", "m_all", "agreement_all", "break_even_all", "verdict_all", "detail_all")
     by_line = {}
     for (out, _), j in zip(members, judged, strict=True):
-        out |= {"p_all_holm": j.p_holm, "m_all": len(members), "agreement_all": j.agreement,
-                "break_even_all": j.break_even, "verdict_all": _keep_not_converged(out, j.verdict),
-                "detail_all": j.detail}
+        out |= dict(zip(keys, (j.p_holm, len(members), j.agreement, j.break_even, _keep_not_converged(out, j.verdict),
+                               j.detail), strict=True))
         by_line[f"{out['study']}{'-' + out['setting'] if out['setting'] else ''} ({out['id']})"] = out
     for out, rec in lines:
         if rec is None or out["verdict_all"] is not None:
             continue
         first = by_line.get(out["same_runs_as"]) if out["same_runs_as"] is not None else None
         if first is not None:
-            out |= {k: first[k] for k in ("p_all_holm", "m_all", "agreement_all", "break_even_all", "verdict_all",
-                                          "detail_all")}
+            out |= {k: first[k] for k in keys}
         else:
             out["verdict_all"], out["m_all"] = "not resolved", len(members)
-    order = {g: i for i, g in enumerate(dict.fromkeys(out["group"] for out, _ in lines))}
-    return [out for out, _ in sorted(lines, key=lambda item: order[item[0]["group"]])]
 
 
 def _measure(rec: dict) -> str:
@@ -188,29 +197,7 @@ def decided_line(rec: dict) -> str:
 
 def ledger_markdown(records: list[dict], studies: Sequence[StudyClaims], alpha: float = ALPHA) -> str:
     """The ledger as Markdown: a summary of both families' verdicts, then one section per group of lines."""
-    counts = {family: {v: sum(1 for r in records if r[key] == v) for v in VERDICTS}
-              for family, key in (("in its study", "verdict"), ("all claims", "verdict_all"))}
-    m_all = next((r["m_all"] for r in records if r["m_all"]), 0)
-    shared = sum(1 for r in records if r["same_runs_as"])
-    decided_all = sum(1 for r in records if r["verdict_all"] in DECIDED)
-    old = sum(1 for r in records if r["old_evidence"])
-    lines = ["# Claims ledger", "",
-             "Every paper claim the studies test, regenerated by `python -m ablations.report --ledger` from each "
-             "study's committed `runs.csv` (never written by hand). Two families: **in its study** is the verdict of "
-             "the study's own claims.md (its lines in one Holm family); **all claims** puts every judged line of "
-             f"every study into one Holm–Bonferroni family (m = {m_all}, α = {alpha}). Each line is judged on its "
-             "own metric by the rate-aware bootstrap (tuning seeds with each row's rate re-chosen, reported seeds, "
-             "test images; docs/protocol.md, \"Verdicts\"), with the equivalence test deciding \"equivalent\" where "
-             f"a difference is within the declared margin. A line on the same runs as an earlier one ({shared} "
-             f"here) is a repeat, not a replication: it enters the family once. {old} lines rest on old evidence "
-             "(a rate tuned on fewer than three seeds): their own study states a verdict, the all-claims family "
-             f"decides none of them. Decided with all claims in one family: {decided_all} of {len(records)} lines.",
-             "", "| verdicts | " + " | ".join(VERDICTS) + " |", "|---|" + "---|" * len(VERDICTS)]
-    for family_name, c in counts.items():
-        lines.append(f"| {family_name} | " + " | ".join(str(c[v]) for v in VERDICTS) + " |")
-    lines += ["", "| study | setting | tuning seeds | claim lines |", "|---|---|---:|---:|"]
-    for sc in studies:
-        lines.append(f"| {sc.study} | {sc.budget} | {sc.tuning_seeds} | {len(sc.records)} |")
+    lines = _summary(records, studies, alpha)
     decided = [r for r in records if r["verdict_all"] in DECIDED and not r["same_runs_as"]]
     lines += ["", f"Decided with every claim in one family ({len(decided)} lines; the README quotes them):", ""]
     lines += [decided_line(r) for r in decided] or ["(none)"]
@@ -225,20 +212,50 @@ def ledger_markdown(records: list[dict], studies: Sequence[StudyClaims], alpha: 
             lines += [f"Tested on their own runs by {len(own)} studies: {', '.join(sorted(own))}.", ""]
         lines += ["| study | claim | scale | estimate [rate-aware 95%] | in its study (Holm p) | all claims (Holm p, "
                   "agreement) | note |", "|---|---|---|---|---|---|---|"]
-        for r in recs:
-            study = r["study"] + (f" ({r['setting']})" if r["setting"] else "")
-            note = f"the same runs as {r['same_runs_as']}: a repeat" if r["same_runs_as"] else (r["shared_side"] or "")
-            if r["verdict"] == "premise absent":
-                note = "premise: " + premise_numbers(r).replace("|", "/")
-            elif r["verdict"] == "untestable":
-                note = str(r["detail"]).replace("|", "/")
-            elif r["old_evidence"]:
-                note = ("old evidence: " + r["old_evidence"] + ("; " + note if note else "")).replace("|", "/")
-            agree = f", {100 * r['agreement_all']:.1f}%" if r.get("agreement_all") is not None else ""
-            lines.append(f"| {study} | **{r['id']}**: {r['claim']} ({r['source']}) | {r.get('scale') or ''} | "
-                         f"{_numbers(r)} | {r['verdict']} ({p_text(r['p_holm'])}) | {r['verdict_all']} "
-                         f"({p_text(r['p_all_holm'])}{agree}) | {note} |")
+        lines += [_group_row(r) for r in recs]
     return "\n".join(lines) + "\n"
+
+
+def _summary(records: list[dict], studies: Sequence[StudyClaims], alpha: float) -> list[str]:
+    """The ledger's head: what it is, both families' verdict counts, the studies and their tuning seeds."""
+    counts = {name: {v: sum(1 for r in records if r[key] == v) for v in VERDICTS}
+              for name, key in (("in its study", "verdict"), ("all claims", "verdict_all"))}
+    m_all = next((r["m_all"] for r in records if r["m_all"]), 0)
+    shared = sum(1 for r in records if r["same_runs_as"])
+    decided_all = sum(1 for r in records if r["verdict_all"] in DECIDED)
+    old = sum(1 for r in records if r["old_evidence"])
+    lines = ["# Claims ledger", "",
+             "Every paper claim the studies test, regenerated by `python -m ablations.report --ledger --results-dir "
+             "results` from each study's committed `runs.csv` (never written by hand). Two families: **in its "
+             "study** is the verdict of the study's own claims.md (its lines in one Holm family); **all claims** "
+             "puts every judged line of "
+             f"every study into one Holm–Bonferroni family (m = {m_all}, α = {alpha}). Each line is judged on its "
+             "own metric by the rate-aware bootstrap (tuning seeds with each row's rate re-chosen, reported seeds, "
+             "test images; docs/protocol.md, \"Verdicts\"), with the equivalence test deciding \"equivalent\" where "
+             f"a difference is within the declared margin. A line on the same runs as an earlier one ({shared} "
+             f"here) is a repeat, not a replication: it enters the family once. {old} lines rest on old evidence "
+             "(a rate tuned on fewer than three seeds): their own study states a verdict, the all-claims family "
+             f"decides none of them. Decided with all claims in one family: {decided_all} of {len(records)} lines.",
+             "", "| verdicts | " + " | ".join(VERDICTS) + " |", "|---|" + "---|" * len(VERDICTS)]
+    lines += [f"| {name} | " + " | ".join(str(c[v]) for v in VERDICTS) + " |" for name, c in counts.items()]
+    lines += ["", "| study | setting | tuning seeds | claim lines |", "|---|---|---:|---:|"]
+    return lines + [f"| {sc.study} | {sc.budget} | {sc.tuning_seeds} | {len(sc.records)} |" for sc in studies]
+
+
+def _group_row(r: dict) -> str:
+    """A line's row in its group's table, with the note that says what it rests on."""
+    study = r["study"] + (f" ({r['setting']})" if r["setting"] else "")
+    note = f"the same runs as {r['same_runs_as']}: a repeat" if r["same_runs_as"] else (r["shared_side"] or "")
+    if r["verdict"] == "premise absent":
+        note = "premise: " + premise_numbers(r).replace("|", "/")
+    elif r["verdict"] == "untestable":
+        note = str(r["detail"]).replace("|", "/")
+    elif r["old_evidence"]:
+        note = ("old evidence: " + r["old_evidence"] + ("; " + note if note else "")).replace("|", "/")
+    agree = f", {100 * r['agreement_all']:.1f}%" if r.get("agreement_all") is not None else ""
+    return (f"| {study} | **{r['id']}**: {r['claim']} ({r['source']}) | {r.get('scale') or ''} | "
+            f"{_numbers(r)} | {r['verdict']} ({p_text(r['p_holm'])}) | {r['verdict_all']} "
+            f"({p_text(r['p_all_holm'])}{agree}) | {note} |")
 
 
 def ledger_csv(records: list[dict]) -> str:

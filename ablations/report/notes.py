@@ -12,12 +12,36 @@ from pathlib import Path
 # Imported where they are used, not here: optuna-dashboard. Each takes from a tenth of a second to seconds to import,
 # and the command-line tools start without them.
 
+#: what optuna-dashboard's own panels mean for a grid study (its note says it first)
+GRID_CAVEAT = (
+    "**Reading this dashboard for a grid study.** Every point of the grid trains once per seed, so the *best trial* "
+    "is one seed of one row (the luckiest draw, not the best row), and *parameter importance* ranks the grid's own "
+    "axes, seed among them, by how the single runs' values spread: it is not a test of any row against another. The "
+    "seed-aggregated verdict is below: the claims (paired over seeds, Holm-adjusted) and the main table (mean ± sd "
+    "over seeds per row), and, in full, the HTML report.")
 
-def study_note(study_name: str, tables: Sequence, html: Path) -> str:
-    """Markdown: the claims' verdicts (when the study lists claims), the HTML report's path (whether it exists
-    yet), then every table."""
+
+#: a grid study's user attribute that optuna-dashboard lists on the study's first page, beside its Best Trial and
+#: Hyperparameter Importance panels (sorted first: the attributes are listed by key)
+READING_ATTR = "0_how_to_read"
+
+
+def reading_line(html: Path | None) -> str:
+    """The first page's one line for a grid study: what Best Trial and Importance are there, where the verdict is
+    (``html`` None: before any report)."""
+    where = (f"the Note tab and the HTML report {Path(html).resolve()}" if html is not None else
+             "the Note tab and the HTML report once `python -m ablations.report --study NAME --html` has run")
+    return ("a grid: 'Best Trial' is one seed of one row, and 'Hyperparameter Importance' ranks the grid's axes (seed "
+            f"among them) by single runs, not rows against each other; the seed-aggregated verdict (claims, paired "
+            f"over seeds) is in {where}")
+
+
+def study_note(study_name: str, tables: Sequence, html: Path, grid: bool = True) -> str:
+    """Markdown: for a grid study (``grid``) what the dashboard's best trial and importance mean there, then the
+    claims' verdicts (when the study lists claims), the HTML report's path (whether it exists yet), then every
+    table."""
     html = Path(html).resolve()
-    parts = [f"## Report: {study_name}", ""]
+    parts = [f"## Report: {study_name}", "", *([GRID_CAVEAT, ""] if grid else [])]
     if html.is_file():
         parts.append(f"HTML report (tables, figures, claims, protocol, run): `{html}` — open "
                      f"[{html.name}]({html.as_uri()}) in a browser.")

@@ -9,7 +9,7 @@ Rerunning continues a study: completed trials never run again; a trial whose wor
 same parameters and resumes from its last checkpoint. Grid points added to the study file run on the next run;
 points removed from it keep their finished trials. ``--import-runs results/NAME/runs.csv`` continues a study whose
 storage is elsewhere or gone from the runs.csv of its report: those trials count as done. Watch it with
-``optuna-dashboard <storage URL>`` and ``tensorboard --logdir results/runs/<study>``.
+``optuna-dashboard <storage URL>`` and ``tensorboard --logdir outputs/runs/<study>/agg``.
 
 Exit status: 0 every point done (or, for the last points, running in other workers on the same study); 1 trials
 failed or are missing, or the storage or the results folder failed
@@ -28,7 +28,7 @@ import threading
 from pathlib import Path
 
 from .. import layout
-from ..cli import OneLineParser, add_study_arguments, duration
+from ..cli import OneLineParser, add_study_arguments, duration, program
 from ..dashboard import check_loggers
 from ..machine import allocator
 from ..pricing.gpu_hours import DEFAULT_GPU, DEVICE_RESULTS, GPU_CLASSES
@@ -67,14 +67,15 @@ from .write_errors import ResultsWriteError, one_line, write_error
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog="python -m ablations.run", description=__doc__.split("\n\n")[0],
+    p = OneLineParser(prog=program("ablations.run"), description=__doc__.split("\n\n")[0],
                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     add_study_arguments(p)
     p.add_argument("--workers", type=int,
                    help="local worker processes sharing the study (cores split); default: the fastest layout here, "
                         "one worker per core with one thread each for trials on the CPU, one for trials on a GPU")
-    p.add_argument("--results-dir", default=layout.RESULTS_DIR,
-                   help=f"where TensorBoard runs go (<dir>/{layout.RUNS}/<study>/)")
+    p.add_argument("--results-dir", default=layout.OUTPUT_DIR,
+                   help=f"where TensorBoard runs go (<dir>/{layout.RUNS}/<study>/; default {layout.OUTPUT_DIR}, which "
+                        f"git ignores; the committed studies are in {layout.RESULTS_DIR})")
     p.add_argument("--data-dir", help="data folder for folder datasets (cifar10, imagefolder, ...; fashion_mnist: "
                                       "optional, also found in Debian's dataset-fashion-mnist folder)")
     p.add_argument("--download", action="store_true",
@@ -94,8 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heartbeat", type=int, default=HEARTBEAT_S, help="trial heartbeat interval, seconds")
     p.add_argument("--grace", type=int, default=GRACE_S, help="seconds without heartbeat before a trial is retried")
     p.add_argument("--logger", action="append", default=[], metavar="NAME", dest="loggers",
-                   help="an extra logger per trial besides TensorBoard (repeatable): csv (<run>/csv/metrics.csv) or "
-                        "mlflow (local SQLite store <results-dir>/runs/<study>/mlflow.db)")
+                   help="an extra logger per trial besides TensorBoard (repeatable): csv (<run>/csv/metrics.csv), "
+                        "mlflow (local SQLite store <results-dir>/runs/<study>/mlflow.db) or wandb (Weights & Biases, "
+                        "project <study>, a row's seeds grouped; offline unless you are logged in or WANDB_MODE says "
+                        "otherwise: <results-dir>/runs/<study>/wandb)")
     p.add_argument("--import-runs", metavar="RUNS_CSV",
                    help="continue the study from a runs.csv of its report made elsewhere (another machine, a lost "
                         "storage): its completed trials join this storage as done and only the other points train")
@@ -248,6 +251,7 @@ def _main(args: argparse.Namespace) -> int:
                     tuned = None
                 stored = stored.joined(imported_done(args.import_runs, spec, study_name, retrain, stored.finished,
                                                      tuned))
+        _say_budget_and_data(spec, overrides)
         return dry_run(spec, overrides, gpu=args.gpu, results_dir=Path(args.results_dir), workers=args.workers,
                        stored=stored, measure=args.measure, stack=args.stack, retrain_modes=tuple(args.retrain_mode),
                        import_runs=Path(args.import_runs) if args.import_runs else None)
@@ -272,16 +276,17 @@ def _main(args: argparse.Namespace) -> int:
         return work(spec, storage, study_name, args, overrides, tuned=stored_choice(storage, study_name))
 
     study = create_study(spec, storage, study_name, seed=0)  # refuses a stored study of other overrides
+    stored = study.user_attrs.get(TUNE_GRID) if spec.tune is not None else None
+    if stored is not None and stored != spec.tune.as_dict():
+        raise ValueError(f"study '{study_name}' chose its learning rates with the tuning grid {stored}; the study "
+                         f"file now has {spec.tune.as_dict()}: its reported trials would mix two choices. Pass "
+                         "--study-name NEW_NAME for a new study, or restore the file's tune section")
+    _say_budget_and_data(spec, overrides)
     _warn_earlier_forms(storage, study_name, study, tune=spec.tune is not None)
     if spec.overrides:
         print(f"--set {describe(spec.overrides)}: its own stored study '{study_name}' (a study never mixes two "
               "configurations)", file=sys.stderr)
     if spec.tune is not None:
-        stored = study.user_attrs.get(TUNE_GRID)
-        if stored is not None and stored != spec.tune.as_dict():
-            raise ValueError(f"study '{study_name}' chose its learning rates with the tuning grid {stored}; the study "
-                             f"file now has {spec.tune.as_dict()}: its reported trials would mix two choices. Pass "
-                             "--study-name NEW_NAME for a new study, or restore the file's tune section")
         if stored is None:
             code = _tune(spec, storage, tune_name(study_name), args, overrides, study)
             if code:
@@ -318,6 +323,21 @@ def _contend(spec, storage, study_name: str, args: argparse.Namespace, overrides
         return 0
     stage, name, contend_study = contend
     return run_grid(stage, storage, name, args, overrides, stage="contend", study=contend_study)
+
+
+def _say_budget_and_data(spec, overrides: dict) -> None:
+    """Lines on stderr before anything runs: what the budget changes against the study's default (its data kept or
+    swapped, said either way), and each dataset the points train on as it will be read (an image folder: its
+    images, and the channels, size, patch and augmentation chosen for them)."""
+    import data
+
+    from ..studies.budgets import budget_line
+
+    line = budget_line(spec)
+    if line:
+        print(line, file=sys.stderr)
+    for config in data_configs(spec, overrides):
+        print(f"data: {data.describe(config)}", file=sys.stderr)
 
 
 def _warn_earlier_forms(storage, study_name: str, study, tune: bool) -> None:
@@ -415,14 +435,22 @@ def _overrides(args: argparse.Namespace) -> dict:
     return overrides
 
 
+def size_text(spec) -> str:
+    """A study's trials under one budget as the progress bars count them: ``reported+tuning`` (the tuning stage's
+    starting grid; an evidence budget's may extend at its edges), or the reported trials alone without one."""
+    return f"{spec.size}+{spec.tune_stage().size}" if spec.tune is not None else str(spec.size)
+
+
 def _list(studies: dict, budgets: tuple, load_spec) -> int:
-    """One line per study: its kind, its size under each budget it defines ('—' where it defines none) and the
-    start of its description."""
+    """One line per study: its kind, its trials under each budget it defines (:func:`size_text`; '—' where it
+    defines none) and the start of its description; then what the sizes count."""
     print(f"{'study':<20} {'kind':<7} " + " ".join(f"{b:>8}" for b in budgets) + "  description")
     for name in studies:
         default = load_spec(name)
-        sizes = [str(load_spec(name, b).size) if b in default.budgets else "—" for b in budgets]
+        sizes = [size_text(load_spec(name, b)) if b in default.budgets else "—" for b in budgets]
         print(f"{name:<20} {default.kind:<7} " + " ".join(f"{s:>8}" for s in sizes) + f"  {default.description[:70]}")
+    print("trials: reported+tuning (the tuning stage runs first; at the default, gpu and paper budgets its grid may "
+          "extend while a row's best rate is at an edge)")
     return 0
 
 

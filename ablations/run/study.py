@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
+from .. import layout
+from ..report.notes import READING_ATTR, reading_line
 from ..studies.overrides import check_stored
 from ..studies.spec import TUNE_EXTRA, TUNED_LR
 from ..studies.storage import point_key, repeated_results
@@ -177,6 +179,9 @@ def measure_modes(spec, overrides: dict, results_dir: Path) -> None:
         if torch.cuda.is_available():  # accelerator auto trains on the GPU: its rule needs no measurement
             return
         size = model_size(config, shape["img_size"], patch, shape["in_chans"], shape["num_classes"])
+        print(f"precision auto, width {cell[0]}, {cell[1]} tokens, {threads} thread(s): timing the four precision "
+              "modes on this CPU before the first trial (about a minute, once per machine: cached in "
+              f"{layout.device_dir(results_dir)})", file=sys.stderr, flush=True)
         before = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
@@ -308,7 +313,8 @@ def data_configs(spec, overrides: dict) -> list:
         points = stage.grid() if stage.kind == "grid" else [{"variant": v.label} for v in stage.variants]
         for params in points:
             config = stage.run_config(params, overrides)
-            found.setdefault((config.dataset, config.data_dir, repr(sorted(config.dataset_options.items()))), config)
+            found.setdefault((config.dataset, config.data_dir, repr(sorted(config.dataset_options.items())),
+                              config.patch_size), config)
     return list(found.values())
 
 
@@ -317,7 +323,8 @@ def check_data_folder(config) -> None:
     import data
 
     try:
-        data.build_datamodule(config.dataset, data_dir=config.data_dir, **config.dataset_options)
+        data.build_datamodule(config.dataset, data_dir=config.data_dir,
+                              **data.fitted_options(config.dataset, config.dataset_options, config.patch_size))
     except TypeError as exc:
         raise ValueError(f"invalid dataset option for '{config.dataset}': {exc}") from None
 
@@ -337,6 +344,8 @@ def create_study(spec, storage, study_name: str, seed: int):
     sampler = optuna.samplers.TPESampler(seed=seed)
     study = optuna.create_study(storage=storage, study_name=study_name, direction=spec.direction, sampler=sampler,
                                 pruner=_make_pruner(spec), load_if_exists=True)
+    if spec.kind == "grid" and READING_ATTR not in study.user_attrs:  # set first: optuna-dashboard lists it first
+        study.set_user_attr(READING_ATTR, reading_line(None))
     check_same_choices(study, spec)
     check_stored(study, spec)
     if study.metric_names is None:

@@ -115,17 +115,19 @@ def run_grid(spec, storage, study_name: str, args, overrides: dict, *, stage: st
         follow_study_file(study, spec, storage)
         retry_failed_points(study, spec, storage)
     total = spec.size if spec.kind == "grid" else (args.n_trials or spec.n_trials)
-    print(f"study '{study_name}' ({spec.kind}{', tuning stage' if stage == 'tune' else ''}, {total} trials) in "
+    part = stage_text(spec, stage)
+    print(f"study '{study_name}' ({spec.kind}{f', {part}' if part else ''}: {total} trials) in "
           f"{redact(args.storage)}; TensorBoard: tensorboard --logdir {layout.runs_dir(args.results_dir, study_name)}",
           file=sys.stderr)
     measure_modes(spec, overrides, Path(args.results_dir))
     _say_kept_modes(spec, storage, study_name, args, overrides)
     started = time.time()
+    desc = f"{study_name} [{part}]" if part else study_name
     if args.workers == 1:
         work(spec, storage, study_name, args, overrides, progress_total=None if args.no_progress else total,
-              tuned=tuned)
+              tuned=tuned, desc=desc)
     else:
-        _spawn_workers(args, storage, study_name, total, grid_keys(spec), stage=stage)
+        _spawn_workers(args, storage, study_name, total, grid_keys(spec), stage=stage, desc=desc)
         # A worker stopped on its own (one machine preempted) fails its trial while it saves; when the other workers
         # had already run out of points by then, nobody took it over: train it now, resuming from its checkpoint.
         while spec.kind == "grid":
@@ -134,8 +136,21 @@ def run_grid(spec, storage, study_name: str, args, overrides: dict, *, stage: st
             if not retried:
                 break
             _spawn_workers(args, storage, study_name, total, grid_keys(spec), stage=stage,
-                           count=min(args.workers, len(retried)))
+                           count=min(args.workers, len(retried)), desc=desc)
     return _finish(study_name, storage, spec, time.time() - started)
+
+
+#: how a stage of a study with a tuning stage is named on its first line and progress bar
+STAGE_NAMES = {"tune": "tuning stage", "report": "reported grid", "contend": "contending rates",
+               "round": "second look"}
+
+
+def stage_text(spec, stage: str) -> str:
+    """Which stage of a study with a tuning stage runs (its progress bar and first line say it): the tuning stage
+    first, then the reported grid, then any contending rates or second look; empty for a study without one."""
+    if stage == "report" and spec.tune is None:
+        return ""
+    return STAGE_NAMES.get(stage, stage)
 
 
 def _say_kept_modes(spec, storage, study_name: str, args, overrides: dict) -> None:
@@ -165,7 +180,7 @@ def quiet() -> None:
 
 
 def work(spec, storage, study_name: str, args, overrides: dict, progress_total: int | None = None,
-          tuned: dict[str, float] | None = None) -> int:
+          tuned: dict[str, float] | None = None, desc: str | None = None) -> int:
     """One worker: take enqueued grid points (or sample search points) until none are left."""
     import optuna
     from optuna.trial import TrialState
@@ -180,7 +195,7 @@ def work(spec, storage, study_name: str, args, overrides: dict, progress_total: 
                           kept_from=(storage, study_name, spec.stage, tuple(getattr(args, "retrain_mode", ()))))
     keep = objective.refresh_kept  # the study's mode as its completed runs have it, read before each trial or stack
     grid = grid_keys(spec)
-    bar = _progress(study, progress_total, grid)
+    bar = _progress(study, progress_total, grid, desc)
 
     def between() -> None:  # before each stack of trials: stop signals, dead workers' trials, the mode, progress
         check_stopping()
@@ -234,16 +249,17 @@ def _search_budget_spent(study, n_trials: int) -> bool:
                for t in trials) >= n_trials
 
 
-def _progress(study, total: int | None, grid: set[str] | None = None):
+def _progress(study, total: int | None, grid: set[str] | None = None, desc: str | None = None):
     if total is None:
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, initial=count_done(study, grid), desc=study.study_name, unit="trial", dynamic_ncols=True)
+    return tqdm(total=total, initial=count_done(study, grid), desc=desc or study.study_name, unit="trial",
+                dynamic_ncols=True)
 
 
 def _spawn_workers(args, storage, study_name: str, total: int, grid: set[str] | None = None,
-                   stage: str = "report", count: int | None = None) -> None:
+                   stage: str = "report", count: int | None = None, desc: str | None = None) -> None:
     """``count`` (default ``--workers``) local processes on the same study, each with its share of the cores and its
     own sampler seed. On Ctrl-C or SIGTERM the workers are stopped the same way (:func:`_stop_workers`) before this
     process exits."""
@@ -256,7 +272,7 @@ def _spawn_workers(args, storage, study_name: str, total: int, grid: set[str] | 
             procs.append(subprocess.Popen([sys.executable, "-m", "ablations.run", *argv, "--worker-index", str(i),
                                            "--no-progress", "--study-name", study_name, "--stage", stage]))
         if not args.no_progress:
-            bar = _progress(optuna.load_study(study_name=study_name, storage=storage), total, grid)
+            bar = _progress(optuna.load_study(study_name=study_name, storage=storage), total, grid, desc)
         while any(p.poll() is None for p in procs):
             check_stopping()
             time.sleep(2)
@@ -371,6 +387,24 @@ def await_other_workers(spec, storage, study_name: str, poll_s: float = AWAIT_PO
         time.sleep(poll_s)
 
 
+def _say_below_floor(study, spec, study_name: str) -> None:
+    """One line when completed trials ended below the study's floor (they count as failed to train), with the
+    likely causes (:mod:`ablations.studies.advice`)."""
+    from optuna.trial import TrialState
+
+    from ..studies.advice import below_floor_line
+
+    if spec.floor is None:
+        return
+    done = [t.user_attrs for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
+    failed = [(attrs, attrs.get("config") or {}) for attrs in done
+              if spec.floor.failed(attrs.get(spec.floor.metric),
+                                   attrs.get("num_classes") or (attrs.get("config") or {}).get("num_classes"))]
+    line = below_floor_line(failed, len(done), spec.floor, what=f"completed trials of '{study_name}'")
+    if line:
+        print(line, file=sys.stderr)
+
+
 def _finish(study_name: str, storage, spec, elapsed: float) -> int:
     import optuna
     from optuna.trial import TrialState
@@ -379,6 +413,7 @@ def _finish(study_name: str, storage, spec, elapsed: float) -> int:
     counts = {s.name.lower(): len(study.get_trials(deepcopy=False, states=(s,))) for s in TrialState}
     print(f"study '{study_name}': {counts['complete']} complete, {counts['pruned']} pruned, {counts['fail']} failed, "
           f"{counts['running']} running, {counts['waiting']} waiting; {elapsed:.0f} s this run", file=sys.stderr)
+    _say_below_floor(study, spec, study_name)
     missing = counts["waiting"] + (spec.size - count_done(study, grid_keys(spec)) if spec.kind == "grid" else 0)
     if 0 < missing <= counts["running"] and not counts["waiting"]:
         # Independent workers (other machines, a SLURM array): the last points are being trained by the others.

@@ -32,7 +32,8 @@ A study file (see ``ablations/studies/*.yaml``) says what to run, never how::
          variant: layerscale, baseline: standard, direction: higher, depth: 12}
       - {id: reattn_similarity, claim: "...", source: "...", testable: false, reason: "..."}
 
-**Shared settings** (``extends:``): a study file may name a base file, its path relative to the study file::
+**Shared settings** (``extends:``): a study file may name a base file, its path relative to the study file, else
+to ``ablations/studies/`` (so a study file anywhere finds the shared protocol)::
 
     extends: protocol/mnist5k.yaml   # ablations/studies/protocol/: the protocol the committed studies share
 
@@ -47,7 +48,11 @@ budgets); the study file is laid over it, and what results is loaded as if it we
   a budget's ``add_variants`` appends its rows to the study's instead (e.g. a control a larger size needs);
 - a key of the base file the study does not set stays; a mapping's keys keep the base file's order, then the
   study's new ones (an axis' place sets the grid's order);
-- a base file may extend another; a file that extends itself (directly or not) is refused.
+- a base file may extend another; a file that extends itself (directly or not) is refused;
+- a study whose ``base`` sets ``dataset`` keeps its data under every budget of its base file: the base file's
+  ``dataset``, ``data_dir``, ``dataset_options`` and ``patch_size`` (:data:`DATA_FIELDS`), in its ``base`` and in
+  its budgets', do not apply to it. The protocol's ``smoke`` and ``quick`` budgets shrink such a study (epochs, seeds,
+  rates, width) on its own images; a budget of the study file itself may still change its data.
 
 Only the files directly in ``ablations/studies/`` are studies (``--list``, ``--study NAME``): base files live in
 a folder below it. ``--dry-run`` prints the resolved base of the trials, and the report writes the resolved study
@@ -91,6 +96,10 @@ from .rules import VerdictRules
 from .rules import parse as parse_rules
 
 STUDY_DIR = Path(__file__).parent  # the study files beside this loader
+PROTOCOL = STUDY_DIR / "protocol" / "mnist5k.yaml"  # the shared protocol of the committed studies
+#: the fields that say which images a study trains on and how they are cut into tokens: a study file that sets
+#: ``dataset`` in its ``base`` takes none of them from its base file or its base file's budgets (``_without_data``)
+DATA_FIELDS = ("dataset", "data_dir", "dataset_options", "patch_size")
 BUDGETS = ("smoke", "quick", "default", "gpu", "paper")
 #: budgets that check a study runs (smoke) or give a first look in minutes (quick): too few seeds for evidence, and
 #: the run and every report table say so (:meth:`StudySpec.first_look`)
@@ -192,11 +201,17 @@ class Floor:
     metric: str = "final_val_acc"
     chance_multiple: float = 2.0
 
+    def threshold(self, num_classes: int | None) -> float:
+        """The accuracy below which a run failed: ``chance_multiple`` × chance level (classes unknown: 10), at most
+        halfway from chance to 100% (5× chance of two classes would be 250%: every run would fail)."""
+        chance = 1 / (num_classes or 10)
+        return min(self.chance_multiple * chance, (1 + chance) / 2)
+
     def failed(self, value: float | None, num_classes: int | None) -> bool:
         """Whether a run with this metric value (None: no value) trained below the floor (classes unknown: 10)."""
         if value is None:
             return False
-        return value < self.chance_multiple / (num_classes or 10)
+        return value < self.threshold(num_classes)
 
     def text(self) -> str:
         return f"{self.metric} below {self.chance_multiple:g}x chance level"
@@ -519,12 +534,37 @@ def _read_study_file(path: Path, chain: tuple[Path, ...] = ()) -> dict:
     extends = raw.pop("extends")
     if not isinstance(extends, str) or not extends.strip():
         raise ValueError(f"{where}: 'extends' must be the path of a base file, relative to the study file")
-    base_path = (path.parent / extends).resolve()
-    if not base_path.is_file():
-        raise ValueError(f"{where}: extends '{extends}', but '{base_path}' does not exist")
+    base_path = _base_file(path, extends, where)
     if base_path in chain or base_path == path.resolve():
         raise ValueError(f"{where}: extends '{extends}', which extends it in turn (a circle of base files)")
-    return _laid_over(_read_study_file(base_path, (*chain, path.resolve())), raw)
+    inherited = _read_study_file(base_path, (*chain, path.resolve()))
+    if "dataset" in (raw.get("base") or {}):
+        inherited = _without_data(inherited)
+    return _laid_over(inherited, raw)
+
+
+def _base_file(path: Path, extends: str, where: str) -> Path:
+    """The base file ``extends`` names: a path relative to the study file, else to the committed studies' folder
+    (``protocol/mnist5k.yaml`` finds the shared protocol from a study file anywhere); ValueError naming both."""
+    candidates = [(path.parent / extends).expanduser().resolve(), (STUDY_DIR / extends).resolve()]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    raise ValueError(f"{where}: extends '{extends}', but '{candidates[0]}' does not exist (nor '{candidates[1]}'); "
+                     f"the path is relative to the study file or to {STUDY_DIR}: the shared protocol is "
+                     f"'extends: {PROTOCOL.relative_to(STUDY_DIR)}'")
+
+
+def _without_data(inherited: dict) -> dict:
+    """A base file's mapping without the data it would give a study that names its own dataset: the
+    :data:`DATA_FIELDS` of its ``base`` and of each budget's ``base``. A budget inherited from a base file shrinks a
+    study (epochs, seeds, rates, width), never swaps its data; a budget of the study file itself may."""
+    out = copy.deepcopy(inherited)
+    for section in [out.get("base"), *[(b or {}).get("base") for b in (out.get("budgets") or {}).values()]]:
+        for key in DATA_FIELDS:
+            if isinstance(section, dict):
+                section.pop(key, None)
+    return out
 
 
 def _laid_over(earlier: dict, later: dict) -> dict:

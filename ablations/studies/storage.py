@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from ..layout import DEFAULT_STORAGE  # noqa: F401 (re-exported: sqlite:///results/optuna.db)
+from ..layout import DEFAULT_STORAGE  # noqa: F401 (re-exported: sqlite:///outputs/optuna.db)
 from .stopping import held_during
 
 # Imported where they are used, not here: SQLAlchemy and Optuna. Each takes from a tenth of a second to seconds to
