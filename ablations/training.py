@@ -22,6 +22,7 @@ NaN; booleans as 0/1.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -121,9 +122,7 @@ def train_augment(config: RunConfig):
     """The recipe's per-image augmentation of ``config`` as the DataModules take it (:class:`data.TrainAugment`)."""
     from data import TrainAugment
 
-    return TrainAugment(crop_padding_mode=config.crop_padding_mode, rand_augment_ops=config.rand_augment_ops,
-                        rand_augment_magnitude=config.rand_augment_magnitude, color_jitter=config.color_jitter,
-                        random_erasing=config.random_erasing)
+    return TrainAugment(**{f.name: getattr(config.augmentation, f.name) for f in dataclasses.fields(TrainAugment)})
 
 
 def build_model(config: RunConfig, datamodule: Any):
@@ -132,8 +131,8 @@ def build_model(config: RunConfig, datamodule: Any):
 
     try:
         return ViTClassifier(
-            config.model_config(datamodule_shape(datamodule)), optim=config.optim_config(),
-            max_epochs=config.max_epochs, seed=config.seed,
+            config.model_config(datamodule_shape(datamodule)), optim=config.optim,
+            max_epochs=config.trainer.max_epochs, seed=config.trainer.seed,
             mixup=mixup_options(config) if config.mixes else None,
         )
     except (TypeError, ValueError) as exc:
@@ -148,8 +147,9 @@ def datamodule_shape(datamodule: Any) -> dict[str, int]:
 
 def mixup_options(config: RunConfig) -> dict[str, float]:
     """The recipe's Mixup/CutMix settings as ``ViTClassifier(mixup=...)`` takes them (timm.data.Mixup's names)."""
-    return {"mixup_alpha": config.mixup_alpha, "cutmix_alpha": config.cutmix_alpha, "prob": config.mixup_prob,
-            "switch_prob": config.mixup_switch_prob}
+    aug = config.augmentation
+    return {"mixup_alpha": aug.mixup_alpha, "cutmix_alpha": aug.cutmix_alpha, "prob": aug.mixup_prob,
+            "switch_prob": aug.mixup_switch_prob}
 
 
 def diagnostics_callback(config: RunConfig, datamodule: Any) -> Any:

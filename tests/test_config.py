@@ -9,17 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from ablations.cli import parse_value
+from ablations.cli import option_name, parse_value
 from ablations.config import (
     ATTENTION_NAMES,
     DATASET_NAMES,
     INIT_VALUE_OPTIONS,
     NORM_LAYER_NAMES,
+    OPTIONS,
     RESIDUAL_NAMES,
     RunConfig,
-    config_fields,
 )
-from ablations.train import build_parser, config_from_args, option_name
+from ablations.train import build_parser, config_from_args
+from lit_modules.config import OptimConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -92,6 +93,36 @@ def test_from_dict_to_dict_replace():
         c.replace(depth=-1)
     with pytest.raises(ValueError, match="unknown config key 'dept'; valid keys: residual"):
         RunConfig.from_dict({"dept": 3})
+
+
+def test_one_tree_read_by_flat_names_paths_and_subtrees():
+    """The optimiser, model, data and trainer settings are the run's own subtrees: ``lr`` is ``optim.lr``, given by
+    its flat name, its path, a nested mapping or a whole ``OptimConfig``, and ``to_dict`` (what a study stores) keeps
+    the flat names while ``to_tree`` nests them."""
+    c = RunConfig(lr=2e-3, **{"model.depth": 6}, trainer={"max_epochs": 3})
+    assert c.optim.lr == c.lr == 2e-3 and c.model.depth == c.depth == 6 and c.trainer.max_epochs == 3
+    assert isinstance(c.optim, OptimConfig) and c.optim == OptimConfig(lr=2e-3)
+    assert RunConfig(optim=OptimConfig(lr=5e-4)).lr == 5e-4
+    assert RunConfig(optim=OptimConfig(lr=5e-4), lr=1e-4).lr == 1e-4  # a leaf named on its own wins
+    tree = c.to_tree()
+    assert tree["optim"]["lr"] == 2e-3 and tree["model"]["depth"] == 6 and tree["recipe"] == "basic"
+    assert RunConfig.from_dict(tree) == c and RunConfig.from_dict(c.to_dict()) == c
+    assert len(c.to_dict()) == len(OPTIONS) == 59 and "optim" not in c.to_dict()
+    assert c.replace(depth=8).optim is c.optim  # an unchanged subtree is passed on whole
+    assert c.model.img_size is None and c.model_config(
+        {"img_size": 8, "in_chans": 1, "num_classes": 10, "patch_size": 2}).img_size == 8  # the dataset's geometry
+    with pytest.raises(ValueError, match="unknown config key 'optim.depth'"):
+        RunConfig(optim={"depth": 3})
+
+
+def test_every_default_is_declared_once():
+    """A run's defaults are its subtrees' declarations: the backbone's the study preset's, the optimiser's
+    ``OptimConfig()`` (the basic recipe)."""
+    from lit_modules.config import PRESETS
+
+    c = RunConfig()
+    assert c.optim == OptimConfig() and c.model.replace(**{k: getattr(PRESETS["study"], k) for k in (
+        "img_size", "in_chans", "num_classes", "patch_size")}) == PRESETS["study"]
 
 
 def test_to_hparams_is_flat_scalars():
@@ -195,8 +226,8 @@ def test_cli_options_map_to_config():
 
 def test_help_lists_every_config_field_and_documents_it():
     text = build_parser().format_help()
-    for f in config_fields():
-        assert option_name(f.name, f.metadata["kind"]) in text, f.name
+    for leaf in OPTIONS.values():
+        assert option_name(leaf) in text, leaf.name
     for flag in ("--init-value", "--residual-option", "--json", "--log-dir", "--run-name", "--resume"):
         assert flag in text
     for action in build_parser()._actions:

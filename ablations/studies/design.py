@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..recipes import with_recipe
+from ..config import layer
 from .claims import Claim
 from .rules import VerdictRules
 
@@ -254,9 +254,9 @@ class StudySpec:
         prefix = f"{variant.label}."
         options |= {k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)}
         paper = RESIDUALS[variant.residual].paper_training if variant.residual in RESIDUALS else {}
-        fields = dict(self.base) | dict(paper)
-        fields = with_recipe(fields, dict(variant.overrides))  # a later recipe replaces earlier fields
-        fields = with_recipe(fields, {k: v for k, v in params.items() if k in self.axes})
+        fields = layer(self.base, paper)
+        fields = layer(fields, variant.overrides)  # a later recipe replaces earlier fields
+        fields = layer(fields, {k: v for k, v in params.items() if k in self.axes})
         fields |= {"residual": variant.residual, "residual_options": options}
         if variant.params_of is not None:  # a parameter-matched control: its MLP width matches the row at this point
             from .matched import matched_mlp_ratio, param_count

@@ -83,11 +83,10 @@ ones (at chance level in the pairs, as 0 in the tuning stage) and the tables sho
 from __future__ import annotations
 
 import copy
-import dataclasses
 from pathlib import Path
 from typing import Any
 
-from ..recipes import with_recipe
+from ..config import OPTIONS, flat, layer
 from ..tree import check_keys, merge
 from .claims import Claim, parse_claims
 from .design import (
@@ -213,8 +212,9 @@ def _without_data(inherited: dict) -> dict:
 
 def _laid_over(earlier: dict, later: dict) -> dict:
     """``later`` laid over ``earlier`` (a study file over its base file, a budget over its study): the one merge
-    (:func:`ablations.tree.merge`), a ``base`` by the recipe rule of a run's settings."""
-    return merge(earlier, later, at={"base": with_recipe})
+    (:func:`ablations.tree.merge`), a ``base`` by the rule of a run's settings (:func:`ablations.config.layer`: the
+    options' flat names, the recipe rule)."""
+    return merge(earlier, later, at={"base": layer})
 
 
 def _with_budget(raw: dict, budget: str, where: str) -> dict:
@@ -249,8 +249,7 @@ def _build(raw: dict, budget: str, source: str) -> StudySpec:
     merged = _with_budget(raw, budget, where)
     kind, direction = _choice(merged, "kind", "grid", ("grid", "search"), where), \
         _choice(merged, "direction", "maximize", ("maximize", "minimize"), where)
-    base = merged.get("base") or {}
-    _check_config_keys(base, f"{where} base")
+    base = _check_config_keys(merged.get("base") or {}, f"{where} base")
     variants = _variants(merged.get("variants"), where)
     labels = [v.label for v in variants]
     axes = _axes(merged.get("axes"), variants, where)
@@ -290,8 +289,7 @@ def _variants(raw: Any, where: str) -> tuple[Variant, ...]:
 
 def _axes(raw: Any, variants: tuple[Variant, ...], where: str) -> dict:
     """The grid's axes (config fields -> non-empty lists), and each row's ``tune_axes`` checked against them."""
-    axes = raw or {}
-    _check_config_keys(axes, f"{where} axes")
+    axes = _check_config_keys(raw or {}, f"{where} axes")
     for axis, values in axes.items():
         if not isinstance(values, list) or not values:
             raise ValueError(f"{where}: axis '{axis}' must be a non-empty list of values")
@@ -411,10 +409,10 @@ def _variant(raw: Any, where: str) -> Variant:
     if not isinstance(raw, dict) or "residual" not in raw:
         raise ValueError(f"{where}: each variant needs at least 'residual' (keys: {', '.join(_VARIANT_KEYS)})")
     check_keys(raw, _VARIANT_KEYS, f"{where} variant '{raw.get('label', raw['residual'])}'")
-    _check_config_keys(raw.get("overrides") or {}, f"{where} variant overrides")
+    overrides = _check_config_keys(raw.get("overrides") or {}, f"{where} variant overrides")
     label = str(raw.get("label", raw["residual"]))
     params_of = raw.get("params_of")
-    if params_of is not None and (not isinstance(params_of, str) or "mlp_ratio" in (raw.get("overrides") or {})):
+    if params_of is not None and (not isinstance(params_of, str) or "mlp_ratio" in overrides):
         raise ValueError(f"{where} variant '{label}': params_of names the label of the row whose parameter count "
                          f"this row's MLP width matches (then it sets no mlp_ratio itself), got {params_of!r}")
     tune_axes = raw.get("tune_axes") or {}
@@ -422,12 +420,14 @@ def _variant(raw: Any, where: str) -> Variant:
         raise ValueError(f"{where} variant '{label}': tune_axes maps an axis to the values this row's rate is tuned "
                          f"at (e.g. {{depth: [4]}}), got {tune_axes!r}")
     return Variant(label=label, residual=str(raw["residual"]), options=dict(raw.get("options") or {}),
-                   overrides=dict(raw.get("overrides") or {}), params_of=params_of,
+                   overrides=overrides, params_of=params_of,
                    tune_axes={k: list(v) for k, v in tune_axes.items()})
 
 
-def _check_config_keys(mapping: dict, where: str) -> None:
-    from ..config import RunConfig
-
-    valid = tuple(f.name for f in dataclasses.fields(RunConfig))
-    check_keys(mapping, valid, where)
+def _check_config_keys(mapping: dict, where: str) -> dict:
+    """``mapping``'s settings by their options' flat names (``optim.lr`` is ``lr``), each an option of RunConfig."""
+    if not isinstance(mapping, dict):
+        raise ValueError(f"{where} must be a mapping with keys: {', '.join(OPTIONS)}")
+    names = flat(mapping)
+    check_keys(names, tuple(OPTIONS), where)
+    return names
