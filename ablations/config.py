@@ -285,7 +285,8 @@ _DEFAULT_TREES = {f.name: f.default_factory() for f in dataclasses.fields(RunCon
 #: Every option of a run by its flat name (:func:`ablations.tree.leaves`), in the tree's order.
 OPTIONS: dict[str, Leaf] = leaves(RunConfig)
 _BY_PATH = {leaf.path: name for name, leaf in OPTIONS.items()}
-GROUPS: tuple[str, ...] = tuple(SUBTREES)
+#: The top of the tree, in order: the subtrees and the run's own options (the command line's option groups).
+GROUPS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(RunConfig))
 
 
 def flat(values: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> dict[str, Any]:
