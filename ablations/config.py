@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ablations.recipes import RECIPE_FIELDS, RECIPE_HELP, RECIPE_NAMES, AugmentConfig, recipe_values
-from ablations.tree import Leaf, coerce, in_range, leaves, merge, positive, subtrees
+from ablations.tree import Leaf, coerce, leaves, merge, subtrees
 from data.names import DATASET_NAMES
-from lit_modules.config import GEOMETRY, PRESETS, OptimConfig, ViTConfig
+from lit_modules.config import GEOMETRY, PRESETS, OptimConfig, ViTConfig, in_range, option, positive
 from lit_modules.names import (
     ATTENTION_NAMES,
     NORM_LAYER_NAMES,
@@ -60,28 +60,21 @@ ACCELERATORS: tuple[str, ...] = ("auto", "cpu", "gpu", "cuda")
 RUN_MODEL = PRESETS["study"].replace(**dict.fromkeys(GEOMETRY))
 
 
-def _opt(default: Any, help: str, choices: tuple[str, ...] = (), note: str = "") -> Any:
-    meta = {"help": help + (": " + ", ".join(choices) if choices else "") + note, "choices": choices}
-    if isinstance(default, dict):
-        return field(default_factory=dict, metadata=meta)
-    return field(default=default, metadata=meta)
-
-
 @dataclass(frozen=True)
 class DataConfig:
     """The dataset, its split into train/val/test, and how batches are loaded."""
 
-    dataset: str = _opt("digits", "dataset", DATASET_NAMES)
-    data_dir: str | None = _opt(None, "data folder (needed by mnist, cifar10/100, svhn, imagefolder; fashion_mnist "
+    dataset: str = option("digits", "dataset", DATASET_NAMES)
+    data_dir: str | None = option(None, "data folder (needed by mnist, cifar10/100, svhn, imagefolder; fashion_mnist "
                                       "looks here first, then in Debian's dataset-fashion-mnist folder)")
-    batch_size: int = _opt(128, "batch size per device")
-    val_fraction: float = _opt(0.2, "val share of a pool (or of an official train split), drawn with the run's seed")
-    test_fraction: float = _opt(0.2, "held-out test share of a pool, the same images for every seed (datasets with "
+    batch_size: int = option(128, "batch size per device")
+    val_fraction: float = option(0.2, "val share of a pool (or of an official train split), drawn with the run's seed")
+    test_fraction: float = option(0.2, "held-out test share of a pool, the same images for every seed (datasets with "
                                      "an official test split use it); 0: no test split, val as before the test split")
-    augment: bool = _opt(True, "training augmentation: the dataset's own crop/flip plus the recipe's (off: none, no "
+    augment: bool = option(True, "training augmentation: the dataset's own crop/flip plus the recipe's (off: none, no "
                                "Mixup)")
-    dataset_options: dict[str, Any] = _opt({}, "extra dataset arguments, e.g. num_samples=512 (synthetic)")
-    num_workers: int = _opt(0, "DataLoader workers (in-memory datasets ignore it)")
+    dataset_options: dict[str, Any] = option({}, "extra dataset arguments, e.g. num_samples=512 (synthetic)")
+    num_workers: int = option(0, "DataLoader workers (in-memory datasets ignore it)")
 
     def check(self) -> None:
         positive("batch_size", self.batch_size)
@@ -97,23 +90,23 @@ class DataConfig:
 class TrainerConfig:
     """How long, where and in which arithmetic the run trains, and what it measures on the way."""
 
-    max_epochs: int = _opt(30, "training epochs")
-    seed: int = _opt(0, "seed of the model init, the data split, shuffling and augmentation")
-    threads: int | None = _opt(None, "torch.set_num_threads (None: all cores)")
-    precision: str = _opt("auto", "Lightning precision", PRECISIONS, " (auto: the fastest measured for the device, "
+    max_epochs: int = option(30, "training epochs")
+    seed: int = option(0, "seed of the model init, the data split, shuffling and augmentation")
+    threads: int | None = option(None, "torch.set_num_threads (None: all cores)")
+    precision: str = option("auto", "Lightning precision", PRECISIONS, " (auto: the fastest measured for the device, "
                                                                      "together with the attention kernel unless "
                                                                      "fused_attn is given)")
-    accuracy_thresholds: tuple[float, ...] = _opt((0.5, 0.8, 0.9, 0.95), "absolute val accuracies for "
+    accuracy_thresholds: tuple[float, ...] = option((0.5, 0.8, 0.9, 0.95), "absolute val accuracies for "
                                                                          "epochs_to_acc_<t>")
-    diagnostics_every: int = _opt(0, "residual diagnostics every N epochs (0: off)")
-    diagnostics_batch_size: int = _opt(64, "images in the fixed diagnostics batch")
-    diagnostics_sim_k: int = _opt(3, "DeepViT similarity against the K following blocks (the paper's K was not "
+    diagnostics_every: int = option(0, "residual diagnostics every N epochs (0: off)")
+    diagnostics_batch_size: int = option(64, "images in the fixed diagnostics batch")
+    diagnostics_sim_k: int = option(3, "DeepViT similarity against the K following blocks (the paper's K was not "
                                      "retrieved)")
-    accelerator: str = _opt("auto", "where to train", ACCELERATORS, " (auto: cuda if available, else cpu)")
-    devices: int | Literal["auto"] = _opt(1, "devices per node (an int or auto)")
-    strategy: str = _opt("auto", "Lightning strategy (auto, ddp, ddp_spawn, ...)")
-    compile: bool = _opt(False, "compile the backbone in place (model.compile(); slow start on CPU)")
-    stream_kernels: str = _opt("auto", "Hyper-Connections' and mHC's per-token passes", STREAM_KERNEL_NAMES,
+    accelerator: str = option("auto", "where to train", ACCELERATORS, " (auto: cuda if available, else cpu)")
+    devices: int | Literal["auto"] = option(1, "devices per node (an int or auto)")
+    strategy: str = option("auto", "Lightning strategy (auto, ddp, ddp_spawn, ...)")
+    compile: bool = option(False, "compile the backbone in place (model.compile(); slow start on CPU)")
+    stream_kernels: str = option("auto", "Hyper-Connections' and mHC's per-token passes", STREAM_KERNEL_NAMES,
                                " (auto: compiled on a CPU where torch.compile builds kernels, eager on a GPU or with "
                                "--compile; the same function)")
 
@@ -144,7 +137,7 @@ class RunConfig:
 
     model: ViTConfig = field(default_factory=lambda: RUN_MODEL)
     data: DataConfig = field(default_factory=DataConfig)
-    recipe: str = _opt("basic", "training recipe, the default of every option marked 'recipe'", RECIPE_NAMES,
+    recipe: str = option("basic", "training recipe, the default of every option marked 'recipe'", RECIPE_NAMES,
                        " (" + "; ".join(f"{k}: {v}" for k, v in RECIPE_HELP.items()) + ")")
     augmentation: AugmentConfig = field(default_factory=AugmentConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)

@@ -45,20 +45,13 @@ fields from the study's own ``base`` (the default budget's optimiser settings ar
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from lit_modules.config import OptimConfig
-
-from .tree import in_range
+from lit_modules.config import OptimConfig, in_range, option
 
 #: Padding of the random crop (``AugmentConfig.crop_padding_mode``): zeros, or the image mirrored at its border.
 PADDING_MODES: tuple[str, ...] = ("constant", "reflect")
-
-
-def _opt(default: Any, help: str, choices: tuple[str, ...] = ()) -> Any:
-    return field(default=default, metadata={"help": help + (": " + ", ".join(choices) if choices else ""),
-                                            "choices": choices})
 
 
 @dataclass(frozen=True)
@@ -66,16 +59,16 @@ class AugmentConfig:
     """The training augmentation a recipe sets, per image (on top of the dataset's own crop and flip) and per batch
     (Mixup / CutMix). The defaults are the ``basic`` recipe's: none of it."""
 
-    crop_padding_mode: str = _opt("constant", "padding of the random crop", PADDING_MODES)
-    rand_augment_ops: int = _opt(0, "RandAugment ops per image (0: off)")
-    rand_augment_magnitude: int = _opt(9, "RandAugment magnitude (of 31 bins)")
-    color_jitter: tuple[float, ...] = _opt((), "colour jitter brightness contrast saturation hue (0: off; one value "
+    crop_padding_mode: str = option("constant", "padding of the random crop", PADDING_MODES)
+    rand_augment_ops: int = option(0, "RandAugment ops per image (0: off)")
+    rand_augment_magnitude: int = option(9, "RandAugment magnitude (of 31 bins)")
+    color_jitter: tuple[float, ...] = option((), "colour jitter brightness contrast saturation hue (0: off; one value "
                                                 "v: v v v 0)")
-    random_erasing: float = _opt(0.0, "random-erasing probability per image")
-    mixup_alpha: float = _opt(0.0, "Mixup Beta(alpha, alpha) (0: off)")
-    cutmix_alpha: float = _opt(0.0, "CutMix Beta(alpha, alpha) (0: off)")
-    mixup_prob: float = _opt(1.0, "probability of mixing a batch at all")
-    mixup_switch_prob: float = _opt(0.5, "probability of CutMix instead of Mixup when both are on")
+    random_erasing: float = option(0.0, "random-erasing probability per image")
+    mixup_alpha: float = option(0.0, "Mixup Beta(alpha, alpha) (0: off)")
+    cutmix_alpha: float = option(0.0, "CutMix Beta(alpha, alpha) (0: off)")
+    mixup_prob: float = option(1.0, "probability of mixing a batch at all")
+    mixup_switch_prob: float = option(0.5, "probability of CutMix instead of Mixup when both are on")
 
     def __post_init__(self) -> None:  # one jitter value v is (v, v, v, 0); all zero is off
         jitter = tuple(self.color_jitter)

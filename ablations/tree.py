@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -171,24 +170,6 @@ _SCALARS: dict[Any, Callable[[Any], Any]] = {
 _WORDS = {type(None): "None", int: "an integer", float: "a number", str: "a string", bool: "true or false",
           tuple: "a list of numbers", dict: "a mapping of option names to values",
           Mapping: "a mapping of option names to values"}
-
-
-def positive(name: str, value: int) -> None:
-    """A one-line ValueError unless ``value`` is above 0."""
-    if not value > 0:
-        raise ValueError(f"{name} must be a positive integer, got {value}")
-
-
-def in_range(name: str, value: float, low: float, high: float, low_open: bool = False,
-             high_open: bool = False) -> None:
-    """A one-line ValueError unless ``value`` lies between ``low`` and ``high`` (open ends excluded; NaN never)."""
-    ok = not math.isnan(value) and (value > low if low_open else value >= low) and (
-        value < high if high_open else value <= high)
-    if not ok and high == math.inf:
-        raise ValueError(f"{name} must be {'>' if low_open else '>='} {low:g}, got {value:g}")
-    if not ok:
-        lo, hi = "(" if low_open else "[", ")" if high_open else "]"
-        raise ValueError(f"{name} must be in {lo}{low:g}, {high:g}{hi}, got {value:g}")
 
 
 def merge(earlier: Mapping, later: Mapping, at: Mapping[str, Callable[[Any, Any], Any]] | None = None) -> dict:

@@ -35,7 +35,7 @@ from .names import (
 GLOBAL_POOLS: tuple[str, ...] = ("token", "avg")
 
 
-def _opt(default: Any, help: str, choices: tuple[str, ...] = (), note: str = "") -> Any:
+def option(default: Any, help: str, choices: tuple[str, ...] = (), note: str = "") -> Any:
     """A field a run sets (an option of ``ablations.config.RunConfig`` and its command line): its default, the help
     line (``choices`` appended, then ``note``) and the names it takes (checked by the run's config)."""
     meta = {"help": help + (": " + ", ".join(choices) if choices else "") + note, "choices": choices}
@@ -54,46 +54,46 @@ class ViTConfig:
     (``lit_modules.parametrization``).
     ``fused_attn=None`` keeps timm's default. ``qk_norm`` also takes timm's boolean (True: ``"layernorm"``)."""
 
-    residual: str = _opt("standard", "residual variant", RESIDUAL_NAMES)
-    residual_options: Mapping[str, Any] = _opt(
+    residual: str = option("standard", "residual variant", RESIDUAL_NAMES)
+    residual_options: Mapping[str, Any] = option(
         {}, "the variant's own options, e.g. init_value=1e-5 (layerscale), form=rw (laurel)")
     img_size: int | None = 32  # the geometry (None: the dataset's, until resolved: ablations.config.RunConfig)
-    patch_size: int | None = _opt(4, "patch side in pixels (None: the dataset's default)")
+    patch_size: int | None = option(4, "patch side in pixels (None: the dataset's default)")
     in_chans: int | None = 3
     num_classes: int | None = 10
-    embed_dim: int = _opt(192, "token width")
-    depth: int = _opt(12, "number of transformer blocks")
-    num_heads: int = _opt(3, "attention heads (must divide embed_dim)")
-    mlp_ratio: float = _opt(4.0, "MLP hidden width / embed_dim")
+    embed_dim: int = option(192, "token width")
+    depth: int = option(12, "number of transformer blocks")
+    num_heads: int = option(3, "attention heads (must divide embed_dim)")
+    mlp_ratio: float = option(4.0, "MLP hidden width / embed_dim")
     qkv_bias: bool = True
-    qk_norm: str = _opt("none", "QK-norm of every self-attention", QK_NORM_NAMES,
+    qk_norm: str = option("none", "QK-norm of every self-attention", QK_NORM_NAMES,
                         " (rmsnorm: ViT-5's RMSNorm over each head, fp32; layernorm: timm's)")
     class_token: bool = True
-    global_pool: str = _opt("token", "head pooling", GLOBAL_POOLS)
+    global_pool: str = option("token", "head pooling", GLOBAL_POOLS)
     drop_rate: float = 0.0
     pos_drop_rate: float = 0.0
     proj_drop_rate: float = 0.0
     attn_drop_rate: float = 0.0
-    drop_path_rate: float = _opt(0.0, "stochastic depth rate of the last block (linear rule)")
-    norm_layer: str = _opt("layernorm", "norm layer", NORM_LAYER_NAMES)
-    norm_eps: float = _opt(1e-6, "epsilon of every norm layer (inside the square root)")
-    norm_options: Mapping[str, Any] = _opt(
+    drop_path_rate: float = option(0.0, "stochastic depth rate of the last block (linear rule)")
+    norm_layer: str = option("layernorm", "norm layer", NORM_LAYER_NAMES)
+    norm_eps: float = option(1e-6, "epsilon of every norm layer (inside the square root)")
+    norm_options: Mapping[str, Any] = option(
         {}, "the norm layer's own options, e.g. alpha_init=0.25 (dyt, derf), groups=4 (seednorm)")
-    attention: str = _opt("self", "attention of the blocks", ATTENTION_NAMES)
-    attention_options: Mapping[str, Any] = _opt(
+    attention: str = option("self", "attention of the blocks", ATTENTION_NAMES)
+    attention_options: Mapping[str, Any] = option(
         {}, "the attention's own options, e.g. head_norm=layer, theta_init=randn (re_attention)")
-    class_attention_blocks: int = _opt(
+    class_attention_blocks: int = option(
         0, "CaiT class-attention blocks after the self-attention blocks (0: plain ViT)")
-    value_residual: str = _opt("none", "ResFormer value residual (layers > 0 mix in layer 0's values)",
+    value_residual: str = option("none", "ResFormer value residual (layers > 0 mix in layer 0's values)",
                                VALUE_RESIDUAL_NAMES, " (fixed: V = (V_1 + V_n)/2)")
-    attention_gate: str = _opt("none", "output gate of every self-attention (Gated Attention)", ATTENTION_GATE_NAMES,
+    attention_gate: str = option("none", "output gate of every self-attention (Gated Attention)", ATTENTION_GATE_NAMES,
                                " (elementwise: one sigmoid gate per head channel; headwise: one per head)")
-    parametrization: str = _opt("standard", "how init, multipliers and learning rates follow width and depth",
+    parametrization: str = option("standard", "how init, multipliers and learning rates follow width and depth",
                                 PARAMETRIZATION_NAMES, " (completep: arXiv 2505.01618)")
-    parametrization_options: Mapping[str, Any] = _opt(
+    parametrization_options: Mapping[str, Any] = option(
         {}, "the parametrization's own options, e.g. init=megatron (standard: the output projections at std "
         "0.02/sqrt(2L)), base_depth=2, base_width=256 (completep)")
-    fused_attn: bool | None = _opt(None, "fused SDPA attention (None: timm's default, fused; a run with precision "
+    fused_attn: bool | None = option(None, "fused SDPA attention (None: timm's default, fused; a run with precision "
                                          "auto takes the measured fastest kernel)")
 
     @classmethod
@@ -205,14 +205,14 @@ class OptimConfig:
     and the variants' scalars), Adam's ``betas``, a linear warm-up of ``warmup_epochs`` then cosine decay to
     ``min_lr``, and cross-entropy ``label_smoothing``. The defaults are the ``basic`` recipe's."""
 
-    optimizer: str = _opt("adamw", "the optimiser", OPTIMIZER_NAMES,
+    optimizer: str = option("adamw", "the optimiser", OPTIMIZER_NAMES,
                           " (adamw: decoupled weight decay; adam: L2 weight decay added to the gradient)")
-    lr: float = _opt(1e-3, "peak learning rate")
-    weight_decay: float = _opt(0.05, "weight decay (not on biases, norms, embeddings, scalars)")
-    betas: tuple[float, float] = _opt((0.9, 0.999), "Adam(W) betas (two floats)")
-    warmup_epochs: float = _opt(2.0, "linear warmup length in epochs (fractions allowed)")
-    min_lr: float = _opt(0.0, "learning rate at the end of the cosine decay")
-    label_smoothing: float = _opt(0.1, "cross-entropy label smoothing")
+    lr: float = option(1e-3, "peak learning rate")
+    weight_decay: float = option(0.05, "weight decay (not on biases, norms, embeddings, scalars)")
+    betas: tuple[float, float] = option((0.9, 0.999), "Adam(W) betas (two floats)")
+    warmup_epochs: float = option(2.0, "linear warmup length in epochs (fractions allowed)")
+    min_lr: float = option(0.0, "learning rate at the end of the cosine decay")
+    label_smoothing: float = option(0.1, "cross-entropy label smoothing")
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -222,23 +222,33 @@ class OptimConfig:
         not finite, a floor above the peak, negative decay or warm-up, smoothing or betas outside [0, 1)."""
         if self.optimizer not in OPTIMIZER_NAMES:
             raise ValueError(f"unknown optimizer {self.optimizer!r}; valid choices: {', '.join(OPTIMIZER_NAMES)}")
-        if not 0 < self.lr < math.inf:
-            raise ValueError(f"lr must be > 0, got {self.lr:g}")
-        _in_range("weight_decay", self.weight_decay, 0.0, math.inf)
-        _in_range("warmup_epochs", self.warmup_epochs, 0.0, math.inf)
-        _in_range("min_lr", self.min_lr, 0.0, self.lr)
-        _in_range("label_smoothing", self.label_smoothing, 0.0, 1.0, high_open=True)
+        in_range("lr", self.lr, 0.0, math.inf, low_open=True)
+        in_range("weight_decay", self.weight_decay, 0.0, math.inf)
+        in_range("warmup_epochs", self.warmup_epochs, 0.0, math.inf)
+        in_range("min_lr", self.min_lr, 0.0, self.lr)
+        in_range("label_smoothing", self.label_smoothing, 0.0, 1.0, high_open=True)
         if len(self.betas) != 2:
             raise ValueError(f"betas must be two floats, got {list(self.betas)}")
         for b in self.betas:
-            _in_range("betas", b, 0.0, 1.0, high_open=True)
+            in_range("betas", b, 0.0, 1.0, high_open=True)
 
 
-def _in_range(name: str, value: float, low: float, high: float, high_open: bool = False) -> None:
-    """A one-line ValueError unless ``low <= value <= high`` (``< high`` when ``high_open``; NaN never passes)."""
-    if not (value >= low and (value < high if high_open else value <= high)):
-        where = f">= {low:g}" if high == math.inf else f"in [{low:g}, {high:g}{')' if high_open else ']'}"
-        raise ValueError(f"{name} must be {where}, got {value:g}")
+def positive(name: str, value: int) -> None:
+    """A one-line ValueError unless ``value`` is above 0."""
+    if not value > 0:
+        raise ValueError(f"{name} must be a positive integer, got {value}")
+
+
+def in_range(name: str, value: float, low: float, high: float, low_open: bool = False,
+             high_open: bool = False) -> None:
+    """A one-line ValueError unless ``value`` lies between ``low`` and ``high`` (open ends excluded; NaN never)."""
+    ok = not math.isnan(value) and (value > low if low_open else value >= low) and (
+        value < high if high_open else value <= high)
+    if not ok and high == math.inf:
+        raise ValueError(f"{name} must be {'>' if low_open else '>='} {low:g}, got {value:g}")
+    if not ok:
+        lo, hi = "(" if low_open else "[", ")" if high_open else "]"
+        raise ValueError(f"{name} must be in {lo}{low:g}, {high:g}{hi}, got {value:g}")
 
 
 OPTIM_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(OptimConfig))
