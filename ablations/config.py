@@ -2,7 +2,7 @@
 
     RunConfig
     ├── model          lit_modules.config.ViTConfig: the backbone; its geometry is the dataset's (model_config)
-    ├── data           DataConfig: the dataset, its splits and its loading
+    ├── data           data.DataConfig: the dataset, its splits and its loading
     ├── recipe         the training recipe (ablations.recipes): the defaults of the augmentation and the optimiser
     ├── augmentation   ablations.recipes.AugmentConfig: per-image and per-batch training augmentation
     ├── optim          lit_modules.config.OptimConfig: the optimiser and its learning-rate schedule
@@ -33,6 +33,7 @@ from typing import Any, Literal
 from ablations.recipes import RECIPE_FIELDS, RECIPE_HELP, RECIPE_NAMES, AugmentConfig, recipe_values
 from ablations.tree import Leaf, coerce, leaves, merge, subtrees
 from data.names import DATASET_NAMES
+from data.settings import DataConfig
 from lit_modules.config import GEOMETRY, PRESETS, OptimConfig, ViTConfig, in_range, option, positive
 from lit_modules.names import (
     ATTENTION_NAMES,
@@ -58,32 +59,6 @@ ACCELERATORS: tuple[str, ...] = ("auto", "cpu", "gpu", "cuda")
 #: A run's backbone before its dataset is known: the study preset (``lit_modules.config.PRESETS``), its geometry
 #: (image size, channels, classes, default patch) the dataset's (:meth:`RunConfig.model_config`).
 RUN_MODEL = PRESETS["study"].replace(**dict.fromkeys(GEOMETRY))
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    """The dataset, its split into train/val/test, and how batches are loaded."""
-
-    dataset: str = option("digits", "dataset", DATASET_NAMES)
-    data_dir: str | None = option(None, "data folder (needed by mnist, cifar10/100, svhn, imagefolder; fashion_mnist "
-                                      "looks here first, then in Debian's dataset-fashion-mnist folder)")
-    batch_size: int = option(128, "batch size per device")
-    val_fraction: float = option(0.2, "val share of a pool (or of an official train split), drawn with the run's seed")
-    test_fraction: float = option(0.2, "held-out test share of a pool, the same images for every seed (datasets with "
-                                     "an official test split use it); 0: no test split, val as before the test split")
-    augment: bool = option(True, "training augmentation: the dataset's own crop/flip plus the recipe's (off: none, no "
-                               "Mixup)")
-    dataset_options: dict[str, Any] = option({}, "extra dataset arguments, e.g. num_samples=512 (synthetic)")
-    num_workers: int = option(0, "DataLoader workers (in-memory datasets ignore it)")
-
-    def check(self) -> None:
-        positive("batch_size", self.batch_size)
-        in_range("num_workers", self.num_workers, 0, math.inf)
-        in_range("val_fraction", self.val_fraction, 0.0, 1.0, low_open=True, high_open=True)
-        in_range("test_fraction", self.test_fraction, 0.0, 1.0, high_open=True)
-        if self.val_fraction + self.test_fraction >= 1.0:
-            raise ValueError(f"val_fraction + test_fraction must be below 1, got {self.val_fraction:g} + "
-                             f"{self.test_fraction:g}")
 
 
 @dataclass(frozen=True)

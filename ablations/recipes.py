@@ -48,23 +48,16 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from data.settings import TrainAugment
 from lit_modules.config import OptimConfig, in_range, option
-
-#: Padding of the random crop (``AugmentConfig.crop_padding_mode``): zeros, or the image mirrored at its border.
-PADDING_MODES: tuple[str, ...] = ("constant", "reflect")
 
 
 @dataclass(frozen=True)
-class AugmentConfig:
-    """The training augmentation a recipe sets, per image (on top of the dataset's own crop and flip) and per batch
-    (Mixup / CutMix). The defaults are the ``basic`` recipe's: none of it."""
+class AugmentConfig(TrainAugment):
+    """The training augmentation a recipe sets: per image (:class:`data.TrainAugment`'s fields, declared there, on
+    top of the dataset's own crop and flip) and per batch (Mixup / CutMix). The defaults are the ``basic`` recipe's:
+    none of it."""
 
-    crop_padding_mode: str = option("constant", "padding of the random crop", PADDING_MODES)
-    rand_augment_ops: int = option(0, "RandAugment ops per image (0: off)")
-    rand_augment_magnitude: int = option(9, "RandAugment magnitude (of 31 bins)")
-    color_jitter: tuple[float, ...] = option((), "colour jitter brightness contrast saturation hue (0: off; one value "
-                                                "v: v v v 0)")
-    random_erasing: float = option(0.0, "random-erasing probability per image")
     mixup_alpha: float = option(0.0, "Mixup Beta(alpha, alpha) (0: off)")
     cutmix_alpha: float = option(0.0, "CutMix Beta(alpha, alpha) (0: off)")
     mixup_prob: float = option(1.0, "probability of mixing a batch at all")

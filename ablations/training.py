@@ -119,7 +119,8 @@ def build_datamodule(config: RunConfig):
 
 
 def train_augment(config: RunConfig):
-    """The recipe's per-image augmentation of ``config`` as the DataModules take it (:class:`data.TrainAugment`)."""
+    """The recipe's per-image augmentation of ``config`` as the DataModules take it (:class:`data.TrainAugment`, the
+    per-image part of ``config.augmentation``)."""
     from data import TrainAugment
 
     return TrainAugment(**{f.name: getattr(config.augmentation, f.name) for f in dataclasses.fields(TrainAugment)})

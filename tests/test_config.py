@@ -117,12 +117,23 @@ def test_one_tree_read_by_flat_names_paths_and_subtrees():
 
 def test_every_default_is_declared_once():
     """A run's defaults are its subtrees' declarations: the backbone's the study preset's, the optimiser's
-    ``OptimConfig()`` (the basic recipe)."""
+    ``OptimConfig()`` (the basic recipe), the data's ``data.DataConfig()``, whose defaults the DataModules take too,
+    and the per-image augmentation's ``data.TrainAugment()``."""
+    import inspect
+
+    from data import DataConfig, TrainAugment
+    from data.base import DataModuleBase
     from lit_modules.config import PRESETS
 
     c = RunConfig()
     assert c.optim == OptimConfig() and c.model.replace(**{k: getattr(PRESETS["study"], k) for k in (
         "img_size", "in_chans", "num_classes", "patch_size")}) == PRESETS["study"]
+    assert c.data == DataConfig() and isinstance(c.augmentation, TrainAugment)
+    assert {k: getattr(c.augmentation, k) for k in TrainAugment.__dataclass_fields__} == vars(TrainAugment())
+    params = inspect.signature(DataModuleBase.__init__).parameters
+    shared = [name for name in params if name in DataConfig.__dataclass_fields__]
+    assert len(shared) == 6 and {name: params[name].default for name in shared} == {
+        name: getattr(c.data, name) for name in shared}
 
 
 def test_to_hparams_is_flat_scalars():
