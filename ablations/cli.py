@@ -1,9 +1,7 @@
 """What the command-line tools share: argparse that reports a bad argument as one line and exit status 2, the
-options of a settings tree generated from its fields (``add_options``: ``python -m ablations.train``'s ``--lr``,
-``--embed-dim``, ...), the arguments that name one stored study (``ablations.run`` runs it, ``ablations.report``
-reads it), the one Markdown table renderer of everything they print or write, the typed reading of a value given on
-the command line (``parse_value``: ``--set``, ``--residual-option``, ``--init-value``) and of a duration
-(``--time-budget``)."""
+arguments that name one stored study (``ablations.run`` runs it, ``ablations.report`` reads it), the one Markdown
+table renderer of everything they print or write, the typed reading of a value given on the command line
+(``parse_value``: ``--set``, ``--residual-option``, ``--init-value``) and of a duration (``--time-budget``)."""
 
 from __future__ import annotations
 
@@ -11,16 +9,16 @@ import argparse
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from .layout import DEFAULT_STORAGE
-from .tree import Leaf, coerce, describe
 
 # Imported where they are used, not here: PyYAML and tabulate. Each takes from a tenth of a second to seconds to
 # import, and the command-line tools start without them.
 
-_NONE = ("None", "none", "null", "~", "")
+#: the words a command line writes for "no value"
+NONE_WORDS = ("None", "none", "null", "~", "")
 
 
 def program(module: str) -> str:
@@ -59,56 +57,6 @@ def one_line(message: object) -> str:
     if "Original Traceback" in text:
         text = text.splitlines()[-1].split(": ", 1)[-1]
     return " ".join(text.split())
-
-
-def option_name(leaf: Leaf) -> str:
-    """The flag of a settings leaf: ``embed_dim`` -> ``--embed-dim``; a mapping of options is set one option at a time,
-    ``residual_options`` -> ``--residual-option KEY=VALUE`` (repeatable)."""
-    name = leaf.name[: -len("s")] if leaf.is_mapping else leaf.name
-    return "--" + name.replace("_", "-")
-
-
-def add_options(groups: Mapping[str, Any], options: Mapping[str, Leaf], help_of: Callable[[Leaf], str]) -> None:
-    """One option per leaf of a settings tree (:func:`ablations.tree.leaves`), in the argument group of the top-level
-    field it is in (``groups``: the first element of its path), typed by its type hint: a number or text (``--lr X``), a switch
-    for a bool (``--augment`` / ``--no-augment``), ``X X ...`` for a tuple, ``KEY=VALUE`` for a mapping, ``None`` where
-    the hint allows it. The value is checked against the hint when the settings are built; a leaf not given is left
-    out of the namespace. ``help_of(leaf)``: its help line."""
-    for name, leaf in options.items():
-        kind = _argparse_kind(leaf)
-        groups[leaf.path[0]].add_argument(
-            option_name(leaf), dest=name, default=argparse.SUPPRESS,
-            help=help_of(leaf), **kind)
-
-
-def _argparse_kind(leaf: Leaf) -> dict[str, Any]:
-    if leaf.is_mapping:
-        return {"action": "append", "metavar": "KEY=VALUE"}
-    if leaf.hint is bool:
-        return {"action": argparse.BooleanOptionalAction}
-    words = describe(leaf.hint)
-    if words == "a list of numbers":
-        return {"type": _typed(leaf), "nargs": "+", "metavar": "X"}
-    metavar = {"an integer": "N", "a number": "X", "a string": "NAME", "true or false": "true|false"}
-    return {"type": _typed(leaf), "metavar": "|".join(metavar.get(w, w.strip("'")) for w in words.split(" or "))}
-
-
-def _typed(leaf: Leaf) -> Callable[[str], Any]:
-    """A command-line word as the leaf takes it (its elements, for a tuple): text for text, else read as YAML
-    (:func:`parse_value`), then checked against the hint; a value that does not fit is argparse's one-line error."""
-    from typing import get_args
-
-    hint = get_args(leaf.hint)[0] if describe(leaf.hint) == "a list of numbers" else leaf.hint
-    text_ok = "a string" in describe(hint)
-
-    def parse(text: str) -> Any:
-        value = text if text_ok and text.strip() not in _NONE else parse_value(text)
-        try:
-            return coerce(leaf.name, hint, value)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    return parse
 
 
 def add_study_arguments(parser: argparse.ArgumentParser, *, report: bool = False) -> None:
@@ -151,7 +99,7 @@ def parse_value(text: str) -> Any:
     """A CLI value with a type: YAML scalars/lists (``true``, ``3``, ``[1, 2]``, ``null``), plus ``None``/``none``
     as null and ``1e-5`` as a float (YAML 1.1 would keep it a string); anything else stays a string."""
     stripped = text.strip()
-    if stripped in _NONE:
+    if stripped in NONE_WORDS:
         return None
     import yaml
 

@@ -24,15 +24,25 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ablations.cli import OneLineParser, add_options, fail, option_name, parse_value, program
-from ablations.config import GROUPS, INIT_VALUE_OPTIONS, OPTIONS, RunConfig, flat, layer, mapping_options
+from ablations.cli import OneLineParser, fail, parse_value, program
+from ablations.config import (
+    GROUPS,
+    INIT_VALUE_OPTIONS,
+    OPTIONS,
+    RunConfig,
+    add_options,
+    flat,
+    layer,
+    mapping_options,
+    option_name,
+)
+from ablations.config.tree import Leaf
 from ablations.dashboard import check_loggers
 from ablations.engine.loop import NotStackable, StackedRun, device_of, train_stacked
 from ablations.layout import OUTPUT_DIR, runs_dir
 from ablations.machine import allocator
 from ablations.recipes import RECIPE_FIELDS, RECIPE_NAMES
 from ablations.training import SetupError, run_training, summary_table
-from ablations.tree import Leaf
 
 # Imported where they are used, not here: PyYAML, Lightning, torch and the datasets (data: torch). Each takes from a
 # tenth of a second to seconds to import, and the command-line tools start without them.

@@ -67,7 +67,7 @@ class ViTConfig:
     mlp_ratio: float = option(4.0, "MLP hidden width / embed_dim")
     qkv_bias: bool = True
     qk_norm: str = option("none", "QK-norm of every self-attention", QK_NORM_NAMES,
-                        " (rmsnorm: ViT-5's RMSNorm over each head, fp32; layernorm: timm's)")
+                          " (rmsnorm: ViT-5's RMSNorm over each head, fp32; layernorm: timm's)")
     class_token: bool = True
     global_pool: str = option("token", "head pooling", GLOBAL_POOLS)
     drop_rate: float = 0.0
@@ -85,16 +85,16 @@ class ViTConfig:
     class_attention_blocks: int = option(
         0, "CaiT class-attention blocks after the self-attention blocks (0: plain ViT)")
     value_residual: str = option("none", "ResFormer value residual (layers > 0 mix in layer 0's values)",
-                               VALUE_RESIDUAL_NAMES, " (fixed: V = (V_1 + V_n)/2)")
+                                 VALUE_RESIDUAL_NAMES, " (fixed: V = (V_1 + V_n)/2)")
     attention_gate: str = option("none", "output gate of every self-attention (Gated Attention)", ATTENTION_GATE_NAMES,
-                               " (elementwise: one sigmoid gate per head channel; headwise: one per head)")
+                                 " (elementwise: one sigmoid gate per head channel; headwise: one per head)")
     parametrization: str = option("standard", "how init, multipliers and learning rates follow width and depth",
-                                PARAMETRIZATION_NAMES, " (completep: arXiv 2505.01618)")
+                                  PARAMETRIZATION_NAMES, " (completep: arXiv 2505.01618)")
     parametrization_options: Mapping[str, Any] = option(
         {}, "the parametrization's own options, e.g. init=megatron (standard: the output projections at std "
         "0.02/sqrt(2L)), base_depth=2, base_width=256 (completep)")
     fused_attn: bool | None = option(None, "fused SDPA attention (None: timm's default, fused; a run with precision "
-                                         "auto takes the measured fastest kernel)")
+                                           "auto takes the measured fastest kernel)")
 
     @classmethod
     def build(cls, base: ViTConfig | str | None = None, residual_options: Mapping[str, Any] | None = None,
@@ -206,7 +206,7 @@ class OptimConfig:
     ``min_lr``, and cross-entropy ``label_smoothing``. The defaults are the ``basic`` recipe's."""
 
     optimizer: str = option("adamw", "the optimiser", OPTIMIZER_NAMES,
-                          " (adamw: decoupled weight decay; adam: L2 weight decay added to the gradient)")
+                            " (adamw: decoupled weight decay; adam: L2 weight decay added to the gradient)")
     lr: float = option(1e-3, "peak learning rate")
     weight_decay: float = option(0.05, "weight decay (not on biases, norms, embeddings, scalars)")
     betas: tuple[float, float] = option((0.9, 0.999), "Adam(W) betas (two floats)")

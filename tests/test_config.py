@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ablations.cli import option_name, parse_value
+from ablations.cli import parse_value
 from ablations.config import (
     ATTENTION_NAMES,
     DATASET_NAMES,
@@ -18,6 +18,7 @@ from ablations.config import (
     OPTIONS,
     RESIDUAL_NAMES,
     RunConfig,
+    option_name,
 )
 from ablations.train import build_parser, config_from_args
 from lit_modules.config import OptimConfig

@@ -359,8 +359,7 @@ def test_cli_bad_model_or_data_exits_2_with_one_line(argv, message, tmp_path, ca
 
 
 def test_cli_help_lists_every_option():
-    from ablations.cli import option_name
-    from ablations.config import OPTIONS
+    from ablations.config import OPTIONS, option_name
 
     out = cli("--help")
     assert out.returncode == 0

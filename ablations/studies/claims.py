@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..tree import check_keys
+from ..config.tree import check_keys
 
 _CLAIM_KEYS = ("id", "claim", "source", "variant", "baseline", "depth", "baseline_depth", "direction", "counts",
                "metric", "testable", "reason", "premise", "kind", "margin")

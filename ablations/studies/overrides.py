@@ -31,8 +31,8 @@ from typing import Any
 
 from ..cli import parse_value
 from ..config import OPTIONS, flat, layer
+from ..config.tree import coerce
 from ..recipes import RECIPE_FIELDS
-from ..tree import coerce
 
 #: Fields that do not change what a trial trains: a ``--set`` of them needs no study of its own.
 RUN_ONLY = ("threads", "data_dir")

@@ -43,7 +43,7 @@ budgets); the study file is laid over it, and what results is loaded as if it we
 - a mapping updates the base file's mapping of the same key, key by key and recursively: the study's ``base``
   updates the base file's ``base``, a study's budget updates the base file's budget of that name (its ``base``,
   ``axes`` and ``tune`` each key by key), ``tune`` updates ``tune``; a budget is laid over the study by the same
-  rule (:func:`ablations.tree.merge`);
+  rule (:func:`ablations.config.tree.merge`);
 - a ``base`` that sets ``recipe`` first drops the recipe fields of the ``base`` it updates (as a budget does below);
 - a list or a single value replaces: ``variants``, ``claims``, an axis' values, ``tune.lr``, ``description``;
   a budget's ``add_variants`` appends its rows to the study's instead (e.g. a control a larger size needs);
@@ -87,7 +87,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import OPTIONS, flat, layer
-from ..tree import check_keys, merge
+from ..config.tree import check_keys, merge
 from .claims import Claim, parse_claims
 from .design import (
     BUDGETS,
@@ -212,7 +212,7 @@ def _without_data(inherited: dict) -> dict:
 
 def _laid_over(earlier: dict, later: dict) -> dict:
     """``later`` laid over ``earlier`` (a study file over its base file, a budget over its study): the one merge
-    (:func:`ablations.tree.merge`), a ``base`` by the rule of a run's settings (:func:`ablations.config.layer`: the
+    (:func:`ablations.config.tree.merge`), a ``base`` by the rule of a run's settings (:func:`ablations.config.layer`: the
     options' flat names, the recipe rule)."""
     return merge(earlier, later, at={"base": layer})
 

@@ -10,8 +10,8 @@
 
 Each field is declared once, with its default, help line and valid names (``metadata``), in the dataclass that
 holds it. Every option is a leaf named by its own field name, unique in the tree (:data:`OPTIONS`,
-:func:`ablations.tree.leaves`): ``lr`` is ``optim.lr``, ``embed_dim`` is ``model.embed_dim``. Study files, ``--set``,
-the command line (``--lr``: generated from the tree, :func:`ablations.cli.add_options`), stored results
+:func:`ablations.config.tree.leaves`): ``lr`` is ``optim.lr``, ``embed_dim`` is ``model.embed_dim``. Study files, ``--set``,
+the command line (``--lr``: generated from the tree, :mod:`ablations.config.options`), stored results
 (``to_dict()``: the flat names) and attribute access (``config.lr``) use these names; ``optim: {lr: ...}`` and
 ``optim.lr`` name the same leaf (:func:`flat`). One rule lays settings over settings (:func:`layer`).
 
@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ablations.recipes import RECIPE_FIELDS, RECIPE_HELP, RECIPE_NAMES, AugmentConfig, recipe_values
-from ablations.tree import Leaf, coerce, leaves, merge, subtrees
 from data.names import DATASET_NAMES
 from data.settings import DataConfig
 from lit_modules.config import GEOMETRY, PRESETS, OptimConfig, ViTConfig, in_range, option, positive
@@ -42,6 +41,8 @@ from lit_modules.names import (
     STREAM_KERNEL_NAMES,
 )
 from lit_modules.names import OPTIMIZER_NAMES as OPTIMIZERS
+
+from .tree import Leaf, coerce, leaves, merge, subtrees
 
 __all__ = ["ATTENTION_NAMES", "DATASET_NAMES", "NORM_LAYER_NAMES", "OPTIMIZERS", "RESIDUAL_NAMES"]
 
@@ -69,21 +70,21 @@ class TrainerConfig:
     seed: int = option(0, "seed of the model init, the data split, shuffling and augmentation")
     threads: int | None = option(None, "torch.set_num_threads (None: all cores)")
     precision: str = option("auto", "Lightning precision", PRECISIONS, " (auto: the fastest measured for the device, "
-                                                                     "together with the attention kernel unless "
-                                                                     "fused_attn is given)")
+                                                                       "together with the attention kernel unless "
+                                                                       "fused_attn is given)")
     accuracy_thresholds: tuple[float, ...] = option((0.5, 0.8, 0.9, 0.95), "absolute val accuracies for "
-                                                                         "epochs_to_acc_<t>")
+                                                                           "epochs_to_acc_<t>")
     diagnostics_every: int = option(0, "residual diagnostics every N epochs (0: off)")
     diagnostics_batch_size: int = option(64, "images in the fixed diagnostics batch")
     diagnostics_sim_k: int = option(3, "DeepViT similarity against the K following blocks (the paper's K was not "
-                                     "retrieved)")
+                                       "retrieved)")
     accelerator: str = option("auto", "where to train", ACCELERATORS, " (auto: cuda if available, else cpu)")
     devices: int | Literal["auto"] = option(1, "devices per node (an int or auto)")
     strategy: str = option("auto", "Lightning strategy (auto, ddp, ddp_spawn, ...)")
     compile: bool = option(False, "compile the backbone in place (model.compile(); slow start on CPU)")
     stream_kernels: str = option("auto", "Hyper-Connections' and mHC's per-token passes", STREAM_KERNEL_NAMES,
-                               " (auto: compiled on a CPU where torch.compile builds kernels, eager on a GPU or with "
-                               "--compile; the same function)")
+                                 " (auto: compiled on a CPU where torch.compile builds kernels, eager on a GPU or with "
+                                 "--compile; the same function)")
 
     def check(self) -> None:
         for name in ("max_epochs", "diagnostics_batch_size", "diagnostics_sim_k"):
@@ -113,7 +114,7 @@ class RunConfig:
     model: ViTConfig = field(default_factory=lambda: RUN_MODEL)
     data: DataConfig = field(default_factory=DataConfig)
     recipe: str = option("basic", "training recipe, the default of every option marked 'recipe'", RECIPE_NAMES,
-                       " (" + "; ".join(f"{k}: {v}" for k, v in RECIPE_HELP.items()) + ")")
+                         " (" + "; ".join(f"{k}: {v}" for k, v in RECIPE_HELP.items()) + ")")
     augmentation: AugmentConfig = field(default_factory=AugmentConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -250,7 +251,7 @@ class RunConfig:
 #: The subtrees of a run (``model``, ``data``, ``augmentation``, ``optim``, ``trainer``) and their classes.
 SUBTREES: dict[str, type] = subtrees(RunConfig)
 _DEFAULT_TREES = {f.name: f.default_factory() for f in dataclasses.fields(RunConfig) if f.name in SUBTREES}
-#: Every option of a run by its flat name (:func:`ablations.tree.leaves`), in the tree's order.
+#: Every option of a run by its flat name (:func:`ablations.config.tree.leaves`), in the tree's order.
 OPTIONS: dict[str, Leaf] = leaves(RunConfig)
 _BY_PATH = {leaf.path: name for name, leaf in OPTIONS.items()}
 #: The top of the tree, in order: the subtrees and the run's own options (the command line's option groups).
@@ -275,7 +276,7 @@ def flat(values: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> dict[str, A
 def layer(earlier: Mapping[str, Any], later: Mapping[str, Any]) -> dict[str, Any]:
     """``later``'s settings laid over ``earlier``'s (a study's base and a budget's, a row's overrides, a grid
     point, ``--set``, a config file and the command line): by the flat names (:func:`flat`), with
-    :func:`ablations.tree.merge` (an options mapping merges key by key), except that a ``recipe`` in ``later`` first
+    :func:`ablations.config.tree.merge` (an options mapping merges key by key), except that a ``recipe`` in ``later`` first
     drops the recipe options of ``earlier``: the new recipe supplies them unless ``later`` sets them too."""
     earlier, later = flat(earlier), flat(later)
     if "recipe" in later:
