@@ -13,9 +13,13 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import layer
+from ..config import RunConfig, layer
 from .claims import Claim
+from .matched import matched_mlp_ratio, param_count
+from .overrides import name_suffix
 from .rules import VerdictRules
+
+# Imported where it is used, not here: lit_modules (torch), for the residuals' paper training settings.
 
 STUDY_DIR = Path(__file__).parent  # the study files beside their loader
 BUDGETS = ("smoke", "quick", "default", "gpu", "paper")
@@ -144,8 +148,6 @@ class StudySpec:
     def study_name(self) -> str:
         """The name in the Optuna storage: budgets never share a study, nor do ``--set`` overrides
         (``+FIELD=VALUE``, :mod:`ablations.studies.overrides`); the tuning stage is ``<name>-tune``."""
-        from .overrides import name_suffix
-
         name = self.name if self.budget == "default" else f"{self.name}-{self.budget}"
         name += name_suffix(self.overrides)
         return {"tune": tune_name, "contend": contend_name, "round": round_name}.get(self.stage, str)(name)
@@ -259,8 +261,6 @@ class StudySpec:
         fields = layer(fields, {k: v for k, v in params.items() if k in self.axes})
         fields |= {"residual": variant.residual, "residual_options": options}
         if variant.params_of is not None:  # a parameter-matched control: its MLP width matches the row at this point
-            from .matched import matched_mlp_ratio, param_count
-
             point = {k: v for k, v in params.items() if not k.startswith(prefix)} | {"variant": variant.params_of}
             target = param_count(self.config_for(point))
             fields["mlp_ratio"] = matched_mlp_ratio(fields, target, variant.label, variant.params_of)
@@ -271,8 +271,6 @@ class StudySpec:
         data_dir) on top: the one way a point becomes a config (run, dry run, validation, bench, the objective).
         A point on several devices runs with ``ddp_spawn`` (``auto``/``ddp`` are switched, with a warning once);
         other strategies re-launch the script per rank and are refused (ValueError)."""
-        from ..config import RunConfig
-
         config = RunConfig.from_dict(self.config_for(params) | dict(overrides or {}))
         if config.devices == 1 or config.strategy in SPAWN_STRATEGIES:
             return config

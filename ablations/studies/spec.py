@@ -114,6 +114,8 @@ from .design import (
 )
 from .rules import parse as parse_rules
 
+# Imported where it is used, not here: PyYAML (a tenth of a second; the command-line tools start without it).
+
 __all__ = ["BUDGETS", "CONTEND_POINTS", "DATA_FIELDS", "FIRST_LOOK_BUDGETS", "MIN_TUNE_SEEDS", "PROTOCOL",
            "ROUND_POINTS", "SPAWN_STRATEGIES", "STUDY_DIR", "TUNED_LR", "TUNE_AT_BOUND", "TUNE_EXTRA", "TUNE_GRID",
            "TUNE_MEANS", "Claim", "Floor", "StudySpec", "TuneSpec", "Variant", "available_studies", "contend_name",
