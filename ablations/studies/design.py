@@ -271,7 +271,7 @@ class StudySpec:
         data_dir) on top: the one way a point becomes a config (run, dry run, validation, bench, the objective).
         A point on several devices runs with ``ddp_spawn`` (``auto``/``ddp`` are switched, with a warning once);
         other strategies re-launch the script per rank and are refused (ValueError)."""
-        config = RunConfig.from_dict(self.config_for(params) | dict(overrides or {}))
+        config = RunConfig(**(self.config_for(params) | dict(overrides or {})))
         if config.devices == 1 or config.strategy in SPAWN_STRATEGIES:
             return config
         if config.strategy not in ("auto", "ddp"):

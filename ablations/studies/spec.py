@@ -139,6 +139,10 @@ _VARIANT_KEYS = ("label", "residual", "options", "overrides", "params_of", "tune
 _SEARCH_KEYS = ("n_trials", "pruner", "space", "sampler")
 _PRUNERS = ("none", "median", "hyperband")
 _DIST_KEYS = ("low", "high", "log", "choices")
+#: how a study file is laid over its base file and a budget over its study: the one merge
+#: (:func:`ablations.config.tree.merge`), a ``base`` by the rule of a run's settings (:func:`ablations.config.layer`:
+#: the options' flat names, the recipe rule)
+_LAID_OVER = {"base": layer}
 
 
 def available_studies() -> dict[str, Path]:
@@ -185,7 +189,7 @@ def _read_study_file(path: Path, chain: tuple[Path, ...] = ()) -> dict:
     inherited = _read_study_file(base_path, (*chain, path.resolve()))
     if "dataset" in (raw.get("base") or {}):
         inherited = _without_data(inherited)
-    return _laid_over(inherited, raw)
+    return merge(inherited, raw, at=_LAID_OVER)
 
 
 def _base_file(path: Path, extends: str, where: str) -> Path:
@@ -212,13 +216,6 @@ def _without_data(inherited: dict) -> dict:
     return out
 
 
-def _laid_over(earlier: dict, later: dict) -> dict:
-    """``later`` laid over ``earlier`` (a study file over its base file, a budget over its study): the one merge
-    (:func:`ablations.config.tree.merge`), a ``base`` by the rule of a run's settings (:func:`ablations.config.layer`: the
-    options' flat names, the recipe rule)."""
-    return merge(earlier, later, at={"base": layer})
-
-
 def _with_budget(raw: dict, budget: str, where: str) -> dict:
     """The study file's mapping with the budget's settings laid over it, and without its ``budgets``. A budget's
     ``add_variants`` appends rows to the study's; a first look (smoke, quick) that tunes a short grid of its own does
@@ -234,7 +231,7 @@ def _with_budget(raw: dict, budget: str, where: str) -> dict:
         override["variants"] = list(override.get("variants", study.get("variants")) or []) + rows
     if budget in FIRST_LOOK_BUDGETS and isinstance(override.get("tune"), dict) and isinstance(study.get("tune"), dict):
         study["tune"] = {k: v for k, v in study["tune"].items() if k != "bounds"}
-    return _laid_over(study, override)
+    return merge(study, override, at=_LAID_OVER)
 
 
 def _build(raw: dict, budget: str, source: str) -> StudySpec:
@@ -249,8 +246,8 @@ def _build(raw: dict, budget: str, source: str) -> StudySpec:
     if budget not in defined:  # never the default's settings under another budget's name
         raise ValueError(f"{where} defines no '{budget}' budget; valid choices: {', '.join(defined)}")
     merged = _with_budget(raw, budget, where)
-    kind, direction = _choice(merged, "kind", "grid", ("grid", "search"), where), \
-        _choice(merged, "direction", "maximize", ("maximize", "minimize"), where)
+    kind = _choice("kind", merged.get("kind", "grid"), ("grid", "search"), where)
+    direction = _choice("direction", merged.get("direction", "maximize"), ("maximize", "minimize"), where)
     base = _check_config_keys(merged.get("base") or {}, f"{where} base")
     variants = _variants(merged.get("variants"), where)
     labels = [v.label for v in variants]
@@ -265,8 +262,7 @@ def _build(raw: dict, budget: str, source: str) -> StudySpec:
                      verdicts=parse_rules(merged.get("verdicts"), where))
 
 
-def _choice(merged: dict, key: str, default: str, valid: tuple[str, ...], where: str) -> str:
-    value = merged.get(key, default)
+def _choice(key: str, value: Any, valid: tuple[str, ...], where: str) -> str:
     if value not in valid:
         raise ValueError(f"{where}: {key} '{value}' is not valid; valid choices: {', '.join(valid)}")
     return value
