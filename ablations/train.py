@@ -44,8 +44,10 @@ from ablations.machine import allocator
 from ablations.recipes import RECIPE_FIELDS, RECIPE_NAMES
 from ablations.training import SetupError, run_training, summary_table
 
-# Imported where they are used, not here: PyYAML, Lightning, torch and the datasets (data: torch). Each takes from a
-# tenth of a second to seconds to import, and the command-line tools start without them.
+# Imported where they are used, not here: PyYAML, Lightning, torch, the datasets (data: torch) and the study loader
+# (ablations.studies.advice, for a run below the floor: about 50 ms, half again the ~110 ms this module takes to
+# import on a 2-core CPU). Each takes from a twentieth of a second to seconds, and the command-line tools start
+# without them.
 
 DEFAULT_LOG_DIR = runs_dir(OUTPUT_DIR, "train").as_posix()  # outputs/runs/train
 

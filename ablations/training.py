@@ -35,6 +35,12 @@ from typing import Any
 from ablations import layout
 from ablations.cli import markdown_table
 from ablations.config import RunConfig
+from ablations.machine import allocator
+from data.settings import TrainAugment
+
+# Imported where they are used, not here: torch, Lightning, the datasets (data: torch), the model (lit_modules:
+# torch) and the machine's modes (ablations.machine.modes: about 60 ms, half again the ~110 ms that
+# ``python -m ablations.train`` takes to import on a 2-core CPU). The command-line tools start without them.
 
 #: Summary keys mirrored to TensorBoard's HParams plugin as ``hp/<key>``: the same tuple for every run.
 HP_SUMMARY_KEYS: tuple[str, ...] = (
@@ -121,8 +127,6 @@ def build_datamodule(config: RunConfig):
 def train_augment(config: RunConfig):
     """The recipe's per-image augmentation of ``config`` as the DataModules take it (:class:`data.TrainAugment`, the
     per-image part of ``config.augmentation``)."""
-    from data import TrainAugment
-
     return TrainAugment(**{f.name: getattr(config.augmentation, f.name) for f in dataclasses.fields(TrainAugment)})
 
 
@@ -193,11 +197,9 @@ def prepare_process(config: RunConfig) -> tuple[str, str]:
     GPU deterministic cuBLAS. Returns the Lightning accelerator and the ``malloc`` fact."""
     import torch
 
-    from ablations.machine.allocator import set_malloc
-
     torch.set_num_threads(config.threads or os.cpu_count() or 1)
     accelerator = lightning_accelerator(config.accelerator)
-    malloc = set_malloc() if accelerator == "cpu" else "system (not a CPU run)"
+    malloc = allocator.set_malloc() if accelerator == "cpu" else "system (not a CPU run)"
     if accelerator == "gpu":  # deterministic cuBLAS (deterministic algorithms are enabled by the loop)
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     return accelerator, malloc
