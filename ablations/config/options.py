@@ -21,11 +21,11 @@ def option_name(leaf: Leaf) -> str:
 
 
 def add_options(groups: Mapping[str, Any], options: Mapping[str, Leaf], help_of: Callable[[Leaf], str]) -> None:
-    """One option per leaf of a settings tree (:func:`ablations.tree.leaves`), in the argument group of the top-level
-    field it is in (``groups``: the first element of its path), typed by its type hint: a number or text (``--lr X``), a switch
-    for a bool (``--augment`` / ``--no-augment``), ``X X ...`` for a tuple, ``KEY=VALUE`` for a mapping, ``None`` where
-    the hint allows it. The value is checked against the hint when the settings are built; a leaf not given is left
-    out of the namespace. ``help_of(leaf)``: its help line."""
+    """One option per leaf of a settings tree (:func:`ablations.config.tree.leaves`), in the argument group of the
+    top-level field it is in (``groups``: the first element of its path), typed by its type hint: a number or text
+    (``--lr X``), a switch for a bool (``--augment`` / ``--no-augment``), ``X X ...`` for a tuple, ``KEY=VALUE`` for a
+    mapping, ``None`` where the hint allows it. The value is checked against the hint when the settings are built; a
+    leaf not given is left out of the namespace. ``help_of(leaf)``: its help line."""
     for name, leaf in options.items():
         kind = _argparse_kind(leaf)
         groups[leaf.path[0]].add_argument(
