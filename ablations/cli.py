@@ -17,6 +17,9 @@ from .layout import DEFAULT_STORAGE
 # Imported where they are used, not here: PyYAML and tabulate. Each takes from a tenth of a second to seconds to
 # import, and the command-line tools start without them.
 
+#: the words a command line writes for "no value"
+NONE_WORDS = ("None", "none", "null", "~", "")
+
 
 def program(module: str) -> str:
     """The name a tool was called by, for its usage line: its console command (``ablations-run``, installed by
@@ -96,7 +99,7 @@ def parse_value(text: str) -> Any:
     """A CLI value with a type: YAML scalars/lists (``true``, ``3``, ``[1, 2]``, ``null``), plus ``None``/``none``
     as null and ``1e-5`` as a float (YAML 1.1 would keep it a string); anything else stays a string."""
     stripped = text.strip()
-    if stripped in ("None", "none", "null", "~", ""):
+    if stripped in NONE_WORDS:
         return None
     import yaml
 

@@ -1,8 +1,9 @@
 """Training recipes: named sets of the augmentation, regularisation and optimiser settings of one run.
 
 A recipe is everything about *how* a model is trained that is not the model, the data set or the budget (epochs,
-batch size). ``RunConfig(recipe="paper")`` takes every field of :data:`RECIPE_FIELDS` that is not given from the
-recipe; a field given explicitly wins. In a study file a budget that sets ``recipe`` also drops the recipe's
+batch size): the augmentation (:class:`AugmentConfig`) and the optimiser (``lit_modules.config.OptimConfig``) of a
+run's configuration. ``RunConfig(recipe="paper")`` takes every field of :data:`RECIPE_FIELDS` that is not given from
+the recipe; a field given explicitly wins. In a study file a budget that sets ``recipe`` also drops the recipe's
 fields from the study's own ``base`` (the default budget's optimiser settings are not the paper recipe's), so
 ``budgets.paper.base: {recipe: paper}`` trains with the paper recipe whatever the default budget sets.
 
@@ -43,25 +44,60 @@ fields from the study's own ``base`` (the default budget's optimiser settings ar
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any
 
-from lit_modules.config import OptimConfig
+from data.settings import TrainAugment
+from lit_modules.config import OptimConfig, in_range, option
 
-_BASIC = OptimConfig()  # the optimiser's defaults (lit_modules.config), the basic recipe's
 
-#: The RunConfig fields a recipe sets (the ones a run takes from its recipe unless given).
-RECIPE_FIELDS: tuple[str, ...] = (
-    "crop_padding_mode", "rand_augment_ops", "rand_augment_magnitude", "color_jitter", "random_erasing",
-    "mixup_alpha", "cutmix_alpha", "mixup_prob", "mixup_switch_prob", "label_smoothing",
-    "optimizer", "lr", "weight_decay", "betas", "warmup_epochs", "min_lr",
-)
+@dataclass(frozen=True)
+class AugmentConfig(TrainAugment):
+    """The training augmentation a recipe sets: per image (:class:`data.TrainAugment`'s fields, declared there, on
+    top of the dataset's own crop and flip) and per batch (Mixup / CutMix). The defaults are the ``basic`` recipe's:
+    none of it."""
 
+    mixup_alpha: float = option(0.0, "Mixup Beta(alpha, alpha) (0: off)")
+    cutmix_alpha: float = option(0.0, "CutMix Beta(alpha, alpha) (0: off)")
+    mixup_prob: float = option(1.0, "probability of mixing a batch at all")
+    mixup_switch_prob: float = option(0.5, "probability of CutMix instead of Mixup when both are on")
+
+    def __post_init__(self) -> None:  # one jitter value v is (v, v, v, 0); all zero is off
+        jitter = tuple(self.color_jitter)
+        if len(jitter) == 1:
+            jitter = (*jitter * 3, 0.0)
+        object.__setattr__(self, "color_jitter", jitter if any(jitter) else ())
+
+    @property
+    def mixes(self) -> bool:
+        """Whether batches are mixed (Mixup or CutMix on)."""
+        return self.mixup_prob > 0 and (self.mixup_alpha > 0 or self.cutmix_alpha > 0)
+
+    def check(self) -> None:
+        """One-line ValueErrors for augmentation that cannot be drawn."""
+        if len(self.color_jitter) not in (0, 4) or any(c < 0 for c in self.color_jitter):
+            raise ValueError(f"color_jitter must be empty, one or four non-negative numbers, got {list(self.color_jitter)}")
+        if self.color_jitter and self.color_jitter[3] > 0.5:
+            raise ValueError(f"color_jitter's hue must be in [0, 0.5], got {self.color_jitter[3]:g}")
+        for name in ("rand_augment_ops", "rand_augment_magnitude"):
+            in_range(name, getattr(self, name), 0, math.inf)
+        if self.rand_augment_magnitude > 30:
+            raise ValueError(f"rand_augment_magnitude must be in [0, 30] (31 bins), got {self.rand_augment_magnitude}")
+        for name in ("random_erasing", "mixup_prob", "mixup_switch_prob"):
+            in_range(name, getattr(self, name), 0.0, 1.0)
+        for name in ("mixup_alpha", "cutmix_alpha"):
+            in_range(name, getattr(self, name), 0.0, math.inf)
+
+
+#: The run's settings a recipe sets (the ones a run takes from its recipe unless given): the augmentation's and the
+#: optimiser's.
+RECIPE_FIELDS: tuple[str, ...] = (*AugmentConfig.__dataclass_fields__, *OptimConfig.__dataclass_fields__)
+
+#: Each recipe's values: ``basic`` is the defaults (``AugmentConfig()`` and ``OptimConfig()``, declared there once);
+#: ``paper`` states every value of the published recipe.
 RECIPES: dict[str, dict[str, Any]] = {
-    "basic": {
-        "crop_padding_mode": "constant", "rand_augment_ops": 0, "rand_augment_magnitude": 9, "color_jitter": (),
-        "random_erasing": 0.0, "mixup_alpha": 0.0, "cutmix_alpha": 0.0, "mixup_prob": 1.0, "mixup_switch_prob": 0.5,
-        **_BASIC.to_dict(),  # the optimiser's defaults (lit_modules.config): AdamW, lr 1e-3, wd 0.05
-    },
+    "basic": {},
     "paper": {
         "crop_padding_mode": "reflect", "rand_augment_ops": 9, "rand_augment_magnitude": 5,
         "color_jitter": (0.4, 0.4, 0.4, 0.1), "random_erasing": 0.25, "mixup_alpha": 0.8, "cutmix_alpha": 1.0,
@@ -70,8 +106,9 @@ RECIPES: dict[str, dict[str, Any]] = {
     },
 }
 RECIPE_NAMES: tuple[str, ...] = tuple(RECIPES)
-assert all(set(values) == set(RECIPE_FIELDS) for values in RECIPES.values())
+assert all(set(values) <= set(RECIPE_FIELDS) for values in RECIPES.values())
 
+_BASIC = OptimConfig()
 #: One line per recipe, for ``--help`` and the docs.
 RECIPE_HELP = {
     "basic": f"the dataset's crop/flip, label smoothing {_BASIC.label_smoothing:g}, AdamW lr {_BASIC.lr:g} wd "
@@ -82,19 +119,11 @@ RECIPE_HELP = {
 
 
 def recipe_values(name: str) -> dict[str, Any]:
-    """The field values of recipe ``name`` (a copy); ValueError naming the valid recipes for an unknown one."""
+    """Recipe ``name``'s own values (a copy; a field it leaves out keeps its default); ValueError naming the valid
+    recipes for an unknown one."""
     if name not in RECIPES:
         raise ValueError(f"unknown recipe {name!r}; valid choices: {', '.join(RECIPE_NAMES)}")
     return dict(RECIPES[name])
-
-
-def with_recipe(earlier: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
-    """``earlier | later`` for two layers of config values (a study's base and a budget's, a config file and the
-    command line), except that a ``recipe`` in ``later`` first drops the recipe fields of ``earlier``: the new
-    recipe supplies them unless ``later`` sets them too."""
-    if "recipe" in later:
-        earlier = {k: v for k, v in earlier.items() if k not in RECIPE_FIELDS}
-    return earlier | later
 
 
 def describe(values: dict[str, Any]) -> str:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import datetime
 import json
 import math
@@ -26,16 +25,29 @@ from pathlib import Path
 from typing import Any
 
 from ablations.cli import OneLineParser, fail, parse_value, program
-from ablations.config import GROUPS, INIT_VALUE_OPTIONS, RunConfig, config_fields, option_fields
+from ablations.config import (
+    GROUPS,
+    INIT_VALUE_OPTIONS,
+    OPTIONS,
+    RunConfig,
+    add_options,
+    flat,
+    layer,
+    mapping_options,
+    option_name,
+)
+from ablations.config.tree import Leaf
 from ablations.dashboard import check_loggers
 from ablations.engine.loop import NotStackable, StackedRun, device_of, train_stacked
 from ablations.layout import OUTPUT_DIR, runs_dir
 from ablations.machine import allocator
-from ablations.recipes import RECIPES, with_recipe
+from ablations.recipes import RECIPE_FIELDS, RECIPE_NAMES
 from ablations.training import SetupError, run_training, summary_table
 
-# Imported where they are used, not here: PyYAML, Lightning, torch and the datasets (data: torch). Each takes from a
-# tenth of a second to seconds to import, and the command-line tools start without them.
+# Imported where they are used, not here: PyYAML, Lightning, torch, the datasets (data: torch) and the study loader
+# (ablations.studies.advice, for a run below the floor: about 50 ms, half again the ~110 ms this module takes to
+# import on a 2-core CPU). Each takes from a twentieth of a second to seconds, and the command-line tools start
+# without them.
 
 DEFAULT_LOG_DIR = runs_dir(OUTPUT_DIR, "train").as_posix()  # outputs/runs/train
 
@@ -46,50 +58,15 @@ class CLIError(Exception):
 
 
 
-# --- value parsing -------------------------------------------------------------------------------------------------
-def _optional(convert):
-    def parse(text: str) -> Any:
-        return None if text.strip() in ("None", "none", "null") else convert(text)
-
-    parse.__name__ = convert.__name__  # argparse names the type in "invalid <type> value" messages
-    return parse
-
-
-def _bool(text: str) -> bool:
-    value = parse_value(text)
-    if not isinstance(value, bool):
-        raise ValueError(text)
-    return value
+def _help(leaf: Leaf) -> str:
+    """An option's ``--help`` line and its default (a recipe option: marked ``recipe``, its default per recipe)."""
+    if leaf.name in RECIPE_FIELDS:
+        per_recipe = ", ".join(f"{name}: {_text(RunConfig(recipe=name).to_dict()[leaf.name])}" for name in RECIPE_NAMES)
+        return f"recipe: {leaf.help} (default: the recipe's; {per_recipe})"
+    return f"{leaf.help} (default: {_text(RunConfig().to_dict()[leaf.name])})"
 
 
-def _devices(text: str) -> int | str:
-    return "auto" if text == "auto" else int(text)
-
-
-_devices.__name__ = "devices"
-
-_KINDS: dict[str, dict[str, Any]] = {
-    "int": {"type": int, "metavar": "N"},
-    "optional_int": {"type": _optional(int), "metavar": "N|None"},
-    "float": {"type": float, "metavar": "X"},
-    "str": {"type": str, "metavar": "NAME"},
-    "optional_str": {"type": _optional(str), "metavar": "TEXT|None"},
-    "optional_bool": {"type": _optional(_bool), "metavar": "true|false|None"},
-    "floats": {"type": float, "nargs": "+", "metavar": "X"},
-    "options": {"action": "append", "metavar": "KEY=VALUE"},
-    "devices": {"type": _devices, "metavar": "N|auto"},
-    "bool": {"action": argparse.BooleanOptionalAction},
-}
-
-
-def option_name(field_name: str, kind: str) -> str:
-    """The CLI flag of a RunConfig field: ``embed_dim`` -> ``--embed-dim``, ``residual_options`` ->
-    ``--residual-option`` (repeatable)."""
-    name = field_name[: -len("s")] if kind == "options" else field_name
-    return "--" + name.replace("_", "-")
-
-
-def _default_text(value: Any) -> str:
+def _text(value: Any) -> str:
     if isinstance(value, tuple):
         return " ".join(map(str, value)) or "none"
     if isinstance(value, bool):
@@ -111,21 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
                "  python -m ablations.train --dataset cifar10 --data-dir ~/data --embed-dim 192 --num-heads 3",
     )
     groups = {g: parser.add_argument_group(f"{g} options") for g in GROUPS}
-    for f in config_fields():
-        kind, meta = f.metadata["kind"], f.metadata
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        default_text = (f"the recipe's; basic: {_default_text(RECIPES['basic'][f.name])}, paper: "
-                        f"{_default_text(RECIPES['paper'][f.name])}" if meta.get("recipe") else _default_text(default))
-        groups[meta["group"]].add_argument(
-            option_name(f.name, kind), dest=f.name, default=argparse.SUPPRESS,
-            help=f"{meta['help']} (default: {default_text})", **_KINDS[kind],
-        )
-        if f.name == "residual_options":
-            groups["model"].add_argument(
-                "--init-value", metavar="V", default=argparse.SUPPRESS,
-                help="the variant's init knob: " + ", ".join(f"{r} {o}" for r, o in INIT_VALUE_OPTIONS.items())
-                     + " (layerscale also takes auto = CaiT's depth rule, and None = no scale; highway takes auto = the"
-                       " paper's bias guideline)")
+    add_options(groups, OPTIONS, _help)
+    groups["model"].add_argument(
+        "--init-value", metavar="V", default=argparse.SUPPRESS,
+        help="the variant's init knob: " + ", ".join(f"{r} {o}" for r, o in INIT_VALUE_OPTIONS.items())
+             + " (layerscale also takes auto = CaiT's depth rule, and None = no scale; highway takes auto = the"
+               " paper's bias guideline)")
     run = parser.add_argument_group("run options")
     run.add_argument("--config", metavar="FILE", help="YAML file of RunConfig fields; options given here override it")
     run.add_argument("--log-dir", default=DEFAULT_LOG_DIR, help=f"TensorBoard root (default: {DEFAULT_LOG_DIR})")
@@ -169,12 +137,11 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     Raises CLIError / ValueError with one-line messages."""
     fields: dict[str, Any] = {}
     if args.config:
-        fields = _read_config_file(args.config)
-    given = {f.name: getattr(args, f.name) for f in config_fields() if hasattr(args, f.name)}
-    for name in option_fields():
+        fields = flat(_read_config_file(args.config))
+    given = {name: getattr(args, name) for name in OPTIONS if hasattr(args, name)}
+    for name in mapping_options():
         if name in given:
-            flag = option_name(name, "options")
-            given[name] = {**(fields.get(name) or {}), **_key_values(given[name], flag)}
+            given[name] = _key_values(given[name], option_name(OPTIONS[name]))
     if getattr(args, "device", None) is not None:
         if args.device == "cuda":
             import torch
@@ -183,9 +150,9 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                 raise CLIError("--device cuda, but torch sees no CUDA device (torch.cuda.is_available() is False); "
                                "valid choices here: auto, cpu")
         given["accelerator"] = {"cuda": "gpu"}.get(args.device, args.device)
-    fields = with_recipe(fields, given)
+    fields = layer(fields, given)
     if hasattr(args, "init_value"):
-        residual = fields.get("residual", RunConfig.residual)
+        residual = fields.get("residual", RunConfig().residual)
         knob = INIT_VALUE_OPTIONS.get(residual)
         if knob is None:
             accepted = ", ".join(f"{r} ({o})" for r, o in INIT_VALUE_OPTIONS.items())
@@ -209,7 +176,8 @@ def _read_config_file(path: str) -> dict[str, Any]:
     except yaml.YAMLError:
         raise CLIError(f"config file {path!r} is not valid YAML") from None
     if not isinstance(values, dict):
-        raise CLIError(f"config file {path!r} must hold a mapping of RunConfig fields")
+        raise CLIError(f"config file {path!r} must hold a mapping of RunConfig options (flat names, or nested: "
+                       "model, data, optim, ...)")
     return values
 
 

@@ -22,6 +22,7 @@ NaN; booleans as 0/1.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -34,6 +35,12 @@ from typing import Any
 from ablations import layout
 from ablations.cli import markdown_table
 from ablations.config import RunConfig
+from ablations.machine import allocator
+from data.settings import TrainAugment
+
+# Imported where they are used, not here: torch, Lightning, the datasets (data: torch), the model (lit_modules:
+# torch) and the machine's modes (ablations.machine.modes: about 60 ms, half again the ~110 ms that
+# ``python -m ablations.train`` takes to import on a 2-core CPU). The command-line tools start without them.
 
 #: Summary keys mirrored to TensorBoard's HParams plugin as ``hp/<key>``: the same tuple for every run.
 HP_SUMMARY_KEYS: tuple[str, ...] = (
@@ -118,12 +125,9 @@ def build_datamodule(config: RunConfig):
 
 
 def train_augment(config: RunConfig):
-    """The recipe's per-image augmentation of ``config`` as the DataModules take it (:class:`data.TrainAugment`)."""
-    from data import TrainAugment
-
-    return TrainAugment(crop_padding_mode=config.crop_padding_mode, rand_augment_ops=config.rand_augment_ops,
-                        rand_augment_magnitude=config.rand_augment_magnitude, color_jitter=config.color_jitter,
-                        random_erasing=config.random_erasing)
+    """The recipe's per-image augmentation of ``config`` as the DataModules take it (:class:`data.TrainAugment`, the
+    per-image part of ``config.augmentation``)."""
+    return TrainAugment(**{f.name: getattr(config.augmentation, f.name) for f in dataclasses.fields(TrainAugment)})
 
 
 def build_model(config: RunConfig, datamodule: Any):
@@ -132,8 +136,8 @@ def build_model(config: RunConfig, datamodule: Any):
 
     try:
         return ViTClassifier(
-            config.model_config(datamodule_shape(datamodule)), optim=config.optim_config(),
-            max_epochs=config.max_epochs, seed=config.seed,
+            config.model_config(datamodule_shape(datamodule)), optim=config.optim,
+            max_epochs=config.trainer.max_epochs, seed=config.trainer.seed,
             mixup=mixup_options(config) if config.mixes else None,
         )
     except (TypeError, ValueError) as exc:
@@ -148,8 +152,9 @@ def datamodule_shape(datamodule: Any) -> dict[str, int]:
 
 def mixup_options(config: RunConfig) -> dict[str, float]:
     """The recipe's Mixup/CutMix settings as ``ViTClassifier(mixup=...)`` takes them (timm.data.Mixup's names)."""
-    return {"mixup_alpha": config.mixup_alpha, "cutmix_alpha": config.cutmix_alpha, "prob": config.mixup_prob,
-            "switch_prob": config.mixup_switch_prob}
+    aug = config.augmentation
+    return {"mixup_alpha": aug.mixup_alpha, "cutmix_alpha": aug.cutmix_alpha, "prob": aug.mixup_prob,
+            "switch_prob": aug.mixup_switch_prob}
 
 
 def diagnostics_callback(config: RunConfig, datamodule: Any) -> Any:
@@ -192,11 +197,9 @@ def prepare_process(config: RunConfig) -> tuple[str, str]:
     GPU deterministic cuBLAS. Returns the Lightning accelerator and the ``malloc`` fact."""
     import torch
 
-    from ablations.machine.allocator import set_malloc
-
     torch.set_num_threads(config.threads or os.cpu_count() or 1)
     accelerator = lightning_accelerator(config.accelerator)
-    malloc = set_malloc() if accelerator == "cpu" else "system (not a CPU run)"
+    malloc = allocator.set_malloc() if accelerator == "cpu" else "system (not a CPU run)"
     if accelerator == "gpu":  # deterministic cuBLAS (deterministic algorithms are enabled by the loop)
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     return accelerator, malloc

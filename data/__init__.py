@@ -24,7 +24,8 @@ from data.names import DATASET_CLASSES, DATASET_NAMES
 _EXPORTS: dict[str, str] = {
     **{path.split(":")[1]: path.split(":")[0] for path in DATASET_CLASSES.values()},
     "DataModuleBase": "data.base",
-    "TrainAugment": "data.base",
+    "TrainAugment": "data.settings",
+    "DataConfig": "data.settings",
     "DataError": "data.common",
     "DATASETS": "data.registry",
     "UNKNOWN_SIZES": "data.registry",

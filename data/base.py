@@ -3,34 +3,12 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import TypedDict
 
 import lightning.pytorch as pl
 import torch
 
-
-@dataclass(frozen=True)
-class TrainAugment:
-    """A recipe's per-image training augmentation on top of the dataset's own random crop and flip.
-
-    Applied in this order, after the crop (``crop_padding_mode``) and flip: RandAugment (``rand_augment_ops`` ops
-    at ``rand_augment_magnitude``; 0 ops: off), colour jitter (brightness, contrast, saturation, hue; empty: off),
-    then, on the [0, 1] float image, random erasing with probability ``random_erasing``. Mixup/CutMix is not here:
-    it mixes a batch and its labels, so the LightningModule applies it (:class:`lit_modules.classifier.ViTClassifier`).
-    The default is no extra augmentation (the ``basic`` recipe).
-    """
-
-    crop_padding_mode: str = "constant"
-    rand_augment_ops: int = 0
-    rand_augment_magnitude: int = 9
-    color_jitter: tuple[float, ...] = ()
-    random_erasing: float = 0.0
-
-    @property
-    def changes_pixels(self) -> bool:
-        """Whether any op beyond crop and flip is on (RandAugment, colour jitter or random erasing)."""
-        return bool(self.rand_augment_ops or self.color_jitter or self.random_erasing)
+from data.settings import DataConfig, TrainAugment
 
 
 def split_sizes(pool_size: int | None, official_sizes: tuple[int, int] | None, val_fraction: float,
@@ -91,13 +69,13 @@ class DataModuleBase(pl.LightningDataModule):
     def __init__(
         self,
         *,
-        data_dir: str | None = None,
-        batch_size: int = 128,
-        val_fraction: float = 0.2,
-        test_fraction: float = 0.2,
+        data_dir: str | None = DataConfig.data_dir,
+        batch_size: int = DataConfig.batch_size,
+        val_fraction: float = DataConfig.val_fraction,
+        test_fraction: float = DataConfig.test_fraction,
         seed: int = 0,
-        augment: bool = True,
-        num_workers: int = 0,
+        augment: bool = DataConfig.augment,
+        num_workers: int = DataConfig.num_workers,
         train_augment: TrainAugment | None = None,
     ) -> None:
         """``val_fraction`` is used by datasets without an official val split; ``augment=False`` disables all

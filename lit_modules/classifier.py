@@ -112,12 +112,10 @@ class ViTClassifier(pl.LightningModule):
         optim = dataclasses.replace(optim or OptimConfig(), **{k: v for k, v in fields.items() if k in OPTIM_FIELDS})
         if cfg.num_classes < 2:
             raise ValueError(f"num_classes must be >= 2 for classification, got {cfg.num_classes}")
-        if not optim.lr > 0 or not math.isfinite(optim.lr):
-            raise ValueError(f"lr must be a positive number, got {optim.lr}")
+        optim.check()
         if steps_per_epoch is not None and steps_per_epoch < 1:
             raise ValueError(f"steps_per_epoch must be positive, got {steps_per_epoch}")
-        if optim.optimizer not in OPTIMIZER_CLASSES:
-            raise ValueError(f"unknown optimizer {optim.optimizer!r}; valid choices: {', '.join(OPTIMIZER_CLASSES)}")
+        self.optim = optim  # the optimiser and its schedule, passed whole (configure_optimizers, lr_schedule)
         # flat, so that hparams.yaml lists every field and load_from_checkpoint(**hparams) rebuilds the same module
         self.save_hyperparameters(cfg.to_dict() | optim.to_dict() | {
             "max_epochs": max_epochs, "steps_per_epoch": steps_per_epoch, "mixup": mixup, "seed": seed})
@@ -153,7 +151,7 @@ class ViTClassifier(pl.LightningModule):
             loss = F.cross_entropy(logits, targets)
         else:
             logits = self(x)
-            loss = F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
+            loss = F.cross_entropy(logits, y, label_smoothing=self.optim.label_smoothing)
         if not torch.isfinite(loss):
             if not self.diverged:
                 self.diverged, self.diverged_at_step = True, self.global_step
@@ -216,7 +214,7 @@ class ViTClassifier(pl.LightningModule):
             return
         x, y = batch
         logits = self(x)
-        loss = F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
+        loss = F.cross_entropy(logits, y, label_smoothing=self.optim.label_smoothing)
         n = len(y)
         self.val_loss.update(loss, weight=n)
         self.val_acc(logits, y)
@@ -261,17 +259,18 @@ class ViTClassifier(pl.LightningModule):
         else:
             total = int(self.trainer.estimated_stepping_batches)
             per_epoch = total / max(1, self.trainer.max_epochs or hp.max_epochs)
-        return round(hp.warmup_epochs * per_epoch), max(1, total)
+        return round(self.optim.warmup_epochs * per_epoch), max(1, total)
 
     def lr_schedule(self, total: int | None = None) -> WarmupCosine:
         """The multiplier of the learning rate per optimizer step (:meth:`schedule_steps`' warm-up and length)."""
         warmup, total = self.schedule_steps(total)
-        return WarmupCosine(warmup, total, self.hparams.min_lr / self.hparams.lr)
+        return WarmupCosine(warmup, total, self.optim.min_lr / self.optim.lr)
 
     def configure_optimizers(self) -> dict[str, Any]:
-        hp = self.hparams
-        groups = optimizer_groups(self.model, hp.lr, hp.weight_decay)
+        opt = self.optim
+        groups = optimizer_groups(self.model, opt.lr, opt.weight_decay)
         # fused=True: one kernel for all parameters instead of a Python loop with per-parameter ``.item()`` calls
-        optimizer = OPTIMIZER_CLASSES[hp.optimizer](groups, lr=hp.lr, betas=tuple(hp.betas), eps=ADAM_EPS, fused=True)
+        optimizer = OPTIMIZER_CLASSES[opt.optimizer](groups, lr=opt.lr, betas=tuple(opt.betas), eps=ADAM_EPS,
+                                                     fused=True)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, self.lr_schedule())
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}

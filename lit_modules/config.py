@@ -21,6 +21,28 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .names import (
+    ATTENTION_GATE_NAMES,
+    ATTENTION_NAMES,
+    NORM_LAYER_NAMES,
+    OPTIMIZER_NAMES,
+    PARAMETRIZATION_NAMES,
+    QK_NORM_NAMES,
+    RESIDUAL_NAMES,
+    VALUE_RESIDUAL_NAMES,
+)
+
+GLOBAL_POOLS: tuple[str, ...] = ("token", "avg")
+
+
+def option(default: Any, help: str, choices: tuple[str, ...] = (), note: str = "") -> Any:
+    """A field a run sets (an option of ``ablations.config.RunConfig`` and its command line): its default, the help
+    line (``choices`` appended, then ``note``) and the names it takes (checked by the run's config)."""
+    meta = {"help": help + (": " + ", ".join(choices) if choices else "") + note, "choices": choices}
+    if isinstance(default, dict):
+        return field(default_factory=dict, metadata=meta)
+    return field(default=default, metadata=meta)
+
 
 @dataclass(frozen=True)
 class ViTConfig:
@@ -32,36 +54,47 @@ class ViTConfig:
     (``lit_modules.parametrization``).
     ``fused_attn=None`` keeps timm's default. ``qk_norm`` also takes timm's boolean (True: ``"layernorm"``)."""
 
-    residual: str = "standard"
-    residual_options: Mapping[str, Any] = field(default_factory=dict)
-    img_size: int = 32
-    patch_size: int = 4
-    in_chans: int = 3
-    num_classes: int = 10
-    embed_dim: int = 192
-    depth: int = 12
-    num_heads: int = 3
-    mlp_ratio: float = 4.0
+    residual: str = option("standard", "residual variant", RESIDUAL_NAMES)
+    residual_options: Mapping[str, Any] = option(
+        {}, "the variant's own options, e.g. init_value=1e-5 (layerscale), form=rw (laurel)")
+    img_size: int | None = 32  # the geometry (None: the dataset's, until resolved: ablations.config.RunConfig)
+    patch_size: int | None = option(4, "patch side in pixels (None: the dataset's default)")
+    in_chans: int | None = 3
+    num_classes: int | None = 10
+    embed_dim: int = option(192, "token width")
+    depth: int = option(12, "number of transformer blocks")
+    num_heads: int = option(3, "attention heads (must divide embed_dim)")
+    mlp_ratio: float = option(4.0, "MLP hidden width / embed_dim")
     qkv_bias: bool = True
-    qk_norm: str = "none"
+    qk_norm: str = option("none", "QK-norm of every self-attention", QK_NORM_NAMES,
+                          " (rmsnorm: ViT-5's RMSNorm over each head, fp32; layernorm: timm's)")
     class_token: bool = True
-    global_pool: str = "token"
+    global_pool: str = option("token", "head pooling", GLOBAL_POOLS)
     drop_rate: float = 0.0
     pos_drop_rate: float = 0.0
     proj_drop_rate: float = 0.0
     attn_drop_rate: float = 0.0
-    drop_path_rate: float = 0.0
-    norm_layer: str = "layernorm"
-    norm_eps: float = 1e-6
-    norm_options: Mapping[str, Any] = field(default_factory=dict)
-    attention: str = "self"
-    attention_options: Mapping[str, Any] = field(default_factory=dict)
-    class_attention_blocks: int = 0
-    value_residual: str = "none"
-    attention_gate: str = "none"
-    parametrization: str = "standard"
-    parametrization_options: Mapping[str, Any] = field(default_factory=dict)
-    fused_attn: bool | None = None
+    drop_path_rate: float = option(0.0, "stochastic depth rate of the last block (linear rule)")
+    norm_layer: str = option("layernorm", "norm layer", NORM_LAYER_NAMES)
+    norm_eps: float = option(1e-6, "epsilon of every norm layer (inside the square root)")
+    norm_options: Mapping[str, Any] = option(
+        {}, "the norm layer's own options, e.g. alpha_init=0.25 (dyt, derf), groups=4 (seednorm)")
+    attention: str = option("self", "attention of the blocks", ATTENTION_NAMES)
+    attention_options: Mapping[str, Any] = option(
+        {}, "the attention's own options, e.g. head_norm=layer, theta_init=randn (re_attention)")
+    class_attention_blocks: int = option(
+        0, "CaiT class-attention blocks after the self-attention blocks (0: plain ViT)")
+    value_residual: str = option("none", "ResFormer value residual (layers > 0 mix in layer 0's values)",
+                                 VALUE_RESIDUAL_NAMES, " (fixed: V = (V_1 + V_n)/2)")
+    attention_gate: str = option("none", "output gate of every self-attention (Gated Attention)", ATTENTION_GATE_NAMES,
+                                 " (elementwise: one sigmoid gate per head channel; headwise: one per head)")
+    parametrization: str = option("standard", "how init, multipliers and learning rates follow width and depth",
+                                  PARAMETRIZATION_NAMES, " (completep: arXiv 2505.01618)")
+    parametrization_options: Mapping[str, Any] = option(
+        {}, "the parametrization's own options, e.g. init=megatron (standard: the output projections at std "
+        "0.02/sqrt(2L)), base_depth=2, base_width=256 (completep)")
+    fused_attn: bool | None = option(None, "fused SDPA attention (None: timm's default, fused; a run with precision "
+                                           "auto takes the measured fastest kernel)")
 
     @classmethod
     def build(cls, base: ViTConfig | str | None = None, residual_options: Mapping[str, Any] | None = None,
@@ -102,14 +135,9 @@ class ViTConfig:
 
     def check(self, geometry: bool = True) -> None:
         """One-line ValueErrors for impossible configurations, before any module is built. ``geometry=False``
-        skips the fields the dataset decides (``RunConfig`` checks its model fields before the dataset is known)."""
-        sizes = ("depth", "embed_dim", "num_heads") + (("img_size", "patch_size", "in_chans") if geometry else ())
-        for name in sizes:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if geometry and self.num_classes < 0:
-            raise ValueError(f"num_classes must be >= 0, got {self.num_classes}")
+        skips the fields the dataset decides (a run's model before its dataset is known: its ``patch_size`` may be
+        None, the dataset's)."""
+        self._check_sizes(geometry)
         if self.embed_dim % self.num_heads:
             small = [h for h in range(1, math.isqrt(self.embed_dim) + 1) if self.embed_dim % h == 0]
             valid = ", ".join(map(str, sorted({*small, *(self.embed_dim // h for h in small)})))
@@ -134,12 +162,22 @@ class ViTConfig:
             raise ValueError("class_attention_blocks > 0 needs class_token=True and global_pool='token' "
                              "(the class-attention blocks update only the class token, which the head reads)")
 
+    def _check_sizes(self, geometry: bool) -> None:
+        sizes = ("depth", "embed_dim", "num_heads") + (("img_size", "patch_size", "in_chans") if geometry else ())
+        if not geometry and self.patch_size is not None:
+            sizes += ("patch_size",)
+        for name in sizes:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if geometry and not (isinstance(self.num_classes, int) and self.num_classes >= 0):
+            raise ValueError(f"num_classes must be >= 0, got {self.num_classes}")
+
 
 #: The backbone's field names, in declaration order.
 FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ViTConfig))
 #: The fields the dataset decides (:meth:`ablations.config.RunConfig.model_config` resolves them from it).
 GEOMETRY: tuple[str, ...] = ("img_size", "in_chans", "num_classes", "patch_size")
-GLOBAL_POOLS: tuple[str, ...] = ("token", "avg")
 #: The geometry and size fields (:meth:`ViTConfig.size`).
 SIZE_FIELDS: tuple[str, ...] = (*GEOMETRY, "embed_dim", "depth", "num_heads", "mlp_ratio")
 
@@ -167,16 +205,50 @@ class OptimConfig:
     and the variants' scalars), Adam's ``betas``, a linear warm-up of ``warmup_epochs`` then cosine decay to
     ``min_lr``, and cross-entropy ``label_smoothing``. The defaults are the ``basic`` recipe's."""
 
-    optimizer: str = "adamw"
-    lr: float = 1e-3
-    weight_decay: float = 0.05
-    betas: tuple[float, float] = (0.9, 0.999)
-    warmup_epochs: float = 2.0
-    min_lr: float = 0.0
-    label_smoothing: float = 0.1
+    optimizer: str = option("adamw", "the optimiser", OPTIMIZER_NAMES,
+                            " (adamw: decoupled weight decay; adam: L2 weight decay added to the gradient)")
+    lr: float = option(1e-3, "peak learning rate")
+    weight_decay: float = option(0.05, "weight decay (not on biases, norms, embeddings, scalars)")
+    betas: tuple[float, float] = option((0.9, 0.999), "Adam(W) betas (two floats)")
+    warmup_epochs: float = option(2.0, "linear warmup length in epochs (fractions allowed)")
+    min_lr: float = option(0.0, "learning rate at the end of the cosine decay")
+    label_smoothing: float = option(0.1, "cross-entropy label smoothing")
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def check(self) -> None:
+        """One-line ValueErrors for an optimiser that cannot train: an unknown one, a rate that is not positive or
+        not finite, a floor above the peak, negative decay or warm-up, smoothing or betas outside [0, 1)."""
+        if self.optimizer not in OPTIMIZER_NAMES:
+            raise ValueError(f"unknown optimizer {self.optimizer!r}; valid choices: {', '.join(OPTIMIZER_NAMES)}")
+        in_range("lr", self.lr, 0.0, math.inf, low_open=True)
+        in_range("weight_decay", self.weight_decay, 0.0, math.inf)
+        in_range("warmup_epochs", self.warmup_epochs, 0.0, math.inf)
+        in_range("min_lr", self.min_lr, 0.0, self.lr)
+        in_range("label_smoothing", self.label_smoothing, 0.0, 1.0, high_open=True)
+        if len(self.betas) != 2:
+            raise ValueError(f"betas must be two floats, got {list(self.betas)}")
+        for b in self.betas:
+            in_range("betas", b, 0.0, 1.0, high_open=True)
+
+
+def positive(name: str, value: int) -> None:
+    """A one-line ValueError unless ``value`` is above 0."""
+    if not value > 0:
+        raise ValueError(f"{name} must be a positive integer, got {value}")
+
+
+def in_range(name: str, value: float, low: float, high: float, low_open: bool = False,
+             high_open: bool = False) -> None:
+    """A one-line ValueError unless ``value`` lies between ``low`` and ``high`` (open ends excluded; NaN never)."""
+    ok = not math.isnan(value) and (value > low if low_open else value >= low) and (
+        value < high if high_open else value <= high)
+    if not ok and high == math.inf:
+        raise ValueError(f"{name} must be {'>' if low_open else '>='} {low:g}, got {value:g}")
+    if not ok:
+        lo, hi = "(" if low_open else "[", ")" if high_open else "]"
+        raise ValueError(f"{name} must be in {lo}{low:g}, {high:g}{hi}, got {value:g}")
 
 
 OPTIM_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(OptimConfig))

@@ -46,7 +46,7 @@ def test_the_import_contracts_hold():
 @pytest.mark.parametrize(("path", "line", "broken"), [
     ("data/upward.py", "from ablations.cli import fail\n",
      "data <- lit_modules <- ablations: the data never imports the model, neither imports the tools BROKEN"),
-    ("ablations/config.py", "from ablations.run import cli as _cli\n",
+    ("ablations/config/run_config.py", "from ablations.run import cli as _cli\n",
      "ablations: each tool above what it uses (| = independent of each other) BROKEN"),
     ("ablations/bench/child.py", "from . import tasks\n", "no circle of imports among the modules of any package BROKEN"),
 ], ids=["data imports ablations", "config imports run", "child and tasks in a circle"])

@@ -15,11 +15,13 @@ from ablations.config import (
     DATASET_NAMES,
     INIT_VALUE_OPTIONS,
     NORM_LAYER_NAMES,
+    OPTIONS,
     RESIDUAL_NAMES,
     RunConfig,
-    config_fields,
+    option_name,
 )
-from ablations.train import build_parser, config_from_args, option_name
+from ablations.train import build_parser, config_from_args
+from lit_modules.config import OptimConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -92,6 +94,47 @@ def test_from_dict_to_dict_replace():
         c.replace(depth=-1)
     with pytest.raises(ValueError, match="unknown config key 'dept'; valid keys: residual"):
         RunConfig.from_dict({"dept": 3})
+
+
+def test_one_tree_read_by_flat_names_paths_and_subtrees():
+    """The optimiser, model, data and trainer settings are the run's own subtrees: ``lr`` is ``optim.lr``, given by
+    its flat name, its path, a nested mapping or a whole ``OptimConfig``, and ``to_dict`` (what a study stores) keeps
+    the flat names while ``to_tree`` nests them."""
+    c = RunConfig(lr=2e-3, **{"model.depth": 6}, trainer={"max_epochs": 3})
+    assert c.optim.lr == c.lr == 2e-3 and c.model.depth == c.depth == 6 and c.trainer.max_epochs == 3
+    assert isinstance(c.optim, OptimConfig) and c.optim == OptimConfig(lr=2e-3)
+    assert RunConfig(optim=OptimConfig(lr=5e-4)).lr == 5e-4
+    assert RunConfig(optim=OptimConfig(lr=5e-4), lr=1e-4).lr == 1e-4  # a leaf named on its own wins
+    tree = c.to_tree()
+    assert tree["optim"]["lr"] == 2e-3 and tree["model"]["depth"] == 6 and tree["recipe"] == "basic"
+    assert RunConfig.from_dict(tree) == c and RunConfig.from_dict(c.to_dict()) == c
+    assert len(c.to_dict()) == len(OPTIONS) == 59 and "optim" not in c.to_dict()
+    assert c.replace(depth=8).optim is c.optim  # an unchanged subtree is passed on whole
+    assert c.model.img_size is None and c.model_config(
+        {"img_size": 8, "in_chans": 1, "num_classes": 10, "patch_size": 2}).img_size == 8  # the dataset's geometry
+    with pytest.raises(ValueError, match="unknown config key 'optim.depth'"):
+        RunConfig(optim={"depth": 3})
+
+
+def test_every_default_is_declared_once():
+    """A run's defaults are its subtrees' declarations: the backbone's the study preset's, the optimiser's
+    ``OptimConfig()`` (the basic recipe), the data's ``data.DataConfig()``, whose defaults the DataModules take too,
+    and the per-image augmentation's ``data.TrainAugment()``."""
+    import inspect
+
+    from data import DataConfig, TrainAugment
+    from data.base import DataModuleBase
+    from lit_modules.config import PRESETS
+
+    c = RunConfig()
+    assert c.optim == OptimConfig() and c.model.replace(**{k: getattr(PRESETS["study"], k) for k in (
+        "img_size", "in_chans", "num_classes", "patch_size")}) == PRESETS["study"]
+    assert c.data == DataConfig() and isinstance(c.augmentation, TrainAugment)
+    assert {k: getattr(c.augmentation, k) for k in TrainAugment.__dataclass_fields__} == vars(TrainAugment())
+    params = inspect.signature(DataModuleBase.__init__).parameters
+    shared = [name for name in params if name in DataConfig.__dataclass_fields__]
+    assert len(shared) == 6 and {name: params[name].default for name in shared} == {
+        name: getattr(c.data, name) for name in shared}
 
 
 def test_to_hparams_is_flat_scalars():
@@ -195,8 +238,8 @@ def test_cli_options_map_to_config():
 
 def test_help_lists_every_config_field_and_documents_it():
     text = build_parser().format_help()
-    for f in config_fields():
-        assert option_name(f.name, f.metadata["kind"]) in text, f.name
+    for leaf in OPTIONS.values():
+        assert option_name(leaf) in text, leaf.name
     for flag in ("--init-value", "--residual-option", "--json", "--log-dir", "--run-name", "--resume"):
         assert flag in text
     for action in build_parser()._actions:
@@ -211,3 +254,80 @@ def test_config_file_then_cli_overrides(tmp_path):
     path.write_text("dept: 3\n")
     with pytest.raises(ValueError, match="unknown config key 'dept'"):
         parse("--config", str(path))
+
+
+def test_a_study_files_learning_rate_reaches_adamw_through_fifteen_functions(tmp_path):
+    """The path docs/architecture.md states: every project function that is handed a study file's rate (in its
+    arguments, whole or inside a mapping or a config), from the file to torch's AdamW, traced call by call."""
+    import torch
+
+    import lit_modules.classifier  # noqa: F401  (imported before the trace: its import is no part of the path)
+    from ablations import training
+    from ablations.studies.spec import load_spec
+
+    rate = 0.00123456
+    study = tmp_path / "rate.yaml"
+    study.write_text(f"name: rate\nkind: grid\nbase: {{dataset: synthetic, lr: {rate}, embed_dim: 32, depth: 2}}\n"
+                     "variants: [{label: standard, residual: standard}]\naxes: {seed: [0]}\n")
+
+    def holds(value: object, depth: int = 0) -> bool:
+        if isinstance(value, float):
+            return value == rate
+        if depth > 4 or isinstance(value, (str, bytes)):
+            return False
+        if isinstance(value, dict):
+            return any(holds(v, depth + 1) for v in value.values())
+        if isinstance(value, (list, tuple)):
+            return any(holds(v, depth + 1) for v in value)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return any(holds(getattr(value, f.name, None), depth + 1) for f in dataclasses.fields(value))
+        return False
+
+    handed: list[tuple[str, str]] = []
+    modules: dict[str, str | None] = {}  # a code object's file -> its module's path in the project (None: not ours)
+
+    def module_of(filename: str) -> str | None:
+        if filename not in modules:
+            where = Path(filename).resolve()
+            ours = where.is_relative_to(ROOT) and where.relative_to(ROOT).parts[0] in ("ablations", "lit_modules")
+            modules[filename] = where.relative_to(ROOT).as_posix() if ours else None
+        return modules[filename]
+
+    def profile(frame, event, _arg):
+        code = frame.f_code
+        if event != "call":
+            return
+        if code.co_name == "__init__" and type(frame.f_locals.get("self")) is torch.optim.AdamW:
+            handed.append(("torch", "AdamW"))
+            return
+        module = module_of(code.co_filename)
+        if module is None:
+            return
+        names = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
+        names += code.co_varnames[len(names):len(names) + bool(code.co_flags & 0x04) + bool(code.co_flags & 0x08)]
+        if any(holds(frame.f_locals.get(n)) for n in names if n not in ("self", "cls")):
+            handed.append((module, code.co_qualname))
+
+    class Shape:  # a set-up DataModule's geometry, as build_model reads it
+        img_size, in_chans, num_classes, default_patch_size = 32, 3, 10, 4
+
+    sys.setprofile(profile)
+    try:
+        spec = load_spec(str(study))
+        model = training.build_model(spec.run_config(spec.grid()[0]), Shape())
+        with pytest.raises(RuntimeError, match="not attached to a `Trainer`"):  # the schedule wants the trainer
+            model.configure_optimizers()  # the optimiser is built before it
+    finally:
+        sys.setprofile(None)
+
+    calls = list(dict.fromkeys(handed))
+    assert calls[-1] == ("torch", "AdamW")
+    assert [c for c in calls if c[1] in ("_build", "layer", "RunConfig.__init__", "build_model",
+                                         "ViTClassifier.__init__", "optimizer_groups")] == [
+        ("ablations/studies/spec.py", "_build"), ("ablations/config/run_config.py", "layer"),
+        ("ablations/config/run_config.py", "RunConfig.__init__"), ("ablations/training.py", "build_model"),
+        ("lit_modules/classifier.py", "ViTClassifier.__init__"), ("lit_modules/classifier.py", "optimizer_groups")]
+    assert len(calls) - 1 == 15, calls
+    assert sorted({module for module, _ in calls[:-1]}) == [
+        "ablations/config/run_config.py", "ablations/config/tree.py", "ablations/studies/spec.py",
+        "ablations/training.py", "lit_modules/classifier.py", "lit_modules/config.py"]

@@ -36,10 +36,9 @@ from helpers import (
 )
 from pg import free_port
 
-from ablations.config import RunConfig
+from ablations.config import OPTIONS, RunConfig, option_name
 from ablations.report.events import read_run
 from ablations.studies.spec import load_spec
-from ablations.train import option_name
 from ablations.training import build_datamodule, build_model, run_training
 
 pytestmark = STUDY_TEST_MARKS
@@ -102,9 +101,9 @@ def cli_args(config: RunConfig) -> list[str]:
         if value == default[name]:
             continue
         if isinstance(value, dict):
-            args += [a for key, v in value.items() for a in (option_name(name, "options"), f"{key}={v}")]
+            args += [a for key, v in value.items() for a in (option_name(OPTIONS[name]), f"{key}={v}")]
         else:
-            args += [option_name(name, "value"), str(value)]
+            args += [option_name(OPTIONS[name]), str(value)]
     return args
 
 

@@ -55,6 +55,12 @@ def test_naming_rule_is_sorted_normalised_and_exempts_run_only_fields():
             == apply_sets(spec, parse_sets(["weight_decay=0.001"])).study_name
             == "residual_variants-smoke+weight_decay=0.001")
     assert "+betas=0.8,0.99" in apply_sets(spec, parse_sets(["betas=[0.8, 0.99]"])).study_name
+    # an option's path in the run's configuration tree is the same option, the same stored study
+    assert parse_sets(["optim.weight_decay=1e-3", "trainer.max_epochs=2"]) == {"weight_decay": 1e-3, "max_epochs": 2}
+    assert (apply_sets(spec, parse_sets(["optim.weight_decay=1e-3"])).study_name
+            == "residual_variants-smoke+weight_decay=0.001")
+    with pytest.raises(ValueError, match="--set: unknown field 'optim.depth'; valid fields: residual,"):
+        parse_sets(["optim.depth=3"])
     # applied over the base: every point of the study, and of its tuning stage, trains with it
     for stage in (a, a.tune_stage()):
         configs = [stage.run_config(p) for p in stage.grid()]

@@ -11,9 +11,10 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from ablations.config import RunConfig
-from ablations.recipes import RECIPE_FIELDS, RECIPES, describe, with_recipe
+from ablations.config import RunConfig, layer
+from ablations.recipes import RECIPE_FIELDS, RECIPES, AugmentConfig, describe
 from ablations.studies.spec import available_studies, load_spec
+from lit_modules.config import OptimConfig
 
 # The settings every run had before recipes existed: ``basic`` must keep them, so stored studies reproduce.
 PRE_RECIPE_DEFAULTS = {"label_smoothing": 0.1, "lr": 1e-3, "weight_decay": 0.05, "betas": (0.9, 0.999),
@@ -53,7 +54,10 @@ def test_basic_recipe_is_the_pre_recipe_default_and_paper_is_the_published_recip
     assert {k: getattr(basic, k) for k in PRE_RECIPE_DEFAULTS} == PRE_RECIPE_DEFAULTS
     paper = RunConfig(recipe="paper")
     assert paper.recipe_values() == PAPER and paper.mixes
-    assert set(RECIPES["paper"]) == set(RECIPE_FIELDS) == set(RECIPES["basic"])
+    # basic is the augmentation's and the optimiser's own defaults, stated there only; paper states every value
+    assert RECIPES["basic"] == {} and basic.augmentation == AugmentConfig() and basic.optim == OptimConfig()
+    assert set(RECIPES["paper"]) == set(RECIPE_FIELDS) == {*AugmentConfig.__dataclass_fields__,
+                                                           *OptimConfig.__dataclass_fields__}
 
 
 def test_explicit_fields_win_over_the_recipe_and_replace_resets_to_a_new_recipe():
@@ -101,9 +105,13 @@ def test_a_budget_recipe_replaces_the_study_base_recipe_fields():
     assert (config.embed_dim, config.num_heads, config.max_epochs, config.batch_size) == (384, 6, 300, 1024)
     assert 6 in paper.axes["depth"]  # the published ViT-S depth: the baseline can be checked against 89.82
     # layering rule on its own: a later recipe drops earlier recipe fields, keeps the rest and its own values
-    assert with_recipe({"lr": 0.5, "depth": 3}, {"recipe": "paper"}) == {"depth": 3, "recipe": "paper"}
-    assert with_recipe({"lr": 0.5}, {"recipe": "paper", "lr": 0.1}) == {"lr": 0.1, "recipe": "paper"}
-    assert with_recipe({"lr": 0.5}, {"depth": 3}) == {"lr": 0.5, "depth": 3}
+    assert layer({"lr": 0.5, "depth": 3}, {"recipe": "paper"}) == {"depth": 3, "recipe": "paper"}
+    assert layer({"lr": 0.5}, {"recipe": "paper", "lr": 0.1}) == {"lr": 0.1, "recipe": "paper"}
+    assert layer({"lr": 0.5}, {"depth": 3}) == {"lr": 0.5, "depth": 3}
+    # by the options' flat names, whichever way they are written; an options mapping merges key by key
+    assert layer({"optim": {"lr": 0.5}}, {"optim.weight_decay": 0.1}) == {"lr": 0.5, "weight_decay": 0.1}
+    assert layer({"dataset_options": {"num_samples": 64, "noise": 1}}, {"data": {"dataset_options": {"noise": 2}}}) \
+        == {"dataset_options": {"num_samples": 64, "noise": 2}}
 
 
 def test_every_study_paper_budget_uses_the_paper_recipe():
@@ -202,7 +210,7 @@ def test_the_default_learning_rate_is_the_basic_recipes_everywhere():
     from lit_modules.config import OptimConfig
 
     lr = OptimConfig().lr
-    assert RECIPES["basic"]["lr"] == RunConfig().lr == lr
+    assert RunConfig().lr == RunConfig().optim.lr == lr
     assert (timing.LR, timing.WEIGHT_DECAY) == (lr, OptimConfig().weight_decay)
     assert "lr" not in inspect.signature(ViTClassifier).parameters
     assert ViTClassifier(img_size=8, patch_size=4, embed_dim=8, depth=1, num_heads=2).hparams.lr == lr

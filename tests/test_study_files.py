@@ -151,6 +151,31 @@ budgets:
                           "diagnostics_every": 2, "recipe": "paper"}
 
 
+def test_a_base_may_name_settings_by_their_paths_in_the_run_configuration(tmp_path):
+    """``optim: {lr: ...}``, ``optim.lr`` and ``lr`` are one setting: a study's nested base is laid over its base
+    file's flat one by the options' flat names, and the trial trains with it (``config.optim.lr``)."""
+    _write(tmp_path / "shared" / "base.yaml", BASE_FILE)
+    path = _write(tmp_path / "mine.yaml", """\
+name: mine
+extends: shared/base.yaml
+base: {optim: {lr: 0.003}, model.embed_dim: 4, data: {batch_size: 16}}
+variants: [{label: a, residual: standard, overrides: {optim.weight_decay: 0.2}}]
+axes: {model.depth: [1], seed: [0]}
+budgets:
+  smoke: {base: {trainer: {max_epochs: 1}}}
+""")
+    spec = load_spec(str(path))
+    assert spec.base == {"dataset": "synthetic", "embed_dim": 4, "num_heads": 2, "lr": 0.003, "weight_decay": 0.1,
+                         "max_epochs": 3, "batch_size": 16}
+    assert spec.axes == {"depth": [1], "seed": [0]} and spec.variants[0].overrides == {"weight_decay": 0.2}
+    config = spec.run_config(spec.grid()[0])
+    assert (config.optim.lr, config.optim.weight_decay, config.model.depth, config.data.batch_size) == (0.003, 0.2, 1, 16)
+    assert load_spec(str(path), "smoke").base["max_epochs"] == 1
+    _write(path, path.read_text().replace("optim: {lr: 0.003}", "optim: {depth: 3}"))
+    with pytest.raises(ValueError, match=r"base: unknown key 'optim.depth'; valid keys: residual"):
+        load_spec(str(path))
+
+
 def test_a_budget_may_append_rows_to_the_study_s_variants(tmp_path):
     """``add_variants`` appends a budget's own rows (e.g. the control a larger size needs) after the study's, which
     the budget then keeps as they are; anything but a list is a one-line error."""

@@ -22,8 +22,10 @@ import torch
 import torch.nn.functional as F
 
 from lit_modules.classifier import WarmupCosine
+from lit_modules.config import OptimConfig
 
-LABEL_SMOOTHING, LR, WEIGHT_DECAY = 0.1, 1e-3, 0.05
+_BASIC = OptimConfig()  # the timed step's settings: the optimiser's defaults (the basic recipe's)
+LABEL_SMOOTHING, LR, WEIGHT_DECAY = _BASIC.label_smoothing, _BASIC.lr, _BASIC.weight_decay
 
 
 def _models(size: dict[str, Any], fused_attn: bool, count: int, device: str, residual: str = "standard",

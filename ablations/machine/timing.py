@@ -16,13 +16,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..recipes import RECIPES
+from lit_modules.config import OptimConfig
 
 # Imported where they are used, not here: torch and timm. Each takes from a tenth of a second to seconds to import,
 # and the command-line tools start without them.
 
-#: the timed step's AdamW settings: the default (``basic``) recipe's
-LR, WEIGHT_DECAY = RECIPES["basic"]["lr"], RECIPES["basic"]["weight_decay"]
+#: the timed step's AdamW settings: the optimiser's defaults (the ``basic`` recipe's)
+LR, WEIGHT_DECAY = OptimConfig().lr, OptimConfig().weight_decay
 
 
 def interleave(fns: dict[str, Callable[[], Any]], *, reps: int, steps: int, warmup: int,

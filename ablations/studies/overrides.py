@@ -5,9 +5,9 @@ configuration.
     # -> stored study 'residual_variants-smoke+max_epochs=2+precision=32-true'
 
 - A value is read as YAML (``2``, ``32-true``, ``1e-3``, ``true``, ``null``, ``[0.9, 0.999]``) and the field is any
-  :class:`~ablations.config.RunConfig` field; it is applied over the study's base (as if the study file's ``base``
-  had it, a ``recipe`` with the recipe rule of :func:`ablations.recipes.with_recipe`), so the tuning stage trains
-  with it too. A field the study varies itself (a grid axis, a field a variant sets, the residual and its
+  :class:`~ablations.config.RunConfig` option, by its flat name (``lr``) or its path in the tree (``optim.lr``); it
+  is laid over the study's base (as if the study file's ``base`` had it: :func:`ablations.config.layer`), so the
+  tuning stage trains with it too. A field the study varies itself (a grid axis, a field a variant sets, the residual and its
   options, the learning rate of a study with a tuning stage) is refused: the study, not the command line, decides it.
 - **Naming rule.** A study never mixes trials of two configurations: a ``--set`` that changes what a trial trains
   runs in its own stored study, named ``<study name>+FIELD=VALUE+...`` (fields sorted by name; the value as the
@@ -30,8 +30,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..cli import parse_value
-from ..config import coerce_field, config_fields
-from ..recipes import RECIPE_FIELDS, with_recipe
+from ..config import OPTIONS, flat, layer
+from ..config.tree import coerce
+from ..recipes import RECIPE_FIELDS
 
 #: Fields that do not change what a trial trains: a ``--set`` of them needs no study of its own.
 RUN_ONLY = ("threads", "data_dir")
@@ -41,22 +42,22 @@ _SAFE = re.compile(r"[A-Za-z0-9._,-]*")
 
 
 def parse_sets(items: Sequence[str] | None) -> dict[str, Any]:
-    """``["max_epochs=2", ...]`` -> ``{"max_epochs": 2, ...}``, each field a RunConfig field and each value of the
-    field's type. ValueError (one line) for a malformed item, an unknown field, a bad value or a field given twice."""
-    kinds = {f.name: f.metadata["kind"] for f in config_fields()}
+    """``["max_epochs=2", ...]`` -> ``{"max_epochs": 2, ...}``, each field a RunConfig option (its flat name, or its
+    path: ``optim.lr`` is ``lr``) and each value of the option's type. ValueError (one line) for a malformed item, an
+    unknown field, a bad value or a field given twice."""
     values: dict[str, Any] = {}
     for item in items or ():
-        name, sep, text = item.partition("=")
-        name = name.strip()
+        path, sep, text = item.partition("=")
+        name = next(iter(flat({path.strip(): None}))) if path.strip() else ""
         if not sep or not name:
             raise ValueError(f"--set expects FIELD=VALUE, got {item!r}")
-        if name not in kinds:
-            raise ValueError(f"--set: unknown field {name!r}; valid fields: {', '.join(kinds)}")
+        if name not in OPTIONS:
+            raise ValueError(f"--set: unknown field {name!r}; valid fields: {', '.join(OPTIONS)}")
         if name in values:
             raise ValueError(f"--set {name} is given twice; give it once")
         value = parse_value(text)
         try:
-            coerce_field(name, kinds[name], value)
+            coerce(name, OPTIONS[name].hint, value)
         except ValueError as exc:
             raise ValueError(f"--set {name}: {exc}") from None
         values[name] = value
@@ -66,8 +67,7 @@ def parse_sets(items: Sequence[str] | None) -> dict[str, Any]:
 def value_text(name: str, value: Any) -> str:
     """The value as study names and the stored attr write it: normalised by the field's type (``2`` not ``2.0``
     for an int, ``0.001`` for ``1e-3``), ``true``/``false``/``none``, lists comma-joined."""
-    kind = next(f.metadata["kind"] for f in config_fields() if f.name == name)
-    value = coerce_field(name, kind, value)
+    value = coerce(name, OPTIONS[name].hint, value)
     if value is None or isinstance(value, bool):
         return {None: "none", True: "true", False: "false"}[value]
     if isinstance(value, (tuple, list)):
@@ -111,7 +111,7 @@ def apply_sets(spec, sets: dict[str, Any]):
             raise ValueError(f"--set recipe: the study varies {', '.join(varied)} (recipe fields), which a new recipe "
                              "would reset; edit the study file instead")
     texts = {name: value_text(name, value) for name, value in sets.items() if name not in RUN_ONLY}
-    changed = dataclasses.replace(spec, base=with_recipe(dict(spec.base), dict(sets)),
+    changed = dataclasses.replace(spec, base=layer(spec.base, sets),
                                   overrides={**spec.overrides, **texts})
     _check_points(changed)
     return changed
