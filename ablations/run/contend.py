@@ -11,12 +11,13 @@ import sys
 from ..studies.rules import contenders
 from ..studies.spec import CONTEND_POINTS, TUNED_LR, contend_name, tune_name
 from ..studies.storage import repeated_results
-from .study import cell_text, load_study, trial_point, tune_value
+from .study import cell_text, load_study, trial_point
+from .tuning import tune_value
 
 
 def tuning_table(spec, tune_study) -> dict[str, dict[float, dict[int, float]]]:
     """cell (:meth:`StudySpec.tune_key`) -> rate -> tuning seed -> value in the choice, from the tuning stage's
-    completed trials (the rule of :func:`ablations.run.study.tune_value`)."""
+    completed trials (the rule of :func:`ablations.run.tuning.tune_value`)."""
     from optuna.trial import TrialState
 
     complete = tune_study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))

@@ -1,11 +1,11 @@
-"""The study in storage: creating it, its grid points and their keys, the tuning stage's choice of learning rates,
-retrying failed points, following an edited study file, and checking the points before anything runs."""
+"""The study in storage: creating it, its grid points and their keys, the learning rates stored with it, retrying
+failed points, following an edited study file, and checking the points before anything runs. The tuning stage's
+choice of those rates is :mod:`.tuning`."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import sys
 from pathlib import Path
@@ -14,8 +14,8 @@ from typing import NamedTuple
 from .. import layout
 from ..report.notes import READING_ATTR, reading_line
 from ..studies.overrides import check_stored
-from ..studies.spec import TUNE_EXTRA, TUNED_LR
-from ..studies.storage import point_key, repeated_results
+from ..studies.spec import TUNED_LR
+from ..studies.storage import point_key
 
 REMOVED = "removed_from_study_file"  # user attr of a WAITING trial set aside because its point left the study file
 STOPPED = "stopped_by"  # user attr of a trial failed by Ctrl-C or SIGTERM: SIGINT | SIGTERM
@@ -63,93 +63,6 @@ def stored_choice(storage, study_name: str) -> dict[str, float] | None:
 def cell_text(key: str) -> str:
     variant, cell = json.loads(key)
     return variant + "".join(f" {axis}={value}" for axis, value in cell) + ":"
-
-
-@dataclasses.dataclass
-class TuneOutcome:
-    """What the tuning stage's runs say (:func:`tune_outcome`): each cell's chosen rate, the mean per rate, the
-    rate to add next where the best rate is at the edge of what the cell tried, and the cells whose best rate sits
-    at a declared bound."""
-
-    choice: dict[str, float]
-    means: dict[str, dict[str, float | None]]
-    extend: dict[str, float]
-    at_bound: dict[str, str]
-
-
-def tune_value(attrs: dict, metric: str, floor=None) -> float:
-    """A tuning run's value in the choice: its ``metric``; 0 when it diverged, has no finite value, or trained
-    below the study's floor (:class:`ablations.studies.spec.Floor`: failed to train)."""
-    value = attrs.get(metric)
-    if value is None or not math.isfinite(value) or attrs.get("diverged"):
-        return 0.0
-    if floor is not None:
-        classes = attrs.get("num_classes") or (attrs.get("config") or {}).get("num_classes")
-        if floor.failed(attrs.get(floor.metric), classes):
-            return 0.0
-    return float(value)
-
-
-def tune_outcome(spec, study, extra: dict[str, list[float]] | None = None) -> TuneOutcome:
-    """Each cell's learning rate (:meth:`StudySpec.tune_key`: the variant and its other axes) from the tuning stage's
-    ``study`` (its grid plus the ``extra`` rates already added): the one whose tuning trials have the highest mean
-    ``spec.tune.metric`` (a validation metric) over the tuning seeds; a run that diverged or failed to train counts
-    as 0; ties go to the rate listed first (the grid's order, then the added rates). Where the best rate is the
-    smallest or largest the cell tried, :meth:`TuneSpec.beyond` names the rate to add (``extend``) or the bound
-    it sits at (``at_bound``). A rate without a completed trial on every tuning seed is a ValueError (a mean over
-    fewer seeds than the others' is not the stage's choice: another worker may still be training the rest)."""
-    from optuna.trial import TrialState
-
-    tune_spec, metric = spec.tune_stage(extra), spec.tune.metric
-
-    values: dict[tuple[str, float], list[float]] = {}
-    seeds: dict[tuple[str, float], set] = {}
-    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    repeats = repeated_results(complete)
-    for t in complete:
-        if t.user_attrs.get("surplus") or "duplicate_of" in t.user_attrs or t.number in repeats:
-            continue
-        params = trial_point(t)
-        cell = (spec.tune_key(params), float(params["lr"]))
-        values.setdefault(cell, []).append(tune_value(t.user_attrs, metric, spec.floor))
-        seeds.setdefault(cell, set()).add(params["seed"])
-    means: dict[str, dict[str, float | None]] = {}
-    for params in tune_spec.grid():
-        key, lr = spec.tune_key(params), float(params["lr"])
-        runs = values.get((key, lr), [])
-        means.setdefault(key, {})[repr(lr)] = sum(runs) / len(runs) if runs else None
-    choice, extend, at_bound = {}, {}, {}
-    for key, by_lr in means.items():
-        missing = [lr for lr, mean in by_lr.items() if mean is None]
-        if missing:
-            raise ValueError(f"tuning stage incomplete: {cell_text(key)} no result at lr {', '.join(missing)}")
-        short = [f"{lr} ({len(seeds[key, float(lr)])} of {len(spec.tune.seeds)})" for lr in by_lr
-                 if not set(spec.tune.seeds) <= seeds[key, float(lr)]]
-        if short:
-            raise ValueError(f"tuning stage incomplete: {cell_text(key)} not every tuning seed has a result at lr "
-                             f"{', '.join(short)}")
-        choice[key] = float(max(by_lr, key=lambda lr: (by_lr[lr], -list(by_lr).index(lr))))
-        rate, bound = spec.tune.beyond([float(lr) for lr in by_lr], choice[key])
-        if rate is not None:
-            extend[key] = rate
-        elif bound is not None:
-            at_bound[key] = bound
-    return TuneOutcome(choice, means, extend, at_bound)
-
-
-def choose_lrs(spec, study, extra: dict[str, list[float]] | None = None) -> tuple[dict[str, float],
-                                                                                   dict[str, dict[str, float | None]]]:
-    """(choice, cell -> {lr: mean}) of :func:`tune_outcome`."""
-    outcome = tune_outcome(spec, study, extra)
-    return outcome.choice, outcome.means
-
-
-def stored_extra(storage, tune_study_name: str) -> dict[str, list[float]]:
-    """The rates the tuning stage has added beyond its grid (``TUNE_EXTRA`` of its study; {} before any)."""
-    try:
-        return dict(load_study(storage, tune_study_name).user_attrs.get(TUNE_EXTRA) or {})
-    except KeyError:  # the tuning stage's study does not exist yet
-        return {}
 
 
 def measure_modes(spec, overrides: dict, results_dir: Path) -> None:
