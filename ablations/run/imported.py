@@ -35,14 +35,22 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import optuna
+from optuna.trial import FixedTrial, TrialState, create_trial
+
+import data
+import lit_modules
+
 from .. import layout
+from ..report.load import ReportError, own_seconds, run_mode
+from ..report.runs import read
 from .kept_modes import mode_facts
 from .objective import FORM_PARTS, Objective, categorical_axes, form_of, jsonable, suggest
 from .study import Stored, create_study, done_trials, point_key, trial_point
 
-# Imported where they are used, not here: torch, the datasets (data: torch), the model (lit_modules: torch), the
-# report's modules and Optuna. Each takes from a tenth of a second to seconds to import, and the command-line tools
-# start without them.
+# torch (about 1.7 s, measured with python -X importtime) is imported where a model's parameters are counted, and
+# the model and the datasets are reached through their packages (lit_modules, data: lazy, they load torch on first
+# use), so that --help and --list answer without torch.
 
 IMPORTED = "imported_from"  # user attr of an imported trial: the runs.csv it came from
 
@@ -58,11 +66,11 @@ def _grid_point_key(point: dict) -> str:
 
 def _matched(path: Path, spec, study_name: str) -> list[tuple[Any, dict | None]]:
     """This stage's rows of the runs file, each with the grid point of ``spec`` it trained (None: not a point)."""
-    data = _read(path, spec, study_name)
+    report = _read(path, spec, study_name)
     grid = {_grid_point_key(p): p for p in spec.grid()}
     keys = next(iter(grid.values())).keys()
     matched = []
-    for run in {"tune": data.tune_runs, "contend": data.contend_runs}.get(spec.stage, data.runs):
+    for run in {"tune": report.tune_runs, "contend": report.contend_runs}.get(spec.stage, report.runs):
         values = {"variant": run.variant, "depth": run.depth, "seed": run.seed, "lr": run.lr, **dict(run.extras)}
         matched.append((run, grid.get(_grid_point_key({k: values.get(k) for k in keys}))))
     return matched
@@ -72,14 +80,11 @@ def _param_count(config, cache: dict) -> int:
     """The parameters of ``config``'s model, built on the meta device (shapes only)."""
     import torch
 
-    from data import dataset_shape
-    from lit_modules import VisionTransformer
-
-    model_config = config.model_config(dataset_shape(config))
+    model_config = config.model_config(data.dataset_shape(config))
     key = json.dumps(model_config.to_dict(), sort_keys=True, default=str)
     if key not in cache:
         with torch.device("meta"):
-            cache[key] = sum(p.numel() for p in VisionTransformer(model_config, init_seed=0).parameters())
+            cache[key] = sum(p.numel() for p in lit_modules.VisionTransformer(model_config, init_seed=0).parameters())
     return cache[key]
 
 
@@ -87,8 +92,6 @@ def _mismatch(run, config, cache: dict) -> str | None:
     """What differs between a row and the config this study trains its point at (None: nothing): the residual and
     its options, the learning rate, the parameter count (model size, patches, dataset shape), the classes and, for a
     run that did not diverge, its epochs (another budget or ``--set max_epochs``)."""
-    from data import dataset_shape
-
     stored = run.config or {}
     if (fault := _residual_fault(run, config) or _form_fault(run, config)) is not None:
         return fault
@@ -97,7 +100,7 @@ def _mismatch(run, config, cache: dict) -> str | None:
     params = run.summary.get("param_count")
     if params is not None and int(params) != (expected := _param_count(config, cache)):
         return f"{int(params):,} parameters, this study's model {expected:,}"
-    classes, expected = stored.get("num_classes"), dataset_shape(config)["num_classes"]
+    classes, expected = stored.get("num_classes"), data.dataset_shape(config)["num_classes"]
     if classes is not None and int(classes) != expected:
         return f"{int(classes)} classes, this study's dataset {expected}"
     epochs = run.summary.get("epochs_completed")
@@ -120,13 +123,11 @@ def _forms(run, config) -> tuple[dict, dict] | None:
     """(the form the row recorded, with the options added since filled in as they were (``lit_modules.
     upgraded_form``), the form this version builds for ``config``), both parsed; None for a row that recorded none
     (a runs.csv written before the column). ValueError (one line) for a form that is not JSON."""
-    from lit_modules import upgraded_form
-
     recorded = run.summary.get(layout.FORM_KEY)
     if not recorded:
         return None
     try:
-        return upgraded_form(json.loads(layout.canonical_form(recorded))), form_of(config)
+        return lit_modules.upgraded_form(json.loads(layout.canonical_form(recorded))), form_of(config)
     except (json.JSONDecodeError, TypeError):
         raise ValueError(f"--import-runs: run {run.run_name or run.number}: column '{layout.FORM_KEY}' is not JSON: "
                          f"'{recorded}'") from None
@@ -172,8 +173,6 @@ def _only_the_rate(run, config, cache: dict) -> bool:
 
 
 def _user_attrs(run, config, stage: str, path: Path) -> dict[str, Any]:
-    from data import dataset_shape
-
     attrs = {k: v for k, v in run.summary.items() if v is not None}
     if (run.config or {}).get("num_classes") is not None:  # a diverged run's chance level in the paired tests
         attrs["num_classes"] = run.config["num_classes"]
@@ -183,15 +182,12 @@ def _user_attrs(run, config, stage: str, path: Path) -> dict[str, Any]:
                   "device": "cuda" if run.mode.endswith(" on cuda") else "cpu"}
     return attrs | {"run_name": run.run_name, "phase": stage, IMPORTED: str(path),
                     "config": jsonable(config.to_dict()),
-                    layout.MODEL_KEY: jsonable(config.model_config(dataset_shape(config)).to_dict())}
+                    layout.MODEL_KEY: jsonable(config.model_config(data.dataset_shape(config)).to_dict())}
 
 
 def _read(path: Path, spec, study_name: str):
     """The runs file as StudyData; a tuning stage's spec is read without its lr axis (a column of every row). A file
     written before the report recorded each run's configuration (no ``lr``, ``residual`` columns) is refused."""
-    from ..report.load import ReportError
-    from ..report.runs import read
-
     if path.is_file():
         with open(path, newline="", encoding="utf-8", errors="replace") as fh:
             header = next(csv.reader(fh), [])
@@ -220,8 +216,6 @@ def retrain_rule(without_per_image: bool = False, modes: tuple[str, ...] = ()):
     :func:`lacks_per_image`; ``modes``: rows that trained in one of these modes (runs.csv's ``mode``, e.g.
     ``32-true + explicit attention``), so that a study continued on a machine that chose another mode trains every
     reported run in one. None when nothing is chosen."""
-    from ..report.load import run_mode
-
     if not without_per_image and not modes:
         return None
 
@@ -238,8 +232,6 @@ def retrain_rule(without_per_image: bool = False, modes: tuple[str, ...] = ()):
 def check_retrain_modes(path: str | Path, spec, study_name: str, modes: tuple[str, ...]) -> None:
     """ValueError (one line) for a ``--retrain-mode`` that no reported row of the file trained in, naming those it
     has."""
-    from ..report.load import run_mode
-
     found = sorted({run_mode(r) for r, _ in _matched(Path(path), spec, study_name)})
     for mode in modes:
         if mode not in found:
@@ -255,8 +247,6 @@ def imported_done(path: str | Path, spec, study_name: str, retrain=None, known: 
     alone and which are not counted here; ``tuned``: the rates that storage's tuning stage chose, so that a reported
     row at another rate counts as training again, as the import treats it, and so does a row of an earlier form.
     Nothing else is checked against the study file beyond the points (the run does that)."""
-    from ..report.load import own_seconds
-
     path = Path(path)
     stages = ([spec.tune_stage()] if spec.tune is not None else []) + [spec]
     done, left, seconds, modes, added = [], [], {}, [], set()
@@ -296,9 +286,6 @@ def import_runs(path: str | Path, spec, storage, study_name: str, overrides: dic
     study, ``report`` rows to the study) as COMPLETE trials of their grid points; points already done here are
     left alone; a reported row for which ``retrain`` (:func:`retrain_rule`) gives a reason is left out. ValueError
     (one line) for a row that is not this study's point; returns the trials added."""
-    import optuna
-    from optuna.trial import FixedTrial, TrialState, create_trial
-
     path = Path(path)
     matched = _matched(path, spec, study_name)
     study = create_study(spec, storage, study_name, seed=0)
