@@ -251,11 +251,8 @@ def imported_done(path: str | Path, spec, study_name: str, retrain=None, known: 
     stages = ([spec.tune_stage()] if spec.tune is not None else []) + [spec]
     done, left, seconds, modes, added = [], [], {}, [], set()
     for stage in stages:
-        rows = [(r, p) for r, p in _matched(path, stage, study_name) if r.state == "complete" and p is not None
-                and (stage.stage, point_key(p)) not in known
-                and not (retrain is not None and stage.stage != "tune" and retrain(r))
-                and not _earlier_form(r, stage.run_config(p))
-                and not (tuned and stage.stage != "tune" and _other_rate(r, tuned.get(spec.tune_key(p))))]
+        rows = [(r, p) for r, p in _matched(path, stage, study_name)
+                if _joins(r, p, spec, stage, known, retrain, tuned)]
         finished = {point_key(p) for _, p in rows}
         done.append(len(finished))
         left += [p for p in stage.grid() if point_key(p) not in finished]
@@ -268,6 +265,20 @@ def imported_done(path: str | Path, spec, study_name: str, retrain=None, known: 
     tune_done, report_done = done if len(done) == 2 else (0, done[0])
     return Stored(tune_done, report_done, f"runs file {path} (--import-runs)", seconds, tuple(left), tuple(modes),
                   frozenset(added))
+
+
+def _joins(run, point: dict | None, spec, stage, known: frozenset, retrain, tuned: dict[str, float] | None) -> bool:
+    """Whether a row of the runs file joins ``stage`` of a dry run's storage as done (:func:`imported_done`): a
+    completed row of a point not ``known`` there, not left to train again by ``retrain``, by an earlier form of its
+    design or by a rate other than the ``tuned`` one of its cell."""
+    if run.state != "complete" or point is None or (stage.stage, point_key(point)) in known:
+        return False
+    reported = stage.stage != "tune"
+    if reported and retrain is not None and retrain(run):
+        return False
+    if _earlier_form(run, stage.run_config(point)):
+        return False
+    return not (reported and tuned and _other_rate(run, tuned.get(spec.tune_key(point))))
 
 
 def _same_rate(lr: float | None, rate: float) -> bool:
@@ -291,55 +302,87 @@ def import_runs(path: str | Path, spec, storage, study_name: str, overrides: dic
     study = create_study(spec, storage, study_name, seed=0)
     done = {point_key(trial_point(t)) for t in done_trials(study)}
     objective = Objective(spec, log_root=Path("."), overrides=overrides, tuned=tuned)
-    categorical, cache = categorical_axes(study, spec), {}
-    trials, here, outside, incomplete, other_rate, earlier, again = [], 0, 0, 0, 0, 0, {}
+    joining = _Joining(path, spec, objective, done, categorical_axes(study, spec), retrain)
     for run, point in matched:
-        if run.state != "complete":
-            incomplete += 1
-        elif point is None:
-            outside += 1
-        elif point_key(point) in done:
-            here += 1
-        elif retrain is not None and spec.stage != "tune" and (why := retrain(run)) is not None:
-            again[why] = again.get(why, 0) + 1
-        else:
-            config = objective.config(point)
-            if _earlier_form(run, config):
-                earlier += 1  # a default of its design changed since it trained: the point trains in today's form
-                continue
-            fault = _mismatch(run, config, cache)
-            if fault is not None and spec.stage != "tune" and _only_the_rate(run, config, cache):
-                other_rate += 1  # this study's tuning stage chose another rate for its cell: the point trains again
-                continue
-            if fault is not None:
-                raise ValueError(f"--import-runs: {path}: {spec.stage} run {run.run_name or run.number} trained "
-                                 f"{fault}: the file is from another version, budget or --set of the study; none of "
-                                 f"its {spec.stage} rows were imported")
-            fixed = FixedTrial(point)
-            suggest(fixed, spec, categorical)  # the distributions the objective gives the point
-            value = run.summary.get(spec.metric)
-            value = float(value) if value is not None and math.isfinite(value) else (
-                0.0 if spec.direction == "maximize" else math.inf)
-            trials.append(create_trial(state=TrialState.COMPLETE, value=value, params=fixed.params,
-                                       distributions=fixed.distributions, user_attrs=_user_attrs(
-                                           run, config, spec.stage, path), system_attrs={"fixed_params": point},
-                                       intermediate_values={epoch - 1: v for epoch, v in run.curve.items()}))
-            done.add(point_key(point))
-    if outside and not trials and not here:
+        joining.take(run, point)
+    if joining.outside and not joining.trials and not joining.here:
         raise ValueError(f"--import-runs: no completed row of '{path}' is a point of {spec.stage} study "
-                         f"'{study_name}' ({outside} row(s) of other points): is it another study's runs.csv?")
+                         f"'{study_name}' ({joining.outside} row(s) of other points): is it another study's runs.csv?")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study.add_trials(trials)
+    study.add_trials(joining.trials)
     stage = {"tune": "tuning-stage", "contend": "contending-rate", "round": "second-look"}.get(spec.stage, "reported")
-    print(f"--import-runs {path}: {len(trials)} completed {stage} trial(s) joined '{study_name}' as done"
-          + "".join(f"; {n} {what}" for n, what in ((here, "already done here"),
-                                                    (outside, "not points of this study (left out)"),
-                                                    (incomplete, "not complete (they train again)"),
-                                                    (other_rate, "trained at another learning rate than this "
-                                                                 "study's tuning stage chose (they train again)"),
-                                                    (earlier, "built in an earlier form of their design, a default "
-                                                              "has changed since (they train again)"),
-                                                    *((n, why) for why, n in again.items()))
-                          if n),
-          file=sys.stderr)
-    return len(trials)
+    print(f"--import-runs {path}: {len(joining.trials)} completed {stage} trial(s) joined '{study_name}' as done"
+          + "".join(f"; {n} {what}" for n, what in joining.left_out() if n), file=sys.stderr)
+    return len(joining.trials)
+
+
+@dataclasses.dataclass
+class _Joining:
+    """The rows of a runs file sorted for one stage's import (:func:`import_runs`), row by row: the trials to add
+    (their points join ``done``) and a count of each kind of row left out."""
+
+    path: Path
+    spec: Any
+    objective: Any
+    done: set[str]
+    categorical: frozenset[str]
+    retrain: Any = None
+    cache: dict = dataclasses.field(default_factory=dict)
+    trials: list = dataclasses.field(default_factory=list)
+    here: int = 0
+    outside: int = 0
+    incomplete: int = 0
+    other_rate: int = 0
+    earlier: int = 0
+    again: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def take(self, run, point: dict | None) -> None:
+        """One row and the grid point it trained (None: not a point of the stage)."""
+        if run.state != "complete":
+            self.incomplete += 1
+        elif point is None:
+            self.outside += 1
+        elif point_key(point) in self.done:
+            self.here += 1
+        elif self.retrain is not None and self.spec.stage != "tune" and (why := self.retrain(run)) is not None:
+            self.again[why] = self.again.get(why, 0) + 1
+        else:
+            self._add(run, point)
+
+    def _add(self, run, point: dict) -> None:
+        """A completed row of a point not done here: a trial, unless its model's form or rate says it trains again;
+        ValueError (one line) for a row that trained something else than its point."""
+        spec, config = self.spec, self.objective.config(point)
+        if _earlier_form(run, config):
+            self.earlier += 1  # a default of its design changed since it trained: the point trains in today's form
+            return
+        fault = _mismatch(run, config, self.cache)
+        if fault is not None and spec.stage != "tune" and _only_the_rate(run, config, self.cache):
+            self.other_rate += 1  # this study's tuning stage chose another rate for its cell: the point trains again
+            return
+        if fault is not None:
+            raise ValueError(f"--import-runs: {self.path}: {spec.stage} run {run.run_name or run.number} trained "
+                             f"{fault}: the file is from another version, budget or --set of the study; none of "
+                             f"its {spec.stage} rows were imported")
+        fixed = FixedTrial(point)
+        suggest(fixed, spec, self.categorical)  # the distributions the objective gives the point
+        value = run.summary.get(spec.metric)
+        value = float(value) if value is not None and math.isfinite(value) else (
+            0.0 if spec.direction == "maximize" else math.inf)
+        self.trials.append(create_trial(state=TrialState.COMPLETE, value=value, params=fixed.params,
+                                        distributions=fixed.distributions,
+                                        user_attrs=_user_attrs(run, config, spec.stage, self.path),
+                                        system_attrs={"fixed_params": point},
+                                        intermediate_values={epoch - 1: v for epoch, v in run.curve.items()}))
+        self.done.add(point_key(point))
+
+    def left_out(self) -> tuple[tuple[int, str], ...]:
+        """(count, what) of each kind of row not added, in the order the import's line names them."""
+        return ((self.here, "already done here"),
+                (self.outside, "not points of this study (left out)"),
+                (self.incomplete, "not complete (they train again)"),
+                (self.other_rate, "trained at another learning rate than this study's tuning stage chose (they "
+                                  "train again)"),
+                (self.earlier, "built in an earlier form of their design, a default has changed since (they train "
+                               "again)"),
+                *((n, why) for why, n in self.again.items()))
