@@ -11,7 +11,7 @@ import pytest
 from helpers import LIVE_WORKERS, THREE_VARIANTS, run_cli_many, run_in_process, url_of, write_study
 from optuna.trial import TrialState, create_trial
 
-from ablations.run.study import choose_lrs, tune_outcome
+from ablations.run.tuning import choose_lrs, tune_outcome
 from ablations.studies.spec import MIN_TUNE_SEEDS, TUNE_GRID, available_studies, load_spec
 
 VARIANTS = [{"label": "standard", "residual": "standard"}, {"label": "rezero", "residual": "rezero"}]

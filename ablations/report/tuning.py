@@ -24,7 +24,7 @@ STABLE = 0.8
 
 def tune_run_value(run, metric: str) -> float:
     """A tuning run's value in the choice: its metric; 0 when it diverged, failed to train or has none (the rule of
-    ``ablations.run.study.tune_value``)."""
+    ``ablations.run.tuning.tune_value``)."""
     return float(run.summary[metric]) if run.ok and finite(run.summary.get(metric)) else 0.0
 
 
@@ -48,7 +48,7 @@ def choice_stability(by_seed: dict[float, dict[int, float]], chosen: float, resa
 def tuning_records(data: StudyData) -> list[dict]:
     """One record per row × depth × LR of the tuning runs (rows in the table's order, depths and LRs ascending):
     the mean and sd of the tuning metric over the tuning seeds, a diverged run or one that failed to train counting
-    as 0 — the tuning stage's choice rule (``ablations.run.study.tune_outcome``) —, whether the rate was added
+    as 0 — the tuning stage's choice rule (``ablations.run.tuning.tune_outcome``) —, whether the rate was added
     beyond the starting grid, and whether the row's reported runs (at that depth, or at any depth when none ran at
     it) trained at this LR. The chosen line also carries the margin of its mean over the next-best rate's and the
     stability of the choice (:func:`choice_stability`)."""

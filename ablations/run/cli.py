@@ -27,20 +27,25 @@ import sys
 import threading
 from pathlib import Path
 
+import data
+
 from .. import layout
 from ..cli import OneLineParser, add_study_arguments, duration, program
 from ..dashboard import check_loggers
 from ..machine import allocator
 from ..pricing.gpu_hours import DEFAULT_GPU, DEVICE_RESULTS, GPU_CLASSES
+from ..studies.budgets import budget_line
 from ..studies.overrides import RUN_ONLY, apply_sets, describe, parse_sets, value_text
-from ..studies.spec import TUNE_AT_BOUND, TUNE_EXTRA, TUNE_GRID, TUNE_MEANS, TUNED_LR, parent_name
+from ..studies.spec import BUDGETS, TUNE_GRID, available_studies, load_spec, parent_name, tune_name
 from ..studies.stopping import interrupted, stop_after, stop_on_signals
 from ..studies.storage import (
     GRACE_S,
     HEARTBEAT_S,
     check_url,
+    exit_when_heartbeat_fails,
     lost_storage_error,
     lost_storage_message,
+    open_storage,
     unusable_storage_error,
     unusable_storage_message,
 )
@@ -51,19 +56,22 @@ from .plan import dry_run, stored_done
 from .rounds import prepare as prepare_round
 from .rounds import stored_points as stored_round_points
 from .study import (
-    cell_text,
+    Stored,
     check_data_folder,
     create_study,
     data_configs,
     earlier_forms_warning,
     load_study,
     stored_choice,
-    stored_extra,
-    tune_outcome,
     validate_points,
 )
-from .workers import await_other_workers, quiet, run_grid, work
+from .tuning import check_tuning_grid, settle_rates, stored_extra
+from .workers import quiet, run_grid, work
 from .write_errors import ResultsWriteError, one_line, write_error
+
+# torch (about 1.7 s, measured with python -X importtime beside the 0.5 s of `python -m ablations.run --help`) and
+# data.fetch (which imports torch) are imported where they are used, so that --help, --list and a bad flag answer at
+# once.
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -185,25 +193,49 @@ def _no_thread_traceback_for_write_errors(results_dir: Path) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from ..studies.spec import BUDGETS, available_studies, load_spec, tune_name
-
     if args.list:
         return _list(available_studies(), BUDGETS, load_spec)
-    if not args.study:
-        raise ValueError("--study is required (or --list); valid studies: " + ", ".join(available_studies()))
-    if args.workers is not None and args.workers < 1:
-        raise ValueError(f"--workers must be >= 1, got {args.workers}")
-    if args.stack is not None and args.stack < 1:
-        raise ValueError(f"--stack must be >= 1, got {args.stack}")
-    if args.device == "cuda" and not args.dry_run:
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ValueError("--device cuda, but torch sees no CUDA device (torch.cuda.is_available() is False); "
-                             "valid choices here: auto, cpu")
-    allocator.choice()  # a bad ABLATIONS_MALLOC is one line here, not a failed trial
+    _check_flags(args)
     sets = parse_sets(args.sets)
     spec = apply_sets(load_spec(args.study, args.budget), sets)
+    study_name = args.study_name or spec.study_name
+    _check_flags_against(spec, study_name, args)
+    check_loggers(args.loggers)
+    if args.workers is None:
+        args.workers = default_workers(spec, args.threads)
+    if spec.first_look() and args.worker_index is None:  # the run's (and the dry run's) first line
+        print(f"{spec.first_look()} (study '{study_name}')", file=sys.stderr)
+    overrides = {k: v for k, v in sets.items() if k in RUN_ONLY} | _overrides(args)
+    validate_points(spec, overrides, check_data=False)  # the data folders after --download, and not in a dry run
+    if args.download and args.worker_index is None:  # a dry run says what it would fetch
+        _download(spec, overrides, dry_run=args.dry_run)
+    if args.dry_run:
+        return _dry_run(spec, sets, study_name, args, overrides)
+    for config in data_configs(spec, overrides):
+        check_data_folder(config)  # before anything is stored: a missing or malformed folder is one line
+    storage = _open_storage(args)
+    if args.worker_index is not None:
+        return _work(spec, storage, study_name, args, overrides)
+    return _run(spec, storage, study_name, args, overrides)
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """The flags that need no study file, and the environment: a ValueError (one line) for the first at fault."""
+    if not args.study:
+        raise ValueError("--study is required (or --list); valid studies: " + ", ".join(available_studies()))
+    for flag, value in (("--workers", args.workers), ("--stack", args.stack)):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+    if args.device == "cuda" and not args.dry_run and not _cuda_available():
+        raise ValueError("--device cuda, but torch sees no CUDA device (torch.cuda.is_available() is False); "
+                         "valid choices here: auto, cpu")
+    allocator.choice()  # a bad ABLATIONS_MALLOC is one line here, not a failed trial
+
+
+def _check_flags_against(spec, study_name: str, args: argparse.Namespace) -> None:
+    """The flags that depend on the study (``--import-runs`` continues a grid; ``--measure`` prices a dry run; the
+    ``--retrain-*`` flags choose rows of an ``--import-runs`` file): a ValueError (one line) for the first at
+    fault."""
     if args.import_runs and spec.space:
         raise ValueError(f"--import-runs: study '{args.study}' searches residual options ({', '.join(spec.space)}); "
                          "only a grid of listed points can be continued from a runs.csv")
@@ -219,90 +251,100 @@ def _main(args: argparse.Namespace) -> int:
     if args.import_runs and not Path(args.import_runs).is_file():
         raise ValueError(f"--import-runs: runs file '{args.import_runs}' does not exist")
     if args.retrain_mode:
-        check_retrain_modes(args.import_runs, spec, args.study_name or spec.study_name, tuple(args.retrain_mode))
-    check_loggers(args.loggers)
-    if args.workers is None:
-        args.workers = default_workers(spec, args.threads)
-    if spec.first_look() and args.worker_index is None:  # the run's (and the dry run's) first line
-        print(f"{spec.first_look()} (study '{args.study_name or spec.study_name}')", file=sys.stderr)
-    overrides = {k: v for k, v in sets.items() if k in RUN_ONLY} | _overrides(args)
-    validate_points(spec, overrides, check_data=False)  # the data folders after --download, and not in a dry run
-    if args.download and args.worker_index is None:  # a dry run says what it would fetch
-        from data.fetch import ensure_all
+        check_retrain_modes(args.import_runs, spec, study_name, tuple(args.retrain_mode))
 
-        ensure_all([(c.dataset, c.data_dir) for c in data_configs(spec, overrides)], dry_run=args.dry_run)
-    if args.dry_run:
-        if sets:
-            where = "its own study" if spec.overrides else "the study"
-            print(f"--set {describe({k: value_text(k, v) for k, v in sets.items()})}: over the study's base (and "
-                  f"its tuning stage's); stored as {where} '{args.study_name or spec.study_name}'"
-                  + (" (threads, data_dir: run-only, not in the name)" if set(sets) & set(RUN_ONLY) else ""))
-        study_name = args.study_name or spec.study_name
-        check_url(args.storage)  # a URL the run would refuse is refused here too, before what is stored is read
-        stored = stored_done(args.storage, study_name, spec)
-        if args.import_runs:  # what the file brings joins what is stored: the rows for points not done there
-            retrain = retrain_rule(args.retrain_without_per_image, tuple(args.retrain_mode))
-            if stored is None:
-                stored = imported_done(args.import_runs, spec, study_name, retrain)
-            else:
-                try:  # the rates the stored tuning stage chose (none yet: its report stage is not created)
-                    tuned = stored_choice(args.storage, study_name) if spec.tune is not None else None
-                except KeyError:
-                    tuned = None
-                stored = stored.joined(imported_done(args.import_runs, spec, study_name, retrain, stored.finished,
-                                                     tuned))
-        _say_budget_and_data(spec, overrides)
-        return dry_run(spec, overrides, gpu=args.gpu, results_dir=Path(args.results_dir), workers=args.workers,
-                       stored=stored, measure=args.measure, stack=args.stack, retrain_modes=tuple(args.retrain_mode),
-                       import_runs=Path(args.import_runs) if args.import_runs else None)
-    for config in data_configs(spec, overrides):
-        check_data_folder(config)  # before anything is stored: a missing or malformed folder is one line
 
-    from ..studies.storage import exit_when_heartbeat_fails, open_storage
+def _download(spec, overrides: dict, dry_run: bool) -> None:
+    """``--download``: fetch the datasets the study's points train on where they are not there (a dry run says what
+    it would fetch)."""
+    from data.fetch import ensure_all
 
+    ensure_all([(c.dataset, c.data_dir) for c in data_configs(spec, overrides)], dry_run=dry_run)
+
+
+def _dry_run(spec, sets: dict, study_name: str, args: argparse.Namespace, overrides: dict) -> int:
+    """``--dry-run``: what ``--set`` makes of the study, what is done already, and the plan (:func:`.plan.dry_run`).
+    Trains nothing, stores nothing."""
+    if sets:
+        where = "its own study" if spec.overrides else "the study"
+        print(f"--set {describe({k: value_text(k, v) for k, v in sets.items()})}: over the study's base (and "
+              f"its tuning stage's); stored as {where} '{study_name}'"
+              + (" (threads, data_dir: run-only, not in the name)" if set(sets) & set(RUN_ONLY) else ""))
+    check_url(args.storage)  # a URL the run would refuse is refused here too, before what is stored is read
+    stored = _stored_and_imported(spec, study_name, args)
+    _say_budget_and_data(spec, overrides)
+    return dry_run(spec, overrides, gpu=args.gpu, results_dir=Path(args.results_dir), workers=args.workers,
+                   stored=stored, measure=args.measure, stack=args.stack, retrain_modes=tuple(args.retrain_mode),
+                   import_runs=Path(args.import_runs) if args.import_runs else None)
+
+
+def _stored_and_imported(spec, study_name: str, args: argparse.Namespace) -> Stored | None:
+    """What a run would find done: the study stored at ``--storage`` (:func:`.plan.stored_done`), joined by the rows
+    of ``--import-runs`` for points not done there."""
+    stored = stored_done(args.storage, study_name, spec)
+    if not args.import_runs:
+        return stored
+    retrain = retrain_rule(args.retrain_without_per_image, tuple(args.retrain_mode))
+    if stored is None:
+        return imported_done(args.import_runs, spec, study_name, retrain)
+    try:  # the rates the stored tuning stage chose (none yet: its report stage is not created)
+        tuned = stored_choice(args.storage, study_name) if spec.tune is not None else None
+    except KeyError:
+        tuned = None
+    return stored.joined(imported_done(args.import_runs, spec, study_name, retrain, stored.finished, tuned))
+
+
+def _open_storage(args: argparse.Namespace):
+    """The study's storage, opened for a run: its heartbeat watched, optuna's logging quiet, and a write error of
+    TensorBoard's writer thread left to the main thread's one line."""
     quiet()
     storage = open_storage(args.storage, heartbeat_s=args.heartbeat, grace_s=args.grace)
     exit_when_heartbeat_fails(args.storage)
     _no_thread_traceback_for_write_errors(Path(args.results_dir))
-    study_name = args.study_name or spec.study_name
-    if args.worker_index is not None:
-        if args.stage == "tune":
-            return work(spec.tune_stage(stored_extra(storage, study_name)), storage, study_name, args, overrides)
-        if args.stage == "contend":
-            return work(spec.contend_stage(stored_points(storage, study_name)), storage, study_name, args, overrides)
-        if args.stage == "round":
-            return work(spec.round_stage(stored_round_points(storage, study_name)), storage, study_name, args,
-                        overrides, tuned=stored_choice(storage, parent_name(study_name)))
-        return work(spec, storage, study_name, args, overrides, tuned=stored_choice(storage, study_name))
+    return storage
 
+
+#: What a worker process (``--worker-index``) of each ``--stage`` trains: (its stage of the study, the learning
+#: rates it trains at) from the study's name and what the storage holds
+WORKER_STAGES = {
+    "tune": lambda spec, storage, name: (spec.tune_stage(stored_extra(storage, name)), None),
+    "contend": lambda spec, storage, name: (spec.contend_stage(stored_points(storage, name)), None),
+    "round": lambda spec, storage, name: (spec.round_stage(stored_round_points(storage, name)),
+                                          stored_choice(storage, parent_name(name))),
+    "report": lambda spec, storage, name: (spec, stored_choice(storage, name)),
+}
+
+
+def _work(spec, storage, study_name: str, args: argparse.Namespace, overrides: dict) -> int:
+    """A worker process started by the main one: train its stage's points until none are left."""
+    stage, tuned = WORKER_STAGES[args.stage](spec, storage, study_name)
+    return work(stage, storage, study_name, args, overrides, tuned=tuned)
+
+
+def _run(spec, storage, study_name: str, args: argparse.Namespace, overrides: dict) -> int:
+    """The main process: the study's stages in order (the tuning stage, the reported grid, the contending rates, a
+    second look and its contending rates), each run to its end before the next; the exit code of the first that
+    did not complete."""
     study = create_study(spec, storage, study_name, seed=0)  # refuses a stored study of other overrides
-    stored = study.user_attrs.get(TUNE_GRID) if spec.tune is not None else None
-    if stored is not None and stored != spec.tune.as_dict():
-        raise ValueError(f"study '{study_name}' chose its learning rates with the tuning grid {stored}; the study "
-                         f"file now has {spec.tune.as_dict()}: its reported trials would mix two choices. Pass "
-                         "--study-name NEW_NAME for a new study, or restore the file's tune section")
+    check_tuning_grid(spec, study)
     _say_budget_and_data(spec, overrides)
     _warn_earlier_forms(storage, study_name, study, tune=spec.tune is not None)
     if spec.overrides:
         print(f"--set {describe(spec.overrides)}: its own stored study '{study_name}' (a study never mixes two "
               "configurations)", file=sys.stderr)
     if spec.tune is not None:
-        if stored is None:
-            code = _tune(spec, storage, tune_name(study_name), args, overrides, study)
-            if code:
-                return code
-        print(f"study '{study_name}': learning rate per variant, chosen on tuning seeds {list(spec.tune.seeds)} by "
-              f"mean {spec.tune.metric}: " + "; ".join(f"{cell_text(k)} {v:g}" for k, v in
-                                                        study.user_attrs[TUNED_LR].items()), file=sys.stderr)
-        at_bound = study.user_attrs.get(TUNE_AT_BOUND) or {}
-        if at_bound:
-            print(f"study '{study_name}': best learning rate at a bound of the tuning grid {list(spec.tune.bounds)} "
-                  "(the report names these rows): " + "; ".join(f"{cell_text(k)} {side}" for k, side in
-                                                               at_bound.items()), file=sys.stderr)
-        _tuning_note(spec, storage, study_name, study.user_attrs)
+        code = settle_rates(spec, storage, study_name, args, overrides, study, chosen=study.user_attrs.get(TUNE_GRID) is not None)
+        if code:
+            return code
     code = run_grid(spec, storage, study_name, args, overrides, study=study)
     if code or spec.tune is None or spec.kind != "grid":
         return code
+    return _contend_and_look_again(spec, storage, study_name, args, overrides)
+
+
+def _contend_and_look_again(spec, storage, study_name: str, args: argparse.Namespace, overrides: dict) -> int:
+    """After a tuned grid: the contending rates' stage, then a second look at the claims still undecided
+    (:mod:`.rounds`) with its own contending rates."""
     code = _contend(spec, storage, study_name, args, overrides)
     second = None if code else prepare_round(spec, storage, study_name, Path(args.results_dir))
     if second is None:
@@ -329,10 +371,6 @@ def _say_budget_and_data(spec, overrides: dict) -> None:
     """Lines on stderr before anything runs: what the budget changes against the study's default (its data kept or
     swapped, said either way), and each dataset the points train on as it will be read (an image folder: its
     images, and the channels, size, patch and augmentation chosen for them)."""
-    import data
-
-    from ..studies.budgets import budget_line
-
     line = budget_line(spec)
     if line:
         print(line, file=sys.stderr)
@@ -342,8 +380,6 @@ def _say_budget_and_data(spec, overrides: dict) -> None:
 
 def _warn_earlier_forms(storage, study_name: str, study, tune: bool) -> None:
     """A line on stderr for each stage of a continued study holding trials of an earlier form of their design."""
-    from ..studies.spec import tune_name
-
     stages = [study]
     if tune:
         try:
@@ -356,42 +392,15 @@ def _warn_earlier_forms(storage, study_name: str, study, tune: bool) -> None:
             print(line, file=sys.stderr)
 
 
-def _tune(spec, storage, tune_study: str, args: argparse.Namespace, overrides: dict, study) -> int:
-    """Run the tuning stage to its end: its grid, then, while a cell's best rate is at the edge of the rates it
-    tried, one more rate beyond that edge (``TuneOutcome.extend``, within ``tune.bounds``) on the same tuning seeds;
-    store the choice with ``study``. Returns the exit code of a stage that did not complete (0: done)."""
-    while True:
-        extra = stored_extra(storage, tune_study)  # as stored: another worker may have added rates meanwhile
-        stage = spec.tune_stage(extra)
-        code = run_grid(stage, storage, tune_study, args, overrides, stage="tune")
-        if code:
-            print(f"study '{study.study_name}': the tuning stage is not complete; the reported grid waits for it "
-                  "(rerun the same command)", file=sys.stderr)
-            return code
-        if not await_other_workers(stage, storage, tune_study):  # the choice reads every tuning run
-            continue
-        if stored_extra(storage, tune_study) != extra:  # another worker extended the grid meanwhile: train it too
-            continue
-        outcome = tune_outcome(spec, load_study(storage, tune_study), extra)
-        if not outcome.extend:
-            break
-        for key, rate in outcome.extend.items():
-            extra.setdefault(key, []).append(rate)
-        load_study(storage, tune_study).set_user_attr(TUNE_EXTRA, extra)
-        print(f"study '{study.study_name}': best learning rate at the edge of the rates tried; adding "
-              + "; ".join(f"{cell_text(k)} {rate:g}" for k, rate in outcome.extend.items())
-              + f" (bounds {list(spec.tune.bounds)})", file=sys.stderr)
-    study.set_user_attr(TUNED_LR, outcome.choice)
-    study.set_user_attr(TUNE_MEANS, outcome.means)
-    study.set_user_attr(TUNE_EXTRA, extra)
-    study.set_user_attr(TUNE_AT_BOUND, outcome.at_bound)
-    study.set_user_attr(TUNE_GRID, spec.tune.as_dict())
-    return 0
-
-
 def cores() -> int:
     """The CPU cores this process may run on."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def default_workers(spec, threads: int | None = None) -> int:
@@ -399,28 +408,12 @@ def default_workers(spec, threads: int | None = None) -> int:
     per core with one thread each (``--threads`` each when given): on 2 cores, 2 workers x 1 thread train a study's
     trials faster than 1 x 2 (docs/protocol.md, "Workers and threads"); at most one worker per trial of the larger
     stage. On a GPU one worker, since the local workers would share it (docs/scaling.md: one worker per GPU)."""
-    import torch
-
     point = spec.grid()[0] if spec.kind == "grid" else {"variant": spec.variants[0].label}
     accelerator = spec.run_config(point).accelerator
-    if accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available()):
+    if accelerator in ("gpu", "cuda") or (accelerator == "auto" and _cuda_available()):
         return 1
     trials = max(spec.size, spec.tune_stage().size if spec.tune is not None else 0)
     return max(1, min(cores() // (threads or 1), trials))
-
-
-def _tuning_note(spec, storage, study_name: str, attrs: dict) -> None:
-    """The tuning stage's optuna-dashboard note: the learning rate each variant got (a failure is one line)."""
-    from ..report.notes import save_note, tuning_note
-    from ..studies.spec import tune_name
-
-    try:
-        note = tuning_note(study_name, attrs[TUNED_LR], attrs.get(TUNE_MEANS) or {}, metric=spec.tune.metric,
-                           seeds=spec.tune.seeds)
-        save_note(load_study(storage, tune_name(study_name)), note)
-    except Exception as exc:  # noqa: BLE001 - a note must never stop the study
-        print(f"tuning stage's dashboard note not saved: {' '.join(str(exc).split()) or type(exc).__name__}",
-              file=sys.stderr)
 
 
 def _overrides(args: argparse.Namespace) -> dict:

@@ -8,17 +8,20 @@ from __future__ import annotations
 import json
 import sys
 
+from optuna.trial import TrialState
+
+from ..report.evidence import side
+from ..report.runs import read
 from ..studies.rules import contenders
 from ..studies.spec import CONTEND_POINTS, TUNED_LR, contend_name, tune_name
 from ..studies.storage import repeated_results
-from .study import cell_text, load_study, trial_point, tune_value
+from .study import cell_text, create_study, load_study, trial_point
+from .tuning import tune_value
 
 
 def tuning_table(spec, tune_study) -> dict[str, dict[float, dict[int, float]]]:
     """cell (:meth:`StudySpec.tune_key`) -> rate -> tuning seed -> value in the choice, from the tuning stage's
-    completed trials (the rule of :func:`ablations.run.study.tune_value`)."""
-    from optuna.trial import TrialState
-
+    completed trials (the rule of :func:`ablations.run.tuning.tune_value`)."""
     complete = tune_study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     repeats = repeated_results(complete)
     table: dict[str, dict[float, dict[int, float]]] = {}
@@ -60,8 +63,6 @@ def stored_points(storage, study_name: str) -> list[dict]:
 def prepare(spec, storage, study_name: str):
     """The contending stage of ``study_name`` (its spec, storage name and Optuna study), its points computed from the
     tuning stage and stored; None when every choice is settled (or the study has no tuning stage)."""
-    from .study import create_study
-
     if spec.tune is None or spec.first_look() or len(spec.tune.seeds) < 2:
         return None  # a first look is not evidence; one tuning seed cannot tell a settled choice
     chosen = load_study(storage, study_name).user_attrs.get(TUNED_LR) or {}
@@ -83,9 +84,6 @@ def count_from_runs(spec, path) -> int | None:
     """The contending trials a runs file's completed tuning stage calls for (a dry run's price of the stage before
     it runs): per cell, its contending rates × its reported seeds; None when the file's tuning stage has fewer than
     three seeds (the choice's spread is not known from it) or no reported runs to read the chosen rates from."""
-    from ..report.evidence import side
-    from ..report.runs import read
-
     data = read(path, spec, spec.study_name)
     if len({r.seed for r in data.tune_runs}) < 3:
         return None

@@ -35,14 +35,22 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import optuna
+from optuna.trial import FixedTrial, TrialState, create_trial
+
+import data
+import lit_modules
+
 from .. import layout
+from ..report.load import ReportError, own_seconds, run_mode
+from ..report.runs import read
 from .kept_modes import mode_facts
 from .objective import FORM_PARTS, Objective, categorical_axes, form_of, jsonable, suggest
 from .study import Stored, create_study, done_trials, point_key, trial_point
 
-# Imported where they are used, not here: torch, the datasets (data: torch), the model (lit_modules: torch), the
-# report's modules and Optuna. Each takes from a tenth of a second to seconds to import, and the command-line tools
-# start without them.
+# torch (about 1.7 s, measured with python -X importtime) is imported where a model's parameters are counted, and
+# the model and the datasets are reached through their packages (lit_modules, data: lazy, they load torch on first
+# use), so that --help and --list answer without torch.
 
 IMPORTED = "imported_from"  # user attr of an imported trial: the runs.csv it came from
 
@@ -58,11 +66,11 @@ def _grid_point_key(point: dict) -> str:
 
 def _matched(path: Path, spec, study_name: str) -> list[tuple[Any, dict | None]]:
     """This stage's rows of the runs file, each with the grid point of ``spec`` it trained (None: not a point)."""
-    data = _read(path, spec, study_name)
+    report = _read(path, spec, study_name)
     grid = {_grid_point_key(p): p for p in spec.grid()}
     keys = next(iter(grid.values())).keys()
     matched = []
-    for run in {"tune": data.tune_runs, "contend": data.contend_runs}.get(spec.stage, data.runs):
+    for run in {"tune": report.tune_runs, "contend": report.contend_runs}.get(spec.stage, report.runs):
         values = {"variant": run.variant, "depth": run.depth, "seed": run.seed, "lr": run.lr, **dict(run.extras)}
         matched.append((run, grid.get(_grid_point_key({k: values.get(k) for k in keys}))))
     return matched
@@ -72,14 +80,11 @@ def _param_count(config, cache: dict) -> int:
     """The parameters of ``config``'s model, built on the meta device (shapes only)."""
     import torch
 
-    from data import dataset_shape
-    from lit_modules import VisionTransformer
-
-    model_config = config.model_config(dataset_shape(config))
+    model_config = config.model_config(data.dataset_shape(config))
     key = json.dumps(model_config.to_dict(), sort_keys=True, default=str)
     if key not in cache:
         with torch.device("meta"):
-            cache[key] = sum(p.numel() for p in VisionTransformer(model_config, init_seed=0).parameters())
+            cache[key] = sum(p.numel() for p in lit_modules.VisionTransformer(model_config, init_seed=0).parameters())
     return cache[key]
 
 
@@ -87,8 +92,6 @@ def _mismatch(run, config, cache: dict) -> str | None:
     """What differs between a row and the config this study trains its point at (None: nothing): the residual and
     its options, the learning rate, the parameter count (model size, patches, dataset shape), the classes and, for a
     run that did not diverge, its epochs (another budget or ``--set max_epochs``)."""
-    from data import dataset_shape
-
     stored = run.config or {}
     if (fault := _residual_fault(run, config) or _form_fault(run, config)) is not None:
         return fault
@@ -97,7 +100,7 @@ def _mismatch(run, config, cache: dict) -> str | None:
     params = run.summary.get("param_count")
     if params is not None and int(params) != (expected := _param_count(config, cache)):
         return f"{int(params):,} parameters, this study's model {expected:,}"
-    classes, expected = stored.get("num_classes"), dataset_shape(config)["num_classes"]
+    classes, expected = stored.get("num_classes"), data.dataset_shape(config)["num_classes"]
     if classes is not None and int(classes) != expected:
         return f"{int(classes)} classes, this study's dataset {expected}"
     epochs = run.summary.get("epochs_completed")
@@ -120,13 +123,11 @@ def _forms(run, config) -> tuple[dict, dict] | None:
     """(the form the row recorded, with the options added since filled in as they were (``lit_modules.
     upgraded_form``), the form this version builds for ``config``), both parsed; None for a row that recorded none
     (a runs.csv written before the column). ValueError (one line) for a form that is not JSON."""
-    from lit_modules import upgraded_form
-
     recorded = run.summary.get(layout.FORM_KEY)
     if not recorded:
         return None
     try:
-        return upgraded_form(json.loads(layout.canonical_form(recorded))), form_of(config)
+        return lit_modules.upgraded_form(json.loads(layout.canonical_form(recorded))), form_of(config)
     except (json.JSONDecodeError, TypeError):
         raise ValueError(f"--import-runs: run {run.run_name or run.number}: column '{layout.FORM_KEY}' is not JSON: "
                          f"'{recorded}'") from None
@@ -172,8 +173,6 @@ def _only_the_rate(run, config, cache: dict) -> bool:
 
 
 def _user_attrs(run, config, stage: str, path: Path) -> dict[str, Any]:
-    from data import dataset_shape
-
     attrs = {k: v for k, v in run.summary.items() if v is not None}
     if (run.config or {}).get("num_classes") is not None:  # a diverged run's chance level in the paired tests
         attrs["num_classes"] = run.config["num_classes"]
@@ -183,15 +182,12 @@ def _user_attrs(run, config, stage: str, path: Path) -> dict[str, Any]:
                   "device": "cuda" if run.mode.endswith(" on cuda") else "cpu"}
     return attrs | {"run_name": run.run_name, "phase": stage, IMPORTED: str(path),
                     "config": jsonable(config.to_dict()),
-                    layout.MODEL_KEY: jsonable(config.model_config(dataset_shape(config)).to_dict())}
+                    layout.MODEL_KEY: jsonable(config.model_config(data.dataset_shape(config)).to_dict())}
 
 
 def _read(path: Path, spec, study_name: str):
     """The runs file as StudyData; a tuning stage's spec is read without its lr axis (a column of every row). A file
     written before the report recorded each run's configuration (no ``lr``, ``residual`` columns) is refused."""
-    from ..report.load import ReportError
-    from ..report.runs import read
-
     if path.is_file():
         with open(path, newline="", encoding="utf-8", errors="replace") as fh:
             header = next(csv.reader(fh), [])
@@ -220,8 +216,6 @@ def retrain_rule(without_per_image: bool = False, modes: tuple[str, ...] = ()):
     :func:`lacks_per_image`; ``modes``: rows that trained in one of these modes (runs.csv's ``mode``, e.g.
     ``32-true + explicit attention``), so that a study continued on a machine that chose another mode trains every
     reported run in one. None when nothing is chosen."""
-    from ..report.load import run_mode
-
     if not without_per_image and not modes:
         return None
 
@@ -238,8 +232,6 @@ def retrain_rule(without_per_image: bool = False, modes: tuple[str, ...] = ()):
 def check_retrain_modes(path: str | Path, spec, study_name: str, modes: tuple[str, ...]) -> None:
     """ValueError (one line) for a ``--retrain-mode`` that no reported row of the file trained in, naming those it
     has."""
-    from ..report.load import run_mode
-
     found = sorted({run_mode(r) for r, _ in _matched(Path(path), spec, study_name)})
     for mode in modes:
         if mode not in found:
@@ -255,17 +247,12 @@ def imported_done(path: str | Path, spec, study_name: str, retrain=None, known: 
     alone and which are not counted here; ``tuned``: the rates that storage's tuning stage chose, so that a reported
     row at another rate counts as training again, as the import treats it, and so does a row of an earlier form.
     Nothing else is checked against the study file beyond the points (the run does that)."""
-    from ..report.load import own_seconds
-
     path = Path(path)
     stages = ([spec.tune_stage()] if spec.tune is not None else []) + [spec]
     done, left, seconds, modes, added = [], [], {}, [], set()
     for stage in stages:
-        rows = [(r, p) for r, p in _matched(path, stage, study_name) if r.state == "complete" and p is not None
-                and (stage.stage, point_key(p)) not in known
-                and not (retrain is not None and stage.stage != "tune" and retrain(r))
-                and not _earlier_form(r, stage.run_config(p))
-                and not (tuned and stage.stage != "tune" and _other_rate(r, tuned.get(spec.tune_key(p))))]
+        rows = [(r, p) for r, p in _matched(path, stage, study_name)
+                if _joins(r, p, spec, stage, known, retrain, tuned)]
         finished = {point_key(p) for _, p in rows}
         done.append(len(finished))
         left += [p for p in stage.grid() if point_key(p) not in finished]
@@ -278,6 +265,20 @@ def imported_done(path: str | Path, spec, study_name: str, retrain=None, known: 
     tune_done, report_done = done if len(done) == 2 else (0, done[0])
     return Stored(tune_done, report_done, f"runs file {path} (--import-runs)", seconds, tuple(left), tuple(modes),
                   frozenset(added))
+
+
+def _joins(run, point: dict | None, spec, stage, known: frozenset, retrain, tuned: dict[str, float] | None) -> bool:
+    """Whether a row of the runs file joins ``stage`` of a dry run's storage as done (:func:`imported_done`): a
+    completed row of a point not ``known`` there, not left to train again by ``retrain``, by an earlier form of its
+    design or by a rate other than the ``tuned`` one of its cell."""
+    if run.state != "complete" or point is None or (stage.stage, point_key(point)) in known:
+        return False
+    reported = stage.stage != "tune"
+    if reported and retrain is not None and retrain(run):
+        return False
+    if _earlier_form(run, stage.run_config(point)):
+        return False
+    return not (reported and tuned and _other_rate(run, tuned.get(spec.tune_key(point))))
 
 
 def _same_rate(lr: float | None, rate: float) -> bool:
@@ -296,63 +297,92 @@ def import_runs(path: str | Path, spec, storage, study_name: str, overrides: dic
     study, ``report`` rows to the study) as COMPLETE trials of their grid points; points already done here are
     left alone; a reported row for which ``retrain`` (:func:`retrain_rule`) gives a reason is left out. ValueError
     (one line) for a row that is not this study's point; returns the trials added."""
-    import optuna
-    from optuna.trial import FixedTrial, TrialState, create_trial
-
     path = Path(path)
     matched = _matched(path, spec, study_name)
     study = create_study(spec, storage, study_name, seed=0)
     done = {point_key(trial_point(t)) for t in done_trials(study)}
     objective = Objective(spec, log_root=Path("."), overrides=overrides, tuned=tuned)
-    categorical, cache = categorical_axes(study, spec), {}
-    trials, here, outside, incomplete, other_rate, earlier, again = [], 0, 0, 0, 0, 0, {}
+    joining = _Joining(path, spec, objective, done, categorical_axes(study, spec), retrain)
     for run, point in matched:
-        if run.state != "complete":
-            incomplete += 1
-        elif point is None:
-            outside += 1
-        elif point_key(point) in done:
-            here += 1
-        elif retrain is not None and spec.stage != "tune" and (why := retrain(run)) is not None:
-            again[why] = again.get(why, 0) + 1
-        else:
-            config = objective.config(point)
-            if _earlier_form(run, config):
-                earlier += 1  # a default of its design changed since it trained: the point trains in today's form
-                continue
-            fault = _mismatch(run, config, cache)
-            if fault is not None and spec.stage != "tune" and _only_the_rate(run, config, cache):
-                other_rate += 1  # this study's tuning stage chose another rate for its cell: the point trains again
-                continue
-            if fault is not None:
-                raise ValueError(f"--import-runs: {path}: {spec.stage} run {run.run_name or run.number} trained "
-                                 f"{fault}: the file is from another version, budget or --set of the study; none of "
-                                 f"its {spec.stage} rows were imported")
-            fixed = FixedTrial(point)
-            suggest(fixed, spec, categorical)  # the distributions the objective gives the point
-            value = run.summary.get(spec.metric)
-            value = float(value) if value is not None and math.isfinite(value) else (
-                0.0 if spec.direction == "maximize" else math.inf)
-            trials.append(create_trial(state=TrialState.COMPLETE, value=value, params=fixed.params,
-                                       distributions=fixed.distributions, user_attrs=_user_attrs(
-                                           run, config, spec.stage, path), system_attrs={"fixed_params": point},
-                                       intermediate_values={epoch - 1: v for epoch, v in run.curve.items()}))
-            done.add(point_key(point))
-    if outside and not trials and not here:
+        joining.take(run, point)
+    if joining.outside and not joining.trials and not joining.here:
         raise ValueError(f"--import-runs: no completed row of '{path}' is a point of {spec.stage} study "
-                         f"'{study_name}' ({outside} row(s) of other points): is it another study's runs.csv?")
+                         f"'{study_name}' ({joining.outside} row(s) of other points): is it another study's runs.csv?")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study.add_trials(trials)
+    study.add_trials(joining.trials)
     stage = {"tune": "tuning-stage", "contend": "contending-rate", "round": "second-look"}.get(spec.stage, "reported")
-    print(f"--import-runs {path}: {len(trials)} completed {stage} trial(s) joined '{study_name}' as done"
-          + "".join(f"; {n} {what}" for n, what in ((here, "already done here"),
-                                                    (outside, "not points of this study (left out)"),
-                                                    (incomplete, "not complete (they train again)"),
-                                                    (other_rate, "trained at another learning rate than this "
-                                                                 "study's tuning stage chose (they train again)"),
-                                                    (earlier, "built in an earlier form of their design, a default "
-                                                              "has changed since (they train again)"),
-                                                    *((n, why) for why, n in again.items()))
-                          if n),
-          file=sys.stderr)
-    return len(trials)
+    print(f"--import-runs {path}: {len(joining.trials)} completed {stage} trial(s) joined '{study_name}' as done"
+          + "".join(f"; {n} {what}" for n, what in joining.left_out() if n), file=sys.stderr)
+    return len(joining.trials)
+
+
+@dataclasses.dataclass
+class _Joining:
+    """The rows of a runs file sorted for one stage's import (:func:`import_runs`), row by row: the trials to add
+    (their points join ``done``) and a count of each kind of row left out."""
+
+    path: Path
+    spec: Any
+    objective: Any
+    done: set[str]
+    categorical: frozenset[str]
+    retrain: Any = None
+    cache: dict = dataclasses.field(default_factory=dict)
+    trials: list = dataclasses.field(default_factory=list)
+    here: int = 0
+    outside: int = 0
+    incomplete: int = 0
+    other_rate: int = 0
+    earlier: int = 0
+    again: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def take(self, run, point: dict | None) -> None:
+        """One row and the grid point it trained (None: not a point of the stage)."""
+        if run.state != "complete":
+            self.incomplete += 1
+        elif point is None:
+            self.outside += 1
+        elif point_key(point) in self.done:
+            self.here += 1
+        elif self.retrain is not None and self.spec.stage != "tune" and (why := self.retrain(run)) is not None:
+            self.again[why] = self.again.get(why, 0) + 1
+        else:
+            self._add(run, point)
+
+    def _add(self, run, point: dict) -> None:
+        """A completed row of a point not done here: a trial, unless its model's form or rate says it trains again;
+        ValueError (one line) for a row that trained something else than its point."""
+        spec, config = self.spec, self.objective.config(point)
+        if _earlier_form(run, config):
+            self.earlier += 1  # a default of its design changed since it trained: the point trains in today's form
+            return
+        fault = _mismatch(run, config, self.cache)
+        if fault is not None and spec.stage != "tune" and _only_the_rate(run, config, self.cache):
+            self.other_rate += 1  # this study's tuning stage chose another rate for its cell: the point trains again
+            return
+        if fault is not None:
+            raise ValueError(f"--import-runs: {self.path}: {spec.stage} run {run.run_name or run.number} trained "
+                             f"{fault}: the file is from another version, budget or --set of the study; none of "
+                             f"its {spec.stage} rows were imported")
+        fixed = FixedTrial(point)
+        suggest(fixed, spec, self.categorical)  # the distributions the objective gives the point
+        value = run.summary.get(spec.metric)
+        value = float(value) if value is not None and math.isfinite(value) else (
+            0.0 if spec.direction == "maximize" else math.inf)
+        self.trials.append(create_trial(state=TrialState.COMPLETE, value=value, params=fixed.params,
+                                        distributions=fixed.distributions,
+                                        user_attrs=_user_attrs(run, config, spec.stage, self.path),
+                                        system_attrs={"fixed_params": point},
+                                        intermediate_values={epoch - 1: v for epoch, v in run.curve.items()}))
+        self.done.add(point_key(point))
+
+    def left_out(self) -> tuple[tuple[int, str], ...]:
+        """(count, what) of each kind of row not added, in the order the import's line names them."""
+        return ((self.here, "already done here"),
+                (self.outside, "not points of this study (left out)"),
+                (self.incomplete, "not complete (they train again)"),
+                (self.other_rate, "trained at another learning rate than this study's tuning stage chose (they "
+                                  "train again)"),
+                (self.earlier, "built in an earlier form of their design, a default has changed since (they train "
+                               "again)"),
+                *((n, why) for why, n in self.again.items()))

@@ -21,13 +21,18 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import optuna
+from optuna.trial import TrialState
+
+import data
+
 from .. import layout
 from ..machine.modes import Mode, choose_mode, mode_text, ran_on_cuda, tokens
 from ..studies.spec import parent_name, tune_name
 from ..training import lightning_accelerator, with_mode
 
-# Imported where they are used, not here: the datasets (data: torch) and Optuna. Each takes from a tenth of a second
-# to seconds to import, and the command-line tools start without them.
+# The datasets are reached through their package (data: lazy, it loads torch on first use), so that --help and
+# --list answer without torch (about 1.7 s, measured with python -X importtime).
 
 #: Seconds between two readings of a running study's kept modes by one worker (reading every trial of a study of
 #: hundreds takes about a second): other machines' runs count within minutes, as the study's first runs complete.
@@ -49,9 +54,7 @@ def trial_cell(attrs: dict[str, Any]) -> Cell | None:
 
 def config_cell(config: Any) -> Cell:
     """The cell a run of ``config`` trains in on this machine (its accelerator resolved as the run resolves it)."""
-    from data import dataset_shape
-
-    shape = dataset_shape(config)
+    shape = data.dataset_shape(config)
     device = "cuda" if lightning_accelerator(config.accelerator) == "gpu" else "cpu"
     return device, config.embed_dim, tokens(shape["img_size"], config.patch_size or shape["patch_size"])
 
@@ -65,8 +68,6 @@ def mode_facts(attrs: dict[str, Any]) -> dict[str, Any]:
 
 def completed(trials: Iterable[Any]) -> list[dict[str, Any]]:
     """The mode facts of the completed ``trials``, in trial order: what :func:`kept_modes` reads."""
-    from optuna.trial import TrialState
-
     return [mode_facts(t.user_attrs) for t in sorted(trials, key=lambda t: t.number) if t.state == TrialState.COMPLETE]
 
 
@@ -120,8 +121,6 @@ def study_trials(storage, study_name: str, stage: str) -> list[Any]:
     """The trials of a study and, for its reported stage, of its tuning stage (the same study's runs); for its
     contending rates' stage (``<study>-contend``), also the study's reported and tuning runs, whose mode the
     contending runs must keep (their differences from the chosen rate's runs are the rate's, not the kernel's)."""
-    import optuna
-
     if stage in ("contend", "round"):
         parent = parent_name(study_name)
         names = [study_name, parent, tune_name(parent)]

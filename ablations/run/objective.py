@@ -18,6 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import optuna
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState
+
+import data
+import lit_modules
+
 from .. import layout
 from ..dashboard import run_name, study_columns
 from ..studies.spec import SPAWN_STRATEGIES, StudySpec
@@ -26,8 +33,9 @@ from ..training import run_training, with_mode
 from . import kept_modes
 from .kept_modes import keep_mode, kept_for
 
-# Imported where they are used, not here: Optuna, torch, the model (lit_modules: torch) and the datasets (data:
-# torch). Each takes from a tenth of a second to seconds to import, and the command-line tools start without them.
+# torch (about 1.7 s, measured with python -X importtime) and optuna_integration (which loads Lightning: seconds) are
+# imported where a trial uses them, and the model and the datasets are reached through their packages (lit_modules,
+# data: lazy, they load torch on first use), so that --help and --list answer without torch.
 
 log = logging.getLogger("ablations.run")
 
@@ -91,8 +99,6 @@ def categorical_axes(study, spec: StudySpec) -> frozenset[str]:
     """Axes a stored study holds as categoricals although its file's values are numeric (a stored study keeps the
     distribution kind it began with): they stay categorical, since Optuna fixes a parameter's distribution kind
     for the life of a study."""
-    from optuna.distributions import CategoricalDistribution
-
     found = set()
     for t in study.get_trials(deepcopy=False):
         found |= {n for n, d in t.distributions.items() if n in spec.axes and isinstance(d, CategoricalDistribution)}
@@ -156,11 +162,6 @@ class Objective:
     def prepare(self, trial) -> Prepared:
         """Everything before training: the trial's point (``TrialPruned`` for a surplus or duplicate grid trial),
         its config, run folder and checkpoint to resume, and the user attrs that say what it is."""
-        import optuna
-
-        from data import dataset_shape
-        from lit_modules import upgraded_form
-
         stored = trial.study.get_trials(deepcopy=False)
         frozen = next(t for t in stored if t.number == trial.number)
         if self.spec.kind == "grid" and "fixed_params" not in frozen.system_attrs:
@@ -181,12 +182,12 @@ class Objective:
         original = retried_trial_number(frozen)
         run_name = self.run_name(trial, params, config, original)
         ckpt_dir = self.log_root / run_name / layout.CHECKPOINTS
-        model = asked.model_config(dataset_shape(asked))
+        model = asked.model_config(data.dataset_shape(asked))
         form = layout.canonical_form(model_form(model))
         if original is not None:  # a retry: continue the dead attempt's training, unless it began in another form
             ckpt_path = _usable_checkpoint(ckpt_dir / "last.ckpt")
             began = next((t.user_attrs.get(layout.FORM_KEY) for t in stored if t.number == original), None)
-            if ckpt_path is not None and began and layout.canonical_form(upgraded_form(began)) != form:
+            if ckpt_path is not None and began and layout.canonical_form(lit_modules.upgraded_form(began)) != form:
                 log.warning("trial %d began in an earlier form of its design (a default changed since: %s, now %s); "
                             "not resuming its checkpoint: trial %d starts from scratch", original, began, form,
                             trial.number)
@@ -213,7 +214,6 @@ class Objective:
 
     def train(self, trial, prepared: Prepared) -> float:
         """Train a prepared trial as a plain run (``run_training``) and return its objective value."""
-        import optuna
         from optuna_integration import PyTorchLightningPruningCallback
 
         # The pruning callback reports val acc per epoch (the curve the report draws); it prunes only when the
@@ -281,7 +281,6 @@ class Objective:
         enqueueing the same grid at the same instant can duplicate a WAITING trial; this keeps runs unique)."""
         if self.spec.kind != "grid":
             return None
-        from optuna.trial import TrialState
 
         for other in trial.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING)):
             if other.number == trial.number or other.params != params:
@@ -300,8 +299,6 @@ def worker_id(pid: int | None = None) -> str:
 def _check_pruned(pruning, summary: dict[str, Any]) -> None:
     """Under ``ddp_spawn`` the ranks only flag a pruned trial in the storage: raise ``TrialPruned`` here (with the
     summary of the epochs run, as a single-process prune has it). Nothing happens for single-process trials."""
-    import optuna
-
     try:
         pruning.check_pruned()
     except optuna.TrialPruned as exc:
@@ -361,9 +358,7 @@ def form_of(config) -> dict[str, dict[str, Any]]:
     key = json.dumps({k: v for k, v in config.to_dict().items() if k not in ("seed", "lr")}, sort_keys=True,
                      default=str)
     if key not in _FORMS:
-        from data import dataset_shape
-
-        _FORMS[key] = json.dumps(model_form(config.model_config(dataset_shape(config))))
+        _FORMS[key] = json.dumps(model_form(config.model_config(data.dataset_shape(config))))
     return json.loads(_FORMS[key])
 
 
@@ -371,8 +366,6 @@ def model_form(model) -> dict[str, dict[str, Any]]:
     """The form of a model config (``lit_modules.config.ViTConfig``): ``{part: {"kind": ..., "options": ...}}`` for
     its residual, attention, norm layer and parametrization, each part's options with their defaults filled in
     (``lit_modules.resolved_options``), as plain JSON values."""
-    from lit_modules import resolved_options
-
-    options = resolved_options(model)
+    options = lit_modules.resolved_options(model)
     return jsonable({part: {"kind": getattr(model, kind), "options": options[part]}
                      for part, (kind, _) in FORM_PARTS.items()})

@@ -4,16 +4,34 @@ FLOP-based estimate) and the GPU-hours on a named GPU class."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import statistics
 from pathlib import Path
 
+import optuna
+from optuna.trial import TrialState
+
+import data
+import lit_modules
+
 from .. import layout
-from ..pricing.gpu_hours import DEFAULT_GPU
-from ..studies.spec import TUNE_EXTRA
-from ..studies.storage import redact
+from ..machine import timing
+from ..machine.modes import choose_mode, measured_step, tokens
+from ..pricing.engine import engine_lines
+from ..pricing.gpu_hours import DEFAULT_GPU, describe_estimate, estimate, forward_flops, recipe_line, training_flops
+from ..report.load import own_seconds
+from ..studies.spec import TUNE_EXTRA, tune_name
+from ..studies.storage import redact, sqlite_path
+from ..training import with_mode
+from .contend import dry_run_trials as contend_trials
+from .kept_modes import completed, keep_mode, kept_for, kept_lines, kept_modes
 from .study import Stored, done_trials, grid_keys, point_key, trial_point
 from .workers import quiet
+
+# torch (about 1.7 s, measured with python -X importtime) is imported where a model is timed (--measure), and the
+# models and datasets (lit_modules, data: lazy packages that load torch and Lightning on first use) are reached
+# through their packages, so that --help and --list answer without them.
 
 #: Seconds per trial not proportional to FLOPs (Trainer set-up, data, logging) and effective train-step
 #: GFLOP/s of this 2-core CPU for the small default models; calibrated on the residual_variants default run
@@ -30,50 +48,68 @@ def stored_done(url: str, study_name: str, spec) -> Stored | None:
     """What the study stored at ``url`` has done (:class:`Stored`), for a dry run's "what is left": None when
     nothing is stored yet (a SQLite file that does not exist is not created) or the storage cannot be read (the dry
     run then prices the whole study)."""
-    import optuna
-    from optuna.trial import TrialState
-
-    from ..report.load import own_seconds
-    from ..studies.spec import tune_name
-    from ..studies.storage import sqlite_path
-
     path = sqlite_path(url)
     if path is not None and not path.is_file():
         return None
     stages = ([(tune_name(study_name), spec.tune_stage())] if spec.tune is not None else []) + [(study_name, spec)]
-    from .kept_modes import completed
-
-    seconds: dict[tuple[str, int | None], list[float]] = {}
-    done, left, modes, finished = [], [], [], set()
+    tally = _Tally()
     quiet()
     try:
         for name, stage in stages:
-            try:
-                study = optuna.load_study(study_name=name, storage=url)
-            except KeyError:  # no such study stored yet
-                done.append(0)
-                left += stage.grid() if stage.kind == "grid" else []
-                continue
-            if stage.stage == "tune":  # with the rates it has added beyond its grid's edges
-                stage = spec.tune_stage(study.user_attrs.get(TUNE_EXTRA) or {})
-            trials = done_trials(study)
-            modes += completed(trials)
-            if stage.kind != "grid":
-                done.append(len(trials))
-                continue
-            here = {point_key(trial_point(t)) for t in trials}
-            done.append(len(here & grid_keys(stage)))  # what count_done counts, from the same trials
-            left += [p for p in stage.grid() if point_key(p) not in here]
-            finished |= {(stage.stage, key) for key in here}
-            for t in trials:
-                params, wall = trial_point(t), own_seconds(t.user_attrs)  # a stacked trial: its share
-                if t.state == TrialState.COMPLETE and wall is not None and "variant" in params:
-                    seconds.setdefault((params["variant"], params.get("depth")), []).append(float(wall))
+            tally.add(spec, stage, _stored_study(name, url))
     except Exception:  # noqa: BLE001 - a dry run never fails on the storage: it just cannot say what is done
         return None
-    tune_done, report_done = done if len(done) == 2 else (0, done[0])
-    return (Stored(tune_done, report_done, redact(url), seconds, tuple(left), tuple(modes), frozenset(finished))
-            if tune_done or report_done else None)
+    return tally.stored(redact(url))
+
+
+def _stored_study(name: str, url: str):
+    """The study ``name`` stored at ``url``; None when there is none yet."""
+    try:
+        return optuna.load_study(study_name=name, storage=url)
+    except KeyError:
+        return None
+
+
+@dataclasses.dataclass
+class _Tally:
+    """What the stages of a stored study have done, added stage by stage (:func:`stored_done`): trials done per
+    stage, the grid points left and done, the mode facts and the wall times of their completed trials."""
+
+    done: list[int] = dataclasses.field(default_factory=list)
+    left: list[dict] = dataclasses.field(default_factory=list)
+    modes: list[dict] = dataclasses.field(default_factory=list)
+    finished: set[tuple[str, str]] = dataclasses.field(default_factory=set)
+    seconds: dict[tuple[str, int | None], list[float]] = dataclasses.field(default_factory=dict)
+
+    def add(self, spec, stage, study) -> None:
+        """One stage of ``spec`` and its stored ``study`` (None: not stored yet, so all its points are left)."""
+        if study is None:
+            self.done.append(0)
+            self.left += stage.grid() if stage.kind == "grid" else []
+            return
+        if stage.stage == "tune":  # with the rates it has added beyond its grid's edges
+            stage = spec.tune_stage(study.user_attrs.get(TUNE_EXTRA) or {})
+        trials = done_trials(study)
+        self.modes += completed(trials)
+        if stage.kind != "grid":
+            self.done.append(len(trials))
+            return
+        here = {point_key(trial_point(t)) for t in trials}
+        self.done.append(len(here & grid_keys(stage)))  # what count_done counts, from the same trials
+        self.left += [p for p in stage.grid() if point_key(p) not in here]
+        self.finished |= {(stage.stage, key) for key in here}
+        for t in trials:
+            params, wall = trial_point(t), own_seconds(t.user_attrs)  # a stacked trial: its share
+            if t.state == TrialState.COMPLETE and wall is not None and "variant" in params:
+                self.seconds.setdefault((params["variant"], params.get("depth")), []).append(float(wall))
+
+    def stored(self, where: str) -> Stored | None:
+        """What is stored at ``where``; None when no stage has done anything."""
+        tune_done, report_done = self.done if len(self.done) == 2 else (0, self.done[0])
+        if not tune_done and not report_done:
+            return None
+        return Stored(tune_done, report_done, where, self.seconds, tuple(self.left), tuple(self.modes),
+                      frozenset(self.finished))
 
 
 def measured_left(stored: Stored, workers: int, fallback_s: float,
@@ -106,70 +142,117 @@ def dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = P
     estimate times that factor (its fixed per-trial overhead once). Trains nothing. The GPU-hours estimate stays
     FLOP-based; a grid's engine line prices its stacks (of at most ``stack`` trials) from a measured stacked GPU
     step (:mod:`ablations.pricing.engine`)."""
-    from ..pricing.gpu_hours import describe_estimate, estimate, recipe_line
-    from .contend import dry_run_trials as contend_trials
+    tune = _say_tuning(spec)
+    tune_size = tune.size if tune is not None else 0
+    _say_study(spec, stored, tune_size)
+    points = _say_points(spec)
+    configs = [spec.run_config(p, overrides) for p in points]
+    _say_recipe(configs, overrides, results_dir)
+    threads = overrides.get("threads") or max(1, (os.cpu_count() or 1) // workers)
+    kept = kept_modes(stored.modes, retrain_modes) if stored is not None else {}  # a continued study's mode
+    _say(kept_lines(kept, configs, results_dir, threads))
+    rates = [measured_rate(config, threads, results_dir, kept_for(config, kept)) for config in configs]
+    seconds, cells = (_measured_seconds(points, configs, kept, rates, threads, results_dir) if measure
+                      else _flop_seconds(configs, rates))
+    per_trial = sum(seconds) / len(seconds)
+    trials = spec.size + tune_size
+    print(_time_line(stored, trials, tune_size, per_trial, rates, workers, threads))
+    if stored and (line := measured_left(stored, workers, per_trial, cells)):
+        print(line)
+    _say_later_stages(spec, import_runs, per_trial, workers)
+    _say(describe_estimate(estimate(configs, trials, gpu, results_dir)))
+    if spec.kind == "grid":  # the engine's price on a GPU, from a measured stacked step (ablations.pricing.engine)
+        tuning = [tune.run_config(p, overrides) for p in tune.grid()] if tune_size else []
+        _say(engine_lines(configs + tuning, gpu, results_dir, stack or 32))
+    return 0
 
-    tune_size = 0
-    if spec.tune is not None:
-        tune = spec.tune_stage()
-        tune_size = tune.size
-        extend = (f"; while a cell's best lr is at the edge of the rates tried, one more (x2 or /2) within "
-                  f"{list(spec.tune.bounds)}, {len(spec.tune.seeds)} trials each" if spec.tune.bounds else "")
-        print(f"tuning stage {tune.study_name}: {tune.size} trials first (each variant x "
-              + "".join(f"{a} {v} x " for a, v in tune.axes.items() if a not in ("seed", "lr"))
-              + f"lr {list(spec.tune.lr)} x tuning seeds {list(spec.tune.seeds)}{extend}); each variant's lr = the "
-              f"highest mean {spec.tune.metric}; the reported grid below then trains at it")
+
+def _say(lines) -> None:
+    """Print each of ``lines``."""
+    for line in lines:
+        print(line)
+
+
+def _say_tuning(spec):
+    """The tuning stage, when the study has one: its trials, how it extends at its edges, and how the reported
+    grid's rates are chosen. Returns the stage (None without one)."""
+    if spec.tune is None:
+        return None
+    tune = spec.tune_stage()
+    extend = (f"; while a cell's best lr is at the edge of the rates tried, one more (x2 or /2) within "
+              f"{list(spec.tune.bounds)}, {len(spec.tune.seeds)} trials each" if spec.tune.bounds else "")
+    print(f"tuning stage {tune.study_name}: {tune.size} trials first (each variant x "
+          + "".join(f"{a} {v} x " for a, v in tune.axes.items() if a not in ("seed", "lr"))
+          + f"lr {list(spec.tune.lr)} x tuning seeds {list(spec.tune.seeds)}{extend}); each variant's lr = the "
+          f"highest mean {spec.tune.metric}; the reported grid below then trains at it")
+    return tune
+
+
+def _say_study(spec, stored: Stored | None, tune_size: int) -> None:
+    """The study's kind, size and metric, its resolved base, and what its storage has done already."""
     print(f"study {spec.study_name}: {spec.kind}, {spec.size} trials, metric {spec.metric} ({spec.direction})")
     print("base (resolved): " + ", ".join(f"{k}={v}" for k, v in spec.base.items()))
-    tune_done, report_done = stored[:2] if stored else (0, 0)
     if stored:
-        print(f"stored in {stored[2]}: {report_done} of the {spec.size} reported trials done"
-              + (f" and {tune_done} of the {tune_size} tuning trials" if tune_size else "")
+        print(f"stored in {stored.where}: {stored.report_done} of the {spec.size} reported trials done"
+              + (f" and {stored.tune_done} of the {tune_size} tuning trials" if tune_size else "")
               + "; a run continues with the rest")
+
+
+def _say_points(spec) -> list[dict]:
+    """A grid's points, or a search's space and pruner; returns the points priced (a search: one per variant)."""
     if spec.kind == "grid":
         points = spec.grid()
         for params in points:
             print("  " + ", ".join(f"{k}={v}" for k, v in params.items()))
-    else:
-        points = [{"variant": v.label} for v in spec.variants]
-        for label, space in spec.space.items():
-            print(f"  {label}: " + "; ".join(f"{k} ~ {v}" for k, v in space.items()))
-        print(f"  pruner: {spec.pruner}")
-    configs = [spec.run_config(p, overrides) for p in points]
+        return points
+    for label, space in spec.space.items():
+        print(f"  {label}: " + "; ".join(f"{k} ~ {v}" for k, v in space.items()))
+    print(f"  pruner: {spec.pruner}")
+    return [{"variant": v.label} for v in spec.variants]
+
+
+def _say_recipe(configs: list, overrides: dict, results_dir: Path) -> None:
+    """The training recipe of the first point (and the others' where they differ), and its precision here."""
     names = sorted({c.recipe for c in configs})
     print(recipe_line(configs[0]) + (f" (first point; the points use recipes {', '.join(names)})"
                                      if len(names) > 1 else ""))
     print(_auto_line(configs[0], overrides, results_dir))
-    threads = overrides.get("threads") or max(1, (os.cpu_count() or 1) // workers)
-    from .kept_modes import keep_mode, kept_for, kept_lines, kept_modes
 
-    kept = kept_modes(stored.modes, retrain_modes) if stored is not None else {}  # a continued study's mode
-    for line in kept_lines(kept, configs, results_dir, threads):
-        print(line)
-    rates = [measured_rate(config, threads, results_dir, kept_for(config, kept)) for config in configs]
-    seconds = [estimate_seconds(config, rate[0] if rate else None) for config, rate in zip(configs, rates, strict=True)]
-    cells = None
-    if measure:
-        factors = model_factors([keep_mode(c, kept) for c in configs], threads, results_dir)
-        seconds = [TRIAL_OVERHEAD_S + (estimate_seconds(standard_twin(config), rate[0] if rate else None)
-                                       - TRIAL_OVERHEAD_S) * factor
-                   for config, rate, factor in zip(configs, rates, factors, strict=True)]
-        cells = {(p.get("variant"), p.get("depth")): sec for p, sec in zip(points, seconds, strict=True)}
-        timed = {}
-        for p, config, factor in zip(points, configs, factors, strict=True):
-            if config.residual != "standard":
-                timed.setdefault(p["variant"] + ("" if p.get("depth") is None else f" d{p['depth']}"), factor)
-        print(f"measured here (--measure: each model's train step beside its standard twin, {FACTOR_REPS} rounds x "
-              f"{FACTOR_STEPS} steps, {threads} thread(s)): "
-              + (", ".join(f"{label} {factor:.2f}x" for label, factor in timed.items()) or "only standard models")
-              + "; each trial is priced at its twin's estimate x that factor (the fixed per-trial overhead once)")
-    elif any(config.residual != "standard" for config in configs):
+
+def _measured_seconds(points: list[dict], configs: list, kept: dict, rates: list, threads: int,
+                      results_dir: Path) -> tuple[list[float], dict]:
+    """``--measure``: each point's seconds per trial at its standard twin's estimate times its model's measured
+    factor (:func:`model_factors`, in the study's ``kept`` mode; the fixed overhead once), by point and by (variant,
+    depth) cell; one line says what was timed."""
+    factors = model_factors([keep_mode(c, kept) for c in configs], threads, results_dir)
+    seconds = [TRIAL_OVERHEAD_S + (estimate_seconds(standard_twin(config), rate[0] if rate else None)
+                                   - TRIAL_OVERHEAD_S) * factor
+               for config, rate, factor in zip(configs, rates, factors, strict=True)]
+    timed = {}
+    for p, config, factor in zip(points, configs, factors, strict=True):
+        if config.residual != "standard":
+            timed.setdefault(p["variant"] + ("" if p.get("depth") is None else f" d{p['depth']}"), factor)
+    print(f"measured here (--measure: each model's train step beside its standard twin, {FACTOR_REPS} rounds x "
+          f"{FACTOR_STEPS} steps, {threads} thread(s)): "
+          + (", ".join(f"{label} {factor:.2f}x" for label, factor in timed.items()) or "only standard models")
+          + "; each trial is priced at its twin's estimate x that factor (the fixed per-trial overhead once)")
+    return seconds, {(p.get("variant"), p.get("depth")): sec for p, sec in zip(points, seconds, strict=True)}
+
+
+def _flop_seconds(configs: list, rates: list) -> tuple[list[float], None]:
+    """Each point's seconds per trial from its FLOPs (:func:`estimate_seconds`) at this CPU's measured rate where
+    there is one; where a model is not standard, one line says how far its price may be off."""
+    if any(config.residual != "standard" for config in configs):
         print("(the estimate prices every model at standard's FLOP rate; multi-stream and depth-aggregating "
               "residuals run up to 3x slower per FLOP at small sizes: add --measure to time each model here)")
-    per_trial = sum(seconds) / len(seconds)
-    trials = spec.size + tune_size
+    return [estimate_seconds(c, rate[0] if rate else None) for c, rate in zip(configs, rates, strict=True)], None
+
+
+def _time_line(stored: Stored | None, trials: int, tune_size: int, per_trial: float, rates: list, workers: int,
+               threads: int) -> str:
+    """The estimated time on this machine of the trials left, and what it rests on."""
+    tune_done, report_done = (stored.tune_done, stored.report_done) if stored else (0, 0)
     left = trials - report_done - tune_done
-    total = per_trial * left / workers
     count = f"{left} of {trials} trials left" if stored else f"{trials} trials" if tune_size else ""
     count += " with the tuning stage" if count and tune_size else ""
     measured = [rate for rate in rates if rate]
@@ -177,12 +260,13 @@ def dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = P
              if len(measured) == len(rates) else
              f"a rough FLOP-based estimate at {EFFECTIVE_GFLOPS:.0f} GFLOP/s (no measured train step of this CPU "
              "for every cell yet: a run measures them first)")
-    print(f"estimated time on this machine: {duration_text(total)} ({duration_text(per_trial)} per trial"
-          + (f", {count}" if count else "")
-          + f"; {workers} worker(s) x {threads} thread(s); {basis}, + {TRIAL_OVERHEAD_S:.0f} s per trial)")
-    measured_line = measured_left(stored, workers, per_trial, cells) if stored else None
-    if measured_line:
-        print(measured_line)
+    return (f"estimated time on this machine: {duration_text(per_trial * left / workers)} "
+            f"({duration_text(per_trial)} per trial" + (f", {count}" if count else "")
+            + f"; {workers} worker(s) x {threads} thread(s); {basis}, + {TRIAL_OVERHEAD_S:.0f} s per trial)")
+
+
+def _say_later_stages(spec, import_runs: Path | None, per_trial: float, workers: int) -> None:
+    """The stages that may follow the reported grid: the contending rates, and a second look at undecided claims."""
     if (contend := contend_trials(spec, import_runs)) is not None:
         known, most = contend
         what = (f"{known} trials for the rate choices of the file's tuning stage that are not settled"
@@ -194,15 +278,6 @@ def dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = P
         print(f"second look (stage {spec.study_name}-round, after the first look's verdicts): the rows of the claim "
               f"lines still undecided train {len(spec.axes.get('seed', []))} more seeds each — at most {spec.size} "
               f"trials (about {duration_text(per_trial * spec.size / max(1, workers))}), and their contending rates")
-    for line in describe_estimate(estimate(configs, trials, gpu, results_dir)):
-        print(line)
-    if spec.kind == "grid":  # the engine's price on a GPU, from a measured stacked step (ablations.pricing.engine)
-        from ..pricing.engine import engine_lines
-
-        tuning = [tune.run_config(p, overrides) for p in tune.grid()] if tune_size else []
-        for line in engine_lines(configs + tuning, gpu, results_dir, stack or 32):
-            print(line)
-    return 0
 
 
 def standard_twin(config):
@@ -219,16 +294,7 @@ def model_factors(configs: list, threads: int, results_dir: Path) -> list[float]
     table). 1.0 for a standard model (its FLOPs are what the estimate counts). Each distinct model is timed once.
     Multi-stream and depth-aggregating residuals add many small operations per site, which cost more than their
     FLOPs at the studies' sizes (Hyper-Connections and mHC 1.3-3x a standard step at width 64)."""
-    import json
-
     import torch
-
-    from data import dataset_shape
-    from lit_modules import VisionTransformer
-
-    from ..machine.modes import choose_mode, tokens
-    from ..machine.timing import image_batch, interleave, median, round_ratios, train_step
-    from ..training import with_mode
 
     factors: dict[str, float] = {}
     out = []
@@ -240,19 +306,20 @@ def model_factors(configs: list, threads: int, results_dir: Path) -> list[float]
                 if config.residual == "standard":
                     out.append(1.0)
                     continue
-                shape = dataset_shape(config)
+                shape = data.dataset_shape(config)
                 key = json.dumps(config.model_config(shape).to_dict(), sort_keys=True, default=str)
                 if key not in factors:
                     count = tokens(shape["img_size"], config.patch_size or shape["patch_size"])
                     trained = config if config.precision != "auto" else with_mode(config, choose_mode(
                         "cpu", config.embed_dim, count, results_dir=results_dir, threads=threads))  # as training does
                     precision = trained.precision if trained.precision in ("32-true", "bf16-mixed") else "32-true"
-                    batch = image_batch(min(config.batch_size, FACTOR_MAX_BATCH), shape["in_chans"],
+                    batch = timing.image_batch(min(config.batch_size, FACTOR_MAX_BATCH), shape["in_chans"],
                                         shape["img_size"], shape["num_classes"])
-                    fns = {name: train_step(VisionTransformer(c.model_config(shape), init_seed=0), batch, precision)
+                    fns = {name: timing.train_step(lit_modules.VisionTransformer(c.model_config(shape), init_seed=0),
+                                                   batch, precision)
                            for name, c in (("model", trained), ("standard", standard_twin(trained)))}
-                    times = interleave(fns, reps=FACTOR_REPS, steps=FACTOR_STEPS, warmup=1, device="cpu")
-                    factors[key] = median(round_ratios(times, "model", "standard"))
+                    times = timing.interleave(fns, reps=FACTOR_REPS, steps=FACTOR_STEPS, warmup=1, device="cpu")
+                    factors[key] = timing.median(timing.round_ratios(times, "model", "standard"))
                 out.append(factors[key])
     finally:
         torch.set_num_threads(previous)
@@ -264,11 +331,7 @@ def _auto_line(config, overrides: dict, results_dir: Path) -> str:
     this CPU's signature, or a measurement the study makes before its first trial."""
     if config.precision != "auto":
         return f"precision: {config.precision} (fixed by the study)"
-    from data import dataset_shape
-
-    from ..machine.modes import choose_mode, tokens
-
-    shape = dataset_shape(config)
+    shape = data.dataset_shape(config)
     count = tokens(shape["img_size"], config.patch_size or shape["patch_size"])
     threads = overrides.get("threads") or os.cpu_count() or 1
     mode = choose_mode("cpu", config.embed_dim, count, results_dir=results_dir, threads=threads)
@@ -294,8 +357,6 @@ def estimate_seconds(config, flops_per_s: float | None = None) -> float:
     """Wall time of one trial on this machine: its training FLOPs (3× forward per training image, 1× per val and
     test image, × epochs: :func:`ablations.pricing.gpu_hours.training_flops`) at ``flops_per_s`` (:func:`measured_rate`;
     default the rough calibrated :data:`EFFECTIVE_GFLOPS`), plus a fixed per-trial overhead."""
-    from ..pricing.gpu_hours import training_flops
-
     return TRIAL_OVERHEAD_S + training_flops(config) / (flops_per_s or EFFECTIVE_GFLOPS * 1e9)
 
 
@@ -307,12 +368,7 @@ def measured_rate(config, threads: int, results_dir: Path, mode=None) -> tuple[f
     :mod:`.kept_modes`)."""
     if config.precision != "auto" or config.accelerator not in ("auto", "cpu"):
         return None
-    from data import dataset_shape
-
-    from ..machine.modes import measured_step, tokens
-    from ..pricing.gpu_hours import forward_flops
-
-    shape = dataset_shape(config)
+    shape = data.dataset_shape(config)
     step = measured_step(config.embed_dim, tokens(shape["img_size"], config.patch_size or shape["patch_size"]),
                          threads=threads, results_dir=results_dir, mode=mode)
     if step is None:

@@ -14,8 +14,14 @@ import json
 import math
 import sys
 
-from ..studies.spec import ROUND_POINTS, round_name
+from ..report.claims import claim_records
+from ..report.load import collect, open_tune_study, row_label
+from ..report.stats import ALPHA
+from ..studies.spec import ROUND_POINTS, contend_name, round_name, tune_name
 from .study import create_study, load_study
+
+# scipy.stats (about 0.9 s, measured with python -X importtime beside the 0.5 s of `python -m ablations.run --help`) is
+# imported where a second look's futility is computed.
 
 
 def new_seeds(spec) -> list[int]:
@@ -67,10 +73,6 @@ def undecided_cells(records: list[dict], rules, alpha: float) -> set[tuple[str, 
 def round_points(spec, data) -> tuple[list[dict], set]:
     """(the second look's points, the cells they are for): the first look's grid points of every undecided cell,
     once per new seed."""
-    from ..report.claims import claim_records
-    from ..report.load import row_label
-    from ..report.stats import ALPHA
-
     if not spec.claims or spec.verdicts.looks < 2 or spec.first_look() or spec.kind != "grid":
         return [], set()
     records, _ = claim_records(data, spec.claims, spec=spec)
@@ -95,9 +97,6 @@ def prepare(spec, storage, study_name: str, results_dir):
     """The second look of ``study_name`` (its spec, storage name and Optuna study), its points computed from the
     verdicts of everything stored so far and stored; None when no line needs one. A second look already stored
     keeps its points (the verdicts that chose them may read otherwise once its runs are in)."""
-    from ..report.load import collect, open_tune_study
-    from ..studies.spec import contend_name, tune_name
-
     name = round_name(study_name)
     try:
         stored = stored_points(storage, name)

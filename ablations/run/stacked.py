@@ -27,9 +27,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import optuna
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.storages._heartbeat import get_heartbeat_thread
+from optuna.trial import Trial, TrialState
+
 from .. import layout
+from ..engine.choice import for_config
 from ..engine.loop import CHECKPOINT, NotStackable, StackedRun, cell_key, device_of, train_stacked
+from ..studies.stopping import stop_signal
 from ..studies.storage import set_user_attrs
+from .objective import jsonable
+from .study import STOPPED
+from .write_errors import ResultsWriteError, one_line, write_error
+
+# torch (about 1.7 s, measured with python -X importtime) is imported where a retried trial's checkpoint is read, so
+# that --help and --list answer without it.
 
 
 def cell_label(params: dict) -> str:
@@ -74,8 +87,6 @@ class StackedWorker:
         """(waiting trial, its point, its config, its stack key) for every waiting grid trial of a stackable cell,
         oldest first. A retry's key adds the epoch its engine checkpoint resumes from; a retry without one (a plain
         attempt's Lightning checkpoint, or none) is left to the plain loop."""
-        from optuna.trial import TrialState
-
         out = []
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
             params = t.system_attrs.get("fixed_params")
@@ -115,9 +126,6 @@ class StackedWorker:
 
     def _claim(self, waiting) -> Any | None:
         """``waiting`` as a RUNNING trial of this worker, or None when another worker took it first."""
-        from optuna.exceptions import UpdateFinishedTrialError
-        from optuna.trial import Trial, TrialState
-
         storage = self.study._storage
         try:
             if not storage.set_trial_state_values(waiting._trial_id, state=TrialState.RUNNING):
@@ -151,8 +159,6 @@ class StackedWorker:
             return True  # others took them: look again
         self.groups += 1
         with contextlib.ExitStack() as beats:
-            from optuna.storages._heartbeat import get_heartbeat_thread
-
             for trial in trials:
                 beats.enter_context(get_heartbeat_thread(trial._trial_id, self.study._storage))
             self._train(trials)
@@ -161,9 +167,6 @@ class StackedWorker:
 
     # --- training ----------------------------------------------------------------------------------------------------
     def _train(self, trials: list) -> None:
-        import optuna
-        from optuna.trial import TrialState
-
         prepared = []
         for trial in trials:
             try:
@@ -177,8 +180,6 @@ class StackedWorker:
             self._train_prepared(prepared)
 
     def _train_prepared(self, prepared: list) -> None:
-        from optuna.trial import TrialState
-
         objective = self.objective
         specs = [StackedRun(p.config, p.run_name, objective.log_root, checkpoint_dir=p.ckpt_dir,
                             resume=p.original is not None, hparams=objective.hparams(p.params))
@@ -225,8 +226,6 @@ class StackedWorker:
 
     def _write_error(self, exc: BaseException, prepared: list) -> None:
         """A results folder that takes no more writes stops the study with one line (as the plain worker's guard)."""
-        from .write_errors import ResultsWriteError, one_line, write_error
-
         error = write_error(exc, self.objective.log_root)
         if error is not None:
             folders = ", ".join(str(self.objective.log_root / p.run_name) for _, p in prepared)
@@ -238,9 +237,6 @@ class StackedWorker:
 
     def _plain(self, trial, prepared) -> None:
         """One claimed trial as a plain run, ended as ``study.optimize`` ends it."""
-        import optuna
-        from optuna.trial import TrialState
-
         try:
             value = self.objective.train(trial, prepared)
         except optuna.TrialPruned:
@@ -259,11 +255,6 @@ class StackedWorker:
 
     def _stopped(self, prepared: list, exc: BaseException) -> None:
         """Ctrl-C / SIGTERM: each trial marked stopped (the next run retries it from its checkpoint) and failed."""
-        from optuna.trial import TrialState
-
-        from ..studies.stopping import stop_signal
-        from .study import STOPPED
-
         name = signal.Signals(stop_signal() or signal.SIGINT).name
         summaries = getattr(exc, "run_summaries", None) or [None] * len(prepared)
         for (trial, _), summary in zip(prepared, summaries, strict=False):
@@ -272,8 +263,6 @@ class StackedWorker:
                 self.study.tell(trial, state=TrialState.FAIL)
 
     def _failed(self, prepared: list, exc: BaseException) -> None:
-        from optuna.trial import TrialState
-
         summaries = getattr(exc, "run_summaries", None) or [None] * len(prepared)
         for (trial, _), summary in zip(prepared, summaries, strict=False):
             with contextlib.suppress(Exception):
@@ -283,8 +272,6 @@ class StackedWorker:
     @staticmethod
     def _attrs(trial, summary: dict | None, more: dict) -> None:
         """The run's summary so far and ``more`` (why it ended) in one write."""
-        from .objective import jsonable
-
         set_user_attrs(trial, jsonable(summary or {}) | more)
 
 
@@ -297,8 +284,6 @@ def work_stacked(study, objective, args, between: Callable[[], None], after: Cal
     """A study worker's stacked part (``ablations.run``'s ``--engine``, not ``plain``): train the waiting trials of
     every stackable cell in stacks until none is left, calling ``after()`` once each stack's trials are told; the
     worker's plain loop then takes what remains. Returns the number of stacks trained."""
-    from ..engine.choice import for_config
-
     def choose(config) -> str | None:
         choice = for_config(config, args.engine, objective.results_dir)
         return None if choice.stacked else choice.source

@@ -1,21 +1,41 @@
-"""The study in storage: creating it, its grid points and their keys, the tuning stage's choice of learning rates,
-retrying failed points, following an edited study file, and checking the points before anything runs."""
+"""The study in storage: creating it, its grid points and their keys, the learning rates stored with it, retrying
+failed points, following an edited study file, and checking the points before anything runs. The tuning stage's
+choice of those rates is :mod:`.tuning`."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
-import math
 import os
 import sys
 from pathlib import Path
 from typing import NamedTuple
 
+import optuna
+from optuna.distributions import (
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+    check_distribution_compatibility,
+)
+from optuna.trial import TrialState
+
+import data
+import lit_modules
+
 from .. import layout
+from ..config import RunConfig
+from ..machine.modes import choose_mode, model_size, probe, tokens
 from ..report.notes import READING_ATTR, reading_line
 from ..studies.overrides import check_stored
-from ..studies.spec import TUNE_EXTRA, TUNED_LR
-from ..studies.storage import point_key, repeated_results
+from ..studies.spec import TUNED_LR
+from ..studies.storage import point_key
+from .objective import categorical_axes, form_of, suggest
+
+# torch (about 1.7 s, measured with python -X importtime) is imported where a cell's precision modes are timed, and
+# the models and datasets (lit_modules, data: lazy packages that load torch and Lightning on first use) are reached
+# through their packages, so that --help and --list answer without them.
 
 REMOVED = "removed_from_study_file"  # user attr of a WAITING trial set aside because its point left the study file
 STOPPED = "stopped_by"  # user attr of a trial failed by Ctrl-C or SIGTERM: SIGINT | SIGTERM
@@ -50,8 +70,6 @@ class Stored(NamedTuple):
 
 
 def load_study(storage, study_name: str):
-    import optuna
-
     return optuna.load_study(study_name=study_name, storage=storage)
 
 
@@ -65,109 +83,18 @@ def cell_text(key: str) -> str:
     return variant + "".join(f" {axis}={value}" for axis, value in cell) + ":"
 
 
-@dataclasses.dataclass
-class TuneOutcome:
-    """What the tuning stage's runs say (:func:`tune_outcome`): each cell's chosen rate, the mean per rate, the
-    rate to add next where the best rate is at the edge of what the cell tried, and the cells whose best rate sits
-    at a declared bound."""
-
-    choice: dict[str, float]
-    means: dict[str, dict[str, float | None]]
-    extend: dict[str, float]
-    at_bound: dict[str, str]
-
-
-def tune_value(attrs: dict, metric: str, floor=None) -> float:
-    """A tuning run's value in the choice: its ``metric``; 0 when it diverged, has no finite value, or trained
-    below the study's floor (:class:`ablations.studies.spec.Floor`: failed to train)."""
-    value = attrs.get(metric)
-    if value is None or not math.isfinite(value) or attrs.get("diverged"):
-        return 0.0
-    if floor is not None:
-        classes = attrs.get("num_classes") or (attrs.get("config") or {}).get("num_classes")
-        if floor.failed(attrs.get(floor.metric), classes):
-            return 0.0
-    return float(value)
-
-
-def tune_outcome(spec, study, extra: dict[str, list[float]] | None = None) -> TuneOutcome:
-    """Each cell's learning rate (:meth:`StudySpec.tune_key`: the variant and its other axes) from the tuning stage's
-    ``study`` (its grid plus the ``extra`` rates already added): the one whose tuning trials have the highest mean
-    ``spec.tune.metric`` (a validation metric) over the tuning seeds; a run that diverged or failed to train counts
-    as 0; ties go to the rate listed first (the grid's order, then the added rates). Where the best rate is the
-    smallest or largest the cell tried, :meth:`TuneSpec.beyond` names the rate to add (``extend``) or the bound
-    it sits at (``at_bound``). A rate without a completed trial on every tuning seed is a ValueError (a mean over
-    fewer seeds than the others' is not the stage's choice: another worker may still be training the rest)."""
-    from optuna.trial import TrialState
-
-    tune_spec, metric = spec.tune_stage(extra), spec.tune.metric
-
-    values: dict[tuple[str, float], list[float]] = {}
-    seeds: dict[tuple[str, float], set] = {}
-    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    repeats = repeated_results(complete)
-    for t in complete:
-        if t.user_attrs.get("surplus") or "duplicate_of" in t.user_attrs or t.number in repeats:
-            continue
-        params = trial_point(t)
-        cell = (spec.tune_key(params), float(params["lr"]))
-        values.setdefault(cell, []).append(tune_value(t.user_attrs, metric, spec.floor))
-        seeds.setdefault(cell, set()).add(params["seed"])
-    means: dict[str, dict[str, float | None]] = {}
-    for params in tune_spec.grid():
-        key, lr = spec.tune_key(params), float(params["lr"])
-        runs = values.get((key, lr), [])
-        means.setdefault(key, {})[repr(lr)] = sum(runs) / len(runs) if runs else None
-    choice, extend, at_bound = {}, {}, {}
-    for key, by_lr in means.items():
-        missing = [lr for lr, mean in by_lr.items() if mean is None]
-        if missing:
-            raise ValueError(f"tuning stage incomplete: {cell_text(key)} no result at lr {', '.join(missing)}")
-        short = [f"{lr} ({len(seeds[key, float(lr)])} of {len(spec.tune.seeds)})" for lr in by_lr
-                 if not set(spec.tune.seeds) <= seeds[key, float(lr)]]
-        if short:
-            raise ValueError(f"tuning stage incomplete: {cell_text(key)} not every tuning seed has a result at lr "
-                             f"{', '.join(short)}")
-        choice[key] = float(max(by_lr, key=lambda lr: (by_lr[lr], -list(by_lr).index(lr))))
-        rate, bound = spec.tune.beyond([float(lr) for lr in by_lr], choice[key])
-        if rate is not None:
-            extend[key] = rate
-        elif bound is not None:
-            at_bound[key] = bound
-    return TuneOutcome(choice, means, extend, at_bound)
-
-
-def choose_lrs(spec, study, extra: dict[str, list[float]] | None = None) -> tuple[dict[str, float],
-                                                                                   dict[str, dict[str, float | None]]]:
-    """(choice, cell -> {lr: mean}) of :func:`tune_outcome`."""
-    outcome = tune_outcome(spec, study, extra)
-    return outcome.choice, outcome.means
-
-
-def stored_extra(storage, tune_study_name: str) -> dict[str, list[float]]:
-    """The rates the tuning stage has added beyond its grid (``TUNE_EXTRA`` of its study; {} before any)."""
-    try:
-        return dict(load_study(storage, tune_study_name).user_attrs.get(TUNE_EXTRA) or {})
-    except KeyError:  # the tuning stage's study does not exist yet
-        return {}
-
-
 def measure_modes(spec, overrides: dict, results_dir: Path) -> None:
     """Precision ``auto`` on a CPU whose signature no modes table matches: measure the cells the study's points need
     once, here, before any worker starts (``ablations.machine.modes``; cached under ``<results_dir>/device/``), so that the
     workers find them instead of each measuring while the others train. One line per cell measured. Torch is
     imported only when a cell has to be measured (a matching table or the cache answers without it)."""
-    from data import dataset_shape
-
-    from ..machine.modes import choose_mode, model_size, probe, tokens
-
     threads = overrides.get("threads") or os.cpu_count() or 1
     seen = set()
     for params in spec.points():
         config = spec.run_config(params, overrides)
         if config.precision != "auto" or config.accelerator not in ("auto", "cpu"):
             continue
-        shape = dataset_shape(config)
+        shape = data.dataset_shape(config)
         patch = config.patch_size or shape["patch_size"]
         cell = (config.embed_dim, tokens(shape["img_size"], patch))
         if cell in seen or not choose_mode("cpu", *cell, results_dir=results_dir, threads=threads).source.startswith(
@@ -203,10 +130,6 @@ def retry_failed_points(study, spec, storage, *, only_stopped: bool = False) -> 
     do it between trials with ``only_stopped``, for the trials that Ctrl-C or SIGTERM stopped (:data:`STOPPED`),
     so that the other workers of a study take over a preempted worker's trial (a trial that failed by itself is
     retried once per run, not by every worker in a row). Returns the numbers of the trials it queued a retry of."""
-    import copy
-
-    from optuna.trial import TrialState
-
     retry = storage.get_heartbeat_stale_trial_callback()
     if retry is None:
         return []
@@ -243,8 +166,6 @@ def follow_study_file(study, spec, storage) -> None:
     (the report still includes them: pass --study-name NEW_NAME for a study of the new grid alone), but its WAITING
     trials are set aside (:func:`_set_aside_removed`) instead of running; a point added back later is enqueued again.
     Changed variants, or an axis that changes kind, are refused before this (:func:`check_same_choices`)."""
-    from optuna.trial import TrialState
-
     grid = {point_key(p): p for p in spec.grid()}
     set_aside = _set_aside_removed(study, storage, set(grid))
     if set_aside:
@@ -270,8 +191,6 @@ def _set_aside_removed(study, storage, grid: set[str]) -> list[int]:
     """PRUNE the WAITING trials of points that are not in the grid (``surplus`` and :data:`REMOVED` set: the report
     and the progress count skip them) and return their numbers. Each is claimed first (WAITING -> RUNNING, which
     fails if a worker has just taken it), so a trial that has started is never touched."""
-    from optuna.trial import TrialState
-
     numbers = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
         if point_key(trial_point(t)) in grid:
@@ -320,8 +239,6 @@ def data_configs(spec, overrides: dict) -> list:
 
 def check_data_folder(config) -> None:
     """Constructing a DataModule checks its folder (missing / malformed: data.DataError) without loading data."""
-    import data
-
     try:
         data.build_datamodule(config.dataset, data_dir=config.data_dir,
                               **data.fitted_options(config.dataset, config.dataset_options, config.patch_size))
@@ -330,17 +247,13 @@ def check_data_folder(config) -> None:
 
 
 def check_residual(config) -> None:
-    from lit_modules import RESIDUALS
-
-    variant = RESIDUALS[config.residual]
+    variant = lit_modules.RESIDUALS[config.residual]
     options = variant.validate_options(dict(config.residual_options),
                                        backbone={"class_attention_blocks": config.class_attention_blocks})
     variant.check_options(options, dim=config.embed_dim, depth=config.depth)
 
 
 def create_study(spec, storage, study_name: str, seed: int):
-    import optuna
-
     sampler = optuna.samplers.TPESampler(seed=seed)
     study = optuna.create_study(storage=storage, study_name=study_name, direction=spec.direction, sampler=sampler,
                                 pruner=_make_pruner(spec), load_if_exists=True)
@@ -359,8 +272,6 @@ def create_study(spec, storage, study_name: str, seed: int):
 def _make_pruner(spec):
     """The study's pruner, only the one its file names (each takes different options); ValueError (one line) for
     an option it does not take."""
-    import optuna
-
     options = {k: v for k, v in spec.pruner.items() if k != "type"}
     try:
         if spec.pruner["type"] == "median":
@@ -378,10 +289,6 @@ def check_same_choices(study, spec) -> None:
     a linear range to a log one), cannot continue the stored study (its first new trial would FAIL with e.g.
     "CategoricalDistribution does not support dynamic value space"). Say so before anything is written. New values
     of a numeric axis (another seed or depth) are fine: the rerun runs just the new points."""
-    from optuna.distributions import CategoricalDistribution, check_distribution_compatibility
-
-    from .objective import categorical_axes
-
     expected = _expected_distributions(spec, categorical_axes(study, spec))
     stored = {(name, dist) for t in study.get_trials(deepcopy=False) for name, dist in t.distributions.items()}
     for name, old in sorted(stored, key=lambda item: item[0]):
@@ -404,8 +311,6 @@ def check_same_choices(study, spec) -> None:
 
 def _expected_distributions(spec, categorical: frozenset[str]) -> dict:
     """Each parameter's distribution as the objective will suggest it (:func:`ablations.run.objective.suggest`)."""
-    from .objective import suggest
-
     found: dict = {}
     for variant in spec.variants:
         recorder = _Recorder(variant.label)
@@ -428,27 +333,19 @@ class _Recorder:
             pass
 
     def suggest_categorical(self, name, choices):
-        from optuna.distributions import CategoricalDistribution
-
         self._record(name, lambda: CategoricalDistribution(choices))
         return self.variant if name == "variant" else choices[0]
 
     def suggest_int(self, name, low, high, step=1, log=False):
-        from optuna.distributions import IntDistribution
-
         self._record(name, lambda: IntDistribution(low, high, log=log, step=step))
         return low
 
     def suggest_float(self, name, low, high, *, step=None, log=False):
-        from optuna.distributions import FloatDistribution
-
         self._record(name, lambda: FloatDistribution(low, high, log=log, step=step))
         return low
 
 
 def _describe(dist) -> str:
-    from optuna.distributions import CategoricalDistribution, IntDistribution
-
     if isinstance(dist, CategoricalDistribution):
         return f"one of {list(dist.choices)}"
     kind = "an integer" if isinstance(dist, IntDistribution) else "a number"
@@ -457,8 +354,6 @@ def _describe(dist) -> str:
 
 def done_trials(study) -> list:
     """The trials that count as done: COMPLETE or PRUNED, not surplus or duplicate."""
-    from optuna.trial import TrialState
-
     return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
             if not t.user_attrs.get("surplus") and "duplicate_of" not in t.user_attrs]
 
@@ -482,12 +377,6 @@ def earlier_forms(study) -> dict[str, int]:
     recorded (``layout.FORM_KEY``, with the options added since filled in as they were: ``lit_modules.upgraded_form``)
     is not the form this version builds for the config it trained, so a default of its design changed since.
     Trials that recorded no form, or whose config this version cannot build, are not counted."""
-    from lit_modules import upgraded_form
-
-    from .. import layout
-    from ..config import RunConfig
-    from .objective import form_of
-
     counts = {}
     for t in done_trials(study):
         recorded, config = t.user_attrs.get(layout.FORM_KEY), t.user_attrs.get("config")
@@ -497,7 +386,7 @@ def earlier_forms(study) -> dict[str, int]:
             today = layout.canonical_form(form_of(RunConfig.from_dict(config)))
         except (ValueError, TypeError, KeyError):
             continue
-        if layout.canonical_form(upgraded_form(recorded)) != today:
+        if layout.canonical_form(lit_modules.upgraded_form(recorded)) != today:
             variant = str(t.params.get("variant", config.get("residual", "?")))
             counts[variant] = counts.get(variant, 0) + 1
     return counts

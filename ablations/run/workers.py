@@ -14,8 +14,16 @@ import time
 import warnings
 from pathlib import Path
 
+import optuna
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.trial import TrialState
+from tqdm import tqdm
+
 from .. import layout
 from ..dashboard import write_study_hparams
+from ..report.aggregate import STUDY_METRICS
+from ..report.aggregate import refresh as refresh_aggregates
+from ..studies.advice import below_floor_line
 from ..studies.spec import parent_name
 from ..studies.stopping import check_stopping, stop_signal
 from ..studies.storage import redact
@@ -34,9 +42,6 @@ from .study import (
     stored_choice,
 )
 from .write_errors import ResultsWriteError, one_line, write_error
-
-# Imported where they are used, not here: the report's modules, Optuna and tqdm. Each takes from a tenth of a second
-# to seconds to import, and the command-line tools start without them.
 
 #: Seconds the main process of ``--workers N`` gives its workers, after Ctrl-C or SIGTERM, to mark their trials
 #: failed (checkpoints kept) before it kills them; a killed worker's trial is retried once its heartbeat is stale.
@@ -101,8 +106,6 @@ class _QuietStops(logging.Filter):
 
 def run_grid(spec, storage, study_name: str, args, overrides: dict, *, stage: str = "report", study=None) -> int:
     """One stage of a study: create (or continue) it, enqueue its grid, and train it with ``--workers`` workers."""
-    from ..report.aggregate import STUDY_METRICS
-
     study = study or create_study(spec, storage, study_name, seed=0)
     tuned = None if stage in ("tune", "contend") else stored_choice(storage, parent_name(study_name))
     if spec.kind == "grid" and args.import_runs:
@@ -167,8 +170,6 @@ def _say_kept_modes(spec, storage, study_name: str, args, overrides: dict) -> No
 
 def quiet() -> None:
     """Study output is the progress bar and one line per event: silence per-trial Lightning chatter."""
-    import optuna
-
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     optimize_log = logging.getLogger("optuna.study._optimize")
     if not any(isinstance(f, _QuietStops) for f in optimize_log.filters):
@@ -182,11 +183,6 @@ def quiet() -> None:
 def work(spec, storage, study_name: str, args, overrides: dict, progress_total: int | None = None,
           tuned: dict[str, float] | None = None, desc: str | None = None) -> int:
     """One worker: take enqueued grid points (or sample search points) until none are left."""
-    import optuna
-    from optuna.trial import TrialState
-
-    from ..report.aggregate import refresh as refresh_aggregates
-
     index = args.worker_index or 0
     study = create_study(spec, storage, study_name, seed=index)  # a distinct sampler seed per worker
     log_root = layout.runs_dir(args.results_dir, study_name)
@@ -238,8 +234,6 @@ def _search_budget_spent(study, n_trials: int) -> bool:
     A failed trial whose parameters were re-enqueued (a killed worker's, :func:`ablations.studies.storage.open_storage`'s
     retry callback) is replaced by its retry, so it does not use up a trial; one that failed by itself and was not
     retried does (never loop on failures)."""
-    from optuna.trial import TrialState
-
     trials = study.get_trials(deepcopy=False)
     if any(t.state == TrialState.WAITING for t in trials):
         return False
@@ -252,7 +246,6 @@ def _search_budget_spent(study, n_trials: int) -> bool:
 def _progress(study, total: int | None, grid: set[str] | None = None, desc: str | None = None):
     if total is None:
         return None
-    from tqdm import tqdm
 
     return tqdm(total=total, initial=count_done(study, grid), desc=desc or study.study_name, unit="trial",
                 dynamic_ncols=True)
@@ -263,8 +256,6 @@ def _spawn_workers(args, storage, study_name: str, total: int, grid: set[str] | 
     """``count`` (default ``--workers``) local processes on the same study, each with its share of the cores and its
     own sampler seed. On Ctrl-C or SIGTERM the workers are stopped the same way (:func:`_stop_workers`) before this
     process exits."""
-    import optuna
-
     argv = [a for a in args.argv if a != "--no-progress"]
     procs, bar = [], None
     try:
@@ -329,10 +320,6 @@ def _fail_left_running(procs: list, storage, study_name: str) -> None:
     worker once took two minutes to mark its trial failed. Only a scheduler that waits longer than
     :data:`WORKER_STOP_S` after its SIGTERM lets this happen (SLURM's KillWait and Kubernetes'
     terminationGracePeriodSeconds are 30 s by default); after a SIGKILL the heartbeat retries them."""
-    import optuna
-    from optuna.exceptions import UpdateFinishedTrialError
-    from optuna.trial import TrialState
-
     ours = {worker_id(p.pid) for p in procs}
     stopped_by = signal.Signals(stop_signal() or signal.SIGINT).name
     marked = []
@@ -366,9 +353,6 @@ def await_other_workers(spec, storage, study_name: str, poll_s: float = AWAIT_PO
     storage), so that what follows reads every point's result (the tuning stage's choice: a mean over fewer seeds
     than the stage's would pick another rate). True: nothing of the stage runs elsewhere any more; False: a point
     is WAITING again (a dead worker's trial, retried once its heartbeat went stale): this worker trains it."""
-    import optuna
-    from optuna.trial import TrialState
-
     study = optuna.load_study(study_name=study_name, storage=storage)
     grid, said = grid_keys(spec), False
     while True:
@@ -390,10 +374,6 @@ def await_other_workers(spec, storage, study_name: str, poll_s: float = AWAIT_PO
 def _say_below_floor(study, spec, study_name: str) -> None:
     """One line when completed trials ended below the study's floor (they count as failed to train), with the
     likely causes (:mod:`ablations.studies.advice`)."""
-    from optuna.trial import TrialState
-
-    from ..studies.advice import below_floor_line
-
     if spec.floor is None:
         return
     done = [t.user_attrs for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
@@ -406,9 +386,6 @@ def _say_below_floor(study, spec, study_name: str) -> None:
 
 
 def _finish(study_name: str, storage, spec, elapsed: float) -> int:
-    import optuna
-    from optuna.trial import TrialState
-
     study = optuna.load_study(study_name=study_name, storage=storage)
     counts = {s.name.lower(): len(study.get_trials(deepcopy=False, states=(s,))) for s in TrialState}
     print(f"study '{study_name}': {counts['complete']} complete, {counts['pruned']} pruned, {counts['fail']} failed, "
