@@ -47,6 +47,11 @@ def _report(study, db, out, cwd) -> list[dict]:
     return _rows(out / "runs.csv")
 
 
+def _said(result) -> list[str]:
+    """A run's stderr lines after the ones every run opens with (the data each point trains on)."""
+    return [line for line in result.stderr.strip().splitlines() if not line.startswith("data: ")]
+
+
 def _continue(study, db, runs_csv, cwd, *more: str):
     """``python -m ablations.run --study STUDY --storage DB --import-runs RUNS_CSV [MORE]`` in this process."""
     return run_in_process("--study", study, "--storage", url_of(db), *more, "--import-runs", runs_csv, cwd=cwd)
@@ -178,7 +183,7 @@ def test_a_row_of_another_configuration_is_refused_and_nothing_is_added(first, t
     db = tmp_path / "c.db"
     result = _continue(study, db, tmp_path / "runs.csv", tmp_path, "--no-progress")
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    lines = result.stderr.strip().splitlines()
+    lines = _said(result)
     assert len(lines) == 1 if phase == "tune" else "12 completed tuning-stage trial(s) joined" in lines[0]
     assert lines[-1].startswith("error: --import-runs: ") and fault in lines[-1]
     assert f"none of its {phase} rows were imported" in lines[-1]
@@ -212,7 +217,7 @@ def test_a_missing_runs_file_or_a_search_study_is_one_line(first, tmp_path):
     (tmp_path / "junk.csv").write_text("a,b\n1,2\n")
     result = _continue(study, tmp_path / "d.db", tmp_path / "junk.csv", tmp_path)
     assert result.returncode == 2
-    (line,) = result.stderr.strip().splitlines()
+    (line,) = _said(result)
     assert line.startswith("error: --import-runs: runs file") and "lacks column(s)" in line
 
 
@@ -242,6 +247,8 @@ def test_a_dry_run_prices_what_the_runs_file_leaves(first, tmp_path):
            "the 12 tuning trials; a run continues with the rest" in out
     walls = {}
     for r in partial:
+        if r["phase"] not in ("tune", "report"):  # the contending rates' stage is not priced here
+            continue
         walls.setdefault(r["variant"], []).append(float(r["wall_time_s"]) / (2 if r["variant"] == "rezero" else 1))
     median = {v: statistics.median(w) for v, w in walls.items()}  # six tuning and two reported runs each
     (line,) = [x for x in out if x.startswith("time left as measured")]

@@ -112,6 +112,11 @@ def test_contenders_are_the_rates_a_resampled_choice_picks_and_a_settled_choice_
     assert contenders(settled, [1.0, 2.0], 2.0, rules) == []
     close = {1.0: {0: 0.949, 1: 0.949, 2: 0.949}, 2.0: {0: 0.95, 1: 0.95, 2: 0.95}}  # always chosen, by 0.1 pp
     assert contenders(close, [1.0, 2.0], 2.0, rules) == [1.0]
+    # won by 11.7 pp, yet overturned in 1 of the 27 draws (seed 0 thrice: 0.25 > 0.2): left uncontended, that draw
+    # would add 2/27 = 0.074 to every line's p, so the rate trains on the reported seeds
+    rare = {1.0: {0: 0.25, 1: 0.0, 2: 0.0}, 2.0: {0: 0.2, 1: 0.2, 2: 0.2}}
+    assert choice_shares(rare, [2.0, 1.0]) == {2.0: 26 / 27, 1.0: 1 / 27}
+    assert contenders(rare, [2.0, 1.0], 2.0, rules) == [1.0]
 
 
 # --- the deciding test, equivalence, families ------------------------------------------------------------------------

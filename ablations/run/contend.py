@@ -74,7 +74,7 @@ def prepare(spec, storage, study_name: str):
     study = create_study(stage, storage, name, seed=0)
     study.set_user_attr(CONTEND_POINTS, json.loads(json.dumps(points)))
     print(f"study '{study_name}': rate choices not settled (re-chosen in under {spec.verdicts.settled_share:.0%} of "
-          f"tuning-seed resamples, or won by under {100 * spec.verdicts.settled_margin:.1f} pp): the reported seeds "
+          f"the tuning-seed resamples, or won by under {100 * spec.verdicts.settled_margin:.1f} pp): the reported seeds "
           "train again at " + "; ".join(f"{cell_text(k)} {', '.join(f'{r:g}' for r in v)}" for k, v in rates.items())
           + f" ({len(points)} trials, study '{name}')", file=sys.stderr)
     return stage, name, study

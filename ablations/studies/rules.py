@@ -7,9 +7,9 @@ protocol it extends; every key optional).
       target_drop: 0.005    # steps-to-target: the target is the baseline's plateau (its last 5 epochs) minus this
       late_window: 5        # a row still rising: its last 3 epochs' mean val accuracy over the 3 epochs 5 before...
       late_rise: 0.005      # ...by more than this (0.5 pp) has not converged: it cannot carry an accuracy "not held"
-      settled_share: 0.95   # a rate choice is settled when re-chosen in this share of tuning-seed resamples...
+      settled_share: 1.0    # a rate choice is settled when re-chosen in this share of tuning-seed resamples...
       settled_margin: 0.005 # ...and won by at least this much mean tuning value
-      contend_share: 0.05   # an unsettled cell's contenders: every rate re-chosen in at least this share, and the
+      contend_share: 0.0    # an unsettled cell's contenders: every rate re-chosen in more than this share, and the
                             # runner-up when the margin is below settled_margin, up to max_rates in all
       max_rates: 3
       looks: 2              # group-sequential: the first look at the study's seeds, then up to looks x that many
@@ -35,9 +35,9 @@ class VerdictRules:
     target_drop: float = 0.005
     late_window: int = 5
     late_rise: float = 0.005
-    settled_share: float = 0.95
-    settled_margin: float = 0.005
-    contend_share: float = 0.05
+    settled_share: float = 1.0  # a replicate at an untrained rate counts against its line (twice its share in p):
+    settled_margin: float = 0.005  # a choice left uncontended must be one no resample re-chooses
+    contend_share: float = 0.0
     max_rates: int = 3
     looks: int = 2
     spending: str = "pocock"
@@ -86,9 +86,9 @@ def parse(raw: Any, where: str, base: VerdictRules | None = None) -> VerdictRule
                              f"got {value!r}")
         values[key] = kind(value)
     rules = dataclasses.replace(rules, **values)
-    if rules.ratio_margin <= 1 or not 0 < rules.settled_share <= 1 or not 0 < rules.contend_share < 1:
+    if rules.ratio_margin <= 1 or not 0 < rules.settled_share <= 1 or not 0 <= rules.contend_share < 1:
         raise ValueError(f"{where}: verdicts needs ratio_margin > 1, settled_share in (0, 1] and contend_share in "
-                         f"(0, 1), got {rules.ratio_margin}, {rules.settled_share}, {rules.contend_share}")
+                         f"[0, 1), got {rules.ratio_margin}, {rules.settled_share}, {rules.contend_share}")
     return rules
 
 
@@ -121,7 +121,7 @@ def contenders(by_seed: dict[float, dict[int, float]], order: list[float], chose
                rules: VerdictRules) -> list[float]:
     """The rates besides ``chosen`` whose reported seeds a rate-aware verdict needs: none when the choice is settled
     (re-chosen in at least ``settled_share`` of the tuning-seed resamples and won by at least ``settled_margin``);
-    else every rate re-chosen in at least ``contend_share`` of them, and the runner-up when the margin is below
+    else every rate re-chosen in more than ``contend_share`` of them, and the runner-up when the margin is below
     ``settled_margin``, the most often re-chosen first, ``max_rates`` rates in all with the chosen one."""
     import statistics
 
@@ -132,7 +132,7 @@ def contenders(by_seed: dict[float, dict[int, float]], order: list[float], chose
     if shares.get(chosen, 0.0) >= rules.settled_share and margin >= rules.settled_margin:
         return []
     picked = [r for r in sorted(shares, key=lambda r: (-shares[r], order.index(r)))
-              if r != chosen and shares[r] >= rules.contend_share]
+              if r != chosen and shares[r] > rules.contend_share]
     if others and margin < rules.settled_margin and others[0] not in picked:
         picked.append(others[0])
     return picked[:max(0, rules.max_rates - 1)]
