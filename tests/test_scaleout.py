@@ -88,8 +88,9 @@ def test_server_stopped_mid_study_worker_exits_with_one_line_and_rerun_finishes(
     # checkpoints by then. The retry must start at the last one the dead attempt wrote.
     saved = saved_checkpoint(last_ckpt)
     assert saved["global_step"] >= first["global_step"] and saved["epoch"] < max_epochs - 1, (first, saved)
-    # the start banner (and precision auto's line if it measured this machine's modes first), then one error line
-    lines = [ln for ln in lost.stderr.strip().splitlines() if not ln.startswith("precision auto,")]
+    # the start banner (after the data line, and precision auto's line if it measured this machine's modes first),
+    # then one error line
+    lines = [ln for ln in lost.stderr.strip().splitlines() if not ln.startswith(("precision auto,", "data: "))]
     assert lost.returncode == 1 and len(lines) == 2 and lines[0].startswith("study 'outage'"), lost.stderr
     assert lines[1].startswith(f"error: lost storage '{url}': ") and "rerun the same command" in lines[1]
     assert "Traceback" not in lost.stdout + lost.stderr
