@@ -10,9 +10,10 @@ import os
 import re
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
-from .layout import DEFAULT_STORAGE
+from .layout import DEFAULT_STORAGE, OUTPUT_DIR, storage_url
 
 # Imported where they are used, not here: PyYAML and tabulate. Each takes from a tenth of a second to seconds to
 # import, and the command-line tools start without them.
@@ -30,7 +31,14 @@ def program(module: str) -> str:
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse without the usage dump: an error is one ``error: ...`` line on stderr and exit status 2; an
-    unrecognized flag names the closest one this tool has (``--workers`` -> ``--num-workers``)."""
+    unrecognized flag names the closest one this tool has (``--workers`` -> ``--num-workers``). A tool with both
+    ``--storage`` and ``--results-dir`` stores in the results folder unless told otherwise (:func:`default_storage`)."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        if getattr(namespace, "storage", "") is None:
+            namespace.storage = default_storage(getattr(namespace, "results_dir", OUTPUT_DIR))
+        return namespace, extras
 
     def error(self, message: str) -> NoReturn:
         if message.startswith("unrecognized arguments:"):
@@ -42,6 +50,16 @@ class OneLineParser(argparse.ArgumentParser):
             if close:
                 message += f"; did you mean {' or '.join(dict.fromkeys(close))}?"
         fail(message)
+
+
+def default_storage(results_dir: str | Path) -> str:
+    """``--storage`` when not given: ``$ABLATIONS_STORAGE``, else the SQLite file of the results folder
+    (``sqlite:///<results-dir>/optuna.db``; the folder is made here when it is not the default one, which the
+    storage makes itself), so that ``--results-dir`` moves a study's storage with its runs and reports."""
+    url = os.environ.get("ABLATIONS_STORAGE") or storage_url(results_dir)
+    if url != DEFAULT_STORAGE and url == storage_url(results_dir):
+        Path(results_dir).mkdir(parents=True, exist_ok=True)
+    return url
 
 
 def fail(message: str) -> NoReturn:
@@ -68,8 +86,9 @@ def add_study_arguments(parser: argparse.ArgumentParser, *, report: bool = False
     parser.add_argument("--budget", default="default",
                         help="study size" + (" the study was run at" if report else "")
                              + ": smoke (CI, < 1 min), quick (minutes), default, gpu (Fashion-MNIST on one GPU), paper (CIFAR-10, GPUs)")
-    parser.add_argument("--storage", default=os.environ.get("ABLATIONS_STORAGE", DEFAULT_STORAGE),
-                        help=f"Optuna storage URL (default {DEFAULT_STORAGE}, or $ABLATIONS_STORAGE)")
+    parser.add_argument("--storage", default=None,
+                        help=f"Optuna storage URL (default $ABLATIONS_STORAGE, else <results-dir>/optuna.db: "
+                             f"{DEFAULT_STORAGE})")
     parser.add_argument("--study-name", help="name in the storage (default: the study's name, suffixed by the "
                                              "budget and the --set overrides)")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="sets", help=(

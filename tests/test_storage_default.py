@@ -1,0 +1,23 @@
+"""``--storage`` when not given: ``$ABLATIONS_STORAGE``, else the SQLite file of ``--results-dir``, so that moving
+the results folder moves a study's storage with its runs and reports (both tools read the same default)."""
+
+from __future__ import annotations
+
+from ablations.layout import DEFAULT_STORAGE
+from ablations.report.cli import build_parser as report_parser
+from ablations.run.cli import build_parser as run_parser
+
+
+def test_the_storage_follows_the_results_folder_unless_given(tmp_path, monkeypatch):
+    monkeypatch.delenv("ABLATIONS_STORAGE", raising=False)
+    where = tmp_path / "elsewhere"
+    for parser in (run_parser(), report_parser()):
+        assert parser.parse_args(["--study", "residual_variants"]).storage == DEFAULT_STORAGE == (
+            "sqlite:///outputs/optuna.db")
+        moved = parser.parse_args(["--study", "residual_variants", "--results-dir", str(where)])
+        assert moved.storage == f"sqlite:///{where}/optuna.db" and where.is_dir()  # a run creates its folder
+        given = parser.parse_args(["--study", "x", "--results-dir", str(where), "--storage", "sqlite:///a.db"])
+        assert given.storage == "sqlite:///a.db"
+        monkeypatch.setenv("ABLATIONS_STORAGE", "postgresql://u@h/db")
+        assert parser.parse_args(["--study", "x", "--results-dir", str(where)]).storage == "postgresql://u@h/db"
+        monkeypatch.delenv("ABLATIONS_STORAGE")
