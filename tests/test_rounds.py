@@ -102,3 +102,13 @@ def test_an_undecided_line_gets_a_second_look_end_to_end(tmp_path, monkeypatch):
     rounds = [r for r in data.runs if r.phase == "round"]
     assert len(rounds) == 4 and all(r.number >= ROUND_OFFSET for r in rounds)
     assert {r.seed for r in data.by_row_depth("rezero", 1)} == {0, 1, 2, 3}
+    # the report's runs.csv continues the whole study in a new storage: every stage's rows join as done, the second
+    # look's as its own stage, and nothing trains again
+    again = tmp_path / "again.db"
+    result = run_in_process("--study", str(path), "--storage", url_of(again), "--results-dir", "results",
+                            "--no-progress", "--import-runs", out / "runs.csv", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "4 completed second-look trial(s) joined 'cont-round' as done" in result.stderr, result.stderr
+    for name in ("cont-tune", "cont", "cont-round"):
+        trials = optuna.load_study(study_name=name, storage=url_of(again)).get_trials()
+        assert trials and all("imported_from" in t.user_attrs for t in trials), name

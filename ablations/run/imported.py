@@ -70,7 +70,9 @@ def _matched(path: Path, spec, study_name: str) -> list[tuple[Any, dict | None]]
     grid = {_grid_point_key(p): p for p in spec.grid()}
     keys = next(iter(grid.values())).keys()
     matched = []
-    for run in {"tune": report.tune_runs, "contend": report.contend_runs}.get(spec.stage, report.runs):
+    stages = {"tune": report.tune_runs, "contend": report.contend_runs,
+              "round": [r for r in report.runs if r.phase == "round"]}  # a second look's seeds: their own stage
+    for run in stages.get(spec.stage, [r for r in report.runs if r.phase != "round"]):
         values = {"variant": run.variant, "depth": run.depth, "seed": run.seed, "lr": run.lr, **dict(run.extras)}
         matched.append((run, grid.get(_grid_point_key({k: values.get(k) for k in keys}))))
     return matched

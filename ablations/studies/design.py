@@ -184,7 +184,9 @@ class StudySpec:
         bounds = self.tune.bounds or (min(self.tune.lr), max(self.tune.lr))
         rates = sorted({float(p["lr"]) for p in points})
         low, high = min([bounds[0], *rates]), max([bounds[1], *rates])
-        return dataclasses.replace(self, axes=dict(self.axes) | {"lr": rates or [low]}, tune=None, stage="contend",
+        seeds = sorted({*self.axes.get("seed", []), *(int(p["seed"]) for p in points if "seed" in p)})
+        axes = dict(self.axes) | {"lr": rates or [low]} | ({"seed": seeds} if seeds else {})  # a second look's too
+        return dataclasses.replace(self, axes=axes, tune=None, stage="contend",
                                    extra_points=tuple(dict(p) for p in points), axis_bounds={"lr": (low, high)})
 
     def round_stage(self, points: list[dict]) -> StudySpec:
