@@ -122,6 +122,8 @@ def run_tuning(spec, storage, tune_study: str, args, overrides: dict, study) -> 
         extra = stored_extra(storage, tune_study)  # as stored: another worker may have added rates meanwhile
         stage = spec.tune_stage(extra)
         code = run_grid(stage, storage, tune_study, args, overrides, stage="tune")
+        if code and stored_extra(storage, tune_study) != extra:
+            continue  # another worker extended the grid meanwhile: the points it added wait for this one too
         if code:
             print(f"study '{study.study_name}': the tuning stage is not complete; the reported grid waits for it "
                   "(rerun the same command)", file=sys.stderr)
