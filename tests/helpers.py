@@ -60,6 +60,24 @@ def write_study(path: Path, *, variants=TWO_VARIANTS, base: dict | None = None, 
     return path
 
 
+#: a tuning stage of two rates on three seeds, the grid its own bounds (no extension)
+CLAIM_TUNE = {"lr": [1e-3, 2e-3], "seeds": [100, 101, 102], "bounds": [1e-3, 2e-3], "metric": "final_val_acc"}
+#: one claim line: rezero against standard, higher
+REZERO_CLAIM = {"id": "c", "claim": "rezero beats", "source": "test", "variant": "rezero", "baseline": "standard",
+                "direction": "higher"}
+
+
+def run_claim_study(tmp_path: Path, verdicts: dict) -> tuple[Path, Path, subprocess.CompletedProcess]:
+    """(study file, storage, result) of ``ablations.run`` on 'cont': standard and rezero on seeds 0-1 after
+    :data:`CLAIM_TUNE`, judged by :data:`REZERO_CLAIM` under ``verdicts``, run to its end in this process."""
+    path = write_study(tmp_path / "cont.yaml", variants=TWO_VARIANTS, axes={"seed": [0, 1]}, tune=CLAIM_TUNE,
+                       verdicts=verdicts, claims=[REZERO_CLAIM])
+    db = tmp_path / "o.db"
+    result = run_in_process("--study", str(path), "--storage", url_of(db), "--results-dir", "results",
+                            "--no-progress", cwd=tmp_path)
+    return path, db, result
+
+
 def run_dir_name(spec, label: str) -> str:
     """The run folder (relative to the study's runs folder) of a variant of a study without grid axes."""
     config = spec.run_config({"variant": label})

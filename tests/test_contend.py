@@ -10,7 +10,7 @@ import statistics
 
 import optuna
 import pytest
-from helpers import STUDY_TEST_MARKS, TWO_VARIANTS, run_in_process, url_of, write_study
+from helpers import STUDY_TEST_MARKS, run_claim_study, run_in_process, url_of
 from optuna.trial import TrialState
 
 from ablations.report.cli import main as report_main
@@ -18,8 +18,6 @@ from ablations.report.runs import read
 from ablations.studies.spec import load_spec
 
 pytestmark = STUDY_TEST_MARKS
-
-TUNE = {"lr": [1e-3, 2e-3], "seeds": [100, 101, 102], "bounds": [1e-3, 2e-3], "metric": "final_val_acc"}
 
 
 def shares_by_hand(by_seed: dict[float, dict[int, float]], order: list[float]) -> dict[float, float]:
@@ -50,13 +48,7 @@ def test_unsettled_cells_train_their_reported_seeds_at_each_contending_rate(tmp_
     makes each cell's runner-up contend; the stage trains exactly the reported points at it (recomputed here from the
     tuning trials by hand), its runs carry phase ``contend`` into runs.csv, and the claims' rate-aware replicates
     are then all covered when the resampled choices pick only the two rates trained."""
-    path = write_study(tmp_path / "cont.yaml", variants=TWO_VARIANTS, axes={"seed": [0, 1]}, tune=TUNE,
-                       verdicts={"settled_margin": 0.5, "looks": 1},  # one look: no second round here
-                       claims=[{"id": "c", "claim": "rezero beats", "source": "test", "variant": "rezero",
-                                "baseline": "standard", "direction": "higher"}])
-    db = tmp_path / "o.db"
-    result = run_in_process("--study", str(path), "--storage", url_of(db), "--results-dir", "results",
-                            "--no-progress", cwd=tmp_path)
+    path, db, result = run_claim_study(tmp_path, {"settled_margin": 0.5, "looks": 1})  # one look: no second round
     assert result.returncode == 0, result.stderr
     assert "the reported seeds train again at" in result.stderr
     tune = optuna.load_study(study_name="cont-tune", storage=url_of(db))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import optuna
 import pytest
-from helpers import STUDY_TEST_MARKS, TWO_VARIANTS, run_in_process, url_of, write_study
+from helpers import STUDY_TEST_MARKS, run_claim_study, run_in_process, url_of
 from optuna.trial import TrialState
 
 from ablations.report.evidence import Evidence
@@ -63,9 +63,6 @@ def test_only_undecided_lines_worth_it_get_a_second_look():
     assert undecided_cells(records, rules, 0.05) == {("a", 4), ("standard", 4), ("e", 4), ("post_ln", 16)}
 
 
-TUNE = {"lr": [1e-3, 2e-3], "seeds": [100, 101, 102], "bounds": [1e-3, 2e-3], "metric": "final_val_acc"}
-
-
 @pytest.mark.slow  # tiny real trainings: 12 tuning, 4 reported, a second look of up to 4, its contending runs
 def test_an_undecided_line_gets_a_second_look_end_to_end(tmp_path, monkeypatch):
     """Two seeds cannot decide a claim (a t on one degree of freedom would need t > 20): the second look trains seeds
@@ -75,13 +72,7 @@ def test_an_undecided_line_gets_a_second_look_end_to_end(tmp_path, monkeypatch):
     import ablations.run.rounds as rounds
 
     monkeypatch.setattr(rounds, "futile", lambda *args: False)
-    path = write_study(tmp_path / "cont.yaml", variants=TWO_VARIANTS, axes={"seed": [0, 1]}, tune=TUNE,
-                       verdicts={"margin": 0.0001},  # nothing is equivalent within 0.01 pp: the line stays open
-                       claims=[{"id": "c", "claim": "rezero beats", "source": "test", "variant": "rezero",
-                                "baseline": "standard", "direction": "higher"}])
-    db = tmp_path / "o.db"
-    result = run_in_process("--study", str(path), "--storage", url_of(db), "--results-dir", "results",
-                            "--no-progress", cwd=tmp_path)
+    path, db, result = run_claim_study(tmp_path, {"margin": 0.0001})  # nothing is equivalent within 0.01 pp
     assert result.returncode == 0, result.stderr
     assert "a second look trains 2 more seeds of rezero depth=1, standard depth=1" in result.stderr
     second = optuna.load_study(study_name="cont-round", storage=url_of(db))

@@ -184,8 +184,7 @@ class StudySpec:
         bounds = self.tune.bounds or (min(self.tune.lr), max(self.tune.lr))
         rates = sorted({float(p["lr"]) for p in points})
         low, high = min([bounds[0], *rates]), max([bounds[1], *rates])
-        seeds = sorted({*self.axes.get("seed", []), *(int(p["seed"]) for p in points if "seed" in p)})
-        axes = dict(self.axes) | {"lr": rates or [low]} | ({"seed": seeds} if seeds else {})  # a second look's too
+        axes = dict(self.axes) | {"lr": rates or [low]} | self._seeds_with(points)  # a second look's seeds too
         return dataclasses.replace(self, axes=axes, tune=None, stage="contend",
                                    extra_points=tuple(dict(p) for p in points), axis_bounds={"lr": (low, high)})
 
@@ -193,9 +192,14 @@ class StudySpec:
         """A second look's stage: ``points`` — reported grid points at new seeds, for the rows of the lines the first
         look left undecided (:mod:`ablations.run.rounds`) — as a study of its own (``<name>-round``) whose grid is
         exactly those points, each at its row's tuned rate; its runs are reported runs like the study's own."""
-        seeds = sorted({*self.axes.get("seed", []), *(int(p["seed"]) for p in points)})
-        return dataclasses.replace(self, axes=dict(self.axes) | {"seed": seeds}, stage="round",
+        return dataclasses.replace(self, axes=dict(self.axes) | self._seeds_with(points), stage="round",
                                    extra_points=tuple(dict(p) for p in points))
+
+    def _seeds_with(self, points: list[dict]) -> dict[str, list[int]]:
+        """``{"seed": ...}``: the study's seeds and those of ``points`` (a stage's seed axis must hold every seed it
+        trains); empty for a study without seeds."""
+        seeds = sorted({*self.axes.get("seed", []), *(int(p["seed"]) for p in points if "seed" in p)})
+        return {"seed": seeds} if seeds else {}
 
     def tune_axes(self) -> list[str]:
         """The axes a learning rate is chosen per (besides the variant): every axis but the seed."""
