@@ -37,7 +37,11 @@ class OneLineParser(argparse.ArgumentParser):
     def parse_known_args(self, args=None, namespace=None):
         namespace, extras = super().parse_known_args(args, namespace)
         if getattr(namespace, "storage", "") is None:
-            namespace.storage = default_storage(getattr(namespace, "results_dir", OUTPUT_DIR))
+            results_dir = getattr(namespace, "results_dir", OUTPUT_DIR)
+            try:
+                namespace.storage = default_storage(results_dir)
+            except OSError as exc:  # a file of that name, or a folder that cannot be made
+                self.error(f"--results-dir '{results_dir}' cannot hold the study's storage: {exc.strerror}")
         return namespace, extras
 
     def error(self, message: str) -> NoReturn:

@@ -3,6 +3,8 @@ the results folder moves a study's storage with its runs and reports (both tools
 
 from __future__ import annotations
 
+import pytest
+
 from ablations.layout import DEFAULT_STORAGE
 from ablations.report.cli import build_parser as report_parser
 from ablations.run.cli import build_parser as run_parser
@@ -21,3 +23,16 @@ def test_the_storage_follows_the_results_folder_unless_given(tmp_path, monkeypat
         monkeypatch.setenv("ABLATIONS_STORAGE", "postgresql://u@h/db")
         assert parser.parse_args(["--study", "x", "--results-dir", str(where)]).storage == "postgresql://u@h/db"
         monkeypatch.delenv("ABLATIONS_STORAGE")
+
+
+def test_a_results_dir_that_cannot_be_a_folder_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("ABLATIONS_STORAGE", raising=False)
+    (tmp_path / "afile").write_text("earlier results\n")
+    for parser in (run_parser(), report_parser()):
+        with pytest.raises(SystemExit) as stop:
+            parser.parse_args(["--study", "x", "--results-dir", str(tmp_path / "afile")])
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and err.count("\n") == 1 and err.startswith(
+            f"error: --results-dir '{tmp_path / 'afile'}' cannot hold the study's storage: File exists")
+    assert (tmp_path / "afile").read_text() == "earlier results\n"  # nothing it held is lost
+
