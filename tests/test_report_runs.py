@@ -525,6 +525,24 @@ def test_a_claim_against_a_control_of_another_depth_pairs_across_depths():
     assert "layerscale vs standard (synthetic, width 64, depth 2 vs depth 4)," in claims_mod.line_text(records[0])
 
 
+def test_a_row_against_itself_at_another_depth_is_a_claim_of_its_own():
+    """"Pre-LN's accuracy falls with depth": a row at one depth against the same row at another, paired by seed,
+    each depth at its own rate; the same row at one depth (or with no depth named) is a one-line error."""
+    claim = ("  - {id: falls, claim: c, source: s, variant: standard, baseline: standard, depth: 4, "
+             "baseline_depth: 2, direction: lower}")
+    spec = _spec(claim)
+    deep, shallow = [0.61, 0.64, 0.60], [0.70, 0.72, 0.71]
+    data = _data({("standard", 4): deep, ("standard", 2): shallow})
+    records, _ = claims_mod.claim_records(data, spec.claims, spec=spec)
+    assert [(r["variant"], r["baseline"], r["depth"], r["baseline_depth"], r["n_pairs"]) for r in records] == \
+        [("standard", "standard", 4, 2, 3)]
+    assert records[0]["delta"] == pytest.approx(np.mean(np.subtract(deep, shallow)))  # -0.0933: lower, as claimed
+    assert records[0]["p_t"] == pytest.approx(scipy.stats.ttest_rel(deep, shallow).pvalue)
+    for bad in (claim.replace("baseline_depth: 2", "baseline_depth: 4"), claim.replace("depth: 4, ", "")):
+        with pytest.raises(ValueError, match="variant and baseline are both 'standard': a row against itself needs"):
+            _spec(bad)
+
+
 def test_value_round_trip():
     for v in (0.1, 1e-05, 3, True, False, None, "rw", 0.30000000000000004):
         assert runs_mod.value(runs_mod.text(v)) == v and type(runs_mod.value(runs_mod.text(v))) is type(v)

@@ -54,13 +54,19 @@ def test_every_study_resolves_to_its_frozen_configuration_under_every_budget():
 
 
 def test_every_study_extends_the_protocol_and_restates_none_of_it():
-    """The mnist5k protocol is declared once: each committed study names it, and no study sets a value to what the
-    protocol already gives it (in its base, its tuning, or its smoke and paper budgets' base, axes and tuning)."""
+    """The mnist5k protocol is declared once: each committed study names it (or extends a study that does, as
+    deep_premise extends deep_regime), and no study sets a value to what the protocol already gives it (in its
+    base, its tuning, or its smoke and paper budgets' base, axes and tuning)."""
     protocol = yaml.safe_load(PROTOCOL.read_text())
     assert protocol["base"]["dataset"] == "mnist5k"
-    for name, path in available_studies().items():
+    studies = available_studies()
+    for name, path in studies.items():
         raw = yaml.safe_load(path.read_text())
-        assert raw["extends"] == "protocol/mnist5k.yaml", name
+        parent = raw["extends"].removesuffix(".yaml")
+        if parent in studies:  # a study of another study's points: that study extends the protocol
+            assert yaml.safe_load(studies[parent].read_text())["extends"] == "protocol/mnist5k.yaml", name
+        else:
+            assert raw["extends"] == "protocol/mnist5k.yaml", name
         assert not {"kind", "metric", "direction"} & set(raw), name
 
         def restated(study: dict, base: dict, where: str) -> list[str]:
@@ -317,3 +323,22 @@ def test_the_protocol_s_floor_stays_below_certainty_for_few_classes(classes, thr
     floor = load_spec("residual_variants").floor
     assert floor.chance_multiple == 5 and floor.threshold(classes) == pytest.approx(threshold)
     assert floor.failed(threshold - 0.01, classes) and not floor.failed(threshold, classes)
+
+
+def test_deep_premise_trains_deep_regime_s_pre_ln_and_post_ln_points_so_its_runs_join_it():
+    """deep_premise measures the premise first: its every point (tuning stage and reported grid) is a point of
+    deep_regime with the same run configuration, so deep_regime continues from its runs.csv and trains the other
+    rows only; its claims compare pre-LN with post-LN at each depth and pre-LN at 64 blocks with pre-LN at 4."""
+    premise, regime = load_spec("deep_premise"), load_spec("deep_regime")
+    for mine, theirs in ((premise.tune_stage(), regime.tune_stage()), (premise, regime)):
+        points = mine.grid()
+        assert {p["variant"] for p in points} == {"standard", "post_ln"}
+        assert {p["depth"] for p in points} == {4, 16, 64}
+        keys = [sorted(p.items()) for p in theirs.grid()]
+        for point in points:
+            assert sorted(point.items()) in keys, point
+            assert mine.run_config(point) == theirs.run_config(point), point
+    assert len(premise.tune_stage().grid()) == 2 * 3 * 4 * 3 and len(premise.grid()) == 2 * 3 * 10
+    falls = {c.id: c for c in premise.claims}["pre_ln_falls_with_depth"]
+    assert (falls.variant, falls.depth, falls.baseline, falls.baseline_depth, falls.direction) == \
+        ("standard", 64, "standard", 4, "lower")

@@ -97,8 +97,10 @@ def _claim(raw: Any, index: int, labels: list[str], where: str) -> Claim:
         if raw.get(key) not in labels:
             raise ValueError(f"{at}: {key} '{raw.get(key)}' is not a variant label of the study; valid labels: "
                              f"{', '.join(labels)}")
-    if raw["variant"] == raw["baseline"]:
-        raise ValueError(f"{at}: variant and baseline are both '{raw['variant']}'")
+    if raw["variant"] == raw["baseline"] and (raw.get("depth") is None
+                                              or raw.get("baseline_depth") in (None, raw.get("depth"))):
+        raise ValueError(f"{at}: variant and baseline are both '{raw['variant']}': a row against itself needs a "
+                         f"'depth' and another 'baseline_depth'")
     if raw.get("direction") not in CLAIM_DIRECTIONS:
         raise ValueError(f"{at}: direction '{raw.get('direction')}' is not valid; valid choices: "
                          f"{', '.join(CLAIM_DIRECTIONS)}")
