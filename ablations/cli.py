@@ -6,6 +6,7 @@ table renderer of everything they print or write, the typed reading of a value g
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import re
 import sys
@@ -58,12 +59,21 @@ class OneLineParser(argparse.ArgumentParser):
 
 def default_storage(results_dir: str | Path) -> str:
     """``--storage`` when not given: ``$ABLATIONS_STORAGE``, else the SQLite file of the results folder
-    (``sqlite:///<results-dir>/optuna.db``; the folder is made here when it is not the default one, which the
-    storage makes itself), so that ``--results-dir`` moves a study's storage with its runs and reports."""
+    (``sqlite:///<results-dir>/optuna.db``), so that ``--results-dir`` moves a study's storage with its runs and
+    reports. Nothing is made here (a dry run leaves no folder behind): a run makes the folder when it opens the
+    storage (:func:`make_storage_folder`). FileExistsError when a file of that name stands where the folder goes."""
     url = os.environ.get("ABLATIONS_STORAGE") or storage_url(results_dir)
-    if url != DEFAULT_STORAGE and url == storage_url(results_dir):
-        Path(results_dir).mkdir(parents=True, exist_ok=True)
+    if url == storage_url(results_dir) and Path(results_dir).exists() and not Path(results_dir).is_dir():
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(results_dir))
     return url
+
+
+def make_storage_folder(storage: str, results_dir: str | Path) -> None:
+    """Make the results folder before a run opens ``storage`` when the storage is that folder's own SQLite file
+    (:func:`default_storage`); a storage given by URL is left as it is (a missing folder there is the storage's
+    one-line error)."""
+    if storage == storage_url(results_dir):
+        Path(results_dir).mkdir(parents=True, exist_ok=True)
 
 
 def fail(message: str) -> NoReturn:
