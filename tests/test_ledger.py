@@ -93,3 +93,34 @@ def test_the_readme_quotes_the_ledger_verbatim():
     decided = [line for line in ledger[start + 2:end] if line.startswith("- **")]
     assert all(line in section for line in decided)
     assert decided or "(none)" in ledger[start + 2:end]  # no decided line: the ledger says so, the README quotes none
+
+
+def test_an_absent_premise_names_the_deeper_depths_another_study_measured_it_at():
+    """A premise its study does not show at depth 2 ("layerscale below standard") is measured in another study that
+    ran both rows deeper, as its own study would measure it: shown at depth 8 there (Δ = −10 pp, every seed below), and
+    the ledger line says so beside its own numbers; a shallower or equal depth elsewhere is not a further look."""
+    from test_report_runs import _data, _spec
+
+    from ablations.report.claims import claim_records
+    from ablations.report.ledger import StudyClaims, ledger_markdown
+    from ablations.report.premises import premise_elsewhere
+
+    spec = _spec("  - {id: rezero_deep, claim: c, source: s, variant: rezero, baseline: standard, direction: higher,\n"
+                 "     premise: {claim: 'layerscale falls behind', variant: layerscale, baseline: standard,"
+                 " direction: lower}}")
+    base = [0.90, 0.85, 0.88, 0.91]
+    here = _data({("standard", 2): base, ("layerscale", 2): [0.91, 0.84, 0.88, 0.92], ("rezero", 2): base})
+    deeper = _data({("standard", 2): base, ("layerscale", 2): [b - 0.2 for b in base],
+                    ("standard", 8): base, ("layerscale", 8): [0.79, 0.76, 0.77, 0.82]})  # −10 pp on average
+    studies = [StudyClaims(name, name, "default", data, claim_records(data, spec.claims, spec=spec)[0], 3, spec)
+               for name, data in (("here", here), ("deeper", deeper))]
+    assert studies[0].records[0]["verdict"] == "premise absent"
+    found = premise_elsewhere(studies)
+    assert list(found) == [("here", "rezero_deep", 2)]
+    text = next(iter(found.values()))
+    assert text.startswith("deeper, depth 8, shown: Δ = −10.00 pp [") and text.endswith("n = 4")
+    assert "depth 2" not in text  # the other study's depth 2 is no deeper than where this study looked
+    records = ledger_records(studies)
+    line = next(r for r in records if r["study"] == "here" and r["id"] == "rezero_deep")
+    assert line["premise_elsewhere"] == text
+    assert f"; looked for deeper: {text} |" in ledger_markdown(records, studies)

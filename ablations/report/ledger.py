@@ -34,6 +34,7 @@ from .claims import ACCURACY_METRICS, claim_records, numbers_text, premise_numbe
 from .decide import DECIDED, VERDICTS, family
 from .format import p_text
 from .load import Run, StudyData
+from .premises import premise_elsewhere
 from .stats import ALPHA
 
 LEDGER_KEYS = ["group", "study", "setting", "tuning_seeds", "id", "claim", "source", "kind", "variant", "baseline",
@@ -41,7 +42,8 @@ LEDGER_KEYS = ["group", "study", "setting", "tuning_seeds", "id", "claim", "sour
                "coverage", "p", "p_eq", "look_alpha", "p_t", "p_holm", "m", "agreement", "verdict", "p_all_holm", "m_all",
                "agreement_all",
                "break_even_all", "verdict_all", "old_evidence", "same_runs_as", "shared_side", "premise",
-               "premise_delta", "premise_ci_low", "premise_ci_high", "premise_n", "detail", "detail_all"]
+               "premise_delta", "premise_ci_low", "premise_ci_high", "premise_n", "premise_elsewhere", "detail",
+               "detail_all"]
 
 
 @dataclass
@@ -54,6 +56,7 @@ class StudyClaims:
     data: StudyData
     records: list[dict]
     tuning_seeds: int
+    spec: Any = None  # the study file it was judged under (its claims' premises)
 
 
 def study_folders(results_dir: Path) -> list[tuple[str, str, str]]:
@@ -85,7 +88,7 @@ def load_study_claims(results_dir: Path) -> list[StudyClaims]:
         data = read(Path(results_dir) / folder / "runs.csv", spec, folder)
         records, _ = claim_records(data, spec.claims, spec=spec)
         seeds = {r.seed for r in data.tune_runs if r.seed is not None}
-        out.append(StudyClaims(folder, study, budget, data, records, len(seeds)))
+        out.append(StudyClaims(folder, study, budget, data, records, len(seeds), spec))
     return out
 
 
@@ -111,6 +114,10 @@ def ledger_records(studies: Sequence[StudyClaims], alpha: float = ALPHA) -> list
             lines.append((_ledger_line(sc, rec, first_line, first_side), None if rec["verdict"] == "untestable"
                           else rec))
     _all_claims(lines, alpha)
+    elsewhere = premise_elsewhere(studies)
+    for out, _ in lines:
+        folder = out["study"] + (f"-{out['setting']}" if out["setting"] else "")
+        out["premise_elsewhere"] = elsewhere.get((folder, out["id"], out.get("depth")))
     order = {g: i for i, g in enumerate(dict.fromkeys(out["group"] for out, _ in lines))}
     return [out for out, _ in sorted(lines, key=lambda item: order[item[0]["group"]])]
 
@@ -248,6 +255,8 @@ def _group_row(r: dict) -> str:
     note = f"the same runs as {r['same_runs_as']}: a repeat" if r["same_runs_as"] else (r["shared_side"] or "")
     if r["verdict"] == "premise absent":
         note = "premise: " + premise_numbers(r).replace("|", "/")
+        if r.get("premise_elsewhere"):
+            note += "; looked for deeper: " + r["premise_elsewhere"].replace("|", "/")
     elif r["verdict"] == "untestable":
         note = str(r["detail"]).replace("|", "/")
     elif r["old_evidence"]:
