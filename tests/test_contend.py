@@ -5,6 +5,7 @@ their own; the report reads them (phase ``contend``) and the rate-aware verdicts
 from __future__ import annotations
 
 import csv
+import dataclasses
 import itertools
 import statistics
 
@@ -40,6 +41,31 @@ def test_the_contend_stage_spec_is_exactly_its_points():
     assert stage.grid() == points and stage.size == 2 and stage.tune is None
     config = stage.run_config(points[0])
     assert config.lr == 0.004 and config.seed == 0 and config.residual == "standard"
+
+
+def test_only_the_cells_a_claim_compares_contend():
+    """A cell no claim line (nor its premise) compares has no contending rates to train: its rate choice moves no
+    verdict. completep_depth's claims are at depths 8 and 16 (both rows at the rate each chose at depth 2), so its
+    depth-2 points do not contend; a premise's own depths do (depth_scaling's pre-LN at 16 against 4), and a study
+    without claims keeps every cell."""
+    from ablations.run.contend import claim_points
+    from ablations.studies.claims import Claim, Premise, compared_cells
+
+    spec = load_spec("completep_depth")
+    points = claim_points(spec)
+    assert len(spec.grid()) == 60 and len(points) == 40
+    assert {(p["variant"], p["depth"]) for p in points} == {(v, d) for v in ("standard", "completep") for d in (8, 16)}
+    premise = Premise(claim="p", variant="standard", baseline="standard", depth=16, baseline_depth=4)
+    claims = (Claim(id="a", claim="c", source="s", variant="rezero", baseline="standard", depth=8, premise=premise),
+              Claim(id="b", claim="c", source="s", variant="layerscale", baseline="standard", baseline_depth=16),
+              Claim(id="u", claim="c", source="s", testable=False, reason="r"))
+    assert compared_cells(claims, [4, 8, 16]) == {
+        ("rezero", 8), ("standard", 8), ("standard", 16), ("standard", 4),  # claim a and its premise
+        ("layerscale", 4), ("layerscale", 8), ("layerscale", 16)}  # claim b at every depth, its baseline at 16
+    assert compared_cells(claims, []) == {("rezero", None), ("standard", None), ("layerscale", None)}
+    assert compared_cells(claims[2:], [4]) is None  # no testable claim: every cell contends
+    bare = dataclasses.replace(spec, claims=())
+    assert claim_points(bare) == bare.grid()
 
 
 @pytest.mark.slow  # tiny real trainings: 12 tuning, 4 reported and 4 contending runs (about a minute on 2 cores)

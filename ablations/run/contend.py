@@ -12,6 +12,7 @@ from optuna.trial import TrialState
 
 from ..report.evidence import side
 from ..report.runs import read
+from ..studies.claims import compared_cells
 from ..studies.rules import contenders
 from ..studies.spec import CONTEND_POINTS, TUNED_LR, contend_name, tune_name
 from ..studies.storage import repeated_results
@@ -51,8 +52,17 @@ def contend_points(spec, tune_study, chosen: dict[str, float]) -> tuple[list[dic
             found = contenders(by_rate, rate_order(spec, by_rate), float(chosen[key]), spec.verdicts)
             if found:
                 rates[key] = found
-    points = [dict(p) | {"lr": rate} for p in spec.grid() for rate in rates.get(spec.tune_key(p), [])]
+    points = [dict(p) | {"lr": rate} for p in claim_points(spec) for rate in rates.get(spec.tune_key(p), [])]
     return points, rates
+
+
+def claim_points(spec) -> list[dict]:
+    """The reported grid's points in the cells the study's claim lines and premises compare
+    (:func:`ablations.studies.claims.compared_cells`; every point when it makes no claim): a cell no verdict reads
+    has no contending rates to train."""
+    grid = spec.grid()
+    cells = compared_cells(spec.claims, sorted({p["depth"] for p in grid if p.get("depth") is not None}))
+    return grid if cells is None else [p for p in grid if (p["variant"], p.get("depth")) in cells]
 
 
 def stored_points(storage, study_name: str) -> list[dict]:
@@ -88,7 +98,7 @@ def count_from_runs(spec, path) -> int | None:
     if len({r.seed for r in data.tune_runs}) < 3:
         return None
     per_cell: dict[tuple, int] = {}
-    for point in spec.grid():
+    for point in claim_points(spec):
         per_cell[(point["variant"], point.get("depth"))] = per_cell.get((point["variant"], point.get("depth")), 0) + 1
     total = 0
     for (row, depth), seeds in per_cell.items():
@@ -104,4 +114,4 @@ def dry_run_trials(spec, import_runs=None) -> tuple[int | None, int] | None:
     if spec.tune is None or spec.first_look() or spec.kind != "grid":
         return None
     known = count_from_runs(spec, import_runs) if import_runs else None
-    return known, spec.size * (spec.verdicts.max_rates - 1)
+    return known, len(claim_points(spec)) * (spec.verdicts.max_rates - 1)

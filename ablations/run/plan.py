@@ -270,7 +270,7 @@ def _say_later_stages(spec, import_runs: Path | None, per_trial: float, workers:
     if (contend := contend_trials(spec, import_runs)) is not None:
         known, most = contend
         what = (f"{known} trials for the rate choices of the file's tuning stage that are not settled"
-                if known is not None else f"at most {most} trials (each reported point at up to "
+                if known is not None else f"at most {most} trials (each reported point of a cell a claim compares, at up to "
                 f"{spec.verdicts.max_rates - 1} more rates): which cells is known once the tuning stage is done")
         print(f"contending rates (stage {spec.study_name}-contend, after the reported grid): {what}; about "
               f"{duration_text(per_trial * (known if known is not None else most) / max(1, workers))} more")

@@ -154,3 +154,25 @@ def _premise(raw: Any, labels: list[str], at: str) -> Premise | None:
         raise ValueError(f"{at}: metric '{metric}' is not valid; valid choices: {', '.join(CLAIM_METRICS)}")
     return Premise(claim=raw["claim"], variant=raw["variant"], baseline=raw["baseline"], depth=raw.get("depth"),
                    baseline_depth=raw.get("baseline_depth"), direction=direction, metric=metric)
+
+
+def compared_cells(claims: tuple[Claim, ...], depths: list[int]) -> frozenset[tuple[str, int | None]] | None:
+    """The (variant label, depth) cells the claim lines and their premises compare — the cells whose learning-rate
+    choice can move a verdict: a claim without a depth at every depth of ``depths`` (the grid's; none: depth
+    None), its baseline at ``baseline_depth`` where given, a premise at its own depths, else the line's. None when
+    the study makes no testable claim (then every cell counts)."""
+    testable = [c for c in claims if c.testable]
+    if not testable:
+        return None
+    cells = set()
+    for claim in testable:
+        for depth in [claim.depth] if claim.depth is not None else (depths or [None]):
+            cells |= _pair(claim, depth)
+            if claim.premise is not None:
+                cells |= _pair(claim.premise, claim.premise.depth if claim.premise.depth is not None else depth)
+    return frozenset((label, depth if depths else None) for label, depth in cells)
+
+
+def _pair(comparison: Claim | Premise, depth: int | None) -> set[tuple[str, int | None]]:
+    base = comparison.baseline_depth if comparison.baseline_depth is not None else depth
+    return {(comparison.variant, depth), (comparison.baseline, base)}
