@@ -63,16 +63,21 @@ def default_storage(results_dir: str | Path) -> str:
     reports. Nothing is made here (a dry run leaves no folder behind): a run makes the folder when it opens the
     storage (:func:`make_storage_folder`). FileExistsError when a file of that name stands where the folder goes."""
     url = os.environ.get("ABLATIONS_STORAGE") or storage_url(results_dir)
-    if url == storage_url(results_dir) and Path(results_dir).exists() and not Path(results_dir).is_dir():
+    if folder_storage(url, results_dir) and Path(results_dir).exists() and not Path(results_dir).is_dir():
         raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(results_dir))
     return url
 
 
+def folder_storage(storage: str, results_dir: str | Path) -> bool:
+    """Whether ``storage`` is the results folder's own SQLite file (:func:`default_storage`), whose folder a run
+    makes (:func:`make_storage_folder`) rather than one a URL names, whose missing folder is an error."""
+    return storage == storage_url(results_dir)
+
+
 def make_storage_folder(storage: str, results_dir: str | Path) -> None:
-    """Make the results folder before a run opens ``storage`` when the storage is that folder's own SQLite file
-    (:func:`default_storage`); a storage given by URL is left as it is (a missing folder there is the storage's
-    one-line error)."""
-    if storage == storage_url(results_dir):
+    """Make the results folder before a run opens ``storage`` when it is that folder's own (:func:`folder_storage`);
+    a storage given by URL is left as it is (a missing folder there is the storage's one-line error)."""
+    if folder_storage(storage, results_dir):
         Path(results_dir).mkdir(parents=True, exist_ok=True)
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from ..studies.claims import sides_at
 from .decide import VERDICTS, family, old_evidence
 from .evidence import Evidence, measure
 from .format import Column, Table, frame, latex_escape, p_text
@@ -104,7 +105,7 @@ def claim_lines(data: StudyData, claim, rules, spec, resamples: int) -> list[tup
         base_row = data.baseline_row(row, claim.baseline) or claim.baseline
         ran = [d for d in data.depths if data.by_row_depth(row, d)]  # a row may run at one depth only
         for depth in [claim.depth] if claim.depth is not None else (ran or data.depths or [None]):
-            base_depth = depth if claim.baseline_depth is None else claim.baseline_depth
+            _, base_depth = sides_at(claim, depth)
             ev = measure(data, claim, row, depth, base_row, base_depth, metric, rules,
                          key=(data.name, claim.id, row, depth), resamples=resamples)
             where = {"variant": row, "baseline": base_row, "depth": depth, "metric": metric,
@@ -137,8 +138,7 @@ def premise_holds(direction: str, ev: Evidence | None) -> bool:
 
 def premise_record(data: StudyData, premise, depth, rules, resamples: int = RESAMPLES) -> dict:
     """The premise's comparison (at its own depth, else the claim line's) as record fields and ``premise_held``."""
-    at = premise.depth if premise.depth is not None else depth
-    base_at = premise.baseline_depth if premise.baseline_depth is not None else at
+    at, base_at = sides_at(premise, depth)
     base_row = data.baseline_row(premise.variant, premise.baseline) or premise.baseline
     ev = comparison_evidence(data, premise.variant, at, base_row, base_at, premise.metric or data.metric, rules,
                              resamples=resamples)

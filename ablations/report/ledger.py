@@ -109,15 +109,13 @@ def ledger_records(studies: Sequence[StudyClaims], alpha: float = ALPHA) -> list
     its group (the same variant and baseline labels, metric and direction), the earlier line whose runs it reuses on
     both sides (``same_runs_as``: a repeat, in the family once) or on one side (``shared_side``)."""
     lines, first_line, first_side = [], {}, {}
+    elsewhere = premise_elsewhere(studies)
     for sc in studies:
         for rec in sc.records:
-            lines.append((_ledger_line(sc, rec, first_line, first_side), None if rec["verdict"] == "untestable"
-                          else rec))
+            out = _ledger_line(sc, rec, first_line, first_side)
+            out["premise_elsewhere"] = elsewhere.get((sc.folder, rec["id"], rec.get("depth")))
+            lines.append((out, None if rec["verdict"] == "untestable" else rec))
     _all_claims(lines, alpha)
-    elsewhere = premise_elsewhere(studies)
-    for out, _ in lines:
-        folder = out["study"] + (f"-{out['setting']}" if out["setting"] else "")
-        out["premise_elsewhere"] = elsewhere.get((folder, out["id"], out.get("depth")))
     order = {g: i for i, g in enumerate(dict.fromkeys(out["group"] for out, _ in lines))}
     return [out for out, _ in sorted(lines, key=lambda item: order[item[0]["group"]])]
 

@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from ..studies.claims import sides_at
 from .claims import premise_numbers, premise_record
 from .resample import RESAMPLES
 
@@ -44,11 +45,11 @@ def premise_elsewhere(studies: Sequence[Any], resamples: int = RESAMPLES) -> dic
 def _look(other, premise, depth: int, rules, resamples: int) -> str | None:
     """The premise measured in study ``other`` at ``depth`` (its baseline at the premise's baseline depth for a
     premise across depths), as text; None when that study lacks either side there."""
-    base_at = depth if premise.baseline_depth is None else premise.baseline_depth
+    premise = dataclasses.replace(premise, depth=depth)
+    _, base_at = sides_at(premise, depth)
     data = other.data
     if not data.by_row_depth(premise.variant, depth) or not data.by_row_depth(premise.baseline, base_at):
         return None
-    rec = premise_record(data, dataclasses.replace(premise, depth=depth, baseline_depth=base_at), depth, rules,
-                         resamples)
+    rec = premise_record(data, premise, depth, rules, resamples)
     where = f"depth {depth}" + (f" vs {base_at}" if base_at != depth else "")
     return premise_numbers(rec | {"premise": f"{other.folder}, {where}, {'shown' if rec['premise_held'] else 'absent'}"})

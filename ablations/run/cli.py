@@ -30,7 +30,7 @@ from pathlib import Path
 import data
 
 from .. import layout
-from ..cli import OneLineParser, add_study_arguments, duration, make_storage_folder, program
+from ..cli import OneLineParser, add_study_arguments, duration, folder_storage, make_storage_folder, program
 from ..dashboard import check_loggers
 from ..machine import allocator
 from ..pricing.gpu_hours import DEFAULT_GPU, DEVICE_RESULTS, GPU_CLASSES
@@ -270,7 +270,7 @@ def _dry_run(spec, sets: dict, study_name: str, args: argparse.Namespace, overri
         print(f"--set {describe({k: value_text(k, v) for k, v in sets.items()})}: over the study's base (and "
               f"its tuning stage's); stored as {where} '{study_name}'"
               + (" (threads, data_dir: run-only, not in the name)" if set(sets) & set(RUN_ONLY) else ""))
-    if args.storage != layout.storage_url(args.results_dir):  # the results folder's own: the run makes its folder
+    if not folder_storage(args.storage, args.results_dir):  # the results folder's own: the run makes its folder
         check_url(args.storage)  # a URL the run would refuse is refused here too, before what is stored is read
     stored = _stored_and_imported(spec, study_name, args)
     _say_budget_and_data(spec, overrides)

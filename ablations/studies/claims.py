@@ -169,10 +169,17 @@ def compared_cells(claims: tuple[Claim, ...], depths: list[int]) -> frozenset[tu
         for depth in [claim.depth] if claim.depth is not None else (depths or [None]):
             cells |= _pair(claim, depth)
             if claim.premise is not None:
-                cells |= _pair(claim.premise, claim.premise.depth if claim.premise.depth is not None else depth)
+                cells |= _pair(claim.premise, depth)
     return frozenset((label, depth if depths else None) for label, depth in cells)
 
 
+def sides_at(comparison: Claim | Premise, depth: int | None) -> tuple[int | None, int | None]:
+    """(the variant's depth, the baseline's depth) of a claim line or premise compared at ``depth``: its own
+    ``depth`` where it names one, the baseline at its ``baseline_depth`` where given, else at the variant's."""
+    at = comparison.depth if comparison.depth is not None else depth
+    return at, comparison.baseline_depth if comparison.baseline_depth is not None else at
+
+
 def _pair(comparison: Claim | Premise, depth: int | None) -> set[tuple[str, int | None]]:
-    base = comparison.baseline_depth if comparison.baseline_depth is not None else depth
-    return {(comparison.variant, depth), (comparison.baseline, base)}
+    at, base = sides_at(comparison, depth)
+    return {(comparison.variant, at), (comparison.baseline, base)}
