@@ -154,8 +154,8 @@ def test_report_writes_every_file(study):
 
 @pytest.mark.slow
 def test_the_diagnostics_note_counts_the_runs_whose_event_files_are_here(study, tmp_path):
-    """A run whose event files are not here (imported from a runs.csv: they stayed on the machine that trained
-    it) drops out of the diagnostic figures, and the note says how many runs they stand on instead of "all"."""
+    """A run whose event files are not here and whose trial carries no diagnostics cell (its folder removed)
+    drops out of the diagnostic figures, and the note says how many runs they stand on instead of "all"."""
     gone = study.results / "runs" / STUDY / "layerscale" / "depth=2" / "seed=1"
     aside = tmp_path / "aside"
     gone.rename(aside)
@@ -166,9 +166,9 @@ def test_the_diagnostics_note_counts_the_runs_whose_event_files_are_here(study, 
     finally:
         aside.rename(gone)
     assert code == 0, err
-    assert ("note: diagnostic figures use 3 of the 4 runs (all seeds) at depth 2, the ones whose event files hold "
-            "diagnostics (the others ran with diagnostics_every 0, were imported from a runs.csv or had their "
-            "folders removed), last logged epoch.") in out.splitlines(), out[-2000:]
+    assert ("note: diagnostic figures use 3 of the 4 runs (all seeds) at depth 2, the ones whose event files or "
+            "runs.csv rows hold diagnostics (the others ran with diagnostics_every 0, were imported from a runs.csv "
+            "without them or had their folders removed), last logged epoch.") in out.splitlines(), out[-2000:]
 
 
 @pytest.mark.slow
@@ -525,10 +525,11 @@ def test_the_diagnostics_note_says_how_many_runs_the_figures_stand_on():
     assert diagnostics_note("all seeds", 16, found=50, total=50) == \
         "diagnostic figures use all seeds at depth 16, last logged epoch."
     assert diagnostics_note("all seeds", 16, found=7, total=50).startswith(
-        "diagnostic figures use 7 of the 50 runs (all seeds) at depth 16, the ones whose event files hold diagnostics")
+        "diagnostic figures use 7 of the 50 runs (all seeds) at depth 16, the ones whose event files or runs.csv rows hold "
+        "diagnostics")
     assert diagnostics_note("best trial per variant", 4, found=0, total=3) == (
-        "no diagnostic figures at depth 4: none of its 3 runs has diagnostics in its event files (diagnostics_every "
-        "0, runs imported from a runs.csv, or their folders removed).")
+        "no diagnostic figures at depth 4: none of its 3 runs has diagnostics in its event files or runs.csv row "
+        "(diagnostics_every 0, runs imported from a runs.csv without them, or their folders removed).")
 
 
 def test_collapse_table_from_hand_made_events():

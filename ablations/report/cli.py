@@ -308,8 +308,14 @@ def build_tables(data: StudyData, spec, study=None) -> tuple[list, list | None, 
     if spec.kind == "grid" and (depth := depth_table(data, spec.verdicts)) is not None:
         tables.append(depth)
     if study is None:
-        notes.append("from runs.csv: the cost, collapse, mixing and importance tables and the figures but 'tuning' "
-                     "need the storage's configurations or the TensorBoard event files and were not regenerated.")
+        collapse = mt.collapse_records(data) if spec.kind == "grid" else []  # runs.csv's diagnostics column
+        gains = mt.gain_records(data) if spec.kind == "grid" else []
+        tables += [*([mt.collapse_table(data, collapse)] if collapse else []),
+                   *([mt.gain_table(data, gains)] if gains else [])]
+        carried = " (collapse and mixing from its diagnostics column)" if collapse or gains else ""
+        notes.append(f"from runs.csv{carried}: the cost{'' if carried else ', collapse, mixing'} and importance "
+                     "tables and the figures but 'tuning' need the storage's configurations or the TensorBoard "
+                     "event files and were not regenerated.")
     elif spec.kind == "grid":
         top_depth = max([*data.depths, *[int(d) for d in spec.axes.get("depth", [])]], default=None)
         tables.append(mt.cost_table(data, mt.representatives(data, top_depth), depth_note=f"at depth {top_depth}"))

@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from lit_modules.diagnostics import DEFAULT_SIM_K, DEFAULT_TAU, SIMILAR_SHARE
 from lit_modules.names import DIAGNOSTIC_TAGS
 
-from .events import ATTN_SIM_JSON, RunEvents, read_run
+from .events import ATTN_SIM_JSON, RunEvents, run_events
 from .load import BASELINE, best_per_row
 from .model_tables import collapse_records
 from .plot import colors, counted, integer_ticks, lines_vs_depth, log_scale_if_wide, new_figure, place_legends
@@ -204,7 +204,7 @@ def diagnostic_figures(data, selected: Mapping[str, Sequence], cells, depth: int
     is the one the figures name); returns the notes on figures skipped and on what the figures read."""
     notes = []
     variants = data.rows
-    events = {row: [e for e in (read_run(r.log_dir) for r in runs) if not e.empty] for row, runs in selected.items()}
+    events = {row: [e for e in (run_events(r) for r in runs) if not e.empty] for row, runs in selected.items()}
     fig = branch_ratio(events, variants, depth=depth)
     if fig is None:
         notes.append(f"figure branch_ratio skipped: no {_tag('ratio_mean')} tags in the event files (depth {depth}).")
@@ -235,18 +235,19 @@ def diagnostic_figures(data, selected: Mapping[str, Sequence], cells, depth: int
 
 def diagnostics_note(which: str, depth: int, *, found: int, total: int) -> str:
     """The report's note on what the diagnostic figures read: ``found`` of the ``total`` selected runs at
-    ``depth`` have diagnostics in their event files. A run imported from a runs.csv (``--import-runs``: its event
-    files stayed on the machine that trained it) or whose folder was removed has none, and neither has a run
-    trained with ``diagnostics_every: 0``: the note says how many the figures stand on instead of "all"."""
+    ``depth`` have diagnostics, in their event files or carried in their runs.csv row (a run imported with
+    ``--import-runs``: :func:`ablations.report.events.run_events`). A run imported from a runs.csv written without
+    them or whose folder was removed has none, and neither has a run trained with ``diagnostics_every: 0``: the
+    note says how many the figures stand on instead of "all"."""
     if total == 0:
         return f"no diagnostic figures at depth {depth}: no run there."
     if found == 0:
         return (f"no diagnostic figures at depth {depth}: none of its {total} runs has diagnostics in its event "
-                "files (diagnostics_every 0, runs imported from a runs.csv, or their folders removed).")
+                "files or runs.csv row (diagnostics_every 0, runs imported from a runs.csv without them, or their folders removed).")
     if found < total:
         return (f"diagnostic figures use {found} of the {total} runs ({which}) at depth {depth}, the ones whose event "
-                "files hold diagnostics (the others ran with diagnostics_every 0, were imported from a runs.csv or "
-                "had their folders removed), last logged epoch.")
+                "files or runs.csv rows hold diagnostics (the others ran with diagnostics_every 0, were imported from a "
+                "runs.csv without them or had their folders removed), last logged epoch.")
     return f"diagnostic figures use {which} at depth {depth}, last logged epoch."
 
 

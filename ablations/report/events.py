@@ -1,6 +1,14 @@
 """Read a trial's TensorBoard run folder back: the ``diag/*`` scalars and JSON texts written by
 :mod:`lit_modules.diagnostics` (used by :mod:`ablations.report` and its figures).
 
+A run's diagnostics also travel without its folder: :func:`carried_text` packs the last logged epoch of the
+diagnostics the report's tables and figures read (:data:`CARRIED`: the collapse count and its means, the per-layer
+attention similarities, the per-site branch ratios and skip scales, the stream mixing's composite gains) into one
+JSON cell, ``runs.csv``'s ``diagnostics`` column (:data:`DIAGNOSTICS_KEY`), and :func:`run_events` reads a run from
+its event files, else from that cell: a study continued elsewhere with ``--import-runs`` keeps its reported runs'
+collapse table and diagnostic figures. The full L×L similarity matrix and the parameters' evolution over epochs stay
+in the event files.
+
 Tags are read back under their internal names (``diag/...``; :func:`ablations.dashboard.internal_tag` undoes
 TensorBoard's grouping). A run folder may hold several event files (the fit, the end-of-run summary, a resumed run); all are read.
 Steps follow the diagnostics convention (``global_step`` = 0-based epoch index). When a step was written twice
@@ -32,6 +40,12 @@ ATTN_SIM_JSON = DIAGNOSTIC_TAGS["attn_sim_full_json"]
 SIMILAR_BLOCKS = DIAGNOSTIC_TAGS["similar_blocks"]  # DeepViT's collapse count
 ATTN_SIM_ADJ_MEAN = DIAGNOSTIC_TAGS["attn_sim_adj_mean"]
 ATTN_ENTROPY_MEAN = DIAGNOSTIC_TAGS["attn_entropy_mean"]
+DIAGNOSTICS_KEY = "diagnostics"  # runs.csv's column and an imported trial's user attr: carried_text's JSON
+#: the diagnostics a run carries without its event files, by their DIAGNOSTIC_TAGS name, at the last logged epoch
+CARRIED = ("similar_blocks", "similar_blocks_fraction", "attn_sim_adj_mean", "attn_sim_k_mean", "attn_entropy_mean",
+           "ratio_mean_avg", "composite_gain_forward", "composite_gain_backward",  # one value each
+           "attn_sim_adj", "attn_sim_k",  # one per layer
+           "ratio_mean", "skip_scale")  # one per (sublayer, layer)
 
 
 @dataclass
@@ -143,3 +157,70 @@ def _read_run(log_dir: str, prefix: str) -> RunEvents:
             texts[int(e.step)] = item.decode("utf-8") if isinstance(item, bytes) else str(item)
         events.texts[name] = texts
     return events
+
+
+def carried_text(events: RunEvents) -> str | None:
+    """The :data:`CARRIED` diagnostics of a run at its last logged epoch as compact JSON: ``{"step": s, name: value
+    | [value per layer] | {sublayer: [value per layer]}}`` (a value exactly, since the tables print it; the
+    per-layer ones to 6 significant digits, since only figures draw them; null for a missing layer or a non-finite
+    value), each family at its own last step and ``step`` the latest of them; None when the run logged none of them."""
+    out: dict = {}
+    steps = []
+    for name in CARRIED:
+        tag = DIAGNOSTIC_TAGS[name]
+        if "{" not in tag:
+            last = events.last_value(tag)
+            if last is not None:
+                steps.append(last[0])
+                out[name] = last[1] if math.isfinite(last[1]) else None  # exact: the tables print these
+            continue
+        kind = tag.split("/")[1]
+        per_site = events.per_site(kind) if "{sublayer}" in tag else {"": events.per_layer(kind)}
+        per_site = {site: layers for site, layers in per_site.items() if layers}
+        if not per_site:
+            continue
+        pattern = re.compile((SITE_RE if "{sublayer}" in tag else LAYER_RE).format(kind=re.escape(kind)))
+        steps.append(events.last_step(pattern))
+        lists = {site: [_short(layers[i]) if i in layers else None for i in range(max(layers) + 1)]
+                 for site, layers in per_site.items()}
+        out[name] = lists[""] if "" in lists else lists
+    if not out:
+        return None
+    return json.dumps({"step": max(steps), **out}, separators=(",", ":"))
+
+
+def from_carried(text: str | None) -> RunEvents:
+    """The inverse of :func:`carried_text`: every carried value at the one step it names (an empty RunEvents for an
+    empty or unreadable cell)."""
+    try:
+        packed = json.loads(text) if text else {}
+    except json.JSONDecodeError:
+        return RunEvents()
+    if not isinstance(packed, dict) or not isinstance(packed.get("step"), int):
+        return RunEvents()
+    step, events = packed["step"], RunEvents()
+    for name, value in packed.items():
+        if name not in CARRIED:
+            continue
+        tag = DIAGNOSTIC_TAGS[name]
+        sites = value.items() if isinstance(value, dict) else [(None, value)]
+        for sublayer, values in sites:
+            if not isinstance(values, list):
+                if isinstance(values, (int, float)):
+                    events.scalars[tag] = {step: float(values)}
+                continue
+            for layer, v in enumerate(values):
+                if isinstance(v, (int, float)):
+                    events.scalars[tag.format(sublayer=sublayer, layer=layer)] = {step: float(v)}
+    return events
+
+
+def run_events(run) -> RunEvents:
+    """A report run's diagnostics: its event files (``run.log_dir``), else the :data:`DIAGNOSTICS_KEY` cell its
+    summary carries (a run imported from a runs.csv, a report made from one)."""
+    events = read_run(run.log_dir)
+    return events if not events.empty else from_carried(run.summary.get(DIAGNOSTICS_KEY))
+
+
+def _short(value: float) -> float | None:
+    return float(f"{value:.6g}") if math.isfinite(value) else None

@@ -14,7 +14,7 @@ from lit_modules.names import DIAGNOSTIC_TAGS
 
 from .. import layout
 from ..costs import measure
-from .events import ATTN_ENTROPY_MEAN, ATTN_SIM_ADJ_MEAN, SIMILAR_BLOCKS, RunEvents, read_run
+from .events import ATTN_ENTROPY_MEAN, ATTN_SIM_ADJ_MEAN, SIMILAR_BLOCKS, RunEvents, run_events
 from .format import Column, Table, fmt_param, frame, num, status_notes
 from .load import (
     PARAMS_KEY,
@@ -46,7 +46,7 @@ def collapse_records(data: StudyData, events: Mapping[int, RunEvents] | None = N
             for run in data.by_row_depth(row, depth):
                 if not run.ok:
                     continue
-                ev = events.get(run.number, RunEvents()) if events is not None else read_run(run.log_dir)
+                ev = events.get(run.number, RunEvents()) if events is not None else run_events(run)
                 last = ev.last_value(SIMILAR_BLOCKS)
                 if last is None:
                     continue
@@ -123,7 +123,7 @@ def gain_records(data: StudyData, events: Mapping[int, RunEvents] | None = None)
             values: dict[str, list[float]] = {k: [] for k in GAIN_TAGS}
             epochs = set()
             for run in data.by_row_depth(row, depth):
-                ev = (events.get(run.number, RunEvents()) if events is not None else read_run(run.log_dir)) \
+                ev = (events.get(run.number, RunEvents()) if events is not None else run_events(run)) \
                     if run.ok else RunEvents()
                 last = {k: ev.last_value(tag) for k, tag in GAIN_TAGS.items()}
                 if any(v is None for v in last.values()):

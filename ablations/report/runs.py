@@ -8,7 +8,9 @@ Columns, in this order: ``number, run_name, state, phase, variant, row, depth, s
 from; empty when not recorded), ``acc`` (the report's accuracy metric, :attr:`StudyData.metric`), every run-summary
 key of :data:`ablations.training.HP_SUMMARY_KEYS` but ``diverged``, then ``test_acc``, ``test_acc_at_best_val`` and
 ``stack_size`` (the engine's stack a trial trained in, whose wall time it shared) when any trial has them, ``test_correct`` (per-image test results), ``machine`` (what the run trained on) and
-``form`` (the options its model's parts were built with, defaults filled in) when any trial has them, ``diverged, ok, mode``, and last ``val_acc_curve`` when any trial has one: the per-epoch
+``form`` (the options its model's parts were built with, defaults filled in) when any trial has them, ``diagnostics``
+(a reported run's diagnostics at its last logged epoch, :func:`ablations.report.events.carried_text`: what the
+collapse table and the diagnostic figures read) when any reported run logged them, ``diverged, ok, mode``, and last ``val_acc_curve`` when any trial has one: the per-epoch
 validation accuracy the trial reported, a JSON list from epoch 1 (``null`` for an epoch without a value), so that a
 study continued elsewhere from this file (``python -m ablations.run --import-runs``) keeps its curves. Numbers are
 written so that they read back exactly (``repr`` of a float); an empty cell is a missing value.
@@ -28,6 +30,7 @@ from typing import Any
 
 from .. import layout
 from ..training import HP_SUMMARY_KEYS
+from .events import DIAGNOSTICS_KEY, carried_text, read_run
 from .load import DIVERGED_KEY, PHASES, STACK_SIZE_KEY, ReportError, Run, StudyData, assemble, run_mode
 from .stats import num_classes
 
@@ -44,16 +47,19 @@ OPTIONAL_COLUMNS = ("test_acc", "test_acc_at_best_val", STACK_SIZE_KEY)
 #: what the report's two-level bootstrap (seeds x test images) resamples, and the machine the run trained on
 #: (:func:`ablations.machine.modes.machine_text`) and the form its model was built in (:data:`ablations.layout.FORM_KEY`:
 #: every part's options with their defaults filled in, as sorted JSON)
-TEXT_COLUMNS = ("test_correct", "machine", layout.FORM_KEY)
+TEXT_COLUMNS = ("test_correct", "machine", layout.FORM_KEY, DIAGNOSTICS_KEY)
+#: the phases whose runs carry their diagnostics (the ones the collapse table and the diagnostic figures read)
+CARRYING = ("report", "round")
 TAIL = ("diverged", "ok", "mode")
 CURVE = "val_acc_curve"  # written when any trial has a per-epoch curve
 STATES = ("complete", "pruned", "failed")
 REQUIRED = ("number", "state", "variant", "depth", "seed", "acc", "diverged")  # what main and paired need
 
 
-def columns(data: StudyData, axes: list[str]) -> list[str]:
-    optional = [k for k in (*OPTIONAL_COLUMNS, *TEXT_COLUMNS) if any(k in r.summary for r in all_runs(data))]
-    curve = [CURVE] if any(r.curve for r in all_runs(data)) else []
+def columns(runs: list[Run], records: list[dict[str, Any]], axes: list[str]) -> list[str]:
+    optional = [k for k in (*OPTIONAL_COLUMNS, *TEXT_COLUMNS)
+                if any(k in r.summary for r in runs) or any(rec.get(k) is not None for rec in records)]
+    curve = [CURVE] if any(r[CURVE] for r in records) else []
     return list(dict.fromkeys([*HEAD, *axes, *CONFIG_COLUMNS, *SUMMARY_COLUMNS, *optional, *TAIL, *curve]))
 
 
@@ -78,6 +84,8 @@ def record(run: Run) -> dict[str, Any]:
            "diverged": run.diverged, "ok": run.ok, "mode": run_mode(run), CURVE: curve_text(run.curve)}
     for key in (*SUMMARY_COLUMNS, *OPTIONAL_COLUMNS, *TEXT_COLUMNS):
         rec[key] = run.summary.get(key)
+    if rec[DIAGNOSTICS_KEY] is None and run.ok and run.phase in CARRYING:
+        rec[DIAGNOSTICS_KEY] = carried_text(read_run(run.log_dir))
     return rec
 
 
@@ -85,17 +93,20 @@ def frame(data: StudyData):
     """runs.csv as a pandas DataFrame (dtype object: values as :func:`text` writes them)."""
     import pandas as pd
 
-    cols = columns(data, _axes(data))
-    return pd.DataFrame([[text(record(r).get(c)) for c in cols] for r in all_runs(data)], columns=cols, dtype=object)
+    runs = all_runs(data)
+    records = [record(r) for r in runs]
+    cols = columns(runs, records, _axes(data))
+    return pd.DataFrame([[text(rec.get(c)) for c in cols] for rec in records], columns=cols, dtype=object)
 
 
 def to_csv(data: StudyData) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    cols = columns(data, _axes(data))
+    runs = all_runs(data)
+    records = [record(r) for r in runs]
+    cols = columns(runs, records, _axes(data))
     writer.writerow(cols)
-    for run in all_runs(data):
-        rec = record(run)
+    for rec in records:
         writer.writerow([text(rec.get(c)) for c in cols])
     return out.getvalue()
 

@@ -18,7 +18,8 @@ reported row that trained (not diverged, not failed to train) but lacks them is 
 so that every paired difference of the report gets its two-level bootstrap interval (seeds x test images); with
 ``--retrain-mode MODE`` a reported row that trained in that mode (runs.csv's ``mode``) trains again, in the mode
 this run uses, so that a study continued on another machine can have all its reported runs in one mode. It
-has no TensorBoard folder (the diagnostics' figures leave it out) and carries ``imported_from`` (the file) instead of
+has no TensorBoard folder (the collapse table and the diagnostic figures read the diagnostics its row carries,
+the ``diagnostics`` column) and carries ``imported_from`` (the file) instead of
 a ``worker``.
 
 Run the import once, from one process (the command that starts the workers does it before they start): two imports
