@@ -34,6 +34,10 @@ from torch import nn
 # Each leaf's .grad is a strided view of the flat (K, P) gradient, into which backward accumulates in place; torch
 # warns that such a layout "may impair performance" on every backward. It is the point of the layout: say nothing.
 warnings.filterwarnings("ignore", message=".*do not obey the gradient layout contract.*")
+# On a CPU, vmap runs the fused attention kernel through torch's per-model fallback and warns of "a performance drop"
+# once per process: a CPU stacks a cell only where its measured stacked step, that fallback included, beats the plain
+# one (ablations.engine.choice), so the warning says nothing the choice has not weighed.
+warnings.filterwarnings("ignore", message=".*performance drop because we have not yet implemented the batching rule.*")
 
 
 @dataclass(frozen=True)
