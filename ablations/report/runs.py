@@ -93,18 +93,21 @@ def frame(data: StudyData):
     """runs.csv as a pandas DataFrame (dtype object: values as :func:`text` writes them)."""
     import pandas as pd
 
+    cols, records = _table(data)
+    return pd.DataFrame([[text(rec.get(c)) for c in cols] for rec in records], columns=cols, dtype=object)
+
+
+def _table(data: StudyData) -> tuple[list[str], list[dict[str, Any]]]:
+    """runs.csv's columns and one record per run, in :func:`all_runs` order."""
     runs = all_runs(data)
     records = [record(r) for r in runs]
-    cols = columns(runs, records, _axes(data))
-    return pd.DataFrame([[text(rec.get(c)) for c in cols] for rec in records], columns=cols, dtype=object)
+    return columns(runs, records, _axes(data)), records
 
 
 def to_csv(data: StudyData) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    runs = all_runs(data)
-    records = [record(r) for r in runs]
-    cols = columns(runs, records, _axes(data))
+    cols, records = _table(data)
     writer.writerow(cols)
     for rec in records:
         writer.writerow([text(rec.get(c)) for c in cols])
