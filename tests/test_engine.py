@@ -724,3 +724,41 @@ def test_device_cuda_without_a_gpu_is_one_line(tmp_path):
                        (train_main, ("--device", "cuda", "--max-epochs", "1"))):
         done = run_in_process(*args, cwd=tmp_path, main=main)
         assert_one_line_error(done, "--device cuda, but torch sees no CUDA device", "valid choices here: auto, cpu")
+
+
+def test_a_stage_s_last_trials_are_shared_among_the_workers_instead_of_one_stack_taking_them_all():
+    """A worker's stack holds at most its share of the waiting trials among the command's --workers (rounded up):
+    two workers split a stage's last three trials two and one, where one stack of three would leave a worker idle;
+    one worker, or enough waiting trials, still fill a stack to --stack."""
+    from types import SimpleNamespace
+
+    import optuna
+
+    from ablations.config import RunConfig
+    from ablations.run.stacked import StackedWorker, stack_limit
+
+    assert [stack_limit(w, 8, 2) for w in (60, 16, 9, 4, 3, 1)] == [8, 8, 5, 2, 2, 1]
+    assert stack_limit(5, 32, 1) == 5 and stack_limit(0, 8, 2) == 1 and stack_limit(40, 8, 0) == 8
+
+    def stacks(waiting: int, workers: int) -> list[int]:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        study = optuna.create_study()
+        for seed in range(waiting):
+            study.enqueue_trial({"seed": seed, "lr": 0.002})
+        objective = SimpleNamespace(config=lambda params: RunConfig(seed=params["seed"], lr=params["lr"]))
+        worker = StackedWorker(study, objective, max_stack=8, workers=workers)
+        sizes = []
+
+        def train(trials):  # the stack's size, and each trial told as the engine tells it
+            sizes.append(len(trials))
+            for trial in trials:
+                study.tell(trial, 0.5)
+
+        worker._train = train
+        worker.run()
+        assert len(study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))) == waiting
+        return sizes
+
+    assert stacks(3, workers=2) == [2, 1]
+    assert stacks(3, workers=1) == [3]
+    assert stacks(17, workers=2) == [8, 5, 2, 1, 1]

@@ -4,7 +4,9 @@ together, and each trial ends as its own Optuna trial.
 A *cell* is everything of a trial's config but its seed and learning rate (:func:`ablations.engine.loop.cell_key`):
 a reported grid's seeds of one variant and depth, or a tuning stage's learning rates × seeds of one. A worker takes
 the cell of the oldest waiting trial and up to ``max_stack`` waiting trials of that cell, oldest first (so a grid
-enqueued seed-major is still trained a block of seeds at a time), claims them one by one as ``study.ask`` claims a
+enqueued seed-major is still trained a block of seeds at a time), and no more than its share of all the waiting
+trials among the command's ``--workers`` (:func:`stack_limit`: at a stage's end two workers split its last four
+trials two and two instead of one worker training all four while the other waits), claims them one by one as ``study.ask`` claims a
 trial (WAITING → RUNNING; one another worker took first is skipped), keeps their heartbeats, and prepares each
 exactly as the plain objective does (:meth:`ablations.run.objective.Objective.prepare`: its point, config, run
 folder, user attrs). Then :func:`ablations.engine.loop.train_stacked` trains them; every epoch each trial gets its
@@ -57,14 +59,15 @@ def _say(line: str) -> None:
 class StackedWorker:
     """One worker's stacked trials (module docstring). ``objective``: the worker's
     :class:`~ablations.run.objective.Objective`; ``max_stack``: trials per stack at most (None:
-    :data:`DEFAULT_STACK` of the cell's device); ``choose(config) -> reason or None``: whether a cell trains
+    :data:`DEFAULT_STACK` of the cell's device); ``workers``: the command's workers, who share the waiting trials
+    (:func:`stack_limit`); ``choose(config) -> reason or None``: whether a cell trains
     stacked (None: yes; a reason: plain, said once); ``between()``: called before each group (stop signals,
     stale trials); ``after()``: called once each group's trials are told (the seed aggregates' refresh)."""
 
     def __init__(self, study, objective, *, max_stack: int | None = None, choose: Callable[[Any], str | None] | None = None,
                  between: Callable[[], None] | None = None, after: Callable[[], None] | None = None,
-                 say: Callable[[str], None] = _say, graph: bool | None = None) -> None:
-        self.study, self.objective, self.max_stack = study, objective, max_stack
+                 say: Callable[[str], None] = _say, graph: bool | None = None, workers: int = 1) -> None:
+        self.study, self.objective, self.max_stack, self.workers = study, objective, max_stack, workers
         self.choose = choose or (lambda config: None)
         self.between = between or (lambda: None)
         self.after = after or (lambda: None)
@@ -153,6 +156,7 @@ class StackedWorker:
         limit = self.max_stack or DEFAULT_STACK[device_of(candidates[0][2]).type]
         if cell_key(candidates[0][2]) in self.single_cells:
             limit = 1
+        limit = stack_limit(len(candidates), limit, self.workers)
         group = [c for c in candidates if c[3] == key][:limit]
         trials = [t for t in (self._claim(c[0]) for c in group) if t is not None]
         if not trials:
@@ -280,6 +284,12 @@ class StackedWorker:
 DEFAULT_STACK = {"cuda": 32, "cpu": 8}
 
 
+def stack_limit(waiting: int, max_stack: int, workers: int) -> int:
+    """The trials of a worker's next stack at most: ``max_stack``, and no more than the worker's share of the
+    ``waiting`` trials among ``workers`` (rounded up), so that the end of a stage is spread over every worker."""
+    return max(1, min(max_stack, -(-waiting // max(1, workers))))
+
+
 def work_stacked(study, objective, args, between: Callable[[], None], after: Callable[[], None] | None = None) -> int:
     """A study worker's stacked part (``ablations.run``'s ``--engine``, not ``plain``): train the waiting trials of
     every stackable cell in stacks until none is left, calling ``after()`` once each stack's trials are told; the
@@ -288,4 +298,5 @@ def work_stacked(study, objective, args, between: Callable[[], None], after: Cal
         choice = for_config(config, args.engine, objective.results_dir)
         return None if choice.stacked else choice.source
 
-    return StackedWorker(study, objective, max_stack=args.stack, choose=choose, between=between, after=after).run()
+    return StackedWorker(study, objective, max_stack=args.stack, choose=choose, between=between, after=after,
+                         workers=getattr(args, "workers", 1) or 1).run()
