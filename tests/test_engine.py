@@ -678,7 +678,7 @@ def test_a_dry_run_prices_the_engine_from_a_measured_stacked_gpu_step(tmp_path):
 def test_a_stack_stopped_by_sigterm_resumes_from_its_engine_checkpoints(tmp_path):
     """SIGTERM while a stack trains: its trials fail as stopped (their engine checkpoints kept), and the same
     command again retries them as one stack resuming from the epoch they had saved; every trial then completes with
-    the whole curve, and says where it resumed."""
+    the whole curve, and says where it resumed (and no line says it restarts from scratch)."""
     import signal
 
     import optuna
@@ -703,6 +703,8 @@ def test_a_stack_stopped_by_sigterm_resumes_from_its_engine_checkpoints(tmp_path
     assert stopped.returncode == 143, stopped.stderr[-2000:]
     again = run_cli(*args, cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-2000:]
+    # it says where it resumed, and not that it starts from scratch (Lightning's checkpoint is not the engine's)
+    assert "resumed 2 runs from epoch" in again.stderr and "from scratch" not in again.stderr, again.stderr[-2000:]
     trials = optuna.load_study(study_name="stopped", storage=f"sqlite:///{tmp_path / 'db.sqlite'}").get_trials()
     done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert len(done) == 4  # two variants x two seeds

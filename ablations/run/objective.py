@@ -108,7 +108,8 @@ def categorical_axes(study, spec: StudySpec) -> frozenset[str]:
 @dataclass(frozen=True)
 class Prepared:
     """A trial ready to train (:meth:`Objective.prepare`): its point, config, run folder, checkpoint folder, the
-    checkpoint a retry resumes from (None: from scratch) and the number of the trial it retries."""
+    Lightning checkpoint a retry resumes from (None: from scratch), the number of the trial it retries, and whether
+    it resumes the dead attempt's training (the engine's own checkpoint, for a stacked retry)."""
 
     params: dict[str, Any]
     config: Any
@@ -116,6 +117,7 @@ class Prepared:
     ckpt_dir: Path
     ckpt_path: Path | None
     original: int | None
+    resume: bool = False
 
 
 class Objective:
@@ -159,9 +161,11 @@ class Objective:
     def __call__(self, trial) -> float:
         return self.train(trial, self.prepare(trial))
 
-    def prepare(self, trial) -> Prepared:
+    def prepare(self, trial, engine: bool = False) -> Prepared:
         """Everything before training: the trial's point (``TrialPruned`` for a surplus or duplicate grid trial),
-        its config, run folder and checkpoint to resume, and the user attrs that say what it is."""
+        its config, run folder and checkpoint to resume, and the user attrs that say what it is. ``engine``: the
+        stacked engine trains it, which resumes a retry from its own checkpoint (:mod:`ablations.engine.loop`), not
+        from Lightning's."""
         stored = trial.study.get_trials(deepcopy=False)
         frozen = next(t for t in stored if t.number == trial.number)
         if self.spec.kind == "grid" and "fixed_params" not in frozen.system_attrs:
@@ -185,13 +189,14 @@ class Objective:
         model = asked.model_config(data.dataset_shape(asked))
         form = layout.canonical_form(model_form(model))
         if original is not None:  # a retry: continue the dead attempt's training, unless it began in another form
-            ckpt_path = _usable_checkpoint(ckpt_dir / "last.ckpt")
+            ckpt_path = None if engine else _usable_checkpoint(ckpt_dir / "last.ckpt")
             began = next((t.user_attrs.get(layout.FORM_KEY) for t in stored if t.number == original), None)
-            if ckpt_path is not None and began and layout.canonical_form(lit_modules.upgraded_form(began)) != form:
+            if (ckpt_path is not None or engine) and began \
+                    and layout.canonical_form(lit_modules.upgraded_form(began)) != form:
                 log.warning("trial %d began in an earlier form of its design (a default changed since: %s, now %s); "
                             "not resuming its checkpoint: trial %d starts from scratch", original, began, form,
                             trial.number)
-                ckpt_path = None
+                ckpt_path, engine = None, False
         else:  # a first attempt never resumes: a checkpoint here is from an earlier study under this name
             ckpt_path = None
             if (ckpt_dir / "last.ckpt").exists():
@@ -210,7 +215,8 @@ class Objective:
             "resume_checkpoint": None if ckpt_path is None else str(ckpt_path),
             **({} if original is None else {"retry_of": original}),
             "mode_source": None if kept is None else kept.source})  # None: the run's own (a retry's is its own)
-        return Prepared(params, config, run_name, ckpt_dir, ckpt_path, original)
+        return Prepared(params, config, run_name, ckpt_dir, ckpt_path, original,
+                        resume=ckpt_path is not None or (engine and original is not None))
 
     def train(self, trial, prepared: Prepared) -> float:
         """Train a prepared trial as a plain run (``run_training``) and return its objective value."""

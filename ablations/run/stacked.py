@@ -174,7 +174,7 @@ class StackedWorker:
         prepared = []
         for trial in trials:
             try:
-                prepared.append((trial, self.objective.prepare(trial)))
+                prepared.append((trial, self.objective.prepare(trial, engine=True)))
             except optuna.TrialPruned:  # a surplus or duplicate grid trial, as the plain objective ends it
                 self.study.tell(trial, state=TrialState.PRUNED)
             except Exception:
@@ -186,7 +186,7 @@ class StackedWorker:
     def _train_prepared(self, prepared: list) -> None:
         objective = self.objective
         specs = [StackedRun(p.config, p.run_name, objective.log_root, checkpoint_dir=p.ckpt_dir,
-                            resume=p.original is not None, hparams=objective.hparams(p.params))
+                            resume=p.resume, hparams=objective.hparams(p.params))
                  for _, p in prepared]
 
         def on_epoch(k: int, epoch: int, value: float) -> bool:
