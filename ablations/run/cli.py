@@ -74,6 +74,13 @@ from .write_errors import ResultsWriteError, one_line, write_error
 # once.
 
 
+#: ``--until``'s stages, in order, and what is left after each
+UNTIL = ("tune", "report", "contend")
+LEFT_AFTER = {"tune": "the reported grid, its contending rates and a second look",
+              "report": "the contending rates and a second look", "contend": "a second look"}
+STAGE_NAMES = {"tune": "tuning stage", "report": "reported grid", "contend": "contending rates"}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog=program("ablations.run"), description=__doc__.split("\n\n")[0],
                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
@@ -132,6 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-budget", type=duration, metavar="DURATION",
                    help="stop cleanly after this wall time (seconds, or e.g. 90m, 1.5h), as SIGTERM would (exit 143); "
                         "rerunning the same command continues the study. Set it below a scheduler's job time limit")
+    p.add_argument("--until", choices=UNTIL, help="run the study's stages up to this one, then stop (exit 0): "
+                   "tune (the tuning stage), report (the reported grid, the first look), contend (its contending "
+                   "rates); the same command without it continues with the rest. Default: every stage, the second "
+                   "look included")
     p.add_argument("--no-progress", action="store_true", help="no study-level progress bar")
     p.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--stage", default="report", choices=("tune", "report", "contend", "round"), help=argparse.SUPPRESS)
@@ -250,6 +261,9 @@ def _check_flags_against(spec, study_name: str, args: argparse.Namespace) -> Non
             raise ValueError(f"{flag} chooses which rows of --import-runs FILE train again: give both")
     if args.import_runs and not Path(args.import_runs).is_file():
         raise ValueError(f"--import-runs: runs file '{args.import_runs}' does not exist")
+    if args.until in ("tune", "contend") and (spec.tune is None or spec.kind != "grid"):
+        raise ValueError(f"--until {args.until}: study '{args.study}' has no tuning stage, so no {STAGE_NAMES[args.until]}; "
+                         "valid choices for it: report")
     if args.retrain_mode:
         check_retrain_modes(args.import_runs, spec, study_name, tuple(args.retrain_mode))
 
@@ -276,7 +290,7 @@ def _dry_run(spec, sets: dict, study_name: str, args: argparse.Namespace, overri
     _say_budget_and_data(spec, overrides)
     return dry_run(spec, overrides, gpu=args.gpu, results_dir=Path(args.results_dir), workers=args.workers,
                    stored=stored, measure=args.measure, stack=args.stack, retrain_modes=tuple(args.retrain_mode),
-                   import_runs=Path(args.import_runs) if args.import_runs else None)
+                   import_runs=Path(args.import_runs) if args.import_runs else None, until=args.until)
 
 
 def _stored_and_imported(spec, study_name: str, args: argparse.Namespace) -> Stored | None:
@@ -336,18 +350,29 @@ def _run(spec, storage, study_name: str, args: argparse.Namespace, overrides: di
               "configurations)", file=sys.stderr)
     if spec.tune is not None:
         code = settle_rates(spec, storage, study_name, args, overrides, study, chosen=study.user_attrs.get(TUNE_GRID) is not None)
-        if code:
-            return code
+        if code or args.until == "tune":
+            return code or _stopped("tune")
     code = run_grid(spec, storage, study_name, args, overrides, study=study)
     if code or spec.tune is None or spec.kind != "grid":
         return code
+    if args.until == "report":
+        return _stopped("report")
     return _contend_and_look_again(spec, storage, study_name, args, overrides)
+
+
+def _stopped(stage: str) -> int:
+    """One line on stopping at ``--until``'s stage; exit 0."""
+    print(f"stopped after the {STAGE_NAMES[stage]} (--until {stage}): {LEFT_AFTER[stage]} may follow; the same "
+          "command without --until continues", file=sys.stderr)
+    return 0
 
 
 def _contend_and_look_again(spec, storage, study_name: str, args: argparse.Namespace, overrides: dict) -> int:
     """After a tuned grid: the contending rates' stage, then a second look at the claims still undecided
     (:mod:`.rounds`) with its own contending rates."""
     code = _contend(spec, storage, study_name, args, overrides)
+    if not code and args.until == "contend":
+        return _stopped("contend")
     second = None if code else prepare_round(spec, storage, study_name, Path(args.results_dir))
     if second is None:
         return code

@@ -133,7 +133,7 @@ def measured_left(stored: Stored, workers: int, fallback_s: float,
 
 def dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = Path(layout.RESULTS_DIR),
             workers: int = 1, stored: Stored | None = None, measure: bool = False, stack: int | None = None,
-            retrain_modes: tuple[str, ...] = (), import_runs: Path | None = None) -> int:
+            retrain_modes: tuple[str, ...] = (), import_runs: Path | None = None, until: str | None = None) -> int:
     """Print the grid (or search space), the recipe, the estimated time on this machine with ``workers`` workers
     (:func:`estimate_seconds`) and the GPU-hours on class ``gpu`` (:mod:`ablations.pricing.gpu_hours`; measurements read
     from ``<results_dir>/device``). ``stored`` (:func:`stored_done`): the trials a stored study has done, which
@@ -141,7 +141,8 @@ def dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = P
     timed beside its standard twin's (:func:`model_factors`, seconds per model) and each trial priced at its twin's
     estimate times that factor (its fixed per-trial overhead once). Trains nothing. The GPU-hours estimate stays
     FLOP-based; a grid's engine line prices its stacks (of at most ``stack`` trials) from a measured stacked GPU
-    step (:mod:`ablations.pricing.engine`)."""
+    step (:mod:`ablations.pricing.engine`). ``until`` (``--until``): the stage the run stops after, said in one
+    line (the lines below price every stage)."""
     tune = _say_tuning(spec)
     tune_size = tune.size if tune is not None else 0
     _say_study(spec, stored, tune_size)
@@ -160,11 +161,24 @@ def dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = P
     if stored and (line := measured_left(stored, workers, per_trial, cells)):
         print(line)
     _say_later_stages(spec, import_runs, per_trial, workers)
+    if until is not None:
+        print(UNTIL_LINES[until])
     _say(describe_estimate(estimate(configs, trials, gpu, results_dir)))
     if spec.kind == "grid":  # the engine's price on a GPU, from a measured stacked step (ablations.pricing.engine)
         tuning = [tune.run_config(p, overrides) for p in tune.grid()] if tune_size else []
         _say(engine_lines(configs + tuning, gpu, results_dir, stack or 32))
     return 0
+
+
+#: the dry run's line for each ``--until`` stage
+UNTIL_LINES = {
+    "tune": "--until tune: the run stops after the tuning stage; the reported grid (priced above with it), its "
+            "contending rates and a second look are left to the same command without --until",
+    "report": "--until report: the run stops after the reported grid; its contending rates and a second look are "
+              "left to the same command without --until",
+    "contend": "--until contend: the run stops after the contending rates; a second look is left to the same "
+               "command without --until",
+}
 
 
 def _say(lines) -> None:
