@@ -584,6 +584,29 @@ def test_tune_phase_trials_are_set_apart_and_a_diverged_tuning_run_counts_zero()
     assert next(c for c in cells if c.row == "standard").n == 2  # the tuning runs are not in the main table
 
 
+def test_a_depth_whose_reported_runs_are_not_in_yet_has_no_chosen_rate():
+    """A row tuned at every depth takes each depth's chosen rate from its reported runs at that depth: while a
+    running study has reported depth 2 only, none of depth 4's rates is marked chosen (depth 2's rate is not depth
+    4's choice); a row tuned at one depth, its rate used at every depth, takes it from its reported runs anywhere."""
+    from ablations.report.load import assemble
+    from ablations.report.tuning import tuning_records
+
+    spec = load_spec_from_text(YAML)
+
+    def run(number, depth, seed, acc, lr, phase):
+        return report.Run(number=number, state="complete", variant="standard", depth=depth, seed=seed, row="",
+                          acc=acc, diverged=False, phase=phase, config={"lr": lr},
+                          summary={"best_val_acc": acc, "diverged": False})
+
+    tune = [run(i, depth, 100, acc, lr, "tune")
+            for i, (depth, lr, acc) in enumerate([(2, 0.001, 0.5), (2, 0.002, 0.6), (4, 0.001, 0.7), (4, 0.002, 0.4)])]
+    running = assemble("t", spec, [*tune, run(0, 2, 0, 0.8, 0.002, "report")])
+    assert {(r["depth"], r["lr"]): r["chosen"] for r in tuning_records(running)} == {
+        (2, 0.001): False, (2, 0.002): True, (4, 0.001): False, (4, 0.002): False}
+    once = assemble("t", spec, [*tune[:2], run(0, 4, 0, 0.8, 0.002, "report")])
+    assert {(r["depth"], r["lr"]): r["chosen"] for r in tuning_records(once)} == {(2, 0.001): False, (2, 0.002): True}
+
+
 def test_every_study_file_lists_claims_that_load_under_every_budget():
     from ablations.studies.spec import BUDGETS, available_studies
 

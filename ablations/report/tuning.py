@@ -49,9 +49,10 @@ def tuning_records(data: StudyData) -> list[dict]:
     """One record per row × depth × LR of the tuning runs (rows in the table's order, depths and LRs ascending):
     the mean and sd of the tuning metric over the tuning seeds, a diverged run or one that failed to train counting
     as 0 — the tuning stage's choice rule (``ablations.run.tuning.tune_outcome``) —, whether the rate was added
-    beyond the starting grid, and whether the row's reported runs (at that depth, or at any depth when none ran at
-    it) trained at this LR. The chosen line also carries the margin of its mean over the next-best rate's and the
-    stability of the choice (:func:`choice_stability`)."""
+    beyond the starting grid, and whether the row's reported runs at that depth trained at this LR (a row tuned at
+    one depth only, its rate used at every depth: its reported runs at any depth). A depth whose reported runs have
+    not completed yet has no chosen rate. The chosen line also carries the margin of its mean over the next-best
+    rate's and the stability of the choice (:func:`choice_stability`)."""
     order = {row: i for i, row in enumerate(data.rows)}
     groups: dict[tuple, list] = {}
     for run in data.tune_runs:
@@ -74,7 +75,9 @@ def _rate_record(data: StudyData, row: str, depth, lr: float, runs: list, grid: 
     """The record of one row × depth × LR of the tuning runs (:func:`tuning_records`), its margin and stability
     not yet set."""
     values = [tune_run_value(r, data.tune_metric) for r in runs]
-    reported = [r for r in data.runs if r.row == row and r.depth == depth] or [r for r in data.runs if r.row == row]
+    reported = [r for r in data.runs if r.row == row and r.depth == depth]
+    if not reported and len({r.depth for r in data.tune_runs if r.row == row}) == 1:
+        reported = [r for r in data.runs if r.row == row]  # tuned at one depth, its rate used at every depth
     return {"variant": row, "depth": depth, "lr": lr, "added": bool(grid) and lr not in grid,
             "n": len(values), "mean": statistics.fmean(values) if values else None,
             "std": statistics.stdev(values) if len(values) >= 2 else None,
