@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -223,24 +225,33 @@ def write_study_hparams(log_root: str | Path, spec: Any, metrics: Sequence[str],
                         extra: Mapping[str, list] | None = None) -> Path:
     """Write the study's HParams configuration (:func:`study_experiment_pb`) and constants at ``log_root``
     (TensorBoard's ``.`` run), replacing an earlier one; ``metrics`` are internal names (``hp/...``). Returns the
-    event file."""
+    event file. The file is written in a folder of its own beside ``log_root`` and moved in whole (one rename), so
+    that processes of one study starting at once never read or remove a half-made one: each removes the earlier
+    files and moves its own in."""
     from torch.utils.tensorboard import SummaryWriter
 
     root = Path(log_root)
     root.mkdir(parents=True, exist_ok=True)
-    for old in root.glob(f"events.out.tfevents.*{STUDY_SUFFIX}"):
-        old.unlink(missing_ok=True)
     pb = study_experiment_pb(spec, metrics, extra)
-    writer = SummaryWriter(log_dir=str(root), filename_suffix=STUDY_SUFFIX)
+    staging = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{root.name}-"))
     try:
-        writer._get_file_writer().add_summary(pb)
-        constants = study_constants(spec)
-        table = markdown_table(["key", "value"], [(k, str(v)) for k, v in constants.items()])
-        writer.add_text("study/constants", f"Configuration shared by every trial of `{spec.study_name}`:\n\n{table}")
-        writer.add_text("study/description", spec.description or spec.study_name)
+        writer = SummaryWriter(log_dir=str(staging), filename_suffix=STUDY_SUFFIX)
+        try:
+            writer._get_file_writer().add_summary(pb)
+            constants = study_constants(spec)
+            table = markdown_table(["key", "value"], [(k, str(v)) for k, v in constants.items()])
+            writer.add_text("study/constants",
+                            f"Configuration shared by every trial of `{spec.study_name}`:\n\n{table}")
+            writer.add_text("study/description", spec.description or spec.study_name)
+        finally:
+            writer.close()
+        written = next(staging.glob(f"events.out.tfevents.*{STUDY_SUFFIX}"))
+        for old in root.glob(f"events.out.tfevents.*{STUDY_SUFFIX}"):
+            old.unlink(missing_ok=True)
+        os.replace(written, root / written.name)
+        return root / written.name
     finally:
-        writer.close()
-    return next(root.glob(f"events.out.tfevents.*{STUDY_SUFFIX}"))
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _experiment_pb(hparams: list, metrics: Sequence[str], differs: set[str] = frozenset()):

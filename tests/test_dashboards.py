@@ -153,6 +153,33 @@ def test_study_hparams_list_what_varies_then_the_metrics(tmp_path):
     assert "| embed_dim |" in text and "| residual |" not in text
 
 
+def test_processes_of_one_study_writing_its_hparams_at_once_never_fail(tmp_path):
+    """Independent processes of one study each write its HParams file when they start: one writer never removes
+    or reads another's half-made file (three writers side by side, ten writes each, every write returns its file)."""
+    import threading
+
+    spec = load_spec(EXAMPLE_SEARCH)
+    errors, written = [], []
+
+    def write() -> None:
+        for _ in range(10):
+            try:
+                written.append(write_study_hparams(tmp_path, spec, HP_METRICS))
+            except Exception as exc:  # noqa: BLE001 - collected: the test names every failure
+                errors.append(repr(exc))
+
+    threads = [threading.Thread(target=write) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == [] and len(written) == 30
+    assert all(path.parent == tmp_path and path.name.endswith(".study") for path in written)
+    write_study_hparams(tmp_path, spec, HP_METRICS)  # one writer alone leaves exactly one file, and no staging folder
+    assert len(list(tmp_path.glob("events.out.tfevents.*"))) == 1
+    assert [p.name for p in tmp_path.parent.iterdir() if p.name.startswith(f".{tmp_path.name}-")] == []
+
+
 # --- end to end: the dashboards' own HTTP APIs on a real study ------------------------------------------------------
 def _tags_loaded(tags: object, names: set[str]) -> bool:
     """TensorBoard lists a run as soon as it finds its folder and loads its events later: ready when every run's
