@@ -307,27 +307,23 @@ def build_tables(data: StudyData, spec, study=None) -> tuple[list, list | None, 
         notes.append("convergence: no run has the summary metrics it needs (an earlier report's runs.csv?); not written.")
     if spec.kind == "grid" and (depth := depth_table(data, spec.verdicts)) is not None:
         tables.append(depth)
+    if study is not None and spec.kind == "grid":
+        top_depth = max([*data.depths, *[int(d) for d in spec.axes.get("depth", [])]], default=None)
+        tables.append(mt.cost_table(data, mt.representatives(data, top_depth), depth_note=f"at depth {top_depth}"))
+    elif study is not None:
+        tables += [tb.importance_table(study, data),
+                   mt.cost_table(data, best_per_row(data), depth_note="for its best trial's configuration")]
+    # the runs that logged diag/similar_blocks (collapse) or a mixing gain (multi-stream variants), read from their
+    # event files, else from runs.csv's diagnostics column
+    collapse = mt.collapse_records(data) if spec.kind == "grid" else []
+    gains = mt.gain_records(data) if spec.kind == "grid" else []
+    tables += [*([mt.collapse_table(data, collapse)] if collapse else []),
+               *([mt.gain_table(data, gains)] if gains else [])]
     if study is None:
-        collapse = mt.collapse_records(data) if spec.kind == "grid" else []  # runs.csv's diagnostics column
-        gains = mt.gain_records(data) if spec.kind == "grid" else []
-        tables += [*([mt.collapse_table(data, collapse)] if collapse else []),
-                   *([mt.gain_table(data, gains)] if gains else [])]
         carried = " (collapse and mixing from its diagnostics column)" if collapse or gains else ""
         notes.append(f"from runs.csv{carried}: the cost{'' if carried else ', collapse, mixing'} and importance "
                      "tables and the figures but 'tuning' need the storage's configurations or the TensorBoard "
                      "event files and were not regenerated.")
-    elif spec.kind == "grid":
-        top_depth = max([*data.depths, *[int(d) for d in spec.axes.get("depth", [])]], default=None)
-        tables.append(mt.cost_table(data, mt.representatives(data, top_depth), depth_note=f"at depth {top_depth}"))
-        collapse = mt.collapse_records(data)  # trials that logged diag/similar_blocks (diagnostics on)
-        if collapse:
-            tables.append(mt.collapse_table(data, collapse))
-        gains = mt.gain_records(data)  # trials of multi-stream variants with diagnostics on
-        if gains:
-            tables.append(mt.gain_table(data, gains))
-    else:
-        tables += [tb.importance_table(study, data),
-                   mt.cost_table(data, best_per_row(data), depth_note="for its best trial's configuration")]
     return tables, cells, notes
 
 

@@ -174,13 +174,12 @@ def carried_text(events: RunEvents) -> str | None:
                 steps.append(last[0])
                 out[name] = last[1] if math.isfinite(last[1]) else None  # exact: the tables print these
             continue
-        kind = tag.split("/")[1]
-        per_site = events.per_site(kind) if "{sublayer}" in tag else {"": events.per_layer(kind)}
-        per_site = {site: layers for site, layers in per_site.items() if layers}
-        if not per_site:
+        kind, sited = tag.split("/")[1], "{sublayer}" in tag
+        step = events.last_step(re.compile((SITE_RE if sited else LAYER_RE).format(kind=re.escape(kind))))
+        if step is None:
             continue
-        pattern = re.compile((SITE_RE if "{sublayer}" in tag else LAYER_RE).format(kind=re.escape(kind)))
-        steps.append(events.last_step(pattern))
+        steps.append(step)
+        per_site = events.per_site(kind, step) if sited else {"": events.per_layer(kind, step)}
         lists = {site: [_short(layers[i]) if i in layers else None for i in range(max(layers) + 1)]
                  for site, layers in per_site.items()}
         out[name] = lists[""] if "" in lists else lists

@@ -189,16 +189,16 @@ class Objective:
         model = asked.model_config(data.dataset_shape(asked))
         form = layout.canonical_form(model_form(model))
         if original is not None:  # a retry: continue the dead attempt's training, unless it began in another form
-            ckpt_path = None if engine else _usable_checkpoint(ckpt_dir / "last.ckpt")
+            ckpt_path = None if engine else _usable_checkpoint(ckpt_dir / "last.ckpt")  # the engine reads its own
+            resume = engine or ckpt_path is not None
             began = next((t.user_attrs.get(layout.FORM_KEY) for t in stored if t.number == original), None)
-            if (ckpt_path is not None or engine) and began \
-                    and layout.canonical_form(lit_modules.upgraded_form(began)) != form:
+            if resume and began and layout.canonical_form(lit_modules.upgraded_form(began)) != form:
                 log.warning("trial %d began in an earlier form of its design (a default changed since: %s, now %s); "
                             "not resuming its checkpoint: trial %d starts from scratch", original, began, form,
                             trial.number)
-                ckpt_path, engine = None, False
+                ckpt_path, resume = None, False
         else:  # a first attempt never resumes: a checkpoint here is from an earlier study under this name
-            ckpt_path = None
+            ckpt_path, resume = None, False
             if (ckpt_dir / "last.ckpt").exists():
                 log.warning("%s is left from an earlier run under this study name (was the storage reset?); "
                             "not resuming it: trial %d starts from scratch", ckpt_dir / "last.ckpt", trial.number)
@@ -215,8 +215,7 @@ class Objective:
             "resume_checkpoint": None if ckpt_path is None else str(ckpt_path),
             **({} if original is None else {"retry_of": original}),
             "mode_source": None if kept is None else kept.source})  # None: the run's own (a retry's is its own)
-        return Prepared(params, config, run_name, ckpt_dir, ckpt_path, original,
-                        resume=ckpt_path is not None or (engine and original is not None))
+        return Prepared(params, config, run_name, ckpt_dir, ckpt_path, original, resume)
 
     def train(self, trial, prepared: Prepared) -> float:
         """Train a prepared trial as a plain run (``run_training``) and return its objective value."""

@@ -299,4 +299,4 @@ def work_stacked(study, objective, args, between: Callable[[], None], after: Cal
         return None if choice.stacked else choice.source
 
     return StackedWorker(study, objective, max_stack=args.stack, choose=choose, between=between, after=after,
-                         workers=getattr(args, "workers", 1) or 1).run()
+                         workers=args.workers).run()
