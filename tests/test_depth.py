@@ -12,14 +12,16 @@ from ablations.report.depth import depth_figure, depth_records, depth_table, pre
 from ablations.report.load import assemble
 
 
-def data_of(falls: dict[int, float], failed: dict[int, int]):
-    """standard at depths 4, 16, 64: its accuracy shifted by ``falls[depth]`` on every seed, and ``failed[depth]`` of
-    its six seeds below the floor (final val accuracy 0.3 < 5x chance)."""
+def data_of(falls: dict[int, float], failed: dict[int, int], spread: float = 0.0):
+    """standard at depths 4, 16, 64: its accuracy shifted by ``falls[depth]`` on every seed (± ``spread`` by seed
+    below depth 4, mean 0), and ``failed[depth]`` of its six seeds below the floor (final val accuracy 0.3 < 5x
+    chance)."""
     spec = spec_of(["standard"], [], depths=(4, 16, 64), floor={"metric": "final_val_acc", "chance_multiple": 5})
     runs = []
     for depth in (4, 16, 64):
         for s in SEEDS:
-            acc = 0.3 if s < failed.get(depth, 0) else BASE[s] + falls.get(depth, 0.0) + 0.001 * (s % 2)
+            noise = spread * (s % 3 - 1) if depth != 4 else 0.0
+            acc = 0.3 if s < failed.get(depth, 0) else BASE[s] + falls.get(depth, 0.0) + 0.001 * (s % 2) + noise
             runs.append(run(100 * depth + s, "standard", s, acc, depth=depth))
     return spec, assemble("hand", spec, runs)
 
@@ -38,7 +40,14 @@ def test_a_row_that_degrades_and_fails_is_named_at_the_first_depth_it_does():
     assert "at least 50% of its runs fail to train first at depth 64 (4 of 6)" in sentence
     steady_spec, steady = data_of({16: 0.001, 64: 0.002}, {})
     (sentence,) = premise_sentences(depth_records(steady, steady_spec.verdicts, resamples=2000), 0.01)
-    assert "does not fall by more than 1.0 pp from depth 4 up to depth 64" in sentence
+    assert "is not shown to fall by more than 1.0 pp from depth 4 up to depth 64" in sentence
+    assert "at depth 64: Δ = +0.20 pp)" in sentence  # measured where it looked last (no spread: no interval)
+    unclear_spec, unclear = data_of({64: -0.012}, {}, spread=0.01)  # a fall beyond the margin, interval across it
+    records = depth_records(unclear, unclear_spec.verdicts, resamples=2000)
+    (sentence,) = premise_sentences(records, 0.01)
+    low, high = records[-1]["ci_low"], records[-1]["ci_high"]
+    assert records[-1]["delta"] == pytest.approx(-0.012, abs=1e-9) and low < -0.01 < high
+    assert "does not fall" not in sentence and "at depth 64: Δ = −1.20 pp [" in sentence
     assert "fewer than 50% of its runs fail to train up to depth 64" in sentence
 
 

@@ -31,6 +31,7 @@ from helpers import (
     assert_resumed_from,
     finish,
     freeze_when,
+    mid_run_checkpoint,
     point,
     saved_checkpoint,
     start_cli,
@@ -167,8 +168,13 @@ def test_independent_processes_survive_a_kill_9_of_one_of_them(tmp_path, storage
     others = []
     try:
         last_ckpt = tmp_path / "results" / "runs" / "shared" / run_name(spec, "standard", 0) / "checkpoints" / "last.ckpt"
-        freeze_when(lambda: saved_checkpoint(last_ckpt) and running_in(storage, "shared", victim), victim,
-                    "the victim's trial wrote a checkpoint", logs[0])  # the read too: see freeze_when
+        # polled on the file alone (a storage read per poll let a loaded machine finish the trial between polls);
+        # the storage is read once the process is frozen, and only a checkpoint before the last epochs counts
+        def mid_run() -> bool:
+            return mid_run_checkpoint(last_ckpt, max_epochs) is not None
+
+        freeze_when(mid_run, victim, "the victim's trial wrote a checkpoint", logs[0],
+                    frozen_check=lambda: mid_run() and running_in(storage, "shared", victim))
         saved = saved_checkpoint(last_ckpt)
         dead = running_in(storage, "shared", victim)
         assert dead.number == 0 and dead.params == {"variant": "standard", "seed": 0}

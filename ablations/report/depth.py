@@ -55,10 +55,16 @@ def depth_records(data: StudyData, rules, resamples: int = RESAMPLES) -> list[di
     return records
 
 
+def _delta(rec: dict) -> str:
+    text = f"Δ = {100 * rec['delta']:+.2f} pp"
+    return text + (f" [{100 * rec['ci_low']:+.2f}, {100 * rec['ci_high']:+.2f}]" if rec["ci_low"] is not None else "")
+
+
 def premise_sentences(records: list[dict], margin: float) -> list[str]:
     """Per row: where its accuracy first falls by more than ``margin`` from its shallowest depth (interval wholly
-    below −margin), and where at least :data:`FAIL_SHARE` of its runs first fail to train — or that neither happens
-    up to its deepest depth."""
+    below −margin), and where at least :data:`FAIL_SHARE` of its runs first fail to train — or that neither is shown
+    up to its deepest depth (with the difference measured there: a fall the interval cannot yet place beyond the
+    margin is not stated as absent)."""
     out = []
     for row in dict.fromkeys(r["variant"] for r in records):
         rows = [r for r in records if r["variant"] == row]
@@ -66,11 +72,14 @@ def premise_sentences(records: list[dict], margin: float) -> list[str]:
         falls = next((r for r in rows if r["ci_high"] is not None and r["ci_high"] < -margin), None)
         fails = next((r for r in rows if r["share_trained"] is not None and 1 - r["share_trained"] >= FAIL_SHARE),
                      None)
-        text = (f"{row}: accuracy falls by more than {100 * margin:.1f} pp from depth {shallow} first at depth "
-                f"{falls['depth']} (Δ = {100 * falls['delta']:+.2f} pp [{100 * falls['ci_low']:+.2f}, "
-                f"{100 * falls['ci_high']:+.2f}])" if falls else
-                f"{row}: accuracy does not fall by more than {100 * margin:.1f} pp from depth {shallow} up to depth "
-                f"{deepest}")
+        last = rows[-1]
+        if falls:
+            text = (f"{row}: accuracy falls by more than {100 * margin:.1f} pp from depth {shallow} first at depth "
+                    f"{falls['depth']} ({_delta(falls)})")
+        else:
+            text = (f"{row}: accuracy is not shown to fall by more than {100 * margin:.1f} pp from depth {shallow} "
+                    f"up to depth {deepest} (no interval wholly below −{100 * margin:.1f} pp"
+                    + (f"; at depth {deepest}: {_delta(last)})" if last["delta"] is not None else ")"))
         text += (f"; at least {FAIL_SHARE:.0%} of its runs fail to train first at depth {fails['depth']} "
                  f"({fails['runs'] - fails['trained']} of {fails['runs']})" if fails else
                  f"; fewer than {FAIL_SHARE:.0%} of its runs fail to train up to depth {deepest}")
