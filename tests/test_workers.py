@@ -151,12 +151,12 @@ def test_independent_processes_run_every_point_once_and_each_trains(tmp_path, st
 
 
 def test_independent_processes_survive_a_kill_9_of_one_of_them(tmp_path, storage):
-    """One process takes the first point (30 epochs) and is SIGKILLed mid-trial (frozen right after the trial
+    """One process takes the first point (60 epochs) and is SIGKILLed mid-trial (frozen right after the trial
     wrote a checkpoint). Once its heartbeat is stale, two more processes start: the first of them to look fails
     the dead trial and queues its retry; together they run the other 5 points and the retry, which continues the
     dead trial's run folder from its checkpoint. Every point COMPLETE exactly once, both processes exit 0. (If both
     find the dead trial at once, each queues a retry: the later copy is pruned as a duplicate, never trained.)"""
-    max_epochs = 30
+    max_epochs = 60  # long enough that a loaded machine cannot finish it between two polls of the file
     variants = [{**THREE_VARIANTS[0], "overrides": {"max_epochs": max_epochs}}, *THREE_VARIANTS[1:]]
     write_study(tmp_path / "shared.yaml", variants=variants, axes={"seed": SEEDS})  # 1 epoch (TINY_BASE)
     spec = load_spec(str(tmp_path / "shared.yaml"))
