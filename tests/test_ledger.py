@@ -113,7 +113,7 @@ def test_every_line_the_committed_ledger_decides_over_all_claims_agrees_in_95_pe
 def test_an_absent_premise_names_the_deeper_depths_another_study_measured_it_at():
     """A premise its study does not show at depth 2 ("layerscale below standard") is measured in another study that
     ran both rows deeper, as its own study would measure it: shown at depth 8 there (Δ = −10 pp, every seed below), and
-    the ledger line says so beside its own numbers; a shallower or equal depth elsewhere is not a further look."""
+    the ledger line says so beside its own numbers, naming that study's dataset and width; a shallower or equal depth elsewhere is not a further look."""
     from test_report_runs import _data, _spec
 
     from ablations.report.claims import claim_records
@@ -133,7 +133,8 @@ def test_an_absent_premise_names_the_deeper_depths_another_study_measured_it_at(
     found = premise_elsewhere(studies)
     assert list(found) == [("here", "rezero_deep", 2)]
     text = next(iter(found.values()))
-    assert text.startswith("deeper, depth 8, shown: Δ = −10.00 pp [") and text.endswith("n = 4")
+    # named with its regime (dataset, width): a deeper look may be in another model than this study's
+    assert text.startswith("deeper (synthetic, width 64), depth 8, shown: Δ = −10.00 pp [") and text.endswith("n = 4")
     assert "depth 2" not in text  # the other study's depth 2 is no deeper than where this study looked
     records = ledger_records(studies)
     line = next(r for r in records if r["study"] == "here" and r["id"] == "rezero_deep")

@@ -15,14 +15,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..studies.claims import sides_at
-from .claims import premise_numbers, premise_record
+from .claims import premise_numbers, premise_record, scale_text
 from .resample import RESAMPLES
 
 
 def premise_elsewhere(studies: Sequence[Any], resamples: int = RESAMPLES) -> dict[tuple, str]:
     """For each premise-absent line of ``studies`` (:class:`.ledger.StudyClaims`), keyed (folder, claim id, depth):
-    what the other studies that ran both of its premise's rows deeper found, as text ("deep_premise, depth 64,
-    shown: Δ = ... pp [...], n = 10; ..."); lines no other study looked further for are left out."""
+    what the other studies that ran both of its premise's rows deeper found, as text ("deep_premise (mnist5k, width
+    32), depth 64, shown: Δ = ... pp [...], n = 10; ..."); lines no other study looked further for are left out."""
     from ..studies.rules import VerdictRules
 
     found = {}
@@ -52,4 +52,6 @@ def _look(other, premise, depth: int, rules, resamples: int) -> str | None:
         return None
     rec = premise_record(data, premise, depth, rules, resamples)
     where = f"depth {depth}" + (f" vs {base_at}" if base_at != depth else "")
-    return premise_numbers(rec | {"premise": f"{other.folder}, {where}, {'shown' if rec['premise_held'] else 'absent'}"})
+    scale = scale_text(other.spec, None)  # the other study's dataset and width: its regime may not be this one's
+    name = other.folder + (f" ({scale})" if scale != "—" else "")
+    return premise_numbers(rec | {"premise": f"{name}, {where}, {'shown' if rec['premise_held'] else 'absent'}"})
