@@ -55,6 +55,7 @@ def test_the_depth_table_and_figure_are_written_for_a_study_of_several_depths(tm
     spec, data = data_of({64: -0.05}, {64: 4})
     table = depth_table(data, spec.verdicts, resamples=2000)
     assert table is not None and "2/6 [4–78%]" in table.markdown()
+    assert "2/6 [4--78\\%]" in table.latex("tab:x")  # ASCII, and a % that does not comment out the rest of the row
     paths = depth_figure(table.frame.to_dict("records"), data.rows, data.name, tmp_path)
     assert [p.name for p in paths] == ["depth_premises.png", "depth_premises.pdf"] and paths[0].stat().st_size > 0
     one_spec = spec_of(["standard"], [])
