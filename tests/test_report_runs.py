@@ -751,6 +751,30 @@ def test_every_committed_latex_table_is_ascii():
     assert bad and {k: v for k, v in bad.items() if v} == {}
 
 
+def test_a_rendered_cell_s_percent_sign_is_escaped_in_latex_and_no_committed_table_has_a_bare_one():
+    """A cell a column renders itself ("70%", a stability) keeps its % in Markdown and escapes it in LaTeX, where a
+    bare % comments out the rest of the row (its ``\\\\`` too); an already escaped one stays as it is."""
+    import re
+
+    import pandas as pd
+
+    from ablations.report.format import Column, Table
+
+    recs = [{"variant": "a", "share": 0.7}]
+    table = Table("t", "t", "caption", pd.DataFrame(recs, dtype=object),
+                  [Column("variant", "variant"),
+                   Column("share", "share", render=lambda rec, style: f"{100 * rec['share']:.0f}%"),
+                   Column("done", "done", render=lambda rec, style: r"7\%" if style == "tex" else "7%")],
+                  [("variant", "variant", ""), ("share", "share", "")])
+    assert "70%" in table.markdown() and "70\\%" not in table.markdown()
+    assert r"a & 70\% & 7\% \\" in table.latex("tab:t")
+    bare = re.compile(r"(?<!\\)%")
+    rows = {path.relative_to(REPO).as_posix(): [line for line in path.read_text().splitlines()
+                                                if line.endswith(r"\\") and bare.search(line)]
+            for path in committed("results/**/*.tex")}
+    assert rows and {k: v for k, v in rows.items() if v} == {}
+
+
 def test_a_stacked_trial_costs_its_share_of_the_stack():
     """``own_seconds``: a trial's wall time, divided among the K trials the engine trained in one stack (what pricing,
     worker-hours and the power table's cost add up); None where no positive, finite wall time is recorded."""

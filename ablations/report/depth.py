@@ -103,8 +103,8 @@ def depth_table(data: StudyData, rules, resamples: int = RESAMPLES) -> Table | N
     def share(rec, style):
         if rec["share_trained"] is None:
             return "—" if style == "md" else "---"
-        dash, percent = ("–", "%") if style == "md" else ("--", r"\%")  # LaTeX: an en dash, and % not a comment
-        return f"{rec['trained']}/{rec['runs']} [{100 * rec['share_low']:.0f}{dash}{100 * rec['share_high']:.0f}{percent}]"
+        dash = "–" if style == "md" else "--"  # ASCII LaTeX (the table escapes the %)
+        return f"{rec['trained']}/{rec['runs']} [{100 * rec['share_low']:.0f}{dash}{100 * rec['share_high']:.0f}%]"
 
     columns = [Column("variant", "variant"), Column("depth", "depth", fmt="d"), Column("n", "n", fmt="d"),
                Column("mean", "accuracy (%)", fmt=".2f", scale=100.0), Column("sd", "sd (pp)", fmt=".2f", scale=100.0),

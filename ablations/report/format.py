@@ -22,6 +22,7 @@ from .load import (
 
 MARK = "*"  # Holm-significant paired difference
 MIN_IMPORTANCE_TRIALS = 4  # fewer completed trials in a scope: a note instead of importances
+_BARE_PERCENT = re.compile(r"(?<!\\)%")
 _TEX = {"&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
         "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "\\": r"\textbackslash{}",
         "†": r"$^{\dagger}$", "±": r"$\pm$", "×": r"$\times$", "≥": r"$\geq$", "<": r"$<$", ">": r"$>$",
@@ -57,8 +58,9 @@ class Column:
     def text(self, record: Mapping[str, Any] | None, style: str) -> str:
         if record is None:
             return "—" if style == "md" else "---"
-        if self.render is not None:
-            return self.render(record, style)
+        if self.render is not None:  # its own LaTeX, but a bare % would comment out the rest of the row
+            text = self.render(record, style)
+            return text if style == "md" else _BARE_PERCENT.sub(r"\\%", text)
         value = record.get(self.key)
         if self.fmt is None:
             text = "—" if value is None or value == "" else str(value)
