@@ -113,7 +113,8 @@ def test_every_line_the_committed_ledger_decides_over_all_claims_agrees_in_95_pe
 def test_an_absent_premise_names_the_deeper_depths_another_study_measured_it_at():
     """A premise its study does not show at depth 2 ("layerscale below standard") is measured in another study that
     ran both rows deeper, as its own study would measure it: shown at depth 8 there (Δ = −10 pp, every seed below), and
-    the ledger line says so beside its own numbers, naming that study's dataset and width; a shallower or equal depth elsewhere is not a further look."""
+    the ledger line says so beside its own numbers, naming that study's dataset and width; a shallower or equal depth
+    elsewhere is not a further look."""
     from test_report_runs import _data, _spec
 
     from ablations.report.claims import claim_records

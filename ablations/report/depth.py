@@ -18,6 +18,7 @@ from .evidence import trained
 from .format import Column, Table, frame
 from .load import StudyData
 from .resample import RESAMPLES
+from .tables import signed
 
 DEPTH_KEYS = ["variant", "depth", "n", "mean", "sd", "delta", "ci_low", "ci_high", "runs", "trained", "share_trained",
               "share_low", "share_high"]
@@ -56,8 +57,9 @@ def depth_records(data: StudyData, rules, resamples: int = RESAMPLES) -> list[di
 
 
 def _delta(rec: dict) -> str:
-    text = f"Δ = {100 * rec['delta']:+.2f} pp"
-    return text + (f" [{100 * rec['ci_low']:+.2f}, {100 * rec['ci_high']:+.2f}]" if rec["ci_low"] is not None else "")
+    """``Δ = −x.xx pp [lo, hi]`` of a depth record (the interval where it has one)."""
+    ci = f" [{signed(rec['ci_low'], 'md')}, {signed(rec['ci_high'], 'md')}]" if rec["ci_low"] is not None else ""
+    return f"Δ = {signed(rec['delta'], 'md')} pp{ci}"
 
 
 def premise_sentences(records: list[dict], margin: float) -> list[str]:
