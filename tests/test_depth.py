@@ -61,3 +61,31 @@ def test_the_depth_table_and_figure_are_written_for_a_study_of_several_depths(tm
     one_spec = spec_of(["standard"], [])
     assert depth_table(assemble("hand", one_spec, [run(s, "standard", s, BASE[s]) for s in SEEDS]),
                        one_spec.verdicts) is None
+
+
+def test_the_same_comparison_gets_the_same_interval_in_the_depth_table_a_claim_and_a_premise():
+    """Replicates are seeded by the comparison (study, both sides, metric), not by the line that asks: a claim on
+    depth 64 vs 4, another claim of a different kind on the same sides, a premise and the depth table all report
+    one interval. Seeded by the claim's id, the two claims' intervals differed in their Monte-Carlo digits."""
+    from ablations.report.claims import claim_records
+
+    base_spec, data = data_of({16: -0.004, 64: -0.03}, {}, spread=0.01)
+    claims = [{"id": name, "claim": name, "source": "none", "variant": "standard", "baseline": "standard",
+               "depth": 64, "baseline_depth": 4, "direction": "lower", **extra}
+              for name, extra in (("falls", {}), ("falls_again", {"kind": "noninferior"}))]
+    claims.append({"id": "after_a_premise", "claim": "x", "source": "none", "variant": "standard",
+                   "baseline": "standard", "depth": 16, "baseline_depth": 4, "direction": "lower",
+                   "premise": {"claim": "it falls", "variant": "standard", "baseline": "standard", "depth": 64,
+                               "baseline_depth": 4, "direction": "lower"}})
+    spec = spec_of(["standard"], claims, depths=(4, 16, 64), floor={"metric": "final_val_acc", "chance_multiple": 5})
+    records, _ = claim_records(data, spec.claims, spec=spec, resamples=2000)
+    by_id = {r["id"]: r for r in records}
+    deep = next(r for r in depth_records(data, base_spec.verdicts, resamples=2000) if r["depth"] == 64)
+    interval = (deep["ci_low"], deep["ci_high"])
+    assert interval[0] < -0.03 < interval[1] < 0  # a real interval around the 3 pp fall
+    assert (by_id["falls"]["ci_low"], by_id["falls"]["ci_high"]) == interval
+    assert (by_id["falls_again"]["ci_low"], by_id["falls_again"]["ci_high"]) == interval
+    assert (by_id["after_a_premise"]["premise_ci_low"], by_id["after_a_premise"]["premise_ci_high"]) == interval
+    shallow = next(r for r in depth_records(data, base_spec.verdicts, resamples=2000) if r["depth"] == 16)
+    assert (by_id["after_a_premise"]["ci_low"], by_id["after_a_premise"]["ci_high"]) == (shallow["ci_low"],
+                                                                                       shallow["ci_high"])

@@ -167,3 +167,47 @@ def test_a_page_written_beside_an_existing_shared_bundle_uses_it_with_its_result
     assert "../plotly.min.js" in re.findall(r"<script src=\"([^\"]+)\"", text) and len(text) < 2**20
     assert (tmp_path / "here" / "plotly.min.js").stat().st_size > 2**20  # the stale bundle is brought up to date
     assert not (tmp_path / "there" / "plotly.min.js").exists()
+
+
+def test_a_table_the_report_cannot_rebuild_is_shown_from_its_files_and_said_to_be_kept(tmp_path):
+    """A collapse table an earlier report made from the runs' event files stays on the page when the page is made
+    again from a runs.csv without diagnostics: shown from its markdown, with a note that it is kept. A markdown
+    file that is not a table (no .csv and .tex beside it) is not shown."""
+    out = tmp_path / "results" / STUDY
+    out.mkdir(parents=True)
+    (out / "collapse.md").write_text("### kept: collapse\n\n| variant | similar blocks |\n|:--|--:|\n| standard | 3.25 |\n")
+    for ext in ("csv", "tex"):
+        (out / f"collapse.{ext}").write_text("x\n")
+    (out / "notes.md").write_text("### not a table of the report\n")
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        code = report.main(["--study", STUDY, "--runs", str(REPO / "results" / STUDY / "runs.csv"), "--results-dir",
+                            str(tmp_path / "results"), "--out", str(out), "--html", "--no-tensorboard",
+                            "--no-figures"])
+    assert code == 0
+    text = (out / "report.html").read_text(encoding="utf-8")
+    section = text[text.index('<section id="collapse">'):]
+    section = section[:section.index("</section>")]
+    assert ">3.25</td>" in section and "kept from an earlier report in this folder (collapse.md)" in section
+    assert '<a href="#collapse">collapse</a>' in text and "not a table of the report" not in text
+
+
+def test_every_committed_report_page_says_what_its_claims_file_says():
+    """Each committed ``report.html`` carries its study's claim lines exactly as ``claims.md`` has them, and its
+    one-line summary (the page's lede, its meta description, the index) counts the same verdicts. A page left from
+    an earlier judging of its runs read "11 held" beside a claims.md of 18 lines not resolved."""
+    from committed import committed
+
+    from ablations.report.markup import md
+
+    pages = committed("results/*/report.html")
+    assert len(pages) >= 10
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        claims = (page.parent / "claims.md").read_text(encoding="utf-8")
+        lines = [line for line in claims.splitlines() if line.startswith("- **")]
+        assert lines, page
+        for line in lines:
+            assert md(line[2:], inline=True) in text, f"{page.parent.name}: {line[:80]}"
+        counts = re.search(r"never written by hand \(([^)]*)\)", claims).group(1)
+        summary = re.search(r'<meta name="description" content="[^"]*; claims: ([^"]*)\."', text).group(1)
+        assert summary == counts, page.parent.name

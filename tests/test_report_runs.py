@@ -162,8 +162,26 @@ def reports(tiny):
 def test_runs_csv_regenerates_every_table_byte_identical(reports):
     root, _, printed = reports
     assert _files(root / "storage") == _files(root / "from_runs")
-    assert "were not regenerated" in printed  # cost / collapse / figures: said, not silently missing
+    assert "were not regenerated" in printed  # collapse and diagnostics without a diagnostics column: said
     assert (root / "from_runs" / "tuning.png").is_file()  # the tuning figure is drawn from runs.csv alone
+
+
+def test_a_grid_report_from_runs_csv_prices_each_row_at_the_study_file_s_model_and_draws_its_figures(reports):
+    """runs.csv holds no model size: the cost table prices each row at the model the study file builds at its
+    point. LayerScale adds one gain vector of width D per branch (2 per block); ReZero drops a block's two
+    LayerNorms (2·2·D) for one scalar shared by its branches; the row ``flat`` is the standard residual: at depth 2,
+    +4·D, −8·D + 2 and +0 parameters over ``standard``. The validation curves are drawn from the curves runs.csv
+    carries."""
+    import pandas as pd
+
+    root, _, _ = reports
+    cost = pd.read_csv(root / "from_runs" / "cost.csv").set_index("variant")
+    point = {"variant": "standard", "depth": 2, "seed": 0}
+    width = load_spec(str(root / "claims_tiny.yaml")).run_config(point).embed_dim
+    base = cost.loc["standard", "params"]
+    assert base > 0 and cost.loc["layerscale", "params"] - base == 4 * width
+    assert cost.loc["rezero", "params"] - base == -8 * width + 2 and cost.loc["flat", "params"] == base
+    assert (root / "from_runs" / "val_curves.png").stat().st_size > 0
 
 
 @pytest.mark.slow
@@ -632,11 +650,14 @@ def test_an_earlier_runs_csv_gives_its_committed_differences(tmp_path):
     """A runs.csv of the format before the fair protocol (no phase, LR or summary columns; the pilot
     ``modern_residuals`` report's, kept as test data when the re-run replaced it) still loads: the paired Δ, CI and
     raw t p recomputed from it equal that report's paired.csv (no run diverged there); the new statistics change only
-    the MDE (noncentral t, larger) and the Wilcoxon columns (n ≤ 5: 'n too small')."""
+    the MDE (noncentral t, larger) and the Wilcoxon columns (n ≤ 5: 'n too small'). Without curves in the file, no
+    validation-curve figure is drawn (an empty one would replace a report folder's earlier figure)."""
     code, out, err = _report("--study", "modern_residuals", "--runs", str(EARLIER / "modern_residuals_runs.csv"),
                              "--out", str(tmp_path))
     assert code == 0, err
     assert "convergence: no run has the summary metrics" in out
+    assert "figure val_curves skipped: no run has a validation curve" in out  # not an empty figure over a good one
+    assert not (tmp_path / "val_curves.png").exists() and (tmp_path / "acc_vs_depth.png").is_file()
     old = {(r["variant"], r["depth"]): r for r in csv.DictReader(open(EARLIER / "modern_residuals_paired.csv"))}
     new = {(r["variant"], r["depth"]): r for r in csv.DictReader(open(tmp_path / "paired.csv"))}
     # the study files' later rows (parameter-matched controls) have no runs in these files: no pairs, no test

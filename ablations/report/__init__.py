@@ -28,7 +28,8 @@ Writes to ``<results-dir>/<study name>/`` (or ``--out``):
 each as ``.md``, ``.tex`` (booktabs) and ``.csv``; ``runs.csv`` lists every result trial of both phases with its
 TensorBoard run name (``<variant>/depth=<d>/seed=<s>``), axes, LR, every summary metric, diverged flag and mode
 (:mod:`.runs`), and ``--runs runs.csv`` regenerates main, paired, claims, power, tuning and convergence from it
-alone, byte-identical to the report from the storage; figures as ``.png`` and ``.pdf``. The headline table
+alone, byte-identical to the report from the storage, and a grid's cost table, figures and (where the file carries
+its runs' diagnostics) collapse and mixing tables; figures as ``.png`` and ``.pdf``. The headline table
 (``main``, or ``search_best`` for search studies) is printed; all tables are written to TensorBoard as text (run
 ``_report`` next to the trials' runs, ``<results-dir>/runs/<study name>/_report``; it carries no hparams data, so
 the HParams table of the trials is unchanged) and attached to the study as an optuna-dashboard note. Two reports of

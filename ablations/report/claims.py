@@ -106,8 +106,7 @@ def claim_lines(data: StudyData, claim, rules, spec, resamples: int) -> list[tup
         ran = [d for d in data.depths if data.by_row_depth(row, d)]  # a row may run at one depth only
         for depth in [claim.depth] if claim.depth is not None else (ran or data.depths or [None]):
             _, base_depth = sides_at(claim, depth)
-            ev = measure(data, claim, row, depth, base_row, base_depth, metric, rules,
-                         key=(data.name, claim.id, row, depth), resamples=resamples)
+            ev = measure(data, claim, row, depth, base_row, base_depth, metric, rules, resamples=resamples)
             where = {"variant": row, "baseline": base_row, "depth": depth, "metric": metric,
                      "baseline_depth": claim.baseline_depth, "scale": scale_text(spec, depth)}
             if claim.premise is not None:
@@ -122,8 +121,7 @@ def comparison_evidence(data: StudyData, variant: str, depth, baseline: str, bas
     from ..studies.spec import Claim
 
     probe = Claim(id="premise", claim="", source="", variant=variant, baseline=baseline, direction=direction)
-    return measure(data, probe, variant, depth, baseline, base_depth, metric, rules,
-                   key=(data.name, "premise", variant, depth, baseline, base_depth), resamples=resamples)
+    return measure(data, probe, variant, depth, baseline, base_depth, metric, rules, resamples=resamples)
 
 
 def premise_holds(direction: str, ev: Evidence | None) -> bool:

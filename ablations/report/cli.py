@@ -56,9 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
                         f"are regenerated with --results-dir {layout.RESULTS_DIR})")
     p.add_argument("--out", help="folder for tables and figures (default: <results-dir>/<study name>)")
     p.add_argument("--runs", metavar="CSV",
-                   help="regenerate the tables from a runs.csv alone (no storage): main, paired, power, convergence, "
-                        "claims, tuning (byte-identical to the report from the storage); tables that need the storage or the "
-                        "event files (cost, collapse, mixing, importance) and the figures but tuning are skipped")
+                   help="regenerate the report from a runs.csv alone (no storage): main, paired, power, convergence, "
+                        "claims, tuning, depth (byte-identical to the report from the storage), a grid's cost table (each "
+                        "row priced at the model the study file builds) and figures, and its collapse and mixing tables "
+                        "where the file carries the runs' diagnostics; a search's importance table and Optuna plots "
+                        "need the storage")
     p.add_argument("--no-figures", action="store_true", help="tables only")
     p.add_argument("--html", action="store_true",
                    help="also write <out>/report.html (tables, figures, claims, protocol, run; opens in a browser) and "
@@ -185,13 +187,13 @@ def mixed_run_notes(data: StudyData) -> list[str]:
 
 
 def _figures(data: StudyData, study, cells, tables: Sequence, out: Path, notes: list[str]) -> list[Path]:
-    """The tuning and depth figures (drawn from runs.csv alone), and from a storage every other figure (their notes
-    added to ``notes``)."""
+    """The tuning and depth figures, and every other figure (their notes added to ``notes``): a grid study's from
+    runs.csv alone too (its curves and carried diagnostics), a search's Optuna plots from its storage only."""
     written = tuning_figure(data, tuning_records(data), out) if data.tune_runs else []
     depth = next((t for t in tables if t.name == "depth"), None)
     if depth is not None:
         written += depth_figure(depth.frame.to_dict("records"), data.rows, data.name, out)
-    if study is not None:
+    if study is not None or data.kind == "grid":
         from .figures import report_figures  # matplotlib, optuna's plots and torch: only when figures are drawn
 
         figs, fig_notes = report_figures(study, data, cells, out)
@@ -307,9 +309,11 @@ def build_tables(data: StudyData, spec, study=None) -> tuple[list, list | None, 
         notes.append("convergence: no run has the summary metrics it needs (an earlier report's runs.csv?); not written.")
     if spec.kind == "grid" and (depth := depth_table(data, spec.verdicts)) is not None:
         tables.append(depth)
-    if study is not None and spec.kind == "grid":
+    if spec.kind == "grid":  # from runs.csv: each row priced at the model the study file builds at its point
         top_depth = max([*data.depths, *[int(d) for d in spec.axes.get("depth", [])]], default=None)
-        tables.append(mt.cost_table(data, mt.representatives(data, top_depth), depth_note=f"at depth {top_depth}"))
+        chosen = mt.representatives(data, top_depth)
+        chosen = chosen if study is not None else mt.priced_by_study_file(chosen, spec)
+        tables.append(mt.cost_table(data, chosen, depth_note=f"at depth {top_depth}"))
     elif study is not None:
         tables += [tb.importance_table(study, data),
                    mt.cost_table(data, best_per_row(data), depth_note="for its best trial's configuration")]
@@ -319,11 +323,12 @@ def build_tables(data: StudyData, spec, study=None) -> tuple[list, list | None, 
     gains = mt.gain_records(data) if spec.kind == "grid" else []
     tables += [*([mt.collapse_table(data, collapse)] if collapse else []),
                *([mt.gain_table(data, gains)] if gains else [])]
-    if study is None:
-        carried = " (collapse and mixing from its diagnostics column)" if collapse or gains else ""
-        notes.append(f"from runs.csv{carried}: the cost{'' if carried else ', collapse, mixing'} and importance "
-                     "tables and the figures but 'tuning' need the storage's configurations or the TensorBoard "
-                     "event files and were not regenerated.")
+    if study is None and spec.kind != "grid":
+        notes.append("from runs.csv: a search's importance and cost tables and its Optuna figures need the storage's "
+                     "trials and were not regenerated.")
+    elif study is None and not (collapse or gains):
+        notes.append("from runs.csv without a diagnostics column: the collapse and mixing tables and the diagnostic "
+                     "figures need the runs' event files or their carried diagnostics and were not regenerated.")
     return tables, cells, notes
 
 

@@ -171,8 +171,10 @@ def side(data: StudyData, row: str, depth, payload: Callable[[Run], object]) -> 
 
 
 def measure(data: StudyData, claim, row: str, depth, base_row: str, base_depth, metric: str, rules,
-            key: tuple, resamples: int = RESAMPLES) -> Evidence:
-    """The evidence of one claim line (module docstring), ``key`` seeding its replicates."""
+            resamples: int = RESAMPLES) -> Evidence:
+    """The evidence of one claim line (module docstring). Its replicates are seeded by the comparison alone (study,
+    both sides, metric), so every line, premise and depth-table cell that compares the same two sides on the same
+    metric reports the same interval."""
     kind = claim.kind
     margin = claim.margin if claim.margin is not None else (rules.ratio_margin if kind == "faster" else rules.margin)
     margin = math.log(margin) if kind == "faster" else margin
@@ -184,7 +186,8 @@ def measure(data: StudyData, claim, row: str, depth, base_row: str, base_depth, 
     else:
         payload, diff = accuracy_payload(metric, data), accuracy_diff if metric == data.metric else number_diff
     a, b = side(data, row, depth, payload), side(data, base_row, base_depth, payload)
-    rep = resample(a, b, diff, resamples=resamples, seed=line_seed(*key))
+    rep = resample(a, b, diff, resamples=resamples,
+                   seed=line_seed(data.name, row, depth, base_row, base_depth, metric))
     ev.n, ev.estimate, ev.levels, ev.coverage, ev.rates = rep.n, rep.estimate, rep.levels, rep.coverage, rep.rates
     ev.chosen = (a.chosen, b.chosen)
     ev.tune_seeds = (len(a.tune_seeds()), len(b.tune_seeds()))

@@ -132,6 +132,22 @@ def table_section(table: Table, shared: Sequence[str] = ()) -> str:
             f'<p class="caption">{md(line, inline=True)}</p>{more}{notes}</section>')
 
 
+def kept_tables(out: Path, tables: Sequence[Table]) -> list[Path]:
+    """The report folder's tables (a ``<name>.md`` beside its ``.csv`` and ``.tex``) that this report did not build:
+    an earlier report's, made from inputs this one lacks (a ``runs.csv`` without its runs' diagnostics cannot
+    rebuild the collapse table that their event files gave)."""
+    built = {t.name for t in tables}
+    return [p for p in sorted(out.glob("*.md"))
+            if p.stem not in built and p.with_suffix(".csv").is_file() and p.with_suffix(".tex").is_file()]
+
+
+def kept_section(path: Path) -> str:
+    """A kept table (:func:`kept_tables`) from its markdown, said to be kept."""
+    return (f'<section id="{slug(path.stem)}">{md(path.read_text(encoding="utf-8"))}<p class="note">Note: kept from '
+            f"an earlier report in this folder ({esc(path.name)}): this report's inputs cannot rebuild it.</p>"
+            "</section>")
+
+
 def reading_html(shared: Sequence[str]) -> str:
     """What several tables' captions say alike, once, above the tables."""
     return ("" if not shared else '<section id="reading"><h3>Reading the tables</h3><p class="caption">'
@@ -297,14 +313,16 @@ def write_report(data: StudyData, spec, tables: Sequence[Table], out: Path, *, r
     label = spec.first_look()
     summary = summary_line(data, spec, tables)
     shared = shared_sentences([t.caption for t in tables if t.name != "claims"])
+    kept = kept_tables(out, tables)
     nav = "".join(f'<a href="#{slug(t.name)}">{esc(t.name if t.name != "claims" else "claims table")}</a>'
-                  for t in tables)
+                  for t in tables) + "".join(f'<a href="#{slug(p.stem)}">{esc(p.stem)}</a>' for p in kept)
     body = [f"<h1>{esc(data.name)}</h1>", f'<p class="lede">{esc(summary)}</p>',
             f'<p class="warn">{esc(label)}</p>' if label else "",
             f'<nav><a href="../{INDEX}">all studies</a><a href="#claims-verdicts">claims</a>{nav}'
             '<a href="#charts">charts</a><a href="#figures">figures</a><a href="#protocol">protocol</a>'
             '<a href="#run">run</a></nav>',
             claims_html(tables), "<h2>Tables</h2>", reading_html(shared), *(table_section(t, shared) for t in tables),
+            *(kept_section(p) for p in kept),
             '<h2 id="charts">Charts</h2><p class="caption">Interactive: hover for the values, drag to zoom, click a '
             "legend entry to hide it. Intervals are 95% t intervals over seeds (paired by seed for Δ).</p>",
             *charts(data, spec, cells),

@@ -215,6 +215,29 @@ def representatives(data: StudyData, top_depth: int | None) -> dict[str, Run]:
     return chosen
 
 
+def priced_by_study_file(representative: dict[str, Run], spec) -> dict[str, Run]:
+    """Representatives read from a runs.csv (which holds no model size), each given the model the study file builds
+    at its point, as a trial stores it (``layout.MODEL_KEY``), so the cost table prices them as a storage's report
+    does. A run whose residual or options differ from what the file builds there now (an earlier form) is left as
+    it is: the table notes it unmeasured rather than price another model."""
+    import data as datasets
+
+    out = {}
+    for row, run in representative.items():
+        point = {"variant": run.variant, "depth": run.depth, "seed": run.seed, "lr": run.config.get("lr"),
+                 **dict(run.extras)}
+        try:
+            config = spec.run_config({k: v for k, v in point.items() if v is not None})
+        except (KeyError, ValueError):  # a row the study file no longer has
+            out[row] = run
+            continue
+        same = (config.residual == run.config.get("residual")
+                and dict(config.residual_options or {}) == dict(run.config.get("residual_options") or {}))
+        model = config.model_config(datasets.dataset_shape(config)).to_dict()
+        out[row] = Run(**{**run.__dict__, "summary": {**run.summary, layout.MODEL_KEY: model}}) if same else run
+    return out
+
+
 def cost_table(data: StudyData, representative: dict[str, Run], *, depth_note: str) -> Table:
     """Params and forward FLOPs (``costs.measure``, batch 1) of each row's representative config (as the trial
     stored it) vs the same config with the standard residual; measured train images/s (mean over the row's
