@@ -771,6 +771,30 @@ def test_dry_run_of_a_stored_study_prices_what_is_left_from_its_own_trials(tmp_p
     assert line.startswith(f"time left as measured by this study's completed trials: {run.duration_text(again)} "), line
 
 
+def test_a_cell_not_measured_yet_is_priced_at_its_depth_s_measured_to_estimated_ratio():
+    """Deep and narrow trials run slower than their FLOPs say: standard at depth 64 took 600 s against an estimate of
+    200 s (3x), at depth 4 60 s against 40 s (1.5x). A row not measured yet is priced at its own estimate times the
+    ratio at its depth (rezero: 220 s x 3 at depth 64, 30 s x 1.5 at depth 4); a depth with no measured cell keeps
+    the estimate (100 s at depth 16); a cell with no estimate, the fallback."""
+    from ablations.run import plan as run
+    from ablations.run.study import Stored
+
+    seconds = {("standard", 64): [500.0, 600.0, 700.0], ("standard", 4): [60.0]}
+    left = ({"variant": "rezero", "depth": 64}, {"variant": "rezero", "depth": 4}, {"variant": "rezero", "depth": 16},
+            {"variant": "standard", "depth": 64}, {"variant": "skipinit", "depth": 64})
+    estimates = {("standard", 64): 200.0, ("standard", 4): 40.0, ("rezero", 64): 220.0, ("rezero", 4): 30.0,
+                 ("rezero", 16): 100.0}
+    line = run.measured_left(Stored(0, 4, "here", seconds, left), 2, 7.0, estimates)
+    expected = (660.0 + 45.0 + 100.0 + 600.0 + 7.0) / 2
+    assert line.startswith(f"time left as measured by this study's completed trials: {run.duration_text(expected)} "
+                           "(5 trials, 1 priced at their cell's median wall time, 2 at their estimate x the measured "
+                           "/ estimated time of the measured cells at their depth (d4 1.50x, d64 3.00x), 2 at the "
+                           "estimate above; 2 worker(s))"), line
+    # the later stages (contending rates, a second look) are priced at the estimate x the median of those ratios
+    assert run.measured_factor(Stored(0, 4, "here", seconds, left), estimates) == pytest.approx((3.0 + 1.5) / 2)
+    assert run.measured_factor(None, estimates) is None and run.measured_factor(Stored(0, 0, "x"), estimates) is None
+
+
 def test_ngpt_rows_train_with_the_papers_recipe_unless_the_row_says_otherwise():
     """nGPT's reference trains without weight decay and without warm-up (``NGPT.paper_training``): norm_placement's
     ngpt row resolves to both, its other rows keep the study's base, and a row's own overrides win."""

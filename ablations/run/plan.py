@@ -116,19 +116,51 @@ def measured_left(stored: Stored, workers: int, fallback_s: float,
                   estimates: dict[tuple[str, int | None], float] | None = None) -> str | None:
     """The time a stored grid study has left, priced from its own completed trials: each point not done yet at the
     median wall time of its (variant, depth) cell's completed trials (either stage: the learning rate does not
-    change a trial's cost), a cell without any at its estimate in ``estimates`` (``--measure``) or else
-    ``fallback_s``, divided by ``workers``. None without measured cells."""
+    change a trial's cost); a cell without any at its estimate in ``estimates`` (the FLOP estimate, or
+    ``--measure``'s) times the ratio of measured to estimated time of the measured cells at its depth (their
+    median), so that a depth whose trials run slower than their FLOPs say prices its other rows so too; a cell
+    with no estimate at ``fallback_s``. The sum is divided by ``workers``. None without measured cells."""
     if not stored.seconds or not stored.left:
         return None
+    estimates = estimates or {}
     median = {cell: statistics.median(times) for cell, times in stored.seconds.items()}
+    ratio = {depth: statistics.median(r) for depth, r in _ratios(stored, estimates).items()}
+
+    def price(cell) -> float:
+        if cell in median:
+            return median[cell]
+        if cell in estimates:
+            return estimates[cell] * ratio.get(cell[1], 1.0)
+        return fallback_s
+
     cells = [(p.get("variant"), p.get("depth")) for p in stored.left]
-    total = sum(median.get(cell, (estimates or {}).get(cell, fallback_s)) for cell in cells) / workers
+    total = sum(price(cell) for cell in cells) / workers
     priced = sum(cell in median for cell in cells)
+    scaled = sum(cell not in median and cell in estimates and cell[1] in ratio for cell in cells)
     named = ", ".join(f"{variant}{'' if depth is None else f' d{depth}'} {duration_text(s)}"
                       for (variant, depth), s in sorted(median.items(), key=lambda kv: (str(kv[0][1]), kv[0][0])))
+    scaling = (f"{scaled} at their estimate x the measured / estimated time of the measured cells at their depth ("
+               + ", ".join(f"{'' if d is None else f'd{d} '}{r:.2f}x" for d, r in sorted(ratio.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)))
+               + "), " if scaled else "")
     return (f"time left as measured by this study's completed trials: {duration_text(total)} ({len(cells)} trials, "
-            f"{priced} priced at their cell's median wall time, {len(cells) - priced} at the estimate above; "
-            f"{workers} worker(s)); median per cell: {named}")
+            f"{priced} priced at their cell's median wall time, {scaling}{len(cells) - priced - scaled} at the "
+            f"estimate above; {workers} worker(s)); median per cell: {named}")
+
+
+def _ratios(stored: Stored, estimates: dict) -> dict:
+    """Per depth, the measured / estimated time of each measured cell that has an estimate (its median trial)."""
+    by_depth: dict = {}
+    for (variant, depth), times in stored.seconds.items():
+        if estimates.get((variant, depth)):
+            by_depth.setdefault(depth, []).append(statistics.median(times) / estimates[(variant, depth)])
+    return by_depth
+
+
+def measured_factor(stored: Stored | None, estimates: dict | None) -> float | None:
+    """The median measured / estimated time over a stored study's measured cells (None without any): what the
+    later stages' price is scaled by."""
+    ratios = [r for rs in _ratios(stored, estimates or {}).values() for r in rs] if stored else []
+    return statistics.median(ratios) if ratios else None
 
 
 def dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = Path(layout.RESULTS_DIR),
@@ -154,13 +186,15 @@ def dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = P
     _say(kept_lines(kept, configs, results_dir, threads))
     rates = [measured_rate(config, threads, results_dir, kept_for(config, kept)) for config in configs]
     seconds, cells = (_measured_seconds(points, configs, kept, rates, threads, results_dir) if measure
-                      else _flop_seconds(configs, rates))
+                      else _flop_seconds(points, configs, rates))
     per_trial = sum(seconds) / len(seconds)
     trials = spec.size + tune_size
     print(_time_line(stored, trials, tune_size, per_trial, rates, workers, threads))
     if stored and (line := measured_left(stored, workers, per_trial, cells)):
         print(line)
-    _say_later_stages(spec, import_runs, per_trial, workers)
+    factor = measured_factor(stored, cells)
+    _say_later_stages(spec, import_runs, per_trial * (factor or 1.0), workers,
+                      f", the estimate x {factor:.2f} as this study's measured cells ran" if factor else "")
     if until is not None:
         print(UNTIL_LINES[until])
     _say(describe_estimate(estimate(configs, trials, gpu, results_dir)))
@@ -253,13 +287,15 @@ def _measured_seconds(points: list[dict], configs: list, kept: dict, rates: list
     return seconds, {(p.get("variant"), p.get("depth")): sec for p, sec in zip(points, seconds, strict=True)}
 
 
-def _flop_seconds(configs: list, rates: list) -> tuple[list[float], None]:
+def _flop_seconds(points: list[dict], configs: list, rates: list) -> tuple[list[float], dict]:
     """Each point's seconds per trial from its FLOPs (:func:`estimate_seconds`) at this CPU's measured rate where
-    there is one; where a model is not standard, one line says how far its price may be off."""
+    there is one, by point and by (variant, depth) cell; where a model is not standard, one line says how far its
+    price may be off."""
     if any(config.residual != "standard" for config in configs):
         print("(the estimate prices every model at standard's FLOP rate; multi-stream and depth-aggregating "
               "residuals run up to 3x slower per FLOP at small sizes: add --measure to time each model here)")
-    return [estimate_seconds(c, rate[0] if rate else None) for c, rate in zip(configs, rates, strict=True)], None
+    seconds = [estimate_seconds(c, rate[0] if rate else None) for c, rate in zip(configs, rates, strict=True)]
+    return seconds, {(p.get("variant"), p.get("depth")): sec for p, sec in zip(points, seconds, strict=True)}
 
 
 def _time_line(stored: Stored | None, trials: int, tune_size: int, per_trial: float, rates: list, workers: int,
@@ -279,19 +315,20 @@ def _time_line(stored: Stored | None, trials: int, tune_size: int, per_trial: fl
             + f"; {workers} worker(s) x {threads} thread(s); {basis}, + {TRIAL_OVERHEAD_S:.0f} s per trial)")
 
 
-def _say_later_stages(spec, import_runs: Path | None, per_trial: float, workers: int) -> None:
-    """The stages that may follow the reported grid: the contending rates, and a second look at undecided claims."""
+def _say_later_stages(spec, import_runs: Path | None, per_trial: float, workers: int, basis: str = "") -> None:
+    """The stages that may follow the reported grid: the contending rates, and a second look at undecided claims,
+    each priced at ``per_trial`` (``basis``: how it was scaled)."""
     if (contend := contend_trials(spec, import_runs)) is not None:
         known, most = contend
         what = (f"{known} trials for the rate choices of the file's tuning stage that are not settled"
                 if known is not None else f"at most {most} trials (each reported point of a cell a claim compares, at up to "
                 f"{spec.verdicts.max_rates - 1} more rates): which cells is known once the tuning stage is done")
         print(f"contending rates (stage {spec.study_name}-contend, after the reported grid): {what}; about "
-              f"{duration_text(per_trial * (known if known is not None else most) / max(1, workers))} more")
+              f"{duration_text(per_trial * (known if known is not None else most) / max(1, workers))} more{basis}")
     if spec.kind == "grid" and spec.claims and spec.verdicts.looks > 1 and not spec.first_look():
         print(f"second look (stage {spec.study_name}-round, after the first look's verdicts): the rows of the claim "
               f"lines still undecided train {len(spec.axes.get('seed', []))} more seeds each — at most {spec.size} "
-              f"trials (about {duration_text(per_trial * spec.size / max(1, workers))}), and their contending rates")
+              f"trials (about {duration_text(per_trial * spec.size / max(1, workers))}{basis}), and their contending rates")
 
 
 def standard_twin(config):
