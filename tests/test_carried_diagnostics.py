@@ -123,9 +123,11 @@ def test_a_study_continued_from_its_runs_csv_keeps_the_collapse_table_of_the_run
     assert (second / "report" / "collapse.csv").read_text() == collapse
     again = {(r["variant"], r["seed"]): r[DIAGNOSTICS_KEY] for r in _csv(second / "report" / "runs.csv")}
     assert again == {(r["variant"], r["seed"]): r[DIAGNOSTICS_KEY] for r in rows}
-    # a report from the runs.csv alone regenerates the collapse table too
+    # a report from the runs.csv alone regenerates the collapse table and the diagnostic figures too, and says
+    # nothing is missing but what only event files hold
     out = run_in_process("--study", study, "--runs", second / "report" / "runs.csv", "--out", second / "from_runs",
                          cwd=second, main=report_main)
     assert out.returncode == 0, out.stderr
     assert (second / "from_runs" / "collapse.csv").read_text() == collapse
-    assert "collapse and mixing from its diagnostics column" in out.stdout
+    assert (second / "from_runs" / "attn_similarity_curves.png").is_file()
+    assert "need the runs' event files or their carried diagnostics" not in out.stdout

@@ -66,7 +66,7 @@ def test_the_depth_table_and_figure_are_written_for_a_study_of_several_depths(tm
 def test_the_same_comparison_gets_the_same_interval_in_the_depth_table_a_claim_and_a_premise():
     """Replicates are seeded by the comparison (study, both sides, metric), not by the line that asks: a claim on
     depth 64 vs 4, another claim of a different kind on the same sides, a premise and the depth table all report
-    one interval. Seeded by the claim's id, the two claims' intervals differed in their Monte-Carlo digits."""
+    one interval, to the last Monte-Carlo digit."""
     from ablations.report.claims import claim_records
 
     base_spec, data = data_of({16: -0.004, 64: -0.03}, {}, spread=0.01)

@@ -189,12 +189,13 @@ def test_a_table_the_report_cannot_rebuild_is_shown_from_its_files_and_said_to_b
     section = section[:section.index("</section>")]
     assert ">3.25</td>" in section and "kept from an earlier report in this folder (collapse.md)" in section
     assert '<a href="#collapse">collapse</a>' in text and "not a table of the report" not in text
+    assert text.count("kept from an earlier report") == 1  # the tables this report built are not marked kept
 
 
 def test_every_committed_report_page_says_what_its_claims_file_says():
     """Each committed ``report.html`` carries its study's claim lines exactly as ``claims.md`` has them, and its
-    one-line summary (the page's lede, its meta description, the index) counts the same verdicts. A page left from
-    an earlier judging of its runs read "11 held" beside a claims.md of 18 lines not resolved."""
+    one-line summary (the page's lede, its meta description, the index) counts the same verdicts: a page and its
+    claims.md never disagree about a verdict."""
     from committed import committed
 
     from ablations.report.markup import md

@@ -182,6 +182,17 @@ def test_a_grid_report_from_runs_csv_prices_each_row_at_the_study_file_s_model_a
     assert base > 0 and cost.loc["layerscale", "params"] - base == 4 * width
     assert cost.loc["rezero", "params"] - base == -8 * width + 2 and cost.loc["flat", "params"] == base
     assert (root / "from_runs" / "val_curves.png").stat().st_size > 0
+    # a row the study file no longer has keeps its runs in the tables, unpriced, and the report still completes
+    text = YAML.replace("  - {label: flat, residual: standard}\n", "").replace("name: claims_tiny", "name: without_flat")
+    text = text.replace('  - {id: flat_better, claim: "Flat is better", variant: flat, baseline: standard, direction: higher, '
+                        'source: "none"}\n', "")
+    (root / "without_flat.yaml").write_text(text)
+    code, out, err = _report("--study", str(root / "without_flat.yaml"), "--runs", str(root / "storage" / "runs.csv"),
+                             "--out", str(root / "without_flat"), "--no-figures", "--study-name", "claims_tiny")
+    assert code == 0, err
+    cost = pd.read_csv(root / "without_flat" / "cost.csv").set_index("variant")
+    assert cost.loc["layerscale", "params"] - cost.loc["standard", "params"] == 4 * width
+    assert pd.isna(cost.loc["flat", "params"]) and "flat: not measured" in out
 
 
 @pytest.mark.slow

@@ -788,8 +788,8 @@ def test_a_cell_not_measured_yet_is_priced_at_its_depth_s_measured_to_estimated_
     expected = (660.0 + 45.0 + 100.0 + 600.0 + 7.0) / 2
     assert line.startswith(f"time left as measured by this study's completed trials: {run.duration_text(expected)} "
                            "(5 trials, 1 priced at their cell's median wall time, 2 at their estimate x the measured "
-                           "/ estimated time of the measured cells at their depth (d4 1.50x, d64 3.00x), 2 at the "
-                           "estimate above; 2 worker(s))"), line
+                           "/ estimated time of the measured cells at their depth (d4 1.50x, d64 3.00x), 1 at their "
+                           "own estimate, 1 at the estimate above; 2 worker(s))"), line
     # the later stages (contending rates, a second look) are priced at the estimate x the median of those ratios
     assert run.measured_factor(Stored(0, 4, "here", seconds, left), estimates) == pytest.approx((3.0 + 1.5) / 2)
     assert run.measured_factor(None, estimates) is None and run.measured_factor(Stored(0, 0, "x"), estimates) is None

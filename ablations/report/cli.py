@@ -57,10 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="folder for tables and figures (default: <results-dir>/<study name>)")
     p.add_argument("--runs", metavar="CSV",
                    help="regenerate the report from a runs.csv alone (no storage): main, paired, power, convergence, "
-                        "claims, tuning, depth (byte-identical to the report from the storage), a grid's cost table (each "
-                        "row priced at the model the study file builds) and figures, and its collapse and mixing tables "
-                        "where the file carries the runs' diagnostics; a search's importance table and Optuna plots "
-                        "need the storage")
+                        "claims, tuning (byte-identical to the report from the storage), depth, a grid's cost table "
+                        "(each row priced at the model the study file builds) and figures, and its collapse and mixing "
+                        "tables where the file carries the runs' diagnostics; a search's importance and cost tables and "
+                        "its Optuna plots need the storage")
     p.add_argument("--no-figures", action="store_true", help="tables only")
     p.add_argument("--html", action="store_true",
                    help="also write <out>/report.html (tables, figures, claims, protocol, run; opens in a browser) and "

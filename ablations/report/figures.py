@@ -117,11 +117,11 @@ def report_figures(study, data, cells, out: Path) -> tuple[list[Path], list[str]
         selected, curves, depth = _grid_figures(data, cells, keep)
     else:
         selected, curves, depth = _search_figures(study, data, keep, notes)
-    if any(runs for by_row in curves.values() for runs in by_row.values()):
+    if any(run for by_row in curves.values() for runs in by_row.values() for run in runs):
         keep(val_curves(curves, data.rows), "val_curves")
     elif curves:  # e.g. a runs.csv written before it carried the curves: an earlier figure stays as it is
-        notes.append("figure val_curves skipped: no run has a validation curve (a runs.csv without the "
-                     "val_acc_curve column).")
+        notes.append("figure val_curves skipped: no run has a validation curve (neither logged epochs nor a "
+                     "val_acc_curve column in runs.csv).")
     top = data.depths[-1] if data.depths else None
     notes += diagnostic_figures(data, selected, cells, depth, top, keep)
     return written, notes

@@ -218,8 +218,10 @@ def representatives(data: StudyData, top_depth: int | None) -> dict[str, Run]:
 def priced_by_study_file(representative: dict[str, Run], spec) -> dict[str, Run]:
     """Representatives read from a runs.csv (which holds no model size), each given the model the study file builds
     at its point, as a trial stores it (``layout.MODEL_KEY``), so the cost table prices them as a storage's report
-    does. A run whose residual or options differ from what the file builds there now (an earlier form) is left as
-    it is: the table notes it unmeasured rather than price another model."""
+    does. A run whose residual or options differ from what the file builds there now (an earlier form), or whose row
+    the file no longer has, is left as it is: the table notes it unmeasured rather than price another model; a
+    model whose size changed since is priced and the table notes that its parameters differ from the trained
+    runs'."""
     import data as datasets
 
     out = {}
@@ -228,7 +230,7 @@ def priced_by_study_file(representative: dict[str, Run], spec) -> dict[str, Run]
                  **dict(run.extras)}
         try:
             config = spec.run_config({k: v for k, v in point.items() if v is not None})
-        except (KeyError, ValueError):  # a row the study file no longer has
+        except (KeyError, ValueError):  # a row the study file no longer has, or no longer builds
             out[row] = run
             continue
         same = (config.residual == run.config.get("residual")
@@ -260,6 +262,9 @@ def cost_table(data: StudyData, representative: dict[str, Run], *, depth_note: s
             notes.append(f"{row}: not measured ({first_line(exc)}).")
         same_depth = [r for r in data.runs if r.row == row and r.depth == run.depth and r.state == "complete"]
         trained = mean_of(r.summary.get(PARAMS_KEY) for r in same_depth)
+        if own and trained is not None and round(trained) != own["params"]:  # e.g. the study file changed since
+            notes.append(f"{row}: priced at {own['params']:,} parameters, its trained runs had {round(trained):,}: "
+                         "the model priced is not the one trained.")
         records.append({
             "variant": row, "residual": residual,
             "options": ", ".join(f"{k}={fmt_param(v)}" for k, v in sorted(options.items())),

@@ -137,13 +137,14 @@ def measured_left(stored: Stored, workers: int, fallback_s: float,
     total = sum(price(cell) for cell in cells) / workers
     priced = sum(cell in median for cell in cells)
     scaled = sum(cell not in median and cell in estimates and cell[1] in ratio for cell in cells)
+    own = sum(cell not in median and cell in estimates and cell[1] not in ratio for cell in cells)
     named = ", ".join(f"{variant}{'' if depth is None else f' d{depth}'} {duration_text(s)}"
                       for (variant, depth), s in sorted(median.items(), key=lambda kv: (str(kv[0][1]), kv[0][0])))
     scaling = (f"{scaled} at their estimate x the measured / estimated time of the measured cells at their depth ("
                + ", ".join(f"{'' if d is None else f'd{d} '}{r:.2f}x" for d, r in sorted(ratio.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)))
-               + "), " if scaled else "")
+               + "), " if scaled else "") + (f"{own} at their own estimate, " if own else "")
     return (f"time left as measured by this study's completed trials: {duration_text(total)} ({len(cells)} trials, "
-            f"{priced} priced at their cell's median wall time, {scaling}{len(cells) - priced - scaled} at the "
+            f"{priced} priced at their cell's median wall time, {scaling}{len(cells) - priced - scaled - own} at the "
             f"estimate above; {workers} worker(s)); median per cell: {named}")
 
 

@@ -224,7 +224,12 @@ class StudySpec:
         return json.dumps([params["variant"], cell])
 
     def variant(self, label: str) -> Variant:
-        return next(v for v in self.variants if v.label == label)
+        """The row labelled ``label``; KeyError naming the valid labels when the file has none."""
+        found = next((v for v in self.variants if v.label == label), None)
+        if found is None:
+            raise KeyError(f"no variant '{label}' in study {self.name}; valid: "
+                           + ", ".join(v.label for v in self.variants))
+        return found
 
     def grid(self) -> list[dict]:
         """Every grid point as the trial's parameters: {'variant': label, axis: value, ...}, **seed-major**: every
