@@ -126,25 +126,28 @@ def measured_left(stored: Stored, workers: int, fallback_s: float,
     median = {cell: statistics.median(times) for cell, times in stored.seconds.items()}
     ratio = {depth: statistics.median(r) for depth, r in _ratios(stored, estimates).items()}
 
-    def price(cell) -> float:
+    def basis(cell) -> str:
+        """How a cell is priced: its measured trials, its estimate scaled at its depth, its own estimate, the fallback."""
         if cell in median:
-            return median[cell]
+            return "measured"
         if cell in estimates:
-            return estimates[cell] * ratio.get(cell[1], 1.0)
-        return fallback_s
+            return "scaled" if cell[1] in ratio else "own"
+        return "fallback"
 
+    price = {"measured": lambda c: median[c], "scaled": lambda c: estimates[c] * ratio[c[1]],
+             "own": lambda c: estimates[c], "fallback": lambda c: fallback_s}
     cells = [(p.get("variant"), p.get("depth")) for p in stored.left]
-    total = sum(price(cell) for cell in cells) / workers
-    priced = sum(cell in median for cell in cells)
-    scaled = sum(cell not in median and cell in estimates and cell[1] in ratio for cell in cells)
-    own = sum(cell not in median and cell in estimates and cell[1] not in ratio for cell in cells)
+    bases = [basis(cell) for cell in cells]
+    total = sum(price[b](cell) for cell, b in zip(cells, bases, strict=True)) / workers
+    count = {b: bases.count(b) for b in price}
     named = ", ".join(f"{variant}{'' if depth is None else f' d{depth}'} {duration_text(s)}"
                       for (variant, depth), s in sorted(median.items(), key=lambda kv: (str(kv[0][1]), kv[0][0])))
-    scaling = (f"{scaled} at their estimate x the measured / estimated time of the measured cells at their depth ("
-               + ", ".join(f"{'' if d is None else f'd{d} '}{r:.2f}x" for d, r in sorted(ratio.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)))
-               + "), " if scaled else "") + (f"{own} at their own estimate, " if own else "")
+    depths = sorted(ratio.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))
+    scaling = (f"{count['scaled']} at their estimate x the measured / estimated time of the measured cells at their "
+               "depth (" + ", ".join(f"{'' if d is None else f'd{d} '}{r:.2f}x" for d, r in depths) + "), "
+               if count["scaled"] else "") + (f"{count['own']} at their own estimate, " if count["own"] else "")
     return (f"time left as measured by this study's completed trials: {duration_text(total)} ({len(cells)} trials, "
-            f"{priced} priced at their cell's median wall time, {scaling}{len(cells) - priced - scaled - own} at the "
+            f"{count['measured']} priced at their cell's median wall time, {scaling}{count['fallback']} at the "
             f"estimate above; {workers} worker(s)); median per cell: {named}")
 
 
@@ -285,7 +288,12 @@ def _measured_seconds(points: list[dict], configs: list, kept: dict, rates: list
           f"{FACTOR_STEPS} steps, {threads} thread(s)): "
           + (", ".join(f"{label} {factor:.2f}x" for label, factor in timed.items()) or "only standard models")
           + "; each trial is priced at its twin's estimate x that factor (the fixed per-trial overhead once)")
-    return seconds, {(p.get("variant"), p.get("depth")): sec for p, sec in zip(points, seconds, strict=True)}
+    return seconds, _by_cell(points, seconds)
+
+
+def _by_cell(points: list[dict], seconds: list[float]) -> dict:
+    """Each point's seconds keyed by its (variant, depth) cell (a cell's points cost the same)."""
+    return {(p.get("variant"), p.get("depth")): sec for p, sec in zip(points, seconds, strict=True)}
 
 
 def _flop_seconds(points: list[dict], configs: list, rates: list) -> tuple[list[float], dict]:
@@ -296,7 +304,7 @@ def _flop_seconds(points: list[dict], configs: list, rates: list) -> tuple[list[
         print("(the estimate prices every model at standard's FLOP rate; multi-stream and depth-aggregating "
               "residuals run up to 3x slower per FLOP at small sizes: add --measure to time each model here)")
     seconds = [estimate_seconds(c, rate[0] if rate else None) for c, rate in zip(configs, rates, strict=True)]
-    return seconds, {(p.get("variant"), p.get("depth")): sec for p, sec in zip(points, seconds, strict=True)}
+    return seconds, _by_cell(points, seconds)
 
 
 def _time_line(stored: Stored | None, trials: int, tune_size: int, per_trial: float, rates: list, workers: int,
