@@ -103,3 +103,46 @@ def test_an_undecided_line_gets_a_second_look_end_to_end(tmp_path, monkeypatch):
     for name in ("cont-tune", "cont", "cont-round"):
         trials = optuna.load_study(study_name=name, storage=url_of(again)).get_trials()
         assert trials and all("imported_from" in t.user_attrs for t in trials), name
+
+
+@pytest.mark.slow  # the first look's verdicts over 18 lines, 10,000 rate-aware resamples each (about 20 s)
+def test_a_dry_run_prices_the_second_look_that_an_imported_first_look_calls_for(capsys):
+    """From `frontier`'s committed runs.csv, whose reported grid and contending rates are complete: the contending
+    stage is all in the file (nothing left to price); the second look is every cell of a line still undecided — never
+    one only a decided line compares —, 10 new seeds each, and each new point again at its cell's contending rates (the
+    rates the first look's contending runs trained there). With part of the contending runs left out, which lines stay
+    undecided is not known yet, and the dry run prices the most it can take."""
+    import csv
+    import dataclasses
+
+    from committed import REPO
+
+    from ablations.report.runs import read
+    from ablations.run import plan
+    from ablations.run.contend import dry_run_trials as contend_trials
+    from ablations.run.rounds import dry_run_trials
+
+    spec = load_spec("frontier")
+    data = read(REPO / "results/frontier/runs.csv", spec, spec.study_name)
+    known, most, done = contend_trials(spec, data)
+    assert known == done == len(data.contend_runs) > 0 and most >= known
+    points, cells, contending, done = dry_run_trials(spec, data)
+    assert done == 0 and cells and len(points) == 10 * len(cells)
+    assert {(p["variant"], p["depth"]) for p in points} == cells and {p["seed"] for p in points} == set(range(10, 20))
+    rates = {cell: {r.lr for r in data.contend_runs if (r.row, r.depth) == cell} for cell in cells}
+    assert contending == sum(10 * len(rates[cell]) for cell in cells)
+    lines = list(csv.DictReader(open(REPO / "results/frontier/claims.csv", encoding="utf-8")))
+    sides = {v: {(line["variant"], int(line["depth"])) for line in lines if line["verdict"] == v} |
+             {(line["baseline"], int(line["depth"])) for line in lines if line["verdict"] == v}
+             for v in ("held", "not resolved")}
+    assert cells <= sides["not resolved"] and not cells & (sides["held"] - sides["not resolved"])
+    plan._say_later_stages(spec, data, 60.0, 2)
+    out = capsys.readouterr().out
+    assert f"({known} of them in the imported runs); none left" in out
+    assert (f"train 10 more seeds each — {len(points)} trials, and {contending} at their contending rates; about "
+            f"{plan.duration_text(60.0 * (len(points) + contending) / 2)} more") in out
+    part = dataclasses.replace(data, contend_runs=data.contend_runs[: known // 2])
+    assert contend_trials(spec, part) == (known, most, known // 2) and dry_run_trials(spec, part) is None
+    plan._say_later_stages(spec, part, 60.0, 2)
+    out = capsys.readouterr().out
+    assert f"about {plan.duration_text(60.0 * (known - known // 2) / 2)} more" in out and "at most 210 trials" in out

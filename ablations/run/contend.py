@@ -5,13 +5,13 @@ seeds never trained at counts against the claim). A study whose every choice is 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
 from optuna.trial import TrialState
 
 from ..report.evidence import side
-from ..report.runs import read
 from ..studies.claims import compared_cells
 from ..studies.rules import contenders
 from ..studies.spec import CONTEND_POINTS, TUNED_LR, contend_name, tune_name
@@ -90,15 +90,11 @@ def prepare(spec, storage, study_name: str):
     return stage, name, study
 
 
-def count_from_runs(spec, path) -> int | None:
-    """The contending trials a runs file's completed tuning stage calls for (a dry run's price of the stage before
-    it runs): per cell, its contending rates × its reported seeds; None when the file's tuning stage has fewer than
-    three seeds (the choice's spread is not known from it) or no reported runs to read the chosen rates from."""
-    data = read(path, spec, spec.study_name)
-    if len({r.seed for r in data.tune_runs}) < 3:
-        return None
+def contending_count(spec, data, points: list[dict]) -> int:
+    """The contending-rate trials ``points`` (reported grid points) call for, from the tuning stage and the chosen
+    rates in ``data`` (a runs file's :class:`StudyData`): per point, its cell's contending rates."""
     per_cell: dict[tuple, int] = {}
-    for point in claim_points(spec):
+    for point in points:
         per_cell[(point["variant"], point.get("depth"))] = per_cell.get((point["variant"], point.get("depth")), 0) + 1
     total = 0
     for (row, depth), seeds in per_cell.items():
@@ -108,10 +104,23 @@ def count_from_runs(spec, path) -> int | None:
     return total
 
 
-def dry_run_trials(spec, import_runs=None) -> tuple[int | None, int] | None:
-    """(the trials a completed tuning stage in ``import_runs`` calls for — None when not known —, the most the stage
-    can take) for a dry run; None for a study without the stage (no tuning stage, or a first look)."""
+def first_look_runs(spec, data):
+    """``data`` without a second look's runs (its reported seeds and their contending rates): the first look."""
+    seeds = {int(s) for s in spec.axes.get("seed", [])}
+    first = [r for r in data.contend_runs if not seeds or r.seed in seeds]
+    return dataclasses.replace(data, runs=[r for r in data.runs if r.phase != "round"], contend_runs=first)
+
+
+def dry_run_trials(spec, data=None) -> tuple[int | None, int, int] | None:
+    """For a dry run: (the trials the completed tuning stage of ``data`` — a runs file's :class:`StudyData` to be
+    imported — calls for, None when not known (no file, or a tuning stage of fewer than three seeds: the choice's
+    spread is not known from it); the most the stage can take; how many of them ``data`` holds completed). None for
+    a study without the stage (no tuning stage, or a first look)."""
     if spec.tune is None or spec.first_look() or spec.kind != "grid":
         return None
-    known = count_from_runs(spec, import_runs) if import_runs else None
-    return known, len(claim_points(spec)) * (spec.verdicts.max_rates - 1)
+    most = len(claim_points(spec)) * (spec.verdicts.max_rates - 1)
+    if data is None:
+        return None, most, 0
+    first = first_look_runs(spec, data)
+    known = contending_count(spec, first, claim_points(spec)) if len({r.seed for r in data.tune_runs}) >= 3 else None
+    return known, most, sum(r.state == "complete" for r in first.contend_runs)

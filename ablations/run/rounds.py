@@ -117,3 +117,27 @@ def prepare(spec, storage, study_name: str, results_dir):
     round_study = create_study(stage, storage, name, seed=0)
     round_study.set_user_attr(ROUND_POINTS, json.loads(json.dumps(stored)))
     return stage, name, round_study
+
+
+def dry_run_trials(spec, data) -> tuple[list[dict], set, int, int] | None:
+    """For a dry run from a runs file to be imported (``data``, its :class:`StudyData`): (the second look's points,
+    the cells they are for, the contending-rate trials they call for, how many of both ``data`` holds completed)
+    once the file's first look is complete — its reported grid and its contending rates —, else None (which lines
+    stay undecided is not known yet)."""
+    from .contend import contending_count, first_look_runs
+    from .contend import dry_run_trials as contend_trials
+
+    if not spec.claims or spec.verdicts.looks < 2 or spec.first_look() or spec.kind != "grid":
+        return None
+    first = first_look_runs(spec, data)
+    if len({(r.row, r.depth, r.seed) for r in first.runs if r.state == "complete"}) < spec.size:
+        return None
+    contend = contend_trials(spec, data)
+    if contend is not None and (contend[0] is None or contend[2] < contend[0]):
+        return None
+    points, cells = round_points(spec, first)
+    contending = contending_count(spec, first, points) if contend is not None else 0
+    seeds = set(new_seeds(spec))
+    done = sum(r.state == "complete" and r.seed in seeds
+               for r in [*(r for r in data.runs if r.phase == "round"), *data.contend_runs])
+    return points, cells, contending, done
