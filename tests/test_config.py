@@ -331,3 +331,18 @@ def test_a_study_files_learning_rate_reaches_adamw_through_fifteen_functions(tmp
     assert sorted({module for module, _ in calls[:-1]}) == [
         "ablations/config/run_config.py", "ablations/config/tree.py", "ablations/studies/spec.py",
         "ablations/training.py", "lit_modules/classifier.py", "lit_modules/config.py"]
+
+
+def test_a_stored_run_names_the_same_residual_only_with_the_same_options():
+    """``same_residual``: a stored config (``to_dict`` or a runs.csv row) with this run's residual and options, in any
+    order, is the same residual; another option value, an option missing or another residual is not."""
+    from ablations.config import RunConfig
+
+    config = RunConfig(residual="layerscale", residual_options={"init_value": 1e-5, "learnable": True})
+    assert config.same_residual(config.to_dict())
+    assert config.same_residual({"residual": "layerscale", "residual_options": {"learnable": True, "init_value": 1e-5}})
+    assert not config.same_residual({"residual": "layerscale", "residual_options": {"init_value": 1e-4,
+                                                                                     "learnable": True}})
+    assert not config.same_residual({"residual": "layerscale", "residual_options": {"init_value": 1e-5}})
+    assert not config.same_residual({"residual": "rezero", "residual_options": {"init_value": 1e-5, "learnable": True}})
+    assert RunConfig(residual="standard").same_residual({"residual": "standard"})  # no options stored: none given

@@ -182,6 +182,9 @@ def test_a_grid_report_from_runs_csv_prices_each_row_at_the_study_file_s_model_a
     assert base > 0 and cost.loc["layerscale", "params"] - base == 4 * width
     assert cost.loc["rezero", "params"] - base == -8 * width + 2 and cost.loc["flat", "params"] == base
     assert (root / "from_runs" / "val_curves.png").stat().st_size > 0
+    # the caption says where each table's models come from
+    assert "as the study file builds it at the trial's point" in (root / "from_runs" / "cost.md").read_text()
+    assert "as its trial stored it" in (root / "storage" / "cost.md").read_text()
     # a row the study file no longer has keeps its runs in the tables, unpriced, and the report still completes
     text = YAML.replace("  - {label: flat, residual: standard}\n", "").replace("name: claims_tiny", "name: without_flat")
     text = text.replace('  - {id: flat_better, claim: "Flat is better", variant: flat, baseline: standard, direction: higher, '

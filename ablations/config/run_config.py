@@ -202,6 +202,12 @@ class RunConfig:
         geometry["patch_size"] = self.model.patch_size or shape["patch_size"]
         return self.model.replace(**geometry)
 
+    def same_residual(self, stored: Mapping[str, Any]) -> bool:
+        """Whether a stored run's configuration (its ``residual`` and ``residual_options``, as ``to_dict`` or a
+        runs.csv row gives them) names this run's residual with the same options."""
+        return (stored.get("residual") == self.residual
+                and dict(stored.get("residual_options") or {}) == dict(self.residual_options or {}))
+
     @property
     def mixes(self) -> bool:
         """Whether training batches are mixed (Mixup or CutMix on, and augmentation on)."""

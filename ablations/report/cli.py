@@ -313,7 +313,7 @@ def build_tables(data: StudyData, spec, study=None) -> tuple[list, list | None, 
         top_depth = max([*data.depths, *[int(d) for d in spec.axes.get("depth", [])]], default=None)
         chosen = mt.representatives(data, top_depth)
         chosen = chosen if study is not None else mt.priced_by_study_file(chosen, spec)
-        tables.append(mt.cost_table(data, chosen, depth_note=f"at depth {top_depth}"))
+        tables.append(mt.cost_table(data, chosen, depth_note=f"at depth {top_depth}", from_file=study is None))
     elif study is not None:
         tables += [tb.importance_table(study, data),
                    mt.cost_table(data, best_per_row(data), depth_note="for its best trial's configuration")]

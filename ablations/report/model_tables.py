@@ -233,17 +233,16 @@ def priced_by_study_file(representative: dict[str, Run], spec) -> dict[str, Run]
         except (KeyError, ValueError):  # a row the study file no longer has, or no longer builds
             out[row] = run
             continue
-        same = (config.residual == run.config.get("residual")
-                and dict(config.residual_options or {}) == dict(run.config.get("residual_options") or {}))
         model = config.model_config(datasets.dataset_shape(config)).to_dict()
-        out[row] = Run(**{**run.__dict__, "summary": {**run.summary, layout.MODEL_KEY: model}}) if same else run
+        out[row] = (Run(**{**run.__dict__, "summary": {**run.summary, layout.MODEL_KEY: model}})
+                    if config.same_residual(run.config) else run)
     return out
 
 
-def cost_table(data: StudyData, representative: dict[str, Run], *, depth_note: str) -> Table:
+def cost_table(data: StudyData, representative: dict[str, Run], *, depth_note: str, from_file: bool = False) -> Table:
     """Params and forward FLOPs (``costs.measure``, batch 1) of each row's representative config (as the trial
-    stored it) vs the same config with the standard residual; measured train images/s (mean over the row's
-    completed runs at that depth)."""
+    stored it; ``from_file``: as :func:`priced_by_study_file` gave it, a runs.csv holding no model) vs the same config
+    with the standard residual; measured train images/s (mean over the row's completed runs at that depth)."""
     cache: dict[tuple, dict] = {}
     records, notes = [], []
     for row in data.rows:
@@ -287,8 +286,9 @@ def cost_table(data: StudyData, representative: dict[str, Run], *, depth_note: s
             "trained_params", THROUGHPUT_KEY, "n"]
     fmts = {"params_overhead_pct": ".4f", "flops_overhead_pct": ".4f", THROUGHPUT_KEY: ".2f"}
     caption = (f"Cost per variant {depth_note}: parameters and forward FLOPs (batch 1, matrix products only; "
-               "torch FlopCounterMode via ablations.costs.measure) of the variant's own configuration (as its trial "
-               "stored it), overhead vs the same configuration with the standard residual; trained params = "
+               "torch FlopCounterMode via ablations.costs.measure) of the variant's own configuration ("
+               + ("as the study file builds it at the trial's point, a runs.csv holding no model size" if from_file
+                  else "as its trial stored it") + "), overhead vs the same configuration with the standard residual; trained params = "
                "param_count of the trained runs (run summary); train img/s = measured training throughput, mean over "
                "the variant's completed runs at that depth (n).")
     return Table("cost", f"{data.name}: cost", caption, frame(records, keys), columns,

@@ -115,8 +115,7 @@ def _mismatch(run, config, cache: dict) -> str | None:
 def _residual_fault(run, config) -> str | None:
     """The row's residual and the options given to it, where they are not this study's point's (None: the same)."""
     stored = run.config or {}
-    if stored.get("residual") == config.residual and (stored.get("residual_options") or {}) == (
-            config.residual_options or {}):
+    if config.same_residual(stored):
         return None
     return (f"residual {stored.get('residual')} {json.dumps(stored.get('residual_options') or {})}, the study file "
             f"now {config.residual} {json.dumps(config.residual_options or {})}")
