@@ -200,7 +200,8 @@ def dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = P
     if stored and (line := measured_left(stored, workers, per_trial, cells)):
         print(line)
     factor = measured_factor(stored, cells)
-    _say_later_stages(spec, read_runs(import_runs, spec, spec.study_name) if import_runs else None, per_trial * (factor or 1.0), workers,
+    imported = read_runs(import_runs, spec, spec.study_name) if import_runs else None
+    _say_later_stages(spec, imported, per_trial * (factor or 1.0), workers,
                       f", the estimate x {factor:.2f} as this study's measured cells ran" if factor else "")
     if until is not None:
         print(UNTIL_LINES[until])
