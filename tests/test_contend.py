@@ -124,3 +124,25 @@ def test_the_contending_runs_keep_the_mode_of_the_studys_reported_runs(tmp_path)
     kept = stored_kept(storage, "s-contend", "contend")
     assert {(m.precision, m.fused_attn) for m in kept.values()} == {("32-true", False)}
     assert list(kept) == [("cpu", 64, 17)]
+
+
+def test_a_dry_run_counts_only_the_imported_contending_runs_the_stage_would_train():
+    """`completep_depth`'s committed runs.csv holds contending runs at depths 2, 8 and 16, but its claims compare
+    depths 8 and 16 only: the stage calls for each of those cells' ten reported seeds at its one contending rate (40),
+    and of the file's runs only those 40 count as done — the depth-2 ones are in no cell a claim reads. A file of
+    fewer than three tuning seeds cannot tell which choices are settled: the count is not known, the most is."""
+    from committed import REPO
+
+    from ablations.run.contend import claim_points, dry_run_trials
+
+    spec = load_spec("completep_depth")
+    data = read(REPO / "results/completep_depth/runs.csv", spec, spec.study_name)
+    at = {(r.row, r.depth) for r in data.contend_runs}
+    assert {("completep", 2), ("standard", 2)} <= at  # runs in cells no claim compares
+    cells = {(p["variant"], p["depth"]) for p in claim_points(spec)}
+    assert cells == {(row, depth) for row in ("completep", "standard") for depth in (8, 16)}
+    expected = sum(len({r.lr for r in data.contend_runs if (r.row, r.depth) == cell}) * 10 for cell in cells)
+    known, most, done = dry_run_trials(spec, data)
+    assert known == done == expected == 40 and most == len(claim_points(spec)) * (spec.verdicts.max_rates - 1)
+    one_seed = dataclasses.replace(data, tune_runs=[r for r in data.tune_runs if r.seed == min(spec.tune.seeds)])
+    assert dry_run_trials(spec, one_seed) == (None, most, 40)

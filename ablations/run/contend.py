@@ -114,13 +114,15 @@ def first_look_runs(spec, data):
 def dry_run_trials(spec, data=None) -> tuple[int | None, int, int] | None:
     """For a dry run: (the trials the completed tuning stage of ``data`` — a runs file's :class:`StudyData` to be
     imported — calls for, None when not known (no file, or a tuning stage of fewer than three seeds: the choice's
-    spread is not known from it); the most the stage can take; how many of them ``data`` holds completed). None for
-    a study without the stage (no tuning stage, or a first look)."""
+    spread is not known from it); the most the stage can take; how many of them ``data`` holds completed, in the
+    cells a claim compares). None for a study without the stage (no tuning stage, or a first look)."""
     if spec.tune is None or spec.first_look() or spec.kind != "grid":
         return None
     most = len(claim_points(spec)) * (spec.verdicts.max_rates - 1)
     if data is None:
         return None, most, 0
     first = first_look_runs(spec, data)
-    known = contending_count(spec, first, claim_points(spec)) if len({r.seed for r in data.tune_runs}) >= 3 else None
-    return known, most, sum(r.state == "complete" for r in first.contend_runs)
+    points = claim_points(spec)
+    known = contending_count(spec, first, points) if len({r.seed for r in data.tune_runs}) >= 3 else None
+    cells = {(p["variant"], p.get("depth")) for p in points}  # a file's runs in cells no claim reads count for none
+    return known, most, sum(r.state == "complete" and (r.variant, r.depth) in cells for r in first.contend_runs)
