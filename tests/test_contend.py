@@ -141,8 +141,9 @@ def test_a_dry_run_counts_only_the_imported_contending_runs_the_stage_would_trai
     assert {("completep", 2), ("standard", 2)} <= at  # runs in cells no claim compares
     cells = {(p["variant"], p["depth"]) for p in claim_points(spec)}
     assert cells == {(row, depth) for row in ("completep", "standard") for depth in (8, 16)}
-    expected = sum(len({r.lr for r in data.contend_runs if (r.row, r.depth) == cell}) * 10 for cell in cells)
+    expected = {cell: len({r.lr for r in data.contend_runs if (r.row, r.depth) == cell}) * 10 for cell in cells}
     known, most, done = dry_run_trials(spec, data)
-    assert known == done == expected == 40 and most == len(claim_points(spec)) * (spec.verdicts.max_rates - 1)
+    assert known == done == expected and sum(expected.values()) == 40
+    assert most == {cell: 10 * (spec.verdicts.max_rates - 1) for cell in cells}
     one_seed = dataclasses.replace(data, tune_runs=[r for r in data.tune_runs if r.seed == min(spec.tune.seeds)])
-    assert dry_run_trials(spec, one_seed) == (None, most, 40)
+    assert dry_run_trials(spec, one_seed) == (None, most, done)

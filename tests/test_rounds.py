@@ -110,41 +110,56 @@ def test_a_dry_run_prices_the_second_look_that_an_imported_first_look_calls_for(
     """From `frontier`'s committed runs.csv, whose reported grid and contending rates are complete: the contending
     stage is all in the file (nothing left to price); the second look is every cell of a line still undecided — never
     one only a decided line compares —, 10 new seeds each, and each new point again at its cell's contending rates (the
-    rates the first look's contending runs trained there). With part of the contending runs left out, which lines stay
-    undecided is not known yet, and the dry run prices the most it can take."""
+    rates the first look's contending runs trained there). Each trial is priced at its cell's median measured wall
+    time, a cell not measured at the estimate. With part of the contending runs left out, which lines stay undecided
+    is not known yet, and the dry run prices the most it can take."""
     import csv
     import dataclasses
     import io
+    from collections import Counter
 
     from committed import REPO
 
     from ablations.report.runs import read
-    from ablations.run import plan
     from ablations.run.contend import dry_run_trials as contend_trials
     from ablations.run.contend import first_look_runs
+    from ablations.run.durations import duration_text
+    from ablations.run.later import say_later_stages
     from ablations.run.rounds import dry_run_trials
 
     spec = load_spec("frontier")  # its first look (a second look's runs, once committed, left out)
     data = first_look_runs(spec, read(REPO / "results/frontier/runs.csv", spec, spec.study_name))
     known, most, done = contend_trials(spec, data)
-    assert known == done == len(data.contend_runs) > 0 and most >= known
+    assert known == done and sum(known.values()) == len(data.contend_runs) > 0
+    assert all(most[cell] >= n for cell, n in known.items())
     points, cells, contending, done = dry_run_trials(spec, data)
-    assert done == 0 and cells and len(points) == 10 * len(cells)
+    assert not done and cells and len(points) == 10 * len(cells)
     assert {(p["variant"], p["depth"]) for p in points} == cells and {p["seed"] for p in points} == set(range(10, 20))
     rates = {cell: {r.lr for r in data.contend_runs if (r.row, r.depth) == cell} for cell in cells}
-    assert contending == sum(10 * len(rates[cell]) for cell in cells)
+    assert contending == Counter({cell: 10 * len(rates[cell]) for cell in cells if rates[cell]})
     lines = list(csv.DictReader(io.StringIO((REPO / "results/frontier/claims.csv").read_text(encoding="utf-8"))))
     sides = {v: {(line["variant"], int(line["depth"])) for line in lines if line["verdict"] == v} |
              {(line["baseline"], int(line["depth"])) for line in lines if line["verdict"] == v}
              for v in ("held", "not resolved")}
     assert cells <= sides["not resolved"] and not cells & (sides["held"] - sides["not resolved"])
-    plan._say_later_stages(spec, data, 60.0, 2)
+    trials = len(points) + sum(contending.values())
+    say_later_stages(spec, data, 60.0, 2)
     out = capsys.readouterr().out
-    assert f"({known} of them in the imported runs); none left" in out
-    assert (f"train 10 more seeds each — {len(points)} trials, and {contending} at their contending rates; about "
-            f"{plan.duration_text(60.0 * (len(points) + contending) / 2)} more") in out
-    part = dataclasses.replace(data, contend_runs=data.contend_runs[: known // 2])
-    assert contend_trials(spec, part) == (known, most, known // 2) and dry_run_trials(spec, part) is None
-    plan._say_later_stages(spec, part, 60.0, 2)
+    assert f"({sum(known.values())} of them in the imported runs); none left" in out
+    assert (f"train 10 more seeds each — {len(points)} trials, and {sum(contending.values())} at their contending "
+            f"rates; about {duration_text(60.0 * trials / 2)} more\n") in out
+    # one cell measured at 200 s a trial (the median of its runs), the others at the estimate, 60 s
+    one = sorted(cells)[0]
+    at_one = 10 + contending[one]
+    say_later_stages(spec, data, 60.0, 2, factor=0.5, measured={one: [100.0, 200.0, 900.0]})
     out = capsys.readouterr().out
-    assert f"about {plan.duration_text(60.0 * (known - known // 2) / 2)} more" in out and f"at most {spec.size} trials" in out
+    assert (f"about {duration_text((200.0 * at_one + 60.0 * (trials - at_one)) / 2)} more ({at_one} trials at their "
+            f"cell's median wall time, {trials - at_one} at the estimate x 0.50 as this study's measured cells ran)"
+            ) in out
+    part = dataclasses.replace(data, contend_runs=data.contend_runs[: len(data.contend_runs) // 2])
+    _, _, part_done = contend_trials(spec, part)
+    assert sum(part_done.values()) == len(data.contend_runs) // 2 and dry_run_trials(spec, part) is None
+    say_later_stages(spec, part, 60.0, 2)
+    out = capsys.readouterr().out
+    left = sum(known.values()) - len(data.contend_runs) // 2
+    assert f"about {duration_text(60.0 * left / 2)} more" in out and f"at most {spec.size} trials" in out

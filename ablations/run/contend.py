@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from collections import Counter
 
 from optuna.trial import TrialState
 
@@ -90,18 +91,22 @@ def prepare(spec, storage, study_name: str):
     return stage, name, study
 
 
-def contending_count(spec, data, points: list[dict]) -> int:
-    """The contending-rate trials ``points`` (reported grid points) call for, from the tuning stage and the chosen
-    rates in ``data`` (a runs file's :class:`StudyData`): per point, its cell's contending rates."""
-    per_cell: dict[tuple, int] = {}
-    for point in points:
-        per_cell[(point["variant"], point.get("depth"))] = per_cell.get((point["variant"], point.get("depth")), 0) + 1
-    total = 0
-    for (row, depth), seeds in per_cell.items():
+def cell_of(point: dict) -> tuple:
+    """A point's (variant, depth) cell: what a trial's cost and a dry run's count go by."""
+    return point["variant"], point.get("depth")
+
+
+def contending_trials(spec, data, points: list[dict]) -> Counter:
+    """Per (variant, depth) cell, the contending-rate trials ``points`` (reported grid points) call for, from the
+    tuning stage and the chosen rates in ``data`` (a runs file's :class:`StudyData`): each point once per contending
+    rate of its cell."""
+    out: Counter = Counter()
+    for (row, depth), seeds in Counter(cell_of(p) for p in points).items():
         cell = side(data, row, depth, lambda run: 1)
         if cell.chosen is not None and cell.tune:
-            total += seeds * len(contenders(cell.tune, cell.order, cell.chosen, spec.verdicts))
-    return total
+            if found := contenders(cell.tune, cell.order, cell.chosen, spec.verdicts):
+                out[(row, depth)] = seeds * len(found)
+    return out
 
 
 def first_look_runs(spec, data):
@@ -111,18 +116,20 @@ def first_look_runs(spec, data):
     return dataclasses.replace(data, runs=[r for r in data.runs if r.phase != "round"], contend_runs=first)
 
 
-def dry_run_trials(spec, data=None) -> tuple[int | None, int, int] | None:
-    """For a dry run: (the trials the completed tuning stage of ``data`` — a runs file's :class:`StudyData` to be
-    imported — calls for, None when not known (no file, or a tuning stage of fewer than three seeds: the choice's
-    spread is not known from it); the most the stage can take; how many of them ``data`` holds completed, in the
-    cells a claim compares). None for a study without the stage (no tuning stage, or a first look)."""
+def dry_run_trials(spec, data=None) -> tuple[Counter | None, Counter, Counter] | None:
+    """For a dry run, per (variant, depth) cell: (the trials the completed tuning stage of ``data`` — a runs file's
+    :class:`StudyData` to be imported — calls for, None when not known (no file, or a tuning stage of fewer than
+    three seeds: the choice's spread is not known from it); the most the stage can take; the completed ones
+    ``data`` holds in the cells a claim compares). None for a study without the stage (no tuning stage, or a first
+    look)."""
     if spec.tune is None or spec.first_look() or spec.kind != "grid":
         return None
-    most = len(claim_points(spec)) * (spec.verdicts.max_rates - 1)
-    if data is None:
-        return None, most, 0
-    first = first_look_runs(spec, data)
     points = claim_points(spec)
-    known = contending_count(spec, first, points) if len({r.seed for r in data.tune_runs}) >= 3 else None
-    cells = {(p["variant"], p.get("depth")) for p in points}  # a file's runs in cells no claim reads count for none
-    return known, most, sum(r.state == "complete" and (r.variant, r.depth) in cells for r in first.contend_runs)
+    most = Counter({cell: n * (spec.verdicts.max_rates - 1) for cell, n in Counter(map(cell_of, points)).items()})
+    if data is None:
+        return None, most, Counter()
+    first = first_look_runs(spec, data)
+    known = contending_trials(spec, first, points) if len({r.seed for r in data.tune_runs}) >= 3 else None
+    done = Counter((r.variant, r.depth) for r in first.contend_runs  # runs in cells no claim reads count for none
+                   if r.state == "complete" and (r.variant, r.depth) in most)
+    return known, most, done

@@ -25,10 +25,9 @@ from ..report.runs import read as read_runs
 from ..studies.spec import TUNE_EXTRA, tune_name
 from ..studies.storage import redact, sqlite_path
 from ..training import with_mode
-from .contend import dry_run_trials as contend_trials
+from .durations import duration_text
 from .kept_modes import completed, keep_mode, kept_for, kept_lines, kept_modes
-from .rounds import dry_run_trials as round_trials
-from .rounds import new_seeds
+from .later import say_later_stages
 from .study import Stored, done_trials, grid_keys, point_key, trial_point
 from .workers import quiet
 
@@ -201,8 +200,8 @@ def dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = P
         print(line)
     factor = measured_factor(stored, cells)
     imported = read_runs(import_runs, spec, spec.study_name) if import_runs else None
-    _say_later_stages(spec, imported, per_trial * (factor or 1.0), workers,
-                      f", the estimate x {factor:.2f} as this study's measured cells ran" if factor else "")
+    say_later_stages(spec, imported, per_trial * (factor or 1.0), workers, factor,
+                      stored.seconds if stored else None)
     if until is not None:
         print(UNTIL_LINES[until])
     _say(describe_estimate(estimate(configs, trials, gpu, results_dir)))
@@ -328,39 +327,6 @@ def _time_line(stored: Stored | None, trials: int, tune_size: int, per_trial: fl
             + f"; {workers} worker(s) x {threads} thread(s); {basis}, + {TRIAL_OVERHEAD_S:.0f} s per trial)")
 
 
-def _say_later_stages(spec, data, per_trial: float, workers: int, basis: str = "") -> None:
-    """The stages that may follow the reported grid: the contending rates, and a second look at undecided claims,
-    each priced at ``per_trial`` (``basis``: how it was scaled) for the trials ``data`` (the runs file to be
-    imported, when there is one) does not hold yet."""
-    if (contend := contend_trials(spec, data)) is not None:
-        known, most, done = contend
-        what = (f"{known} trials for the rate choices of the file's tuning stage that are not settled"
-                + (f" ({done} of them in the imported runs)" if done else "")
-                if known is not None else f"at most {most} trials (each reported point of a cell a claim compares, at up to "
-                f"{spec.verdicts.max_rates - 1} more rates): which cells is known once the tuning stage is done")
-        left = max(0, known - done) if known is not None else most
-        print(f"contending rates (stage {spec.study_name}-contend, after the reported grid): {what}; "
-              + (f"about {duration_text(per_trial * left / max(1, workers))} more{basis}" if left else "none left"))
-    if not (spec.kind == "grid" and spec.claims and spec.verdicts.looks > 1 and not spec.first_look()):
-        return
-    stage = f"second look (stage {spec.study_name}-round, after the first look's verdicts)"
-    if (second := round_trials(spec, data) if data is not None else None) is None:
-        print(f"{stage}: the rows of the claim lines still undecided train {len(spec.axes.get('seed', []))} more seeds "
-              f"each — at most {spec.size} trials (about {duration_text(per_trial * spec.size / max(1, workers))}"
-              f"{basis}), and their contending rates")
-        return
-    points, cells, contending, done = second
-    if not points:
-        print(f"{stage}: none — the imported runs' first look leaves no line undecided that more seeds could decide")
-        return
-    left = max(0, len(points) + contending - done)
-    print(f"{stage}: the imported runs' first look leaves undecided lines that more seeds could decide; "
-          + ", ".join(f"{row} depth={depth}" for row, depth in sorted(cells, key=str))
-          + f" train {len(new_seeds(spec))} more seeds each — {len(points)} trials, and {contending} at their "
-          "contending rates" + (f" ({done} of them in the imported runs)" if done else "")
-          + f"; about {duration_text(per_trial * left / max(1, workers))} more{basis}")
-
-
 def standard_twin(config):
     """``config`` with the standard residual (same size, data, epochs): the model the FLOP estimate is calibrated on."""
     return dataclasses.replace(config, residual="standard", residual_options={})
@@ -421,17 +387,6 @@ def _auto_line(config, overrides: dict, results_dir: Path) -> str:
                 "four modes of each model size first (seconds) and caches them under "
                 f"{layout.device_dir(results_dir)}")
     return f"precision auto on this CPU ({threads} thread(s)): {mode.key} ({mode.source})"
-
-
-def duration_text(seconds: float) -> str:
-    """``42.0 s``, ``12.5 min``, ``3.2 h`` or ``1,540 days``: the unit a reader takes in at a glance."""
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    if seconds < 2 * 3600:
-        return f"{seconds / 60:.1f} min"
-    if seconds < 3 * 86400:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:,.0f} days"
 
 
 def estimate_seconds(config, flops_per_s: float | None = None) -> float:

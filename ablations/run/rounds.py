@@ -13,11 +13,14 @@ from __future__ import annotations
 import json
 import math
 import sys
+from collections import Counter
 
 from ..report.claims import claim_records
 from ..report.load import collect, open_tune_study, row_label
 from ..report.stats import ALPHA
 from ..studies.spec import ROUND_POINTS, contend_name, round_name, tune_name
+from .contend import contending_trials, first_look_runs
+from .contend import dry_run_trials as contend_trials
 from .study import create_study, load_study
 
 # scipy.stats (about 0.9 s, measured with python -X importtime beside the 0.5 s of `python -m ablations.run --help`) is
@@ -119,25 +122,22 @@ def prepare(spec, storage, study_name: str, results_dir):
     return stage, name, round_study
 
 
-def dry_run_trials(spec, data) -> tuple[list[dict], set, int, int] | None:
+def dry_run_trials(spec, data) -> tuple[list[dict], set, Counter, Counter] | None:
     """For a dry run from a runs file to be imported (``data``, its :class:`StudyData`): (the second look's points,
-    the cells they are for, the contending-rate trials they call for, how many of both ``data`` holds completed)
-    once the file's first look is complete — its reported grid and its contending rates —, else None (which lines
-    stay undecided is not known yet)."""
-    from .contend import contending_count, first_look_runs
-    from .contend import dry_run_trials as contend_trials
-
+    the cells they are for, per (variant, depth) cell the contending-rate trials they call for and the completed
+    runs of both that ``data`` holds) once the file's first look is complete — its reported grid and its contending
+    rates —, else None (which lines stay undecided is not known yet)."""
     if not spec.claims or spec.verdicts.looks < 2 or spec.first_look() or spec.kind != "grid":
         return None
     first = first_look_runs(spec, data)
     if len({(r.row, r.depth, r.seed) for r in first.runs if r.state == "complete"}) < spec.size:
         return None
     contend = contend_trials(spec, data)
-    if contend is not None and (contend[0] is None or contend[2] < contend[0]):
+    if contend is not None and (contend[0] is None or any(contend[2][c] < n for c, n in contend[0].items())):
         return None
     points, cells = round_points(spec, first)
-    contending = contending_count(spec, first, points) if contend is not None else 0
+    contending = contending_trials(spec, first, points) if contend is not None else Counter()
     seeds = set(new_seeds(spec))
-    done = sum(r.state == "complete" and r.seed in seeds
-               for r in [*(r for r in data.runs if r.phase == "round"), *data.contend_runs])
+    done = Counter((r.variant, r.depth) for r in [*(r for r in data.runs if r.phase == "round"), *data.contend_runs]
+                   if r.state == "complete" and r.seed in seeds)
     return points, cells, contending, done

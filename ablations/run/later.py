@@ -1,0 +1,77 @@
+"""The dry run's price of the stages after the reported grid: the contending rates and a second look, counted from
+the runs file to be imported where it tells them (:func:`ablations.run.contend.dry_run_trials`,
+:func:`ablations.run.rounds.dry_run_trials`) and priced per (variant, depth) cell."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+
+from .contend import cell_of
+from .contend import dry_run_trials as contend_trials
+from .durations import duration_text
+from .rounds import dry_run_trials as round_trials
+from .rounds import new_seeds
+
+
+def say_later_stages(spec, data, per_trial: float, workers: int, factor: float | None = None,
+                      measured: dict | None = None) -> None:
+    """The stages that may follow the reported grid: the contending rates, and a second look at undecided claims,
+    priced for the trials ``data`` (the runs file to be imported, when there is one) does not hold yet: each at its
+    (variant, depth) cell's median wall time in ``measured`` (a stored study's completed trials), a cell not
+    measured at ``per_trial`` (the estimate, scaled by ``factor`` where that is given)."""
+    price = LaterPrice(measured or {}, per_trial, workers, factor)
+    if (contend := contend_trials(spec, data)) is not None:
+        known, most, done = contend
+        if known is not None:
+            held = sum(min(done[cell], n) for cell, n in known.items())
+            left = Counter({cell: n - min(done[cell], n) for cell, n in known.items()})
+            what = (f"{sum(known.values())} trials for the rate choices of the file's tuning stage that are not settled"
+                    + (f" ({held} of them in the imported runs)" if held else ""))
+        else:
+            left = most
+            what = (f"at most {sum(most.values())} trials (each reported point of a cell a claim compares, at up to "
+                    f"{spec.verdicts.max_rates - 1} more rates): which cells is known once the tuning stage is done")
+        print(f"contending rates (stage {spec.study_name}-contend, after the reported grid): {what}; "
+              + (price(left) if sum(left.values()) else "none left"))
+    if not (spec.kind == "grid" and spec.claims and spec.verdicts.looks > 1 and not spec.first_look()):
+        return
+    stage = f"second look (stage {spec.study_name}-round, after the first look's verdicts)"
+    if (second := round_trials(spec, data) if data is not None else None) is None:
+        print(f"{stage}: the rows of the claim lines still undecided train {len(spec.axes.get('seed', []))} more seeds "
+              f"each — at most {spec.size} trials, then their contending rates; the {spec.size} trials: "
+              + price(Counter(map(cell_of, spec.grid()))))
+        return
+    points, cells, contending, done = second
+    if not points:
+        print(f"{stage}: none — the imported runs' first look leaves no line undecided that more seeds could decide")
+        return
+    trials = Counter(map(cell_of, points)) + contending
+    held = sum(min(done[cell], n) for cell, n in trials.items())
+    print(f"{stage}: the imported runs' first look leaves undecided lines that more seeds could decide; "
+          + ", ".join(f"{row} depth={depth}" for row, depth in sorted(cells, key=str))
+          + f" train {len(new_seeds(spec))} more seeds each — {len(points)} trials, and {sum(contending.values())} at "
+          "their contending rates" + (f" ({held} of them in the imported runs)" if held else "") + "; "
+          + price(Counter({cell: n - min(done[cell], n) for cell, n in trials.items()})))
+
+
+class LaterPrice:
+    """``about T more`` for the trials of a later stage, per (variant, depth) cell: each at its cell's median
+    measured wall time, a cell not measured at the estimate (times the study's measured / estimated factor where it
+    has one); the sum divided by the workers, and how it was priced."""
+
+    def __init__(self, measured: dict, estimate: float, workers: int, factor: float | None):
+        self.median = {cell: statistics.median(times) for cell, times in measured.items() if times}
+        self.estimate, self.workers, self.factor = estimate, max(1, workers), factor
+
+    def __call__(self, trials: Counter) -> str:
+        at_median = sum(n for cell, n in trials.items() if cell in self.median)
+        rest = sum(trials.values()) - at_median
+        total = sum(n * self.median.get(cell, self.estimate) for cell, n in trials.items()) / self.workers
+        scaled = f" x {self.factor:.2f} as this study's measured cells ran" if self.factor else ""
+        if not at_median:
+            return f"about {duration_text(total)} more" + (f", the estimate{scaled}" if scaled else "")
+        if not rest:
+            return f"about {duration_text(total)} more, each trial at its cell's median wall time"
+        return (f"about {duration_text(total)} more ({at_median} trials at their cell's median wall time, {rest} at the "
+                f"estimate{scaled})")
