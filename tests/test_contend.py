@@ -147,3 +147,99 @@ def test_a_dry_run_counts_only_the_imported_contending_runs_the_stage_would_trai
     assert most == {cell: 10 * (spec.verdicts.max_rates - 1) for cell in cells}
     one_seed = dataclasses.replace(data, tune_runs=[r for r in data.tune_runs if r.seed == min(spec.tune.seeds)])
     assert dry_run_trials(spec, one_seed) == (None, most, done)
+
+
+# A hand-made study whose points carry no depth (a row's depth comes from its configuration) and, in a second form,
+# an extra grid axis (rows labelled "b [mlp_ratio=2.0]"): standard's rate choice is settled (2e-3 by 5 pp), b's a
+# near-tie (2e-3 by 0.2 pp over 4e-3: one contending rate).
+HAND_TUNE = {"standard": {0.001: 0.80, 0.002: 0.95, 0.004: 0.90}, "b": {0.001: 0.80, 0.002: 0.950, 0.004: 0.948}}
+HAND_SEEDS = [0, 1, 2, 3]
+
+
+def hand_study(extra: dict | None = None, contend_seeds=(0, 1), drop_report: bool = False):
+    """(spec, data) of the hand-made study: its tuning stage, its reported grid at 2e-3 (less b's first point with
+    ``drop_report``), and b's contending runs at 4e-3 on ``contend_seeds`` (seed 0 twice: counted once)."""
+    import yaml
+
+    from ablations.report import Run
+    from ablations.report.load import assemble
+    from ablations.studies.spec import _build
+
+    doc = {"name": "hand", "kind": "grid", "metric": "test_acc", "base": {"dataset": "synthetic", "depth": 6},
+           "variants": [{"label": "standard", "residual": "standard"}, {"label": "b", "residual": "standard"}],
+           "axes": {"seed": HAND_SEEDS} | (extra or {}), "tune": {"lr": [0.001, 0.002, 0.004], "seeds": [100, 101, 102],
+                                                                                   "bounds": [0.001, 0.004], "metric": "final_val_acc"},
+           "claims": [{"id": "b_better", "claim": "b is better", "source": "none", "variant": "b",
+                       "baseline": "standard", "direction": "higher"}]}
+    spec = _build(yaml.safe_load(yaml.safe_dump(doc)), "default", "hand.yaml")
+    extras = [tuple((a, v) for a, v in zip(extra, values, strict=True)) for values in itertools.product(*extra.values())] \
+        if extra else [()]
+    runs, number = [], itertools.count()
+
+    def add(variant, seed, lr, acc, phase, ex):
+        runs.append(Run(number=next(number), state="complete", variant=variant, depth=6, seed=seed, row="", extras=ex,
+                        acc=acc, config={"num_classes": 10, "lr": lr}, phase=phase,
+                        summary={"test_acc": acc, "final_val_acc": acc, "num_classes": 10}))
+
+    for ex in extras:
+        for variant, by_rate in HAND_TUNE.items():
+            for lr, acc in by_rate.items():
+                for seed in (100, 101, 102):
+                    add(variant, seed, lr, acc, "tune", ex)
+            for seed in HAND_SEEDS:
+                if not (drop_report and variant == "b" and seed == 0):
+                    add(variant, seed, 0.002, 0.95 + 0.001 * seed, "report", ex)
+        for seed in [*contend_seeds, *contend_seeds[:1]]:  # the first stored twice
+            add("b", seed, 0.004, 0.94, "contend", ex)
+    return spec, assemble("hand", spec, runs)
+
+
+@pytest.mark.parametrize("extra", [None, {"mlp_ratio": [2.0, 4.0]}], ids=["no depth axis", "an extra axis"])
+def test_a_dry_run_counts_contending_trials_where_the_runs_carry_their_rows_and_depths(extra):
+    """The runs carry depth 6 (the configuration's) and, with an extra axis, rows labelled by it: b's cell (one per
+    mlp_ratio) contends at 4e-3 on its 4 reported seeds, standard's does not; the file holds 2 of them per cell (seed 0
+    stored twice counts once), priced under the (variant, depth) cell a stored trial names — (b, None) here."""
+    from collections import Counter
+
+    from ablations.run.contend import dry_run_trials
+
+    spec, data = hand_study(extra)
+    cells = 2 if extra else 1
+    known, most, held = dry_run_trials(spec, data)
+    assert known == Counter({("b", None): 4 * cells}) and held == Counter({("b", None): 2 * cells})
+    assert most == Counter({("b", None): 4 * cells * 2, ("standard", None): 4 * cells * 2})
+    one_seed = dataclasses.replace(data, tune_runs=[r for r in data.tune_runs if r.seed == 100])
+    assert dry_run_trials(spec, one_seed) == (None, most, held)  # the count not known, the held runs are
+    assert dry_run_trials(dataclasses.replace(spec, tune=dataclasses.replace(spec.tune, seeds=[100])), data) is None
+
+
+def test_a_dry_run_prices_an_exact_second_look_only_from_a_complete_first_look(tmp_path, monkeypatch, capsys):
+    """The second look is known once every reported point and every contending run of the first look is in: b's
+    line is undecided (futility switched off), so b and standard get 4 new seeds each (4-7) and b's new points its
+    contending rate too: 8 + 4 trials, of which the file holds b's round runs at seeds 4 and 5 and its contending run
+    at seed 4 (3). A file missing one reported point, or one contending run, leaves it unknown ("at most")."""
+    from collections import Counter
+
+    import ablations.run.rounds as rounds
+    from ablations.report.runs import write
+    from ablations.run.durations import duration_text
+    from ablations.run.later import say_later_stages
+
+    monkeypatch.setattr(rounds, "futile", lambda *args: False)
+    spec, data = hand_study(contend_seeds=(0, 1, 2, 3))
+    points, cells, contending, held = rounds.dry_run_trials(spec, data)
+    assert cells == {("b", 6), ("standard", 6)} and {p["seed"] for p in points} == {4, 5, 6, 7} and len(points) == 8
+    assert contending == Counter({("b", None): 4}) and not held
+    extra = [dataclasses.replace(r, number=1000 + i, seed=s, phase="round")
+             for i, (r, s) in enumerate(itertools.product([r for r in data.runs if r.row == "b"][:1], (4, 5)))]
+    extra.append(dataclasses.replace(data.contend_runs[0], number=2000, seed=4))
+    more = dataclasses.replace(data, runs=data.runs + extra[:2], contend_runs=data.contend_runs + extra[2:])
+    assert rounds.dry_run_trials(spec, more)[3] == Counter({("b", None): 3})
+    path = write(more, tmp_path / "runs.csv")
+    say_later_stages(spec, path, 60.0, 1)
+    out = capsys.readouterr().out
+    assert "(4 of them in the imported runs); none left" in out  # the contending stage
+    assert f"8 trials, and 4 at their contending rates (3 of them in the imported runs); about {duration_text(9 * 60.0)}" \
+        in out
+    for partial in (hand_study(contend_seeds=(0, 1, 2))[1], hand_study(contend_seeds=(0, 1, 2, 3), drop_report=True)[1]):
+        assert rounds.dry_run_trials(spec, partial) is None

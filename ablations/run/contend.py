@@ -5,7 +5,6 @@ seeds never trained at counts against the claim). A study whose every choice is 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 from collections import Counter
@@ -17,6 +16,7 @@ from ..studies.claims import compared_cells
 from ..studies.rules import contenders
 from ..studies.spec import CONTEND_POINTS, TUNED_LR, contend_name, tune_name
 from ..studies.storage import repeated_results
+from .looks import first_look_runs, price_cell, run_cell, same_rate
 from .study import cell_text, create_study, load_study, trial_point
 from .tuning import tune_value
 
@@ -74,8 +74,8 @@ def stored_points(storage, study_name: str) -> list[dict]:
 def prepare(spec, storage, study_name: str):
     """The contending stage of ``study_name`` (its spec, storage name and Optuna study), its points computed from the
     tuning stage and stored; None when every choice is settled (or the study has no tuning stage)."""
-    if spec.tune is None or spec.first_look() or len(spec.tune.seeds) < 2:
-        return None  # a first look is not evidence; one tuning seed cannot tell a settled choice
+    if not has_stage(spec):
+        return None
     chosen = load_study(storage, study_name).user_attrs.get(TUNED_LR) or {}
     points, rates = contend_points(spec, load_study(storage, tune_name(study_name)), chosen)
     if not points:
@@ -91,45 +91,66 @@ def prepare(spec, storage, study_name: str):
     return stage, name, study
 
 
-def cell_of(point: dict) -> tuple:
-    """A point's (variant, depth) cell: what a trial's cost and a dry run's count go by."""
-    return point["variant"], point.get("depth")
+def has_stage(spec) -> bool:
+    """Whether a study has a contending-rates stage: a grid with a tuning stage of two seeds or more (one cannot tell
+    a settled choice), not a first look (which is not evidence)."""
+    return spec.kind == "grid" and spec.tune is not None and len(spec.tune.seeds) >= 2 and not spec.first_look()
 
 
-def contending_trials(spec, data, points: list[dict]) -> Counter:
-    """Per (variant, depth) cell, the contending-rate trials ``points`` (reported grid points) call for, from the
-    tuning stage and the chosen rates in ``data`` (a runs file's :class:`StudyData`): each point once per contending
-    rate of its cell."""
-    out: Counter = Counter()
-    for (row, depth), seeds in Counter(cell_of(p) for p in points).items():
+def contending_rates(spec, data, points: list[dict]) -> dict[tuple, list[float]]:
+    """Per (row, depth) cell of ``points`` (reported grid points, :func:`~.looks.run_cell`), its contending rates
+    from the tuning stage and the chosen rate in ``data`` (a runs file's :class:`StudyData`); a settled cell has
+    none."""
+    out = {}
+    for row, depth in dict.fromkeys(run_cell(spec, p) for p in points):
         cell = side(data, row, depth, lambda run: 1)
         if cell.chosen is not None and cell.tune:
-            if found := contenders(cell.tune, cell.order, cell.chosen, spec.verdicts):
-                out[(row, depth)] = seeds * len(found)
+            out[(row, depth)] = contenders(cell.tune, cell.order, cell.chosen, spec.verdicts)
     return out
 
 
-def first_look_runs(spec, data):
-    """``data`` without a second look's runs (its reported seeds and their contending rates): the first look."""
-    seeds = {int(s) for s in spec.axes.get("seed", [])}
-    first = [r for r in data.contend_runs if not seeds or r.seed in seeds]
-    return dataclasses.replace(data, runs=[r for r in data.runs if r.phase != "round"], contend_runs=first)
+def held_trials(spec, points: list[dict], rates: dict | None, runs) -> Counter:
+    """Per (variant, depth) price cell (:func:`~.looks.price_cell`), the trials of ``points`` that ``runs`` hold
+    completed: a run at a point's row, depth and seed, at one of its cell's ``rates`` (``None``: at any rate), each
+    (point, rate) once."""
+    wanted = {(*run_cell(spec, p), p.get("seed")): price_cell(p) for p in points}
+    seen, out = set(), Counter()
+    for r in runs:
+        key = (r.row, r.depth, r.seed)
+        if r.state != "complete" or key not in wanted:
+            continue
+        rate = r.lr if rates is None else next((x for x in rates.get(key[:2], ()) if same_rate(x, r.lr)), None)
+        if rate is not None and (key, rate) not in seen:
+            seen.add((key, rate))
+            out[wanted[key]] += 1
+    return out
+
+
+def stage_trials(spec, data, points: list[dict]) -> Counter:
+    """Per (variant, depth) price cell, the contending-rate trials ``points`` call for (each once per contending
+    rate of its cell, :func:`contending_rates`)."""
+    rates = contending_rates(spec, data, points)
+    out: Counter = Counter()
+    for point in points:
+        if n := len(rates.get(run_cell(spec, point), ())):
+            out[price_cell(point)] += n
+    return out
 
 
 def dry_run_trials(spec, data=None) -> tuple[Counter | None, Counter, Counter] | None:
-    """For a dry run, per (variant, depth) cell: (the trials the completed tuning stage of ``data`` — a runs file's
-    :class:`StudyData` to be imported — calls for, None when not known (no file, or a tuning stage of fewer than
-    three seeds: the choice's spread is not known from it); the most the stage can take; the completed ones
-    ``data`` holds in the cells a claim compares). None for a study without the stage (no tuning stage, or a first
-    look)."""
-    if spec.tune is None or spec.first_look() or spec.kind != "grid":
+    """For a dry run, per (variant, depth) price cell: (the trials the completed tuning stage of ``data`` — a runs
+    file's :class:`StudyData` to be imported — calls for, None when not known (no file, or a tuning stage of fewer
+    than three seeds: the choice's spread is not known from it); the most the stage can take; those ``data`` holds
+    completed, at a contending rate of their cell where that is known). None for a study without the stage (no
+    tuning stage of two seeds or more, or a first look), as :func:`prepare` decides."""
+    if not has_stage(spec):
         return None
     points = claim_points(spec)
-    most = Counter({cell: n * (spec.verdicts.max_rates - 1) for cell, n in Counter(map(cell_of, points)).items()})
+    most = Counter({cell: n * (spec.verdicts.max_rates - 1) for cell, n in Counter(map(price_cell, points)).items()})
     if data is None:
         return None, most, Counter()
     first = first_look_runs(spec, data)
-    known = contending_trials(spec, first, points) if len({r.seed for r in data.tune_runs}) >= 3 else None
-    done = Counter((r.variant, r.depth) for r in first.contend_runs  # runs in cells no claim reads count for none
-                   if r.state == "complete" and (r.variant, r.depth) in most)
-    return known, most, done
+    if len({r.seed for r in data.tune_runs}) < 3:
+        return None, most, held_trials(spec, points, None, first.contend_runs)
+    rates = contending_rates(spec, first, points)
+    return stage_trials(spec, first, points), most, held_trials(spec, points, rates, first.contend_runs)

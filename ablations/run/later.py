@@ -6,53 +6,59 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
+from pathlib import Path
 
-from .contend import cell_of
+from ..report.runs import read
 from .contend import dry_run_trials as contend_trials
+from .contend import has_stage
 from .durations import duration_text
+from .looks import price_cell
 from .rounds import dry_run_trials as round_trials
-from .rounds import new_seeds
+from .rounds import has_second_look, new_seeds
 
 
-def say_later_stages(spec, data, per_trial: float, workers: int, factor: float | None = None,
-                      measured: dict | None = None) -> None:
+def say_later_stages(spec, import_runs: Path | None, per_trial: float, workers: int, factor: float | None = None,
+                     measured: dict | None = None) -> None:
     """The stages that may follow the reported grid: the contending rates, and a second look at undecided claims,
-    priced for the trials ``data`` (the runs file to be imported, when there is one) does not hold yet: each at its
-    (variant, depth) cell's median wall time in ``measured`` (a stored study's completed trials), a cell not
-    measured at ``per_trial`` (the estimate, scaled by ``factor`` where that is given)."""
+    priced for the trials the runs file to be imported (``import_runs``, read only when such a stage applies) does
+    not hold yet: each at its (variant, depth) cell's median wall time in ``measured`` (a stored study's completed
+    trials), a cell not measured at ``per_trial`` (the estimate, scaled by ``factor`` where that is given)."""
+    if not (has_stage(spec) or has_second_look(spec)):
+        return
+    data = read(import_runs, spec, spec.study_name) if import_runs is not None else None
     price = LaterPrice(measured or {}, per_trial, workers, factor)
     if (contend := contend_trials(spec, data)) is not None:
-        known, most, done = contend
-        if known is not None:
-            held = sum(min(done[cell], n) for cell, n in known.items())
-            left = Counter({cell: n - min(done[cell], n) for cell, n in known.items()})
-            what = (f"{sum(known.values())} trials for the rate choices of the file's tuning stage that are not settled"
-                    + (f" ({held} of them in the imported runs)" if held else ""))
-        else:
-            left = most
-            what = (f"at most {sum(most.values())} trials (each reported point of a cell a claim compares, at up to "
-                    f"{spec.verdicts.max_rates - 1} more rates): which cells is known once the tuning stage is done")
-        print(f"contending rates (stage {spec.study_name}-contend, after the reported grid): {what}; "
+        known, most, held = contend
+        calls = known if known is not None else most
+        left = Counter({cell: n - min(held[cell], n) for cell, n in calls.items()})
+        holds = sum(calls.values()) - sum(left.values())
+        what = (f"{sum(known.values())} trials for the rate choices of the file's tuning stage that are not settled"
+                if known is not None else
+                f"at most {sum(most.values())} trials (each reported point of a cell a claim compares, at up to "
+                f"{spec.verdicts.max_rates - 1} more rates): which cells is known once the tuning stage is done")
+        print(f"contending rates (stage {spec.study_name}-contend, after the reported grid): {what}"
+              + (f" ({holds} of them in the imported runs)" if holds else "") + "; "
               + (price(left) if sum(left.values()) else "none left"))
-    if not (spec.kind == "grid" and spec.claims and spec.verdicts.looks > 1 and not spec.first_look()):
+    if not has_second_look(spec):
         return
     stage = f"second look (stage {spec.study_name}-round, after the first look's verdicts)"
     if (second := round_trials(spec, data) if data is not None else None) is None:
         print(f"{stage}: the rows of the claim lines still undecided train {len(spec.axes.get('seed', []))} more seeds "
               f"each — at most {spec.size} trials, then their contending rates; the {spec.size} trials: "
-              + price(Counter(map(cell_of, spec.grid()))))
+              + price(Counter(map(price_cell, spec.grid()))))
         return
-    points, cells, contending, done = second
+    points, cells, contending, held = second
     if not points:
         print(f"{stage}: none — the imported runs' first look leaves no line undecided that more seeds could decide")
         return
-    trials = Counter(map(cell_of, points)) + contending
-    held = sum(min(done[cell], n) for cell, n in trials.items())
+    trials = Counter(map(price_cell, points)) + contending
+    left = Counter({cell: n - min(held[cell], n) for cell, n in trials.items()})
+    holds = sum(trials.values()) - sum(left.values())
     print(f"{stage}: the imported runs' first look leaves undecided lines that more seeds could decide; "
           + ", ".join(f"{row} depth={depth}" for row, depth in sorted(cells, key=str))
           + f" train {len(new_seeds(spec))} more seeds each — {len(points)} trials, and {sum(contending.values())} at "
-          "their contending rates" + (f" ({held} of them in the imported runs)" if held else "") + "; "
-          + price(Counter({cell: n - min(done[cell], n) for cell, n in trials.items()})))
+          "their contending rates" + (f" ({holds} of them in the imported runs)" if holds else "") + "; "
+          + (price(left) if sum(left.values()) else "none left"))
 
 
 class LaterPrice:

@@ -21,7 +21,6 @@ from ..machine.modes import choose_mode, measured_step, tokens
 from ..pricing.engine import engine_lines
 from ..pricing.gpu_hours import DEFAULT_GPU, describe_estimate, estimate, forward_flops, recipe_line, training_flops
 from ..report.load import own_seconds
-from ..report.runs import read as read_runs
 from ..studies.spec import TUNE_EXTRA, tune_name
 from ..studies.storage import redact, sqlite_path
 from ..training import with_mode
@@ -199,8 +198,7 @@ def dry_run(spec, overrides: dict, gpu: str = DEFAULT_GPU, results_dir: Path = P
     if stored and (line := measured_left(stored, workers, per_trial, cells)):
         print(line)
     factor = measured_factor(stored, cells)
-    imported = read_runs(import_runs, spec, spec.study_name) if import_runs else None
-    say_later_stages(spec, imported, per_trial * (factor or 1.0), workers, factor,
+    say_later_stages(spec, import_runs, per_trial * (factor or 1.0), workers, factor,
                       stored.seconds if stored else None)
     if until is not None:
         print(UNTIL_LINES[until])

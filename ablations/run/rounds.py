@@ -16,11 +16,12 @@ import sys
 from collections import Counter
 
 from ..report.claims import claim_records
-from ..report.load import collect, open_tune_study, row_label
+from ..report.load import collect, open_tune_study
 from ..report.stats import ALPHA
 from ..studies.spec import ROUND_POINTS, contend_name, round_name, tune_name
-from .contend import contending_trials, first_look_runs
+from .contend import contending_rates, held_trials, stage_trials
 from .contend import dry_run_trials as contend_trials
+from .looks import first_look_runs, run_cell
 from .study import create_study, load_study
 
 # scipy.stats (about 0.9 s, measured with python -X importtime beside the 0.5 s of `python -m ablations.run --help`) is
@@ -73,20 +74,22 @@ def undecided_cells(records: list[dict], rules, alpha: float) -> set[tuple[str, 
     return cells
 
 
+def has_second_look(spec) -> bool:
+    """Whether a study may take a second look: a grid with claims, two looks or more, not a first look."""
+    return spec.kind == "grid" and bool(spec.claims) and spec.verdicts.looks > 1 and not spec.first_look()
+
+
 def round_points(spec, data) -> tuple[list[dict], set]:
     """(the second look's points, the cells they are for): the first look's grid points of every undecided cell,
     once per new seed."""
-    if not spec.claims or spec.verdicts.looks < 2 or spec.first_look() or spec.kind != "grid":
+    if not has_second_look(spec):
         return [], set()
     records, _ = claim_records(data, spec.claims, spec=spec)
     cells = undecided_cells(records, spec.verdicts, ALPHA)
     first = min(spec.axes.get("seed", [0]))
-    extra_axes = [a for a in spec.axes if a not in ("depth", "seed")]
     points = []
     for point in spec.grid():
-        row = row_label(point["variant"], tuple((a, point[a]) for a in extra_axes))
-        depth = point["depth"] if "depth" in point else spec.run_config(point).depth  # a study without a depth axis
-        if point["seed"] == first and (row, depth) in cells:
+        if point["seed"] == first and run_cell(spec, point) in cells:
             points += [dict(point) | {"seed": seed} for seed in new_seeds(spec)]
     return points, cells
 
@@ -124,20 +127,20 @@ def prepare(spec, storage, study_name: str, results_dir):
 
 def dry_run_trials(spec, data) -> tuple[list[dict], set, Counter, Counter] | None:
     """For a dry run from a runs file to be imported (``data``, its :class:`StudyData`): (the second look's points,
-    the cells they are for, per (variant, depth) cell the contending-rate trials they call for and the completed
-    runs of both that ``data`` holds) once the file's first look is complete — its reported grid and its contending
-    rates —, else None (which lines stay undecided is not known yet)."""
-    if not spec.claims or spec.verdicts.looks < 2 or spec.first_look() or spec.kind != "grid":
+    the cells they are for, per (variant, depth) price cell the contending-rate trials they call for, and per price
+    cell the trials of both that ``data`` holds completed) once the file's first look is complete — every point of
+    its reported grid and its contending rates —, else None (which lines stay undecided is not known yet)."""
+    if not has_second_look(spec):
         return None
     first = first_look_runs(spec, data)
-    if len({(r.row, r.depth, r.seed) for r in first.runs if r.state == "complete"}) < spec.size:
+    done = {(r.row, r.depth, r.seed) for r in first.runs if r.state == "complete"}
+    if any((*run_cell(spec, p), p.get("seed")) not in done for p in spec.grid()):
         return None
     contend = contend_trials(spec, data)
     if contend is not None and (contend[0] is None or any(contend[2][c] < n for c, n in contend[0].items())):
         return None
     points, cells = round_points(spec, first)
-    contending = contending_trials(spec, first, points) if contend is not None else Counter()
-    seeds = set(new_seeds(spec))
-    done = Counter((r.variant, r.depth) for r in [*(r for r in data.runs if r.phase == "round"), *data.contend_runs]
-                   if r.state == "complete" and r.seed in seeds)
-    return points, cells, contending, done
+    rates = contending_rates(spec, first, points) if contend is not None else {}
+    contending = stage_trials(spec, first, points) if contend is not None else Counter()
+    held = held_trials(spec, points, None, [r for r in data.runs if r.phase == "round"])
+    return points, cells, contending, held + held_trials(spec, points, rates, data.contend_runs)
