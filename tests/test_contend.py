@@ -167,13 +167,14 @@ def hand_study(extra: dict | None = None, contend_seeds=(0, 1), drop_report: boo
 
     doc = {"name": "hand", "kind": "grid", "metric": "test_acc", "base": {"dataset": "synthetic", "depth": 6},
            "variants": [{"label": "standard", "residual": "standard"}, {"label": "b", "residual": "standard"}],
-           "axes": {"seed": HAND_SEEDS} | (extra or {}), "tune": {"lr": [0.001, 0.002, 0.004], "seeds": [100, 101, 102],
-                                                                                   "bounds": [0.001, 0.004], "metric": "final_val_acc"},
+           "axes": {"seed": HAND_SEEDS} | (extra or {}),
+           "tune": {"lr": [0.001, 0.002, 0.004], "seeds": [100, 101, 102], "bounds": [0.001, 0.004],
+                    "metric": "final_val_acc"},
            "claims": [{"id": "b_better", "claim": "b is better", "source": "none", "variant": "b",
                        "baseline": "standard", "direction": "higher"}]}
     spec = _build(yaml.safe_load(yaml.safe_dump(doc)), "default", "hand.yaml")
-    extras = [tuple((a, v) for a, v in zip(extra, values, strict=True)) for values in itertools.product(*extra.values())] \
-        if extra else [()]
+    grid = itertools.product(*extra.values()) if extra else [()]
+    extras = [tuple(zip(extra or {}, values, strict=True)) for values in grid]
     runs, number = [], itertools.count()
 
     def add(variant, seed, lr, acc, phase, ex):
@@ -239,7 +240,8 @@ def test_a_dry_run_prices_an_exact_second_look_only_from_a_complete_first_look(t
     say_later_stages(spec, path, 60.0, 1)
     out = capsys.readouterr().out
     assert "(4 of them in the imported runs); none left" in out  # the contending stage
-    assert f"8 trials, and 4 at their contending rates (3 of them in the imported runs); about {duration_text(9 * 60.0)}" \
-        in out
-    for partial in (hand_study(contend_seeds=(0, 1, 2))[1], hand_study(contend_seeds=(0, 1, 2, 3), drop_report=True)[1]):
+    assert (f"8 trials, and 4 at their contending rates (3 of them in the imported runs); about "
+            f"{duration_text(9 * 60.0)}") in out
+    partials = (hand_study(contend_seeds=(0, 1, 2))[1], hand_study(contend_seeds=(0, 1, 2, 3), drop_report=True)[1])
+    for partial in partials:
         assert rounds.dry_run_trials(spec, partial) is None

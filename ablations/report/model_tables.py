@@ -288,7 +288,8 @@ def cost_table(data: StudyData, representative: dict[str, Run], *, depth_note: s
     caption = (f"Cost per variant {depth_note}: parameters and forward FLOPs (batch 1, matrix products only; "
                "torch FlopCounterMode via ablations.costs.measure) of the variant's own configuration ("
                + ("as the study file builds it at the trial's point, a runs.csv holding no model size" if from_file
-                  else "as its trial stored it") + "), overhead vs the same configuration with the standard residual; trained params = "
+                  else "as its trial stored it")
+               + "), overhead vs the same configuration with the standard residual; trained params = "
                "param_count of the trained runs (run summary); train img/s = measured training throughput, mean over "
                "the variant's completed runs at that depth (n).")
     return Table("cost", f"{data.name}: cost", caption, frame(records, keys), columns,

@@ -56,8 +56,8 @@ def say_later_stages(spec, import_runs: Path | None, per_trial: float, workers: 
     holds = sum(trials.values()) - sum(left.values())
     print(f"{stage}: the imported runs' first look leaves undecided lines that more seeds could decide; "
           + ", ".join(f"{row} depth={depth}" for row, depth in sorted(cells, key=str))
-          + f" train {len(new_seeds(spec))} more seeds each — {len(points)} trials, and {sum(contending.values())} at "
-          "their contending rates" + (f" ({holds} of them in the imported runs)" if holds else "") + "; "
+          + f" train {len(new_seeds(spec))} more seeds each — {len(points)} trials, and "
+          f"{sum(contending.values())} at their contending rates" + (f" ({holds} of them in the imported runs)" if holds else "") + "; "
           + (price(left) if sum(left.values()) else "none left"))
 
 
@@ -79,5 +79,5 @@ class LaterPrice:
             return f"about {duration_text(total)} more" + (f", the estimate{scaled}" if scaled else "")
         if not rest:
             return f"about {duration_text(total)} more, each trial at its cell's median wall time"
-        return (f"about {duration_text(total)} more ({at_median} trials at their cell's median wall time, {rest} at the "
-                f"estimate{scaled})")
+        return (f"about {duration_text(total)} more ({at_median} trials at their cell's median wall time, {rest} at "
+                f"the estimate{scaled})")
