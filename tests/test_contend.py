@@ -142,11 +142,11 @@ def test_a_dry_run_counts_only_the_imported_contending_runs_the_stage_would_trai
     cells = {(p["variant"], p["depth"]) for p in claim_points(spec)}
     assert cells == {(row, depth) for row in ("completep", "standard") for depth in (8, 16)}
     expected = {cell: len({r.lr for r in data.contend_runs if (r.row, r.depth) == cell}) * 10 for cell in cells}
-    known, most, done = dry_run_trials(spec, data)
-    assert known == done == expected and sum(expected.values()) == 40
+    known, most, done, untuned = dry_run_trials(spec, data)
+    assert known == done == expected and sum(expected.values()) == 40 and not untuned
     assert most == {cell: 10 * (spec.verdicts.max_rates - 1) for cell in cells}
     one_seed = dataclasses.replace(data, tune_runs=[r for r in data.tune_runs if r.seed == min(spec.tune.seeds)])
-    assert dry_run_trials(spec, one_seed) == (None, most, done)
+    assert dry_run_trials(spec, one_seed)[:3] == (None, most, done)
 
 
 # A hand-made study whose points carry no depth (a row's depth comes from its configuration) and, in a second form,
@@ -196,7 +196,7 @@ def hand_study(extra: dict | None = None, contend_seeds=(0, 1), drop_report: boo
 
 
 @pytest.mark.parametrize("extra", [None, {"mlp_ratio": [2.0, 4.0]}], ids=["no depth axis", "an extra axis"])
-def test_a_dry_run_counts_contending_trials_where_the_runs_carry_their_rows_and_depths(extra):
+def test_a_dry_run_counts_contending_trials_where_the_runs_carry_their_rows_and_depths(extra, tmp_path, capsys):
     """The runs carry depth 6 (the configuration's) and, with an extra axis, rows labelled by it: b's cell (one per
     mlp_ratio) contends at 4e-3 on its 4 reported seeds, standard's does not; the file holds 2 of them per cell (seed 0
     stored twice counts once), priced under the (variant, depth) cell a stored trial names — (b, None) here."""
@@ -206,11 +206,21 @@ def test_a_dry_run_counts_contending_trials_where_the_runs_carry_their_rows_and_
 
     spec, data = hand_study(extra)
     cells = 2 if extra else 1
-    known, most, held = dry_run_trials(spec, data)
-    assert known == Counter({("b", None): 4 * cells}) and held == Counter({("b", None): 2 * cells})
+    known, most, held, untuned = dry_run_trials(spec, data)
+    assert known == Counter({("b", None): 4 * cells}) and held == Counter({("b", None): 2 * cells}) and not untuned
     assert most == Counter({("b", None): 4 * cells * 2, ("standard", None): 4 * cells * 2})
     one_seed = dataclasses.replace(data, tune_runs=[r for r in data.tune_runs if r.seed == 100])
-    assert dry_run_trials(spec, one_seed) == (None, most, held)  # the count not known, the held runs are
+    assert dry_run_trials(spec, one_seed)[:3] == (None, most, held)  # the count not known, the held runs are
+    # a file that has not tuned b yet: standard's cell is known (settled: none), b's is at its most
+    no_b = dataclasses.replace(data, tune_runs=[r for r in data.tune_runs if r.variant != "b"])
+    assert dry_run_trials(spec, no_b)[0] == Counter() and dry_run_trials(spec, no_b).untuned == Counter(
+        {("b", None): most[("b", None)]})
+    from ablations.report.runs import write
+    from ablations.run.later import say_later_stages
+
+    say_later_stages(spec, write(no_b, tmp_path / "runs.csv"), 60.0, 1)
+    assert (f"0 trials for the rate choices of the file's tuning stage that are not settled, and at most "
+            f"{most[('b', None)]} for the cells it has not tuned yet (each reported point") in capsys.readouterr().out
     assert dry_run_trials(dataclasses.replace(spec, tune=dataclasses.replace(spec.tune, seeds=[100])), data) is None
 
 

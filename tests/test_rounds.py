@@ -130,8 +130,8 @@ def test_a_dry_run_prices_the_second_look_that_an_imported_first_look_calls_for(
     spec = load_spec("frontier")  # its first look (a second look's runs, once committed, left out)
     full = read(REPO / "results/frontier/runs.csv", spec, spec.study_name)
     data = first_look_runs(spec, full)
-    known, most, done = contend_trials(spec, data)
-    assert known == done and sum(known.values()) == len(data.contend_runs) > 0
+    known, most, done, untuned = contend_trials(spec, data)
+    assert known == done and sum(known.values()) == len(data.contend_runs) > 0 and not untuned
     assert all(most[cell] >= n for cell, n in known.items())
     points, cells, contending, done = dry_run_trials(spec, data)
     assert not done and cells and len(points) == 10 * len(cells)
@@ -160,7 +160,7 @@ def test_a_dry_run_prices_the_second_look_that_an_imported_first_look_calls_for(
             f"cell's median wall time, {trials - at_one} at the estimate x 0.50 as this study's measured cells ran)"
             ) in out
     part = dataclasses.replace(data, contend_runs=data.contend_runs[: len(data.contend_runs) // 2])
-    _, _, part_done = contend_trials(spec, part)
+    part_done = contend_trials(spec, part).held
     assert sum(part_done.values()) == len(data.contend_runs) // 2 and dry_run_trials(spec, part) is None
     say_later_stages(spec, write(part, tmp_path / "part.csv"), 60.0, 2)
     out = capsys.readouterr().out

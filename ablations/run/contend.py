@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
+from typing import NamedTuple
 
 from optuna.trial import TrialState
 
@@ -98,9 +99,9 @@ def has_stage(spec) -> bool:
 
 
 def contending_rates(spec, data, points: list[dict]) -> dict[tuple, list[float]]:
-    """Per (row, depth) cell of ``points`` (reported grid points, :func:`~.looks.run_cell`), its contending rates
-    from the tuning stage and the chosen rate in ``data`` (a runs file's :class:`StudyData`); a settled cell has
-    none."""
+    """Per (row, depth) cell of ``points`` (reported grid points, :func:`~.looks.run_cell`) that ``data`` (a runs
+    file's :class:`StudyData`) has tuned and reported, its contending rates from the tuning stage and the chosen rate;
+    a settled cell has none."""
     out = {}
     for row, depth in dict.fromkeys(run_cell(spec, p) for p in points):
         cell = side(data, row, depth, lambda run: 1)
@@ -137,20 +138,30 @@ def stage_trials(spec, data, points: list[dict]) -> Counter:
     return out
 
 
-def dry_run_trials(spec, data=None) -> tuple[Counter | None, Counter, Counter] | None:
-    """For a dry run, per (variant, depth) price cell: (the trials the completed tuning stage of ``data`` — a runs
-    file's :class:`StudyData` to be imported — calls for, None when not known (no file, or a tuning stage of fewer
-    than three seeds: the choice's spread is not known from it); the most the stage can take; those ``data`` holds
-    completed, at a contending rate of their cell where that is known). None for a study without the stage (no
+class Count(NamedTuple):
+    """A dry run's count of the contending-rate stage, per (variant, depth) price cell (:func:`~.looks.price_cell`)."""
+
+    known: Counter | None  # the trials the file's tuning stage calls for in the cells it tuned (None: not known)
+    most: Counter  # the most the stage can take
+    held: Counter  # those the file holds completed (at a contending rate of their cell, where that is known)
+    untuned: Counter = Counter()  # the most in the cells the file's tuning stage has not reached yet
+
+
+def dry_run_trials(spec, data=None) -> Count | None:
+    """For a dry run, the contending-rate stage counted from ``data`` (a runs file's :class:`StudyData` to be
+    imported): what its completed tuning stage calls for is not known without a file or with a tuning stage of
+    fewer than three seeds (the choice's spread is not known from it). None for a study without the stage (no
     tuning stage of two seeds or more, or a first look), as :func:`prepare` decides."""
     if not has_stage(spec):
         return None
     points = claim_points(spec)
     most = Counter({cell: n * (spec.verdicts.max_rates - 1) for cell, n in Counter(map(price_cell, points)).items()})
     if data is None:
-        return None, most, Counter()
+        return Count(None, most, Counter())
     first = first_look_runs(spec, data)
     if len({r.seed for r in data.tune_runs}) < 3:
-        return None, most, held_trials(spec, points, None, first.contend_runs)
+        return Count(None, most, held_trials(spec, points, None, first.contend_runs))
     rates = contending_rates(spec, first, points)
-    return stage_trials(spec, first, points), most, held_trials(spec, points, rates, first.contend_runs)
+    tuned = {price_cell(p) for p in points if run_cell(spec, p) in rates}
+    return Count(stage_trials(spec, first, points), most, held_trials(spec, points, rates, first.contend_runs),
+                 Counter({cell: n for cell, n in most.items() if cell not in tuned}))

@@ -28,16 +28,18 @@ def say_later_stages(spec, import_runs: Path | None, per_trial: float, workers: 
     data = read(import_runs, spec, spec.study_name) if import_runs is not None else None
     price = LaterPrice(measured or {}, per_trial, workers, factor)
     if (contend := contend_trials(spec, data)) is not None:
-        known, most, held = contend
-        calls = known if known is not None else most
+        known, most, held, untuned = contend
+        calls = known + untuned if known is not None else most
         left = Counter({cell: n - min(held[cell], n) for cell, n in calls.items()})
         holds = sum(calls.values()) - sum(left.values())
-        what = (f"{sum(known.values())} trials for the rate choices of the file's tuning stage that are not settled"
-                if known is not None else
-                f"at most {sum(most.values())} trials (each reported point of a cell a claim compares, at up to "
-                f"{spec.verdicts.max_rates - 1} more rates): which cells is known once the tuning stage is done")
-        print(f"contending rates (stage {spec.study_name}-contend, after the reported grid): {what}"
-              + (f" ({holds} of them in the imported runs)" if holds else "") + "; "
+        upto = (f"each reported point of a cell a claim compares, at up to {spec.verdicts.max_rates - 1} more rates: "
+                "which cells is known once the tuning stage is done")
+        holding = f" ({holds} of them in the imported runs)" if holds else ""
+        what = (f"at most {sum(most.values())} trials ({upto}){holding}" if known is None else
+                f"{sum(known.values())} trials for the rate choices of the file's tuning stage that are not settled"
+                + holding + (f", and at most {sum(untuned.values())} for the cells it has not tuned yet ({upto})"
+                             if untuned else ""))
+        print(f"contending rates (stage {spec.study_name}-contend, after the reported grid): {what}; "
               + (price(left) if sum(left.values()) else "none left"))
     if not has_second_look(spec):
         return

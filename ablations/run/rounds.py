@@ -137,7 +137,8 @@ def dry_run_trials(spec, data) -> tuple[list[dict], set, Counter, Counter] | Non
     if any((*run_cell(spec, p), p.get("seed")) not in done for p in spec.grid()):
         return None
     contend = contend_trials(spec, data)
-    if contend is not None and (contend[0] is None or any(contend[2][c] < n for c, n in contend[0].items())):
+    if contend is not None and (contend.known is None or contend.untuned
+                                or any(contend.held[c] < n for c, n in contend.known.items())):
         return None
     points, cells = round_points(spec, first)
     rates = contending_rates(spec, first, points) if contend is not None else {}
