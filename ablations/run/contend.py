@@ -127,10 +127,9 @@ def held_trials(spec, points: list[dict], rates: dict | None, runs) -> Counter:
     return out
 
 
-def stage_trials(spec, data, points: list[dict]) -> Counter:
-    """Per (variant, depth) price cell, the contending-rate trials ``points`` call for (each once per contending
-    rate of its cell, :func:`contending_rates`)."""
-    rates = contending_rates(spec, data, points)
+def stage_trials(spec, rates: dict, points: list[dict]) -> Counter:
+    """Per (variant, depth) price cell, the contending-rate trials ``points`` call for: each once per contending
+    rate of its cell in ``rates`` (:func:`contending_rates`)."""
     out: Counter = Counter()
     for point in points:
         if n := len(rates.get(run_cell(spec, point), ())):
@@ -163,5 +162,5 @@ def dry_run_trials(spec, data=None) -> Count | None:
         return Count(None, most, held_trials(spec, points, None, first.contend_runs))
     rates = contending_rates(spec, first, points)
     tuned = {price_cell(p) for p in points if run_cell(spec, p) in rates}
-    return Count(stage_trials(spec, first, points), most, held_trials(spec, points, rates, first.contend_runs),
+    return Count(stage_trials(spec, rates, points), most, held_trials(spec, points, rates, first.contend_runs),
                  Counter({cell: n for cell, n in most.items() if cell not in tuned}))

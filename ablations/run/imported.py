@@ -46,6 +46,7 @@ from .. import layout
 from ..report.load import ReportError, own_seconds, run_mode
 from ..report.runs import read
 from .kept_modes import mode_facts
+from .looks import same_rate
 from .objective import FORM_PARTS, Objective, categorical_axes, form_of, jsonable, suggest
 from .study import Stored, create_study, done_trials, point_key, trial_point
 
@@ -98,7 +99,7 @@ def _mismatch(run, config, cache: dict) -> str | None:
     stored = run.config or {}
     if (fault := _residual_fault(run, config) or _form_fault(run, config)) is not None:
         return fault
-    if not _same_rate(run.lr, config.lr):
+    if not same_rate(run.lr, config.lr):
         return f"learning rate {run.lr}, this study {config.lr:g}"
     params = run.summary.get("param_count")
     if params is not None and int(params) != (expected := _param_count(config, cache)):
@@ -283,14 +284,9 @@ def _joins(run, point: dict | None, spec, stage, known: frozenset, retrain, tune
     return not (reported and tuned and _other_rate(run, tuned.get(spec.tune_key(point))))
 
 
-def _same_rate(lr: float | None, rate: float) -> bool:
-    """Whether a row's learning rate is ``rate`` (to rounding); a row without one is not."""
-    return lr is not None and math.isclose(float(lr), rate, rel_tol=1e-9)
-
-
 def _other_rate(run, chosen: float | None) -> bool:
     """Whether a reported row trained at another rate than the one its cell's tuning stage chose."""
-    return chosen is not None and run.lr is not None and not _same_rate(run.lr, chosen)
+    return chosen is not None and run.lr is not None and not same_rate(run.lr, chosen)
 
 
 def import_runs(path: str | Path, spec, storage, study_name: str, overrides: dict,

@@ -29,9 +29,7 @@ def say_later_stages(spec, import_runs: Path | None, per_trial: float, workers: 
     price = LaterPrice(measured or {}, per_trial, workers, factor)
     if (contend := contend_trials(spec, data)) is not None:
         known, most, held, untuned = contend
-        calls = known + untuned if known is not None else most
-        left = Counter({cell: n - min(held[cell], n) for cell, n in calls.items()})
-        holds = sum(calls.values()) - sum(left.values())
+        left, holds = _not_held(known + untuned if known is not None else most, held)
         upto = (f"each reported point of a cell a claim compares, at up to {spec.verdicts.max_rates - 1} more rates: "
                 "which cells is known once the tuning stage is done")
         holding = f" ({holds} of them in the imported runs)" if holds else ""
@@ -53,14 +51,20 @@ def say_later_stages(spec, import_runs: Path | None, per_trial: float, workers: 
     if not points:
         print(f"{stage}: none — the imported runs' first look leaves no line undecided that more seeds could decide")
         return
-    trials = Counter(map(price_cell, points)) + contending
-    left = Counter({cell: n - min(held[cell], n) for cell, n in trials.items()})
-    holds = sum(trials.values()) - sum(left.values())
+    left, holds = _not_held(Counter(map(price_cell, points)) + contending, held)
     print(f"{stage}: the imported runs' first look leaves undecided lines that more seeds could decide; "
           + ", ".join(f"{row} depth={depth}" for row, depth in sorted(cells, key=str))
           + f" train {len(new_seeds(spec))} more seeds each — {len(points)} trials, and "
-          f"{sum(contending.values())} at their contending rates" + (f" ({holds} of them in the imported runs)" if holds else "") + "; "
+          f"{sum(contending.values())} at their contending rates"
+          + (f" ({holds} of them in the imported runs)" if holds else "") + "; "
           + (price(left) if sum(left.values()) else "none left"))
+
+
+def _not_held(trials: Counter, held: Counter) -> tuple[Counter, int]:
+    """(per cell, the ``trials`` a runs file does not hold yet; how many it holds), ``held`` counted at most up to
+    each cell's trials."""
+    left = Counter({cell: n - min(held[cell], n) for cell, n in trials.items()})
+    return left, sum(trials.values()) - sum(left.values())
 
 
 class LaterPrice:

@@ -142,6 +142,6 @@ def dry_run_trials(spec, data) -> tuple[list[dict], set, Counter, Counter] | Non
         return None
     points, cells = round_points(spec, first)
     rates = contending_rates(spec, first, points) if contend is not None else {}
-    contending = stage_trials(spec, first, points) if contend is not None else Counter()
+    contending = stage_trials(spec, rates, points)
     held = held_trials(spec, points, None, [r for r in data.runs if r.phase == "round"])
     return points, cells, contending, held + held_trials(spec, points, rates, data.contend_runs)
